@@ -1,1 +1,52 @@
-//! placeholder
+//! The translator: runs a guest program block by block out of a code cache.
+//!
+//! ```text
+//! guest pc ──▶ dispatch ──miss──▶ decode (iced-x86) ──▶ IR Block ──▶ emit (dynasmrt + iced re-encoding) ──▶ code cache
+//!                 ▲                                          │
+//!                 │ exit stubs, lookup misses, syscalls      └──▶ NewBlock ──▶ monitor (before the block first runs)
+//!                 │
+//!   translated code: [enqueue stub] [guest body] [terminator: chained jmp / indirect branch lookup / exit]
+//! ```
+//!
+//! Guest registers live in host registers while translated code runs; the gateway
+//! ([`gateway`]) switches between the guest's context and Rust's, saving GPRs, RFLAGS, the
+//! XSAVE state and the FS base into the thread's [`thread_area::ThreadArea`], which the code
+//! reaches through GS.
+
+pub mod code_cache;
+pub mod decode;
+mod dispatch;
+pub mod emit;
+pub mod gateway;
+mod guest_mem;
+pub mod syscalls;
+pub mod thread_area;
+
+pub use dispatch::{Config, Stats, Translator};
+pub use syscalls::{signal_name, GuestExit};
+
+/// Why translation stopped. `Display` is one line for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum TranslateError {
+    /// The code cache could not be set up.
+    #[error("cannot create the code cache: {reason}")]
+    CodeCache { reason: String },
+    /// The host lacks something hotpath needs.
+    #[error("unsupported host: {reason}")]
+    Host { reason: String },
+    /// The per-thread area could not be mapped or installed.
+    #[error("cannot set up the guest thread: {reason}")]
+    Thread { reason: String },
+    /// dynasm rejected code hotpath generated: a bug in hotpath.
+    #[error("internal error (bug in hotpath): cannot assemble {what}: {reason}")]
+    Assemble { what: &'static str, reason: String },
+    /// A guest instruction could not be re-encoded at its code cache address.
+    #[error("cannot re-encode the guest instruction at {guest:#x}: {reason}")]
+    Encode { guest: u64, reason: String },
+    /// The guest executed an instruction hotpath does not support.
+    #[error("the guest executes an unsupported instruction at {at:#x}: {text}")]
+    UnsupportedInstruction { at: u64, text: String },
+    /// The guest asked the kernel for something hotpath does not support yet.
+    #[error("{message}")]
+    UnsupportedSyscall { message: String },
+}

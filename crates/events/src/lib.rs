@@ -1,1 +1,34 @@
-//! placeholder
+//! The event ring between a guest thread's translated code (producer) and the monitor
+//! thread (consumer), and the commands the monitor sends back to the translator.
+//!
+//! ```text
+//! translated block head ──enqueue stub: entries[head++] = block id──▶ [ring] ──drain FIFO──▶ monitor
+//!          ▲                                                                      │
+//!          └──────────── Command::FormSuperblock (crossbeam channel) ◀────────────┘
+//! ```
+//!
+//! The ring's memory belongs to the translator (it lives in the per-thread area the emitted
+//! code addresses through the GS segment); this crate fixes its layout and the protocol on it.
+
+mod ring;
+
+pub use ring::{ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats};
+
+/// Largest ring capacity accepted, in entries (`u32` block ids): 2^26 entries = 256 MiB.
+pub const MAX_RING_ENTRIES: u64 = 1 << 26;
+/// Smallest ring capacity accepted, in entries.
+pub const MIN_RING_ENTRIES: u64 = 4;
+/// Default ring capacity, in entries: 64 Ki events = 256 KiB, small enough to stay in L2.
+pub const DEFAULT_RING_ENTRIES: u64 = 1 << 16;
+
+use hotpath_ir::{BlockId, BlockSummary};
+
+/// Metadata of a newly translated block, sent to the monitor before the block first runs so
+/// every id in the ring resolves.
+#[derive(Clone, Copy, Debug)]
+pub struct NewBlock {
+    /// The block's id (dense, in translation order).
+    pub id: BlockId,
+    /// Its shape and terminator.
+    pub summary: BlockSummary,
+}

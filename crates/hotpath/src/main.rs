@@ -1,1 +1,171 @@
-fn main() {}
+//! `hotpath`: run an x86-64 Linux program under the dynamic binary translator and profile it.
+//!
+//! ```text
+//! hotpath run [OPTIONS] -- PROGRAM [ARGS...]
+//!   load ELF ──▶ stack/auxv ──▶ translator (this thread) ──events──▶ monitor thread (pinned)
+//!   guest ends ──▶ close ring ──▶ monitor drains ──▶ summary ──▶ exit like the guest
+//! ```
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
+use hotpath_loader::{build_stack, load, LoadError, LoadOptions};
+use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use hotpath_translator::{signal_name, Config, GuestExit, Translator};
+
+#[derive(Parser)]
+#[command(name = "hotpath", version, about = "A dynamic binary translator for x86-64 Linux programs, with exact block and path profiles")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run PROGRAM under translation; it behaves as it does natively.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Do not emit the enqueue stub and run no monitor (measures the translator alone).
+    #[arg(long)]
+    no_monitor: bool,
+    /// Event ring capacity in entries (a power of two).
+    #[arg(long, default_value_t = DEFAULT_RING_ENTRIES, value_parser = parse_ring_entries)]
+    ring_entries: u64,
+    /// Pin the monitor thread to this CPU (default: the last CPU this process may use, when
+    /// there are at least two).
+    #[arg(long)]
+    monitor_cpu: Option<usize>,
+    /// Print no summary on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "PROGRAM [ARGS]")]
+    command: Vec<OsString>,
+}
+
+fn parse_ring_entries(s: &str) -> Result<u64, String> {
+    let n: u64 = s.parse().map_err(|e| format!("{e}"))?;
+    if !n.is_power_of_two() || !(MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&n) {
+        return Err(format!("must be a power of two in [{MIN_RING_ENTRIES}, {MAX_RING_ENTRIES}]"));
+    }
+    Ok(n)
+}
+
+fn main() -> ExitCode {
+    // Read the usable CPUs before any thread is pinned (children inherit masks).
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args, &cores),
+    }
+}
+
+/// Exit status for a program that could not be loaded (as shells use: 127 not found, 126
+/// cannot execute).
+fn load_error_status(e: &LoadError) -> u8 {
+    match e {
+        LoadError::Io { reason, .. } if reason.contains("No such file") => 127,
+        _ => 126,
+    }
+}
+
+fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
+    let program = PathBuf::from(&args.command[0]);
+    let image = match load(&program, LoadOptions { extra_reserve: CODE_CACHE_SIZE }) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("hotpath: {e}");
+            return ExitCode::from(load_error_status(&e));
+        }
+    };
+    let envp: Vec<OsString> = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut kv = k;
+            kv.push("=");
+            kv.push(v);
+            kv
+        })
+        .collect();
+    let execfn = args.command[0].to_string_lossy().into_owned();
+    let stack = match build_stack(&image, &args.command, &envp, &execfn) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hotpath: {e}");
+            return ExitCode::from(126);
+        }
+    };
+
+    let monitor_on = !args.no_monitor;
+    let (tx, rx) = if monitor_on {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let cfg = Config { enqueue: monitor_on, ring_entries: args.ring_entries };
+    let mut translator = match Translator::new(&image, &stack, cfg, tx) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("hotpath: {}: {e}", image.path.display());
+            return ExitCode::from(70);
+        }
+    };
+    let monitor = rx.map(|rx| {
+        let core = match args.monitor_cpu {
+            Some(id) => Some(core_affinity::CoreId { id }),
+            None if cores.len() >= 2 => cores.last().copied(),
+            None => None,
+        };
+        hotpath_monitor::spawn(translator.ring_consumer(), rx, core)
+    });
+
+    let outcome = translator.run();
+
+    let tables = monitor.map(|m| {
+        if let Some(p) = translator.ring_producer() {
+            p.close();
+        }
+        m.finish()
+    });
+    if !args.quiet {
+        let s = translator.stats();
+        eprint!(
+            "hotpath: {} blocks translated, {} links, {} indirect lookup misses, {} syscalls, {} flushes",
+            s.blocks_translated, s.links, s.ibl_misses, s.syscalls, s.flushes
+        );
+        match &tables {
+            Some(t) => eprintln!("; {} blocks and {} guest instructions executed", t.blocks_executed, t.guest_instructions),
+            None => eprintln!(),
+        }
+    }
+    match outcome {
+        Ok(GuestExit::Exited(code)) => ExitCode::from(code as u8),
+        Ok(GuestExit::Signaled(sig)) => die_of(sig),
+        Err(e) => {
+            eprintln!("hotpath: {}: {e}", image.path.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Ends this process by signal `sig` with its default action, as the guest died natively.
+fn die_of(sig: i32) -> ExitCode {
+    // SAFETY: resetting a disposition, unblocking and raising are async-signal-safe and affect
+    // only this process, which is meant to end here.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+    eprintln!("hotpath: the guest died of {} but the signal did not end hotpath", signal_name(sig));
+    ExitCode::from(128 + sig as u8)
+}

@@ -1,1 +1,22 @@
-//! placeholder
+//! The IR shared by the translator and the monitor: guest basic blocks with an explicit terminator.
+//!
+//! ```text
+//! guest bytes ──decode──▶ Block { body: [Inst], terminator } ──emit──▶ host code
+//!                              │
+//!                              └──▶ BlockSummary (what the monitor needs to classify an event)
+//! ```
+//!
+//! A [`Block`] is a maximal run of guest instructions ending at a control transfer, a
+//! `syscall`, a trap or the size limit. Its [`Terminator`] is what the monitor classifies
+//! (direct branch / indirect jump / syscall, after the monitor-thread patent) and what the
+//! translator turns into chained jumps, an indirect branch lookup or an exit to the dispatcher.
+
+mod block;
+mod ids;
+mod syscalls;
+mod terminator;
+
+pub use block::{Block, BlockSummary, Inst, FLAGS_ALL};
+pub use ids::{BlockId, GuestAddr, HostAddr};
+pub use syscalls::{syscall_name, syscall_number};
+pub use terminator::{Cond, Terminator, TerminatorKind, TrapKind};

@@ -1,0 +1,127 @@
+//! A guest basic block: its decoded body, its terminator, and the summary the monitor keeps.
+
+use iced_x86::Instruction;
+
+use crate::{GuestAddr, Terminator, TerminatorKind};
+
+/// All six arithmetic flags plus DF, in iced-x86's `RflagsBits` layout
+/// (OF=1, SF=2, ZF=4, AF=8, CF=0x10, PF=0x20, DF=0x40 — not RFLAGS bit positions).
+pub const FLAGS_ALL: u32 = 0x7f;
+
+/// One guest instruction of a block body, with what IR passes need.
+#[derive(Clone, Debug)]
+pub struct Inst {
+    /// The decoded instruction; `ip()` is its guest address.
+    pub inst: Instruction,
+    /// Flags it reads (iced `RflagsBits` layout, see [`FLAGS_ALL`]).
+    pub flags_read: u32,
+    /// Flags it writes, sets, clears or leaves undefined (same layout).
+    pub flags_written: u32,
+    /// The absolute guest address of its RIP-relative memory operand, if it has one. The
+    /// emitter must keep that operand pointing at the same guest address.
+    pub rip_relative: Option<GuestAddr>,
+}
+
+impl Inst {
+    /// Wraps a decoded instruction, computing its flag sets and RIP-relative target.
+    pub fn new(inst: Instruction) -> Inst {
+        let rip_relative = if inst.is_ip_rel_memory_operand() {
+            Some(GuestAddr(inst.ip_rel_memory_address()))
+        } else {
+            None
+        };
+        Inst {
+            flags_read: inst.rflags_read(),
+            flags_written: inst.rflags_modified(),
+            rip_relative,
+            inst,
+        }
+    }
+
+    /// Guest address of the instruction.
+    pub fn addr(&self) -> GuestAddr {
+        GuestAddr(self.inst.ip())
+    }
+}
+
+/// A translated guest basic block.
+///
+/// Shape: `body` holds the instructions that execute before the terminator, in address order;
+/// `term_inst` is the control-transfer (or syscall/trap) instruction itself, when there is one
+/// (a block cut by the size limit, or a trap on unreadable or undecodable bytes, has none).
+#[derive(Clone, Debug)]
+pub struct Block {
+    /// Guest address of the first instruction.
+    pub start: GuestAddr,
+    /// Body instructions (every instruction but the terminating one).
+    pub body: Vec<Inst>,
+    /// The terminating instruction, if it decoded.
+    pub term_inst: Option<Inst>,
+    /// How control leaves the block.
+    pub terminator: Terminator,
+    /// Length of the guest code covered, in bytes (body plus terminating instruction).
+    pub len_bytes: u32,
+}
+
+impl Block {
+    /// Number of guest instructions the block executes when it runs to its end
+    /// (body plus the terminating instruction; a trap on bytes that do not decode or cannot be
+    /// read executes none of its own).
+    pub fn instruction_count(&self) -> u32 {
+        let term = match (&self.term_inst, self.terminator) {
+            (Some(_), Terminator::Trap { .. }) => 0,
+            (Some(_), _) => 1,
+            (None, _) => 0,
+        };
+        self.body.len() as u32 + term
+    }
+
+    /// Guest address one past the last byte of the block.
+    pub fn end(&self) -> GuestAddr {
+        self.start.offset(self.len_bytes as u64)
+    }
+
+    /// The summary the monitor keeps for this block.
+    pub fn summary(&self) -> BlockSummary {
+        BlockSummary {
+            start: self.start,
+            len_bytes: self.len_bytes,
+            instructions: self.instruction_count(),
+            terminator: self.terminator,
+        }
+    }
+
+    /// Flag liveness at the block's entry for the flags it reads before writing them
+    /// (iced `RflagsBits` layout). A flag not in the result is either overwritten by the body
+    /// before any read, or only possibly read after the block (conservatively live there is
+    /// up to the caller).
+    pub fn flags_read_before_written(&self) -> u32 {
+        let mut written = 0u32;
+        let mut read = 0u32;
+        for inst in self.body.iter().chain(self.term_inst.iter()) {
+            read |= inst.flags_read & !written;
+            written |= inst.flags_written;
+        }
+        read
+    }
+}
+
+/// What the monitor needs to know about a block to classify its events: shape and terminator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSummary {
+    /// Guest address of the first instruction.
+    pub start: GuestAddr,
+    /// Guest bytes covered.
+    pub len_bytes: u32,
+    /// Guest instructions executed per run of the block.
+    pub instructions: u32,
+    /// How control leaves the block.
+    pub terminator: Terminator,
+}
+
+impl BlockSummary {
+    /// The terminator's kind.
+    pub fn kind(&self) -> TerminatorKind {
+        self.terminator.kind()
+    }
+}

@@ -1,0 +1,373 @@
+//! Checking an ELF file and mapping its PT_LOAD segments into the guest's address space.
+
+use std::ffi::c_void;
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use goblin::elf::{header, program_header, sym, Elf};
+
+use crate::{page_ceil, page_floor, LoadError, PAGE_SIZE};
+
+/// Address space reserved after the image for the guest's brk heap, in bytes (1 GiB).
+/// Reserved up front (PROT_NONE) so that nothing of hotpath's can land where the guest's
+/// heap must grow.
+pub const BRK_RESERVE: u64 = 1 << 30;
+
+/// Size of an ELF64 file header in bytes.
+const ELF64_EHDR_SIZE: usize = 64;
+
+/// What kind of ELF executable the guest is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElfKind {
+    /// `ET_EXEC`: fixed addresses.
+    Static,
+    /// `ET_DYN` without an interpreter: relocates itself at a base the loader picks.
+    StaticPie,
+}
+
+/// Caller's requirements for the reservation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Bytes to reserve (PROT_NONE) after the brk region for the caller's own use.
+    pub extra_reserve: u64,
+}
+
+/// One PT_LOAD segment as mapped, page-aligned guest addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// First byte (page-aligned guest address).
+    pub start: u64,
+    /// One past the last byte (page-aligned).
+    pub end: u64,
+    /// `PROT_*` bits.
+    pub prot: i32,
+}
+
+/// A function symbol of the guest (from `.symtab`, else `.dynsym`), at its loaded address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    /// Symbol name.
+    pub name: String,
+    /// Guest address of the first byte (load bias applied).
+    pub addr: u64,
+    /// Size in bytes (0 when the ELF does not say).
+    pub size: u64,
+}
+
+/// A loaded guest image.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// The guest program's path, absolute (what `/proc/self/exe` must show the guest).
+    pub path: PathBuf,
+    /// Kind of executable.
+    pub kind: ElfKind,
+    /// Added to every ELF virtual address (0 for `ET_EXEC`).
+    pub load_bias: u64,
+    /// Guest address of the entry point.
+    pub entry: u64,
+    /// Guest address of the program headers (AT_PHDR).
+    pub phdr: u64,
+    /// Size of one program header in bytes (AT_PHENT).
+    pub phent: u64,
+    /// Number of program headers (AT_PHNUM).
+    pub phnum: u64,
+    /// Mapped segments.
+    pub segments: Vec<Segment>,
+    /// Lowest mapped guest address of the image (page-aligned).
+    pub image_start: u64,
+    /// One past the highest mapped byte of the image (page-aligned): the initial brk.
+    pub brk_start: u64,
+    /// End of the address range reserved for the brk heap.
+    pub brk_limit: u64,
+    /// The caller's extra reservation `(start, len)`, PROT_NONE, right after `brk_limit`.
+    pub extra: (u64, u64),
+    /// Function symbols, sorted by address.
+    pub symbols: Vec<Symbol>,
+}
+
+/// Loads the executable at `path` into this process at its guest addresses.
+///
+/// # Errors
+/// [`LoadError`] naming the file when it is missing, unreadable, not executable, not an ELF,
+/// not a 64-bit x86-64 executable, dynamically linked (not supported yet), malformed, or
+/// when its addresses are not free.
+pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let file = File::open(path).map_err(|e| LoadError::Io { path: abs.clone(), reason: io_reason(&e) })?;
+    check_executable(&file, &abs)?;
+    let bytes = std::fs::read(path).map_err(|e| LoadError::Io { path: abs.clone(), reason: io_reason(&e) })?;
+    let unsupported = |reason: String| LoadError::UnsupportedElf { path: abs.clone(), reason };
+
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+        return Err(LoadError::NotElf { path: abs.clone() });
+    }
+    if bytes.len() < header::SIZEOF_IDENT + 2 {
+        return Err(unsupported("truncated ELF header".into()));
+    }
+    match bytes[header::EI_CLASS] {
+        header::ELFCLASS64 => {}
+        header::ELFCLASS32 => return Err(unsupported("32-bit ELF (ELFCLASS32): hotpath runs x86-64 programs only".into())),
+        c => return Err(unsupported(format!("bad ELF class {c}"))),
+    }
+    if bytes[header::EI_DATA] != header::ELFDATA2LSB {
+        return Err(unsupported("big-endian ELF: hotpath runs x86-64 programs only".into()));
+    }
+    if bytes.len() < ELF64_EHDR_SIZE {
+        return Err(unsupported(format!(
+            "truncated ELF header ({} bytes, need {})",
+            bytes.len(),
+            ELF64_EHDR_SIZE
+        )));
+    }
+    let machine = u16::from_le_bytes([bytes[18], bytes[19]]);
+    if machine != header::EM_X86_64 {
+        return Err(unsupported(format!(
+            "ELF machine is {} ({machine}), not x86-64: hotpath runs x86-64 programs only",
+            header::machine_to_str(machine)
+        )));
+    }
+    let elf = Elf::parse(&bytes).map_err(|e| unsupported(format!("malformed ELF: {e}")))?;
+    let kind = match elf.header.e_type {
+        header::ET_EXEC => ElfKind::Static,
+        header::ET_DYN if elf.entry == 0 => return Err(unsupported("a shared library, not an executable (entry point 0)".into())),
+        header::ET_DYN => ElfKind::StaticPie,
+        t => return Err(unsupported(format!("not an executable (ELF type {})", header::et_to_str(t)))),
+    };
+    if let Some(interp) = elf.interpreter {
+        return Err(unsupported(format!(
+            "dynamically linked (interpreter {interp}): hotpath runs static and static-pie programs for now"
+        )));
+    }
+    let loads: Vec<&program_header::ProgramHeader> =
+        elf.program_headers.iter().filter(|p| p.p_type == program_header::PT_LOAD).collect();
+    if loads.is_empty() {
+        return Err(unsupported("no PT_LOAD segment".into()));
+    }
+    for ph in &loads {
+        if ph.p_offset.checked_add(ph.p_filesz).is_none_or(|end| end > bytes.len() as u64) {
+            return Err(unsupported(format!(
+                "truncated: segment at offset {:#x} needs {:#x} bytes past the end of the file",
+                ph.p_offset, ph.p_filesz
+            )));
+        }
+        if ph.p_filesz > ph.p_memsz || (ph.p_vaddr % PAGE_SIZE) != (ph.p_offset % PAGE_SIZE) {
+            return Err(unsupported(format!("malformed PT_LOAD at vaddr {:#x}", ph.p_vaddr)));
+        }
+    }
+    let lo = loads.iter().map(|p| page_floor(p.p_vaddr)).min().unwrap_or(0);
+    let hi = loads.iter().map(|p| page_ceil(p.p_vaddr + p.p_memsz)).max().unwrap_or(0);
+    if hi <= lo || hi - lo > (1 << 32) {
+        return Err(unsupported(format!("image span {lo:#x}..{hi:#x} is empty or over 4 GiB")));
+    }
+    let span = hi - lo;
+    let total = span + BRK_RESERVE + page_ceil(opts.extra_reserve);
+    let base = reserve(&abs, kind, lo, total)?;
+    let load_bias = base - lo;
+
+    let mut segments = Vec::new();
+    for ph in &loads {
+        segments.push(map_segment(&file, &abs, ph, load_bias)?);
+    }
+
+    let phdr = match elf.program_headers.iter().find(|p| p.p_type == program_header::PT_PHDR) {
+        Some(p) => p.p_vaddr + load_bias,
+        // Static glibc has no PT_PHDR: the headers sit in the LOAD that maps file offset 0.
+        None => loads
+            .iter()
+            .find(|p| p.p_offset == 0)
+            .map(|p| p.p_vaddr + elf.header.e_phoff + load_bias)
+            .unwrap_or(0),
+    };
+    let brk_start = hi + load_bias;
+    let brk_limit = brk_start + BRK_RESERVE;
+    Ok(Image {
+        path: abs,
+        kind,
+        load_bias,
+        entry: elf.entry + load_bias,
+        phdr,
+        phent: elf.header.e_phentsize as u64,
+        phnum: elf.header.e_phnum as u64,
+        segments,
+        image_start: base,
+        brk_start,
+        brk_limit,
+        extra: (brk_limit, page_ceil(opts.extra_reserve)),
+        symbols: function_symbols(&elf, load_bias),
+    })
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    // "No such file or directory (os error 2)" → without the errno suffix.
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+fn check_executable(file: &File, path: &Path) -> Result<(), LoadError> {
+    let meta = file.metadata().map_err(|e| LoadError::Io { path: path.to_path_buf(), reason: io_reason(&e) })?;
+    let not_exec = |reason: &str| LoadError::NotExecutable { path: path.to_path_buf(), reason: reason.into() };
+    if meta.is_dir() {
+        return Err(not_exec("is a directory"));
+    }
+    if !meta.is_file() {
+        return Err(not_exec("not a regular file"));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(not_exec("no execute permission"));
+    }
+    let _ = meta.mode();
+    // The kernel's own check for this user (root may execute any file with an x bit).
+    // SAFETY: `access` reads a NUL-terminated path we own.
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| not_exec("path contains NUL"))?;
+    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
+        return Err(not_exec("permission denied"));
+    }
+    Ok(())
+}
+
+/// Reserves `total` bytes of address space: at `lo` for ET_EXEC, anywhere for static-pie.
+/// Returns the start.
+fn reserve(path: &Path, kind: ElfKind, lo: u64, total: u64) -> Result<u64, LoadError> {
+    let (hint, flags) = match kind {
+        ElfKind::Static => (lo, libc::MAP_FIXED_NOREPLACE),
+        // A static-pie goes where the kernel finds room, like ASLR would put it.
+        ElfKind::StaticPie => (0, 0),
+    };
+    // SAFETY: an anonymous PROT_NONE reservation; FIXED_NOREPLACE never replaces a mapping.
+    let p = unsafe {
+        libc::mmap(
+            hint as *mut c_void,
+            total as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED || (kind == ElfKind::Static && p as u64 != lo) {
+        let reason = if p == libc::MAP_FAILED {
+            std::io::Error::last_os_error().to_string()
+        } else {
+            "address already in use".to_string()
+        };
+        return Err(LoadError::Map { path: path.to_path_buf(), addr: lo, len: total, reason });
+    }
+    Ok(p as u64)
+}
+
+fn prot_of(flags: u32) -> i32 {
+    let mut prot = 0;
+    if flags & program_header::PF_R != 0 {
+        prot |= libc::PROT_READ;
+    }
+    if flags & program_header::PF_W != 0 {
+        prot |= libc::PROT_WRITE;
+    }
+    if flags & program_header::PF_X != 0 {
+        prot |= libc::PROT_EXEC;
+    }
+    prot
+}
+
+/// Maps one PT_LOAD: file pages, zeroed tail of the last file page, anonymous bss pages.
+fn map_segment(file: &File, path: &Path, ph: &program_header::ProgramHeader, bias: u64) -> Result<Segment, LoadError> {
+    let prot = prot_of(ph.p_flags);
+    let vaddr = ph.p_vaddr + bias;
+    let start = page_floor(vaddr);
+    let file_end = vaddr + ph.p_filesz;
+    let mem_end = page_ceil(vaddr + ph.p_memsz);
+    let map_err = |addr: u64, len: u64| LoadError::Map {
+        path: path.to_path_buf(),
+        addr,
+        len,
+        reason: std::io::Error::last_os_error().to_string(),
+    };
+    let file_map_end = page_ceil(file_end);
+    if ph.p_filesz > 0 {
+        let len = file_map_end - start;
+        // SAFETY: MAP_FIXED inside our own PROT_NONE reservation; the range belongs to the guest.
+        let p = unsafe {
+            libc::mmap(
+                start as *mut c_void,
+                len as usize,
+                prot | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                file.as_raw_fd(),
+                page_floor(ph.p_offset) as i64,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(map_err(start, len));
+        }
+        if ph.p_memsz > ph.p_filesz {
+            // SAFETY: the range [file_end, page end) is inside the writable mapping just made.
+            unsafe { std::ptr::write_bytes(file_end as *mut u8, 0, (file_map_end - file_end) as usize) };
+        }
+        // SAFETY: our own mapping.
+        if unsafe { libc::mprotect(start as *mut c_void, len as usize, prot) } != 0 {
+            return Err(map_err(start, len));
+        }
+    }
+    let anon_start = if ph.p_filesz > 0 { file_map_end } else { start };
+    if mem_end > anon_start {
+        let len = mem_end - anon_start;
+        // SAFETY: MAP_FIXED inside our own reservation, for the guest's bss.
+        let p = unsafe {
+            libc::mmap(
+                anon_start as *mut c_void,
+                len as usize,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(map_err(anon_start, len));
+        }
+    }
+    Ok(Segment { start, end: mem_end, prot })
+}
+
+fn function_symbols(elf: &Elf, bias: u64) -> Vec<Symbol> {
+    let mut out = Vec::new();
+    for (syms, strtab) in [(&elf.syms, &elf.strtab), (&elf.dynsyms, &elf.dynstrtab)] {
+        for s in syms.iter() {
+            if s.st_type() != sym::STT_FUNC || s.st_value == 0 {
+                continue;
+            }
+            if let Some(name) = strtab.get_at(s.st_name) {
+                out.push(Symbol { name: name.to_string(), addr: s.st_value + bias, size: s.st_size });
+            }
+        }
+        if !out.is_empty() {
+            break;
+        }
+    }
+    out.sort_by(|a, b| a.addr.cmp(&b.addr).then_with(|| a.name.cmp(&b.name)));
+    out.dedup_by(|a, b| a.addr == b.addr);
+    out
+}
+
+impl Image {
+    /// The function symbol containing `addr`, and the offset of `addr` in it.
+    pub fn symbolize(&self, addr: u64) -> Option<(&str, u64)> {
+        let i = self.symbols.partition_point(|s| s.addr <= addr);
+        let s = self.symbols.get(i.checked_sub(1)?)?;
+        if s.size == 0 || addr < s.addr + s.size {
+            Some((&s.name, addr - s.addr))
+        } else {
+            None
+        }
+    }
+
+    /// The path the guest must see as its own executable.
+    pub fn exe_path(&self) -> &PathBuf {
+        &self.path
+    }
+}

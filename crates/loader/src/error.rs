@@ -1,0 +1,24 @@
+//! The loader's error type: every way a guest file can be refused, each naming the file.
+
+use std::path::PathBuf;
+
+/// Why a guest program could not be loaded. `Display` is one line naming the file and the
+/// reason, ready for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be opened or read.
+    #[error("{}: {reason}", path.display())]
+    Io { path: PathBuf, reason: String },
+    /// The file is not executable by this user (no execute permission, or not a regular file).
+    #[error("{}: not executable: {reason}", path.display())]
+    NotExecutable { path: PathBuf, reason: String },
+    /// The file does not start with the ELF magic.
+    #[error("{}: not an ELF file", path.display())]
+    NotElf { path: PathBuf },
+    /// The file is an ELF hotpath cannot run (class, machine, type) or it is malformed.
+    #[error("{}: {reason}", path.display())]
+    UnsupportedElf { path: PathBuf, reason: String },
+    /// An address range the guest needs could not be mapped.
+    #[error("{}: cannot map the guest image at {addr:#x} ({len} bytes): {reason}", path.display())]
+    Map { path: PathBuf, addr: u64, len: u64, reason: String },
+}

@@ -1,0 +1,158 @@
+//! The guest's initial stack: argc, argv, envp and the auxiliary vector, as the kernel lays
+//! them out for a new x86-64 process (System V ABI, §3.4.1).
+
+use std::ffi::{c_void, OsString};
+
+use crate::{Image, LoadError};
+
+/// Size of the guest's stack mapping in bytes (8 MiB, the usual RLIMIT_STACK).
+pub const STACK_SIZE: u64 = 8 << 20;
+
+/// The guest's stack, ready for the entry point.
+#[derive(Clone, Copy, Debug)]
+pub struct GuestStack {
+    /// Lowest address of the stack mapping.
+    pub base: u64,
+    /// Size of the mapping in bytes.
+    pub size: u64,
+    /// Initial RSP: points at argc, 16-byte aligned.
+    pub rsp: u64,
+}
+
+// Auxiliary vector keys (linux/auxvec.h).
+const AT_NULL: u64 = 0;
+const AT_PHDR: u64 = 3;
+const AT_PHENT: u64 = 4;
+const AT_PHNUM: u64 = 5;
+const AT_PAGESZ: u64 = 6;
+const AT_BASE: u64 = 7;
+const AT_FLAGS: u64 = 8;
+const AT_ENTRY: u64 = 9;
+const AT_UID: u64 = 11;
+const AT_EUID: u64 = 12;
+const AT_GID: u64 = 13;
+const AT_EGID: u64 = 14;
+const AT_PLATFORM: u64 = 15;
+const AT_HWCAP: u64 = 16;
+const AT_CLKTCK: u64 = 17;
+const AT_SECURE: u64 = 23;
+const AT_RANDOM: u64 = 25;
+const AT_HWCAP2: u64 = 26;
+const AT_EXECFN: u64 = 31;
+const AT_MINSIGSTKSZ: u64 = 51;
+
+/// Writes strings and words downward from the top of the stack.
+struct StackWriter {
+    sp: u64,
+}
+
+impl StackWriter {
+    fn push_bytes(&mut self, bytes: &[u8]) -> u64 {
+        self.sp -= bytes.len() as u64;
+        // SAFETY: `sp` stays inside the freshly mapped, writable stack (sizes are checked by
+        // the caller against STACK_SIZE).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.sp as *mut u8, bytes.len()) };
+        self.sp
+    }
+
+    fn push_cstr(&mut self, s: &[u8]) -> u64 {
+        self.push_bytes(&[0]);
+        if !s.is_empty() {
+            self.push_bytes(s);
+        }
+        self.sp
+    }
+}
+
+/// Maps a fresh stack and lays out argc, argv, envp and auxv for `image`.
+///
+/// `argv[0]` is what the guest sees as its name; `execfn` is AT_EXECFN (the path as given).
+///
+/// # Errors
+/// [`LoadError::Map`] if the stack cannot be mapped, or the strings do not fit in it.
+pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: &str) -> Result<GuestStack, LoadError> {
+    let map_err = |reason: String| LoadError::Map { path: image.path.clone(), addr: 0, len: STACK_SIZE, reason };
+    let strings: usize = argv.iter().chain(envp).map(|s| s.len() + 1).sum::<usize>() + execfn.len() + 64;
+    if strings as u64 > STACK_SIZE / 4 {
+        return Err(map_err("argument list too long".into()));
+    }
+    // SAFETY: a fresh anonymous mapping owned by the guest.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut::<c_void>(),
+            STACK_SIZE as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(map_err(std::io::Error::last_os_error().to_string()));
+    }
+    let base = base as u64;
+    let mut w = StackWriter { sp: base + STACK_SIZE - 8 };
+    let execfn_addr = w.push_cstr(execfn.as_bytes());
+    let mut env_addrs: Vec<u64> = envp.iter().rev().map(|s| w.push_cstr(s.as_encoded_bytes())).collect();
+    env_addrs.reverse();
+    let mut arg_addrs: Vec<u64> = argv.iter().rev().map(|s| w.push_cstr(s.as_encoded_bytes())).collect();
+    arg_addrs.reverse();
+    let platform = w.push_cstr(b"x86_64");
+    let mut random = [0u8; 16];
+    // SAFETY: getrandom writes at most 16 bytes into our buffer.
+    let got = unsafe { libc::getrandom(random.as_mut_ptr() as *mut c_void, 16, 0) };
+    if got != 16 {
+        random = (std::process::id() as u128 * 0x9e37_79b9_7f4a_7c15).to_le_bytes();
+    }
+    let random_addr = w.push_bytes(&random);
+    w.sp &= !15;
+
+    // SAFETY: getauxval and the id getters have no preconditions.
+    let host = |key: u64| unsafe { libc::getauxval(key) };
+    let (uid, euid, gid, egid) = unsafe { (libc::getuid(), libc::geteuid(), libc::getgid(), libc::getegid()) };
+    let mut auxv: Vec<(u64, u64)> = vec![
+        (AT_HWCAP, host(AT_HWCAP)),
+        (AT_PAGESZ, crate::PAGE_SIZE),
+        (AT_CLKTCK, host(AT_CLKTCK).max(1)),
+        (AT_PHDR, image.phdr),
+        (AT_PHENT, image.phent),
+        (AT_PHNUM, image.phnum),
+        (AT_BASE, 0),
+        (AT_FLAGS, 0),
+        (AT_ENTRY, image.entry),
+        (AT_UID, uid as u64),
+        (AT_EUID, euid as u64),
+        (AT_GID, gid as u64),
+        (AT_EGID, egid as u64),
+        (AT_SECURE, 0),
+        (AT_RANDOM, random_addr),
+        (AT_HWCAP2, host(AT_HWCAP2)),
+        (AT_EXECFN, execfn_addr),
+        (AT_PLATFORM, platform),
+    ];
+    let minsig = host(AT_MINSIGSTKSZ);
+    if minsig != 0 {
+        auxv.push((AT_MINSIGSTKSZ, minsig));
+    }
+    auxv.push((AT_NULL, 0));
+
+    let words = 1 + arg_addrs.len() + 1 + env_addrs.len() + 1 + 2 * auxv.len();
+    let mut table: Vec<u64> = Vec::with_capacity(words);
+    table.push(argv.len() as u64);
+    table.extend(&arg_addrs);
+    table.push(0);
+    table.extend(&env_addrs);
+    table.push(0);
+    for (k, v) in auxv {
+        table.push(k);
+        table.push(v);
+    }
+    let mut rsp = (w.sp - 8 * table.len() as u64) & !15;
+    let start = rsp;
+    for word in table {
+        // SAFETY: inside the stack mapping, below the strings.
+        unsafe { (rsp as *mut u64).write(word) };
+        rsp += 8;
+    }
+    Ok(GuestStack { base, size: STACK_SIZE, rsp: start })
+}

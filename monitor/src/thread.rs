@@ -1,0 +1,63 @@
+//! Spawning, pinning and stopping the monitor thread.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam::channel::Receiver;
+use crossbeam::utils::Backoff;
+use hotpath_events::{NewBlock, RingConsumer};
+
+use crate::Tables;
+
+/// A running monitor thread.
+pub struct MonitorHandle {
+    handle: JoinHandle<Tables>,
+    /// The core it was pinned to, if any.
+    pub pinned_to: Option<usize>,
+}
+
+/// Starts the monitor thread on `ring`, learning block metadata from `new_blocks`, pinned to
+/// `core` when given.
+pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>) -> MonitorHandle {
+    let pinned_to = core.map(|c| c.id);
+    let handle = std::thread::Builder::new()
+        .name("hotpath-monitor".into())
+        .spawn(move || {
+            if let Some(c) = core {
+                core_affinity::set_for_current(c);
+            }
+            let mut tables = Tables::default();
+            let backoff = Backoff::new();
+            loop {
+                // Read `closed` before draining: everything published before the close is
+                // then visible to this drain.
+                let closed = ring.is_closed();
+                let n = ring.drain(|id| tables.record(id, &new_blocks));
+                if n > 0 {
+                    backoff.reset();
+                } else if closed {
+                    break;
+                } else if backoff.is_completed() {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else {
+                    backoff.snooze();
+                }
+            }
+            while let Ok(b) = new_blocks.try_recv() {
+                tables.learn(b);
+            }
+            tables
+        })
+        .expect("spawning the monitor thread");
+    MonitorHandle { handle, pinned_to }
+}
+
+impl MonitorHandle {
+    /// Waits for the monitor to drain the (closed) ring and returns its tables.
+    pub fn finish(self) -> Tables {
+        match self.handle.join() {
+            Ok(t) => t,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}

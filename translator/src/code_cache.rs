@@ -1,0 +1,134 @@
+//! The code cache: one memfd mapped twice, executable near the guest and writable elsewhere,
+//! so no page is ever writable and executable through the same mapping (W^X).
+//!
+//! Who writes: only the guest thread's dispatcher, while no code of the cache runs on that
+//! thread (it is in Rust). Translated code only executes the RX view.
+
+use std::ffi::c_void;
+
+use hotpath_ir::HostAddr;
+
+use crate::TranslateError;
+
+/// Size of the code cache in bytes (64 MiB). When it fills, the whole cache is flushed.
+pub const CODE_CACHE_SIZE: u64 = 64 << 20;
+
+/// The code cache's two views and its allocation cursor.
+pub struct CodeCache {
+    /// Base of the executable view (the addresses code is assembled for).
+    rx_base: u64,
+    /// Base of the writable view of the same pages.
+    rw_base: *mut u8,
+    /// Size of each view in bytes.
+    size: u64,
+    /// Offset of the next free byte.
+    cursor: u64,
+    /// Offset below which code survives a flush (the gateway routines).
+    floor: u64,
+}
+
+impl CodeCache {
+    /// Maps a cache of `size` bytes whose executable view replaces the reserved (PROT_NONE)
+    /// range at `rx_addr`.
+    ///
+    /// # Errors
+    /// [`TranslateError::CodeCache`] if the memfd or a mapping cannot be created.
+    pub fn create(rx_addr: u64, size: u64) -> Result<CodeCache, TranslateError> {
+        let err = |what: &str| TranslateError::CodeCache {
+            reason: format!("{what}: {}", std::io::Error::last_os_error()),
+        };
+        // SAFETY: plain syscalls on a file descriptor we own.
+        let fd = unsafe { libc::memfd_create(c"hotpath-code-cache".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(err("memfd_create"));
+        }
+        // SAFETY: as above.
+        if unsafe { libc::ftruncate(fd, size as i64) } != 0 {
+            return Err(err("ftruncate"));
+        }
+        // SAFETY: MAP_FIXED over the caller's own PROT_NONE reservation at `rx_addr`.
+        let rx = unsafe {
+            libc::mmap(
+                rx_addr as *mut c_void,
+                size as usize,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if rx == libc::MAP_FAILED {
+            return Err(err("mmap RX view"));
+        }
+        // SAFETY: a new shared mapping of the same memfd, wherever the kernel likes.
+        let rw = unsafe {
+            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if rw == libc::MAP_FAILED {
+            return Err(err("mmap RW view"));
+        }
+        // SAFETY: both views keep the memfd alive.
+        unsafe { libc::close(fd) };
+        Ok(CodeCache { rx_base: rx_addr, rw_base: rw as *mut u8, size, cursor: 0, floor: 0 })
+    }
+
+    /// Host address where the next inserted code will start.
+    pub fn next_addr(&self) -> HostAddr {
+        HostAddr(self.rx_base + self.cursor)
+    }
+
+    /// Free bytes left.
+    pub fn room(&self) -> u64 {
+        self.size - self.cursor
+    }
+
+    /// Appends `code`, which must have been assembled for [`next_addr`](Self::next_addr).
+    /// Returns its host address.
+    ///
+    /// # Panics
+    /// If `code` does not fit ([`room`](Self::room) is the caller's to check: a bug otherwise).
+    pub fn insert(&mut self, code: &[u8]) -> HostAddr {
+        assert!(code.len() as u64 <= self.room(), "code cache overflow (caller did not check room)");
+        let at = self.next_addr();
+        // SAFETY: the RW view covers [cursor, cursor + len); no code runs while we write.
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), self.rw_base.add(self.cursor as usize), code.len()) };
+        self.cursor += code.len() as u64;
+        // Keep blocks 16-byte aligned (branch targets fetch better).
+        self.cursor = (self.cursor + 15) & !15;
+        at
+    }
+
+    /// Makes everything inserted so far survive [`flush`](Self::flush).
+    pub fn seal_floor(&mut self) {
+        self.floor = self.cursor;
+    }
+
+    /// Points the 32-bit displacement at `site` (the last four bytes of a `jmp`/`jcc rel32`)
+    /// to `target`: the chaining of a direct branch.
+    ///
+    /// # Panics
+    /// If `site` is outside the cache (a bug in hotpath).
+    pub fn patch_rel32(&mut self, site: HostAddr, target: HostAddr) {
+        assert!(self.contains(site) && self.contains(HostAddr(site.0 + 3)), "patch site {site} outside the code cache");
+        let rel = target.0 as i64 - (site.0 as i64 + 4);
+        let rel = i32::try_from(rel).expect("code cache spans less than 2 GiB");
+        let off = (site.0 - self.rx_base) as usize;
+        // SAFETY: inside the RW view; the patched block is not running (we are in Rust).
+        unsafe { std::ptr::copy_nonoverlapping(rel.to_le_bytes().as_ptr(), self.rw_base.add(off), 4) };
+    }
+
+    /// Forgets every block (not the gateway): the next insert reuses the space.
+    pub fn flush(&mut self) {
+        self.cursor = self.floor;
+    }
+
+    /// True if `addr` is inside the executable view.
+    pub fn contains(&self, addr: HostAddr) -> bool {
+        addr.0 >= self.rx_base && addr.0 < self.rx_base + self.size
+    }
+
+    /// The executable view's range `(start, end)`.
+    pub fn range(&self) -> (u64, u64) {
+        (self.rx_base, self.rx_base + self.size)
+    }
+}

@@ -1,0 +1,189 @@
+//! Decoding guest bytes with iced-x86 and lifting them to an IR [`Block`].
+//!
+//! A block ends at the first control transfer, `syscall`, trapping instruction, instruction
+//! hotpath must not run (one that uses GS, which hotpath owns), unreadable or undecodable bytes,
+//! or after [`MAX_BLOCK_INSTRUCTIONS`] instructions.
+
+use iced_x86::{Code, ConditionCode, Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+use hotpath_ir::{Block, Cond, GuestAddr, Inst, Terminator, TrapKind};
+
+use crate::guest_mem;
+
+/// Most guest instructions in one block (a size limit, so one block's host code stays small).
+pub const MAX_BLOCK_INSTRUCTIONS: usize = 64;
+
+/// Most guest bytes read to decode one block: 64 instructions of up to 15 bytes.
+const MAX_BLOCK_BYTES: usize = MAX_BLOCK_INSTRUCTIONS * 15;
+
+/// Decodes the block starting at guest address `start`.
+///
+/// Never fails: bytes that cannot be read or decoded become a [`Terminator::Trap`] at the
+/// address where they start.
+pub fn decode_block(start: GuestAddr) -> Block {
+    let mut buf = vec![0u8; MAX_BLOCK_BYTES];
+    let readable = guest_mem::read_partial(start.0, &mut buf);
+    buf.truncate(readable);
+    let fetch_cut = readable < MAX_BLOCK_BYTES;
+
+    let mut decoder = Decoder::with_ip(64, &buf, start.0, DecoderOptions::NONE);
+    let mut body: Vec<Inst> = Vec::new();
+    let mut inst = Instruction::default();
+    let finish = |body: Vec<Inst>, term_inst: Option<Inst>, terminator: Terminator, end: u64| Block {
+        start,
+        body,
+        term_inst,
+        terminator,
+        len_bytes: (end - start.0) as u32,
+    };
+    loop {
+        let ip = decoder.ip();
+        if body.len() >= MAX_BLOCK_INSTRUCTIONS {
+            return finish(body, None, Terminator::FallThrough { next: GuestAddr(ip) }, ip);
+        }
+        if !decoder.can_decode() {
+            let term = if fetch_cut {
+                Terminator::Trap { kind: TrapKind::FetchFault, at: GuestAddr(ip) }
+            } else {
+                Terminator::FallThrough { next: GuestAddr(ip) }
+            };
+            return finish(body, None, term, ip);
+        }
+        decoder.decode_out(&mut inst);
+        if inst.is_invalid() {
+            let term = match decoder.last_error() {
+                DecoderError::NoMoreBytes if fetch_cut => Terminator::Trap { kind: TrapKind::FetchFault, at: GuestAddr(ip) },
+                DecoderError::NoMoreBytes => Terminator::FallThrough { next: GuestAddr(ip) },
+                _ => Terminator::Trap { kind: TrapKind::Undefined, at: GuestAddr(ip) },
+            };
+            return finish(body, None, term, ip);
+        }
+        let next = GuestAddr(inst.next_ip());
+        match classify(&inst, next) {
+            None => body.push(Inst::new(inst)),
+            Some(term) => return finish(body, Some(Inst::new(inst)), term, next.0),
+        }
+    }
+}
+
+/// The terminator `inst` ends its block with, or `None` if it belongs in the body.
+fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
+    let at = GuestAddr(inst.ip());
+    let trap = |kind| Some(Terminator::Trap { kind, at });
+    if uses_gs(inst) {
+        return trap(TrapKind::Unsupported);
+    }
+    if inst.code() == Code::Syscall {
+        return Some(Terminator::Syscall { next });
+    }
+    match inst.flow_control() {
+        FlowControl::Next => match inst.mnemonic() {
+            Mnemonic::Hlt => trap(TrapKind::Privileged),
+            Mnemonic::Sysenter | Mnemonic::Sysexit | Mnemonic::Sysret | Mnemonic::Swapgs => trap(TrapKind::Undefined),
+            _ => None,
+        },
+        FlowControl::UnconditionalBranch if inst.is_jmp_short_or_near() => {
+            Some(Terminator::Jump { target: GuestAddr(inst.near_branch_target()) })
+        }
+        FlowControl::ConditionalBranch => {
+            let cond = match inst.mnemonic() {
+                Mnemonic::Jrcxz | Mnemonic::Jecxz => Cond::RcxZero,
+                Mnemonic::Loop | Mnemonic::Loope | Mnemonic::Loopne => Cond::Loop,
+                _ if inst.is_jcc_short_or_near() => jcc_cond(inst.condition_code())?,
+                _ => return trap(TrapKind::Unsupported),
+            };
+            Some(Terminator::Branch { cond, taken: GuestAddr(inst.near_branch_target()), not_taken: next })
+        }
+        FlowControl::Call if inst.is_call_near() => {
+            Some(Terminator::Call { target: GuestAddr(inst.near_branch_target()), return_to: next })
+        }
+        FlowControl::IndirectBranch if inst.is_jmp_near_indirect() => Some(Terminator::IndirectJump),
+        FlowControl::IndirectCall if inst.is_call_near_indirect() => Some(Terminator::IndirectCall { return_to: next }),
+        FlowControl::Return if matches!(inst.code(), Code::Retnq | Code::Retnq_imm16) => Some(Terminator::Return),
+        FlowControl::Interrupt => match inst.code() {
+            Code::Int3 | Code::Int1 => trap(TrapKind::Breakpoint),
+            Code::Int_imm8 if inst.immediate8() == 3 => trap(TrapKind::Breakpoint),
+            Code::Int_imm8 if inst.immediate8() == 0x80 => trap(TrapKind::Unsupported),
+            _ => trap(TrapKind::Privileged),
+        },
+        FlowControl::Exception => trap(TrapKind::Undefined),
+        // Far transfers, iret, xbegin/xabort and anything else that changes control in ways
+        // a user-mode x86-64 Linux program does not use.
+        _ => trap(TrapKind::Unsupported),
+    }
+}
+
+fn jcc_cond(cc: ConditionCode) -> Option<Cond> {
+    Some(match cc {
+        ConditionCode::o => Cond::O,
+        ConditionCode::no => Cond::No,
+        ConditionCode::b => Cond::B,
+        ConditionCode::ae => Cond::Ae,
+        ConditionCode::e => Cond::E,
+        ConditionCode::ne => Cond::Ne,
+        ConditionCode::be => Cond::Be,
+        ConditionCode::a => Cond::A,
+        ConditionCode::s => Cond::S,
+        ConditionCode::ns => Cond::Ns,
+        ConditionCode::p => Cond::P,
+        ConditionCode::np => Cond::Np,
+        ConditionCode::l => Cond::L,
+        ConditionCode::ge => Cond::Ge,
+        ConditionCode::le => Cond::Le,
+        ConditionCode::g => Cond::G,
+        ConditionCode::None => return None,
+    })
+}
+
+/// True if `inst` reads or writes through GS or changes GS: hotpath keeps its per-thread area
+/// there, so such an instruction cannot run as is.
+pub fn uses_gs(inst: &Instruction) -> bool {
+    if matches!(inst.mnemonic(), Mnemonic::Rdgsbase | Mnemonic::Wrgsbase | Mnemonic::Swapgs) {
+        return true;
+    }
+    if inst.segment_prefix() == Register::GS {
+        return true;
+    }
+    (0..inst.op_count()).any(|i| inst.op_kind(i) == OpKind::Register && inst.op_register(i) == Register::GS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_bytes(bytes: &[u8]) -> Block {
+        // Put the bytes somewhere readable and decode them in place.
+        let leaked: &'static [u8] = Box::leak(bytes.to_vec().into_boxed_slice());
+        decode_block(GuestAddr(leaked.as_ptr() as u64))
+    }
+
+    #[test]
+    fn jcc_ends_block() {
+        // add eax, 1 ; jne -4 ; (garbage after)
+        let b = decode_bytes(&[0x83, 0xc0, 0x01, 0x75, 0xfb, 0x90]);
+        assert_eq!(b.body.len(), 1);
+        assert_eq!(b.len_bytes, 5);
+        match b.terminator {
+            Terminator::Branch { cond: Cond::Ne, taken, not_taken } => {
+                assert_eq!(not_taken.0, b.start.0 + 5);
+                assert_eq!(taken.0, b.start.0);
+            }
+            t => panic!("{t:?}"),
+        }
+    }
+
+    #[test]
+    fn syscall_and_traps() {
+        assert!(matches!(decode_bytes(&[0x0f, 0x05]).terminator, Terminator::Syscall { .. }));
+        assert!(matches!(decode_bytes(&[0x0f, 0x0b]).terminator, Terminator::Trap { kind: TrapKind::Undefined, .. }));
+        assert!(matches!(decode_bytes(&[0xcc]).terminator, Terminator::Trap { kind: TrapKind::Breakpoint, .. }));
+        assert!(matches!(decode_bytes(&[0xf4]).terminator, Terminator::Trap { kind: TrapKind::Privileged, .. }));
+        // mov rax, gs:[0]
+        let b = decode_bytes(&[0x65, 0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0]);
+        assert!(matches!(b.terminator, Terminator::Trap { kind: TrapKind::Unsupported, .. }));
+        // ret, call rax, jmp [rip+0]
+        assert!(matches!(decode_bytes(&[0xc3]).terminator, Terminator::Return));
+        assert!(matches!(decode_bytes(&[0xff, 0xd0]).terminator, Terminator::IndirectCall { .. }));
+        assert!(matches!(decode_bytes(&[0xff, 0x25, 0, 0, 0, 0]).terminator, Terminator::IndirectJump));
+    }
+}

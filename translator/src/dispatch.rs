@@ -1,0 +1,335 @@
+//! The dispatcher: finds or translates the block for a guest address, enters the code cache,
+//! and acts on every exit (chaining direct branches, filling the indirect branch lookup table,
+//! system calls, traps, ring refills).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crossbeam::channel::Sender;
+use hotpath_events::{NewBlock, RingConsumer, RingProducer};
+use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
+use hotpath_loader::{GuestStack, Image};
+use iced_x86::{Formatter, IntelFormatter};
+
+use crate::code_cache::CodeCache;
+use crate::decode::decode_block;
+use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
+use crate::gateway::{emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SPECIAL_BASE};
+use crate::syscalls::{self, GuestExit, Outcome, Process};
+use crate::thread_area::{self, IblEntry, ThreadArea};
+use crate::TranslateError;
+
+/// Translator settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Emit the enqueue stub at every block head (the monitor is on).
+    pub enqueue: bool,
+    /// Event ring capacity in entries (a power of two).
+    pub ring_entries: u64,
+}
+
+/// Counters of the translator's own work.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Blocks translated (re-translations after a flush included).
+    pub blocks_translated: u64,
+    /// Direct branches chained.
+    pub links: u64,
+    /// Indirect branches that missed the lookup table.
+    pub ibl_misses: u64,
+    /// Guest system calls.
+    pub syscalls: u64,
+    /// Code cache flushes.
+    pub flushes: u64,
+    /// Exits to refill the ring's budget.
+    pub ring_refills: u64,
+}
+
+/// Where to go next.
+enum Next {
+    /// A guest address, to look up or translate.
+    Guest(u64),
+    /// A host address in the code cache.
+    Host(HostAddr),
+}
+
+/// One guest thread's translator.
+pub struct Translator {
+    area: &'static mut ThreadArea,
+    cache: CodeCache,
+    gateway: Gateway,
+    cfg: Config,
+    entry: u64,
+    /// Guest block start → host entry.
+    blocks: HashMap<u64, HostAddr>,
+    /// Guest block start → guest end, for invalidation.
+    spans: BTreeMap<u64, u64>,
+    exits: Vec<Exit>,
+    next_id: u32,
+    generation: u64,
+    process: Process,
+    producer: Option<RingProducer>,
+    new_blocks: Option<Sender<NewBlock>>,
+    stats: Stats,
+}
+
+const ARCH_SET_GS: i32 = 0x1001;
+const ARCH_GET_FS: i32 = 0x1003;
+
+impl Translator {
+    /// Sets up the code cache (in the image's extra reservation), the gateway and this thread's
+    /// area (installed as the thread's GS base), with the guest about to start at the image's
+    /// entry point on `stack`. Block metadata goes to `new_blocks` when given.
+    ///
+    /// Must be called on the thread that will call [`run`](Self::run).
+    ///
+    /// # Errors
+    /// [`TranslateError`] if the host lacks XSAVE, or a mapping or `arch_prctl` fails.
+    pub fn new(image: &Image, stack: &GuestStack, cfg: Config, new_blocks: Option<Sender<NewBlock>>) -> Result<Translator, TranslateError> {
+        let host = HostFeatures::detect()?;
+        let mut cache = CodeCache::create(image.extra.0, image.extra.1)?;
+        let gateway = emit_gateway(&mut cache, host)?;
+        let area = ThreadArea::map(cfg.ring_entries, gateway.ibl_empty.0)
+            .map_err(|e| TranslateError::Thread { reason: format!("mmap: {e}") })?;
+        let area_addr = area as *mut ThreadArea as u64;
+        // SAFETY: arch_prctl on this thread with valid arguments; Rust does not use GS.
+        let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_GS, area_addr) };
+        if r != 0 {
+            return Err(TranslateError::Thread { reason: format!("arch_prctl(ARCH_SET_GS): {}", std::io::Error::last_os_error()) });
+        }
+        let mut fs = 0u64;
+        // SAFETY: ARCH_GET_FS writes one u64 into `fs`.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) };
+        area.host_fs_base = fs;
+        area.gpr = [0; 16];
+        area.gpr[thread_area::RSP] = stack.rsp;
+        area.fs_base = 0;
+
+        let mut process = Process {
+            exe: image.path.clone(),
+            brk_start: image.brk_start,
+            brk: image.brk_start,
+            brk_limit: image.brk_limit,
+            guest_regions: BTreeMap::new(),
+            invalidate: Vec::new(),
+        };
+        process.add_region(image.image_start, image.brk_limit);
+        process.add_region(stack.base, stack.base + stack.size);
+
+        let producer = if cfg.enqueue {
+            // SAFETY: the area (and so the ring control) is never unmapped; this thread is the
+            // ring's only producer.
+            Some(unsafe { RingProducer::new(&area.ring) })
+        } else {
+            None
+        };
+        Ok(Translator {
+            area,
+            cache,
+            gateway,
+            cfg,
+            entry: image.entry,
+            blocks: HashMap::new(),
+            spans: BTreeMap::new(),
+            exits: Vec::new(),
+            next_id: 0,
+            generation: 0,
+            process,
+            producer,
+            new_blocks,
+            stats: Stats::default(),
+        })
+    }
+
+    /// The consumer end of this thread's event ring, for the monitor thread.
+    pub fn ring_consumer(&self) -> RingConsumer {
+        // SAFETY: the area is never unmapped, so the control block and entries outlive the
+        // consumer; the caller creates one consumer per ring.
+        unsafe { RingConsumer::new(&self.area.ring, self.area.entries()) }
+    }
+
+    /// The producer handle (to close the ring and wait for the monitor at the end).
+    pub fn ring_producer(&self) -> Option<&RingProducer> {
+        self.producer.as_ref()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Runs the guest until it exits or dies.
+    ///
+    /// # Errors
+    /// [`TranslateError`] when the guest needs something hotpath does not support, or a guest
+    /// instruction cannot be translated.
+    pub fn run(&mut self) -> Result<GuestExit, TranslateError> {
+        if let Some(p) = &self.producer {
+            p.refill();
+        }
+        let mut next = Next::Guest(self.entry);
+        loop {
+            let host = match next {
+                Next::Guest(pc) => self.lookup_or_translate(pc)?,
+                Next::Host(h) => h,
+            };
+            self.area.jump_to = host.0;
+            self.enter();
+            next = match self.handle_exit()? {
+                Ok(n) => n,
+                Err(exit) => return Ok(exit),
+            };
+        }
+    }
+
+    /// Runs translated code from `area.jump_to` until it exits to the dispatcher.
+    fn enter(&mut self) {
+        // SAFETY: `enter` is the gateway routine emitted for this ABI: it saves the host's
+        // callee-saved registers, MXCSR and x87 control word, swaps in the guest's FS base and
+        // state from this thread's area (GS base), and returns here, with everything restored,
+        // when translated code jumps to the exit routine. The code cache is live and only this
+        // thread executes it.
+        let enter: extern "sysv64" fn() = unsafe { std::mem::transmute(self.gateway.enter.0 as usize) };
+        enter();
+    }
+
+    /// Acts on the exit recorded in the area: `Ok(Ok(next))` to go on, `Ok(Err(exit))` when the
+    /// guest has ended.
+    fn handle_exit(&mut self) -> Result<Result<Next, GuestExit>, TranslateError> {
+        let code = self.area.exit_code as u32;
+        match code {
+            EXIT_RING_FULL => {
+                self.stats.ring_refills += 1;
+                if let Some(p) = &self.producer {
+                    p.refill();
+                }
+                Ok(Ok(Next::Host(HostAddr(self.area.resume))))
+            }
+            EXIT_IBL_MISS => {
+                self.stats.ibl_misses += 1;
+                let target = self.area.ibl_target;
+                let host = self.lookup_or_translate(target)?;
+                self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry { neg_guest: 0u64.wrapping_sub(target), host: host.0 };
+                Ok(Ok(Next::Host(host)))
+            }
+            index => {
+                let exit = self.exits[index as usize];
+                match exit.kind {
+                    ExitKind::Direct { target, site } => {
+                        let generation = self.generation;
+                        let host = self.lookup_or_translate(target.0)?;
+                        if generation == self.generation {
+                            self.cache.patch_rel32(site, host);
+                            self.stats.links += 1;
+                        }
+                        Ok(Ok(Next::Host(host)))
+                    }
+                    ExitKind::Syscall { next, .. } => self.syscall(next.0),
+                    ExitKind::Trap { kind, at } => self.trap(kind, at).map(Err),
+                }
+            }
+        }
+    }
+
+    fn syscall(&mut self, next: u64) -> Result<Result<Next, GuestExit>, TranslateError> {
+        self.stats.syscalls += 1;
+        let g = &self.area.gpr;
+        let nr = g[thread_area::RAX];
+        let args = [g[thread_area::RDI], g[thread_area::RSI], g[thread_area::RDX], g[thread_area::R10], g[thread_area::R8], g[thread_area::R9]];
+        match syscalls::dispatch(&mut self.process, self.area, nr, &args) {
+            Outcome::Return(ret) => {
+                // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
+                self.area.gpr[thread_area::RAX] = ret as u64;
+                self.area.gpr[thread_area::RCX] = next;
+                self.area.gpr[thread_area::R11] = self.area.rflags;
+                self.apply_invalidations();
+                Ok(Ok(Next::Guest(next)))
+            }
+            Outcome::Exit(exit) => Ok(Err(exit)),
+            Outcome::Unsupported(message) => Err(TranslateError::UnsupportedSyscall { message }),
+        }
+    }
+
+    fn trap(&mut self, kind: TrapKind, at: GuestAddr) -> Result<GuestExit, TranslateError> {
+        let sig = match kind {
+            TrapKind::Breakpoint => libc::SIGTRAP,
+            TrapKind::Undefined => libc::SIGILL,
+            TrapKind::Privileged | TrapKind::FetchFault => libc::SIGSEGV,
+            TrapKind::Unsupported => {
+                return Err(TranslateError::UnsupportedInstruction { at: at.0, text: disassemble_at(at.0) });
+            }
+        };
+        Ok(GuestExit::Signaled(sig))
+    }
+
+    /// Discards translations overlapping ranges the guest unmapped, remapped or reprotected.
+    fn apply_invalidations(&mut self) {
+        let ranges = std::mem::take(&mut self.process.invalidate);
+        let hit = ranges.iter().any(|&(s, e)| {
+            // Blocks are at most a few hundred bytes: look a page back for ones that start before.
+            self.spans.range(s.saturating_sub(4096)..e).any(|(&bs, &be)| bs < e && be > s)
+        });
+        if hit {
+            self.flush();
+        }
+    }
+
+    /// Empties the code cache: every block will be translated again (with new ids).
+    fn flush(&mut self) {
+        self.cache.flush();
+        self.blocks.clear();
+        self.spans.clear();
+        self.exits.clear();
+        self.area.clear_ibl(self.gateway.ibl_empty.0);
+        self.generation += 1;
+        self.stats.flushes += 1;
+    }
+
+    /// The host entry of the block at guest address `pc`, translating it if needed.
+    fn lookup_or_translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
+        if let Some(&h) = self.blocks.get(&pc) {
+            return Ok(h);
+        }
+        let block = decode_block(GuestAddr(pc));
+        let cx = EmitContext { enqueue: self.cfg.enqueue, gateway: self.gateway };
+        let mut flushed = false;
+        let emitted = loop {
+            let id = BlockId(self.next_id);
+            let first_exit = self.exits.len() as u32;
+            let emitted = emit_block(&block, id, self.cache.next_addr(), first_exit, &cx)?;
+            let fits = emitted.code.len() as u64 <= self.cache.room()
+                && first_exit as u64 + emitted.exits.len() as u64 <= EXIT_SPECIAL_BASE as u64;
+            if fits {
+                break emitted;
+            }
+            if flushed {
+                return Err(TranslateError::CodeCache { reason: format!("block at {pc:#x} does not fit in an empty cache") });
+            }
+            self.flush();
+            flushed = true;
+        };
+        let id = BlockId(self.next_id);
+        self.next_id += 1;
+        self.cache.insert(&emitted.code);
+        self.exits.extend(emitted.exits);
+        self.blocks.insert(pc, emitted.entry);
+        self.spans.insert(pc, block.end().0.max(pc + 1));
+        self.stats.blocks_translated += 1;
+        if let Some(tx) = &self.new_blocks {
+            // The monitor may have stopped (it never does before the guest ends); a lost
+            // receiver is not the guest's problem.
+            let _ = tx.send(NewBlock { id, summary: block.summary() });
+        }
+        Ok(emitted.entry)
+    }
+}
+
+/// The guest instruction at `addr`, disassembled (for messages).
+fn disassemble_at(addr: u64) -> String {
+    let mut bytes = [0u8; 15];
+    let n = crate::guest_mem::read_partial(addr, &mut bytes);
+    let mut decoder = iced_x86::Decoder::with_ip(64, &bytes[..n], addr, iced_x86::DecoderOptions::NONE);
+    let inst = decoder.decode();
+    let mut out = String::new();
+    IntelFormatter::new().format(&inst, &mut out);
+    out
+}

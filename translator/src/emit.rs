@@ -1,0 +1,336 @@
+//! Emitting host code for one IR block into the code cache.
+//!
+//! Layout of a translated block (host addresses grow downward):
+//!
+//! ```text
+//! ring_slow:  lea rcx,[entry]; mov gs:[resume],rcx; mov ecx,RING_FULL; jmp exit   (stub on only)
+//! entry:      enqueue stub: budget check (jrcxz ring_slow), entries[head++] = block id (stub on only)
+//!             body: the guest instructions, re-encoded at their new address (RIP-relative
+//!                   operands keep pointing at the same guest addresses)
+//!             terminator: jcc/jmp rel32 to exit stubs (patched later to chain), or the operand
+//!                   load + jump to the indirect branch lookup
+//!             exit stubs: mov gs:[scratch_rcx],rcx; mov ecx,EXIT_INDEX; jmp exit
+//! ```
+//!
+//! Nothing emitted here writes the guest's flags, registers (RCX is borrowed through a GS
+//! scratch slot) or stack below RSP, except what the guest instruction itself would do.
+
+use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock, MemoryOperand, OpKind, Register};
+
+use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator, TrapKind};
+
+use crate::gateway::{Gateway, EXIT_RING_FULL, GS};
+use crate::thread_area::off;
+use crate::TranslateError;
+
+/// Why a block's exit stub leaves the code cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    /// A direct branch not yet chained: translate `target`, patch the rel32 at `site`.
+    Direct { target: GuestAddr, site: HostAddr },
+    /// The guest executed `syscall` at `at`; it resumes at `next`.
+    Syscall { at: GuestAddr, next: GuestAddr },
+    /// The guest reached a trapping instruction.
+    Trap { kind: TrapKind, at: GuestAddr },
+}
+
+/// One exit of an emitted block.
+#[derive(Clone, Copy, Debug)]
+pub struct Exit {
+    /// The block the exit belongs to.
+    pub block: BlockId,
+    /// What to do when it is taken.
+    pub kind: ExitKind,
+}
+
+/// A block's host code, assembled for a known address, not yet in the cache.
+pub struct EmittedBlock {
+    /// The machine code, to be inserted at the address it was assembled for.
+    pub code: Vec<u8>,
+    /// Host address of the block's entry (after the ring slow path).
+    pub entry: HostAddr,
+    /// Exits, in the order of their indices `first_exit..`.
+    pub exits: Vec<Exit>,
+}
+
+/// What the emitter needs to know besides the block.
+#[derive(Clone, Copy, Debug)]
+pub struct EmitContext {
+    /// Emit the enqueue stub at the block head.
+    pub enqueue: bool,
+    /// The gateway routines' addresses.
+    pub gateway: Gateway,
+}
+
+/// A growing run of machine code assembled for consecutive host addresses.
+struct Code_ {
+    base: u64,
+    bytes: Vec<u8>,
+}
+
+impl Code_ {
+    fn addr(&self) -> u64 {
+        self.base + self.bytes.len() as u64
+    }
+
+    fn append(&mut self, chunk: Vec<u8>) {
+        self.bytes.extend(chunk);
+    }
+}
+
+fn assembled(ops: VecAssembler<X64Relocation>, what: &'static str) -> Result<Vec<u8>, TranslateError> {
+    ops.finalize().map_err(|e| TranslateError::Assemble { what, reason: format!("{e:?}") })
+}
+
+/// Emits `block` (id `id`) for host address `at`; its exits get indices from `first_exit`.
+///
+/// # Errors
+/// [`TranslateError::Assemble`] / [`TranslateError::Encode`] if a guest instruction cannot be
+/// re-encoded at its new address (e.g. a RIP-relative operand out of ±2 GiB reach).
+pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx: &EmitContext) -> Result<EmittedBlock, TranslateError> {
+    let exit_addr = cx.gateway.exit.0 as usize;
+    let mut code = Code_ { base: at.0, bytes: Vec::with_capacity(256) };
+
+    // Ring slow path and enqueue stub.
+    let entry;
+    if cx.enqueue {
+        let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
+        let entry_label = ops.new_dynamic_label();
+        dynasm!(ops
+            ; .arch x64
+            ; slow:
+            ; lea rcx, [=>entry_label]
+            ; .u8 GS ; mov QWORD [off::RESUME], rcx
+            ; mov ecx, EXIT_RING_FULL as i32
+            ; jmp extern exit_addr
+        );
+        let entry_off = ops.offset().0 as u64;
+        dynasm!(ops
+            ; .arch x64
+            ; =>entry_label
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
+            ; jrcxz <slow
+            ; lea rcx, [rcx - 1]
+            ; .u8 GS ; mov QWORD [off::RING_BUDGET], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::RING_HEAD]
+            ; .u8 GS ; mov DWORD [rcx * 4 + off::ENTRIES], id.0 as i32
+            ; lea rcx, [rcx + 1]
+            ; .u8 GS ; mov QWORD [off::RING_HEAD], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        );
+        entry = HostAddr(code.base + entry_off);
+        code.append(assembled(ops, "enqueue stub")?);
+    } else {
+        entry = HostAddr(code.addr());
+    }
+
+    // Body: re-encoded at its new address.
+    if !block.body.is_empty() {
+        let insts: Vec<Instruction> = block.body.iter().map(|i| i.inst).collect();
+        code.append(encode_at(&insts, code.addr())?);
+    }
+
+    // Terminator and exit stubs.
+    let mut exits = Vec::new();
+    emit_terminator(block, id, &mut code, first_exit, &mut exits, cx)?;
+    Ok(EmittedBlock { code: code.bytes, entry, exits })
+}
+
+/// Re-encodes guest instructions for host address `rip` (fixing RIP-relative operands).
+fn encode_at(insts: &[Instruction], rip: u64) -> Result<Vec<u8>, TranslateError> {
+    let block = InstructionBlock::new(insts, rip);
+    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+        .map(|r| r.code_buffer)
+        .map_err(|e| TranslateError::Encode { guest: insts.first().map(|i| i.ip()).unwrap_or(0), reason: e.to_string() })
+}
+
+/// Appends the exit stub for exit index `index` at label `label`.
+fn exit_stub(ops: &mut VecAssembler<X64Relocation>, label: DynamicLabel, index: u32, exit_addr: usize) {
+    dynasm!(ops
+        ; .arch x64
+        ; =>label
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; mov ecx, index as i32
+        ; jmp extern exit_addr
+    );
+}
+
+/// Emits `jcc rel32` with condition nibble `cc` to `label`.
+fn jcc(ops: &mut VecAssembler<X64Relocation>, cc: u8, label: DynamicLabel) {
+    match cc {
+        0 => dynasm!(ops ; .arch x64 ; jo =>label),
+        1 => dynasm!(ops ; .arch x64 ; jno =>label),
+        2 => dynasm!(ops ; .arch x64 ; jb =>label),
+        3 => dynasm!(ops ; .arch x64 ; jae =>label),
+        4 => dynasm!(ops ; .arch x64 ; je =>label),
+        5 => dynasm!(ops ; .arch x64 ; jne =>label),
+        6 => dynasm!(ops ; .arch x64 ; jbe =>label),
+        7 => dynasm!(ops ; .arch x64 ; ja =>label),
+        8 => dynasm!(ops ; .arch x64 ; js =>label),
+        9 => dynasm!(ops ; .arch x64 ; jns =>label),
+        10 => dynasm!(ops ; .arch x64 ; jp =>label),
+        11 => dynasm!(ops ; .arch x64 ; jnp =>label),
+        12 => dynasm!(ops ; .arch x64 ; jl =>label),
+        13 => dynasm!(ops ; .arch x64 ; jge =>label),
+        14 => dynasm!(ops ; .arch x64 ; jle =>label),
+        _ => dynasm!(ops ; .arch x64 ; jg =>label),
+    }
+}
+
+/// Emits the RCX-based short branch `inst` (loop/loope/loopne/jrcxz/jecxz) to `label`.
+fn rcx_branch(ops: &mut VecAssembler<X64Relocation>, code: Code, label: DynamicLabel) -> Result<(), TranslateError> {
+    match code {
+        Code::Jrcxz_rel8_64 => dynasm!(ops ; .arch x64 ; jrcxz =>label),
+        Code::Jecxz_rel8_64 => dynasm!(ops ; .arch x64 ; .u8 0x67 ; jrcxz =>label),
+        Code::Loop_rel8_64_RCX => dynasm!(ops ; .arch x64 ; loop =>label),
+        Code::Loop_rel8_64_ECX => dynasm!(ops ; .arch x64 ; .u8 0x67 ; loop =>label),
+        Code::Loope_rel8_64_RCX => dynasm!(ops ; .arch x64 ; loope =>label),
+        Code::Loope_rel8_64_ECX => dynasm!(ops ; .arch x64 ; .u8 0x67 ; loope =>label),
+        Code::Loopne_rel8_64_RCX => dynasm!(ops ; .arch x64 ; loopne =>label),
+        Code::Loopne_rel8_64_ECX => dynasm!(ops ; .arch x64 ; .u8 0x67 ; loopne =>label),
+        other => {
+            return Err(TranslateError::Assemble { what: "rcx branch", reason: format!("unexpected {other:?}") });
+        }
+    }
+    Ok(())
+}
+
+/// Pushes the 64-bit guest address `ret` without touching flags: `lea` moves RSP, two `mov`s
+/// store the halves (`push imm32` would sign-extend).
+fn push_return_address(ops: &mut VecAssembler<X64Relocation>, ret: GuestAddr) {
+    let lo = ret.0 as u32 as i32;
+    let hi = (ret.0 >> 32) as u32 as i32;
+    dynasm!(ops
+        ; .arch x64
+        ; lea rsp, [rsp - 8]
+        ; mov DWORD [rsp], lo
+        ; mov DWORD [rsp + 4], hi
+    );
+}
+
+fn emit_terminator(
+    block: &Block,
+    id: BlockId,
+    code: &mut Code_,
+    first_exit: u32,
+    exits: &mut Vec<Exit>,
+    cx: &EmitContext,
+) -> Result<(), TranslateError> {
+    let exit_addr = cx.gateway.exit.0 as usize;
+    let ibl_addr = cx.gateway.ibl.0 as usize;
+    let chunk_base = code.addr();
+    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
+    let site_here = |ops: &VecAssembler<X64Relocation>| HostAddr(chunk_base + ops.offset().0 as u64 - 4);
+    let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr| {
+        exits.push(Exit { block: id, kind: ExitKind::Direct { target, site } });
+        first_exit + exits.len() as u32 - 1
+    };
+    match block.terminator {
+        Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
+            let l = ops.new_dynamic_label();
+            dynasm!(ops ; .arch x64 ; jmp =>l);
+            let index = direct(exits, target, site_here(&ops));
+            exit_stub(&mut ops, l, index, exit_addr);
+        }
+        Terminator::Call { target, return_to } => {
+            push_return_address(&mut ops, return_to);
+            let l = ops.new_dynamic_label();
+            dynasm!(ops ; .arch x64 ; jmp =>l);
+            let index = direct(exits, target, site_here(&ops));
+            exit_stub(&mut ops, l, index, exit_addr);
+        }
+        Terminator::Branch { cond, taken, not_taken } => {
+            let lt = ops.new_dynamic_label();
+            let ln = ops.new_dynamic_label();
+            let (it, in_) = match cond.cc() {
+                Some(cc) => {
+                    jcc(&mut ops, cc, lt);
+                    let it = direct(exits, taken, site_here(&ops));
+                    dynasm!(ops ; .arch x64 ; jmp =>ln);
+                    let in_ = direct(exits, not_taken, site_here(&ops));
+                    (it, in_)
+                }
+                None => {
+                    // loop/jrcxz only have rel8 forms: branch over a rel32 jmp to a second one.
+                    let inst = block.term_inst.as_ref().map(|i| i.inst.code()).unwrap_or(Code::INVALID);
+                    debug_assert!(matches!(cond, Cond::Loop | Cond::RcxZero));
+                    let short_taken = ops.new_dynamic_label();
+                    rcx_branch(&mut ops, inst, short_taken)?;
+                    dynasm!(ops ; .arch x64 ; jmp =>ln);
+                    let in_ = direct(exits, not_taken, site_here(&ops));
+                    dynasm!(ops ; .arch x64 ; =>short_taken ; jmp =>lt);
+                    let it = direct(exits, taken, site_here(&ops));
+                    (it, in_)
+                }
+            };
+            exit_stub(&mut ops, lt, it, exit_addr);
+            exit_stub(&mut ops, ln, in_, exit_addr);
+        }
+        Terminator::Syscall { next } => {
+            let at = block.term_inst.as_ref().map(|i| i.addr()).unwrap_or(block.start);
+            exits.push(Exit { block: id, kind: ExitKind::Syscall { at, next } });
+            let l = ops.new_dynamic_label();
+            exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+        }
+        Terminator::Trap { kind, at } => {
+            exits.push(Exit { block: id, kind: ExitKind::Trap { kind, at } });
+            let l = ops.new_dynamic_label();
+            exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+        }
+        Terminator::Return => {
+            let inst = &block.term_inst.as_ref().expect("a return has its instruction").inst;
+            let pop = 8 + if inst.code() == Code::Retnq_imm16 { inst.immediate16() as i32 } else { 0 };
+            dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                ; mov rcx, QWORD [rsp]
+                ; lea rsp, [rsp + pop]
+                ; jmp extern ibl_addr
+            );
+        }
+        Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
+            let inst = block.term_inst.as_ref().expect("an indirect branch has its instruction").inst;
+            dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
+            code.append(assembled(ops, "indirect branch")?);
+            // Load the target with the guest's own operand before anything moves RSP.
+            let load = target_load(&inst)?;
+            code.append(encode_at(&[load], code.addr())?);
+            let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
+            if let Terminator::IndirectCall { return_to } = block.terminator {
+                push_return_address(&mut tail, return_to);
+            }
+            dynasm!(tail ; .arch x64 ; jmp extern ibl_addr);
+            code.append(assembled(tail, "indirect branch")?);
+            return Ok(());
+        }
+    }
+    code.append(assembled(ops, "terminator")?);
+    Ok(())
+}
+
+/// `mov rcx, <operand of the indirect jmp/call>`, as an iced instruction at the guest's address
+/// (the encoder rebases RIP-relative operands).
+fn target_load(inst: &Instruction) -> Result<Instruction, TranslateError> {
+    let bad = |why: &str| TranslateError::Encode { guest: inst.ip(), reason: why.to_string() };
+    let mut load = match inst.op0_kind() {
+        OpKind::Register => Instruction::with2(Code::Mov_r64_rm64, Register::RCX, inst.op0_register()),
+        OpKind::Memory => {
+            let mem = MemoryOperand::new(
+                inst.memory_base(),
+                inst.memory_index(),
+                inst.memory_index_scale(),
+                inst.memory_displacement64() as i64,
+                inst.memory_displ_size(),
+                false,
+                inst.segment_prefix(),
+            );
+            Instruction::with2(Code::Mov_r64_rm64, Register::RCX, mem)
+        }
+        k => return Err(bad(&format!("indirect branch operand {k:?}"))),
+    }
+    .map_err(|e| bad(&e.to_string()))?;
+    load.set_ip(inst.ip());
+    Ok(load)
+}

@@ -1,0 +1,252 @@
+//! The gateway routines at the bottom of the code cache: `enter` (Rust → translated code),
+//! `exit` (translated code → Rust), and the indirect branch lookup.
+//!
+//! All of them address the thread's [`ThreadArea`](crate::thread_area::ThreadArea) through GS
+//! (`0x65` prefix on an absolute `[disp32]` operand), so they need no free register and never
+//! touch the guest's stack or red zone.
+
+use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
+use hotpath_ir::HostAddr;
+
+use crate::code_cache::CodeCache;
+use crate::thread_area::off;
+use crate::TranslateError;
+
+/// The GS segment-override prefix byte.
+pub const GS: u8 = 0x65;
+
+/// `exit_code` value: the enqueue stub found the ring's budget used up; resume at `resume`.
+pub const EXIT_RING_FULL: u32 = u32::MAX - 1;
+/// `exit_code` value: an indirect branch missed the lookup table; the guest target is in
+/// `ibl_target`.
+pub const EXIT_IBL_MISS: u32 = u32::MAX - 2;
+/// Exit codes below this are indices into the translator's exit table.
+pub const EXIT_SPECIAL_BASE: u32 = u32::MAX - 16;
+
+/// XSAVE components saved and restored on every transition: x87, SSE, AVX, MPX, AVX-512, PKRU
+/// and the rest of XCR0 except AMX tile state (bits 17-18), which needs a permission the guest
+/// may not have asked for.
+const XSAVE_EXCLUDED: u64 = (1 << 17) | (1 << 18);
+
+/// Host CPU features the gateway depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct HostFeatures {
+    /// `rdfsbase`/`wrfsbase` are enabled for user mode (AT_HWCAP2 bit 1).
+    pub fsgsbase: bool,
+    /// XCR0 with the excluded components masked off: the XSAVE request mask.
+    pub xsave_mask: u64,
+    /// Bytes XSAVE writes for `xsave_mask` (CPUID.(EAX=0DH,ECX=0):EBX).
+    pub xsave_size: u32,
+}
+
+impl HostFeatures {
+    /// Reads the host's features.
+    ///
+    /// # Errors
+    /// [`TranslateError::Host`] if the CPU lacks XSAVE/OSXSAVE or needs a bigger XSAVE area
+    /// than hotpath reserves.
+    pub fn detect() -> Result<HostFeatures, TranslateError> {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        // SAFETY: CPUID is available on every x86-64 CPU.
+        let leaf1 = __cpuid(1);
+        if leaf1.ecx & (1 << 27) == 0 {
+            return Err(TranslateError::Host { reason: "the CPU or OS does not enable XSAVE (OSXSAVE)".into() });
+        }
+        let xcr0: u64;
+        // SAFETY: xgetbv(0) is valid when OSXSAVE is set (checked above).
+        unsafe {
+            let (lo, hi): (u32, u32);
+            std::arch::asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi, options(nomem, nostack));
+            xcr0 = (hi as u64) << 32 | lo as u64;
+        }
+        let xsave_mask = xcr0 & !XSAVE_EXCLUDED;
+        // SAFETY: CPUID leaf 0xD exists when XSAVE does.
+        let size = __cpuid_count(0xd, 0).ebx;
+        if size as usize > crate::thread_area::XSAVE_AREA_SIZE {
+            return Err(TranslateError::Host { reason: format!("XSAVE area of {size} bytes is larger than supported") });
+        }
+        // SAFETY: getauxval has no preconditions.
+        let hwcap2 = unsafe { libc::getauxval(libc::AT_HWCAP2) };
+        Ok(HostFeatures { fsgsbase: hwcap2 & 2 != 0, xsave_mask, xsave_size: size })
+    }
+}
+
+/// Host addresses of the gateway routines.
+#[derive(Clone, Copy, Debug)]
+pub struct Gateway {
+    /// `extern "sysv64" fn()`: saves the host's callee-saved registers, loads the guest context
+    /// from the thread area and jumps to `jump_to`. Returns when translated code exits.
+    pub enter: HostAddr,
+    /// Jump here with guest RCX in `scratch_rcx` and the exit code in ECX.
+    pub exit: HostAddr,
+    /// Jump here with the guest target in RCX and guest RCX in `scratch_rcx`.
+    pub ibl: HostAddr,
+    /// Where empty lookup slots point: a miss (for the non-canonical target `u64::MAX`).
+    pub ibl_empty: HostAddr,
+}
+
+/// Emits the gateway at the start of `cache` and seals it below the flush floor.
+///
+/// # Errors
+/// [`TranslateError::Assemble`] if dynasm rejects the code (a bug in hotpath).
+pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway, TranslateError> {
+    let base = cache.next_addr().0;
+    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
+    let mask_lo = host.xsave_mask as u32 as i32;
+    let mask_hi = (host.xsave_mask >> 32) as u32 as i32;
+    let gpr = |i: i32| off::GPR + 8 * i;
+
+    // ---- enter ----
+    let enter = ops.offset();
+    dynasm!(ops
+        ; .arch x64
+        ; push rbx ; push rbp ; push r12 ; push r13 ; push r14 ; push r15
+        ; .u8 GS ; mov QWORD [off::HOST_RSP], rsp
+        ; .u8 GS ; stmxcsr [off::HOST_MXCSR]
+        ; .u8 GS ; fnstcw [off::HOST_FCW]
+    );
+    if host.fsgsbase {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; mov rax, QWORD [off::FS_BASE] ; wrfsbase rax);
+    } else {
+        dynasm!(ops
+            ; .arch x64
+            ; mov eax, libc::SYS_arch_prctl as i32
+            ; mov edi, 0x1002 // ARCH_SET_FS
+            ; .u8 GS ; mov rsi, QWORD [off::FS_BASE]
+            ; syscall
+        );
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; mov eax, mask_lo
+        ; mov edx, mask_hi
+        ; .u8 GS ; xrstor64 [off::XSAVE]
+        ; .u8 GS ; push QWORD [off::RFLAGS]
+        ; popfq
+        ; .u8 GS ; mov rax, QWORD [gpr(0)]
+        ; .u8 GS ; mov rcx, QWORD [gpr(1)]
+        ; .u8 GS ; mov rdx, QWORD [gpr(2)]
+        ; .u8 GS ; mov rbx, QWORD [gpr(3)]
+        ; .u8 GS ; mov rbp, QWORD [gpr(5)]
+        ; .u8 GS ; mov rsi, QWORD [gpr(6)]
+        ; .u8 GS ; mov rdi, QWORD [gpr(7)]
+        ; .u8 GS ; mov r8, QWORD [gpr(8)]
+        ; .u8 GS ; mov r9, QWORD [gpr(9)]
+        ; .u8 GS ; mov r10, QWORD [gpr(10)]
+        ; .u8 GS ; mov r11, QWORD [gpr(11)]
+        ; .u8 GS ; mov r12, QWORD [gpr(12)]
+        ; .u8 GS ; mov r13, QWORD [gpr(13)]
+        ; .u8 GS ; mov r14, QWORD [gpr(14)]
+        ; .u8 GS ; mov r15, QWORD [gpr(15)]
+        ; .u8 GS ; mov rsp, QWORD [gpr(4)]
+        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
+    );
+
+    // ---- exit ----
+    let exit = ops.offset();
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::EXIT_CODE], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        ; .u8 GS ; mov QWORD [gpr(0)], rax
+        ; .u8 GS ; mov QWORD [gpr(1)], rcx
+        ; .u8 GS ; mov QWORD [gpr(2)], rdx
+        ; .u8 GS ; mov QWORD [gpr(3)], rbx
+        ; .u8 GS ; mov QWORD [gpr(4)], rsp
+        ; .u8 GS ; mov QWORD [gpr(5)], rbp
+        ; .u8 GS ; mov QWORD [gpr(6)], rsi
+        ; .u8 GS ; mov QWORD [gpr(7)], rdi
+        ; .u8 GS ; mov QWORD [gpr(8)], r8
+        ; .u8 GS ; mov QWORD [gpr(9)], r9
+        ; .u8 GS ; mov QWORD [gpr(10)], r10
+        ; .u8 GS ; mov QWORD [gpr(11)], r11
+        ; .u8 GS ; mov QWORD [gpr(12)], r12
+        ; .u8 GS ; mov QWORD [gpr(13)], r13
+        ; .u8 GS ; mov QWORD [gpr(14)], r14
+        ; .u8 GS ; mov QWORD [gpr(15)], r15
+        ; .u8 GS ; mov rsp, QWORD [off::HOST_RSP]
+        ; pushfq
+        ; .u8 GS ; pop QWORD [off::RFLAGS]
+        ; cld
+        ; mov eax, mask_lo
+        ; mov edx, mask_hi
+        ; .u8 GS ; xsave64 [off::XSAVE]
+        ; fninit
+        ; .u8 GS ; fldcw [off::HOST_FCW]
+        ; .u8 GS ; ldmxcsr [off::HOST_MXCSR]
+    );
+    if host.fsgsbase {
+        dynasm!(ops
+            ; .arch x64
+            ; rdfsbase rax
+            ; .u8 GS ; mov QWORD [off::FS_BASE], rax
+            ; .u8 GS ; mov rax, QWORD [off::HOST_FS_BASE]
+            ; wrfsbase rax
+        );
+    } else {
+        dynasm!(ops
+            ; .arch x64
+            ; mov eax, libc::SYS_arch_prctl as i32
+            ; mov edi, 0x1002 // ARCH_SET_FS
+            ; .u8 GS ; mov rsi, QWORD [off::HOST_FS_BASE]
+            ; syscall
+        );
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; pop r15 ; pop r14 ; pop r13 ; pop r12 ; pop rbp ; pop rbx
+        ; ret
+    );
+
+    // ---- indirect branch lookup ----
+    // In: RCX = guest target, guest RCX in scratch_rcx. Flags are untouched throughout:
+    // movzx, lea, mov and jrcxz do not write them.
+    let ibl = ops.offset();
+    let exit_addr = base + exit.0 as u64;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; movzx eax, cx
+        ; lea rax, [rax + rax]                      // slot index * 2 → scale 8 = 16-byte slots
+        ; mov rdx, rcx                              // rdx = guest target
+        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]   // -(slot's guest address)
+        ; lea rcx, [rcx + rdx]                      // 0 iff the slot holds the target
+        ; jrcxz >hit
+        ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; mov ecx, EXIT_IBL_MISS as i32
+        ; jmp extern exit_addr as usize
+        ; hit:
+        ; .u8 GS ; mov rax, QWORD [rax * 8 + off::IBL + 8]
+        ; .u8 GS ; mov QWORD [off::JUMP_TO], rax
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
+    );
+    // An empty slot "matches" only u64::MAX; treat it as a miss on that target.
+    let ibl_empty = ops.offset();
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; mov rcx, -1
+        ; .u8 GS ; mov QWORD [off::IBL_TARGET], rcx
+        ; mov ecx, EXIT_IBL_MISS as i32
+        ; jmp extern exit_addr as usize
+    );
+    let code = ops.finalize().map_err(|e| TranslateError::Assemble { what: "gateway", reason: format!("{e:?}") })?;
+    if code.len() as u64 > cache.room() {
+        return Err(TranslateError::CodeCache { reason: "no room for the gateway".into() });
+    }
+    let at = cache.insert(&code);
+    debug_assert_eq!(at.0, base);
+    cache.seal_floor();
+    Ok(Gateway {
+        enter: HostAddr(base + enter.0 as u64),
+        exit: HostAddr(exit_addr),
+        ibl: HostAddr(base + ibl.0 as u64),
+        ibl_empty: HostAddr(base + ibl_empty.0 as u64),
+    })
+}

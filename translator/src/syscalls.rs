@@ -1,0 +1,409 @@
+//! The guest's system calls: a table of the ones hotpath emulates or refuses; every other call
+//! passes through to the kernel unchanged.
+//!
+//! Emulated because hotpath shares the process with the guest: `brk` (the guest has its own heap
+//! region), `arch_prctl` (the FS base is swapped on every cache transition; GS is hotpath's),
+//! `exit`/`exit_group` (the profile must be written first), `readlink` of `/proc/self/exe` (the
+//! guest's path, not hotpath's), `mmap`/`munmap`/`mprotect`/`mremap` (never over hotpath's own
+//! memory; translated code in the range is invalidated), `set_tid_address` and `rseq` (they
+//! would change the host thread's state). Refused with a message until supported: signal
+//! handlers, threads and processes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use hotpath_ir::syscall_name;
+
+use crate::guest_mem;
+use crate::thread_area::ThreadArea;
+
+/// How the guest ended, as the waiting parent would see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestExit {
+    /// `exit_group(code)`: exit status `code & 0xff`.
+    Exited(i32),
+    /// Killed by signal number `sig` (the default action of a trap or fault).
+    Signaled(i32),
+}
+
+/// What a system call did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Return this value (a result or a negative errno) in RAX and continue.
+    Return(i64),
+    /// The guest ends.
+    Exit(GuestExit),
+    /// The guest asked for something hotpath does not support yet: the message says what.
+    Unsupported(String),
+}
+
+type Handler = fn(&mut Process, &mut ThreadArea, &[u64; 6]) -> Outcome;
+
+/// One row of the system-call table.
+struct SyscallRow {
+    nr: u64,
+    handler: Handler,
+}
+
+/// The emulated and refused calls, by number (x86-64 numbering). Calls not listed pass through.
+const TABLE: &[SyscallRow] = &[
+    SyscallRow { nr: 9, handler: sys_mmap },
+    SyscallRow { nr: 10, handler: sys_mprotect },
+    SyscallRow { nr: 11, handler: sys_munmap },
+    SyscallRow { nr: 12, handler: sys_brk },
+    SyscallRow { nr: 13, handler: sys_rt_sigaction },
+    SyscallRow { nr: 15, handler: refuse_sigreturn },
+    SyscallRow { nr: 25, handler: sys_mremap },
+    SyscallRow { nr: 56, handler: refuse_clone },
+    SyscallRow { nr: 57, handler: refuse_process },
+    SyscallRow { nr: 58, handler: refuse_process },
+    SyscallRow { nr: 60, handler: sys_exit },
+    SyscallRow { nr: 89, handler: sys_readlink },
+    SyscallRow { nr: 158, handler: sys_arch_prctl },
+    SyscallRow { nr: 218, handler: sys_set_tid_address },
+    SyscallRow { nr: 231, handler: sys_exit },
+    SyscallRow { nr: 267, handler: sys_readlinkat },
+    SyscallRow { nr: 334, handler: sys_rseq },
+    SyscallRow { nr: 435, handler: refuse_clone3 },
+];
+
+/// Guest-process state the emulated calls keep.
+pub struct Process {
+    /// The guest's executable, absolute (what `/proc/self/exe` shows it).
+    pub exe: PathBuf,
+    /// Lowest brk value (page-aligned end of the image).
+    pub brk_start: u64,
+    /// Current brk.
+    pub brk: u64,
+    /// Highest brk value the reservation allows.
+    pub brk_limit: u64,
+    /// Address ranges that belong to the guest (image, brk region, stack, its mappings):
+    /// start → end, disjoint and merged.
+    pub guest_regions: BTreeMap<u64, u64>,
+    /// Guest ranges whose translated code must be discarded before the guest goes on.
+    pub invalidate: Vec<(u64, u64)>,
+}
+
+const ENOMEM: i64 = libc::ENOMEM as i64;
+const EINVAL: i64 = libc::EINVAL as i64;
+const ENOSYS: i64 = libc::ENOSYS as i64;
+const EPERM: i64 = libc::EPERM as i64;
+
+/// Runs guest system call `nr` with `args` (RDI, RSI, RDX, R10, R8, R9).
+pub fn dispatch(process: &mut Process, area: &mut ThreadArea, nr: u64, args: &[u64; 6]) -> Outcome {
+    match TABLE.iter().find(|row| row.nr == nr) {
+        Some(row) => (row.handler)(process, area, args),
+        None => Outcome::Return(raw_syscall(nr, args)),
+    }
+}
+
+/// Performs system call `nr` on the host, returning the kernel's raw result (negative errno on
+/// failure).
+pub fn raw_syscall(nr: u64, a: &[u64; 6]) -> i64 {
+    let ret: i64;
+    // SAFETY: a pass-through system call on the guest's behalf; the calls that could harm
+    // hotpath's own state are in TABLE and never get here.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as i64 => ret,
+            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2],
+            in("r10") a[3], in("r8") a[4], in("r9") a[5],
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack)
+        );
+    }
+    ret
+}
+
+fn is_error(ret: i64) -> bool {
+    (-4095..0).contains(&ret)
+}
+
+fn name(nr: u64) -> &'static str {
+    syscall_name(nr).unwrap_or("unknown")
+}
+
+/// The name of signal `sig` (`"SIGSEGV"`), or `"signal N"`.
+pub fn signal_name(sig: i32) -> String {
+    const NAMES: [&str; 32] = [
+        "", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP",
+        "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR",
+        "SIGSYS",
+    ];
+    match NAMES.get(sig as usize) {
+        Some(n) if !n.is_empty() => n.to_string(),
+        _ if sig >= libc::SIGRTMIN() && sig <= libc::SIGRTMAX() => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        _ => format!("signal {sig}"),
+    }
+}
+
+impl Process {
+    /// Marks `[start, end)` as the guest's.
+    pub fn add_region(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let (mut s, mut e) = (start, end);
+        let overlapping: Vec<(u64, u64)> = self
+            .guest_regions
+            .range(..=end)
+            .filter(|(&rs, &re)| re >= start && rs <= end)
+            .map(|(&rs, &re)| (rs, re))
+            .collect();
+        for (rs, re) in overlapping {
+            self.guest_regions.remove(&rs);
+            s = s.min(rs);
+            e = e.max(re);
+        }
+        self.guest_regions.insert(s, e);
+    }
+
+    /// Forgets `[start, end)` as the guest's.
+    pub fn remove_region(&mut self, start: u64, end: u64) {
+        let overlapping: Vec<(u64, u64)> = self
+            .guest_regions
+            .range(..end)
+            .filter(|(_, &re)| re > start)
+            .map(|(&rs, &re)| (rs, re))
+            .collect();
+        for (rs, re) in overlapping {
+            self.guest_regions.remove(&rs);
+            if rs < start {
+                self.guest_regions.insert(rs, start);
+            }
+            if re > end {
+                self.guest_regions.insert(end, re);
+            }
+        }
+    }
+
+    fn is_guest(&self, start: u64, end: u64) -> bool {
+        let mut at = start;
+        while at < end {
+            match self.guest_regions.range(..=at).next_back() {
+                Some((_, &re)) if re > at => at = re,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// True if `[addr, addr+len)` overlaps memory that is mapped but not the guest's, i.e.
+    /// hotpath's own (code cache, heap, stacks, the thread area, hotpath's binary).
+    pub fn overlaps_hotpath(&self, addr: u64, len: u64) -> bool {
+        let end = addr.saturating_add(len);
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
+        for line in maps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            let Some((a, b)) = range.split_once('-') else { continue };
+            let (Ok(s), Ok(e)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+            let (os, oe) = (s.max(addr), e.min(end));
+            if os < oe && !self.is_guest(os, oe) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+fn page_ceil(x: u64) -> u64 {
+    (x + 4095) & !4095
+}
+
+fn sys_brk(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let want = a[0];
+    if want < p.brk_start || want > p.brk_limit {
+        return Outcome::Return(p.brk as i64);
+    }
+    let (old_end, new_end) = (page_ceil(p.brk), page_ceil(want));
+    if new_end > old_end {
+        let r = raw_syscall(10, &[old_end, new_end - old_end, (libc::PROT_READ | libc::PROT_WRITE) as u64, 0, 0, 0]);
+        if is_error(r) {
+            return Outcome::Return(p.brk as i64);
+        }
+    } else if new_end < old_end {
+        // Give the pages back, as the kernel does: a later brk gets zeroed memory.
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE) as u64;
+        let r = raw_syscall(9, &[new_end, old_end - new_end, libc::PROT_NONE as u64, flags, u64::MAX, 0]);
+        if is_error(r) {
+            return Outcome::Return(p.brk as i64);
+        }
+    }
+    p.brk = want;
+    Outcome::Return(want as i64)
+}
+
+fn sys_mmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let (addr, len, flags) = (a[0], a[1], a[3] as i32);
+    let fixed = flags & libc::MAP_FIXED != 0 && flags & libc::MAP_FIXED_NOREPLACE == 0;
+    if fixed && p.overlaps_hotpath(addr, page_ceil(len)) {
+        return Outcome::Return(-ENOMEM);
+    }
+    let r = raw_syscall(9, a);
+    if !is_error(r) {
+        let start = r as u64;
+        p.add_region(start, start + page_ceil(len));
+        p.invalidate.push((start, start + page_ceil(len)));
+    }
+    Outcome::Return(r)
+}
+
+fn sys_munmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let (addr, len) = (a[0], page_ceil(a[1]));
+    if p.overlaps_hotpath(addr, len) {
+        return Outcome::Return(-EINVAL);
+    }
+    let r = raw_syscall(11, a);
+    if !is_error(r) {
+        p.remove_region(addr, addr + len);
+        p.invalidate.push((addr, addr + len));
+    }
+    Outcome::Return(r)
+}
+
+fn sys_mprotect(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let (addr, len) = (a[0], page_ceil(a[1]));
+    if p.overlaps_hotpath(addr, len) {
+        return Outcome::Return(-ENOMEM);
+    }
+    let r = raw_syscall(10, a);
+    if !is_error(r) {
+        p.invalidate.push((addr, addr + len));
+    }
+    Outcome::Return(r)
+}
+
+fn sys_mremap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let (old, old_len, new_len, flags, new_addr) = (a[0], page_ceil(a[1]), page_ceil(a[2]), a[3] as i32, a[4]);
+    if p.overlaps_hotpath(old, old_len) {
+        return Outcome::Return(-EINVAL);
+    }
+    if flags & libc::MREMAP_FIXED != 0 && p.overlaps_hotpath(new_addr, new_len) {
+        return Outcome::Return(-EINVAL);
+    }
+    let r = raw_syscall(25, a);
+    if !is_error(r) {
+        p.remove_region(old, old + old_len);
+        p.add_region(r as u64, r as u64 + new_len);
+        p.invalidate.push((old, old + old_len));
+        p.invalidate.push((r as u64, r as u64 + new_len));
+    }
+    Outcome::Return(r)
+}
+
+fn sys_rt_sigaction(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let (sig, act) = (a[0] as i32, a[1]);
+    if act != 0 {
+        let mut handler = [0u8; 8];
+        if let Err(e) = guest_mem::read(act, &mut handler) {
+            return Outcome::Return(e);
+        }
+        let handler = u64::from_le_bytes(handler);
+        // SIG_DFL (0) and SIG_IGN (1) are the kernel's business; a real handler must run
+        // translated, which needs signal delivery.
+        if handler > 1 {
+            return Outcome::Unsupported(format!(
+                "the guest installs a handler for {} (rt_sigaction): guest signal handlers are not supported yet",
+                signal_name(sig)
+            ));
+        }
+    }
+    Outcome::Return(raw_syscall(13, a))
+}
+
+fn refuse_sigreturn(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    Outcome::Unsupported("the guest called rt_sigreturn outside a signal handler hotpath delivered".into())
+}
+
+fn refuse_clone(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let what = if a[0] & libc::CLONE_VM as u64 != 0 { "a thread (clone with CLONE_VM)" } else { "a process (clone)" };
+    Outcome::Unsupported(format!("the guest creates {what}: threads and processes are not supported yet"))
+}
+
+fn refuse_clone3(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    Outcome::Unsupported("the guest creates a thread or process (clone3): threads and processes are not supported yet".into())
+}
+
+fn refuse_process(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    Outcome::Unsupported("the guest creates a process (fork/vfork): processes are not supported yet".into())
+}
+
+fn sys_exit(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    Outcome::Exit(GuestExit::Exited((a[0] & 0xff) as i32))
+}
+
+/// True if `path` names the calling process's executable through /proc.
+fn is_proc_self_exe(path: &[u8]) -> bool {
+    let own = format!("/proc/{}/exe", std::process::id());
+    path == b"/proc/self/exe" || path == b"/proc/thread-self/exe" || path == own.as_bytes()
+}
+
+fn readlink_exe(p: &Process, buf: u64, size: u64) -> i64 {
+    if (size as i64) <= 0 {
+        return -EINVAL;
+    }
+    let target = p.exe.as_os_str().as_encoded_bytes();
+    let n = target.len().min(size as usize);
+    match guest_mem::write(buf, &target[..n]) {
+        Ok(()) => n as i64,
+        Err(e) => e,
+    }
+}
+
+fn sys_readlink(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    match guest_mem::read_cstr(a[0], 4096) {
+        Ok(path) if is_proc_self_exe(&path) => Outcome::Return(readlink_exe(p, a[1], a[2])),
+        Ok(_) => Outcome::Return(raw_syscall(89, a)),
+        Err(e) => Outcome::Return(e),
+    }
+}
+
+fn sys_readlinkat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    match guest_mem::read_cstr(a[1], 4096) {
+        Ok(path) if path.starts_with(b"/") && is_proc_self_exe(&path) => Outcome::Return(readlink_exe(p, a[2], a[3])),
+        Ok(_) => Outcome::Return(raw_syscall(267, a)),
+        Err(e) => Outcome::Return(e),
+    }
+}
+
+const ARCH_SET_GS: u64 = 0x1001;
+const ARCH_SET_FS: u64 = 0x1002;
+const ARCH_GET_FS: u64 = 0x1003;
+const ARCH_GET_GS: u64 = 0x1004;
+
+fn sys_arch_prctl(_: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let (code, addr) = (a[0], a[1]);
+    match code {
+        ARCH_SET_FS => {
+            if addr >= 1 << 47 {
+                return Outcome::Return(-EPERM);
+            }
+            area.fs_base = addr;
+            Outcome::Return(0)
+        }
+        ARCH_GET_FS => Outcome::Return(guest_mem::write(addr, &area.fs_base.to_le_bytes()).map_or_else(|e| e, |_| 0)),
+        ARCH_GET_GS => Outcome::Return(guest_mem::write(addr, &0u64.to_le_bytes()).map_or_else(|e| e, |_| 0)),
+        ARCH_SET_GS => Outcome::Unsupported(
+            "the guest sets its GS base (arch_prctl ARCH_SET_GS): hotpath keeps its per-thread state in GS".into(),
+        ),
+        _ => Outcome::Return(raw_syscall(158, a)),
+    }
+}
+
+fn sys_set_tid_address(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    // The host thread's clear_child_tid stays hotpath's; the guest only needs the tid back.
+    Outcome::Return(raw_syscall(libc::SYS_gettid as u64, &[0; 6]))
+}
+
+fn sys_rseq(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    // Registering the guest's rseq area would make the kernel rewrite guest memory and RIP on
+    // preemption, with host RIPs: report it unavailable, which glibc handles.
+    Outcome::Return(-ENOSYS)
+}
+
+/// The name of system call `nr` for messages.
+pub fn describe(nr: u64) -> String {
+    format!("{} ({nr})", name(nr))
+}

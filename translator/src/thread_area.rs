@@ -1,0 +1,193 @@
+//! The per-guest-thread area that translated code reaches through the GS segment: saved guest
+//! context, scratch slots, the event ring, the XSAVE area and the indirect branch lookup table.
+//!
+//! # Who touches what
+//!
+//! The GS base of a guest thread's host thread points at its `ThreadArea` for the thread's whole
+//! life (the guest never gets GS: hotpath refuses guest writes to it). Emitted code addresses
+//! fields as `gs:[OFFSET]`, with the offsets below. Fields are written by that thread only —
+//! by emitted code while it runs in the code cache, by its Rust dispatcher otherwise — except
+//! `ring.consumer`, which the monitor thread writes (see `hotpath_events`).
+//!
+//! The ring's entries follow the struct in the same mapping, at [`ENTRIES_OFFSET`].
+
+use std::mem::{offset_of, size_of};
+
+use hotpath_events::RingControl;
+
+/// Number of entries in the indirect branch lookup table: indexed by the low 16 bits of the
+/// guest target, direct-mapped.
+pub const IBL_ENTRIES: usize = 1 << 16;
+
+/// Bytes reserved for the XSAVE image of the guest's x87/SSE/AVX/AVX-512 state.
+pub const XSAVE_AREA_SIZE: usize = 16384;
+
+/// Guest GPR slots, in x86 encoding order (the order of `gpr`).
+pub const GPR_NAMES: [&str; 16] =
+    ["rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15"];
+/// Index of RAX in `gpr`.
+pub const RAX: usize = 0;
+/// Index of RCX in `gpr`.
+pub const RCX: usize = 1;
+/// Index of RDX in `gpr`.
+pub const RDX: usize = 2;
+/// Index of RSP in `gpr`.
+pub const RSP: usize = 4;
+/// Index of RSI in `gpr`.
+pub const RSI: usize = 6;
+/// Index of RDI in `gpr`.
+pub const RDI: usize = 7;
+/// Index of R8 in `gpr`.
+pub const R8: usize = 8;
+/// Index of R9 in `gpr`.
+pub const R9: usize = 9;
+/// Index of R10 in `gpr`.
+pub const R10: usize = 10;
+/// Index of R11 in `gpr`.
+pub const R11: usize = 11;
+
+/// One slot of the indirect branch lookup table.
+///
+/// `neg_guest` holds the two's complement of the guest address (so emitted code can test for a
+/// match with `lea` + `jrcxz`, which do not touch the flags); an empty slot holds 1, which no
+/// guest target can match but the non-canonical `u64::MAX`, and then points at the miss path.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IblEntry {
+    /// `0 - guest_target` (wrapping).
+    pub neg_guest: u64,
+    /// Host address of the target's translated block entry.
+    pub host: u64,
+}
+
+/// The XSAVE image (64-byte aligned as XSAVE requires).
+#[repr(C, align(64))]
+pub struct XsaveArea(pub [u8; XSAVE_AREA_SIZE]);
+
+/// The guest's saved context and the translator's per-thread slots.
+#[repr(C, align(4096))]
+pub struct ThreadArea {
+    /// Guest general-purpose registers, x86 encoding order (RAX, RCX, RDX, RBX, RSP, RBP, RSI,
+    /// RDI, R8..R15). Valid while the thread is outside the code cache.
+    pub gpr: [u64; 16],
+    /// Guest RFLAGS, valid outside the code cache.
+    pub rflags: u64,
+    /// Guest FS base.
+    pub fs_base: u64,
+    /// Host FS base (Rust's thread-local storage), restored on every exit from the cache.
+    pub host_fs_base: u64,
+    /// Host RSP inside `enter`, restored by the exit routine.
+    pub host_rsp: u64,
+    /// Host MXCSR, restored on every exit (the guest may change rounding modes).
+    pub host_mxcsr: u32,
+    /// Host x87 control word.
+    pub host_fcw: u16,
+    _pad0: u16,
+    /// Scratch slot: guest RCX while emitted code borrows RCX.
+    pub scratch_rcx: u64,
+    /// Scratch slot: guest RAX while the indirect branch lookup borrows RAX.
+    pub scratch_rax: u64,
+    /// Scratch slot: guest RDX while the indirect branch lookup borrows RDX.
+    pub scratch_rdx: u64,
+    /// Why the thread left the code cache: an exit index, or one of the `EXIT_*` codes.
+    pub exit_code: u64,
+    /// Host address to resume at after a ring refill (the enqueue stub's block entry).
+    pub resume: u64,
+    /// Guest target of an indirect branch that missed the lookup table.
+    pub ibl_target: u64,
+    /// Host address `enter` and the lookup hit path jump to.
+    pub jump_to: u64,
+    /// The event ring's control block.
+    pub ring: RingControl,
+    /// XSAVE image of the guest's extended state, valid outside the code cache.
+    pub xsave: XsaveArea,
+    /// The indirect branch lookup table.
+    pub ibl: [IblEntry; IBL_ENTRIES],
+}
+
+/// Offset of ring entries (`u32` block ids) from the area's base, in bytes.
+pub const ENTRIES_OFFSET: usize = size_of::<ThreadArea>();
+
+/// GS offsets of the fields emitted code touches (bytes from the area's base).
+pub mod off {
+    use super::*;
+    /// `gpr[i]` is at `GPR + 8 * i`.
+    pub const GPR: i32 = offset_of!(ThreadArea, gpr) as i32;
+    pub const RFLAGS: i32 = offset_of!(ThreadArea, rflags) as i32;
+    pub const FS_BASE: i32 = offset_of!(ThreadArea, fs_base) as i32;
+    pub const HOST_FS_BASE: i32 = offset_of!(ThreadArea, host_fs_base) as i32;
+    pub const HOST_RSP: i32 = offset_of!(ThreadArea, host_rsp) as i32;
+    pub const HOST_MXCSR: i32 = offset_of!(ThreadArea, host_mxcsr) as i32;
+    pub const HOST_FCW: i32 = offset_of!(ThreadArea, host_fcw) as i32;
+    pub const SCRATCH_RCX: i32 = offset_of!(ThreadArea, scratch_rcx) as i32;
+    pub const SCRATCH_RAX: i32 = offset_of!(ThreadArea, scratch_rax) as i32;
+    pub const SCRATCH_RDX: i32 = offset_of!(ThreadArea, scratch_rdx) as i32;
+    pub const EXIT_CODE: i32 = offset_of!(ThreadArea, exit_code) as i32;
+    pub const RESUME: i32 = offset_of!(ThreadArea, resume) as i32;
+    pub const IBL_TARGET: i32 = offset_of!(ThreadArea, ibl_target) as i32;
+    pub const JUMP_TO: i32 = offset_of!(ThreadArea, jump_to) as i32;
+    pub const RING_HEAD: i32 = (offset_of!(ThreadArea, ring) + RingControl::HEAD_OFFSET) as i32;
+    pub const RING_BUDGET: i32 = (offset_of!(ThreadArea, ring) + RingControl::BUDGET_OFFSET) as i32;
+    pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
+    pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
+    pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
+}
+
+impl ThreadArea {
+    /// Maps a zeroed area with room for `ring_entries` events and initialises it: empty ring,
+    /// empty lookup table (every slot pointing at `ibl_miss`), initial FPU state.
+    ///
+    /// # Errors
+    /// The OS error if the mapping fails.
+    pub fn map(ring_entries: u64, ibl_miss: u64) -> std::io::Result<&'static mut ThreadArea> {
+        let len = ENTRIES_OFFSET + 4 * ring_entries as usize;
+        // SAFETY: a fresh anonymous mapping; zero bytes are a valid (if empty) ThreadArea except
+        // for the ring control and table, which are written below before any use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `p` is page-aligned (align 4096 holds), `len` covers the struct, and the
+        // mapping is never unmapped: the area lives as long as the process.
+        let area = unsafe { &mut *(p as *mut ThreadArea) };
+        // SAFETY: writing a valid value into our own mapping.
+        unsafe { std::ptr::write(&mut area.ring, RingControl::new(ring_entries)) };
+        for e in area.ibl.iter_mut() {
+            *e = IblEntry { neg_guest: 1, host: ibl_miss };
+        }
+        area.rflags = 0x202;
+        // Legacy XSAVE region: FCW at 0, MXCSR at 24; XSTATE_BV (header at 512) = 0 means every
+        // component is in its initial state, so XRSTOR loads the power-on FPU/SSE/AVX state
+        // (except MXCSR, which it takes from here).
+        area.xsave.0[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
+        area.xsave.0[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
+        Ok(area)
+    }
+
+    /// Address of ring entry 0.
+    pub fn entries(&self) -> *const u32 {
+        // SAFETY: the entries follow the struct in the same mapping (see `map`).
+        unsafe { (self as *const ThreadArea as *const u8).add(ENTRIES_OFFSET) as *const u32 }
+    }
+
+    /// Empties the indirect branch lookup table (after a code cache flush).
+    pub fn clear_ibl(&mut self, ibl_miss: u64) {
+        for e in self.ibl.iter_mut() {
+            *e = IblEntry { neg_guest: 1, host: ibl_miss };
+        }
+    }
+
+    /// Index of `guest` in the lookup table: its low 16 bits (what the emitted `movzx` takes).
+    pub fn ibl_index(guest: u64) -> usize {
+        (guest & 0xffff) as usize
+    }
+}
