@@ -70,6 +70,8 @@ pub struct Translator {
     producer: Option<RingProducer>,
     new_blocks: Option<Sender<NewBlock>>,
     stats: Stats,
+    /// Print every translated block's host code (environment `HOTPATH_TRACE_TRANSLATION=1`).
+    trace_translation: bool,
 }
 
 const ARCH_SET_GS: i32 = 0x1001;
@@ -137,6 +139,7 @@ impl Translator {
             producer,
             new_blocks,
             stats: Stats::default(),
+            trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
         })
     }
 
@@ -309,6 +312,10 @@ impl Translator {
         };
         let id = BlockId(self.next_id);
         self.next_id += 1;
+        let at = self.cache.next_addr();
+        if self.trace_translation {
+            eprintln!("hotpath: block {} at guest {pc:#x} → {}:\n{}", id.0, emitted.entry, disassemble(&emitted.code, at.0));
+        }
         self.cache.insert(&emitted.code);
         self.exits.extend(emitted.exits);
         self.blocks.insert(pc, emitted.entry);
@@ -331,5 +338,18 @@ fn disassemble_at(addr: u64) -> String {
     let inst = decoder.decode();
     let mut out = String::new();
     IntelFormatter::new().format(&inst, &mut out);
+    out
+}
+
+/// Host code `code` at host address `at`, disassembled one instruction per line.
+fn disassemble(code: &[u8], at: u64) -> String {
+    let mut decoder = iced_x86::Decoder::with_ip(64, code, at, iced_x86::DecoderOptions::NONE);
+    let mut formatter = IntelFormatter::new();
+    let mut out = String::new();
+    for inst in &mut decoder {
+        out.push_str(&format!("  {:x}  ", inst.ip()));
+        formatter.format(&inst, &mut out);
+        out.push('\n');
+    }
     out
 }

@@ -16,11 +16,11 @@
 //! scratch slot) or stack below RSP, except what the guest instruction itself would do.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
-use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock, MemoryOperand, OpKind, Register};
+use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
 
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator, TrapKind};
 
-use crate::gateway::{Gateway, EXIT_RING_FULL, GS};
+use crate::gateway::{emit_ibl, Gateway, EXIT_RING_FULL, GS};
 use crate::thread_area::off;
 use crate::TranslateError;
 
@@ -138,12 +138,22 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
     Ok(EmittedBlock { code: code.bytes, entry, exits })
 }
 
-/// Re-encodes guest instructions for host address `rip` (fixing RIP-relative operands).
+/// Re-encodes guest instructions one after another from host address `rip`, keeping every
+/// RIP-relative operand pointing at the same absolute guest address.
+///
+/// Each instruction is encoded on its own: iced's `BlockEncoder` would treat a RIP-relative
+/// operand that happens to address one of the block's own instructions as a reference into the
+/// block and move it along with the code, which is wrong for data accesses (`lea rcx, [rip]`).
 fn encode_at(insts: &[Instruction], rip: u64) -> Result<Vec<u8>, TranslateError> {
-    let block = InstructionBlock::new(insts, rip);
-    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
-        .map(|r| r.code_buffer)
-        .map_err(|e| TranslateError::Encode { guest: insts.first().map(|i| i.ip()).unwrap_or(0), reason: e.to_string() })
+    let mut encoder = Encoder::new(64);
+    let mut at = rip;
+    for inst in insts {
+        let len = encoder
+            .encode(inst, at)
+            .map_err(|e| TranslateError::Encode { guest: inst.ip(), reason: e.to_string() })?;
+        at += len as u64;
+    }
+    Ok(encoder.take_buffer())
 }
 
 /// Appends the exit stub for exit index `index` at label `label`.
@@ -219,7 +229,6 @@ fn emit_terminator(
     cx: &EmitContext,
 ) -> Result<(), TranslateError> {
     let exit_addr = cx.gateway.exit.0 as usize;
-    let ibl_addr = cx.gateway.ibl.0 as usize;
     let chunk_base = code.addr();
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
     let site_here = |ops: &VecAssembler<X64Relocation>| HostAddr(chunk_base + ops.offset().0 as u64 - 4);
@@ -287,8 +296,8 @@ fn emit_terminator(
                 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
                 ; mov rcx, QWORD [rsp]
                 ; lea rsp, [rsp + pop]
-                ; jmp extern ibl_addr
             );
+            emit_ibl(&mut ops, &cx.gateway);
         }
         Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
             let inst = block.term_inst.as_ref().expect("an indirect branch has its instruction").inst;
@@ -301,7 +310,7 @@ fn emit_terminator(
             if let Terminator::IndirectCall { return_to } = block.terminator {
                 push_return_address(&mut tail, return_to);
             }
-            dynasm!(tail ; .arch x64 ; jmp extern ibl_addr);
+            emit_ibl(&mut tail, &cx.gateway);
             code.append(assembled(tail, "indirect branch")?);
             return Ok(());
         }

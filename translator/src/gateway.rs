@@ -79,8 +79,8 @@ pub struct Gateway {
     pub enter: HostAddr,
     /// Jump here with guest RCX in `scratch_rcx` and the exit code in ECX.
     pub exit: HostAddr,
-    /// Jump here with the guest target in RCX and guest RCX in `scratch_rcx`.
-    pub ibl: HostAddr,
+    /// The inlined indirect branch lookup jumps here on a miss (see [`emit_ibl`]).
+    pub ibl_miss: HostAddr,
     /// Where empty lookup slots point: a miss (for the non-canonical target `u64::MAX`).
     pub ibl_empty: HostAddr,
 }
@@ -198,33 +198,19 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; ret
     );
 
-    // ---- indirect branch lookup ----
-    // In: RCX = guest target, guest RCX in scratch_rcx. Flags are untouched throughout:
-    // movzx, lea, mov and jrcxz do not write them.
-    let ibl = ops.offset();
+    // ---- indirect branch lookup miss ----
+    // The lookup itself is inlined at every indirect branch (see `emit_ibl`), so each site has
+    // its own host indirect jump for the branch predictor. On a miss it jumps here with
+    // RDX = guest target, guest RAX/RDX in their scratch slots and guest RCX in scratch_rcx.
+    let ibl_miss = ops.offset();
     let exit_addr = base + exit.0 as u64;
     dynasm!(ops
         ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-        ; movzx eax, cx
-        ; lea rax, [rax + rax]                      // slot index * 2 → scale 8 = 16-byte slots
-        ; mov rdx, rcx                              // rdx = guest target
-        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]   // -(slot's guest address)
-        ; lea rcx, [rcx + rdx]                      // 0 iff the slot holds the target
-        ; jrcxz >hit
         ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
         ; mov ecx, EXIT_IBL_MISS as i32
         ; jmp extern exit_addr as usize
-        ; hit:
-        ; .u8 GS ; mov rax, QWORD [rax * 8 + off::IBL + 8]
-        ; .u8 GS ; mov QWORD [off::JUMP_TO], rax
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
-        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
     );
     // An empty slot "matches" only u64::MAX; treat it as a miss on that target.
     let ibl_empty = ops.offset();
@@ -246,7 +232,34 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
     Ok(Gateway {
         enter: HostAddr(base + enter.0 as u64),
         exit: HostAddr(exit_addr),
-        ibl: HostAddr(base + ibl.0 as u64),
+        ibl_miss: HostAddr(base + ibl_miss.0 as u64),
         ibl_empty: HostAddr(base + ibl_empty.0 as u64),
     })
+}
+
+/// Emits the indirect branch lookup for a guest target in RCX (guest RCX already saved in
+/// `scratch_rcx`): on a hit, restores RAX, RCX, RDX and jumps to the target's block; on a
+/// miss, goes to the gateway's miss routine. Flags are never written: `movzx`, `lea`, `mov`
+/// and `jrcxz` leave them alone.
+pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) {
+    let miss = gateway.ibl_miss.0 as usize;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; movzx eax, cx
+        ; lea rax, [rax + rax]                            // slot * 2, scaled by 8: 16-byte slots
+        ; mov rdx, rcx                                    // rdx = guest target
+        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // -(slot's guest address)
+        ; lea rcx, [rcx + rdx]                            // 0 iff the slot holds the target
+        ; jrcxz >hit
+        ; jmp extern miss
+        ; hit:
+        ; .u8 GS ; mov rax, QWORD [rax * 8 + off::IBL + 8]
+        ; .u8 GS ; mov QWORD [off::JUMP_TO], rax
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
+    );
 }
