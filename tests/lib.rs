@@ -1,1 +1,183 @@
 //! End-to-end test support: building guest samples and running them natively and under hotpath.
+//!
+//! ```text
+//! guest-samples/*.c, *.S ──gcc (static, static-pie)──▶ <target>/guest-samples/<source>.<linkage>
+//!                                                            │
+//!              native run ◀──────────────────────────────────┼──────────────▶ hotpath run [--no-monitor]
+//!                  │                                                              │
+//!                  └────────── Outcome { stdout, stderr, exit code or signal } ───┴──▶ compare, diff
+//! ```
+//!
+//! - [`catalog`]: the table of samples, their arguments and the status they end with;
+//! - [`guest_build`]: compiling samples once per source and linkage, shared by parallel tests
+//!   and by concurrent test processes;
+//! - [`hotpath_bin`]: finding (and, in a cargo run, building) the `hotpath` binary;
+//! - [`runner`]: running a command with a timeout and capturing everything it did;
+//! - [`compare`]: comparing two outcomes and explaining the difference with a diff;
+//! - [`check_sample`]: the whole check for one sample, as the `samples` test calls it.
+//!
+//! Environment variables:
+//! - `HOTPATH_BIN`: the hotpath binary to test (no cargo build is attempted then);
+//! - `HOTPATH_E2E_NO_BUILD=1`: do not run `cargo build` for hotpath, use what is in the target dir;
+//! - `HOTPATH_E2E_TIMEOUT`: seconds before a run counts as hung and is killed (default 60);
+//! - `HOTPATH_BLESS=1`: rewrite `guest-samples/expected/` from native runs.
+
+pub mod catalog;
+pub mod compare;
+pub mod guest_build;
+pub mod hotpath_bin;
+pub mod paths;
+pub mod runner;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+pub use catalog::{Expected, Linkage, Sample, SAMPLES};
+pub use runner::{Outcome, Termination};
+
+/// How hotpath runs a guest in one test configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MonitorMode {
+    /// `hotpath run --no-monitor`: translation only.
+    Off,
+    /// `hotpath run`: translation with the monitor thread profiling every block.
+    On,
+}
+
+impl MonitorMode {
+    pub const ALL: [MonitorMode; 2] = [MonitorMode::Off, MonitorMode::On];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            MonitorMode::Off => "--no-monitor",
+            MonitorMode::On => "monitor on",
+        }
+    }
+}
+
+/// Seconds a single run may take before it is killed and reported as a hang.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
+
+/// The per-run timeout: `HOTPATH_E2E_TIMEOUT` seconds, or [`DEFAULT_TIMEOUT_SECS`].
+pub fn run_timeout() -> Duration {
+    let secs = std::env::var("HOTPATH_E2E_TIMEOUT")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(DEFAULT_TIMEOUT_SECS);
+    Duration::from_secs(secs)
+}
+
+/// Environment variables passed from the test process to every run (native and hotpath),
+/// so a developer can still ask hotpath for logs or backtraces.
+const PASSED_THROUGH_ENV: &[&str] = &["RUST_BACKTRACE", "RUST_LOG", "HOTPATH_LOG"];
+
+/// Gives `cmd` the fixed environment and working directory every run gets, so a native run
+/// and a hotpath run of the same guest see the same process state.
+pub fn set_guest_environment(cmd: &mut Command, cwd: &Path) {
+    cmd.env_clear();
+    cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
+    cmd.env("LC_ALL", "C");
+    cmd.env("HOTPATH_E2E_VAR", "a value with spaces = and symbols");
+    cmd.env("HOTPATH_E2E_OTHER", "1");
+    for name in PASSED_THROUGH_ENV {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
+    cmd.current_dir(cwd);
+}
+
+/// The command that runs `exe` natively with `args`.
+pub fn native_command(exe: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    set_guest_environment(&mut cmd, exe.parent().unwrap_or(Path::new("/")));
+    cmd
+}
+
+/// The command that runs `exe` with `args` under `hotpath run --quiet [--no-monitor]`.
+pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(hotpath);
+    cmd.arg("run").arg("--quiet");
+    if mode == MonitorMode::Off {
+        cmd.arg("--no-monitor");
+    }
+    cmd.arg("--").arg(exe).args(args);
+    set_guest_environment(&mut cmd, exe.parent().unwrap_or(Path::new("/")));
+    cmd
+}
+
+/// The whole end-to-end check of one sample: for each linkage, build it, run it natively,
+/// compare the native run with the expected files in `guest-samples/expected/` (this catches
+/// a broken or non-deterministic sample, not a hotpath bug), then run it under hotpath with
+/// the monitor off and on and compare each run with the native one.
+///
+/// # Panics
+///
+/// With a report of every mismatch found, after all configurations have run.
+pub fn check_sample(name: &str) {
+    let sample = catalog::find(name).unwrap_or_else(|| panic!("no sample named {name:?} in the catalog"));
+    let hotpath = hotpath_bin::hotpath();
+    let timeout = run_timeout();
+    let mut problems = Vec::new();
+
+    for linkage in Linkage::ALL {
+        let exe = match guest_build::build(sample.source, linkage) {
+            Ok(exe) => exe,
+            Err(e) => {
+                problems.push(format!("[{linkage}] could not build {}: {e}", sample.source));
+                continue;
+            }
+        };
+        let native = match runner::run(&mut native_command(&exe, sample.args), timeout) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                problems.push(format!("[{linkage} native] could not run {}: {e}", exe.display()));
+                continue;
+            }
+        };
+        if let Err(report) = compare::check_expected(sample, linkage, &exe, &native) {
+            problems.push(format!(
+                "[{linkage} native] the NATIVE run does not match guest-samples/expected \
+                 (the sample or the toolchain is at fault, not hotpath; \
+                 HOTPATH_BLESS=1 regenerates the files):\n{report}"
+            ));
+        }
+        let hotpath = match &hotpath {
+            Ok(path) => path,
+            Err(e) => {
+                problems.push(format!("[{linkage}] no hotpath binary to test: {e}"));
+                continue;
+            }
+        };
+        for mode in MonitorMode::ALL {
+            let mut cmd = hotpath_command(hotpath, mode, &exe, sample.args);
+            let label = format!("{linkage}, {}", mode.label());
+            match runner::run(&mut cmd, timeout) {
+                Ok(translated) => {
+                    if let Err(report) = compare::compare_outcomes(&native, &translated) {
+                        problems.push(format!(
+                            "[{label}] hotpath differs from the native run\n  command: {}\n{report}",
+                            runner::describe(&cmd)
+                        ));
+                    }
+                }
+                Err(e) => problems.push(format!("[{label}] could not run hotpath: {e}")),
+            }
+        }
+    }
+
+    if !problems.is_empty() {
+        let mut message = format!(
+            "sample {name} ({}): {} problem(s)\n",
+            sample.source,
+            problems.len()
+        );
+        for p in &problems {
+            let _ = writeln!(message, "\n{p}");
+        }
+        panic!("{message}");
+    }
+}

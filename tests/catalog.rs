@@ -1,0 +1,117 @@
+//! The guest samples: which source, which arguments, and how each run must end natively.
+
+use std::fmt;
+
+/// How a sample is linked. Every sample is built and tested both ways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Linkage {
+    /// `-static`: an ET_EXEC at a fixed address.
+    Static,
+    /// `-static-pie`: an ET_DYN that relocates itself, loaded at a random base.
+    StaticPie,
+}
+
+impl Linkage {
+    pub const ALL: [Linkage; 2] = [Linkage::Static, Linkage::StaticPie];
+
+    /// The gcc flag, also the suffix of the built file's name.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Linkage::Static => "static",
+            Linkage::StaticPie => "static-pie",
+        }
+    }
+}
+
+impl fmt::Display for Linkage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.flag())
+    }
+}
+
+/// How the native run ends (hotpath must end the same way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// Normal exit with this status.
+    Exit(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+/// One guest program run: `source` (in `guest-samples/`) run with `args`.
+/// Several samples may share a source and differ in their arguments.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Test name: a Rust identifier, and the stem of the files in `guest-samples/expected/`.
+    pub name: &'static str,
+    /// File name in `guest-samples/`: `.c` (linked with glibc) or `.S` (freestanding).
+    pub source: &'static str,
+    /// Arguments after the program path.
+    pub args: &'static [&'static str],
+    pub expect: Expected,
+    /// What a wrong translation would break, in a few words.
+    pub checks: &'static str,
+}
+
+const fn sample(
+    name: &'static str,
+    source: &'static str,
+    args: &'static [&'static str],
+    expect: Expected,
+    checks: &'static str,
+) -> Sample {
+    Sample { name, source, args, expect, checks }
+}
+
+use Expected::{Exit, Signal};
+
+/// Every sample the `samples` test runs. The CPU-bound `bench_*` samples run here with small
+/// arguments (milliseconds natively); `bench/run.sh` runs them with their default sizes.
+pub const SAMPLES: &[Sample] = &[
+    sample("hello", "hello.c", &[], Exit(0), "the smallest libc program"),
+    sample("loops", "loops.c", &[], Exit(0), "nested loops of every shape, integer arithmetic, SSE vectorised code"),
+    sample("jumptable", "jumptable.c", &[], Exit(0), "a switch compiled to an indirect jmp through a jump table"),
+    sample("funcptr_qsort", "funcptr_qsort.c", &[], Exit(0), "indirect calls, qsort/bsearch calling back into the program"),
+    sample("recursion", "recursion.c", &[], Exit(0), "100 000-deep recursion, Ackermann: call/return and rsp exactness"),
+    sample("fp_printf", "fp_printf.c", &[], Exit(0), "double/float/x87 arithmetic, printf %f %e %g %a, libm ifuncs"),
+    sample("strings", "strings.c", &[], Exit(0), "glibc's AVX2/EVEX string functions on all sizes and alignments"),
+    sample("setjmp", "setjmp.c", &[], Exit(0), "setjmp/longjmp (pointer guard via %fs:0x30), sigsetjmp masks"),
+    sample("malloc", "malloc.c", &[], Exit(0), "heap churn: brk and mmap-backed chunks, realloc, calloc"),
+    sample("exit_return", "exit_return.c", &[], Exit(42), "exit status from main's return value"),
+    sample("exit_call", "exit_call.c", &[], Exit(3), "exit() from deep in the stack, atexit handlers, stdio flush"),
+    sample("stderr_out", "stderr_out.c", &[], Exit(5), "output on both stdout and stderr, perror, raw write(2)"),
+    sample(
+        "args_env",
+        "args_env.c",
+        &["alpha", "two words", "", "--not-an-option", "-x", "\u{fc}nic\u{f6}de"],
+        Exit(0),
+        "argv (incl. empty and option-like arguments), environment, auxv, /proc/self/exe",
+    ),
+    sample("abort", "abort.c", &[], Signal(libc::SIGABRT), "death by SIGABRT from abort()"),
+    sample("segv", "segv.c", &[], Signal(libc::SIGSEGV), "death by SIGSEGV from a null store"),
+    sample("signal_handler", "signal_handler.c", &[], Exit(0), "guest signal handlers, SA_SIGINFO, masks, sigaltstack"),
+    sample("threads", "threads.c", &[], Exit(0), "pthreads: clone, per-thread TLS (FS base), futexes, join"),
+    sample("asm_flags", "asm_flags.S", &[], Exit(0), "arithmetic flags and DF live across block boundaries"),
+    sample("asm_redzone", "asm_redzone.S", &[], Exit(0), "the 128-byte red zone below rsp is never touched"),
+    sample("asm_retaddr", "asm_retaddr.S", &[], Exit(0), "call pushes guest return addresses; forged/modified returns"),
+    sample(
+        "asm_start_state",
+        "asm_start_state.S",
+        &["first", "second arg"],
+        Exit(0),
+        "entry state: zeroed registers, flags, auxv, FS base, MXCSR",
+    ),
+    sample("asm_traps_ud2", "asm_traps.S", &[], Signal(libc::SIGILL), "ud2 raises SIGILL"),
+    sample("asm_traps_badop", "asm_traps.S", &["badop"], Signal(libc::SIGILL), "an invalid opcode raises SIGILL"),
+    sample("asm_traps_int3", "asm_traps.S", &["int3"], Signal(libc::SIGTRAP), "int3 raises SIGTRAP"),
+    sample("bench_sieve", "bench_sieve.c", &["300000"], Exit(0), "segmented sieve (benchmark, small size)"),
+    sample("bench_crc", "bench_crc.c", &["3"], Exit(0), "CRC-32/FNV/mixing loops (benchmark, small size)"),
+    sample("bench_fib", "bench_fib.c", &["24"], Exit(0), "recursive fib and tak (benchmark, small size)"),
+    sample("bench_nbody", "bench_nbody.c", &["20000"], Exit(0), "n-body doubles (benchmark, small size)"),
+    sample("bench_interp", "bench_interp.c", &["20"], Exit(0), "switch-dispatched bytecode interpreter (benchmark, small size)"),
+];
+
+/// The sample called `name`, if any.
+pub fn find(name: &str) -> Option<&'static Sample> {
+    SAMPLES.iter().find(|s| s.name == name)
+}

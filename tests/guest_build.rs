@@ -1,0 +1,170 @@
+//! Compiling guest samples with the installed gcc into `<target>/guest-samples/`, once.
+//!
+//! A built file is `<target>/guest-samples/<source stem>.<linkage>` (`hello.static`,
+//! `asm_flags.static-pie`); next to it, `<file>.cmd` records the gcc command that made it.
+//! A file is rebuilt when it is missing, older than its source or any header in
+//! `guest-samples/`, or made by a different command. Within a process one lock per output
+//! file serialises builders (parallel tests build different samples concurrently); across
+//! processes the output is written to a temporary name and renamed into place, so a reader
+//! never sees a half-written binary.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+use crate::catalog::Linkage;
+use crate::paths;
+
+/// Optimisation level of C samples: what a user's release build would use.
+const C_OPT: &str = "-O2";
+
+/// `<target>/guest-samples/`: where built samples go.
+pub fn build_dir() -> PathBuf {
+    paths::target_dir().join("guest-samples")
+}
+
+/// The gcc arguments (without the output and the source) that build `source` with `linkage`.
+/// C samples are linked against static glibc and libm; `.S` samples are freestanding
+/// (`-nostdlib`, entry `_start`, raw syscalls).
+pub fn gcc_args(source: &str, linkage: Linkage) -> Vec<String> {
+    let include = format!("-I{}", paths::samples_dir().display());
+    let link = format!("-{}", linkage.flag());
+    if source.ends_with(".S") {
+        vec!["-nostdlib".into(), link, include]
+    } else {
+        vec![C_OPT.into(), "-Wall".into(), "-Wextra".into(), link, "-pthread".into(), include]
+    }
+}
+
+/// Libraries named after the source file (gcc wants them last).
+fn gcc_libs(source: &str) -> Vec<String> {
+    if source.ends_with(".S") {
+        Vec::new()
+    } else {
+        vec!["-lm".into()]
+    }
+}
+
+/// Where `source` built with `linkage` lives.
+pub fn output_path(source: &str, linkage: Linkage) -> PathBuf {
+    let stem = source.rsplit_once('.').map_or(source, |(stem, _)| stem);
+    build_dir().join(format!("{stem}.{}", linkage.flag()))
+}
+
+/// The samples' source directory's newest header: a change there rebuilds everything.
+fn newest_header() -> io::Result<Option<SystemTime>> {
+    let mut newest = None;
+    for entry in fs::read_dir(paths::samples_dir())? {
+        let entry = entry?;
+        if entry.path().extension().is_some_and(|e| e == "h") {
+            let m = entry.metadata()?.modified()?;
+            newest = Some(newest.map_or(m, |n: SystemTime| n.max(m)));
+        }
+    }
+    Ok(newest)
+}
+
+fn up_to_date(out: &Path, cmd_file: &Path, command_line: &str, src: &Path) -> io::Result<bool> {
+    let Ok(out_meta) = fs::metadata(out) else { return Ok(false) };
+    let Ok(recorded) = fs::read_to_string(cmd_file) else { return Ok(false) };
+    if recorded != command_line {
+        return Ok(false);
+    }
+    let built = out_meta.modified()?;
+    let mut newest_input = fs::metadata(src)?.modified()?;
+    if let Some(h) = newest_header()? {
+        newest_input = newest_input.max(h);
+    }
+    Ok(built >= newest_input)
+}
+
+/// One lock per output path, for the builders in this process.
+fn lock_for(out: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
+    let mut map = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(out.to_path_buf()).or_default().clone()
+}
+
+/// Builds `source` (a file name in `guest-samples/`) with `linkage` unless an up-to-date
+/// build exists, and returns the path of the executable.
+///
+/// # Errors
+///
+/// A message with gcc's output when gcc is missing or fails, or an I/O error text.
+pub fn build(source: &str, linkage: Linkage) -> Result<PathBuf, String> {
+    let src = paths::samples_dir().join(source);
+    let out = output_path(source, linkage);
+    let cmd_file = out.with_extension(format!("{}.cmd", linkage.flag()));
+    let mut args = gcc_args(source, linkage);
+    args.push("-o".into());
+    args.push(out.display().to_string());
+    args.push(src.display().to_string());
+    args.extend(gcc_libs(source));
+    let command_line = format!("gcc {}", args.join(" "));
+
+    let lock = lock_for(&out);
+    let _guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let fresh = up_to_date(&out, &cmd_file, &command_line, &src)
+        .map_err(|e| format!("checking {}: {e}", out.display()))?;
+    if fresh {
+        return Ok(out);
+    }
+
+    fs::create_dir_all(build_dir()).map_err(|e| format!("creating {}: {e}", build_dir().display()))?;
+    // Unique per process and thread: concurrent test processes may build the same file.
+    let tmp = out.with_extension(format!(
+        "{}.tmp-{}-{:?}",
+        linkage.flag(),
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let mut tmp_args = args.clone();
+    let o = tmp_args.iter().position(|a| a == "-o").expect("-o is in the args") + 1;
+    tmp_args[o] = tmp.display().to_string();
+    let result = Command::new("gcc")
+        .args(&tmp_args)
+        .output()
+        .map_err(|e| format!("cannot run gcc: {e}"))?;
+    if !result.status.success() {
+        let _ = fs::remove_file(&tmp);
+        return Err(format!(
+            "{command_line}\nfailed with {}:\n{}{}",
+            result.status,
+            String::from_utf8_lossy(&result.stdout),
+            String::from_utf8_lossy(&result.stderr)
+        ));
+    }
+    fs::rename(&tmp, &out).map_err(|e| format!("renaming {} to {}: {e}", tmp.display(), out.display()))?;
+    fs::write(&cmd_file, &command_line).map_err(|e| format!("writing {}: {e}", cmd_file.display()))?;
+    Ok(out)
+}
+
+/// `objdump -d` of `exe`, restricted to the function `symbol` (AT&T syntax, no raw bytes).
+///
+/// # Errors
+///
+/// When objdump cannot run or the symbol is not found.
+pub fn disassemble_function(exe: &Path, symbol: &str) -> Result<String, String> {
+    let out = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(exe)
+        .output()
+        .map_err(|e| format!("cannot run objdump: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("objdump failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = format!("<{symbol}>:");
+    let mut lines = text.lines().skip_while(|l| !l.ends_with(&header));
+    let first = lines.next().ok_or_else(|| format!("no function {symbol} in {}", exe.display()))?;
+    let mut body = String::from(first);
+    for line in lines.take_while(|l| !l.trim().is_empty()) {
+        body.push('\n');
+        body.push_str(line);
+    }
+    Ok(body)
+}

@@ -1,0 +1,85 @@
+//! Every guest sample, static and static-pie, run natively and under hotpath (monitor off and
+//! on): stdout, stderr and exit status or fatal signal must be identical.
+//!
+//! One test per sample, so a failure names the sample; each test reports all four
+//! configurations before failing. See `hotpath_e2e::check_sample`.
+
+use hotpath_e2e::{catalog, guest_build, Linkage};
+
+/// One `#[test]` per listed sample, calling `check_sample` with the sample's name; the list
+/// must match the catalog exactly (checked by `every_catalog_sample_has_a_test`).
+macro_rules! sample_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                hotpath_e2e::check_sample(stringify!($name));
+            }
+        )*
+        const LISTED: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+sample_tests! {
+    hello,
+    loops,
+    jumptable,
+    funcptr_qsort,
+    recursion,
+    fp_printf,
+    strings,
+    setjmp,
+    malloc,
+    exit_return,
+    exit_call,
+    stderr_out,
+    args_env,
+    abort,
+    segv,
+    signal_handler,
+    threads,
+    asm_flags,
+    asm_redzone,
+    asm_retaddr,
+    asm_start_state,
+    asm_traps_ud2,
+    asm_traps_badop,
+    asm_traps_int3,
+    bench_sieve,
+    bench_crc,
+    bench_fib,
+    bench_nbody,
+    bench_interp,
+}
+
+#[test]
+fn every_catalog_sample_has_a_test() {
+    let catalog: Vec<&str> = catalog::SAMPLES.iter().map(|s| s.name).collect();
+    let missing: Vec<_> = catalog.iter().filter(|n| !LISTED.contains(n)).collect();
+    let unknown: Vec<_> = LISTED.iter().filter(|n| !catalog.contains(n)).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "samples in the catalog without a test: {missing:?}; tests without a catalog entry: {unknown:?}"
+    );
+}
+
+/// The samples that exist to exercise indirect jumps must really contain one: gcc could
+/// otherwise turn a switch into a compare chain or a lookup table and the test would
+/// silently stop covering jump tables.
+#[test]
+fn jump_table_samples_have_an_indirect_jmp() {
+    for (source, function) in [("jumptable.c", "step"), ("bench_interp.c", "run")] {
+        for linkage in Linkage::ALL {
+            let exe = guest_build::build(source, linkage).unwrap_or_else(|e| panic!("{e}"));
+            // gcc may clone the function (run.constprop.0); accept any symbol it starts with.
+            let body = guest_build::disassemble_function(&exe, function)
+                .or_else(|_| guest_build::disassemble_function(&exe, &format!("{function}.constprop.0")))
+                .or_else(|_| guest_build::disassemble_function(&exe, &format!("{function}.isra.0")))
+                .unwrap_or_else(|e| panic!("{source} ({linkage}): {e}"));
+            let indirect = body
+                .lines()
+                .any(|l| l.contains("jmp") && l.contains('*') && !l.contains("call"));
+            assert!(indirect, "{source} ({linkage}): no indirect jmp in {function}:\n{body}");
+        }
+    }
+}
