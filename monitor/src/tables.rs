@@ -11,9 +11,9 @@ pub struct Tables {
     pub blocks: Vec<BlockSummary>,
     /// Executions of block `id` at index `id` (u64: cannot overflow in practice).
     pub counts: Vec<u64>,
-    /// Events processed.
+    /// Events processed (valid after [`finish`](Self::finish)).
     pub blocks_executed: u64,
-    /// Guest instructions executed (sum of the executed blocks' instruction counts).
+    /// Guest instructions executed: Σ count × instructions (valid after `finish`).
     pub guest_instructions: u64,
 }
 
@@ -34,8 +34,14 @@ impl Tables {
             }
         }
         self.counts[i] += 1;
-        self.blocks_executed += 1;
-        self.guest_instructions += self.blocks[i].instructions as u64;
+    }
+
+    /// Derives the totals from the per-block counts (called once the ring is drained: keeping
+    /// them per event would cost the hot loop two more loads).
+    pub fn finish(&mut self) {
+        self.blocks_executed = self.counts.iter().sum();
+        self.guest_instructions =
+            self.counts.iter().zip(&self.blocks).map(|(&c, b)| c * b.instructions as u64).sum();
     }
 
     /// Takes in one block's metadata (ids arrive in order).

@@ -46,6 +46,7 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
             while let Ok(b) = new_blocks.try_recv() {
                 tables.learn(b);
             }
+            tables.finish();
             tables
         })
         .expect("spawning the monitor thread");

@@ -29,6 +29,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam::utils::Backoff;
 
+/// A refill waits until at least `capacity / REFILL_FRACTION` slots are free (or the end of
+/// the array is reached), so that a consumer running behind does not make the producer leave
+/// the code cache once per event.
+pub const REFILL_FRACTION: u64 = 8;
+
 /// The producer's cache line: written by the guest thread only.
 #[repr(C, align(128))]
 pub struct ProducerSide {
@@ -146,11 +151,15 @@ impl RingProducer {
             head = 0;
             ctrl.producer.head.store(0, Ordering::Release);
         }
+        // Wait for a worthwhile amount of room, not one slot: each refill costs the guest a
+        // trip out of the code cache, so refilling a nearly full ring slot by slot would cost
+        // far more than waiting for the consumer to catch up.
+        let want = (cap / REFILL_FRACTION).clamp(1, cap - head);
         let mut budget = self.room(head);
-        if budget == 0 {
+        if budget < want {
             let started = Instant::now();
             let backoff = Backoff::new();
-            while budget == 0 {
+            while budget < want {
                 if backoff.is_completed() {
                     std::thread::sleep(Duration::from_micros(20));
                 } else {

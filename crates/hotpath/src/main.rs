@@ -140,7 +140,17 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
             s.blocks_translated, s.links, s.ibl_misses, s.syscalls, s.flushes
         );
         match &tables {
-            Some(t) => eprintln!("; {} blocks and {} guest instructions executed", t.blocks_executed, t.guest_instructions),
+            Some(t) => {
+                let w = translator.ring_producer().map(|p| p.wait_stats()).unwrap_or_default();
+                eprintln!(
+                    "; {} blocks and {} guest instructions executed; {} ring refills, {} waits ({:.3} s)",
+                    t.blocks_executed,
+                    t.guest_instructions,
+                    s.ring_refills,
+                    w.waits,
+                    w.wait_ns as f64 / 1e9
+                )
+            }
             None => eprintln!(),
         }
     }
