@@ -324,13 +324,6 @@ impl Cfg {
         }
         Ok(())
     }
-
-    pub(crate) fn check_edge(&self, edge: EdgeId) -> Result<()> {
-        if edge.index() >= self.src.len() {
-            return Err(Error::NoSuchEdge { edge, edge_count: self.edge_count() });
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

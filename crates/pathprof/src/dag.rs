@@ -65,7 +65,7 @@ impl Dag {
         self.dfs.rerun(cfg);
         self.entry = cfg.entry();
         self.exit = cfg.exit();
-        self.check_shape(cfg)?;
+        check_sese(cfg, &self.dfs)?;
 
         let n = cfg.node_count() as usize;
         let m = cfg.edge_count() as usize;
@@ -108,20 +108,6 @@ impl Dag {
         self.out_start.push(self.src.len() as u32);
         self.dfs.topological_order_into(self.exit, &mut self.topo);
         self.number()
-    }
-
-    fn check_shape(&self, cfg: &Cfg) -> Result<()> {
-        let reach = &self.dfs.reachable;
-        if let Some(&e) = cfg.preds(self.entry).iter().find(|&&e| reach[cfg.src(e).index()]) {
-            return Err(Error::EntryHasPredecessor { entry: self.entry, edge: e });
-        }
-        if let Some(&e) = cfg.succs(self.exit).first() {
-            return Err(Error::ExitHasSuccessor { exit: self.exit, edge: e });
-        }
-        if let Some(node) = cfg.nodes().find(|&v| reach[v.index()] && v != self.exit && cfg.succs(v).is_empty()) {
-            return Err(Error::DeadEnd { node, exit: self.exit });
-        }
-        Ok(())
     }
 
     /// NumPaths in reverse topological order and `Val(e)` per DAG edge.
@@ -175,4 +161,22 @@ impl Dag {
         }
         debug_assert_eq!(r, 0);
     }
+}
+
+/// Checks that the part of `cfg` reachable from the entry is single-entry,
+/// single-exit: the entry has no reachable predecessor, the exit has no
+/// successor, and every other reachable node has a successor.
+pub(crate) fn check_sese(cfg: &Cfg, dfs: &Dfs) -> Result<()> {
+    let (entry, exit) = (cfg.entry(), cfg.exit());
+    let reach = &dfs.reachable;
+    if let Some(&e) = cfg.preds(entry).iter().find(|&&e| reach[cfg.src(e).index()]) {
+        return Err(Error::EntryHasPredecessor { entry, edge: e });
+    }
+    if let Some(&e) = cfg.succs(exit).first() {
+        return Err(Error::ExitHasSuccessor { exit, edge: e });
+    }
+    if let Some(node) = cfg.nodes().find(|&v| reach[v.index()] && v != exit && cfg.succs(v).is_empty()) {
+        return Err(Error::DeadEnd { node, exit });
+    }
+    Ok(())
 }
