@@ -49,13 +49,33 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// A scratch directory under the target dir, unique to this process and `what`, created
-/// empty. Tests put generated inputs there (never in the source tree).
+/// empty. Tests put generated inputs there (never in the source tree). Directories left by
+/// earlier processes that have exited are removed.
 pub fn scratch_dir(what: &str) -> PathBuf {
-    let dir = target_dir()
-        .join("e2e-scratch")
-        .join(format!("{what}-{}", std::process::id()));
+    let root = target_dir().join("e2e-scratch");
+    remove_stale_scratch(&root, what);
+    let dir = root.join(format!("{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)
         .unwrap_or_else(|e| panic!("cannot create scratch dir {}: {e}", dir.display()));
     dir
+}
+
+/// Removes `<root>/<what>-<pid>` directories whose process no longer exists.
+fn remove_stale_scratch(root: &Path, what: &str) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    let prefix = format!("{what}-");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
