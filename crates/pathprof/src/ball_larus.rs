@@ -177,24 +177,35 @@ impl BallLarus {
         self.cfg_dst.clear();
         self.cfg_src.extend(cfg.edges().map(|e| cfg.src(e)));
         self.cfg_dst.extend(cfg.edges().map(|e| cfg.dst(e)));
-        self.probes.clear();
-        let (dag, inc, start, exit) = (&self.dag, &self.inc, self.start, cfg.exit());
-        self.probes.extend(cfg.edges().map(|e| {
-            let d = dag.of_cfg[e.index()];
+        let mut probes = std::mem::take(&mut self.probes);
+        self.probes_into(&self.inc, self.start, &mut probes);
+        self.probes = probes;
+        Ok(())
+    }
+
+    /// Per-CFG-edge probes for DAG increments `inc` and register start
+    /// `start`: forward edges add their increment; back edges add their
+    /// `-> exit` dummy's, end the path and restart at `start` plus their
+    /// `entry ->` dummy's; edges into the exit end the path and restart at
+    /// `start`. Shared with PPP, whose second register uses the same edges.
+    pub(crate) fn probes_into(&self, inc: &[u64], start: u64, out: &mut Vec<EdgeProbe>) {
+        let dag = &self.dag;
+        out.clear();
+        out.extend((0..self.cfg_dst.len()).map(|e| {
+            let d = dag.of_cfg[e];
             if d == NONE {
                 return EdgeProbe::default();
             }
             let add = inc[d as usize];
-            let back = dag.entry_dummy[e.index()];
+            let back = dag.entry_dummy[e];
             if back != NONE {
                 EdgeProbe { add, restart: start.wrapping_add(inc[back as usize]), ends_path: true }
-            } else if cfg.dst(e) == exit {
+            } else if self.cfg_dst[e] == dag.exit {
                 EdgeProbe { add, restart: start, ends_path: true }
             } else {
                 EdgeProbe { add, restart: 0, ends_path: false }
             }
         }));
-        Ok(())
     }
 
     /// `N`, the number of Ball-Larus paths; ids are `[0, N)`.
@@ -260,9 +271,15 @@ impl BallLarus {
     }
 
     /// Number of forward edges with a non-zero increment: the edges on which
-    /// a walker must add (back edges and exit edges always act).
+    /// a walker must add (back edges always act: they record and restart).
+    /// For a DAG numbered without weights this is `E - V + 1`, the
+    /// `N_EPP` of the PAP paper §1.3.
     pub fn increment_edge_count(&self) -> usize {
-        self.probes.iter().filter(|p| !p.ends_path && p.add != 0).count()
+        self.probes
+            .iter()
+            .zip(&self.dag.entry_dummy)
+            .filter(|(p, &dummy)| dummy == NONE && p.add != 0)
+            .count()
     }
 
     /// Whether forward edge `e` lies on the spanning tree (and so has
@@ -297,6 +314,66 @@ impl BallLarus {
         let mut t = self.tracer();
         out.extend(walk.iter().filter_map(|&e| t.step(e)));
         Ok(out)
+    }
+
+    /// The id of one Ball-Larus path given by how it starts, its forward
+    /// edges and how it ends (the inverse of [`BallLarus::regenerate`];
+    /// `blocks` is ignored). O(path length).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotABackEdge`] if `start` or `end` names a forward edge;
+    /// [`Error::NoSuchEdge`], [`Error::UnreachableEdge`],
+    /// [`Error::DiscontinuousWalk`] or [`Error::WalkEndsAwayFromExit`] if the
+    /// edges do not form such a path.
+    pub fn encode_path(&self, path: &BlPath) -> Result<PathId> {
+        let check = |e: EdgeId| -> Result<()> {
+            if e.index() >= self.probes.len() {
+                return Err(Error::NoSuchEdge { edge: e, edge_count: self.probes.len() as u32 });
+            }
+            if self.dag.of_cfg[e.index()] == NONE {
+                return Err(Error::UnreachableEdge { edge: e });
+            }
+            Ok(())
+        };
+        let back = |e: EdgeId| -> Result<()> {
+            check(e)?;
+            if self.dag.entry_dummy[e.index()] == NONE {
+                return Err(Error::NotABackEdge { edge: e });
+            }
+            Ok(())
+        };
+        let (mut at, mut r) = match path.start {
+            PathStart::Entry => (self.dag.entry, self.start),
+            PathStart::AfterBackEdge(b) => {
+                back(b)?;
+                (self.cfg_dst[b.index()], self.probes[b.index()].restart)
+            }
+        };
+        for (step, &e) in path.edges.iter().enumerate() {
+            check(e)?;
+            if self.dag.entry_dummy[e.index()] != NONE {
+                return Err(Error::DiscontinuousWalk { step, edge: e, edge_src: self.cfg_src[e.index()], at });
+            }
+            let s = self.cfg_src[e.index()];
+            if s != at {
+                return Err(Error::DiscontinuousWalk { step, edge: e, edge_src: s, at });
+            }
+            r = r.wrapping_add(self.probes[e.index()].add);
+            at = self.cfg_dst[e.index()];
+        }
+        match path.end {
+            PathEnd::Exit if at == self.dag.exit => Ok(PathId(r)),
+            PathEnd::Exit => Err(Error::WalkEndsAwayFromExit { at, exit: self.dag.exit }),
+            PathEnd::BackEdge(b) => {
+                back(b)?;
+                let s = self.cfg_src[b.index()];
+                if s != at {
+                    return Err(Error::DiscontinuousWalk { step: path.edges.len(), edge: b, edge_src: s, at });
+                }
+                Ok(PathId(r.wrapping_add(self.probes[b.index()].add)))
+            }
+        }
     }
 
     pub(crate) fn check_walk(&self, walk: &[EdgeId]) -> Result<()> {

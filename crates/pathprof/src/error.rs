@@ -5,8 +5,9 @@ use crate::{EdgeId, NodeId, PathId};
 /// Everything that can go wrong in this crate.
 ///
 /// Variants carry the ids and numbers needed to point at the offending part
-/// of the input. Variants whose doc says "bug" can only be produced by a
-/// defect in this crate, never by bad input.
+/// of the input. Every variant is caused by input (a graph, a walk, an id, a
+/// trace or a parameter); none means a bug in this crate, which panics on a
+/// broken internal invariant instead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -115,6 +116,13 @@ pub enum Error {
         edge: EdgeId,
     },
 
+    /// A path said to start or end with a back edge names a forward edge.
+    #[error("edge {edge} is not a back edge")]
+    NotABackEdge {
+        /// The edge.
+        edge: EdgeId,
+    },
+
     /// A per-edge table of the wrong length.
     #[error("expected {expected} edge weights (one per edge), got {got}")]
     WeightCountMismatch {
@@ -177,13 +185,6 @@ pub enum Error {
     PppOverflow {
         /// The node being processed.
         node: NodeId,
-    },
-
-    /// An internal invariant failed. This is a bug in this crate.
-    #[error("internal invariant violated (bug in hotpath-pathprof): {what}")]
-    Internal {
-        /// Which invariant.
-        what: &'static str,
     },
 }
 
