@@ -1,15 +1,21 @@
 //! The monitor thread: drains a guest thread's event ring in order and keeps exact profiles.
 //!
 //! ```text
-//! ring (block ids, FIFO) ──drain──▶ resolve id via NewBlock metadata ──▶ tables (counts, totals)
+//! ring (block ids + syscall events, FIFO) ──drain──▶ Tables (edge counts by block id)
+//!        NewBlock metadata ──────────────────────────▶ Tables::blocks
+//! guest ends ──▶ Profile (aggregated by guest address) ──▶ JSON report, text summary
 //! ```
 //!
-//! The monitor-thread patent (CN101593125, see DESIGN.md) has the monitor poll the queue
-//! without locks, look each block up by id and classify its terminator; it runs pinned to a
-//! core other than the guest's.
+//! After the monitor-thread patent (CN101593125, summarised in DESIGN.md): the monitor polls
+//! the queue without locks, resolves every block id to its IR summary and classifies its
+//! terminator (direct branch, indirect jump, syscall); it runs pinned to a core other than the
+//! guest's. Counts are exact: the ring never drops an event.
 
+mod profile;
+pub mod report;
 mod tables;
 mod thread;
 
-pub use tables::{Profile, Tables};
+pub use profile::{BlockProfile, EdgeProfile, IndirectSite, Profile, Symbolizer, SyscallProfile, Totals};
+pub use tables::{SyscallCount, Tables};
 pub use thread::{spawn, MonitorHandle};

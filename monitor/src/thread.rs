@@ -16,8 +16,13 @@ pub struct MonitorHandle {
     pub pinned_to: Option<usize>,
 }
 
+/// How long the monitor naps when the ring stays empty after spinning, in microseconds. Short
+/// enough that a producer waiting on a full ring is released quickly; long enough that an idle
+/// guest (blocked in a syscall) does not keep a core busy.
+const IDLE_NAP_US: u64 = 50;
+
 /// Starts the monitor thread on `ring`, learning block metadata from `new_blocks`, pinned to
-/// `core` when given.
+/// `core` when given (the caller picks a core other than the guest's).
 pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>) -> MonitorHandle {
     let pinned_to = core.map(|c| c.id);
     let handle = std::thread::Builder::new()
@@ -30,23 +35,21 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
             let backoff = Backoff::new();
             loop {
                 // Read `closed` before draining: everything published before the close is
-                // then visible to this drain.
+                // visible to this drain.
                 let closed = ring.is_closed();
-                let n = ring.drain(|id| tables.record(id, &new_blocks));
+                let n = ring.drain(closed, |events| tables.record(events));
                 if n > 0 {
                     backoff.reset();
                 } else if closed {
                     break;
                 } else if backoff.is_completed() {
-                    std::thread::sleep(Duration::from_micros(50));
+                    tables.learn_all(&new_blocks);
+                    std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
                 } else {
                     backoff.snooze();
                 }
             }
-            while let Ok(b) = new_blocks.try_recv() {
-                tables.learn(b);
-            }
-            tables.finish();
+            tables.learn_all(&new_blocks);
             tables
         })
         .expect("spawning the monitor thread");

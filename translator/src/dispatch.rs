@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crossbeam::channel::Sender;
-use hotpath_events::{NewBlock, RingConsumer, RingProducer};
+use hotpath_events::{NewBlock, RingConsumer, RingProducer, SYSCALL_EVENT};
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
@@ -120,7 +120,7 @@ impl Translator {
         let producer = if cfg.enqueue {
             // SAFETY: the area (and so the ring control) is never unmapped; this thread is the
             // ring's only producer.
-            Some(unsafe { RingProducer::new(&area.ring) })
+            Some(unsafe { RingProducer::new(&area.ring, area.entries() as *mut u32) })
         } else {
             None
         };
@@ -237,6 +237,10 @@ impl Translator {
         self.stats.syscalls += 1;
         let g = &self.area.gpr;
         let nr = g[thread_area::RAX];
+        if let Some(p) = &self.producer {
+            p.push(SYSCALL_EVENT | (nr as u32 & !SYSCALL_EVENT));
+        }
+        let g = &self.area.gpr;
         let args = [g[thread_area::RDI], g[thread_area::RSI], g[thread_area::RDX], g[thread_area::R10], g[thread_area::R8], g[thread_area::R9]];
         match syscalls::dispatch(&mut self.process, self.area, nr, &args) {
             Outcome::Return(ret) => {

@@ -14,6 +14,11 @@ mod ring;
 
 pub use ring::{ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats};
 
+/// Events with this bit set are not block ids but guest system calls: the low 31 bits are the
+/// system call number. The dispatcher enqueues one after the block that ends in `syscall`, in
+/// stream order. Block ids therefore stay below 2^31.
+pub const SYSCALL_EVENT: u32 = 1 << 31;
+
 /// Largest ring capacity accepted, in entries (`u32` block ids): 2^26 entries = 256 MiB.
 pub const MAX_RING_ENTRIES: u64 = 1 << 26;
 /// Smallest ring capacity accepted, in entries.

@@ -34,6 +34,13 @@ use crossbeam::utils::Backoff;
 /// the code cache once per event.
 pub const REFILL_FRACTION: u64 = 8;
 
+/// Events per 64-byte cache line.
+const LINE_ENTRIES: u64 = 16;
+
+/// Most events the consumer waits for before it drains (16 KiB of entries): large batches
+/// keep the consumer off the cache lines the producer is writing.
+pub const MAX_BATCH: u64 = 4096;
+
 /// The producer's cache line: written by the guest thread only.
 #[repr(C, align(128))]
 pub struct ProducerSide {
@@ -118,6 +125,7 @@ pub struct WaitStats {
 /// The producer's Rust-side handle: refills the stub's budget.
 pub struct RingProducer {
     ctrl: *const RingControl,
+    entries: *mut u32,
 }
 
 // SAFETY: the handle only touches the producer's fields and atomics; the owner guarantees
@@ -125,13 +133,27 @@ pub struct RingProducer {
 unsafe impl Send for RingProducer {}
 
 impl RingProducer {
-    /// A producer handle for the ring at `ctrl`.
+    /// A producer handle for the ring at `ctrl` with entries at `entries`.
     ///
     /// # Safety
-    /// `ctrl` must point to a live [`RingControl`] that outlives the handle, and only the
-    /// thread that runs the ring's emitted enqueue stubs may use the handle.
-    pub unsafe fn new(ctrl: *const RingControl) -> RingProducer {
-        RingProducer { ctrl }
+    /// `ctrl` and `entries` must point to a live ring (`capacity` entries) that outlives the
+    /// handle, and only the thread that runs the ring's emitted enqueue stubs may use the
+    /// handle.
+    pub unsafe fn new(ctrl: *const RingControl, entries: *mut u32) -> RingProducer {
+        RingProducer { ctrl, entries }
+    }
+
+    /// Enqueues one event from Rust, exactly as the emitted stub does.
+    pub fn push(&self, event: u32) {
+        let ctrl = self.ctrl();
+        if ctrl.producer.budget.load(Ordering::Relaxed) == 0 {
+            self.refill();
+        }
+        ctrl.producer.budget.fetch_sub(1, Ordering::Relaxed);
+        let head = ctrl.producer.head.load(Ordering::Relaxed);
+        // SAFETY: a budget of at least one guarantees `head < capacity` and a free slot.
+        unsafe { self.entries.add(head as usize).write_volatile(event) };
+        ctrl.producer.head.store(head + 1, Ordering::Release);
     }
 
     fn ctrl(&self) -> &RingControl {
@@ -242,13 +264,29 @@ impl RingConsumer {
         unsafe { &*self.ctrl }
     }
 
-    /// Hands every published event to `sink` in FIFO order, then frees their slots.
+    /// Hands published events to `sink` in FIFO order, as at most two contiguous slices (the
+    /// second when the events wrap around the end of the array), then frees their slots.
     /// Returns the number of events drained.
-    pub fn drain(&mut self, mut sink: impl FnMut(u32)) -> u64 {
+    ///
+    /// With `all == false` it drains only when at least [`batch`](Self::batch) events wait, and
+    /// stops at a cache-line boundary: reading the line the producer is still filling would
+    /// bounce it between the two cores at every event. With `all == true` (the producer has
+    /// closed the ring) it drains everything.
+    pub fn drain(&mut self, all: bool, mut sink: impl FnMut(&[u32])) -> u64 {
         let ctrl = self.ctrl();
         let cap = ctrl.capacity;
-        let head = ctrl.producer.head.load(Ordering::Acquire);
+        let mut head = ctrl.producer.head.load(Ordering::Acquire);
         let mut tail = ctrl.consumer.tail.load(Ordering::Relaxed);
+        if !all {
+            let waiting = (head % cap).wrapping_sub(tail % cap) & (cap - 1);
+            if waiting < self.batch() {
+                return 0;
+            }
+            let line_start = head & !(LINE_ENTRIES - 1);
+            if head > tail && line_start > tail && line_start - tail >= self.batch() {
+                head = line_start;
+            }
+        }
         let mut n = 0;
         loop {
             if tail == cap {
@@ -260,17 +298,26 @@ impl RingConsumer {
             if tail == head {
                 break;
             }
-            // SAFETY: `tail < capacity`, and the entry was published before `head` (Acquire).
-            let id = unsafe { self.entries.add(tail as usize).read_volatile() };
-            sink(id);
-            tail += 1;
-            n += 1;
+            // Entries [tail, end) are published: up to head, or to the end of the array when
+            // the producer has wrapped.
+            let end = if head > tail { head } else { cap };
+            // SAFETY: the range is inside the array and was published before `head` (Acquire);
+            // the producer does not write it until we store a `tail` past it.
+            let events = unsafe { std::slice::from_raw_parts(self.entries.add(tail as usize), (end - tail) as usize) };
+            sink(events);
+            n += end - tail;
+            tail = end;
         }
         if n > 0 {
             ctrl.consumer.tail.store(tail, Ordering::Release);
             ctrl.consumer.consumed.fetch_add(n, Ordering::Relaxed);
         }
         n
+    }
+
+    /// Fewest waiting events worth a drain: a quarter of the ring, at most [`MAX_BATCH`].
+    pub fn batch(&self) -> u64 {
+        (self.ctrl().capacity / 4).clamp(1, MAX_BATCH)
     }
 
     /// True once the producer has closed the ring (drain once more after seeing it).
@@ -283,43 +330,32 @@ impl RingConsumer {
 mod tests {
     use super::*;
 
-    /// Plays the stub's part in Rust: the same budget/head protocol.
-    fn produce(ctrl: &RingControl, entries: &mut [u32], prod: &RingProducer, id: u32) {
-        if ctrl.producer.budget.load(Ordering::Relaxed) == 0 {
-            prod.refill();
-        }
-        ctrl.producer.budget.fetch_sub(1, Ordering::Relaxed);
-        let head = ctrl.producer.head.load(Ordering::Relaxed);
-        entries[head as usize] = id;
-        ctrl.producer.head.store(head + 1, Ordering::Release);
-    }
-
     #[test]
     fn fifo_across_threads_without_loss() {
         for cap in [4u64, 8, 64] {
             let ctrl = Box::leak(Box::new(RingControl::new(cap)));
             let entries: &'static mut [u32] = Box::leak(vec![0u32; cap as usize].into_boxed_slice());
-            let entries_ptr = entries.as_ptr();
+            let entries_ptr = entries.as_mut_ptr();
             // SAFETY: both are leaked, so they outlive the handles; one consumer.
             let mut cons = unsafe { RingConsumer::new(ctrl, entries_ptr) };
+            let entries_ptr = entries_ptr as usize as *mut u32;
             let ctrl_addr = ctrl as *const RingControl as usize;
             let consumer = std::thread::spawn(move || {
                 let mut seen = Vec::new();
                 loop {
                     let closed = cons.is_closed();
-                    cons.drain(|id| seen.push(id));
+                    cons.drain(false, |ids| seen.extend_from_slice(ids));
                     if closed {
-                        cons.drain(|id| seen.push(id));
+                        cons.drain(true, |ids| seen.extend_from_slice(ids));
                         return seen;
                     }
                 }
             });
             // SAFETY: leaked control block; this thread is the only producer.
-            let prod = unsafe { RingProducer::new(ctrl_addr as *const RingControl) };
-            let ctrl_ref = unsafe { &*(ctrl_addr as *const RingControl) };
-            let n = 100_000u32;
+            let prod = unsafe { RingProducer::new(ctrl_addr as *const RingControl, entries_ptr) };
+            let n = 20_000u32;
             for id in 0..n {
-                produce(ctrl_ref, entries, &prod, id);
+                prod.push(id);
             }
             prod.close();
             let seen = consumer.join().unwrap();

@@ -14,7 +14,12 @@ use clap::{Parser, Subcommand};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 use hotpath_loader::{build_stack, load, LoadError, LoadOptions};
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use hotpath_monitor::report::{self, Ending, RunInfo};
+use hotpath_monitor::Profile;
 use hotpath_translator::{signal_name, Config, GuestExit, Translator};
+
+/// Rows of each table in the stderr summary.
+const SUMMARY_TOP: usize = 10;
 
 #[derive(Parser)]
 #[command(name = "hotpath", version, about = "A dynamic binary translator for x86-64 Linux programs, with exact block and path profiles")]
@@ -44,6 +49,9 @@ struct RunArgs {
     /// Print no summary on stderr.
     #[arg(long, short)]
     quiet: bool,
+    /// Write the profile as JSON (schema hotpath-report/1, docs/report-schema.md) to FILE.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "PROGRAM [ARGS]")]
     command: Vec<OsString>,
@@ -127,40 +135,51 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
 
     let outcome = translator.run();
 
-    let tables = monitor.map(|m| {
-        if let Some(p) = translator.ring_producer() {
-            p.close();
-        }
-        m.finish()
-    });
-    if !args.quiet {
-        let s = translator.stats();
-        eprint!(
-            "hotpath: {} blocks translated, {} links, {} indirect lookup misses, {} syscalls, {} flushes",
-            s.blocks_translated, s.links, s.ibl_misses, s.syscalls, s.flushes
-        );
-        match &tables {
-            Some(t) => {
-                let w = translator.ring_producer().map(|p| p.wait_stats()).unwrap_or_default();
-                eprintln!(
-                    "; {} blocks and {} guest instructions executed; {} ring refills, {} waits ({:.3} s)",
-                    t.blocks_executed,
-                    t.guest_instructions,
-                    s.ring_refills,
-                    w.waits,
-                    w.wait_ns as f64 / 1e9
-                )
+    let ending = match &outcome {
+        Ok(GuestExit::Exited(code)) => Ending::Exited(*code),
+        Ok(GuestExit::Signaled(sig)) => Ending::Signaled(*sig, signal_name(*sig)),
+        Err(e) => Ending::Error(e.to_string()),
+    };
+    if let Err(e) = &outcome {
+        eprintln!("hotpath: {}: {e}", image.path.display());
+    }
+    let stats = translator.stats();
+    if let Some(monitor) = monitor {
+        let producer = translator.ring_producer().expect("the monitor runs only with the enqueue stub");
+        producer.close();
+        let tables = monitor.finish();
+        let waits = producer.wait_stats();
+        let symbolize = |addr: u64| image.symbolize(addr).map(|(name, off)| (name.to_string(), off));
+        let mut profile = Profile::from_tables(&tables, &symbolize);
+        profile.totals.ring_waits = waits.waits;
+        profile.totals.ring_wait_ns = waits.wait_ns;
+        if let Some(path) = &args.report {
+            let run = RunInfo {
+                program: image.path.display().to_string(),
+                argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+                ending: ending.clone(),
+                blocks_translated: stats.blocks_translated,
+            };
+            if let Err(e) = report::write_json(path, &profile, &run) {
+                eprintln!("hotpath: cannot write the report {}: {e}", path.display());
             }
-            None => eprintln!(),
         }
+        if !args.quiet {
+            eprint!("{}", report::summary(&profile, SUMMARY_TOP));
+        }
+    } else if args.report.is_some() {
+        eprintln!("hotpath: no report: --no-monitor collects no profile");
+    }
+    if !args.quiet {
+        eprintln!(
+            "hotpath: translator: {} blocks translated, {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills",
+            stats.blocks_translated, stats.links, stats.ibl_misses, stats.syscalls, stats.flushes, stats.ring_refills
+        );
     }
     match outcome {
         Ok(GuestExit::Exited(code)) => ExitCode::from(code as u8),
         Ok(GuestExit::Signaled(sig)) => die_of(sig),
-        Err(e) => {
-            eprintln!("hotpath: {}: {e}", image.path.display());
-            ExitCode::from(1)
-        }
+        Err(_) => ExitCode::from(1),
     }
 }
 

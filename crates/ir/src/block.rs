@@ -85,6 +85,7 @@ impl Block {
     pub fn summary(&self) -> BlockSummary {
         BlockSummary {
             start: self.start,
+            terminator_addr: self.term_inst.as_ref().map(|i| i.addr()).unwrap_or(self.end()),
             len_bytes: self.len_bytes,
             instructions: self.instruction_count(),
             terminator: self.terminator,
@@ -111,6 +112,9 @@ impl Block {
 pub struct BlockSummary {
     /// Guest address of the first instruction.
     pub start: GuestAddr,
+    /// Guest address of the terminating instruction (the site of an indirect branch or
+    /// syscall); the block's end when it has none.
+    pub terminator_addr: GuestAddr,
     /// Guest bytes covered.
     pub len_bytes: u32,
     /// Guest instructions executed per run of the block.

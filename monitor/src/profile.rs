@@ -1,0 +1,177 @@
+//! The profile as reported: the monitor's per-id tables aggregated by guest address
+//! (a block translated twice, before and after a code cache flush, is one block here).
+
+use std::collections::{BTreeMap, HashMap};
+
+use hotpath_ir::{syscall_name, Terminator, TerminatorKind};
+
+use crate::Tables;
+
+/// Names a guest address `symbol+offset`, when a symbol covers it.
+pub type Symbolizer<'a> = &'a dyn Fn(u64) -> Option<(String, u64)>;
+
+/// Totals over the whole run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Block executions.
+    pub blocks_executed: u64,
+    /// Guest instructions executed (Σ block count × block instructions).
+    pub guest_instructions: u64,
+    /// Distinct guest block addresses executed.
+    pub distinct_blocks: u64,
+    /// Times the guest found the ring full and waited for the monitor.
+    pub ring_waits: u64,
+    /// Time the guest spent waiting for the monitor, in nanoseconds.
+    pub ring_wait_ns: u64,
+}
+
+/// One guest block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockProfile {
+    /// Guest address of its first instruction.
+    pub addr: u64,
+    /// Executions.
+    pub count: u64,
+    /// Guest instructions per execution.
+    pub instructions: u32,
+    /// Guest bytes.
+    pub len_bytes: u32,
+    /// Terminator kind.
+    pub terminator: TerminatorKind,
+    /// `symbol+offset`, when known.
+    pub symbol: Option<String>,
+}
+
+/// A direct edge between two blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EdgeProfile {
+    /// Source block address.
+    pub from: u64,
+    /// Destination block address.
+    pub to: u64,
+    /// `taken`, `not_taken`, `jump`, `call`, `fallthrough`, `syscall`, or `other` (a
+    /// transfer the terminator does not explain, e.g. a signal).
+    pub kind: &'static str,
+    /// Times taken.
+    pub count: u64,
+}
+
+/// An indirect branch site and its observed targets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndirectSite {
+    /// Guest address of the indirect jump, call or return instruction.
+    pub site: u64,
+    /// `indirect_jump`, `indirect_call` or `return`.
+    pub kind: TerminatorKind,
+    /// Executions of the site.
+    pub count: u64,
+    /// `(target address, count)`, most frequent first.
+    pub targets: Vec<(u64, u64)>,
+}
+
+/// One system call number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyscallProfile {
+    /// Number (x86-64).
+    pub nr: u32,
+    /// Name, or `"unknown"`.
+    pub name: &'static str,
+    /// Calls.
+    pub count: u64,
+    /// `(guest address of the syscall instruction, count)`, most frequent first.
+    pub sites: Vec<(u64, u64)>,
+}
+
+/// Everything the reports show.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Profile {
+    pub totals: Totals,
+    /// By address.
+    pub blocks: Vec<BlockProfile>,
+    /// By (from, to).
+    pub edges: Vec<EdgeProfile>,
+    /// By site.
+    pub indirect: Vec<IndirectSite>,
+    /// By number.
+    pub syscalls: Vec<SyscallProfile>,
+}
+
+fn sorted_desc(m: HashMap<u64, u64>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = m.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
+
+impl Profile {
+    /// Aggregates `tables` by guest address, naming blocks with `symbolize`.
+    pub fn from_tables(tables: &Tables, symbolize: Symbolizer) -> Profile {
+        let counts = tables.block_counts();
+        let blocks = &tables.blocks;
+
+        let mut by_addr: BTreeMap<u64, BlockProfile> = BTreeMap::new();
+        let mut totals = Totals::default();
+        for (id, b) in blocks.iter().enumerate() {
+            let c = counts[id];
+            totals.blocks_executed += c;
+            totals.guest_instructions += c * b.instructions as u64;
+            if c == 0 {
+                continue;
+            }
+            let e = by_addr.entry(b.start.0).or_insert_with(|| BlockProfile {
+                addr: b.start.0,
+                count: 0,
+                instructions: b.instructions,
+                len_bytes: b.len_bytes,
+                terminator: b.kind(),
+                symbol: symbolize(b.start.0).map(|(s, off)| if off == 0 { s } else { format!("{s}+{off:#x}") }),
+            });
+            e.count += c;
+        }
+        totals.distinct_blocks = by_addr.len() as u64;
+
+        let mut edges: BTreeMap<(u64, u64, &'static str), u64> = BTreeMap::new();
+        let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();
+        for (from, to, c) in tables.edges() {
+            let (Some(f), Some(t)) = (blocks.get(from as usize), blocks.get(to as usize)) else { continue };
+            let kind = match f.terminator {
+                Terminator::Branch { taken, .. } if t.start == taken => "taken",
+                Terminator::Branch { not_taken, .. } if t.start == not_taken => "not_taken",
+                Terminator::Jump { target } if t.start == target => "jump",
+                Terminator::Call { target, .. } if t.start == target => "call",
+                Terminator::FallThrough { next } if t.start == next => "fallthrough",
+                Terminator::Syscall { next } if t.start == next => "syscall",
+                Terminator::IndirectJump | Terminator::IndirectCall { .. } | Terminator::Return => {
+                    let site = indirect.entry(f.terminator_addr.0).or_insert_with(|| (f.kind(), HashMap::new()));
+                    *site.1.entry(t.start.0).or_insert(0) += c;
+                    continue;
+                }
+                _ => "other",
+            };
+            *edges.entry((f.start.0, t.start.0, kind)).or_insert(0) += c;
+        }
+        let edges = edges.into_iter().map(|((from, to, kind), count)| EdgeProfile { from, to, kind, count }).collect();
+        let indirect = indirect
+            .into_iter()
+            .map(|(site, (kind, targets))| {
+                let targets = sorted_desc(targets);
+                IndirectSite { site, kind, count: targets.iter().map(|t| t.1).sum(), targets }
+            })
+            .collect();
+
+        let mut syscalls: Vec<SyscallProfile> = tables
+            .syscalls
+            .iter()
+            .map(|(&nr, s)| {
+                let mut sites: HashMap<u64, u64> = HashMap::new();
+                for (&id, &c) in &s.sites {
+                    let addr = blocks.get(id as usize).map(|b| b.terminator_addr.0).unwrap_or(0);
+                    *sites.entry(addr).or_insert(0) += c;
+                }
+                SyscallProfile { nr, name: syscall_name(nr as u64).unwrap_or("unknown"), count: s.count, sites: sorted_desc(sites) }
+            })
+            .collect();
+        syscalls.sort_by_key(|s| s.nr);
+
+        Profile { totals, blocks: by_addr.into_values().collect(), edges, indirect, syscalls }
+    }
+}
