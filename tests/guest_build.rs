@@ -3,17 +3,17 @@
 //! A built file is `<target>/guest-samples/<source stem>.<linkage>` (`hello.static`,
 //! `asm_flags.static-pie`); next to it, `<file>.cmd` records the gcc command that made it.
 //! A file is rebuilt when it is missing, older than its source or any header in
-//! `guest-samples/`, or made by a different command. Within a process one lock per output
-//! file serialises builders (parallel tests build different samples concurrently); across
-//! processes the output is written to a temporary name and renamed into place, so a reader
-//! never sees a half-written binary.
+//! `guest-samples/`, or made by a different command. Builders of the same file take an
+//! exclusive `flock` on `<file>.lock` (threads of one test process and concurrent test
+//! processes alike, e.g. under cargo-nextest), so a file is built once and never replaced
+//! while another test runs it; the output is written to a temporary name and renamed into
+//! place, so a reader never sees a half-written binary.
 
-use std::collections::HashMap;
 use std::fs;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use crate::catalog::Linkage;
@@ -82,11 +82,26 @@ fn up_to_date(out: &Path, cmd_file: &Path, command_line: &str, src: &Path) -> io
     Ok(built >= newest_input)
 }
 
-/// One lock per output path, for the builders in this process.
-fn lock_for(out: &Path) -> Arc<Mutex<()>> {
-    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
-    let mut map = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    map.entry(out.to_path_buf()).or_default().clone()
+/// An exclusive advisory lock on a file, released when dropped (the fd closes).
+struct FileLock {
+    _file: fs::File,
+}
+
+impl FileLock {
+    fn acquire(path: &Path) -> io::Result<FileLock> {
+        let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+        loop {
+            // SAFETY: flock on an fd we own; no memory is passed.
+            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if r == 0 {
+                return Ok(FileLock { _file: file });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
 }
 
 /// Builds `source` (a file name in `guest-samples/`) with `linkage` unless an up-to-date
@@ -106,15 +121,15 @@ pub fn build(source: &str, linkage: Linkage) -> Result<PathBuf, String> {
     args.extend(gcc_libs(source));
     let command_line = format!("gcc {}", args.join(" "));
 
-    let lock = lock_for(&out);
-    let _guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    fs::create_dir_all(build_dir()).map_err(|e| format!("creating {}: {e}", build_dir().display()))?;
+    let lock_path = out.with_extension(format!("{}.lock", linkage.flag()));
+    let _lock = FileLock::acquire(&lock_path).map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
     let fresh = up_to_date(&out, &cmd_file, &command_line, &src)
         .map_err(|e| format!("checking {}: {e}", out.display()))?;
     if fresh {
         return Ok(out);
     }
 
-    fs::create_dir_all(build_dir()).map_err(|e| format!("creating {}: {e}", build_dir().display()))?;
     // Unique per process and thread: concurrent test processes may build the same file.
     let tmp = out.with_extension(format!(
         "{}.tmp-{}-{:?}",

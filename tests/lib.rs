@@ -32,6 +32,7 @@ pub mod runner;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub use catalog::{Expected, Linkage, Sample, SAMPLES};
@@ -57,8 +58,16 @@ impl MonitorMode {
     }
 }
 
-/// Seconds a single run may take before it is killed and reported as a hang.
+/// Seconds a single run may take before it is killed and reported as a hang. Native runs of
+/// every sample take well under a second.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
+
+/// After this many hung runs in one test process, later hotpath runs get
+/// [`hang_timeout`] instead: a hotpath that hangs on everything then fails the suite in a
+/// few minutes, not in (samples x configurations x 60 s).
+const HANGS_BEFORE_SHORT_TIMEOUT: usize = 2;
+
+static HANGS: AtomicUsize = AtomicUsize::new(0);
 
 /// The per-run timeout: `HOTPATH_E2E_TIMEOUT` seconds, or [`DEFAULT_TIMEOUT_SECS`].
 pub fn run_timeout() -> Duration {
@@ -67,6 +76,18 @@ pub fn run_timeout() -> Duration {
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(DEFAULT_TIMEOUT_SECS);
     Duration::from_secs(secs)
+}
+
+/// The timeout of a hotpath run whose native run took `native`: [`run_timeout`], or, once
+/// several runs have hung, 5 s or 30 times the native time, whichever is longer (but never
+/// more than [`run_timeout`]).
+pub fn hang_timeout(native: Duration) -> Duration {
+    let full = run_timeout();
+    if HANGS.load(Ordering::Relaxed) >= HANGS_BEFORE_SHORT_TIMEOUT {
+        (native * 30).max(Duration::from_secs(5)).min(full)
+    } else {
+        full
+    }
 }
 
 /// Environment variables passed from the test process to every run (native and hotpath),
@@ -120,7 +141,6 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
 pub fn check_sample(name: &str) {
     let sample = catalog::find(name).unwrap_or_else(|| panic!("no sample named {name:?} in the catalog"));
     let hotpath = hotpath_bin::hotpath();
-    let timeout = run_timeout();
     let mut problems = Vec::new();
 
     for linkage in Linkage::ALL {
@@ -131,7 +151,7 @@ pub fn check_sample(name: &str) {
                 continue;
             }
         };
-        let native = match runner::run(&mut native_command(&exe, sample.args), timeout) {
+        let native = match runner::run(&mut native_command(&exe, sample.args), run_timeout()) {
             Ok(outcome) => outcome,
             Err(e) => {
                 problems.push(format!("[{linkage} native] could not run {}: {e}", exe.display()));
@@ -155,8 +175,11 @@ pub fn check_sample(name: &str) {
         for mode in MonitorMode::ALL {
             let mut cmd = hotpath_command(hotpath, mode, &exe, sample.args);
             let label = format!("{linkage}, {}", mode.label());
-            match runner::run(&mut cmd, timeout) {
+            match runner::run(&mut cmd, hang_timeout(native.elapsed)) {
                 Ok(translated) => {
+                    if matches!(translated.termination, Termination::TimedOut(_)) {
+                        HANGS.fetch_add(1, Ordering::Relaxed);
+                    }
                     if let Err(report) = compare::compare_outcomes(&native, &translated) {
                         problems.push(format!(
                             "[{label}] hotpath differs from the native run\n  command: {}\n{report}",

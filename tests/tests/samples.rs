@@ -37,6 +37,7 @@ sample_tests! {
     abort,
     segv,
     signal_handler,
+    cpu_features,
     threads,
     asm_flags,
     asm_redzone,
