@@ -42,7 +42,8 @@ pub fn compare_outcomes(native: &Outcome, translated: &Outcome) -> Result<(), St
     if report.is_empty() {
         Ok(())
     } else {
-        if translated.stdout.is_empty() && translated.stderr.is_empty() && !native.stdout.is_empty() {
+        if translated.stdout.is_empty() && translated.stderr.is_empty() && !native.stdout.is_empty()
+        {
             let _ = writeln!(report, "  (hotpath produced no output at all)");
         }
         Err(report)
@@ -54,7 +55,10 @@ pub fn compare_outcomes(native: &Outcome, translated: &Outcome) -> Result<(), St
 fn normalise(bytes: &[u8], exe: &Path) -> Vec<u8> {
     let text = String::from_utf8_lossy(bytes);
     let path = exe.display().to_string();
-    let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = exe
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut text = text.replace(&path, "{exe}");
     if !name.is_empty() {
         text = text.replace(&name, "{exe_name}");
@@ -77,14 +81,23 @@ fn bless_requested() -> bool {
 /// # Errors
 ///
 /// A report of the differences (missing expected files count as a difference).
-pub fn check_expected(sample: &Sample, linkage: Linkage, exe: &Path, native: &Outcome) -> Result<(), String> {
+pub fn check_expected(
+    sample: &Sample,
+    linkage: Linkage,
+    exe: &Path,
+    native: &Outcome,
+) -> Result<(), String> {
     let mut report = String::new();
     let want = match sample.expect {
         Expected::Exit(code) => Termination::Exited(code),
         Expected::Signal(sig) => Termination::Signaled(sig),
     };
     if native.termination != want {
-        let _ = writeln!(report, "  status: expected {want}, native run {}", native.termination);
+        let _ = writeln!(
+            report,
+            "  status: expected {want}, native run {}",
+            native.termination
+        );
     }
     let streams: &[(&str, &Vec<u8>)] = if sample.golden {
         &[("stdout", &native.stdout), ("stderr", &native.stderr)]
@@ -95,7 +108,9 @@ pub fn check_expected(sample: &Sample, linkage: Linkage, exe: &Path, native: &Ou
         let actual = normalise(actual, exe);
         let file = expected_file(sample, stream);
         if bless_requested() && linkage == Linkage::Static {
-            if let Err(e) = fs::create_dir_all(paths::expected_dir()).and_then(|_| fs::write(&file, &actual)) {
+            if let Err(e) =
+                fs::create_dir_all(paths::expected_dir()).and_then(|_| fs::write(&file, &actual))
+            {
                 let _ = writeln!(report, "  cannot write {}: {e}", file.display());
             }
             continue;
@@ -103,7 +118,11 @@ pub fn check_expected(sample: &Sample, linkage: Linkage, exe: &Path, native: &Ou
         match fs::read(&file) {
             Ok(expected) if expected == actual => {}
             Ok(expected) => {
-                let _ = writeln!(report, "  {stream} differs from {} (- expected, + native):", file.display());
+                let _ = writeln!(
+                    report,
+                    "  {stream} differs from {} (- expected, + native):",
+                    file.display()
+                );
                 report.push_str(&diff(&expected, &actual));
             }
             Err(e) => {

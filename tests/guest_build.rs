@@ -36,7 +36,14 @@ pub fn gcc_args(source: &str, linkage: Linkage) -> Vec<String> {
     if source.ends_with(".S") {
         vec!["-nostdlib".into(), link, include]
     } else {
-        vec![C_OPT.into(), "-Wall".into(), "-Wextra".into(), link, "-pthread".into(), include]
+        vec![
+            C_OPT.into(),
+            "-Wall".into(),
+            "-Wextra".into(),
+            link,
+            "-pthread".into(),
+            include,
+        ]
     }
 }
 
@@ -69,8 +76,12 @@ fn newest_header() -> io::Result<Option<SystemTime>> {
 }
 
 fn up_to_date(out: &Path, cmd_file: &Path, command_line: &str, src: &Path) -> io::Result<bool> {
-    let Ok(out_meta) = fs::metadata(out) else { return Ok(false) };
-    let Ok(recorded) = fs::read_to_string(cmd_file) else { return Ok(false) };
+    let Ok(out_meta) = fs::metadata(out) else {
+        return Ok(false);
+    };
+    let Ok(recorded) = fs::read_to_string(cmd_file) else {
+        return Ok(false);
+    };
     if recorded != command_line {
         return Ok(false);
     }
@@ -89,7 +100,11 @@ struct FileLock {
 
 impl FileLock {
     fn acquire(path: &Path) -> io::Result<FileLock> {
-        let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
         loop {
             // SAFETY: flock on an fd we own; no memory is passed.
             let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
@@ -121,9 +136,11 @@ pub fn build(source: &str, linkage: Linkage) -> Result<PathBuf, String> {
     args.extend(gcc_libs(source));
     let command_line = format!("gcc {}", args.join(" "));
 
-    fs::create_dir_all(build_dir()).map_err(|e| format!("creating {}: {e}", build_dir().display()))?;
+    fs::create_dir_all(build_dir())
+        .map_err(|e| format!("creating {}: {e}", build_dir().display()))?;
     let lock_path = out.with_extension(format!("{}.lock", linkage.flag()));
-    let _lock = FileLock::acquire(&lock_path).map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
+    let _lock = FileLock::acquire(&lock_path)
+        .map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
     let fresh = up_to_date(&out, &cmd_file, &command_line, &src)
         .map_err(|e| format!("checking {}: {e}", out.display()))?;
     if fresh {
@@ -138,7 +155,11 @@ pub fn build(source: &str, linkage: Linkage) -> Result<PathBuf, String> {
         std::thread::current().id()
     ));
     let mut tmp_args = args.clone();
-    let o = tmp_args.iter().position(|a| a == "-o").expect("-o is in the args") + 1;
+    let o = tmp_args
+        .iter()
+        .position(|a| a == "-o")
+        .expect("-o is in the args")
+        + 1;
     tmp_args[o] = tmp.display().to_string();
     let result = Command::new("gcc")
         .args(&tmp_args)
@@ -153,8 +174,10 @@ pub fn build(source: &str, linkage: Linkage) -> Result<PathBuf, String> {
             String::from_utf8_lossy(&result.stderr)
         ));
     }
-    fs::rename(&tmp, &out).map_err(|e| format!("renaming {} to {}: {e}", tmp.display(), out.display()))?;
-    fs::write(&cmd_file, &command_line).map_err(|e| format!("writing {}: {e}", cmd_file.display()))?;
+    fs::rename(&tmp, &out)
+        .map_err(|e| format!("renaming {} to {}: {e}", tmp.display(), out.display()))?;
+    fs::write(&cmd_file, &command_line)
+        .map_err(|e| format!("writing {}: {e}", cmd_file.display()))?;
     Ok(out)
 }
 
@@ -170,12 +193,17 @@ pub fn disassemble_function(exe: &Path, symbol: &str) -> Result<String, String> 
         .output()
         .map_err(|e| format!("cannot run objdump: {e}"))?;
     if !out.status.success() {
-        return Err(format!("objdump failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "objdump failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let header = format!("<{symbol}>:");
     let mut lines = text.lines().skip_while(|l| !l.ends_with(&header));
-    let first = lines.next().ok_or_else(|| format!("no function {symbol} in {}", exe.display()))?;
+    let first = lines
+        .next()
+        .ok_or_else(|| format!("no function {symbol} in {}", exe.display()))?;
     let mut body = String::from(first);
     for line in lines.take_while(|l| !l.trim().is_empty()) {
         body.push('\n');

@@ -35,14 +35,20 @@ fn locate() -> Result<PathBuf, String> {
         return if bin.is_file() {
             Ok(bin)
         } else {
-            Err(format!("{} does not exist (HOTPATH_E2E_NO_BUILD is set)", bin.display()))
+            Err(format!(
+                "{} does not exist (HOTPATH_E2E_NO_BUILD is set)",
+                bin.display()
+            ))
         };
     }
     cargo_build(&profile_dir)?;
     if bin.is_file() {
         Ok(bin)
     } else {
-        Err(format!("cargo build succeeded but {} does not exist", bin.display()))
+        Err(format!(
+            "cargo build succeeded but {} does not exist",
+            bin.display()
+        ))
     }
 }
 

@@ -139,7 +139,8 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
 ///
 /// With a report of every mismatch found, after all configurations have run.
 pub fn check_sample(name: &str) {
-    let sample = catalog::find(name).unwrap_or_else(|| panic!("no sample named {name:?} in the catalog"));
+    let sample =
+        catalog::find(name).unwrap_or_else(|| panic!("no sample named {name:?} in the catalog"));
     let hotpath = hotpath_bin::hotpath();
     let mut problems = Vec::new();
 
@@ -147,14 +148,20 @@ pub fn check_sample(name: &str) {
         let exe = match guest_build::build(sample.source, linkage) {
             Ok(exe) => exe,
             Err(e) => {
-                problems.push(format!("[{linkage}] could not build {}: {e}", sample.source));
+                problems.push(format!(
+                    "[{linkage}] could not build {}: {e}",
+                    sample.source
+                ));
                 continue;
             }
         };
         let native = match runner::run(&mut native_command(&exe, sample.args), run_timeout()) {
             Ok(outcome) => outcome,
             Err(e) => {
-                problems.push(format!("[{linkage} native] could not run {}: {e}", exe.display()));
+                problems.push(format!(
+                    "[{linkage} native] could not run {}: {e}",
+                    exe.display()
+                ));
                 continue;
             }
         };

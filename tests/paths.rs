@@ -63,7 +63,9 @@ pub fn scratch_dir(what: &str) -> PathBuf {
 
 /// Removes `<root>/<what>-<pid>` directories whose process no longer exists.
 fn remove_stale_scratch(root: &Path, what: &str) {
-    let Ok(entries) = std::fs::read_dir(root) else { return };
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
     let prefix = format!("{what}-");
     for entry in entries.flatten() {
         let name = entry.file_name();

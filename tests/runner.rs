@@ -37,7 +37,9 @@ impl fmt::Display for Termination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Termination::Exited(code) => write!(f, "exit status {code}"),
-            Termination::Signaled(sig) => write!(f, "killed by signal {sig} ({})", signal_name(sig)),
+            Termination::Signaled(sig) => {
+                write!(f, "killed by signal {sig} ({})", signal_name(sig))
+            }
             Termination::TimedOut(t) => write!(f, "still running after {} s (killed)", t.as_secs()),
         }
     }
@@ -97,13 +99,18 @@ pub fn describe(cmd: &Command) -> String {
 ///
 /// When the command cannot be spawned (e.g. the program does not exist).
 pub fn run(cmd: &mut Command, timeout: Duration) -> io::Result<Outcome> {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     cmd.process_group(0);
     // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits; the
     // closure allocates nothing and runs between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
-            let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            let no_core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
             if libc::setrlimit(libc::RLIMIT_CORE, &no_core) != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -136,10 +143,17 @@ pub fn run(cmd: &mut Command, timeout: Duration) -> io::Result<Outcome> {
     let elapsed = start.elapsed();
     // The pipes close when the last process holding them exits. If something the child
     // started outlives it and keeps them open, kill the group rather than wait forever.
-    let grace = timeout.saturating_sub(start.elapsed()).max(Duration::from_secs(1));
+    let grace = timeout
+        .saturating_sub(start.elapsed())
+        .max(Duration::from_secs(1));
     let stdout = collect(&out_rx, grace, pid);
     let stderr = collect(&err_rx, grace, pid);
-    Ok(Outcome { stdout, stderr, termination, elapsed })
+    Ok(Outcome {
+        stdout,
+        stderr,
+        termination,
+        elapsed,
+    })
 }
 
 fn spawn_reader(mut pipe: impl Read + Send + 'static, tx: mpsc::Sender<Vec<u8>>) {

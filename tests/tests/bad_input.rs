@@ -36,7 +36,8 @@ fn real_elf() -> Vec<u8> {
 
 /// Runs hotpath on `path` with a few option sets and checks every run rejected it properly.
 fn assert_rejected(path: &Path) {
-    let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
+    let hotpath =
+        hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
     let shown = path.display().to_string();
     let mut problems = Vec::new();
     for options in [&[][..], &["--quiet"][..], &["--no-monitor"][..]] {
@@ -44,7 +45,8 @@ fn assert_rejected(path: &Path) {
         cmd.arg("run").args(options).arg("--").arg(path);
         hotpath_e2e::set_guest_environment(&mut cmd, corpus_dir());
         let what = runner::describe(&cmd);
-        let outcome = runner::run(&mut cmd, TIMEOUT).unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+        let outcome =
+            runner::run(&mut cmd, TIMEOUT).unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
         let stderr = String::from_utf8_lossy(&outcome.stderr);
         let lines: Vec<&str> = stderr.lines().collect();
         let mut bad = Vec::new();
@@ -57,7 +59,10 @@ fn assert_rejected(path: &Path) {
             bad.push("stderr contains \"panicked\"".to_string());
         }
         if lines.len() != 1 || lines[0].trim().is_empty() {
-            bad.push(format!("{} lines on stderr (want exactly one non-empty line)", lines.len()));
+            bad.push(format!(
+                "{} lines on stderr (want exactly one non-empty line)",
+                lines.len()
+            ));
         }
         if !stderr.contains(&shown) {
             bad.push(format!("stderr does not name the file {shown}"));
@@ -71,7 +76,11 @@ fn assert_rejected(path: &Path) {
             ));
         }
     }
-    assert!(problems.is_empty(), "hotpath did not reject {shown} cleanly:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "hotpath did not reject {shown} cleanly:\n{}",
+        problems.join("\n")
+    );
 }
 
 fn u16le(v: u16) -> [u8; 2] {
@@ -91,7 +100,11 @@ fn crafted_i386_elf() -> Vec<u8> {
     const CODE_OFF: u32 = 52 + 32;
     let code: &[u8] = &[0xb8, 0x01, 0x00, 0x00, 0x00, 0x31, 0xdb, 0xcd, 0x80];
     let total = CODE_OFF + code.len() as u32;
-    let mut f = vec![0x7f, b'E', b'L', b'F', 1 /* ELFCLASS32 */, 1 /* LSB */, 1, 0];
+    let mut f = vec![
+        0x7f, b'E', b'L', b'F', 1, /* ELFCLASS32 */
+        1, /* LSB */
+        1, 0,
+    ];
     f.resize(16, 0);
     f.extend(u16le(2)); // e_type: ET_EXEC
     f.extend(u16le(3)); // e_machine: EM_386
@@ -129,7 +142,11 @@ fn crafted_aarch64_elf() -> Vec<u8> {
         0x01, 0x00, 0x00, 0xd4, // svc #0
     ];
     let total = CODE_OFF + code.len() as u64;
-    let mut f = vec![0x7f, b'E', b'L', b'F', 2 /* ELFCLASS64 */, 1 /* LSB */, 1, 0];
+    let mut f = vec![
+        0x7f, b'E', b'L', b'F', 2, /* ELFCLASS64 */
+        1, /* LSB */
+        1, 0,
+    ];
     f.resize(16, 0);
     f.extend(u16le(2)); // e_type: ET_EXEC
     f.extend(u16le(183)); // e_machine: EM_AARCH64
@@ -223,7 +240,11 @@ fn relocatable_object() {
         .arg(paths::samples_dir().join("hello.c"))
         .output()
         .expect("gcc runs");
-    assert!(out.status.success(), "gcc -c failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "gcc -c failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     fs::set_permissions(&obj, fs::Permissions::from_mode(0o755)).expect("chmod");
     assert_rejected(&obj);
 }

@@ -74,13 +74,18 @@ fn jump_table_samples_have_an_indirect_jmp() {
             let exe = guest_build::build(source, linkage).unwrap_or_else(|e| panic!("{e}"));
             // gcc may clone the function (run.constprop.0); accept any symbol it starts with.
             let body = guest_build::disassemble_function(&exe, function)
-                .or_else(|_| guest_build::disassemble_function(&exe, &format!("{function}.constprop.0")))
+                .or_else(|_| {
+                    guest_build::disassemble_function(&exe, &format!("{function}.constprop.0"))
+                })
                 .or_else(|_| guest_build::disassemble_function(&exe, &format!("{function}.isra.0")))
                 .unwrap_or_else(|e| panic!("{source} ({linkage}): {e}"));
             let indirect = body
                 .lines()
                 .any(|l| l.contains("jmp") && l.contains('*') && !l.contains("call"));
-            assert!(indirect, "{source} ({linkage}): no indirect jmp in {function}:\n{body}");
+            assert!(
+                indirect,
+                "{source} ({linkage}): no indirect jmp in {function}:\n{body}"
+            );
         }
     }
 }
