@@ -21,10 +21,14 @@
 //! those.
 //!
 //! **Cost per item.** One hash-table access every `k` items (new slab: find
-//! the root), and a scan of one or two sibling lists otherwise. Found
-//! children are moved to the front of their list, so hot children are found
-//! first (the paper's §4.2 suggestion for high-degree nodes). Memory: one
-//! 24-byte node per distinct (position, prefix).
+//! the root), and one or two child lookups otherwise. A child lookup scans
+//! the parent's sibling list, and found children move to the front, so hot
+//! children are found first (the paper's §4.2 suggestion for high-degree
+//! nodes). A node with more than [`SCAN_LIMIT`] children is also indexed in
+//! a hash table keyed by (parent, label), so a stream with many distinct
+//! successors costs one hash access per lookup instead of a long scan.
+//! Memory: one 32-byte node per distinct (position, prefix), plus a table
+//! entry per child of a high-degree node.
 
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
@@ -40,13 +44,18 @@ pub enum StreamItem {
     Path(PathId),
 }
 
-/// A k-SF node: label, count, first child, next sibling.
+/// Children a node may have before its children are also indexed by hash:
+/// below this a sibling scan (with move-to-front) beats a hash access.
+pub const SCAN_LIMIT: u32 = 12;
+
+/// A k-SF node: label, count, first child, next sibling, number of children.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SlabNode {
     pub label: PathId,
     pub count: u64,
     pub first_child: u32,
     pub next_sibling: u32,
+    pub degree: u32,
 }
 
 /// The k-slab forest, built one stream item at a time.
@@ -55,6 +64,8 @@ pub struct KSlabForest {
     k: usize,
     pub(crate) nodes: Vec<SlabNode>,
     pub(crate) roots: FastMap<PathId, u32>,
+    /// Children of nodes with more than `SCAN_LIMIT` children, by (parent, label).
+    wide: FastMap<(u32, PathId), u32>,
     /// Ids since the last marker, modulo `k`.
     pos: usize,
     /// Current node in the upper part (the slab being built), or NONE.
@@ -74,7 +85,16 @@ impl KSlabForest {
         if k == 0 {
             return Err(Error::InvalidK { k });
         }
-        Ok(KSlabForest { k, nodes: Vec::new(), roots: FastMap::default(), pos: 0, top: NONE, bottom: NONE, items: 0 })
+        Ok(KSlabForest {
+            k,
+            nodes: Vec::new(),
+            roots: FastMap::default(),
+            wide: FastMap::default(),
+            pos: 0,
+            top: NONE,
+            bottom: NONE,
+            items: 0,
+        })
     }
 
     /// The `k` this forest was built for.
@@ -159,11 +179,21 @@ impl KSlabForest {
         KIterationForest::from_slab_forest(self)
     }
 
-    /// The child of `parent` labelled `id`, created with count 0 if missing,
-    /// and moved to the front of the sibling list.
+    /// The child of `parent` labelled `id`, created with count 0 if missing.
+    /// Small nodes: scan, moving the found child to the front. Wide nodes:
+    /// hash lookup.
     #[inline]
     fn child(&mut self, parent: u32, id: PathId) -> u32 {
-        let head = self.nodes[parent as usize].first_child;
+        let p = self.nodes[parent as usize];
+        if p.degree > SCAN_LIMIT {
+            if let Some(&c) = self.wide.get(&(parent, id)) {
+                return c;
+            }
+            let n = self.link_child(parent, id);
+            self.wide.insert((parent, id), n);
+            return n;
+        }
+        let head = p.first_child;
         let mut prev = NONE;
         let mut c = head;
         while c != NONE {
@@ -179,15 +209,31 @@ impl KSlabForest {
             prev = c;
             c = node.next_sibling;
         }
+        let n = self.link_child(parent, id);
+        if self.nodes[parent as usize].degree > SCAN_LIMIT {
+            // The node just became wide: index all its children.
+            let kids: Vec<u32> = self.children(parent).collect();
+            for kid in kids {
+                self.wide.insert((parent, self.nodes[kid as usize].label), kid);
+            }
+        }
+        n
+    }
+
+    /// A new child of `parent`, at the front of its list.
+    fn link_child(&mut self, parent: u32, id: PathId) -> u32 {
         let n = self.new_node(id);
+        let p = &mut self.nodes[parent as usize];
+        let head = p.first_child;
+        p.first_child = n;
+        p.degree += 1;
         self.nodes[n as usize].next_sibling = head;
-        self.nodes[parent as usize].first_child = n;
         n
     }
 
     fn new_node(&mut self, label: PathId) -> u32 {
         let id = u32::try_from(self.nodes.len()).ok().filter(|&n| n < NONE).expect("k-slab forest node ids exhausted (u32)");
-        self.nodes.push(SlabNode { label, count: 0, first_child: NONE, next_sibling: NONE });
+        self.nodes.push(SlabNode { label, count: 0, first_child: NONE, next_sibling: NONE, degree: 0 });
         id
     }
 
@@ -241,5 +287,28 @@ mod tests {
         assert_eq!(f.node_count(), 3);
         let r = f.roots[&PathId(7)];
         assert_eq!(f.nodes[r as usize].count, 2);
+    }
+}
+
+#[cfg(test)]
+mod wide_tests {
+    use super::*;
+
+    #[test]
+    fn wide_nodes_find_their_children_through_the_index() {
+        // k = 2, root 0 followed by 100 different ids, each twice.
+        let mut f = KSlabForest::new(2).unwrap();
+        for _ in 0..2 {
+            for x in 1..=100u64 {
+                f.routine_entry();
+                f.push(PathId(0));
+                f.push(PathId(x));
+            }
+        }
+        let r = f.roots[&PathId(0)];
+        assert_eq!(f.nodes[r as usize].degree, 100);
+        assert_eq!(f.children(r).count(), 100);
+        assert!(f.children(r).all(|c| f.nodes[c as usize].count == 2));
+        assert_eq!(f.node_count(), 101);
     }
 }

@@ -105,20 +105,29 @@ pub struct PapStats {
     pub saved: usize,
 }
 
-/// What the walker does on one edge.
+/// What the walker does on one edge: `r := r*s + i`, or a breakpoint at
+/// `src` with restart `i` if `r > limit`; then, if `scale != NONE`, the
+/// edge enters the head of region `scale`: `r := r*n`, or a breakpoint at
+/// the head with restart 0. The forms of PAP all fit: a merge in-edge has
+/// `s > 1`; an edge into a fan-in-1 node is `s = 1, i = 0, limit = max`
+/// (identity, never breaks); an edge inside a region adds its Ball-Larus
+/// value as `s = 1, i = val, limit = max - val` (never breaks, by the
+/// region's scaling). One uniform multiply-add keeps the walker branch-light.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    /// The destination has fan-in 1 and is outside any region: nothing.
-    Plain,
-    /// `r := r*s + i`, with a breakpoint at `src` if `r > limit`.
-    Merge { s: u64, i: u64, limit: u64, src: NodeId },
-    /// Into a region head: the merge (with `s = 1, i = 0` if the head has
-    /// fan-in 1), then `r := r*n`, with a breakpoint at `head` if `r > n_limit`.
-    Enter { s: u64, i: u64, limit: u64, src: NodeId, head: NodeId, n: u64, n_limit: u64 },
-    /// Inside a region: `r += val`.
-    Inner { val: u64 },
-    /// From a node unreachable from the entry: never taken.
-    Dead,
+struct Op {
+    s: u64,
+    i: u64,
+    limit: u64,
+    src: NodeId,
+    scale: u32,
+}
+
+/// Scaling on entry to a region: `r := r*n` unless `r > n_limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scale {
+    head: NodeId,
+    n: u64,
+    n_limit: u64,
 }
 
 /// A PAP encoding of one CFG. A snapshot: it keeps its own copy of the edge
@@ -132,6 +141,9 @@ pub struct Pap {
     src: Vec<NodeId>,
     dst: Vec<NodeId>,
     ops: Vec<Op>,
+    scales: Vec<Scale>,
+    /// Per edge: its source is unreachable from the entry, so it is never taken.
+    dead: Vec<bool>,
     /// Per node: in-edges by remainder (CSR).
     in_start: Vec<u32>,
     in_edges: Vec<EdgeId>,
@@ -196,16 +208,12 @@ impl Pap {
         let regions: Vec<Region> =
             if config.epp_regions { ras::find(cfg, &dfs, &fan_in, max) } else { Vec::new() };
         let mut head_of = vec![NONE; n];
-        let mut member_of = vec![NONE; n];
         let mut tail_of = vec![NONE; n];
         let mut inner_val = vec![None; cfg.edge_count() as usize];
         let mut rout_lists: Vec<Vec<(EdgeId, u64)>> = vec![Vec::new(); n];
         for (k, r) in regions.iter().enumerate() {
             head_of[r.info.head.index()] = k as u32;
             tail_of[r.info.tail.index()] = k as u32;
-            for v in &r.info.nodes {
-                member_of[v.index()] = k as u32;
-            }
             for &(e, val) in &r.edges {
                 inner_val[e.index()] = Some(val);
                 rout_lists[cfg.src(e).index()].push((e, val));
@@ -219,31 +227,30 @@ impl Pap {
         }
         rout_start.push(rout.len() as u32);
 
-        let ops = cfg
+        let identity = |src| Op { s: 1, i: 0, limit: max, src, scale: NONE };
+        let ops: Vec<Op> = cfg
             .edges()
             .map(|e| {
                 let (s_node, d) = (cfg.src(e), cfg.dst(e));
                 if !reach[s_node.index()] {
-                    return Op::Dead;
+                    return identity(s_node);
                 }
                 if let Some(val) = inner_val[e.index()] {
-                    return Op::Inner { val };
+                    return Op { s: 1, i: val, limit: max - val, src: s_node, scale: NONE };
                 }
                 let fi = fan_in[d.index()] as u64;
                 let (s, i) = if fi > 1 { (fi, remainder[e.index()]) } else { (1, 0) };
-                let limit = (max - i) / s;
-                let k = head_of[d.index()];
-                if k != NONE {
-                    let paths = regions[k as usize].info.paths;
-                    Op::Enter { s, i, limit, src: s_node, head: d, n: paths, n_limit: (max - (paths - 1)) / paths }
-                } else if s > 1 {
-                    Op::Merge { s, i, limit, src: s_node }
-                } else {
-                    Op::Plain
-                }
+                Op { s, i, limit: (max - i) / s, src: s_node, scale: head_of[d.index()] }
             })
             .collect();
-        debug_assert!(member_of.iter().enumerate().all(|(v, &k)| k == NONE || regions[k as usize].info.nodes.contains(&NodeId(v as u32))));
+        let scales = regions
+            .iter()
+            .map(|r| {
+                let n = r.info.paths;
+                Scale { head: r.info.head, n, n_limit: (max - (n - 1)) / n }
+            })
+            .collect();
+        let dead = cfg.edges().map(|e| !reach[cfg.src(e).index()]).collect();
 
         let merge_nodes = fan_in.iter().filter(|&&s| s > 1).count();
         let pap_probes =
@@ -258,6 +265,8 @@ impl Pap {
             src: cfg.edges().map(|e| cfg.src(e)).collect(),
             dst: cfg.edges().map(|e| cfg.dst(e)).collect(),
             ops,
+            scales,
+            dead,
             in_start,
             in_edges,
             tail_of,
@@ -295,11 +304,8 @@ impl Pap {
     ///
     /// If `e` was not in the encoded graph.
     pub fn merge_probe(&self, e: EdgeId) -> Option<(u64, u64)> {
-        match self.ops[e.index()] {
-            Op::Merge { s, i, .. } => Some((s, i)),
-            Op::Enter { s, i, .. } if s > 1 => Some((s, i)),
-            _ => None,
-        }
+        let op = self.ops[e.index()];
+        (op.s > 1).then_some((op.s, op.i))
     }
 
     /// The regions numbered with Ball-Larus (empty unless
@@ -328,8 +334,8 @@ impl Pap {
     pub fn encode_walk(&self, walk: &[EdgeId]) -> Result<PapTrace> {
         let mut at = self.entry;
         for (step, &e) in walk.iter().enumerate() {
-            let op = self.ops.get(e.index()).ok_or(Error::NoSuchEdge { edge: e, edge_count: self.ops.len() as u32 })?;
-            if *op == Op::Dead {
+            let dead = *self.dead.get(e.index()).ok_or(Error::NoSuchEdge { edge: e, edge_count: self.ops.len() as u32 })?;
+            if dead {
                 return Err(Error::UnreachableEdge { edge: e });
             }
             let s = self.src[e.index()];
@@ -458,30 +464,27 @@ impl PapTracer<'_> {
     /// If `e` was not in the encoded graph.
     #[inline]
     pub fn step(&mut self, e: EdgeId) {
-        match self.pap.ops[e.index()] {
-            Op::Plain | Op::Dead => {}
-            Op::Inner { val } => self.r += val,
-            Op::Merge { s, i, limit, src } => self.merge(s, i, limit, src),
-            Op::Enter { s, i, limit, src, head, n, n_limit } => {
-                self.merge(s, i, limit, src);
-                if self.r > n_limit {
-                    self.trace.breakpoints.push(Breakpoint { node: head, r: self.r });
-                    self.r = 0;
-                } else {
-                    self.r *= n;
-                }
+        let op = self.pap.ops[e.index()];
+        if self.r > op.limit {
+            self.break_at(op.src, op.i);
+        } else {
+            self.r = self.r * op.s + op.i;
+        }
+        if op.scale != NONE {
+            let sc = self.pap.scales[op.scale as usize];
+            if self.r > sc.n_limit {
+                self.break_at(sc.head, 0);
+            } else {
+                self.r *= sc.n;
             }
         }
     }
 
-    #[inline]
-    fn merge(&mut self, s: u64, i: u64, limit: u64, src: NodeId) {
-        if self.r > limit {
-            self.trace.breakpoints.push(Breakpoint { node: src, r: self.r });
-            self.r = i;
-        } else {
-            self.r = self.r * s + i;
-        }
+    /// Records a breakpoint `(node, r)` and restarts the register at `restart`.
+    #[cold]
+    fn break_at(&mut self, node: NodeId, restart: u64) {
+        self.trace.breakpoints.push(Breakpoint { node, r: self.r });
+        self.r = restart;
     }
 
     /// The register's current value.

@@ -54,12 +54,14 @@ fn check_against_brute_force(stream: &[StreamItem], k: usize) -> Result<(), Test
     Ok(())
 }
 
-/// A stream over a small alphabet (so runs repeat) with markers.
-fn arb_stream(max_len: usize) -> impl Strategy<Value = Vec<StreamItem>> {
+/// A stream of ids below `alphabet`, with markers. A small alphabet makes
+/// runs repeat; a large one gives k-SF nodes more than `SCAN_LIMIT`
+/// children.
+fn arb_stream(max_len: usize, alphabet: u64) -> impl Strategy<Value = Vec<StreamItem>> {
     proptest::collection::vec(
         prop_oneof![
             1 => Just(StreamItem::RoutineEntry),
-            12 => (0u64..6).prop_map(|x| StreamItem::Path(PathId(x))),
+            12 => (0..alphabet).prop_map(|x| StreamItem::Path(PathId(x))),
         ],
         0..max_len,
     )
@@ -70,13 +72,19 @@ proptest! {
 
     /// The k-IPF holds exactly the runs of up to k ids, with their counts.
     #[test]
-    fn ipf_counts_equal_brute_force(stream in arb_stream(400), k in 1usize..8) {
+    fn ipf_counts_equal_brute_force(stream in arb_stream(400, 6), k in 1usize..8) {
+        check_against_brute_force(&stream, k)?;
+    }
+
+    /// The same with many distinct ids, so wide nodes use the hash index.
+    #[test]
+    fn ipf_counts_equal_brute_force_wide(stream in arb_stream(3000, 40), k in 1usize..5) {
         check_against_brute_force(&stream, k)?;
     }
 
     /// Property 2 of the paper: the k-IPF is the (k+1)-IPF cut at depth k.
     #[test]
-    fn ipf_is_monotone_in_k(stream in arb_stream(200), k in 1usize..6) {
+    fn ipf_is_monotone_in_k(stream in arb_stream(200, 6), k in 1usize..6) {
         let small: HashMap<_, _> = forest(&stream, k).sequences().into_iter().collect();
         let big: HashMap<_, _> = forest(&stream, k + 1)
             .sequences()
