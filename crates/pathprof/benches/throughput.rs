@@ -22,6 +22,8 @@ const WALK_EDGES: usize = 10_000_000;
 const BLOCKS: u32 = 64;
 /// Extra random edges (forward and backward) on top of the spine.
 const EXTRA_EDGES: u32 = 48;
+/// Blocks in the large routine used to time renumbering.
+const LARGE_BLOCKS: u32 = 4096;
 /// A biased walk leaves the preferred successor once in this many steps.
 const BIAS_ODDS: u64 = 8;
 /// Timed repetitions for the printed medians.
@@ -54,6 +56,24 @@ fn routine() -> Cfg {
         let a = rng.below(exit as u64) as u32;
         let b = 1 + rng.below(exit as u64) as u32;
         g.add_edge(NodeId(a), NodeId(b)).unwrap();
+    }
+    g
+}
+
+/// A large routine: a chain of `LARGE_BLOCKS` blocks with a small loop every
+/// 8 blocks and a forward branch every 128 (few enough that the number of
+/// acyclic paths fits in a `u64`).
+fn large_routine() -> Cfg {
+    let exit = LARGE_BLOCKS - 1;
+    let mut g = Cfg::new(LARGE_BLOCKS, NodeId(0), NodeId(exit)).unwrap();
+    for i in 0..exit {
+        g.add_edge(NodeId(i), NodeId(i + 1)).unwrap();
+        if i % 8 == 7 {
+            g.add_edge(NodeId(i), NodeId(i - 4)).unwrap();
+        }
+        if i % 128 == 5 && i + 3 < exit {
+            g.add_edge(NodeId(i), NodeId(i + 3)).unwrap();
+        }
     }
     g
 }
@@ -158,6 +178,14 @@ fn benches(c: &mut Criterion, w: &Workload) {
         g.bench_function(format!("k{k}"), |b| b.iter(|| kslab(k, black_box(&w.ids))));
     }
     g.finish();
+    let large = large_routine();
+    let weights: Vec<u64> = (0..large.edge_count() as u64).map(|e| e % 97).collect();
+    let mut g = c.benchmark_group("renumber");
+    let mut bl = BallLarus::number(&large).unwrap();
+    g.throughput(Throughput::Elements(large.edge_count() as u64));
+    g.bench_function("large_plain", |b| b.iter(|| bl.renumber(black_box(&large), None).unwrap()));
+    g.bench_function("large_weighted", |b| b.iter(|| bl.renumber(black_box(&large), Some(&weights)).unwrap()));
+    g.finish();
     let mut g = c.benchmark_group("kslab_uniform");
     g.throughput(Throughput::Elements(w.uniform_ids.len() as u64));
     g.bench_function("k8", |b| b.iter(|| kslab(8, black_box(&w.uniform_ids))));
@@ -213,6 +241,15 @@ fn summary(w: &Workload) {
         });
         println!("  k-slab forest, k = {k}:      {:>8.1} M items/s ({} nodes)", rate / 1e6, kslab(k, &w.ids));
     }
+    let large = large_routine();
+    let mut bl = BallLarus::number(&large).unwrap();
+    let rate = median_rate(1, || bl.renumber(&large, None).unwrap());
+    println!(
+        "  renumbering a {LARGE_BLOCKS}-block, {}-edge routine ({} paths): {:.0} us",
+        large.edge_count(),
+        bl.num_paths(),
+        1e6 / rate
+    );
     let rate = median_rate(w.uniform_ids.len(), || {
         black_box(kslab(8, &w.uniform_ids));
     });

@@ -3,32 +3,54 @@
 //! Source: the Ball-Larus lecture slides (steps 1–4 and "Convert arbitrary
 //! CFGs to DAGs") and the PPP paper §2.2 (Fig. 1, `computeBLIncrements`).
 //!
-//! A *Ball-Larus path* is an acyclic piece of an execution: it starts at the
-//! routine entry or just after a back edge, and ends at the routine exit or
-//! at a back edge. With `N = NumPaths(entry)` of the DAG (see [`crate::dag`]),
-//! every such path has exactly one [`PathId`] in `[0, N)` and every id in
-//! `[0, N)` names one path. `N` must fit in a `u64`; otherwise numbering fails
-//! with [`Error::PathCountOverflow`] instead of wrapping.
+//! **Paths.** A *Ball-Larus path* is an acyclic piece of an execution: it
+//! starts at the routine entry or just after a back edge, and ends at the
+//! routine exit or at a back edge. Back edges are found by DFS from the entry
+//! ([`Cfg::back_edges`]), so irreducible graphs are handled too.
 //!
-//! **Instrumentation.** Each CFG edge carries an [`EdgeProbe`]. A walker keeps
-//! one `u64` register `r`, sets `r = start_value()` on routine entry, and on
-//! every edge does `r = r.wrapping_add(probe.add)`; if `probe.ends_path`, `r`
-//! is a finished path id, and the register restarts at `probe.restart`. Back
-//! edges and edges into the exit end paths. Without weights the increments are
-//! the edge values themselves (lecture slide "r=0, r+=1, r=2, count[r]++");
-//! with edge weights they are moved to the chords of a maximum-weight
-//! spanning tree ([`crate::spanning`]) so the hottest edges carry no addition.
+//! **DAG.** Each back edge `v -> w` is replaced by two dummy edges,
+//! `entry -> w` (the register restarts along the back edge) and
+//! `v -> exit` (the path is recorded along the back edge). Every back edge
+//! gets its own pair, so an id also tells which back edge started and which
+//! ended the path; parallel edges stay distinguishable.
+//!
+//! **Numbering** (lecture step 1). In reverse topological order,
+//! `NumPaths(exit) = 1`, and each other node's out-edges, in insertion order,
+//! get `Val(e) = NumPaths(v)` so far while `NumPaths(v) += NumPaths(dst(e))`.
+//! With `N = NumPaths(entry)`, every path has exactly one [`PathId`] in
+//! `[0, N)` (its sum of values) and every id in `[0, N)` names one path. `N`
+//! must fit in a `u64`; otherwise numbering fails with
+//! [`Error::PathCountOverflow`] instead of wrapping.
+//!
+//! **Instrumentation** (lecture steps 2–3). Each CFG edge carries an
+//! [`EdgeProbe`]. A walker keeps one `u64` register `r`, sets
+//! `r = start_value()` on routine entry, and on every edge does
+//! `r = r.wrapping_add(probe.add)`; if `probe.ends_path`, `r` is a finished
+//! path id, and the register restarts at `probe.restart`. Back edges and
+//! edges into the exit end paths. Without weights the increments are the
+//! values themselves (lecture slide: `r=0; r+=1; r=2; count[r]++`). With edge
+//! weights (execution counts) the lecture's placement is used: add an edge
+//! `exit -> entry`, take a maximum-weight spanning tree, and move the values
+//! onto the chords: with potentials `phi(entry) = 0` and
+//! `phi(v) = phi(u) + Val(u -> v)` along tree edges, `Inc(e) = Val(e) +
+//! phi(src) - phi(dst)` is 0 on the tree, the register starts at
+//! `phi(exit)`, and every path still sums to its id, so the hottest edges
+//! carry no addition. Increments are taken modulo 2^64: intermediate
+//! register values may wrap, finished ids are exact.
+//!
+//! **Regeneration** (lecture step 4). From the entry, repeatedly take the
+//! out-edge with the largest value not above the remainder.
 //!
 //! **Renumbering.** The CFG may grow; [`BallLarus::renumber`] recomputes
-//! everything in O(nodes + edges) (plus O(E log E) with weights), reusing
-//! this value's buffers. Adding an edge can change every id, so ids of the
-//! old numbering must be regenerated with the old numbering.
+//! everything in O(nodes + edges) (O(E log E) with weights), reusing this
+//! value's buffers. Adding an edge can change every id, so ids of the old
+//! numbering must be regenerated with the old numbering.
 
 use crate::cfg::Cfg;
 use crate::dag::{Dag, DagEdge};
 use crate::error::{Error, Result};
 use crate::ids::{EdgeId, NodeId, PathId, NONE};
-use crate::spanning::SpanningTree;
+use crate::spanning::{Scratch, SpanningTree};
 
 /// What a walker does on one CFG edge.
 ///
@@ -110,6 +132,7 @@ pub struct BallLarus {
     cfg_src: Vec<NodeId>,
     cfg_dst: Vec<NodeId>,
     dag_weight: Vec<u64>,
+    scratch: Scratch,
 }
 
 impl BallLarus {
@@ -171,7 +194,15 @@ impl BallLarus {
                 self.tree.maximum(&self.dag, &self.dag_weight, virt);
             }
         }
-        self.start = self.tree.increments(&self.dag, &self.dag.val, &mut self.inc);
+        self.start = match weights {
+            // The first-out-edge tree has all potentials 0: the increments
+            // are the values and the register starts at 0.
+            None => {
+                self.inc.clone_from(&self.dag.val);
+                0
+            }
+            Some(_) => self.tree.increments(&self.dag, &self.dag.val, &mut self.inc, &mut self.scratch),
+        };
 
         self.cfg_src.clear();
         self.cfg_dst.clear();

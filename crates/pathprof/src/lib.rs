@@ -76,19 +76,19 @@
 
 #![warn(missing_docs)]
 
-mod ball_larus;
-mod cfg;
+pub mod ball_larus;
+pub mod cfg;
 mod dag;
 mod dfs;
 mod dominators;
-mod error;
+pub mod error;
 mod hash;
-mod ids;
-mod kipf;
-mod kslab;
-mod pap;
-mod ppp;
-mod ras;
+pub mod ids;
+pub mod kipf;
+pub mod kslab;
+pub mod pap;
+pub mod ppp;
+pub mod ras;
 mod spanning;
 
 pub use ball_larus::{BallLarus, BlPath, BlTracer, EdgeProbe, PathEnd, PathStart};

@@ -2,7 +2,8 @@
 //!
 //! Source: Wang, Li, Zhou, "Profiling all paths", Journal of Software 2012,
 //! §1.1 (probes and backwalk), §1.2 (breakpoints), §1.3 (probe counts) and
-//! §1.4 (Ball-Larus numbering on reducible acyclic subgraphs, see [`crate::ras`]).
+//! §1.4 (Ball-Larus numbering on reducible acyclic subgraphs, see [`crate::ras`],
+//! which finds them).
 //!
 //! **Encoding (§1.1, Algorithm 1).** `r := 0` at the entry. Every node `n`
 //! with fan-in `s > 1` numbers its in-edges `0..s`, and taking in-edge number
@@ -158,7 +159,7 @@ pub struct Pap {
 
 impl Pap {
     /// Builds the PAP encoding of `cfg`. O(nodes + edges) without regions;
-    /// see [`crate::ras`] for the region search's cost.
+    /// see [`ras`] for the region search's cost.
     ///
     /// # Errors
     ///

@@ -38,6 +38,7 @@ use crate::ball_larus::{BallLarus, EdgeProbe};
 use crate::error::{Error, Result};
 use crate::hash::FastMap;
 use crate::ids::{EdgeId, PathId, NONE};
+use crate::spanning::Scratch;
 
 /// A PPP numbering of a set of interesting Ball-Larus paths.
 #[derive(Debug, Clone)]
@@ -50,6 +51,8 @@ pub struct Ppp {
     probes: Vec<EdgeProbe>,
     /// Interesting paths in the order given, with their PPP ids.
     interesting: Vec<(PathId, i64)>,
+    /// Ball-Larus id -> index into `interesting`.
+    index: FastMap<PathId, usize>,
     min: i64,
     max: i64,
 }
@@ -68,7 +71,7 @@ impl Ppp {
             return Err(Error::NoInterestingPaths);
         }
         let dag = &bl.dag;
-        let mut seen: FastMap<PathId, ()> = FastMap::default();
+        let mut index: FastMap<PathId, usize> = FastMap::default();
         // through[d]: (interesting path, Ball-Larus partial sum of its prefix at src(d)).
         let mut through: Vec<Vec<(u32, u64)>> = vec![Vec::new(); dag.src.len()];
         let mut edges = Vec::new();
@@ -76,7 +79,7 @@ impl Ppp {
             if id.0 >= bl.num_paths() {
                 return Err(Error::PathIdOutOfRange { id, num_paths: bl.num_paths() });
             }
-            if seen.insert(id, ()).is_some() {
+            if index.insert(id, p).is_some() {
                 return Err(Error::DuplicateInterestingPath { id });
             }
             edges.clear();
@@ -130,7 +133,7 @@ impl Ppp {
 
         let as_u64: Vec<u64> = weights.iter().map(|&w| w as u64).collect();
         let mut inc = Vec::new();
-        let start = bl.tree.increments(dag, &as_u64, &mut inc);
+        let start = bl.tree.increments(dag, &as_u64, &mut inc, &mut Scratch::default());
         let mut probes = Vec::new();
         bl.probes_into(&inc, start, &mut probes);
         Ok(Ppp {
@@ -140,6 +143,7 @@ impl Ppp {
             start,
             probes,
             interesting: interesting.iter().copied().zip(pid).collect(),
+            index,
             min,
             max,
         })
@@ -150,9 +154,9 @@ impl Ppp {
         &self.interesting
     }
 
-    /// The PPP id of interesting path `bl_id`, if it is one.
+    /// The PPP id of interesting path `bl_id`, if it is one. O(1).
     pub fn id_of(&self, bl_id: PathId) -> Option<i64> {
-        self.interesting.iter().find(|(b, _)| *b == bl_id).map(|&(_, p)| p)
+        self.index.get(&bl_id).map(|&i| self.interesting[i].1)
     }
 
     /// Smallest and largest PPP id of the interesting paths.
@@ -312,7 +316,9 @@ impl PppProfile {
         &self.slot
     }
 
-    /// How many times interesting path `bl_id` was counted.
+    /// How many times interesting path `bl_id` was counted (0 if it is not
+    /// interesting). O(slots); use [`Ppp::id_of`] and [`PppProfile::counts`]
+    /// for many queries.
     pub fn count_of(&self, bl_id: PathId) -> u64 {
         self.slot.iter().position(|&s| s == Some(bl_id)).map_or(0, |i| self.counts[i])
     }

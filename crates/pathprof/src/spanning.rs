@@ -75,37 +75,68 @@ impl SpanningTree {
 
     /// Chord increments for edge values `vals` (one per DAG edge, taken
     /// modulo 2^64) into `inc`; returns the register's start value.
-    /// O(nodes + edges).
-    pub fn increments(&self, dag: &Dag, vals: &[u64], inc: &mut Vec<u64>) -> u64 {
+    /// O(nodes + edges), allocation-free once `scratch` has grown.
+    pub fn increments(&self, dag: &Dag, vals: &[u64], inc: &mut Vec<u64>, scratch: &mut Scratch) -> u64 {
         let n = dag.out_start.len() - 1;
-        // Tree adjacency: (DAG edge or NONE for the virtual edge, other node, forward?).
-        let mut adj: Vec<Vec<(u32, NodeId, bool)>> = vec![Vec::new(); n];
+        let virt = self.virt_in_tree && dag.entry != dag.exit;
+        // Tree adjacency in CSR form: (DAG edge or NONE for the virtual edge,
+        // other node, forward?).
+        let Scratch { start, adj, phi, seen, stack } = scratch;
+        start.clear();
+        start.resize(n + 1, 0);
+        let mut degree = |v: NodeId| start[v.index() + 1] += 1;
         for (d, &t) in self.in_tree.iter().enumerate() {
             if t {
-                adj[dag.src[d].index()].push((d as u32, dag.dst[d], true));
-                adj[dag.dst[d].index()].push((d as u32, dag.src[d], false));
+                degree(dag.src[d]);
+                degree(dag.dst[d]);
             }
         }
-        if self.virt_in_tree && dag.entry != dag.exit {
-            adj[dag.exit.index()].push((NONE, dag.entry, true));
-            adj[dag.entry.index()].push((NONE, dag.exit, false));
+        if virt {
+            degree(dag.entry);
+            degree(dag.exit);
         }
-        let mut phi = vec![0u64; n];
-        let mut seen = vec![false; n];
-        let mut stack = vec![dag.entry];
+        for v in 0..n {
+            start[v + 1] += start[v];
+        }
+        adj.clear();
+        adj.resize(start[n] as usize, (NONE, NodeId(0), false));
+        let mut fill = |v: NodeId, item: (u32, NodeId, bool)| {
+            let slot = &mut start[v.index()];
+            adj[*slot as usize] = item;
+            *slot += 1;
+        };
+        for (d, &t) in self.in_tree.iter().enumerate() {
+            if t {
+                fill(dag.src[d], (d as u32, dag.dst[d], true));
+                fill(dag.dst[d], (d as u32, dag.src[d], false));
+            }
+        }
+        if virt {
+            fill(dag.exit, (NONE, dag.entry, true));
+            fill(dag.entry, (NONE, dag.exit, false));
+        }
+        // `start[v]` now holds the end of v's range: shift back.
+        for v in (1..=n).rev() {
+            start[v] = start[v - 1];
+        }
+        start[0] = 0;
+
+        phi.clear();
+        phi.resize(n, 0);
+        seen.clear();
+        seen.resize(n, false);
+        stack.clear();
+        stack.push(dag.entry);
         seen[dag.entry.index()] = true;
         while let Some(u) = stack.pop() {
-            for &(d, w, forward) in &adj[u.index()] {
+            for &(d, w, forward) in &adj[start[u.index()] as usize..start[u.index() + 1] as usize] {
                 if seen[w.index()] {
                     continue;
                 }
                 seen[w.index()] = true;
                 let val = if d == NONE { 0 } else { vals[d as usize] };
-                phi[w.index()] = if forward {
-                    phi[u.index()].wrapping_add(val)
-                } else {
-                    phi[u.index()].wrapping_sub(val)
-                };
+                phi[w.index()] =
+                    if forward { phi[u.index()].wrapping_add(val) } else { phi[u.index()].wrapping_sub(val) };
                 stack.push(w);
             }
         }
@@ -115,6 +146,16 @@ impl SpanningTree {
         }));
         phi[dag.exit.index()].wrapping_sub(phi[dag.entry.index()])
     }
+}
+
+/// Reusable buffers for [`SpanningTree::increments`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scratch {
+    start: Vec<u32>,
+    adj: Vec<(u32, NodeId, bool)>,
+    phi: Vec<u64>,
+    seen: Vec<bool>,
+    stack: Vec<NodeId>,
 }
 
 /// Disjoint sets over `u32` node ids, with path halving and union by size.
