@@ -25,8 +25,8 @@ pub enum Ending {
     Signaled(i32, String),
     /// hotpath stopped it (a translator error or an unsupported request).
     Error(String),
-    /// hotpath itself was interrupted by this signal.
-    Interrupted(i32, String),
+    /// The guest replaced itself with another program (`execve`), which runs natively.
+    Exec,
 }
 
 /// What the report says about the run besides the profile.
@@ -67,7 +67,7 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
         Ending::Exited(code) => json!({"status": "exited", "code": code}),
         Ending::Signaled(sig, name) => json!({"status": "signaled", "signal": sig, "name": name}),
         Ending::Error(msg) => json!({"status": "error", "message": msg}),
-        Ending::Interrupted(sig, name) => json!({"status": "interrupted", "signal": sig, "name": name}),
+        Ending::Exec => json!({"status": "exec"}),
     };
     json!({
         "schema": SCHEMA,

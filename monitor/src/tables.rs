@@ -35,6 +35,7 @@ pub struct SyscallCount {
 }
 
 /// Exact counts of everything the event stream shows, indexed by block id.
+#[derive(Clone)]
 pub struct Tables {
     /// Block metadata by id, learned from the translator's `NewBlock` messages.
     pub blocks: Vec<BlockSummary>,
@@ -109,6 +110,10 @@ impl Tables {
 
     /// Takes in block metadata (ids arrive in translation order).
     pub fn learn(&mut self, b: NewBlock) {
+        // A re-sent block (after the monitor was replaced) is already known.
+        if b.id.index() < self.blocks.len() {
+            return;
+        }
         debug_assert_eq!(b.id.index(), self.blocks.len(), "block ids arrive in translation order");
         self.blocks.push(b.summary);
     }

@@ -22,8 +22,9 @@ pub struct MonitorHandle {
 const IDLE_NAP_US: u64 = 50;
 
 /// Starts the monitor thread on `ring`, learning block metadata from `new_blocks`, pinned to
-/// `core` when given (the caller picks a core other than the guest's).
-pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>) -> MonitorHandle {
+/// `core` when given (the caller picks a core other than the guest's), going on from `tables`
+/// (empty for a new guest; the previous monitor's after a failed `execve`).
+pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>, tables: Tables) -> MonitorHandle {
     let pinned_to = core.map(|c| c.id);
     let handle = std::thread::Builder::new()
         .name("hotpath-monitor".into())
@@ -31,7 +32,7 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }
-            let mut tables = Tables::default();
+            let mut tables = tables;
             let backoff = Backoff::new();
             loop {
                 // Read `closed` before draining: everything published before the close is

@@ -117,6 +117,58 @@ impl CodeCache {
         unsafe { std::ptr::copy_nonoverlapping(rel.to_le_bytes().as_ptr(), self.rw_base.add(off), 4) };
     }
 
+    /// Copies the cache into a new memfd, for a child about to be forked: the cache's memfd is
+    /// shared across `fork`, so parent and child would otherwise write each other's code. Call
+    /// before forking (nothing changes the cache then), then [`adopt`](Self::adopt) the copy in
+    /// the child and drop it in the parent.
+    ///
+    /// # Errors
+    /// [`TranslateError::CodeCache`] if the memfd cannot be made.
+    pub fn snapshot(&self) -> Result<std::os::fd::OwnedFd, TranslateError> {
+        use std::os::fd::FromRawFd;
+        let err = |what: &str| TranslateError::CodeCache { reason: format!("{what}: {}", std::io::Error::last_os_error()) };
+        // SAFETY: plain syscalls on a file descriptor we own.
+        let fd = unsafe { libc::memfd_create(c"hotpath-code-cache".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(err("memfd_create"));
+        }
+        // SAFETY: `fd` is a new descriptor nobody else owns.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: as above.
+        if unsafe { libc::ftruncate(fd, self.size as i64) } != 0 {
+            return Err(err("ftruncate"));
+        }
+        let used = self.cursor as usize;
+        // SAFETY: reading the used part of our own RW view.
+        let n = unsafe { libc::pwrite(fd, self.rw_base as *const c_void, used, 0) };
+        if n != used as isize {
+            return Err(err("copying the code cache"));
+        }
+        Ok(owned)
+    }
+
+    /// Maps `copy` (from [`snapshot`](Self::snapshot)) over both views: this process's cache is
+    /// now its own.
+    ///
+    /// # Errors
+    /// [`TranslateError::CodeCache`] if a mapping fails.
+    pub fn adopt(&mut self, copy: std::os::fd::OwnedFd) -> Result<(), TranslateError> {
+        use std::os::fd::AsRawFd;
+        let fd = copy.as_raw_fd();
+        // SAFETY: replacing both views, at their own addresses, with the copy; no translated
+        // code runs while the dispatcher does this.
+        let (rx, rw) = unsafe {
+            (
+                libc::mmap(self.rx_base as *mut c_void, self.size as usize, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0),
+                libc::mmap(self.rw_base as *mut c_void, self.size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0),
+            )
+        };
+        if rx == libc::MAP_FAILED || rw == libc::MAP_FAILED {
+            return Err(TranslateError::CodeCache { reason: format!("remapping the code cache: {}", std::io::Error::last_os_error()) });
+        }
+        Ok(())
+    }
+
     /// Forgets every block (not the gateway): the next insert reuses the space.
     pub fn flush(&mut self) {
         self.cursor = self.floor;

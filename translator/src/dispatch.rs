@@ -13,8 +13,10 @@ use iced_x86::{Formatter, IntelFormatter};
 use crate::code_cache::CodeCache;
 use crate::decode::decode_block;
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
-use crate::gateway::{emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SPECIAL_BASE};
-use crate::syscalls::{self, GuestExit, Outcome, Process};
+use crate::gateway::{emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL, EXIT_SPECIAL_BASE};
+use crate::guest_mem;
+use crate::signals::{Delivery, SignalState};
+use crate::syscalls::{self, CloneArgs, GuestExit, Outcome, Process};
 use crate::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
 
@@ -45,11 +47,27 @@ pub struct Stats {
 }
 
 /// Where to go next.
+#[derive(Clone, Copy, Debug)]
 enum Next {
     /// A guest address, to look up or translate.
     Guest(u64),
     /// A host address in the code cache.
     Host(HostAddr),
+    /// A fault or trap was recorded: deliver it (the signal state knows the guest RIP).
+    Signal,
+}
+
+/// Why [`Translator::run`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The guest ended.
+    Exit(GuestExit),
+    /// The guest asked to `execve`: write the profile, then call
+    /// [`Translator::exec`]; if that returns, call `run` again.
+    Exec,
+    /// This is the child of a guest `fork`: give it its own monitor (see
+    /// [`Translator::set_block_sender`]), then call `run` again.
+    ForkedChild,
 }
 
 /// One guest thread's translator.
@@ -58,7 +76,6 @@ pub struct Translator {
     cache: CodeCache,
     gateway: Gateway,
     cfg: Config,
-    entry: u64,
     /// Guest block start → host entry.
     blocks: HashMap<u64, HostAddr>,
     /// Guest block start → guest end, for invalidation.
@@ -70,6 +87,12 @@ pub struct Translator {
     producer: Option<RingProducer>,
     new_blocks: Option<Sender<NewBlock>>,
     stats: Stats,
+    /// Where `run` goes on.
+    next: Next,
+    /// The pending `execve` arguments (`nr`, args).
+    exec_request: Option<(u64, [u64; 6])>,
+    /// Metadata of every block id, for a forked child's new monitor.
+    summaries: Vec<hotpath_ir::BlockSummary>,
     /// Print every translated block's host code (environment `HOTPATH_TRACE_TRANSLATION=1`).
     trace_translation: bool,
 }
@@ -106,6 +129,15 @@ impl Translator {
         area.gpr[thread_area::RSP] = stack.rsp;
         area.fs_base = 0;
 
+        let signals = SignalState::install(
+            area as *mut ThreadArea,
+            cache.range(),
+            gateway.exit_from_signal.0,
+            host.fsgsbase,
+            host.xsave_size as usize,
+            host.xsave_mask,
+        )
+        .map_err(|e| TranslateError::Thread { reason: format!("signal stack: {e}") })?;
         let mut process = Process {
             exe: image.path.clone(),
             brk_start: image.brk_start,
@@ -113,6 +145,7 @@ impl Translator {
             brk_limit: image.brk_limit,
             guest_regions: BTreeMap::new(),
             invalidate: Vec::new(),
+            signals,
         };
         process.add_region(image.image_start, image.brk_limit);
         process.add_region(stack.base, stack.base + stack.size);
@@ -129,7 +162,6 @@ impl Translator {
             cache,
             gateway,
             cfg,
-            entry: image.entry,
             blocks: HashMap::new(),
             spans: BTreeMap::new(),
             exits: Vec::new(),
@@ -139,6 +171,9 @@ impl Translator {
             producer,
             new_blocks,
             stats: Stats::default(),
+            next: Next::Guest(image.entry),
+            exec_request: None,
+            summaries: Vec::new(),
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
         })
     }
@@ -160,27 +195,82 @@ impl Translator {
         self.stats
     }
 
-    /// Runs the guest until it exits or dies.
+    /// Runs the guest until it exits, dies, or needs its embedder (exec, fork).
     ///
     /// # Errors
     /// [`TranslateError`] when the guest needs something hotpath does not support, or a guest
     /// instruction cannot be translated.
-    pub fn run(&mut self) -> Result<GuestExit, TranslateError> {
-        if let Some(p) = &self.producer {
-            p.refill();
-        }
-        let mut next = Next::Guest(self.entry);
+    pub fn run(&mut self) -> Result<Stop, TranslateError> {
         loop {
+            let mut next = self.next;
+            if matches!(next, Next::Signal) || self.process.signals.any_pending() {
+                let rip = self.guest_rip(next);
+                match self.process.signals.deliver(self.area, rip) {
+                    Delivery::Continue(rip) => next = Next::Guest(rip),
+                    Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
+                }
+            }
+            self.arm_safe_point();
             let host = match next {
                 Next::Guest(pc) => self.lookup_or_translate(pc)?,
                 Next::Host(h) => h,
+                Next::Signal => unreachable!("delivery always yields a guest address"),
             };
             self.area.jump_to = host.0;
             self.enter();
-            next = match self.handle_exit()? {
-                Ok(n) => n,
-                Err(exit) => return Ok(exit),
-            };
+            match self.handle_exit()? {
+                Ok(n) => self.next = n,
+                Err(stop) => return Ok(stop),
+            }
+        }
+    }
+
+    /// Makes every block entry's check pass again: a refilled ring budget when the monitor is
+    /// on, else a budget of 1 (the check then only stops for signals).
+    fn arm_safe_point(&mut self) {
+        let budget = &self.area.ring.producer.budget;
+        if budget.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            match &self.producer {
+                Some(p) => p.refill(),
+                None => budget.store(1, std::sync::atomic::Ordering::Relaxed),
+            }
+        }
+    }
+
+    /// The guest address the guest would resume at for `next`.
+    fn guest_rip(&self, next: Next) -> u64 {
+        match next {
+            Next::Guest(pc) => pc,
+            // A resume at a block entry (after a ring refill).
+            // SAFETY: the dispatcher runs; no translated code does.
+            Next::Host(h) => unsafe { self.process.signals.layouts() }
+                .range(..=h.0)
+                .next_back()
+                .map(|(_, l)| l.guest_start)
+                .unwrap_or(0),
+            Next::Signal => 0,
+        }
+    }
+
+    /// Performs the guest's pending `execve` (after [`Stop::Exec`]). Returns only if it
+    /// failed; the guest then sees the error and `run` goes on.
+    pub fn exec(&mut self) {
+        if let Some((nr, args)) = self.exec_request.take() {
+            let ret = syscalls::exec(&self.process, nr, &args);
+            self.area.gpr[thread_area::RAX] = ret as u64;
+        }
+    }
+
+    /// Sends every known block's metadata to `tx` and future ones too: a forked child's new
+    /// monitor must learn the ids the parent translated.
+    pub fn set_block_sender(&mut self, tx: Sender<NewBlock>) {
+        for (i, s) in self.summaries.iter().enumerate() {
+            let _ = tx.send(NewBlock { id: BlockId(i as u32), summary: *s });
+        }
+        if let Some(old) = self.new_blocks.replace(tx) {
+            // The old channel's receiver lived in a thread that does not exist in this child;
+            // dropping the sender could wait on that thread's lock.
+            std::mem::forget(old);
         }
     }
 
@@ -195,18 +285,16 @@ impl Translator {
         enter();
     }
 
-    /// Acts on the exit recorded in the area: `Ok(Ok(next))` to go on, `Ok(Err(exit))` when the
-    /// guest has ended.
-    fn handle_exit(&mut self) -> Result<Result<Next, GuestExit>, TranslateError> {
+    /// Acts on the exit recorded in the area: `Ok(Ok(next))` to go on, `Ok(Err(stop))` to
+    /// return to the embedder.
+    fn handle_exit(&mut self) -> Result<Result<Next, Stop>, TranslateError> {
         let code = self.area.exit_code as u32;
         match code {
             EXIT_RING_FULL => {
                 self.stats.ring_refills += 1;
-                if let Some(p) = &self.producer {
-                    p.refill();
-                }
                 Ok(Ok(Next::Host(HostAddr(self.area.resume))))
             }
+            EXIT_SIGNAL => Ok(Ok(Next::Signal)),
             EXIT_IBL_MISS => {
                 self.stats.ibl_misses += 1;
                 let target = self.area.ibl_target;
@@ -227,13 +315,13 @@ impl Translator {
                         Ok(Ok(Next::Host(host)))
                     }
                     ExitKind::Syscall { next, .. } => self.syscall(next.0),
-                    ExitKind::Trap { kind, at } => self.trap(kind, at).map(Err),
+                    ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
             }
         }
     }
 
-    fn syscall(&mut self, next: u64) -> Result<Result<Next, GuestExit>, TranslateError> {
+    fn syscall(&mut self, next: u64) -> Result<Result<Next, Stop>, TranslateError> {
         self.stats.syscalls += 1;
         let g = &self.area.gpr;
         let nr = g[thread_area::RAX];
@@ -242,30 +330,95 @@ impl Translator {
         }
         let g = &self.area.gpr;
         let args = [g[thread_area::RDI], g[thread_area::RSI], g[thread_area::RDX], g[thread_area::R10], g[thread_area::R8], g[thread_area::R9]];
+        // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
+        self.area.gpr[thread_area::RCX] = next;
+        self.area.gpr[thread_area::R11] = self.area.rflags;
         match syscalls::dispatch(&mut self.process, self.area, nr, &args) {
             Outcome::Return(ret) => {
-                // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
                 self.area.gpr[thread_area::RAX] = ret as u64;
-                self.area.gpr[thread_area::RCX] = next;
-                self.area.gpr[thread_area::R11] = self.area.rflags;
                 self.apply_invalidations();
                 Ok(Ok(Next::Guest(next)))
             }
-            Outcome::Exit(exit) => Ok(Err(exit)),
+            Outcome::Resume(rip) => Ok(Ok(Next::Guest(rip))),
+            Outcome::Exit(exit) => Ok(Err(Stop::Exit(exit))),
             Outcome::Unsupported(message) => Err(TranslateError::UnsupportedSyscall { message }),
+            Outcome::Exec => {
+                self.exec_request = Some((nr, args));
+                self.next = Next::Guest(next);
+                Ok(Err(Stop::Exec))
+            }
+            Outcome::Fork(clone) => self.fork(clone, next),
         }
     }
 
-    fn trap(&mut self, kind: TrapKind, at: GuestAddr) -> Result<GuestExit, TranslateError> {
-        let sig = match kind {
-            TrapKind::Breakpoint => libc::SIGTRAP,
-            TrapKind::Undefined => libc::SIGILL,
-            TrapKind::Privileged | TrapKind::FetchFault => libc::SIGSEGV,
+    /// Creates a child process that goes on under translation with a copy of everything.
+    fn fork(&mut self, clone: CloneArgs, next: u64) -> Result<Result<Next, Stop>, TranslateError> {
+        let exit_signal = clone.flags & 0xff;
+        let copy = self.cache.snapshot()?;
+        let pid = if exit_signal == libc::SIGCHLD as u64 {
+            // glibc's fork resets its allocator locks in the child, which another thread
+            // (the monitor) may have held.
+            // SAFETY: fork in a process whose other thread is the monitor; the child only
+            // touches state this thread owns, and replaces the monitor.
+            unsafe { libc::fork() as i64 }
+        } else {
+            syscalls::raw_syscall(libc::SYS_clone as u64, &[exit_signal, 0, 0, 0, 0, 0])
+        };
+        if pid < 0 {
+            let err = if pid == -1 { -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN) as i64) } else { pid };
+            self.area.gpr[thread_area::RAX] = err as u64;
+            return Ok(Ok(Next::Guest(next)));
+        }
+        if pid > 0 {
+            if clone.flags & libc::CLONE_PARENT_SETTID as u64 != 0 {
+                let _ = guest_mem::write(clone.parent_tid, &(pid as u32).to_le_bytes());
+            }
+            self.area.gpr[thread_area::RAX] = pid as u64;
+            return Ok(Ok(Next::Guest(next)));
+        }
+        // The child.
+        let tid = syscalls::raw_syscall(libc::SYS_gettid as u64, &[0; 6]);
+        if clone.flags & libc::CLONE_CHILD_SETTID as u64 != 0 {
+            let _ = guest_mem::write(clone.child_tid, &(tid as u32).to_le_bytes());
+        }
+        if clone.flags & libc::CLONE_SETTLS as u64 != 0 {
+            self.area.fs_base = clone.tls;
+        }
+        if clone.stack != 0 {
+            self.area.gpr[thread_area::RSP] = clone.stack;
+        }
+        self.area.gpr[thread_area::RAX] = 0;
+        self.cache.adopt(copy)?;
+        self.process.signals.after_fork_child();
+        // A fresh, empty ring for the child's own monitor.
+        let ring = &self.area.ring;
+        ring.producer.head.store(0, std::sync::atomic::Ordering::Relaxed);
+        ring.producer.budget.store(0, std::sync::atomic::Ordering::Relaxed);
+        ring.consumer.tail.store(0, std::sync::atomic::Ordering::Relaxed);
+        if let Some(p) = &self.producer {
+            p.reopen();
+        }
+        self.next = Next::Guest(next);
+        Ok(Err(Stop::ForkedChild))
+    }
+
+    fn trap(&mut self, kind: TrapKind, at: GuestAddr, next: GuestAddr) -> Result<Next, TranslateError> {
+        const SI_KERNEL: i32 = 0x80;
+        const ILL_ILLOPN: i32 = 2;
+        const SEGV_MAPERR: i32 = 1;
+        // As the CPU and kernel report them: int3 is a trap (RIP after it), the others are
+        // faults at the instruction.
+        let (sig, code, addr, rip) = match kind {
+            TrapKind::Breakpoint => (libc::SIGTRAP, SI_KERNEL, 0, next.0),
+            TrapKind::Undefined => (libc::SIGILL, ILL_ILLOPN, at.0, at.0),
+            TrapKind::Privileged => (libc::SIGSEGV, SI_KERNEL, 0, at.0),
+            TrapKind::FetchFault => (libc::SIGSEGV, SEGV_MAPERR, at.0, at.0),
             TrapKind::Unsupported => {
                 return Err(TranslateError::UnsupportedInstruction { at: at.0, text: disassemble_at(at.0) });
             }
         };
-        Ok(GuestExit::Signaled(sig))
+        self.process.signals.raise_trap(sig, code, addr, rip);
+        Ok(Next::Signal)
     }
 
     /// Discards translations overlapping ranges the guest unmapped, remapped or reprotected.
@@ -287,6 +440,8 @@ impl Translator {
         self.spans.clear();
         self.exits.clear();
         self.area.clear_ibl(self.gateway.ibl_empty.0);
+        // SAFETY: the dispatcher runs; no translated code does.
+        unsafe { self.process.signals.layouts() }.clear();
         self.generation += 1;
         self.stats.flushes += 1;
     }
@@ -322,6 +477,9 @@ impl Translator {
         }
         self.cache.insert(&emitted.code);
         self.exits.extend(emitted.exits);
+        // SAFETY: the dispatcher runs; no translated code does.
+        unsafe { self.process.signals.layouts() }.insert(emitted.layout.code_start, emitted.layout);
+        self.summaries.push(block.summary());
         self.blocks.insert(pc, emitted.entry);
         self.spans.insert(pc, block.end().0.max(pc + 1));
         self.stats.blocks_translated += 1;

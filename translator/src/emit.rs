@@ -31,8 +31,8 @@ pub enum ExitKind {
     Direct { target: GuestAddr, site: HostAddr },
     /// The guest executed `syscall` at `at`; it resumes at `next`.
     Syscall { at: GuestAddr, next: GuestAddr },
-    /// The guest reached a trapping instruction.
-    Trap { kind: TrapKind, at: GuestAddr },
+    /// The guest reached a trapping instruction at `at`; `next` is the address after it.
+    Trap { kind: TrapKind, at: GuestAddr, next: GuestAddr },
 }
 
 /// One exit of an emitted block.
@@ -52,6 +52,38 @@ pub struct EmittedBlock {
     pub entry: HostAddr,
     /// Exits, in the order of their indices `first_exit..`.
     pub exits: Vec<Exit>,
+    /// Where each guest instruction landed, for mapping faults back to the guest.
+    pub layout: HostLayout,
+}
+
+/// Where the parts of a block's host code are, so a fault or signal at a host address can be
+/// mapped back to a precise guest state.
+#[derive(Clone, Debug, Default)]
+pub struct HostLayout {
+    /// Host address of the first byte of the block's code (the ring slow path, if any).
+    pub code_start: u64,
+    /// Host address of the block entry.
+    pub entry: u64,
+    /// Guest address of the block.
+    pub guest_start: u64,
+    /// One past the last byte.
+    pub code_end: u64,
+    /// The safe-point check at the entry borrows RCX and rewrites the budget in
+    /// `[stub_window.0, stub_window.1)`: a signal arriving there restarts the check from the
+    /// entry (with RCX taken back from its scratch slot) so the budget it zeroes is not lost.
+    pub stub_window: (u64, u64),
+    /// `(host address, guest address)` of every body instruction, in order.
+    pub body: Vec<(u64, u64)>,
+    /// Host address where the terminator's code starts.
+    pub term_start: u64,
+    /// Guest address of the terminating instruction (the block's end when it has none).
+    pub term_guest: u64,
+    /// From this host address on (to the end), RCX holds a borrowed value; the guest's is in
+    /// `scratch_rcx`.
+    pub rcx_borrowed_from: Option<u64>,
+    /// In this host range the terminator has moved RSP down 8 bytes to push a return address
+    /// that is not fully stored yet.
+    pub push_window: Option<(u64, u64)>,
 }
 
 /// What the emitter needs to know besides the block.
@@ -92,50 +124,75 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
     let exit_addr = cx.gateway.exit.0 as usize;
     let mut code = Code_ { base: at.0, bytes: Vec::with_capacity(256) };
 
-    // Ring slow path and enqueue stub.
-    let entry;
+    // Ring slow path and enqueue stub (monitor on), or the bare safe-point check (monitor off):
+    // both exit at the block entry when `budget` is 0, which is how a pending signal makes the
+    // thread leave the code cache.
+    let mut layout = HostLayout { code_start: at.0, ..HostLayout::default() };
+    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
+    let entry_label = ops.new_dynamic_label();
+    dynasm!(ops
+        ; .arch x64
+        ; slow:
+        ; lea rcx, [=>entry_label]
+        ; .u8 GS ; mov QWORD [off::RESUME], rcx
+        ; mov ecx, EXIT_RING_FULL as i32
+        ; jmp extern exit_addr
+    );
+    let entry_off = ops.offset().0 as u64;
+    dynasm!(ops
+        ; .arch x64
+        ; =>entry_label
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+    );
+    let window_start = ops.offset().0 as u64;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
+        ; jrcxz <slow
+    );
     if cx.enqueue {
-        let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
-        let entry_label = ops.new_dynamic_label();
         dynasm!(ops
             ; .arch x64
-            ; slow:
-            ; lea rcx, [=>entry_label]
-            ; .u8 GS ; mov QWORD [off::RESUME], rcx
-            ; mov ecx, EXIT_RING_FULL as i32
-            ; jmp extern exit_addr
-        );
-        let entry_off = ops.offset().0 as u64;
-        dynasm!(ops
-            ; .arch x64
-            ; =>entry_label
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-            ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
-            ; jrcxz <slow
             ; lea rcx, [rcx - 1]
             ; .u8 GS ; mov QWORD [off::RING_BUDGET], rcx
+        );
+    }
+    let window_end = ops.offset().0 as u64;
+    if cx.enqueue {
+        dynasm!(ops
+            ; .arch x64
             ; .u8 GS ; mov rcx, QWORD [off::RING_HEAD]
             ; .u8 GS ; mov DWORD [rcx * 4 + off::ENTRIES], id.0 as i32
             ; lea rcx, [rcx + 1]
             ; .u8 GS ; mov QWORD [off::RING_HEAD], rcx
-            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
         );
-        entry = HostAddr(code.base + entry_off);
-        code.append(assembled(ops, "enqueue stub")?);
-    } else {
-        entry = HostAddr(code.addr());
     }
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+    );
+    let entry = HostAddr(code.base + entry_off);
+    layout.entry = entry.0;
+    layout.guest_start = block.start.0;
+    layout.stub_window = (code.base + window_start, code.base + window_end);
+    code.append(assembled(ops, "enqueue stub")?);
 
     // Body: re-encoded at its new address.
     if !block.body.is_empty() {
         let insts: Vec<Instruction> = block.body.iter().map(|i| i.inst).collect();
-        code.append(encode_at(&insts, code.addr())?);
+        let (bytes, offsets) = encode_at(&insts, code.addr())?;
+        let base = code.addr();
+        layout.body = offsets.iter().zip(&insts).map(|(&o, i)| (base + o, i.ip())).collect();
+        code.append(bytes);
     }
 
     // Terminator and exit stubs.
+    layout.term_start = code.addr();
+    layout.term_guest = block.term_inst.as_ref().map(|i| i.inst.ip()).unwrap_or(block.end().0);
     let mut exits = Vec::new();
-    emit_terminator(block, id, &mut code, first_exit, &mut exits, cx)?;
-    Ok(EmittedBlock { code: code.bytes, entry, exits })
+    emit_terminator(block, id, &mut code, first_exit, &mut exits, cx, &mut layout)?;
+    layout.code_end = code.addr();
+    Ok(EmittedBlock { code: code.bytes, entry, exits, layout })
 }
 
 /// Re-encodes guest instructions one after another from host address `rip`, keeping every
@@ -144,16 +201,19 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
 /// Each instruction is encoded on its own: iced's `BlockEncoder` would treat a RIP-relative
 /// operand that happens to address one of the block's own instructions as a reference into the
 /// block and move it along with the code, which is wrong for data accesses (`lea rcx, [rip]`).
-fn encode_at(insts: &[Instruction], rip: u64) -> Result<Vec<u8>, TranslateError> {
+/// Returns the code and each instruction's offset in it.
+fn encode_at(insts: &[Instruction], rip: u64) -> Result<(Vec<u8>, Vec<u64>), TranslateError> {
     let mut encoder = Encoder::new(64);
     let mut at = rip;
+    let mut offsets = Vec::with_capacity(insts.len());
     for inst in insts {
+        offsets.push(at - rip);
         let len = encoder
             .encode(inst, at)
             .map_err(|e| TranslateError::Encode { guest: inst.ip(), reason: e.to_string() })?;
         at += len as u64;
     }
-    Ok(encoder.take_buffer())
+    Ok((encoder.take_buffer(), offsets))
 }
 
 /// Appends the exit stub for exit index `index` at label `label`.
@@ -209,15 +269,19 @@ fn rcx_branch(ops: &mut VecAssembler<X64Relocation>, code: Code, label: DynamicL
 
 /// Pushes the 64-bit guest address `ret` without touching flags: `lea` moves RSP, two `mov`s
 /// store the halves (`push imm32` would sign-extend).
-fn push_return_address(ops: &mut VecAssembler<X64Relocation>, ret: GuestAddr) {
+/// Returns the assembler offsets `(after the lea, after the stores)`: between them RSP is 8
+/// below the guest's and the return address not fully stored.
+fn push_return_address(ops: &mut VecAssembler<X64Relocation>, ret: GuestAddr) -> (u64, u64) {
     let lo = ret.0 as u32 as i32;
     let hi = (ret.0 >> 32) as u32 as i32;
+    dynasm!(ops ; .arch x64 ; lea rsp, [rsp - 8]);
+    let after_lea = ops.offset().0 as u64;
     dynasm!(ops
         ; .arch x64
-        ; lea rsp, [rsp - 8]
         ; mov DWORD [rsp], lo
         ; mov DWORD [rsp + 4], hi
     );
+    (after_lea, ops.offset().0 as u64)
 }
 
 fn emit_terminator(
@@ -227,6 +291,7 @@ fn emit_terminator(
     first_exit: u32,
     exits: &mut Vec<Exit>,
     cx: &EmitContext,
+    layout: &mut HostLayout,
 ) -> Result<(), TranslateError> {
     let exit_addr = cx.gateway.exit.0 as usize;
     let chunk_base = code.addr();
@@ -244,7 +309,8 @@ fn emit_terminator(
             exit_stub(&mut ops, l, index, exit_addr);
         }
         Terminator::Call { target, return_to } => {
-            push_return_address(&mut ops, return_to);
+            let (a, b) = push_return_address(&mut ops, return_to);
+            layout.push_window = Some((chunk_base + a, chunk_base + b));
             let l = ops.new_dynamic_label();
             dynasm!(ops ; .arch x64 ; jmp =>l);
             let index = direct(exits, target, site_here(&ops));
@@ -284,7 +350,7 @@ fn emit_terminator(
             exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
         }
         Terminator::Trap { kind, at } => {
-            exits.push(Exit { block: id, kind: ExitKind::Trap { kind, at } });
+            exits.push(Exit { block: id, kind: ExitKind::Trap { kind, at, next: block.end() } });
             let l = ops.new_dynamic_label();
             exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
         }
@@ -294,6 +360,10 @@ fn emit_terminator(
             dynasm!(ops
                 ; .arch x64
                 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+            );
+            layout.rcx_borrowed_from = Some(chunk_base + ops.offset().0 as u64);
+            dynasm!(ops
+                ; .arch x64
                 ; mov rcx, QWORD [rsp]
                 ; lea rsp, [rsp + pop]
             );
@@ -303,12 +373,15 @@ fn emit_terminator(
             let inst = block.term_inst.as_ref().expect("an indirect branch has its instruction").inst;
             dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
             code.append(assembled(ops, "indirect branch")?);
+            layout.rcx_borrowed_from = Some(code.addr());
             // Load the target with the guest's own operand before anything moves RSP.
             let load = target_load(&inst)?;
-            code.append(encode_at(&[load], code.addr())?);
-            let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
+            code.append(encode_at(&[load], code.addr())?.0);
+            let tail_base = code.addr();
+            let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
             if let Terminator::IndirectCall { return_to } = block.terminator {
-                push_return_address(&mut tail, return_to);
+                let (a, b) = push_return_address(&mut tail, return_to);
+                layout.push_window = Some((tail_base + a, tail_base + b));
             }
             emit_ibl(&mut tail, &cx.gateway);
             code.append(assembled(tail, "indirect branch")?);

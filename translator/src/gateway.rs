@@ -20,6 +20,9 @@ pub const EXIT_RING_FULL: u32 = u32::MAX - 1;
 /// `exit_code` value: an indirect branch missed the lookup table; the guest target is in
 /// `ibl_target`.
 pub const EXIT_IBL_MISS: u32 = u32::MAX - 2;
+/// `exit_code` value: the host signal handler mapped a fault to the guest and sent the thread
+/// out through `exit_from_signal`; the guest state is already in the thread area.
+pub const EXIT_SIGNAL: u32 = u32::MAX - 3;
 /// Exit codes below this are indices into the translator's exit table.
 pub const EXIT_SPECIAL_BASE: u32 = u32::MAX - 16;
 
@@ -83,6 +86,9 @@ pub struct Gateway {
     pub ibl_miss: HostAddr,
     /// Where empty lookup slots point: a miss (for the non-canonical target `u64::MAX`).
     pub ibl_empty: HostAddr,
+    /// The host signal handler resumes a faulting thread here, with the guest's GPRs and
+    /// RFLAGS already saved in the area: saves the FPU state and returns to the dispatcher.
+    pub exit_from_signal: HostAddr,
 }
 
 /// Emits the gateway at the start of `cache` and seals it below the flush floor.
@@ -222,6 +228,40 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; mov ecx, EXIT_IBL_MISS as i32
         ; jmp extern exit_addr as usize
     );
+    // ---- exit after a fault ----
+    let exit_from_signal = ops.offset();
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rsp, QWORD [off::HOST_RSP]
+        ; cld
+        ; mov eax, mask_lo
+        ; mov edx, mask_hi
+        ; .u8 GS ; xsave64 [off::XSAVE]
+        ; fninit
+        ; .u8 GS ; fldcw [off::HOST_FCW]
+        ; .u8 GS ; ldmxcsr [off::HOST_MXCSR]
+        ; .u8 GS ; mov QWORD [off::EXIT_CODE], EXIT_SIGNAL as i32
+    );
+    if host.fsgsbase {
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov rax, QWORD [off::HOST_FS_BASE]
+            ; wrfsbase rax
+        );
+    } else {
+        dynasm!(ops
+            ; .arch x64
+            ; mov eax, libc::SYS_arch_prctl as i32
+            ; mov edi, 0x1002 // ARCH_SET_FS
+            ; .u8 GS ; mov rsi, QWORD [off::HOST_FS_BASE]
+            ; syscall
+        );
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; pop r15 ; pop r14 ; pop r13 ; pop r12 ; pop rbp ; pop rbx
+        ; ret
+    );
     let code = ops.finalize().map_err(|e| TranslateError::Assemble { what: "gateway", reason: format!("{e:?}") })?;
     if code.len() as u64 > cache.room() {
         return Err(TranslateError::CodeCache { reason: "no room for the gateway".into() });
@@ -234,6 +274,7 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         exit: HostAddr(exit_addr),
         ibl_miss: HostAddr(base + ibl_miss.0 as u64),
         ibl_empty: HostAddr(base + ibl_empty.0 as u64),
+        exit_from_signal: HostAddr(base + exit_from_signal.0 as u64),
     })
 }
 

@@ -19,10 +19,11 @@ mod dispatch;
 pub mod emit;
 pub mod gateway;
 mod guest_mem;
+pub mod signals;
 pub mod syscalls;
 pub mod thread_area;
 
-pub use dispatch::{Config, Stats, Translator};
+pub use dispatch::{Config, Stats, Stop, Translator};
 pub use syscalls::{signal_name, GuestExit};
 
 /// Why translation stopped. `Display` is one line for the user.

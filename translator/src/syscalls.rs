@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use hotpath_ir::syscall_name;
 
 use crate::guest_mem;
+use crate::signals::SignalState;
 use crate::thread_area::ThreadArea;
 
 /// How the guest ended, as the waiting parent would see it.
@@ -31,10 +32,32 @@ pub enum GuestExit {
 pub enum Outcome {
     /// Return this value (a result or a negative errno) in RAX and continue.
     Return(i64),
+    /// Continue at this guest address with the registers as they are (`rt_sigreturn`).
+    Resume(u64),
+    /// Create a process (`fork`, `vfork`, `clone` without `CLONE_VM`, or with `CLONE_VM |
+    /// CLONE_VFORK`, which is run as a fork): the dispatcher does it.
+    Fork(CloneArgs),
+    /// Replace the program (`execve`, `execveat`): hotpath writes the profile first.
+    Exec,
     /// The guest ends.
     Exit(GuestExit),
     /// The guest asked for something hotpath does not support yet: the message says what.
     Unsupported(String),
+}
+
+/// The arguments of a process-creating `clone`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CloneArgs {
+    /// `clone` flags (the low byte is the exit signal).
+    pub flags: u64,
+    /// New stack pointer for the child (0: the parent's).
+    pub stack: u64,
+    /// Where to store the child's tid in the parent (CLONE_PARENT_SETTID).
+    pub parent_tid: u64,
+    /// Where to store the child's tid in the child (CLONE_CHILD_SETTID).
+    pub child_tid: u64,
+    /// The child's FS base (CLONE_SETTLS).
+    pub tls: u64,
 }
 
 type Handler = fn(&mut Process, &mut ThreadArea, &[u64; 6]) -> Outcome;
@@ -51,18 +74,23 @@ const TABLE: &[SyscallRow] = &[
     SyscallRow { nr: 10, handler: sys_mprotect },
     SyscallRow { nr: 11, handler: sys_munmap },
     SyscallRow { nr: 12, handler: sys_brk },
+    SyscallRow { nr: 2, handler: sys_open },
     SyscallRow { nr: 13, handler: sys_rt_sigaction },
-    SyscallRow { nr: 15, handler: refuse_sigreturn },
+    SyscallRow { nr: 15, handler: sys_rt_sigreturn },
     SyscallRow { nr: 25, handler: sys_mremap },
-    SyscallRow { nr: 56, handler: refuse_clone },
-    SyscallRow { nr: 57, handler: refuse_process },
-    SyscallRow { nr: 58, handler: refuse_process },
+    SyscallRow { nr: 56, handler: sys_clone },
+    SyscallRow { nr: 57, handler: sys_fork },
+    SyscallRow { nr: 58, handler: sys_fork },
+    SyscallRow { nr: 59, handler: sys_exec },
     SyscallRow { nr: 60, handler: sys_exit },
+    SyscallRow { nr: 131, handler: sys_sigaltstack },
     SyscallRow { nr: 89, handler: sys_readlink },
     SyscallRow { nr: 158, handler: sys_arch_prctl },
     SyscallRow { nr: 218, handler: sys_set_tid_address },
     SyscallRow { nr: 231, handler: sys_exit },
+    SyscallRow { nr: 257, handler: sys_openat },
     SyscallRow { nr: 267, handler: sys_readlinkat },
+    SyscallRow { nr: 322, handler: sys_exec },
     SyscallRow { nr: 334, handler: sys_rseq },
     SyscallRow { nr: 435, handler: refuse_clone3 },
 ];
@@ -82,6 +110,8 @@ pub struct Process {
     pub guest_regions: BTreeMap<u64, u64>,
     /// Guest ranges whose translated code must be discarded before the guest goes on.
     pub invalidate: Vec<(u64, u64)>,
+    /// The guest's signal dispositions and alternate stack.
+    pub signals: SignalState,
 }
 
 const ENOMEM: i64 = libc::ENOMEM as i64;
@@ -293,41 +323,83 @@ fn sys_mremap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Return(r)
 }
 
-fn sys_rt_sigaction(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    let (sig, act) = (a[0] as i32, a[1]);
-    if act != 0 {
-        let mut handler = [0u8; 8];
-        if let Err(e) = guest_mem::read(act, &mut handler) {
-            return Outcome::Return(e);
-        }
-        let handler = u64::from_le_bytes(handler);
-        // SIG_DFL (0) and SIG_IGN (1) are the kernel's business; a real handler must run
-        // translated, which needs signal delivery.
-        if handler > 1 {
-            return Outcome::Unsupported(format!(
-                "the guest installs a handler for {} (rt_sigaction): guest signal handlers are not supported yet",
-                signal_name(sig)
-            ));
-        }
+fn sys_rt_sigaction(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    Outcome::Return(p.signals.sigaction(a[0], a[1], a[2], a[3]))
+}
+
+fn sys_rt_sigreturn(p: &mut Process, area: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    match p.signals.sigreturn(area) {
+        Ok(rip) => Outcome::Resume(rip),
+        // An unreadable frame: the kernel kills the process with SIGSEGV.
+        Err(sig) => Outcome::Exit(GuestExit::Signaled(sig)),
     }
-    Outcome::Return(raw_syscall(13, a))
 }
 
-fn refuse_sigreturn(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
-    Outcome::Unsupported("the guest called rt_sigreturn outside a signal handler hotpath delivered".into())
+fn sys_sigaltstack(p: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    Outcome::Return(p.signals.sigaltstack(a[0], a[1], area.gpr[crate::thread_area::RSP]))
 }
 
-fn refuse_clone(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    let what = if a[0] & libc::CLONE_VM as u64 != 0 { "a thread (clone with CLONE_VM)" } else { "a process (clone)" };
-    Outcome::Unsupported(format!("the guest creates {what}: threads and processes are not supported yet"))
+fn sys_clone(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let flags = a[0];
+    let vm = flags & libc::CLONE_VM as u64 != 0;
+    let vfork = flags & libc::CLONE_VFORK as u64 != 0;
+    let thread_like = (libc::CLONE_THREAD | libc::CLONE_SIGHAND | libc::CLONE_FILES | libc::CLONE_FS) as u64;
+    if (vm && !vfork) || flags & thread_like != 0 {
+        return Outcome::Unsupported(
+            "the guest creates a thread (clone with CLONE_VM): threads are not supported yet".into(),
+        );
+    }
+    // x86-64 clone(flags, stack, parent_tid, child_tid, tls).
+    Outcome::Fork(CloneArgs { flags, stack: a[1], parent_tid: a[2], child_tid: a[3], tls: a[4] })
+}
+
+fn sys_fork(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    Outcome::Fork(CloneArgs { flags: libc::SIGCHLD as u64, ..CloneArgs::default() })
 }
 
 fn refuse_clone3(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
-    Outcome::Unsupported("the guest creates a thread or process (clone3): threads and processes are not supported yet".into())
+    // glibc falls back to clone when clone3 is unavailable.
+    Outcome::Return(-ENOSYS)
 }
 
-fn refuse_process(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
-    Outcome::Unsupported("the guest creates a process (fork/vfork): processes are not supported yet".into())
+fn sys_exec(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+    Outcome::Exec
+}
+
+/// The guest's path when `path` names `/proc/self/exe`, for calls that take a path.
+fn exe_path_arg(p: &Process, path: u64) -> Option<std::ffi::CString> {
+    let name = guest_mem::read_cstr(path, 4096).ok()?;
+    if is_proc_self_exe(&name) {
+        std::ffi::CString::new(p.exe.as_os_str().as_encoded_bytes()).ok()
+    } else {
+        None
+    }
+}
+
+fn sys_open(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    match exe_path_arg(p, a[0]) {
+        Some(exe) => Outcome::Return(raw_syscall(2, &[exe.as_ptr() as u64, a[1], a[2], 0, 0, 0])),
+        None => Outcome::Return(raw_syscall(2, a)),
+    }
+}
+
+fn sys_openat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    match exe_path_arg(p, a[1]) {
+        Some(exe) => Outcome::Return(raw_syscall(257, &[a[0], exe.as_ptr() as u64, a[2], a[3], 0, 0])),
+        None => Outcome::Return(raw_syscall(257, a)),
+    }
+}
+
+/// Performs the guest's `execve`/`execveat` (`nr`, `args`), with `/proc/self/exe` meaning the
+/// guest's program. Returns only on failure, with the negative errno.
+pub fn exec(p: &Process, nr: u64, args: &[u64; 6]) -> i64 {
+    let mut a = *args;
+    let path_arg = if nr == 59 { 0 } else { 1 };
+    let exe = exe_path_arg(p, a[path_arg]);
+    if let Some(exe) = &exe {
+        a[path_arg] = exe.as_ptr() as u64;
+    }
+    raw_syscall(nr, &a)
 }
 
 fn sys_exit(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
@@ -335,7 +407,7 @@ fn sys_exit(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
 }
 
 /// True if `path` names the calling process's executable through /proc.
-fn is_proc_self_exe(path: &[u8]) -> bool {
+pub(crate) fn is_proc_self_exe(path: &[u8]) -> bool {
     let own = format!("/proc/{}/exe", std::process::id());
     path == b"/proc/self/exe" || path == b"/proc/thread-self/exe" || path == own.as_bytes()
 }

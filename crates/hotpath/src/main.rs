@@ -3,7 +3,9 @@
 //! ```text
 //! hotpath run [OPTIONS] -- PROGRAM [ARGS...]
 //!   load ELF ──▶ stack/auxv ──▶ translator (this thread) ──events──▶ monitor thread (pinned)
-//!   guest ends ──▶ close ring ──▶ monitor drains ──▶ summary ──▶ exit like the guest
+//!   guest ends ──▶ close ring ──▶ monitor drains ──▶ JSON report, summary ──▶ exit like the guest
+//!   guest forks ──▶ the child gets its own ring, monitor and report (FILE.<pid>)
+//!   guest execs ──▶ report written, then the new program runs natively
 //! ```
 
 use std::ffi::OsString;
@@ -12,11 +14,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
-use hotpath_loader::{build_stack, load, LoadError, LoadOptions};
-use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use hotpath_loader::{build_stack, load, Image, LoadError, LoadOptions};
 use hotpath_monitor::report::{self, Ending, RunInfo};
-use hotpath_monitor::Profile;
-use hotpath_translator::{signal_name, Config, GuestExit, Translator};
+use hotpath_monitor::{MonitorHandle, Profile, Tables};
+use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use hotpath_translator::{signal_name, Config, GuestExit, Stop, TranslateError, Translator};
 
 /// Rows of each table in the stderr summary.
 const SUMMARY_TOP: usize = 10;
@@ -83,6 +85,29 @@ fn load_error_status(e: &LoadError) -> u8 {
     }
 }
 
+/// The monitor side of a run: the thread, where it is pinned, where the report goes.
+struct Monitoring {
+    handle: Option<MonitorHandle>,
+    core: Option<core_affinity::CoreId>,
+    report: Option<PathBuf>,
+}
+
+impl Monitoring {
+    /// Starts a monitor on the translator's ring, going on from `tables`.
+    fn start(&mut self, translator: &mut Translator, tables: Tables) {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        translator.set_block_sender(tx);
+        self.handle = Some(hotpath_monitor::spawn(translator.ring_consumer(), rx, self.core, tables));
+    }
+
+    /// Closes the ring and collects the monitor's tables.
+    fn stop(&mut self, translator: &Translator) -> Option<Tables> {
+        let handle = self.handle.take()?;
+        translator.ring_producer()?.close();
+        Some(handle.finish())
+    }
+}
+
 fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let program = PathBuf::from(&args.command[0]);
     let image = match load(&program, LoadOptions { extra_reserve: CODE_CACHE_SIZE }) {
@@ -110,30 +135,54 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     };
 
     let monitor_on = !args.no_monitor;
-    let (tx, rx) = if monitor_on {
-        let (tx, rx) = crossbeam::channel::unbounded();
-        (Some(tx), Some(rx))
-    } else {
-        (None, None)
-    };
     let cfg = Config { enqueue: monitor_on, ring_entries: args.ring_entries };
-    let mut translator = match Translator::new(&image, &stack, cfg, tx) {
+    let mut translator = match Translator::new(&image, &stack, cfg, None) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("hotpath: {}: {e}", image.path.display());
             return ExitCode::from(70);
         }
     };
-    let monitor = rx.map(|rx| {
-        let core = match args.monitor_cpu {
-            Some(id) => Some(core_affinity::CoreId { id }),
-            None if cores.len() >= 2 => cores.last().copied(),
-            None => None,
-        };
-        hotpath_monitor::spawn(translator.ring_consumer(), rx, core)
-    });
+    let core = match args.monitor_cpu {
+        Some(id) => Some(core_affinity::CoreId { id }),
+        None if cores.len() >= 2 => cores.last().copied(),
+        None => None,
+    };
+    let mut monitoring = Monitoring { handle: None, core, report: args.report.clone() };
+    if monitor_on {
+        monitoring.start(&mut translator, Tables::default());
+    } else if args.report.is_some() {
+        eprintln!("hotpath: no report: --no-monitor collects no profile");
+    }
 
-    let outcome = translator.run();
+    let outcome: Result<GuestExit, TranslateError> = loop {
+        match translator.run() {
+            Ok(Stop::Exit(e)) => break Ok(e),
+            Err(e) => break Err(e),
+            Ok(Stop::Exec) => {
+                if let Some(tables) = monitoring.stop(&translator) {
+                    finish_report(&args, &image, &translator, &monitoring, tables.clone(), Ending::Exec, true);
+                    translator.exec();
+                    // The exec failed: the guest goes on, and so does its profile.
+                    monitoring.start(&mut translator, tables);
+                } else {
+                    translator.exec();
+                }
+            }
+            Ok(Stop::ForkedChild) => {
+                if let Some(old) = monitoring.handle.take() {
+                    // The parent's monitor thread does not exist in this child.
+                    std::mem::forget(old);
+                    monitoring.report = monitoring.report.take().map(|p| {
+                        let mut s = p.into_os_string();
+                        s.push(format!(".{}", std::process::id()));
+                        PathBuf::from(s)
+                    });
+                    monitoring.start(&mut translator, Tables::default());
+                }
+            }
+        }
+    };
 
     let ending = match &outcome {
         Ok(GuestExit::Exited(code)) => Ending::Exited(*code),
@@ -143,37 +192,14 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     if let Err(e) = &outcome {
         eprintln!("hotpath: {}: {e}", image.path.display());
     }
-    let stats = translator.stats();
-    if let Some(monitor) = monitor {
-        let producer = translator.ring_producer().expect("the monitor runs only with the enqueue stub");
-        producer.close();
-        let tables = monitor.finish();
-        let waits = producer.wait_stats();
-        let symbolize = |addr: u64| image.symbolize(addr).map(|(name, off)| (name.to_string(), off));
-        let mut profile = Profile::from_tables(&tables, &symbolize);
-        profile.totals.ring_waits = waits.waits;
-        profile.totals.ring_wait_ns = waits.wait_ns;
-        if let Some(path) = &args.report {
-            let run = RunInfo {
-                program: image.path.display().to_string(),
-                argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
-                ending: ending.clone(),
-                blocks_translated: stats.blocks_translated,
-            };
-            if let Err(e) = report::write_json(path, &profile, &run) {
-                eprintln!("hotpath: cannot write the report {}: {e}", path.display());
-            }
-        }
-        if !args.quiet {
-            eprint!("{}", report::summary(&profile, SUMMARY_TOP));
-        }
-    } else if args.report.is_some() {
-        eprintln!("hotpath: no report: --no-monitor collects no profile");
+    if let Some(tables) = monitoring.stop(&translator) {
+        finish_report(&args, &image, &translator, &monitoring, tables, ending, args.quiet);
     }
     if !args.quiet {
+        let s = translator.stats();
         eprintln!(
             "hotpath: translator: {} blocks translated, {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills",
-            stats.blocks_translated, stats.links, stats.ibl_misses, stats.syscalls, stats.flushes, stats.ring_refills
+            s.blocks_translated, s.links, s.ibl_misses, s.syscalls, s.flushes, s.ring_refills
         );
     }
     match outcome {
@@ -183,10 +209,33 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     }
 }
 
+/// Writes the JSON report (if asked) and the stderr summary (unless `quiet`).
+fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitoring: &Monitoring, tables: Tables, ending: Ending, quiet: bool) {
+    let waits = translator.ring_producer().map(|p| p.wait_stats()).unwrap_or_default();
+    let symbolize = |addr: u64| image.symbolize(addr).map(|(name, off)| (name.to_string(), off));
+    let mut profile = Profile::from_tables(&tables, &symbolize);
+    profile.totals.ring_waits = waits.waits;
+    profile.totals.ring_wait_ns = waits.wait_ns;
+    if let Some(path) = &monitoring.report {
+        let run = RunInfo {
+            program: image.path.display().to_string(),
+            argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            ending,
+            blocks_translated: translator.stats().blocks_translated,
+        };
+        if let Err(e) = report::write_json(path, &profile, &run) {
+            eprintln!("hotpath: cannot write the report {}: {e}", path.display());
+        }
+    }
+    if !quiet {
+        eprint!("{}", report::summary(&profile, SUMMARY_TOP));
+    }
+}
+
 /// Ends this process by signal `sig` with its default action, as the guest died natively.
 fn die_of(sig: i32) -> ExitCode {
-    // SAFETY: resetting a disposition, unblocking and raising are async-signal-safe and affect
-    // only this process, which is meant to end here.
+    // SAFETY: resetting a disposition, unblocking and raising affect only this process, which
+    // is meant to end here.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
         let mut set: libc::sigset_t = std::mem::zeroed();
