@@ -14,7 +14,7 @@ use proptest::test_runner::{Config, TestRunner};
 const ENUMERATE_LIMIT: usize = 3000;
 
 proptest! {
-    #![proptest_config(Config::with_cases(160))]
+    #![proptest_config(Config::with_cases(256))]
 
     /// Ids are unique and dense: the brute-force set of Ball-Larus paths has
     /// exactly N members, each encodes to a distinct id below N, and each id

@@ -47,7 +47,7 @@ fn pap_exit(walk: &[hotpath_pathprof::EdgeId], pap: &Pap) -> hotpath_pathprof::N
 }
 
 proptest! {
-    #![proptest_config(Config::with_cases(200))]
+    #![proptest_config(Config::with_cases(300))]
 
     /// Backwalk is exact for any word width that can hold the remainders.
     #[test]
@@ -115,7 +115,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(Config::with_cases(24))]
+    #![proptest_config(Config::with_cases(32))]
 
     /// Walks of 100 000+ edges with a narrow register: many breakpoints, and
     /// the backwalk still returns every edge.
@@ -133,7 +133,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(Config::with_cases(24))]
+    #![proptest_config(Config::with_cases(32))]
 
     /// Long walks round a loop whose body is numbered Ball-Larus style:
     /// region breakpoints (`r := r*n` overflowing) and ordinary ones mix,

@@ -27,7 +27,7 @@ fn pick(n: u64, count: usize, seed: u64) -> Vec<PathId> {
 }
 
 proptest! {
-    #![proptest_config(Config::with_cases(160))]
+    #![proptest_config(Config::with_cases(256))]
 
     /// Interesting paths get distinct ids, the smallest 0, compactness >= 1;
     /// every path's PPP id (interesting or not) is what the PPP register
