@@ -29,6 +29,14 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
     let handle = std::thread::Builder::new()
         .name("hotpath-monitor".into())
         .spawn(move || {
+            // Signals are the guest thread's business: a process-directed signal must reach it
+            // (to interrupt its system call), never this thread.
+            // SAFETY: blocking every signal in the calling thread only.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }

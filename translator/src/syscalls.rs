@@ -1,13 +1,15 @@
-//! The guest's system calls: a table of the ones hotpath emulates or refuses; every other call
-//! passes through to the kernel unchanged.
+//! The guest's system calls: a table of the ones hotpath emulates; every other call passes
+//! through to the kernel unchanged.
 //!
 //! Emulated because hotpath shares the process with the guest: `brk` (the guest has its own heap
 //! region), `arch_prctl` (the FS base is swapped on every cache transition; GS is hotpath's),
-//! `exit`/`exit_group` (the profile must be written first), `readlink` of `/proc/self/exe` (the
-//! guest's path, not hotpath's), `mmap`/`munmap`/`mprotect`/`mremap` (never over hotpath's own
-//! memory; translated code in the range is invalidated), `set_tid_address` and `rseq` (they
-//! would change the host thread's state). Refused with a message until supported: signal
-//! handlers, threads and processes.
+//! `exit`/`exit_group` (the profile must be written first), `readlink`/`open`/`execve` of
+//! `/proc/self/exe` (the guest's path, not hotpath's), `mmap`/`munmap`/`mprotect`/`mremap`
+//! (never over hotpath's own memory; translated code in the range is invalidated),
+//! `rt_sigaction`/`rt_sigreturn`/`sigaltstack` (see `signals`), `fork`/`vfork`/`clone` (the
+//! child goes on under translation), `execve` (the profile is written first),
+//! `set_tid_address` and `rseq` (they would change the host thread's state). Threads (`clone`
+//! with `CLONE_VM`) are refused with a message until supported.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -209,33 +211,42 @@ impl Process {
         }
     }
 
-    fn is_guest(&self, start: u64, end: u64) -> bool {
-        let mut at = start;
-        while at < end {
-            match self.guest_regions.range(..=at).next_back() {
-                Some((_, &re)) if re > at => at = re,
-                _ => return false,
-            }
-        }
-        true
-    }
-
     /// True if `[addr, addr+len)` overlaps memory that is mapped but not the guest's, i.e.
     /// hotpath's own (code cache, heap, stacks, the thread area, hotpath's binary).
     pub fn overlaps_hotpath(&self, addr: u64, len: u64) -> bool {
-        let end = addr.saturating_add(len);
-        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
-        for line in maps.lines() {
-            let range = line.split_whitespace().next().unwrap_or("");
-            let Some((a, b)) = range.split_once('-') else { continue };
-            let (Ok(s), Ok(e)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
-            let (os, oe) = (s.max(addr), e.min(end));
-            if os < oe && !self.is_guest(os, oe) {
-                return true;
-            }
+        match std::fs::read_to_string("/proc/self/maps") {
+            Ok(maps) => overlaps_foreign(&self.guest_regions, &maps, addr, len),
+            Err(_) => true,
         }
-        false
     }
+}
+
+/// True if `[start, end)` is covered by `regions`.
+fn covered(regions: &BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
+    let mut at = start;
+    while at < end {
+        match regions.range(..=at).next_back() {
+            Some((_, &re)) if re > at => at = re,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// True if `[addr, addr+len)` overlaps a mapping listed in `maps` (the text of
+/// `/proc/self/maps`) that `regions` does not cover.
+fn overlaps_foreign(regions: &BTreeMap<u64, u64>, maps: &str, addr: u64, len: u64) -> bool {
+    let end = addr.saturating_add(len);
+    for line in maps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(s), Ok(e)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+        let (os, oe) = (s.max(addr), e.min(end));
+        if os < oe && !covered(regions, os, oe) {
+            return true;
+        }
+    }
+    false
 }
 
 fn page_ceil(x: u64) -> u64 {
@@ -478,4 +489,37 @@ fn sys_rseq(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
 /// The name of system call `nr` for messages.
 pub fn describe(nr: u64) -> String {
     format!("{} ({nr})", name(nr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "00400000-00500000 r-xp 00000000 08:01 1 /guest\n\
+                        00500000-00600000 rw-p 00000000 00:00 0\n\
+                        40000000-44000000 r-xp 00000000 00:01 2 /memfd:hotpath-code-cache (deleted)\n\
+                        7f0000000000-7f0000100000 rw-p 00000000 00:00 0 [heap]\n";
+
+    #[test]
+    fn map_fixed_over_hotpath_memory_is_refused() {
+        let mut regions = BTreeMap::new();
+        regions.insert(0x40_0000, 0x60_0000);
+        // Inside the guest image: allowed.
+        assert!(!overlaps_foreign(&regions, MAPS, 0x40_1000, 0x1000));
+        // Unmapped address space: allowed (the kernel decides).
+        assert!(!overlaps_foreign(&regions, MAPS, 0x1000_0000, 0x1000));
+        // The code cache and hotpath's heap: refused, also when only partly covered.
+        assert!(overlaps_foreign(&regions, MAPS, 0x4000_0000, 0x1000));
+        assert!(overlaps_foreign(&regions, MAPS, 0x5f_f000, 0x4000_0000));
+        assert!(overlaps_foreign(&regions, MAPS, 0x7f00_0000_0000, 0x10));
+    }
+
+    #[test]
+    fn regions_merge_and_split() {
+        let mut regions = BTreeMap::new();
+        regions.insert(0x1000, 0x3000);
+        assert!(covered(&regions, 0x1000, 0x3000));
+        assert!(!covered(&regions, 0x1000, 0x3001));
+        assert!(!covered(&regions, 0x800, 0x1800));
+    }
 }
