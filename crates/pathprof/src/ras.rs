@@ -10,10 +10,17 @@
 //!
 //! Inside such a region the `n` acyclic `h -> x` paths get Ball-Larus ids
 //! `r'` in `[0, n)`, and from the outside the region looks like one node with
-//! `n` in-edges: PAP combines `r := r*n + r'`. Applying it saves probes when
-//! the PAP probes on the region's merge nodes outnumber the Ball-Larus
-//! increments plus the one probe the reduction needs (the paper's Fig. 3:
-//! 8 PAP probes become 5 EPP probes plus 1, saving 2).
+//! `n` in-edges: PAP combines `r := r*n + r'` (Algorithm 2). Applying it
+//! saves probes when the PAP probes on the region's merge nodes outnumber the
+//! Ball-Larus increments plus the one probe the reduction needs (the paper's
+//! Fig. 3: 8 PAP probes become 5 plus 1, saving 2).
+//!
+//! This crate needs no second register for `r'`: [`Pap`](crate::Pap)
+//! scales on entry, `r := r*n` when the head is entered, and the region's
+//! edges then add their values to `r` itself, so at the tail
+//! `r = R*n + r'`. The scaling is the one reduction probe; when the head is a
+//! merge node it even folds into the head's in-edge probes
+//! (`r := r*(s*n) + i*n`), so the count of one is an upper bound.
 //!
 //! **Search.** For every node `h`, the candidate exits are `h`'s
 //! post-dominators, nearest first; the region grows along that chain while
@@ -56,7 +63,8 @@ impl EppRegion {
 }
 
 /// Probes the reduction of one region to a node adds: the `r := r*n + r'`
-/// combination (PAP paper §1.4, Algorithm 2).
+/// combination (PAP paper §1.4, Algorithm 2), done here as `r := r*n` on
+/// entering the head. An upper bound (see the module doc).
 pub const REDUCTION_PROBES: usize = 1;
 
 /// A region plus the Ball-Larus value of each of its internal edges.
