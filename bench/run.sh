@@ -113,8 +113,10 @@ for s in $samples; do
     for ((i = 1; i <= runs; i++)); do
         for mode in "${modes[@]}"; do
             read -r us status < <(run_once "$mode" "$exe")
-            if [ "$status" != "$ref_status" ] || ! cmp -s "$tmp/ref.out" "$tmp/out.$mode"; then
+            if [ "$status" != "$ref_status" ]; then
                 wrong[$s,$mode]="status $status"
+            elif ! cmp -s "$tmp/ref.out" "$tmp/out.$mode"; then
+                wrong[$s,$mode]="stdout"
             else
                 times[$s,$mode]+="$us "
             fi
