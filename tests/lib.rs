@@ -16,6 +16,14 @@
 //! - [`compare`]: comparing two outcomes and explaining the difference with a diff;
 //! - [`check_sample`]: the whole check for one sample, as the `samples` test calls it.
 //!
+//! The integration tests (`tests/tests/`): `samples` (every sample x {static, static-pie} x
+//! {`--no-monitor`, monitor on}, native vs hotpath), `bad_input` (a corpus of files hotpath
+//! must reject with one clear line), `report` (the `--report` JSON: written however the guest
+//! ends, totals consistent, instruction counts equal to valgrind's).
+//!
+//! Run them with `cargo test --release -p hotpath-e2e` (or as part of
+//! `cargo test --release --workspace`); one sample: `... --test samples -- asm_flags`.
+//!
 //! Environment variables:
 //! - `HOTPATH_BIN`: the hotpath binary to test (no cargo build is attempted then);
 //! - `HOTPATH_E2E_NO_BUILD=1`: do not run `cargo build` for hotpath, use what is in the target dir;
