@@ -138,7 +138,7 @@ pub fn check_expected(
 }
 
 /// A line diff of `a` against `b`: `-` lines only in `a`, `+` lines only in `b`, two lines
-/// of context, at most [`MAX_DIFF_LINES`] lines. Bytes that are not UTF-8 are shown lossily.
+/// of context, at most `MAX_DIFF_LINES` (80) lines. Bytes that are not UTF-8 are shown lossily.
 pub fn diff(a: &[u8], b: &[u8]) -> String {
     let a_text = String::from_utf8_lossy(a);
     let b_text = String::from_utf8_lossy(b);
