@@ -131,6 +131,8 @@ pub const SAMPLES: &[Sample] = &[
         "guest signal handlers, SA_SIGINFO, masks, sigaltstack"),
     machine_dependent("cpu_features", "cpu_features.c",
         "cpuid feature bits and XCR0 as glibc's ifunc resolvers see them"),
+    sample("jit_remap", "jit_remap.c", &[], Exit(0),
+        "code generated at run time, then replaced (mprotect, munmap+mmap, MAP_FIXED)"),
     sample("threads", "threads.c", &[], Exit(0),
         "pthreads: clone, per-thread TLS (FS base), futexes, join"),
     sample("asm_flags", "asm_flags.S", &[], Exit(0),

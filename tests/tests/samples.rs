@@ -38,6 +38,7 @@ sample_tests! {
     segv,
     signal_handler,
     cpu_features,
+    jit_remap,
     threads,
     asm_flags,
     asm_redzone,
