@@ -50,6 +50,41 @@ pub fn compare_outcomes(native: &Outcome, translated: &Outcome) -> Result<(), St
     }
 }
 
+/// `Ok` when `translated` is hotpath refusing the guest: exit status 1, nothing on stdout, and
+/// exactly one line on stderr, starting with `hotpath: ` and containing `message`.
+///
+/// # Errors
+///
+/// A report of what hotpath did instead.
+pub fn check_refusal(translated: &Outcome, message: &str) -> Result<(), String> {
+    let mut report = String::new();
+    if translated.termination != Termination::Exited(1) {
+        let _ = writeln!(
+            report,
+            "  status: expected exit status 1 (refused: {message}), hotpath {}",
+            translated.termination
+        );
+    }
+    if !translated.stdout.is_empty() {
+        let _ = writeln!(report, "  stdout should be empty, hotpath wrote:");
+        report.push_str(&diff(b"", &translated.stdout));
+    }
+    let stderr = String::from_utf8_lossy(&translated.stderr);
+    let one_line = stderr.ends_with('\n') && stderr.matches('\n').count() == 1;
+    if !(one_line && stderr.starts_with("hotpath: ") && stderr.contains(message)) {
+        let _ = writeln!(
+            report,
+            "  stderr should be one line `hotpath: ...{message}...`, hotpath wrote:\n{}",
+            diff(b"", &translated.stderr)
+        );
+    }
+    if report.is_empty() {
+        Ok(())
+    } else {
+        Err(report)
+    }
+}
+
 /// Replaces the built executable's path, then its file name, with `{exe}` and `{exe_name}`,
 /// so one expected file serves both linkages and any target dir.
 fn normalise(bytes: &[u8], exe: &Path) -> Vec<u8> {

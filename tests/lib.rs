@@ -43,7 +43,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-pub use catalog::{Expected, Linkage, Sample, SAMPLES};
+pub use catalog::{Expected, Linkage, Sample, UnderHotpath, SAMPLES};
 pub use runner::{Outcome, Termination};
 
 /// How hotpath runs a guest in one test configuration.
@@ -141,7 +141,8 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
 /// The whole end-to-end check of one sample: for each linkage, build it, run it natively,
 /// compare the native run with the expected files in `guest-samples/expected/` (this catches
 /// a broken or non-deterministic sample, not a hotpath bug), then run it under hotpath with
-/// the monitor off and on and compare each run with the native one.
+/// the monitor off and on and compare each run with the native one (or, for a sample marked
+/// [`UnderHotpath::Unsupported`], check that hotpath refuses it with its one-line message).
 ///
 /// # Panics
 ///
@@ -195,7 +196,13 @@ pub fn check_sample(name: &str) {
                     if matches!(translated.termination, Termination::TimedOut(_)) {
                         HANGS.fetch_add(1, Ordering::Relaxed);
                     }
-                    if let Err(report) = compare::compare_outcomes(&native, &translated) {
+                    let verdict = match sample.under_hotpath {
+                        UnderHotpath::SameAsNative => compare::compare_outcomes(&native, &translated),
+                        UnderHotpath::Unsupported(message) => {
+                            compare::check_refusal(&translated, message)
+                        }
+                    };
+                    if let Err(report) = verdict {
                         problems.push(format!(
                             "[{label}] hotpath differs from the native run\n  command: {}\n{report}",
                             runner::describe(&cmd)
