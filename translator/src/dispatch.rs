@@ -134,6 +134,7 @@ impl Translator {
             cache.range(),
             gateway.exit_from_signal.0,
             host.fsgsbase,
+            !cfg.enqueue,
             host.xsave_size as usize,
             host.xsave_mask,
         )
@@ -228,12 +229,15 @@ impl Translator {
     /// Makes every block entry's check pass again: a refilled ring budget when the monitor is
     /// on, else a budget of 1 (the check then only stops for signals).
     fn arm_safe_point(&mut self) {
-        let budget = &self.area.ring.producer.budget;
-        if budget.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-            match &self.producer {
-                Some(p) => p.refill(),
-                None => budget.store(1, std::sync::atomic::Ordering::Relaxed),
+        match &self.producer {
+            Some(p) => {
+                if self.area.ring.producer.budget.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                    p.refill();
+                }
             }
+            // The handler stopped the polling page for a signal delivered since: reopen it.
+            None if self.process.signals.take_poll_stopped() => self.area.set_poll_stop(false),
+            None => {}
         }
     }
 

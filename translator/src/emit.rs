@@ -124,58 +124,58 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
     let exit_addr = cx.gateway.exit.0 as usize;
     let mut code = Code_ { base: at.0, bytes: Vec::with_capacity(256) };
 
-    // Ring slow path and enqueue stub (monitor on), or the bare safe-point check (monitor off):
-    // both exit at the block entry when `budget` is 0, which is how a pending signal makes the
-    // thread leave the code cache.
+    // Monitor on: the ring slow path and the enqueue stub, which exits at the block entry when
+    // `budget` is 0 (ring full, or a pending signal). Monitor off: one store to the polling
+    // page, which faults when a signal is pending (see `ThreadArea::poll`).
     let mut layout = HostLayout { code_start: at.0, ..HostLayout::default() };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
-    let entry_label = ops.new_dynamic_label();
-    dynasm!(ops
-        ; .arch x64
-        ; slow:
-        ; lea rcx, [=>entry_label]
-        ; .u8 GS ; mov QWORD [off::RESUME], rcx
-        ; mov ecx, EXIT_RING_FULL as i32
-        ; jmp extern exit_addr
-    );
-    let entry_off = ops.offset().0 as u64;
-    dynasm!(ops
-        ; .arch x64
-        ; =>entry_label
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-    );
-    let window_start = ops.offset().0 as u64;
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
-        ; jrcxz <slow
-    );
+    let entry;
     if cx.enqueue {
+        let entry_label = ops.new_dynamic_label();
         dynasm!(ops
             ; .arch x64
+            ; slow:
+            ; lea rcx, [=>entry_label]
+            ; .u8 GS ; mov QWORD [off::RESUME], rcx
+            ; mov ecx, EXIT_RING_FULL as i32
+            ; jmp extern exit_addr
+        );
+        let entry_off = ops.offset().0 as u64;
+        dynasm!(ops
+            ; .arch x64
+            ; =>entry_label
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        );
+        let window_start = ops.offset().0 as u64;
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
+            ; jrcxz <slow
             ; lea rcx, [rcx - 1]
             ; .u8 GS ; mov QWORD [off::RING_BUDGET], rcx
         );
-    }
-    let window_end = ops.offset().0 as u64;
-    if cx.enqueue {
+        let window_end = ops.offset().0 as u64;
         dynasm!(ops
             ; .arch x64
             ; .u8 GS ; mov rcx, QWORD [off::RING_HEAD]
             ; .u8 GS ; mov DWORD [rcx * 4 + off::ENTRIES], id.0 as i32
             ; lea rcx, [rcx + 1]
             ; .u8 GS ; mov QWORD [off::RING_HEAD], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
         );
+        entry = HostAddr(code.base + entry_off);
+        layout.stub_window = (code.base + window_start, code.base + window_end);
+    } else {
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov BYTE [off::POLL], 0
+        );
+        entry = HostAddr(code.base);
+        layout.stub_window = (entry.0, entry.0);
     }
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-    );
-    let entry = HostAddr(code.base + entry_off);
     layout.entry = entry.0;
     layout.guest_start = block.start.0;
-    layout.stub_window = (code.base + window_start, code.base + window_end);
-    code.append(assembled(ops, "enqueue stub")?);
+    code.append(assembled(ops, "block entry")?);
 
     // Body: re-encoded at its new address.
     if !block.body.is_empty() {

@@ -91,6 +91,10 @@ pub struct HandlerShared {
     cache: (u64, u64),
     exit_from_signal: u64,
     fsgsbase: bool,
+    /// Block entries poll the page (`--no-monitor`) instead of checking the ring budget.
+    poll_mode: bool,
+    /// The handler made the polling page read-only and nobody has reopened it since.
+    poll_stopped: std::sync::atomic::AtomicBool,
     /// Host code start → layout of every block in the cache.
     layouts: UnsafeCell<BTreeMap<u64, HostLayout>>,
 }
@@ -139,7 +143,15 @@ impl SignalState {
     ///
     /// # Errors
     /// The OS error when the alternate stack cannot be mapped.
-    pub fn install(area: *mut ThreadArea, cache: (u64, u64), exit_from_signal: u64, fsgsbase: bool, xsave_size: usize, xsave_mask: u64) -> std::io::Result<SignalState> {
+    pub fn install(
+        area: *mut ThreadArea,
+        cache: (u64, u64),
+        exit_from_signal: u64,
+        fsgsbase: bool,
+        poll_mode: bool,
+        xsave_size: usize,
+        xsave_mask: u64,
+    ) -> std::io::Result<SignalState> {
         let shared = Box::leak(Box::new(HandlerShared {
             pending: AtomicU64::new(0),
             infos: UnsafeCell::new([[0; 128]; NSIG]),
@@ -148,6 +160,8 @@ impl SignalState {
             cache,
             exit_from_signal,
             fsgsbase,
+            poll_mode,
+            poll_stopped: std::sync::atomic::AtomicBool::new(false),
             layouts: UnsafeCell::new(BTreeMap::new()),
         }));
         SHARED.store(shared, Ordering::Release);
@@ -290,6 +304,12 @@ impl SignalState {
         self.altstack.flags & SS_DISABLE == 0 && rsp > self.altstack.sp && rsp <= self.altstack.sp + self.altstack.size
     }
 
+    /// True (once) if the handler stopped the polling page since the last call: the caller
+    /// reopens it after delivering.
+    pub fn take_poll_stopped(&self) -> bool {
+        self.shared.poll_stopped.swap(false, Ordering::AcqRel)
+    }
+
     /// True if a signal waits for delivery (cheap: one load).
     pub fn any_pending(&self) -> bool {
         self.shared.pending.load(Ordering::Acquire) != 0 || {
@@ -304,8 +324,12 @@ impl SignalState {
         let guard = BlockAll::new();
         let mut rip = rip;
         // SAFETY: every signal is blocked: the handler cannot run on this thread now.
-        if let Some(f) = unsafe { (*self.shared.sync.get()).take() } {
+        if let Some(f) = unsafe { (*self.shared.sync.get()).take().filter(|f| {
+            // A stop at a polling block entry carries no signal of its own, only where the
+            // guest was.
             rip = f.rip;
+            f.sig != 0
+        }) } {
             let a = self.actions[f.sig as usize];
             let blocked = guard.mask() & (1 << (f.sig - 1)) != 0;
             if a.handler == SIG_DFL || a.handler == SIG_IGN || blocked {
@@ -654,7 +678,25 @@ extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_voi
     }
 
     let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
+    let si_addr = u64::from_le_bytes(info_bytes[16..24].try_into().unwrap());
     let synchronous = is_fault_signal(sig) && si_code > 0;
+    if synchronous && sig == libc::SIGSEGV && in_cache && area.is_poll_addr(si_addr) {
+        // A block entry hit the stopped polling page: the guest state is exactly the host
+        // state at the entry. Leave the cache there; the dispatcher delivers what is pending.
+        area.set_poll_stop(false);
+        // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
+        let layouts = unsafe { &*shared.layouts.get() };
+        if let Some(rip) = capture_fault(layouts, pc, gregs, area) {
+            area.fs_base = fs;
+            // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
+            unsafe { *shared.sync.get() = Some(SyncFault { sig: 0, info: [0; 128], rip }) };
+            gregs[REG_RIP] = shared.exit_from_signal as i64;
+        }
+        if switched {
+            write_fs(shared.fsgsbase, fs);
+        }
+        return;
+    }
     if synchronous {
         if in_cache {
             // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
@@ -685,6 +727,10 @@ extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_voi
     // SAFETY: the dispatcher reads a slot only with every signal blocked.
     unsafe { (*shared.infos.get())[sig as usize - 1] = info_bytes };
     shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
+    if shared.poll_mode {
+        shared.poll_stopped.store(true, Ordering::Release);
+        area.set_poll_stop(true);
+    }
     area.ring.producer.budget.store(0, Ordering::Relaxed);
     if in_cache {
         // SAFETY: as above, the PC is in translated code.
@@ -732,7 +778,9 @@ fn capture_fault(layouts: &BTreeMap<u64, HostLayout>, pc: u64, gregs: &[i64; 23]
     for i in 0..8 {
         regs[8 + i] = gregs[REG_R8 + i] as u64;
     }
-    let rip = if let Ok(i) = l.body.binary_search_by_key(&pc, |&(h, _)| h) {
+    let rip = if pc == l.entry {
+        l.guest_start
+    } else if let Ok(i) = l.body.binary_search_by_key(&pc, |&(h, _)| h) {
         l.body[i].1
     } else if pc >= l.term_start {
         if l.rcx_borrowed_from.is_some_and(|from| pc >= from) {
