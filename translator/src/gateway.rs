@@ -173,6 +173,9 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; .u8 GS ; mov rsp, QWORD [off::HOST_RSP]
         ; pushfq
         ; .u8 GS ; pop QWORD [off::RFLAGS]
+        // From here on, shared with `exit_from_signal`: the guest's GPRs and RFLAGS are saved
+        // and RSP is the host's.
+        ; ->host_tail:
         ; cld
         ; mov eax, mask_lo
         ; mov edx, mask_hi
@@ -229,38 +232,14 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; jmp extern exit_addr as usize
     );
     // ---- exit after a fault ----
+    // The handler has saved the guest's GPRs and RFLAGS; the FPU state and FS base are still
+    // the guest's, as the exit routine expects them.
     let exit_from_signal = ops.offset();
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov rsp, QWORD [off::HOST_RSP]
-        ; cld
-        ; mov eax, mask_lo
-        ; mov edx, mask_hi
-        ; .u8 GS ; xsave64 [off::XSAVE]
-        ; fninit
-        ; .u8 GS ; fldcw [off::HOST_FCW]
-        ; .u8 GS ; ldmxcsr [off::HOST_MXCSR]
         ; .u8 GS ; mov QWORD [off::EXIT_CODE], EXIT_SIGNAL as i32
-    );
-    if host.fsgsbase {
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov rax, QWORD [off::HOST_FS_BASE]
-            ; wrfsbase rax
-        );
-    } else {
-        dynasm!(ops
-            ; .arch x64
-            ; mov eax, libc::SYS_arch_prctl as i32
-            ; mov edi, 0x1002 // ARCH_SET_FS
-            ; .u8 GS ; mov rsi, QWORD [off::HOST_FS_BASE]
-            ; syscall
-        );
-    }
-    dynasm!(ops
-        ; .arch x64
-        ; pop r15 ; pop r14 ; pop r13 ; pop r12 ; pop rbp ; pop rbx
-        ; ret
+        ; jmp ->host_tail
     );
     let code = ops.finalize().map_err(|e| TranslateError::Assemble { what: "gateway", reason: format!("{e:?}") })?;
     if code.len() as u64 > cache.room() {
