@@ -70,7 +70,10 @@ impl HostFeatures {
         }
         // SAFETY: getauxval has no preconditions.
         let hwcap2 = unsafe { libc::getauxval(libc::AT_HWCAP2) };
-        Ok(HostFeatures { fsgsbase: hwcap2 & 2 != 0, xsave_mask, xsave_size: size })
+        // `HOTPATH_NO_FSGSBASE` forces the arch_prctl path (for testing it on hosts that have
+        // FSGSBASE).
+        let fsgsbase = hwcap2 & 2 != 0 && std::env::var_os("HOTPATH_NO_FSGSBASE").is_none();
+        Ok(HostFeatures { fsgsbase, xsave_mask, xsave_size: size })
     }
 }
 
