@@ -318,6 +318,9 @@ impl Translator {
                         }
                         Ok(Ok(Next::Host(host)))
                     }
+                    // A signal that arrived before the `syscall` instruction is delivered
+                    // first, as on hardware; the handler returns to the instruction.
+                    ExitKind::Syscall { at, .. } if self.process.signals.deliverable() => Ok(Ok(Next::Guest(at.0))),
                     ExitKind::Syscall { next, .. } => self.syscall(next.0),
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }

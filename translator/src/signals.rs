@@ -70,6 +70,50 @@ pub struct AltStack {
     pub size: u64,
 }
 
+/// Instances of one real-time signal that may wait at once; more are dropped (the kernel's
+/// own queue limit, RLIMIT_SIGPENDING, is usually far larger, but a guest that queues this many
+/// without ever reaching a safe point is not realistic).
+const RT_QUEUE: usize = 64;
+
+/// Pending instances of one signal, oldest first.
+struct SigQueue {
+    len: usize,
+    items: [[u8; 128]; RT_QUEUE],
+}
+
+impl Default for SigQueue {
+    fn default() -> SigQueue {
+        SigQueue { len: 0, items: [[0; 128]; RT_QUEUE] }
+    }
+}
+
+impl SigQueue {
+    /// Records an instance: standard signals keep one (they coalesce), real-time ones queue.
+    fn push(&mut self, sig: i32, info: [u8; 128]) {
+        if sig < libc::SIGRTMIN() {
+            self.items[0] = info;
+            self.len = 1;
+        } else if self.len < RT_QUEUE {
+            self.items[self.len] = info;
+            self.len += 1;
+        }
+    }
+
+    /// Takes the oldest instance.
+    fn pop(&mut self) -> [u8; 128] {
+        let first = self.items[0];
+        if self.len > 0 {
+            self.items.copy_within(1..self.len, 0);
+            self.len -= 1;
+        }
+        first
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// A fault the host handler mapped to a guest instruction, waiting for the dispatcher.
 #[derive(Clone, Copy)]
 struct SyncFault {
@@ -85,7 +129,9 @@ struct SyncFault {
 pub struct HandlerShared {
     /// Bit `sig - 1` set: an asynchronous `sig` is pending.
     pending: AtomicU64,
-    infos: UnsafeCell<[[u8; 128]; NSIG]>,
+    /// The `siginfo` of each pending signal: one per standard signal (they coalesce, as in
+    /// the kernel), a queue per real-time signal (each instance is delivered).
+    infos: UnsafeCell<Box<[SigQueue; NSIG]>>,
     sync: UnsafeCell<Option<SyncFault>>,
     area: *mut ThreadArea,
     cache: (u64, u64),
@@ -131,6 +177,9 @@ pub struct SignalState {
     pub actions: [GuestAction; NSIG + 1],
     /// The guest's alternate stack.
     pub altstack: AltStack,
+    /// Set by an interrupted `rt_sigsuspend`: its temporary mask, under which the pending
+    /// signals are delivered (their frames restore the guest's normal mask).
+    pub suspend_mask: Option<u64>,
     shared: &'static HandlerShared,
     /// Bytes of XSAVE image copied into frames.
     xsave_size: usize,
@@ -154,7 +203,7 @@ impl SignalState {
     ) -> std::io::Result<SignalState> {
         let shared = Box::leak(Box::new(HandlerShared {
             pending: AtomicU64::new(0),
-            infos: UnsafeCell::new([[0; 128]; NSIG]),
+            infos: UnsafeCell::new(Box::new(std::array::from_fn(|_| SigQueue::default()))),
             sync: UnsafeCell::new(None),
             area,
             cache,
@@ -169,6 +218,7 @@ impl SignalState {
         let mut state = SignalState {
             actions: [GuestAction::default(); NSIG + 1],
             altstack: AltStack { sp: 0, flags: SS_DISABLE, size: 0 },
+            suspend_mask: None,
             shared,
             xsave_size,
             xsave_mask,
@@ -310,6 +360,17 @@ impl SignalState {
         self.shared.poll_stopped.swap(false, Ordering::AcqRel)
     }
 
+    /// True if a signal waits that the guest's current mask lets through (one load, and a
+    /// system call only when something is pending).
+    pub fn deliverable(&self) -> bool {
+        // SAFETY: read on the guest thread outside translated code.
+        if unsafe { (*self.shared.sync.get()).is_some() } {
+            return true;
+        }
+        let pending = self.shared.pending.load(Ordering::Acquire);
+        pending != 0 && pending & !get_mask() != 0
+    }
+
     /// True if a signal waits for delivery (cheap: one load).
     pub fn any_pending(&self) -> bool {
         self.shared.pending.load(Ordering::Acquire) != 0 || {
@@ -323,6 +384,11 @@ impl SignalState {
     pub fn deliver(&mut self, area: &mut ThreadArea, rip: u64) -> Delivery {
         let guard = BlockAll::new();
         let mut rip = rip;
+        // The mask a delivered handler's frame restores (`saved`), and the one that decides
+        // what is deliverable and that the handler's mask builds on (`base`): they differ only
+        // right after `rt_sigsuspend`, whose temporary mask is the one signals arrive under.
+        let mut saved = guard.mask();
+        let mut base = self.suspend_mask.take().unwrap_or(saved);
         // SAFETY: every signal is blocked: the handler cannot run on this thread now.
         if let Some(f) = unsafe { (*self.shared.sync.get()).take().filter(|f| {
             // A stop at a polling block entry carries no signal of its own, only where the
@@ -331,29 +397,32 @@ impl SignalState {
             f.sig != 0
         }) } {
             let a = self.actions[f.sig as usize];
-            let blocked = guard.mask() & (1 << (f.sig - 1)) != 0;
+            let blocked = base & (1 << (f.sig - 1)) != 0;
             if a.handler == SIG_DFL || a.handler == SIG_IGN || blocked {
                 // The kernel forces the default action of a fault that is ignored or blocked.
                 return Delivery::Exit(f.sig);
             }
-            match self.setup_frame(area, f.sig, &f.info, rip, guard.mask()) {
+            match self.setup_frame(area, f.sig, &f.info, rip, saved, base) {
                 Ok((new_rip, new_mask)) => {
                     rip = new_rip;
                     guard.set_mask(new_mask);
+                    (saved, base) = (new_mask, new_mask);
                 }
                 Err(()) => return Delivery::Exit(libc::SIGSEGV),
             }
         }
         loop {
-            let mask = guard.mask();
-            let pending = self.shared.pending.load(Ordering::Acquire) & !mask;
+            let pending = self.shared.pending.load(Ordering::Acquire) & !base;
             if pending == 0 {
                 break;
             }
             let sig = pending.trailing_zeros() as i32 + 1;
-            self.shared.pending.fetch_and(!(1u64 << (sig - 1)), Ordering::AcqRel);
-            // SAFETY: signals are blocked; the slot was written before the pending bit.
-            let info = unsafe { (*self.shared.infos.get())[sig as usize - 1] };
+            // SAFETY: signals are blocked; the queue was written before the pending bit.
+            let queue = unsafe { &mut (*self.shared.infos.get())[sig as usize - 1] };
+            let info = queue.pop();
+            if queue.is_empty() {
+                self.shared.pending.fetch_and(!(1u64 << (sig - 1)), Ordering::AcqRel);
+            }
             let a = self.actions[sig as usize];
             match a.handler {
                 SIG_IGN => continue,
@@ -363,10 +432,11 @@ impl SignalState {
                     continue;
                 }
                 SIG_DFL => return Delivery::Exit(sig),
-                _ => match self.setup_frame(area, sig, &info, rip, mask) {
+                _ => match self.setup_frame(area, sig, &info, rip, saved, base) {
                     Ok((new_rip, new_mask)) => {
                         rip = new_rip;
                         guard.set_mask(new_mask);
+                        (saved, base) = (new_mask, new_mask);
                     }
                     Err(()) => return Delivery::Exit(libc::SIGSEGV),
                 },
@@ -376,8 +446,10 @@ impl SignalState {
     }
 
     /// Builds the kernel's `rt_sigframe` for `sig` on the guest's stack and points the guest
-    /// at its handler. Returns the handler's address and the mask it runs with.
-    fn setup_frame(&mut self, area: &mut ThreadArea, sig: i32, info: &[u8; 128], rip: u64, mask: u64) -> Result<(u64, u64), ()> {
+    /// at its handler; the frame restores mask `saved`, the handler runs with `base` plus its
+    /// `sa_mask` (and `sig` itself unless SA_NODEFER). Returns the handler's address and mask.
+    fn setup_frame(&mut self, area: &mut ThreadArea, sig: i32, info: &[u8; 128], rip: u64, saved: u64, base: u64) -> Result<(u64, u64), ()> {
+        let mask = saved;
         let a = self.actions[sig as usize];
         let rsp = area.gpr[thread_area::RSP];
         let on_alt = self.on_altstack(rsp);
@@ -439,7 +511,7 @@ impl SignalState {
         // The kernel clears DF, TF and RF for the handler and gives it a fresh FPU state.
         area.rflags &= !(0x400 | 0x100 | 0x10000);
         reset_xsave(area);
-        let mut new_mask = mask | a.mask;
+        let mut new_mask = base | a.mask;
         if a.flags & SA_NODEFER == 0 {
             new_mask |= 1 << (sig - 1);
         }
@@ -725,7 +797,7 @@ extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_voi
 
     // Asynchronous: record it and make the thread reach a safe point soon.
     // SAFETY: the dispatcher reads a slot only with every signal blocked.
-    unsafe { (*shared.infos.get())[sig as usize - 1] = info_bytes };
+    unsafe { (*shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
     shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
     if shared.poll_mode {
         shared.poll_stopped.store(true, Ordering::Release);

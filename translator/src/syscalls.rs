@@ -79,6 +79,7 @@ const TABLE: &[SyscallRow] = &[
     SyscallRow { nr: 2, handler: sys_open },
     SyscallRow { nr: 13, handler: sys_rt_sigaction },
     SyscallRow { nr: 15, handler: sys_rt_sigreturn },
+    SyscallRow { nr: 130, handler: sys_rt_sigsuspend },
     SyscallRow { nr: 25, handler: sys_mremap },
     SyscallRow { nr: 56, handler: sys_clone },
     SyscallRow { nr: 57, handler: sys_fork },
@@ -344,6 +345,23 @@ fn sys_rt_sigreturn(p: &mut Process, area: &mut ThreadArea, _: &[u64; 6]) -> Out
         // An unreadable frame: the kernel kills the process with SIGSEGV.
         Err(sig) => Outcome::Exit(GuestExit::Signaled(sig)),
     }
+}
+
+fn sys_rt_sigsuspend(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut mask = [0u8; 8];
+    if a[1] != 8 {
+        return Outcome::Return(-(libc::EINVAL as i64));
+    }
+    if let Err(e) = guest_mem::read(a[0], &mut mask) {
+        return Outcome::Return(e);
+    }
+    let ret = raw_syscall(130, a);
+    if ret == -(libc::EINTR as i64) {
+        // hotpath's handler took the signal inside the kernel's wait; the guest's handler
+        // must now run under the temporary mask, as it would have inside the call.
+        p.signals.suspend_mask = Some(u64::from_le_bytes(mask));
+    }
+    Outcome::Return(ret)
 }
 
 fn sys_sigaltstack(p: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
