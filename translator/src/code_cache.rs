@@ -179,6 +179,11 @@ impl CodeCache {
         addr.0 >= self.rx_base && addr.0 < self.rx_base + self.size
     }
 
+    /// Bytes to add to an executable-view address to reach the same byte in the writable view.
+    pub fn rw_delta(&self) -> u64 {
+        (self.rw_base as u64).wrapping_sub(self.rx_base)
+    }
+
     /// The executable view's range `(start, end)`.
     pub fn range(&self) -> (u64, u64) {
         (self.rx_base, self.rx_base + self.size)

@@ -135,6 +135,8 @@ impl Translator {
             gateway.exit_from_signal.0,
             host.fsgsbase,
             !cfg.enqueue,
+            cache.rw_delta(),
+            gateway.ibl_empty.0,
             host.xsave_size as usize,
             host.xsave_mask,
         )
@@ -204,7 +206,7 @@ impl Translator {
     pub fn run(&mut self) -> Result<Stop, TranslateError> {
         loop {
             let mut next = self.next;
-            if matches!(next, Next::Signal) || self.process.signals.any_pending() {
+            if matches!(next, Next::Signal) || self.process.signals.deliverable() {
                 let rip = self.guest_rip(next);
                 match self.process.signals.deliver(self.area, rip) {
                     Delivery::Continue(rip) => next = Next::Guest(rip),
@@ -217,8 +219,17 @@ impl Translator {
                 Next::Host(h) => h,
                 Next::Signal => unreachable!("delivery always yields a guest address"),
             };
+            // From here to the cache a signal's handler may unlink blocks; a signal that came
+            // during the critical section is caught by this check instead.
+            self.process.signals.set_critical(false, &self.exits);
+            if self.process.signals.deliverable() {
+                self.process.signals.set_critical(true, &self.exits);
+                self.next = Next::Guest(self.guest_rip_of_host(host));
+                continue;
+            }
             self.area.jump_to = host.0;
             self.enter();
+            self.process.signals.set_critical(true, &self.exits);
             match self.handle_exit()? {
                 Ok(n) => self.next = n,
                 Err(stop) => return Ok(stop),
@@ -235,10 +246,13 @@ impl Translator {
                     p.refill();
                 }
             }
-            // The handler stopped the polling page for a signal delivered since: reopen it.
-            None if self.process.signals.take_poll_stopped() => self.area.set_poll_stop(false),
             None => {}
         }
+    }
+
+    /// The guest address of the block whose entry is `host`.
+    fn guest_rip_of_host(&self, host: HostAddr) -> u64 {
+        self.guest_rip(Next::Host(host))
     }
 
     /// The guest address the guest would resume at for `next`.
@@ -309,7 +323,7 @@ impl Translator {
             index => {
                 let exit = self.exits[index as usize];
                 match exit.kind {
-                    ExitKind::Direct { target, site } => {
+                    ExitKind::Direct { target, site, .. } => {
                         let generation = self.generation;
                         let host = self.lookup_or_translate(target.0)?;
                         if generation == self.generation {
@@ -396,6 +410,7 @@ impl Translator {
         }
         self.area.gpr[thread_area::RAX] = 0;
         self.cache.adopt(copy)?;
+        self.process.signals.set_rw_delta(self.cache.rw_delta());
         self.process.signals.after_fork_child();
         // A fresh, empty ring for the child's own monitor.
         let ring = &self.area.ring;

@@ -28,7 +28,8 @@ use crate::TranslateError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitKind {
     /// A direct branch not yet chained: translate `target`, patch the rel32 at `site`.
-    Direct { target: GuestAddr, site: HostAddr },
+    /// `stub` is the exit stub the rel32 points at until then (and again after an unlink).
+    Direct { target: GuestAddr, site: HostAddr, stub: HostAddr },
     /// The guest executed `syscall` at `at`; it resumes at `next`.
     Syscall { at: GuestAddr, next: GuestAddr },
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
@@ -125,8 +126,8 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
     let mut code = Code_ { base: at.0, bytes: Vec::with_capacity(256) };
 
     // Monitor on: the ring slow path and the enqueue stub, which exits at the block entry when
-    // `budget` is 0 (ring full, or a pending signal). Monitor off: one store to the polling
-    // page, which faults when a signal is pending (see `ThreadArea::poll`).
+    // `budget` is 0 (ring full, or a pending signal). Monitor off: nothing; a pending signal
+    // unlinks the blocks instead (see `signals`).
     let mut layout = HostLayout { code_start: at.0, ..HostLayout::default() };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let entry;
@@ -166,10 +167,6 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
         entry = HostAddr(code.base + entry_off);
         layout.stub_window = (code.base + window_start, code.base + window_end);
     } else {
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov BYTE [off::POLL], 0
-        );
         entry = HostAddr(code.base);
         layout.stub_window = (entry.0, entry.0);
     }
@@ -192,6 +189,15 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
     let mut exits = Vec::new();
     emit_terminator(block, id, &mut code, first_exit, &mut exits, cx, &mut layout)?;
     layout.code_end = code.addr();
+    // Each direct exit's rel32 points at its stub until it is chained: remember where, so the
+    // link can be undone.
+    for e in &mut exits {
+        if let ExitKind::Direct { site, stub, .. } = &mut e.kind {
+            let off = (site.0 - code.base) as usize;
+            let rel = i32::from_le_bytes(code.bytes[off..off + 4].try_into().expect("4 bytes"));
+            *stub = HostAddr((site.0 as i64 + 4 + rel as i64) as u64);
+        }
+    }
     Ok(EmittedBlock { code: code.bytes, entry, exits, layout })
 }
 
@@ -298,7 +304,7 @@ fn emit_terminator(
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
     let site_here = |ops: &VecAssembler<X64Relocation>| HostAddr(chunk_base + ops.offset().0 as u64 - 4);
     let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr| {
-        exits.push(Exit { block: id, kind: ExitKind::Direct { target, site } });
+        exits.push(Exit { block: id, kind: ExitKind::Direct { target, site, stub: HostAddr(0) } });
         first_exit + exits.len() as u32 - 1
     };
     match block.terminator {

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crate::emit::HostLayout;
+use crate::emit::{Exit, ExitKind, HostLayout};
 use crate::guest_mem;
 use crate::syscalls::raw_syscall;
 use crate::thread_area::{self, ThreadArea};
@@ -137,10 +137,22 @@ pub struct HandlerShared {
     cache: (u64, u64),
     exit_from_signal: u64,
     fsgsbase: bool,
-    /// Block entries poll the page (`--no-monitor`) instead of checking the ring budget.
-    poll_mode: bool,
-    /// The handler made the polling page read-only and nobody has reopened it since.
-    poll_stopped: std::sync::atomic::AtomicBool,
+    /// Block entries have no budget check (`--no-monitor`): a pending signal unlinks every
+    /// chained branch and empties the indirect branch lookup table instead, so the thread
+    /// returns to the dispatcher at its next block boundary, and the links are made again,
+    /// lazily, as the exits are taken.
+    unlink_mode: bool,
+    /// Set by the dispatcher while it changes the exit table or the code cache: the handler
+    /// must not unlink then (the dispatcher checks for pending signals before it enters).
+    critical: std::sync::atomic::AtomicBool,
+    /// The dispatcher's exit table (`Exit` array, its length), published outside critical
+    /// sections.
+    exits: AtomicPtr<Exit>,
+    exits_len: AtomicU64,
+    /// Executable-view address + `rw_delta` = writable-view address of the same code byte.
+    rw_delta: AtomicU64,
+    /// Where empty indirect branch lookup slots point.
+    ibl_empty: u64,
     /// Host code start → layout of every block in the cache.
     layouts: UnsafeCell<BTreeMap<u64, HostLayout>>,
 }
@@ -197,7 +209,9 @@ impl SignalState {
         cache: (u64, u64),
         exit_from_signal: u64,
         fsgsbase: bool,
-        poll_mode: bool,
+        unlink_mode: bool,
+        rw_delta: u64,
+        ibl_empty: u64,
         xsave_size: usize,
         xsave_mask: u64,
     ) -> std::io::Result<SignalState> {
@@ -209,8 +223,12 @@ impl SignalState {
             cache,
             exit_from_signal,
             fsgsbase,
-            poll_mode,
-            poll_stopped: std::sync::atomic::AtomicBool::new(false),
+            unlink_mode,
+            critical: std::sync::atomic::AtomicBool::new(true),
+            exits: AtomicPtr::new(std::ptr::null_mut()),
+            exits_len: AtomicU64::new(0),
+            rw_delta: AtomicU64::new(rw_delta),
+            ibl_empty,
             layouts: UnsafeCell::new(BTreeMap::new()),
         }));
         SHARED.store(shared, Ordering::Release);
@@ -354,10 +372,19 @@ impl SignalState {
         self.altstack.flags & SS_DISABLE == 0 && rsp > self.altstack.sp && rsp <= self.altstack.sp + self.altstack.size
     }
 
-    /// True (once) if the handler stopped the polling page since the last call: the caller
-    /// reopens it after delivering.
-    pub fn take_poll_stopped(&self) -> bool {
-        self.shared.poll_stopped.swap(false, Ordering::AcqRel)
+    /// Marks the start of a dispatcher section that changes the exit table or the code cache
+    /// (`critical == true`), or its end, publishing the exit table for the handler.
+    pub fn set_critical(&self, critical: bool, exits: &[Exit]) {
+        if !critical {
+            self.shared.exits.store(exits.as_ptr() as *mut Exit, Ordering::Relaxed);
+            self.shared.exits_len.store(exits.len() as u64, Ordering::Relaxed);
+        }
+        self.shared.critical.store(critical, Ordering::SeqCst);
+    }
+
+    /// Updates the writable view's offset (after a forked child adopted its own cache copy).
+    pub fn set_rw_delta(&self, delta: u64) {
+        self.shared.rw_delta.store(delta, Ordering::Relaxed);
     }
 
     /// True if a signal waits that the guest's current mask lets through (one load, and a
@@ -368,7 +395,7 @@ impl SignalState {
             return true;
         }
         let pending = self.shared.pending.load(Ordering::Acquire);
-        pending != 0 && pending & !get_mask() != 0
+        pending != 0 && pending & !self.suspend_mask.unwrap_or_else(get_mask) != 0
     }
 
     /// True if a signal waits for delivery (cheap: one load).
@@ -390,12 +417,8 @@ impl SignalState {
         let mut saved = guard.mask();
         let mut base = self.suspend_mask.take().unwrap_or(saved);
         // SAFETY: every signal is blocked: the handler cannot run on this thread now.
-        if let Some(f) = unsafe { (*self.shared.sync.get()).take().filter(|f| {
-            // A stop at a polling block entry carries no signal of its own, only where the
-            // guest was.
+        if let Some(f) = unsafe { (*self.shared.sync.get()).take() } {
             rip = f.rip;
-            f.sig != 0
-        }) } {
             let a = self.actions[f.sig as usize];
             let blocked = base & (1 << (f.sig - 1)) != 0;
             if a.handler == SIG_DFL || a.handler == SIG_IGN || blocked {
@@ -750,25 +773,7 @@ extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_voi
     }
 
     let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
-    let si_addr = u64::from_le_bytes(info_bytes[16..24].try_into().unwrap());
     let synchronous = is_fault_signal(sig) && si_code > 0;
-    if synchronous && sig == libc::SIGSEGV && in_cache && area.is_poll_addr(si_addr) {
-        // A block entry hit the stopped polling page: the guest state is exactly the host
-        // state at the entry. Leave the cache there; the dispatcher delivers what is pending.
-        area.set_poll_stop(false);
-        // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
-        let layouts = unsafe { &*shared.layouts.get() };
-        if let Some(rip) = capture_fault(layouts, pc, gregs, area) {
-            area.fs_base = fs;
-            // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
-            unsafe { *shared.sync.get() = Some(SyncFault { sig: 0, info: [0; 128], rip }) };
-            gregs[REG_RIP] = shared.exit_from_signal as i64;
-        }
-        if switched {
-            write_fs(shared.fsgsbase, fs);
-        }
-        return;
-    }
     if synchronous {
         if in_cache {
             // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
@@ -799,9 +804,8 @@ extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_voi
     // SAFETY: the dispatcher reads a slot only with every signal blocked.
     unsafe { (*shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
     shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
-    if shared.poll_mode {
-        shared.poll_stopped.store(true, Ordering::Release);
-        area.set_poll_stop(true);
+    if shared.unlink_mode && !shared.critical.load(Ordering::SeqCst) {
+        unlink_all(shared, area);
     }
     area.ring.producer.budget.store(0, Ordering::Relaxed);
     if in_cache {
@@ -819,6 +823,28 @@ extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_voi
     if switched {
         write_fs(shared.fsgsbase, fs);
     }
+}
+
+/// Points every chained direct branch back at its exit stub and empties the indirect branch
+/// lookup table, so that translated code returns to the dispatcher at its next block boundary.
+/// Runs in the signal handler while the dispatcher is outside its critical sections.
+fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
+    let ptr = shared.exits.load(Ordering::Relaxed);
+    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
+    let delta = shared.rw_delta.load(Ordering::Relaxed);
+    if !ptr.is_null() {
+        // SAFETY: published by the dispatcher, which is not changing it (not critical).
+        let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
+        for e in exits {
+            if let ExitKind::Direct { site, stub, .. } = e.kind {
+                let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
+                // SAFETY: the site is a rel32 inside the code cache's writable view; a 4-byte
+                // store, and the interrupted code reads it only after the handler returns.
+                unsafe { ((site.0.wrapping_add(delta)) as *mut [u8; 4]).write_unaligned(rel.to_le_bytes()) };
+            }
+        }
+    }
+    area.clear_ibl(shared.ibl_empty);
 }
 
 /// Length in bytes of the entry's first instruction, `mov gs:[scratch_rcx], rcx`, which comes
@@ -850,9 +876,7 @@ fn capture_fault(layouts: &BTreeMap<u64, HostLayout>, pc: u64, gregs: &[i64; 23]
     for i in 0..8 {
         regs[8 + i] = gregs[REG_R8 + i] as u64;
     }
-    let rip = if pc == l.entry {
-        l.guest_start
-    } else if let Ok(i) = l.body.binary_search_by_key(&pc, |&(h, _)| h) {
+    let rip = if let Ok(i) = l.body.binary_search_by_key(&pc, |&(h, _)| h) {
         l.body[i].1
     } else if pc >= l.term_start {
         if l.rcx_borrowed_from.is_some_and(|from| pc >= from) {

@@ -103,15 +103,7 @@ pub struct ThreadArea {
     pub xsave: XsaveArea,
     /// The indirect branch lookup table.
     pub ibl: [IblEntry; IBL_ENTRIES],
-    /// The safe-point polling page of `--no-monitor` mode: every block entry stores a byte
-    /// here; the host signal handler makes the page read-only to stop the thread at the next
-    /// block entry (the store faults at a clean guest state). Page-aligned (the struct is).
-    pub poll: PollPage,
 }
-
-/// One page that the block entries of `--no-monitor` mode write to.
-#[repr(C, align(4096))]
-pub struct PollPage(pub [u8; 4096]);
 
 /// Offset of ring entries (`u32` block ids) from the area's base, in bytes.
 pub const ENTRIES_OFFSET: usize = size_of::<ThreadArea>();
@@ -138,7 +130,6 @@ pub mod off {
     pub const RING_BUDGET: i32 = (offset_of!(ThreadArea, ring) + RingControl::BUDGET_OFFSET) as i32;
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
-    pub const POLL: i32 = offset_of!(ThreadArea, poll) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
 }
 
@@ -193,20 +184,6 @@ impl ThreadArea {
         for e in self.ibl.iter_mut() {
             *e = IblEntry { neg_guest: 1, host: ibl_miss };
         }
-    }
-
-    /// Makes the polling page read-only (`stop == true`: the next block entry faults) or
-    /// writable again. Async-signal-safe (one system call).
-    pub fn set_poll_stop(&self, stop: bool) {
-        let prot = if stop { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
-        let page = &self.poll as *const PollPage as u64;
-        crate::syscalls::raw_syscall(libc::SYS_mprotect as u64, &[page, 4096, prot as u64, 0, 0, 0]);
-    }
-
-    /// True if `addr` is inside the polling page.
-    pub fn is_poll_addr(&self, addr: u64) -> bool {
-        let page = &self.poll as *const PollPage as u64;
-        addr >= page && addr < page + 4096
     }
 
     /// Index of `guest` in the lookup table: its low 16 bits (what the emitted `movzx` takes).
