@@ -7,11 +7,14 @@
 use hotpath_e2e::{catalog, guest_build, Linkage};
 
 /// One `#[test]` per listed sample, calling `check_sample` with the sample's name; the list
-/// must match the catalog exactly (checked by `every_catalog_sample_has_a_test`).
+/// must match the catalog exactly (checked by `every_catalog_sample_has_a_test`). A sample
+/// that finds a known hotpath bug is listed with `#[ignore = "bug: ..."]`: it still compiles
+/// and runs with `cargo test -- --ignored`.
 macro_rules! sample_tests {
-    ($($name:ident),* $(,)?) => {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         $(
             #[test]
+            $(#[$attr])*
             fn $name() {
                 hotpath_e2e::check_sample(stringify!($name));
             }
@@ -37,6 +40,26 @@ sample_tests! {
     abort,
     segv,
     signal_handler,
+    signal_async,
+    #[ignore = "bug: sigsuspend returns EINTR without running the handler of the signal that woke it"]
+    signal_sigsuspend,
+    #[ignore = "bug: blocked real-time signals do not queue (3 sigqueue'd SIGRTMIN give 1 delivery, the last value)"]
+    signal_rt_queue,
+    #[ignore = "bug: a read blocked in the kernel never runs an SA_RESTART handler (the guest hangs)"]
+    signal_restart,
+    signal_fault,
+    #[ignore = "bug: a guest stack overflow is reported as a fault in hotpath's own code; SA_ONSTACK handler never runs"]
+    signal_overflow,
+    #[ignore = "bug: a guest stack overflow sometimes (~1 in 6) prints 'hotpath: internal error: fault in hotpath's own code'"]
+    stack_overflow,
+    sigterm_self,
+    fork_wait,
+    #[ignore = "bug: a signal arriving as the guest enters pause() is held until another signal: the child hangs"]
+    fork_kill_paused,
+    fork_exec,
+    sigchld,
+    #[ignore = "bug: sigsuspend returns EINTR without running the handler of the signal that woke it"]
+    sigchld_sigsuspend,
     cpu_features,
     jit_remap,
     threads,
