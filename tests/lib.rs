@@ -138,6 +138,60 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
     cmd
 }
 
+/// Runs `exe args` natively and under hotpath (monitor off and on), all in `cwd`, and compares
+/// each hotpath run with the native one. For programs that are not catalog samples (e.g.
+/// busybox applets on generated inputs).
+///
+/// # Errors
+///
+/// A report of every mismatch (or of a run that could not start), after all runs; the native
+/// outcome is returned either way so the caller can also check it.
+pub fn compare_with_native(
+    exe: &Path,
+    args: &[&str],
+    cwd: &Path,
+) -> (Outcome, Result<(), String>) {
+    let mut native_cmd = Command::new(exe);
+    native_cmd.args(args);
+    set_guest_environment(&mut native_cmd, cwd);
+    let native = runner::run(&mut native_cmd, run_timeout())
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", runner::describe(&native_cmd)));
+    let hotpath = match hotpath_bin::hotpath() {
+        Ok(path) => path,
+        Err(e) => return (native, Err(format!("no hotpath binary to test: {e}"))),
+    };
+    let mut problems = String::new();
+    for mode in MonitorMode::ALL {
+        let mut cmd = hotpath_command(&hotpath, mode, exe, args);
+        cmd.current_dir(cwd);
+        match runner::run(&mut cmd, hang_timeout(native.elapsed)) {
+            Ok(translated) => {
+                if matches!(translated.termination, Termination::TimedOut(_)) {
+                    HANGS.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Err(report) = compare::compare_outcomes(&native, &translated) {
+                    let _ = write!(
+                        problems,
+                        "\n[{}] hotpath differs from the native run\n  command: {} (in {})\n{report}",
+                        mode.label(),
+                        runner::describe(&cmd),
+                        cwd.display()
+                    );
+                }
+            }
+            Err(e) => {
+                let _ = write!(problems, "\n[{}] could not run hotpath: {e}", mode.label());
+            }
+        }
+    }
+    let verdict = if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    };
+    (native, verdict)
+}
+
 /// The whole end-to-end check of one sample: for each linkage, build it, run it natively,
 /// compare the native run with the expected files in `guest-samples/expected/` (this catches
 /// a broken or non-deterministic sample, not a hotpath bug), then run it under hotpath with
