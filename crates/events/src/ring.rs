@@ -34,6 +34,9 @@ use crossbeam::utils::Backoff;
 /// the code cache once per event.
 pub const REFILL_FRACTION: u64 = 8;
 
+/// How long a producer waiting for room spins before it sleeps.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
+
 /// Events per 64-byte cache line.
 const LINE_ENTRIES: u64 = 16;
 
@@ -182,10 +185,15 @@ impl RingProducer {
             let started = Instant::now();
             let backoff = Backoff::new();
             while budget < want {
-                if backoff.is_completed() {
-                    std::thread::sleep(Duration::from_micros(20));
-                } else {
+                // The consumer runs on another core and frees room within microseconds; a
+                // sleep would oversleep by tens of them, so spin first and sleep only when the
+                // consumer seems stalled.
+                if !backoff.is_completed() {
                     backoff.snooze();
+                } else if started.elapsed() < SPIN_BEFORE_SLEEP {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
                 }
                 budget = self.room(head);
             }
