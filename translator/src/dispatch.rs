@@ -15,7 +15,7 @@ use crate::decode::decode_block;
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
 use crate::gateway::{emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL, EXIT_SPECIAL_BASE};
 use crate::guest_mem;
-use crate::signals::{Delivery, SignalState};
+use crate::signals::{Delivery, HandlerSetup, SignalState};
 use crate::syscalls::{self, CloneArgs, GuestExit, Outcome, Process};
 use crate::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
@@ -129,17 +129,17 @@ impl Translator {
         area.gpr[thread_area::RSP] = stack.rsp;
         area.fs_base = 0;
 
-        let signals = SignalState::install(
-            area as *mut ThreadArea,
-            cache.range(),
-            gateway.exit_from_signal.0,
-            host.fsgsbase,
-            !cfg.enqueue,
-            cache.rw_delta(),
-            gateway.ibl_empty.0,
-            host.xsave_size as usize,
-            host.xsave_mask,
-        )
+        let signals = SignalState::install(HandlerSetup {
+            area: area as *mut ThreadArea,
+            cache: cache.range(),
+            exit_from_signal: gateway.exit_from_signal.0,
+            fsgsbase: host.fsgsbase,
+            unlink_mode: !cfg.enqueue,
+            rw_delta: cache.rw_delta(),
+            ibl_empty: gateway.ibl_empty.0,
+            xsave_size: host.xsave_size as usize,
+            xsave_mask: host.xsave_mask,
+        })
         .map_err(|e| TranslateError::Thread { reason: format!("signal stack: {e}") })?;
         let mut process = Process {
             exe: image.path.clone(),
@@ -240,13 +240,10 @@ impl Translator {
     /// Makes every block entry's check pass again: a refilled ring budget when the monitor is
     /// on, else a budget of 1 (the check then only stops for signals).
     fn arm_safe_point(&mut self) {
-        match &self.producer {
-            Some(p) => {
-                if self.area.ring.producer.budget.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-                    p.refill();
-                }
+        if let Some(p) = &self.producer {
+            if self.area.ring.producer.budget.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                p.refill();
             }
-            None => {}
         }
     }
 
@@ -463,7 +460,7 @@ impl Translator {
         self.exits.clear();
         self.area.clear_ibl(self.gateway.ibl_empty.0);
         // SAFETY: the dispatcher runs; no translated code does.
-        unsafe { self.process.signals.layouts() }.clear();
+        unsafe { self.process.signals.layouts_mut() }.clear();
         self.generation += 1;
         self.stats.flushes += 1;
     }
@@ -500,7 +497,7 @@ impl Translator {
         self.cache.insert(&emitted.code);
         self.exits.extend(emitted.exits);
         // SAFETY: the dispatcher runs; no translated code does.
-        unsafe { self.process.signals.layouts() }.insert(emitted.layout.code_start, emitted.layout);
+        unsafe { self.process.signals.layouts_mut() }.insert(emitted.layout.code_start, emitted.layout);
         self.summaries.push(block.summary());
         self.blocks.insert(pc, emitted.entry);
         self.spans.insert(pc, block.end().0.max(pc + 1));

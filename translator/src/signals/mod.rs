@@ -27,13 +27,12 @@
 
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crate::emit::{Exit, ExitKind, HostLayout};
+use crate::emit::{Exit, HostLayout};
 use crate::guest_mem;
 use crate::syscalls::raw_syscall;
-use crate::thread_area::{self, ThreadArea};
+use crate::thread_area::ThreadArea;
 
 /// Highest signal number.
 pub const NSIG: usize = 64;
@@ -157,6 +156,11 @@ pub struct HandlerShared {
     layouts: UnsafeCell<BTreeMap<u64, HostLayout>>,
 }
 
+mod frame;
+mod handler;
+
+use handler::host_handler;
+
 static SHARED: AtomicPtr<HandlerShared> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Signals whose default action is to ignore them.
@@ -183,6 +187,28 @@ fn kernel_sigaction(sig: i32, act: Option<&libc::sigaction>, old: Option<&mut li
     unsafe { libc::sigaction(sig, a as *const libc::sigaction, o as *mut libc::sigaction) as i64 }
 }
 
+/// What the host handler needs to know about the translator, given once at start-up.
+pub struct HandlerSetup {
+    /// The guest thread's area (also its GS base).
+    pub area: *mut ThreadArea,
+    /// The code cache's executable range `(start, end)`.
+    pub cache: (u64, u64),
+    /// The gateway's `exit_from_signal` routine.
+    pub exit_from_signal: u64,
+    /// `rdfsbase`/`wrfsbase` are usable.
+    pub fsgsbase: bool,
+    /// `--no-monitor`: signals unlink blocks instead of zeroing the ring budget.
+    pub unlink_mode: bool,
+    /// Executable-view address + `rw_delta` = writable-view address of a code byte.
+    pub rw_delta: u64,
+    /// Where empty indirect branch lookup slots point.
+    pub ibl_empty: u64,
+    /// Bytes of the XSAVE image copied into signal frames.
+    pub xsave_size: usize,
+    /// The XSAVE component mask.
+    pub xsave_mask: u64,
+}
+
 /// Per-process signal state of the guest, kept by the dispatcher.
 pub struct SignalState {
     /// The guest's dispositions, index = signal number.
@@ -204,17 +230,8 @@ impl SignalState {
     ///
     /// # Errors
     /// The OS error when the alternate stack cannot be mapped.
-    pub fn install(
-        area: *mut ThreadArea,
-        cache: (u64, u64),
-        exit_from_signal: u64,
-        fsgsbase: bool,
-        unlink_mode: bool,
-        rw_delta: u64,
-        ibl_empty: u64,
-        xsave_size: usize,
-        xsave_mask: u64,
-    ) -> std::io::Result<SignalState> {
+    pub fn install(setup: HandlerSetup) -> std::io::Result<SignalState> {
+        let HandlerSetup { area, cache, exit_from_signal, fsgsbase, unlink_mode, rw_delta, ibl_empty, xsave_size, xsave_mask } = setup;
         let shared = Box::leak(Box::new(HandlerShared {
             pending: AtomicU64::new(0),
             infos: UnsafeCell::new(Box::new(std::array::from_fn(|_| SigQueue::default()))),
@@ -265,9 +282,18 @@ impl SignalState {
     /// # Safety
     /// Only the guest thread's dispatcher may call this, and only while it is not inside
     /// translated code (the host handler reads the map only for PCs inside the cache).
-    pub unsafe fn layouts(&self) -> &mut BTreeMap<u64, HostLayout> {
+    pub unsafe fn layouts_mut(&mut self) -> &mut BTreeMap<u64, HostLayout> {
         // SAFETY: see the function's contract.
         unsafe { &mut *self.shared.layouts.get() }
+    }
+
+    /// The block layouts, to read (same contract as [`layouts_mut`](Self::layouts_mut)).
+    ///
+    /// # Safety
+    /// As for `layouts_mut`.
+    pub unsafe fn layouts(&self) -> &BTreeMap<u64, HostLayout> {
+        // SAFETY: see the function's contract.
+        unsafe { &*self.shared.layouts.get() }
     }
 
     /// Sets the kernel disposition of `sig` from the guest's.
@@ -468,123 +494,6 @@ impl SignalState {
         Delivery::Continue(rip)
     }
 
-    /// Builds the kernel's `rt_sigframe` for `sig` on the guest's stack and points the guest
-    /// at its handler; the frame restores mask `saved`, the handler runs with `base` plus its
-    /// `sa_mask` (and `sig` itself unless SA_NODEFER). Returns the handler's address and mask.
-    fn setup_frame(&mut self, area: &mut ThreadArea, sig: i32, info: &[u8; 128], rip: u64, saved: u64, base: u64) -> Result<(u64, u64), ()> {
-        let mask = saved;
-        let a = self.actions[sig as usize];
-        let rsp = area.gpr[thread_area::RSP];
-        let on_alt = self.on_altstack(rsp);
-        let mut sp = if a.flags & SA_ONSTACK != 0 && self.altstack.flags & SS_DISABLE == 0 && !on_alt {
-            self.altstack.sp + self.altstack.size
-        } else {
-            rsp - 128
-        };
-        // XSAVE image, 64-byte aligned, followed by the 4-byte FP_XSTATE_MAGIC2.
-        let xsize = self.xsave_size;
-        sp -= xsize as u64 + 4;
-        sp &= !63;
-        let fpstate = sp;
-        let mut fp = area.xsave.0[..xsize].to_vec();
-        fp[464..468].copy_from_slice(&0x4650_5853u32.to_le_bytes()); // FP_XSTATE_MAGIC1
-        fp[468..472].copy_from_slice(&((xsize + 4) as u32).to_le_bytes()); // extended_size
-        fp[472..480].copy_from_slice(&self.xsave_mask.to_le_bytes()); // xfeatures
-        fp[480..484].copy_from_slice(&(xsize as u32).to_le_bytes()); // xstate_size
-        fp.extend_from_slice(&0x4650_5845u32.to_le_bytes()); // FP_XSTATE_MAGIC2
-        guest_mem::write(fpstate, &fp).map_err(|_| ())?;
-
-        const FRAME: u64 = 8 + UC_SIZE as u64 + 128;
-        sp = ((sp - FRAME) & !15) - 8;
-        let frame = sp;
-        let mut f = vec![0u8; FRAME as usize];
-        let put = |f: &mut Vec<u8>, off: usize, v: u64| f[off..off + 8].copy_from_slice(&v.to_le_bytes());
-        put(&mut f, 0, a.restorer);
-        let uc = 8;
-        put(&mut f, uc + UC_FLAGS, 1 | 2 | 4); // UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS
-        put(&mut f, uc + UC_STACK, self.altstack.sp);
-        let ss_flags = if on_alt { SS_ONSTACK } else { self.altstack.flags };
-        f[uc + UC_STACK + 8..uc + UC_STACK + 12].copy_from_slice(&ss_flags.to_le_bytes());
-        put(&mut f, uc + UC_STACK + 16, self.altstack.size);
-        for (i, &slot) in SIGCONTEXT_GPR.iter().enumerate() {
-            put(&mut f, uc + UC_MCONTEXT + 8 * i, area.gpr[slot]);
-        }
-        put(&mut f, uc + UC_MCONTEXT + MC_RIP, rip);
-        put(&mut f, uc + UC_MCONTEXT + MC_EFLAGS, area.rflags);
-        // cs, gs, fs, ss
-        put(&mut f, uc + UC_MCONTEXT + MC_CSGSFS, 0x33 | (0x2b << 48));
-        let (trapno, err) = trap_info(sig, info);
-        put(&mut f, uc + UC_MCONTEXT + MC_ERR, err);
-        put(&mut f, uc + UC_MCONTEXT + MC_TRAPNO, trapno);
-        put(&mut f, uc + UC_MCONTEXT + MC_OLDMASK, mask);
-        let si_addr = u64::from_le_bytes(info[16..24].try_into().unwrap());
-        if sig == libc::SIGSEGV || sig == libc::SIGBUS {
-            put(&mut f, uc + UC_MCONTEXT + MC_CR2, si_addr);
-        }
-        put(&mut f, uc + UC_MCONTEXT + MC_FPSTATE, fpstate);
-        put(&mut f, uc + UC_SIGMASK, mask);
-        f[8 + UC_SIZE..].copy_from_slice(info);
-        guest_mem::write(frame, &f).map_err(|_| ())?;
-
-        area.gpr[thread_area::RSP] = frame;
-        area.gpr[thread_area::RDI] = sig as u64;
-        area.gpr[thread_area::RSI] = frame + 8 + UC_SIZE as u64;
-        area.gpr[thread_area::RDX] = frame + 8;
-        area.gpr[thread_area::RAX] = 0;
-        // The kernel clears DF, TF and RF for the handler and gives it a fresh FPU state.
-        area.rflags &= !(0x400 | 0x100 | 0x10000);
-        reset_xsave(area);
-        let mut new_mask = base | a.mask;
-        if a.flags & SA_NODEFER == 0 {
-            new_mask |= 1 << (sig - 1);
-        }
-        if a.flags & SA_RESETHAND != 0 {
-            self.actions[sig as usize] = GuestAction::default();
-            self.apply(sig);
-        }
-        let _ = SA_SIGINFO | SA_RESTORER;
-        Ok((a.handler, new_mask))
-    }
-
-    /// `rt_sigreturn` for the guest: restores the context saved in the frame at `rsp - 8`.
-    /// Returns the guest RIP to resume at.
-    pub fn sigreturn(&mut self, area: &mut ThreadArea) -> Result<u64, i32> {
-        let frame = area.gpr[thread_area::RSP] - 8;
-        let mut f = vec![0u8; 8 + UC_SIZE];
-        guest_mem::read(frame, &mut f).map_err(|_| libc::SIGSEGV)?;
-        let get = |off: usize| u64::from_le_bytes(f[off..off + 8].try_into().unwrap());
-        let uc = 8;
-        for (i, &slot) in SIGCONTEXT_GPR.iter().enumerate() {
-            area.gpr[slot] = get(uc + UC_MCONTEXT + 8 * i);
-        }
-        let rip = get(uc + UC_MCONTEXT + MC_RIP);
-        // Only the flags user code may change (the kernel's FIX_EFLAGS).
-        const FIX_EFLAGS: u64 = 0x0004_0dd5 | 0x0001_0000;
-        let eflags = get(uc + UC_MCONTEXT + MC_EFLAGS);
-        area.rflags = (area.rflags & !FIX_EFLAGS) | (eflags & FIX_EFLAGS) | 0x2;
-        let fpstate = get(uc + UC_MCONTEXT + MC_FPSTATE);
-        if fpstate != 0 {
-            let mut fp = vec![0u8; self.xsave_size];
-            guest_mem::read(fpstate, &mut fp).map_err(|_| libc::SIGSEGV)?;
-            // Keep the header's reserved bytes zero, as XRSTOR demands.
-            fp[464..512].fill(0);
-            area.xsave.0[..self.xsave_size].copy_from_slice(&fp);
-        } else {
-            reset_xsave(area);
-        }
-        let mask = get(uc + UC_SIGMASK) & !((1 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)));
-        set_mask(mask);
-        let ss_sp = get(uc + UC_STACK);
-        let ss_flags = i32::from_le_bytes(f[uc + UC_STACK + 8..uc + UC_STACK + 12].try_into().unwrap());
-        let ss_size = get(uc + UC_STACK + 16);
-        if ss_flags & SS_DISABLE != 0 {
-            self.altstack = AltStack { sp: 0, flags: SS_DISABLE, size: 0 };
-        } else if ss_size >= MINSIGSTKSZ {
-            self.altstack = AltStack { sp: ss_sp, flags: 0, size: ss_size };
-        }
-        Ok(rip)
-    }
-
     /// Records a trap raised by a terminating instruction hotpath did not run (int3, ud2, hlt,
     /// unreadable code) as a synchronous fault at guest `rip`.
     pub fn raise_trap(&self, sig: i32, code: i32, addr: u64, rip: u64) {
@@ -611,44 +520,6 @@ pub enum Delivery {
     Continue(u64),
     /// The guest dies of this signal (default action).
     Exit(i32),
-}
-
-// Kernel `struct ucontext` layout on x86-64 (offsets in bytes).
-const UC_FLAGS: usize = 0;
-const UC_STACK: usize = 16;
-const UC_MCONTEXT: usize = 40;
-const UC_SIGMASK: usize = 296;
-const UC_SIZE: usize = 304;
-const MC_RIP: usize = 128;
-const MC_EFLAGS: usize = 136;
-const MC_CSGSFS: usize = 144;
-const MC_ERR: usize = 152;
-const MC_TRAPNO: usize = 160;
-const MC_OLDMASK: usize = 168;
-const MC_CR2: usize = 176;
-const MC_FPSTATE: usize = 184;
-/// `sigcontext` GPR order (r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp) as indices into
-/// `ThreadArea::gpr` (x86 encoding order).
-const SIGCONTEXT_GPR: [usize; 16] = [8, 9, 10, 11, 12, 13, 14, 15, 7, 6, 5, 3, 2, 0, 1, 4];
-
-/// The trap number and error code the kernel reports in `sigcontext` for a signal.
-fn trap_info(sig: i32, info: &[u8; 128]) -> (u64, u64) {
-    let code = i32::from_le_bytes(info[8..12].try_into().unwrap());
-    match sig {
-        libc::SIGTRAP => (3, 0),
-        libc::SIGILL => (6, 0),
-        libc::SIGFPE => (0, 0),
-        libc::SIGSEGV if code == 0x80 => (13, 0),
-        libc::SIGSEGV => (14, 4 | 0x10),
-        _ => (0, 0),
-    }
-}
-
-/// Puts the guest's FPU/SSE/AVX state back to its initial state (what a handler starts with).
-fn reset_xsave(area: &mut ThreadArea) {
-    area.xsave.0[..1024].fill(0);
-    area.xsave.0[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
-    area.xsave.0[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
 }
 
 fn set_mask(mask: u64) {
@@ -710,186 +581,4 @@ fn install_host_altstack() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn read_fs(fsgsbase: bool) -> u64 {
-    if fsgsbase {
-        let v: u64;
-        // SAFETY: FSGSBASE is enabled (checked at start-up).
-        unsafe { std::arch::asm!("rdfsbase {}", out(reg) v, options(nomem, nostack)) };
-        v
-    } else {
-        let mut v = 0u64;
-        raw_syscall(libc::SYS_arch_prctl as u64, &[0x1003, &mut v as *mut u64 as u64, 0, 0, 0, 0]);
-        v
-    }
-}
-
-fn write_fs(fsgsbase: bool, v: u64) {
-    if fsgsbase {
-        // SAFETY: FSGSBASE is enabled (checked at start-up); the value is a valid FS base.
-        unsafe { std::arch::asm!("wrfsbase {}", in(reg) v, options(nomem, nostack)) };
-    } else {
-        raw_syscall(libc::SYS_arch_prctl as u64, &[0x1002, v, 0, 0, 0, 0]);
-    }
-}
-
-// libc's gregs indices.
-const REG_R8: usize = 0;
-const REG_RDI: usize = 8;
-const REG_RSI: usize = 9;
-const REG_RBP: usize = 10;
-const REG_RBX: usize = 11;
-const REG_RDX: usize = 12;
-const REG_RAX: usize = 13;
-const REG_RCX: usize = 14;
-const REG_RSP: usize = 15;
-const REG_RIP: usize = 16;
-const REG_EFL: usize = 17;
-
-/// hotpath's handler for every signal the kernel hands it. Runs on hotpath's alternate stack
-/// with every signal blocked. Allocates nothing and takes no lock.
-extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    let shared = SHARED.load(Ordering::Acquire);
-    if shared.is_null() {
-        return;
-    }
-    // SAFETY: set once at start-up and never freed.
-    let shared = unsafe { &*shared };
-    // SAFETY: the area is never unmapped; this handler runs on the guest thread, which owns it.
-    let area = unsafe { &mut *shared.area };
-    // SAFETY: the kernel passes a valid ucontext and siginfo.
-    let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
-    let info_bytes: [u8; 128] = unsafe { std::ptr::read(info as *const [u8; 128]) };
-    let gregs = &mut uc.uc_mcontext.gregs;
-    let pc = gregs[REG_RIP] as u64;
-    let in_cache = pc >= shared.cache.0 && pc < shared.cache.1;
-
-    // Rust's thread-locals live behind the host FS base; translated code runs with the guest's.
-    let fs = read_fs(shared.fsgsbase);
-    let switched = fs != area.host_fs_base;
-    if switched {
-        write_fs(shared.fsgsbase, area.host_fs_base);
-    }
-
-    let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
-    let synchronous = is_fault_signal(sig) && si_code > 0;
-    if synchronous {
-        if in_cache {
-            // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
-            let layouts = unsafe { &*shared.layouts.get() };
-            if let Some(rip) = capture_fault(layouts, pc, gregs, area) {
-                area.fs_base = fs;
-                // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
-                unsafe { *shared.sync.get() = Some(SyncFault { sig, info: info_bytes, rip }) };
-                gregs[REG_RIP] = shared.exit_from_signal as i64;
-                if switched {
-                    write_fs(shared.fsgsbase, fs);
-                }
-                return;
-            }
-        }
-        // A fault in hotpath itself: report it and let it happen again with the default
-        // action, which ends the process with the same signal.
-        let msg = b"hotpath: internal error: fault in hotpath's own code\n";
-        raw_syscall(libc::SYS_write as u64, &[2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
-        // SAFETY: zeroed sigaction with SIG_DFL.
-        let mut k: libc::sigaction = unsafe { std::mem::zeroed() };
-        k.sa_sigaction = libc::SIG_DFL;
-        kernel_sigaction(sig, Some(&k), None);
-        return;
-    }
-
-    // Asynchronous: record it and make the thread reach a safe point soon.
-    // SAFETY: the dispatcher reads a slot only with every signal blocked.
-    unsafe { (*shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
-    shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
-    if shared.unlink_mode && !shared.critical.load(Ordering::SeqCst) {
-        unlink_all(shared, area);
-    }
-    area.ring.producer.budget.store(0, Ordering::Relaxed);
-    if in_cache {
-        // SAFETY: as above, the PC is in translated code.
-        let layouts = unsafe { &*shared.layouts.get() };
-        if let Some((_, l)) = layouts.range(..=pc).next_back() {
-            if pc >= l.stub_window.0 && pc < l.stub_window.1 {
-                // The check was between reading and rewriting the budget: run it again from
-                // the entry, with the guest's RCX back, so it sees the zero.
-                gregs[REG_RCX] = area.scratch_rcx as i64;
-                gregs[REG_RIP] = (l.stub_window.0 - STUB_SAVE_RCX_LEN) as i64;
-            }
-        }
-    }
-    if switched {
-        write_fs(shared.fsgsbase, fs);
-    }
-}
-
-/// Points every chained direct branch back at its exit stub and empties the indirect branch
-/// lookup table, so that translated code returns to the dispatcher at its next block boundary.
-/// Runs in the signal handler while the dispatcher is outside its critical sections.
-fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
-    let ptr = shared.exits.load(Ordering::Relaxed);
-    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
-    let delta = shared.rw_delta.load(Ordering::Relaxed);
-    if !ptr.is_null() {
-        // SAFETY: published by the dispatcher, which is not changing it (not critical).
-        let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
-        for e in exits {
-            if let ExitKind::Direct { site, stub, .. } = e.kind {
-                let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
-                // SAFETY: the site is a rel32 inside the code cache's writable view; a 4-byte
-                // store, and the interrupted code reads it only after the handler returns.
-                unsafe { ((site.0.wrapping_add(delta)) as *mut [u8; 4]).write_unaligned(rel.to_le_bytes()) };
-            }
-        }
-    }
-    area.clear_ibl(shared.ibl_empty);
-}
-
-/// Length in bytes of the entry's first instruction, `mov gs:[scratch_rcx], rcx`, which comes
-/// right before the stub window.
-const STUB_SAVE_RCX_LEN: u64 = 9;
-
-/// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
-/// guest's values at the faulting instruction and returns its guest address, or `None` when
-/// `pc` is not at a guest instruction (a fault in hotpath's own stubs).
-fn capture_fault(layouts: &BTreeMap<u64, HostLayout>, pc: u64, gregs: &[i64; 23], area: &mut ThreadArea) -> Option<u64> {
-    let (_, l) = layouts.range(..=pc).next_back()?;
-    if pc >= l.code_end {
-        return None;
-    }
-    let mut regs = [0u64; 16];
-    let from_gregs = [
-        (thread_area::RAX, REG_RAX),
-        (thread_area::RCX, REG_RCX),
-        (thread_area::RDX, REG_RDX),
-        (3, REG_RBX),
-        (thread_area::RSP, REG_RSP),
-        (5, REG_RBP),
-        (thread_area::RSI, REG_RSI),
-        (thread_area::RDI, REG_RDI),
-    ];
-    for (slot, g) in from_gregs {
-        regs[slot] = gregs[g] as u64;
-    }
-    for i in 0..8 {
-        regs[8 + i] = gregs[REG_R8 + i] as u64;
-    }
-    let rip = if let Ok(i) = l.body.binary_search_by_key(&pc, |&(h, _)| h) {
-        l.body[i].1
-    } else if pc >= l.term_start {
-        if l.rcx_borrowed_from.is_some_and(|from| pc >= from) {
-            regs[thread_area::RCX] = area.scratch_rcx;
-        }
-        if l.push_window.is_some_and(|(a, b)| pc >= a && pc < b) {
-            regs[thread_area::RSP] += 8;
-        }
-        l.term_guest
-    } else {
-        return None;
-    };
-    area.gpr = regs;
-    area.rflags = gregs[REG_EFL] as u64;
-    Some(rip)
 }

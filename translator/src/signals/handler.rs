@@ -1,0 +1,192 @@
+//! hotpath's host signal handler: records asynchronous signals and sends the thread to a safe
+//! point, and maps synchronous faults in translated code back to the guest instruction.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::emit::{ExitKind, HostLayout};
+use crate::thread_area;
+
+fn read_fs(fsgsbase: bool) -> u64 {
+    if fsgsbase {
+        let v: u64;
+        // SAFETY: FSGSBASE is enabled (checked at start-up).
+        unsafe { std::arch::asm!("rdfsbase {}", out(reg) v, options(nomem, nostack)) };
+        v
+    } else {
+        let mut v = 0u64;
+        raw_syscall(libc::SYS_arch_prctl as u64, &[0x1003, &mut v as *mut u64 as u64, 0, 0, 0, 0]);
+        v
+    }
+}
+
+fn write_fs(fsgsbase: bool, v: u64) {
+    if fsgsbase {
+        // SAFETY: FSGSBASE is enabled (checked at start-up); the value is a valid FS base.
+        unsafe { std::arch::asm!("wrfsbase {}", in(reg) v, options(nomem, nostack)) };
+    } else {
+        raw_syscall(libc::SYS_arch_prctl as u64, &[0x1002, v, 0, 0, 0, 0]);
+    }
+}
+
+// libc's gregs indices.
+const REG_R8: usize = 0;
+const REG_RDI: usize = 8;
+const REG_RSI: usize = 9;
+const REG_RBP: usize = 10;
+const REG_RBX: usize = 11;
+const REG_RDX: usize = 12;
+const REG_RAX: usize = 13;
+const REG_RCX: usize = 14;
+const REG_RSP: usize = 15;
+const REG_RIP: usize = 16;
+const REG_EFL: usize = 17;
+
+/// hotpath's handler for every signal the kernel hands it. Runs on hotpath's alternate stack
+/// with every signal blocked. Allocates nothing and takes no lock.
+pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let shared = SHARED.load(Ordering::Acquire);
+    if shared.is_null() {
+        return;
+    }
+    // SAFETY: set once at start-up and never freed.
+    let shared = unsafe { &*shared };
+    // SAFETY: the area is never unmapped; this handler runs on the guest thread, which owns it.
+    let area = unsafe { &mut *shared.area };
+    // SAFETY: the kernel passes a valid ucontext and siginfo.
+    let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
+    let info_bytes: [u8; 128] = unsafe { std::ptr::read(info as *const [u8; 128]) };
+    let gregs = &mut uc.uc_mcontext.gregs;
+    let pc = gregs[REG_RIP] as u64;
+    let in_cache = pc >= shared.cache.0 && pc < shared.cache.1;
+
+    // Rust's thread-locals live behind the host FS base; translated code runs with the guest's.
+    let fs = read_fs(shared.fsgsbase);
+    let switched = fs != area.host_fs_base;
+    if switched {
+        write_fs(shared.fsgsbase, area.host_fs_base);
+    }
+
+    let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
+    let synchronous = is_fault_signal(sig) && si_code > 0;
+    if synchronous {
+        if in_cache {
+            // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
+            let layouts = unsafe { &*shared.layouts.get() };
+            if let Some(rip) = capture_fault(layouts, pc, gregs, area) {
+                area.fs_base = fs;
+                // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
+                unsafe { *shared.sync.get() = Some(SyncFault { sig, info: info_bytes, rip }) };
+                gregs[REG_RIP] = shared.exit_from_signal as i64;
+                if switched {
+                    write_fs(shared.fsgsbase, fs);
+                }
+                return;
+            }
+        }
+        // A fault in hotpath itself: report it and let it happen again with the default
+        // action, which ends the process with the same signal.
+        let msg = b"hotpath: internal error: fault in hotpath's own code\n";
+        raw_syscall(libc::SYS_write as u64, &[2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+        // SAFETY: zeroed sigaction with SIG_DFL.
+        let mut k: libc::sigaction = unsafe { std::mem::zeroed() };
+        k.sa_sigaction = libc::SIG_DFL;
+        kernel_sigaction(sig, Some(&k), None);
+        return;
+    }
+
+    // Asynchronous: record it and make the thread reach a safe point soon.
+    // SAFETY: the dispatcher reads a slot only with every signal blocked.
+    unsafe { (*shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
+    shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
+    if shared.unlink_mode && !shared.critical.load(Ordering::SeqCst) {
+        unlink_all(shared, area);
+    }
+    area.ring.producer.budget.store(0, Ordering::Relaxed);
+    if in_cache {
+        // SAFETY: as above, the PC is in translated code.
+        let layouts = unsafe { &*shared.layouts.get() };
+        if let Some((_, l)) = layouts.range(..=pc).next_back() {
+            if pc >= l.stub_window.0 && pc < l.stub_window.1 {
+                // The check was between reading and rewriting the budget: run it again from
+                // the entry, with the guest's RCX back, so it sees the zero.
+                gregs[REG_RCX] = area.scratch_rcx as i64;
+                gregs[REG_RIP] = (l.stub_window.0 - STUB_SAVE_RCX_LEN) as i64;
+            }
+        }
+    }
+    if switched {
+        write_fs(shared.fsgsbase, fs);
+    }
+}
+
+/// Points every chained direct branch back at its exit stub and empties the indirect branch
+/// lookup table, so that translated code returns to the dispatcher at its next block boundary.
+/// Runs in the signal handler while the dispatcher is outside its critical sections.
+fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
+    let ptr = shared.exits.load(Ordering::Relaxed);
+    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
+    let delta = shared.rw_delta.load(Ordering::Relaxed);
+    if !ptr.is_null() {
+        // SAFETY: published by the dispatcher, which is not changing it (not critical).
+        let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
+        for e in exits {
+            if let ExitKind::Direct { site, stub, .. } = e.kind {
+                let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
+                // SAFETY: the site is a rel32 inside the code cache's writable view; a 4-byte
+                // store, and the interrupted code reads it only after the handler returns.
+                unsafe { ((site.0.wrapping_add(delta)) as *mut [u8; 4]).write_unaligned(rel.to_le_bytes()) };
+            }
+        }
+    }
+    area.clear_ibl(shared.ibl_empty);
+}
+
+/// Length in bytes of the entry's first instruction, `mov gs:[scratch_rcx], rcx`, which comes
+/// right before the stub window.
+const STUB_SAVE_RCX_LEN: u64 = 9;
+
+/// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
+/// guest's values at the faulting instruction and returns its guest address, or `None` when
+/// `pc` is not at a guest instruction (a fault in hotpath's own stubs).
+fn capture_fault(layouts: &BTreeMap<u64, HostLayout>, pc: u64, gregs: &[i64; 23], area: &mut ThreadArea) -> Option<u64> {
+    let (_, l) = layouts.range(..=pc).next_back()?;
+    if pc >= l.code_end {
+        return None;
+    }
+    let mut regs = [0u64; 16];
+    let from_gregs = [
+        (thread_area::RAX, REG_RAX),
+        (thread_area::RCX, REG_RCX),
+        (thread_area::RDX, REG_RDX),
+        (3, REG_RBX),
+        (thread_area::RSP, REG_RSP),
+        (5, REG_RBP),
+        (thread_area::RSI, REG_RSI),
+        (thread_area::RDI, REG_RDI),
+    ];
+    for (slot, g) in from_gregs {
+        regs[slot] = gregs[g] as u64;
+    }
+    for i in 0..8 {
+        regs[8 + i] = gregs[REG_R8 + i] as u64;
+    }
+    let rip = if let Ok(i) = l.body.binary_search_by_key(&pc, |&(h, _)| h) {
+        l.body[i].1
+    } else if pc >= l.term_start {
+        if l.rcx_borrowed_from.is_some_and(|from| pc >= from) {
+            regs[thread_area::RCX] = area.scratch_rcx;
+        }
+        if l.push_window.is_some_and(|(a, b)| pc >= a && pc < b) {
+            regs[thread_area::RSP] += 8;
+        }
+        l.term_guest
+    } else {
+        return None;
+    };
+    area.gpr = regs;
+    area.rflags = gregs[REG_EFL] as u64;
+    Some(rip)
+}
