@@ -1,0 +1,125 @@
+//! Golden tests of the pipeline's middle: guest bytes → IR block → host code. Each case decodes
+//! a few guest instructions placed at a fixed guest address, emits them for a fixed host
+//! address (monitor on and off), and compares the IR summary and the disassembly with
+//! `tests/golden/<case>.txt`. `HOTPATH_BLESS=1` rewrites the files after an intended change.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use hotpath_ir::{BlockId, GuestAddr, HostAddr};
+use hotpath_translator::decode::decode_block;
+use hotpath_translator::emit::{emit_block, EmitContext};
+use hotpath_translator::gateway::Gateway;
+use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
+
+/// Guest address every case is decoded at (mapped by the test).
+const GUEST: u64 = 0x1000_0000;
+/// Host address every block is emitted for (only assembled, never run).
+const HOST: u64 = 0x2000_0000;
+
+const GATEWAY: Gateway = Gateway {
+    enter: HostAddr(HOST - 0x1000),
+    exit: HostAddr(HOST - 0x0f00),
+    ibl_miss: HostAddr(HOST - 0x0e00),
+    ibl_empty: HostAddr(HOST - 0x0d00),
+    exit_from_signal: HostAddr(HOST - 0x0c00),
+};
+
+fn guest_page() -> &'static mut [u8] {
+    use std::sync::OnceLock;
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    let addr = *PAGE.get_or_init(|| {
+        // SAFETY: a fresh private mapping at an address nothing else in the test uses.
+        let p = unsafe {
+            libc::mmap(
+                GUEST as *mut libc::c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p as u64, GUEST, "could not map the guest page");
+        p as usize
+    });
+    // SAFETY: the page is mapped for the whole test run; cases run one after another.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, 4096) }
+}
+
+fn disassemble(code: &[u8], at: u64) -> String {
+    let mut out = String::new();
+    let mut f = IntelFormatter::new();
+    for inst in Decoder::with_ip(64, code, at, DecoderOptions::NONE) {
+        let mut text = String::new();
+        f.format(&inst, &mut text);
+        writeln!(out, "  {:x}  {text}", inst.ip()).unwrap();
+    }
+    out
+}
+
+fn render(name: &str, bytes: &[u8]) -> String {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let page = guest_page();
+    page.fill(0xcc);
+    page[..bytes.len()].copy_from_slice(bytes);
+    let block = decode_block(GuestAddr(GUEST));
+    let mut out = format!("# {name}\nterminator: {:?}\nbody instructions: {}\nguest bytes: {}\n", block.terminator, block.body.len(), block.len_bytes);
+    for enqueue in [true, false] {
+        let cx = EmitContext { enqueue, gateway: GATEWAY };
+        let e = emit_block(&block, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
+        writeln!(out, "\n## monitor {} (entry {:#x}, {} exits)", if enqueue { "on" } else { "off" }, e.entry.0, e.exits.len()).unwrap();
+        out.push_str(&disassemble(&e.code, HOST));
+    }
+    out
+}
+
+fn check(name: &str, bytes: &[u8]) {
+    let got = render(name, bytes);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(format!("{name}.txt"));
+    if std::env::var_os("HOTPATH_BLESS").is_some() {
+        std::fs::write(&path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (run with HOTPATH_BLESS=1 to create it)", path.display()));
+    assert_eq!(got, want, "{name}: emitted code differs from {} (HOTPATH_BLESS=1 refreshes it)", path.display());
+}
+
+#[test]
+fn conditional_branch_loop() {
+    // add rax, 1 ; cmp rax, rdi ; jb back to the add
+    check("jcc_loop", &[0x48, 0x83, 0xc0, 0x01, 0x48, 0x39, 0xf8, 0x72, 0xf6]);
+}
+
+#[test]
+fn direct_call_pushes_guest_return_address() {
+    // mov edi, 5 ; call +0x100
+    check("call", &[0xbf, 0x05, 0, 0, 0, 0xe8, 0x00, 0x01, 0, 0]);
+}
+
+#[test]
+fn return_goes_through_the_lookup() {
+    // pop rbx ; ret 16
+    check("ret_imm", &[0x5b, 0xc2, 0x10, 0x00]);
+}
+
+#[test]
+fn rip_relative_operands_keep_their_guest_target() {
+    // lea rcx, [rip] ; mov rax, [rip + 0x100] ; call [rip + 0x200]
+    check("rip_relative", &[0x48, 0x8d, 0x0d, 0, 0, 0, 0, 0x48, 0x8b, 0x05, 0x00, 0x01, 0, 0, 0xff, 0x15, 0x00, 0x02, 0, 0]);
+}
+
+#[test]
+fn syscall_and_trap_exit_to_the_dispatcher() {
+    // mov eax, 39 ; syscall
+    check("syscall", &[0xb8, 39, 0, 0, 0, 0x0f, 0x05]);
+    // ud2
+    check("ud2", &[0x0f, 0x0b]);
+}
+
+#[test]
+fn loop_instruction_keeps_its_rcx_semantics() {
+    // dec rdx ; loop back to the dec
+    check("loop", &[0x48, 0xff, 0xca, 0xe2, 0xfb]);
+}
