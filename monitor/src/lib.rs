@@ -3,6 +3,8 @@
 //! ```text
 //! ring (block ids + syscall events, FIFO) ──drain──▶ Tables (edge counts by block id)
 //!        NewBlock metadata ──────────────────────────▶ Tables::blocks
+//!        block ids ──▶ PathRecorder: shadow stack, functions, paths interned at their ends
+//!                       (paths.rs) ──▶ BL ids, PAP traces, k-paths (pathreport.rs)
 //! guest ends ──▶ Profile (aggregated by guest address) ──▶ JSON report, text summary
 //! ```
 //!
@@ -11,6 +13,8 @@
 //! terminator (direct branch, indirect jump, syscall); it runs pinned to a core other than the
 //! guest's. Counts are exact: the ring never drops an event.
 
+mod pathreport;
+mod paths;
 mod profile;
 pub mod report;
 mod tables;
@@ -18,4 +22,6 @@ mod thread;
 
 pub use profile::{BlockProfile, EdgeProfile, IndirectSite, Profile, Symbolizer, SyscallProfile, Totals};
 pub use tables::{SyscallCount, Tables};
-pub use thread::{spawn, MonitorHandle};
+pub use thread::{spawn, MonitorHandle, MonitorState};
+pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, PAP_MAX_PATHS};
+pub use pathreport::{FunctionCfg, KPath, PathEntry, PathKind, PathProfile, K_PATHS_TOP, PAP_PATHS_TOP};

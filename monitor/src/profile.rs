@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use hotpath_ir::{syscall_name, Terminator, TerminatorKind};
 
-use crate::Tables;
+use crate::{PathProfile, Tables};
 
 /// Names a guest address `symbol+offset`, when a symbol covers it.
 pub type Symbolizer<'a> = &'a dyn Fn(u64) -> Option<(String, u64)>;
@@ -40,6 +40,9 @@ pub struct BlockProfile {
     pub terminator: TerminatorKind,
     /// `symbol+offset`, when known.
     pub symbol: Option<String>,
+    /// Its guest code bytes, when they could be read at report time (see
+    /// [`Profile::read_code`]).
+    pub code: Option<Vec<u8>>,
 }
 
 /// A direct edge between two blocks.
@@ -94,6 +97,8 @@ pub struct Profile {
     pub indirect: Vec<IndirectSite>,
     /// By number.
     pub syscalls: Vec<SyscallProfile>,
+    /// Path profiles, when paths were recorded.
+    pub paths: Option<PathProfile>,
 }
 
 fn sorted_desc(m: HashMap<u64, u64>) -> Vec<(u64, u64)> {
@@ -124,6 +129,7 @@ impl Profile {
                 len_bytes: b.len_bytes,
                 terminator: b.kind(),
                 symbol: symbolize(b.start.0).map(|(s, off)| if off == 0 { s } else { format!("{s}+{off:#x}") }),
+                code: None,
             });
             e.count += c;
         }
@@ -172,6 +178,24 @@ impl Profile {
             .collect();
         syscalls.sort_by_key(|s| s.nr);
 
-        Profile { totals, blocks: by_addr.into_values().collect(), edges, indirect, syscalls }
+        Profile { totals, blocks: by_addr.into_values().collect(), edges, indirect, syscalls, paths: None }
+    }
+
+    /// Reads the guest code bytes of every block from this process's memory, where the guest
+    /// image is mapped at its own addresses (so only while the guest's mappings still exist).
+    /// Uses `process_vm_readv` on this process, which fails cleanly on unmapped memory. Code
+    /// rewritten after it ran (self-modifying, JIT) shows its latest bytes.
+    pub fn read_code(&mut self) {
+        for b in &mut self.blocks {
+            let mut buf = vec![0u8; b.len_bytes as usize];
+            let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            let remote = libc::iovec { iov_base: b.addr as *mut libc::c_void, iov_len: buf.len() };
+            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which we own; the
+            // remote range is only read, and an unmapped one makes the call fail.
+            let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+            if n == buf.len() as isize {
+                b.code = Some(buf);
+            }
+        }
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::profile::{IndirectSite, Profile};
+use crate::{PathEntry, PathKind};
 
 /// The schema name and version written in every JSON report.
 pub const SCHEMA: &str = "hotpath-report/1";
@@ -69,7 +70,7 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
         Ending::Error(msg) => json!({"status": "error", "message": msg}),
         Ending::Exec => json!({"status": "exec"}),
     };
-    json!({
+    let mut doc = json!({
         "schema": SCHEMA,
         "program": run.program,
         "argv": run.argv,
@@ -109,7 +110,70 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
             "count": s.count,
             "sites": s.sites.iter().map(|&(a, c)| json!({"addr": hex(a), "count": c})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
-    })
+    });
+    let obj = doc.as_object_mut().expect("an object");
+    for (b, j) in profile.blocks.iter().zip(obj["blocks"].as_array_mut().expect("an array")) {
+        if let Some(code) = &b.code {
+            j["code"] = Value::String(code.iter().map(|x| format!("{x:02x}")).collect());
+        }
+    }
+    if let Some(p) = &profile.paths {
+        obj.insert("paths".into(), p.paths.iter().map(path_json).collect());
+        obj.insert("k".into(), json!(p.k));
+        obj.insert(
+            "k_paths".into(),
+            p.k_paths.iter().map(|k| json!({"function": k.function, "ids": k.ids, "count": k.count})).collect(),
+        );
+        obj.insert(
+            "functions".into(),
+            p.functions
+                .iter()
+                .map(|f| {
+                    json!({
+                        "name": f.name,
+                        "entry": hex(f.entry),
+                        "paths_seen": f.paths_seen,
+                        "num_paths": f.num_paths,
+                        "blocks": f.blocks.iter().map(|&(a, c)| json!({"addr": hex(a), "count": c})).collect::<Vec<_>>(),
+                        "edges": f.edges.iter().map(|&(a, b, c, back)| json!({"from": hex(a), "to": hex(b), "count": c, "back": back})).collect::<Vec<_>>(),
+                    })
+                })
+                .collect(),
+        );
+        obj.insert("stacks".into(), p.stacks.iter().map(|(s, n)| json!({"stack": s, "blocks": n})).collect());
+        obj.insert(
+            "path_stats".into(),
+            json!({
+                "shadow_stack_resyncs": p.resyncs,
+                "pap_abandoned": p.pap_abandoned,
+                "numbering_errors": p.numbering_errors.iter().map(|(f, e)| json!({"function": f, "error": e})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    doc
+}
+
+fn path_json(p: &PathEntry) -> Value {
+    let mut v = json!({
+        "function": p.function,
+        "function_addr": hex(p.function_addr),
+        "kind": p.kind.name(),
+        "id": p.id,
+        "count": p.count,
+        "start": p.start,
+        "end": p.end,
+        "blocks": p.blocks.iter().map(|&a| hex(a)).collect::<Vec<_>>(),
+        "names": p.blocks.iter().map(|&a| match a.checked_sub(p.function_addr) {
+            Some(0) => p.function.clone(),
+            Some(off) => format!("{}+{off:#x}", p.function),
+            None => hex(a),
+        }).collect::<Vec<_>>(),
+    });
+    if p.kind == PathKind::Pap {
+        v["breakpoints"] = p.breakpoints.iter().map(|&(a, r)| json!({"block": hex(a), "r": r})).collect();
+        v["bl_runs"] = p.bl_runs.iter().map(|&(id, n)| json!({"id": id, "repeat": n})).collect();
+    }
+    v
 }
 
 /// Writes the JSON report to `path`: to a temporary file beside it first, then renamed into
@@ -131,51 +195,242 @@ pub fn write_json(path: &Path, profile: &Profile, run: &RunInfo) -> std::io::Res
     std::fs::rename(&tmp, path)
 }
 
-/// The short human summary: totals, the hottest blocks, indirect sites and syscalls.
+/// The short human summary of `profile` (see [`render_text`]).
 pub fn summary(profile: &Profile, top: usize) -> String {
-    let t = &profile.totals;
-    let mut out = format!(
-        "hotpath: {} blocks ({} distinct) and {} guest instructions executed; the guest waited for the monitor {} times ({:.3} s)\n",
-        t.blocks_executed,
-        t.distinct_blocks,
-        t.guest_instructions,
-        t.ring_waits,
-        t.ring_wait_ns as f64 / 1e9
-    );
-    let mut blocks: Vec<_> = profile.blocks.iter().collect();
-    blocks.sort_by(|a, b| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr)));
-    if !blocks.is_empty() {
-        out.push_str("hotpath: hottest blocks:\n");
-        for b in blocks.iter().take(top) {
-            let share = 100.0 * b.count as f64 / t.blocks_executed.max(1) as f64;
-            out.push_str(&format!(
-                "  {:>14} {:5.1}%  {:#x} {:<32} {}\n",
-                b.count,
-                share,
-                b.addr,
-                b.symbol.as_deref().unwrap_or("?"),
-                b.terminator.name()
-            ));
-        }
-    }
-    let mut sites: Vec<_> = profile.indirect.iter().collect();
-    sites.sort_by(|a, b| b.count.cmp(&a.count).then(a.site.cmp(&b.site)));
-    if !sites.is_empty() {
-        out.push_str("hotpath: busiest indirect branches:\n");
-        for s in sites.iter().take(top) {
-            out.push_str(&format!(
-                "  {:>14}  {:#x} {:<13} {} targets, {}\n",
-                s.count,
-                s.site,
-                s.kind.name(),
-                s.targets.len(),
-                predictability(s)
-            ));
-        }
-    }
-    if !profile.syscalls.is_empty() {
-        let list: Vec<String> = profile.syscalls.iter().map(|s| format!("{} {}", s.name, s.count)).collect();
-        out.push_str(&format!("hotpath: syscalls: {}\n", list.join(", ")));
+    let run = RunInfo { program: String::new(), argv: Vec::new(), ending: Ending::Exec, blocks_translated: 0 };
+    render_text(&to_json(profile, &run), top)
+}
+
+fn addr_of(v: &Value) -> u64 {
+    v.as_str().and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()).unwrap_or(0)
+}
+
+fn u64_of(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// Guest disassembly (Intel syntax) of `code` at `addr`, one `addr: text` line per instruction.
+pub fn disassemble(addr: u64, code: &[u8]) -> Vec<String> {
+    use iced_x86::{Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter};
+    let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    let mut formatter = IntelFormatter::new();
+    let mut inst = Instruction::default();
+    let mut out = Vec::new();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut inst);
+        let mut text = String::new();
+        formatter.format(&inst, &mut text);
+        out.push(format!("{:#x}: {text}", inst.ip()));
     }
     out
+}
+
+/// The human report, rendered from a JSON report alone (`hotpath report FILE.json` and the
+/// stderr summary): totals, the top `top` hot paths (count, share of executed blocks, blocks
+/// as `symbol+offset`, guest disassembly), the hottest blocks, the busiest indirect branches
+/// with their targets and predictability, and the syscalls.
+pub fn render_text(doc: &Value, top: usize) -> String {
+    let t = &doc["totals"];
+    let executed = u64_of(&t["blocks_executed"]).max(1);
+    let mut out = format!(
+        "hotpath: {} blocks ({} distinct) and {} guest instructions executed; the guest waited for the monitor {} times ({:.3} s)\n",
+        u64_of(&t["blocks_executed"]),
+        u64_of(&t["distinct_blocks"]),
+        u64_of(&t["guest_instructions"]),
+        u64_of(&t["ring_waits"]),
+        u64_of(&t["ring_wait_ns"]) as f64 / 1e9
+    );
+    let empty = Vec::new();
+    let blocks = doc["blocks"].as_array().unwrap_or(&empty);
+    let by_addr: std::collections::HashMap<u64, &Value> = blocks.iter().map(|b| (addr_of(&b["addr"]), b)).collect();
+    let name = |a: u64| -> String {
+        by_addr.get(&a).and_then(|b| b["symbol"].as_str()).map(str::to_string).unwrap_or_else(|| format!("{a:#x}"))
+    };
+
+    if let Some(paths) = doc["paths"].as_array() {
+        let mut paths: Vec<&Value> = paths.iter().collect();
+        let weight = |p: &Value| u64_of(&p["count"]) * p["blocks"].as_array().map_or(0, |b| b.len() as u64);
+        paths.sort_by_key(|p| std::cmp::Reverse(weight(p)));
+        if !paths.is_empty() {
+            out.push_str("hotpath: hot paths (count, share of executed blocks):\n");
+        }
+        for p in paths.iter().take(top) {
+            let id = p["id"].as_u64().map_or("?".to_string(), |i| i.to_string());
+            let b = p["blocks"].as_array().unwrap_or(&empty);
+            out.push_str(&format!(
+                "  {:>14} {:5.1}%  {} path {} of {} ({} blocks, {} -> {})\n",
+                u64_of(&p["count"]),
+                100.0 * weight(p) as f64 / executed as f64,
+                p["kind"].as_str().unwrap_or("?"),
+                id,
+                p["function"].as_str().unwrap_or("?"),
+                b.len(),
+                p["start"].as_str().unwrap_or("?"),
+                p["end"].as_str().unwrap_or("?"),
+            ));
+            if let Some(runs) = p["bl_runs"].as_array() {
+                let list: Vec<String> = runs
+                    .iter()
+                    .take(24)
+                    .map(|r| format!("{}x{}", r["id"].as_u64().map_or("?".into(), |i| i.to_string()), u64_of(&r["repeat"])))
+                    .collect();
+                out.push_str(&format!("      iterations (bl id x repeat): {}\n", list.join(" ")));
+                if let Some(bps) = p["breakpoints"].as_array() {
+                    out.push_str(&format!("      {} PAP breakpoints\n", bps.len()));
+                }
+            }
+            // One listing per distinct block, in first-visit order (PAP runs repeat blocks).
+            let mut seen = std::collections::HashSet::new();
+            let names = p["names"].as_array().unwrap_or(&empty);
+            for (i, a) in b.iter().map(addr_of).enumerate() {
+                if !seen.insert(a) {
+                    continue;
+                }
+                let label = by_addr.get(&a).and_then(|b| b["symbol"].as_str()).or_else(|| names.get(i).and_then(Value::as_str));
+                out.push_str(&format!("      {}\n", label.map(str::to_string).unwrap_or_else(|| name(a))));
+                let code = by_addr.get(&a).and_then(|b| b["code"].as_str());
+                if let Some(hexcode) = code {
+                    let bytes: Vec<u8> =
+                        (0..hexcode.len() / 2).filter_map(|i| u8::from_str_radix(&hexcode[2 * i..2 * i + 2], 16).ok()).collect();
+                    for line in disassemble(a, &bytes) {
+                        out.push_str(&format!("          {line}\n"));
+                    }
+                }
+            }
+        }
+    }
+
+    let mut hot: Vec<&Value> = blocks.iter().collect();
+    hot.sort_by(|a, b| u64_of(&b["count"]).cmp(&u64_of(&a["count"])).then(addr_of(&a["addr"]).cmp(&addr_of(&b["addr"]))));
+    if !hot.is_empty() {
+        out.push_str("hotpath: hottest blocks:\n");
+        for b in hot.iter().take(top) {
+            let a = addr_of(&b["addr"]);
+            out.push_str(&format!(
+                "  {:>14} {:5.1}%  {:#x} {:<32} {}\n",
+                u64_of(&b["count"]),
+                100.0 * u64_of(&b["count"]) as f64 / executed as f64,
+                a,
+                b["symbol"].as_str().unwrap_or("?"),
+                b["terminator"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    let mut sites: Vec<&Value> = doc["indirect_jumps"].as_array().unwrap_or(&empty).iter().collect();
+    sites.sort_by(|a, b| u64_of(&b["count"]).cmp(&u64_of(&a["count"])).then(addr_of(&a["site"]).cmp(&addr_of(&b["site"]))));
+    if !sites.is_empty() {
+        out.push_str("hotpath: busiest indirect branches (site, targets, predictability):\n");
+        for s in sites.iter().take(top) {
+            let site = addr_of(&s["site"]);
+            let targets = s["targets"].as_array().unwrap_or(&empty);
+            out.push_str(&format!(
+                "  {:>14}  {:#x} {} {} {} targets, {}\n",
+                u64_of(&s["count"]),
+                site,
+                name_of_site(&by_addr, site),
+                s["kind"].as_str().unwrap_or("?"),
+                targets.len(),
+                s["predictability"].as_str().unwrap_or("?")
+            ));
+            for tg in targets.iter().take(4) {
+                let a = addr_of(&tg["addr"]);
+                out.push_str(&format!("  {:>14}      -> {:#x} {}\n", u64_of(&tg["count"]), a, name(a)));
+            }
+        }
+    }
+    if let Some(sys) = doc["syscalls"].as_array().filter(|s| !s.is_empty()) {
+        let list: Vec<String> = sys.iter().map(|s| format!("{} {}", s["name"].as_str().unwrap_or("?"), u64_of(&s["count"]))).collect();
+        out.push_str(&format!("hotpath: syscalls: {}\n", list.join(", ")));
+    }
+    if let Some(ps) = doc.get("path_stats") {
+        out.push_str(&format!(
+            "hotpath: paths: {} distinct, shadow stack resynchronised {} times\n",
+            doc["paths"].as_array().map_or(0, |p| p.iter().filter(|p| p["kind"] == "bl").count()),
+            u64_of(&ps["shadow_stack_resyncs"])
+        ));
+    }
+    out
+}
+
+/// `symbol+offset` of an indirect site (the block containing it, or `?`).
+fn name_of_site(by_addr: &std::collections::HashMap<u64, &Value>, site: u64) -> String {
+    by_addr
+        .values()
+        .filter(|b| {
+            let a = addr_of(&b["addr"]);
+            a <= site && site < a + u64_of(&b["bytes"])
+        })
+        .find_map(|b| b["symbol"].as_str().map(|s| format!("(in {s})")))
+        .unwrap_or_default()
+}
+
+/// Writes one Graphviz file per function among the `top` hottest (`DIR/<n>-<name>.dot`): the
+/// function's observed CFG, blocks labelled `symbol+offset` and count, edges labelled and
+/// weighted (pen width) by count, back edges dashed. Returns the files written.
+///
+/// # Errors
+/// The I/O error of creating `dir` or a file.
+pub fn write_dot(doc: &Value, dir: &Path, top: usize) -> std::io::Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let empty = Vec::new();
+    let names: std::collections::HashMap<u64, String> = doc["blocks"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|b| (addr_of(&b["addr"]), b["symbol"].as_str().map(str::to_string).unwrap_or_else(|| hex(addr_of(&b["addr"])))))
+        .collect();
+    let mut written = Vec::new();
+    for (i, f) in doc["functions"].as_array().unwrap_or(&empty).iter().take(top).enumerate() {
+        let fname = f["name"].as_str().unwrap_or("?");
+        let safe: String = fname.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+        let path = dir.join(format!("{i:02}-{safe}.dot"));
+        let edges = f["edges"].as_array().unwrap_or(&empty);
+        let max = edges.iter().map(|e| u64_of(&e["count"])).max().unwrap_or(1).max(1) as f64;
+        let mut s = format!("digraph \"{}\" {{\n  node [shape=box, fontname=monospace];\n", fname.replace('"', "'"));
+        for b in f["blocks"].as_array().unwrap_or(&empty) {
+            let a = addr_of(&b["addr"]);
+            let label = names.get(&a).cloned().unwrap_or_else(|| hex(a)).replace('"', "'");
+            s.push_str(&format!("  \"{}\" [label=\"{}\\n{}\"];\n", hex(a), label, u64_of(&b["count"])));
+        }
+        for e in edges {
+            let c = u64_of(&e["count"]);
+            s.push_str(&format!(
+                "  \"{}\" -> \"{}\" [label=\"{}\", weight={}, penwidth={:.2}{}];\n",
+                hex(addr_of(&e["from"])),
+                hex(addr_of(&e["to"])),
+                c,
+                c.max(1),
+                1.0 + 4.0 * c as f64 / max,
+                if e["back"] == true { ", style=dashed" } else { "" }
+            ));
+        }
+        s.push_str("}\n");
+        std::fs::write(&path, s)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Writes a flame graph SVG of the report's folded call stacks (blocks executed per stack of
+/// the shadow call stack) with inferno.
+///
+/// # Errors
+/// The I/O error, or inferno's error, as a message.
+pub fn write_flamegraph(doc: &Value, path: &Path) -> Result<(), String> {
+    let empty = Vec::new();
+    let lines: Vec<String> = doc["stacks"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|s| format!("{} {}", s["stack"].as_str().unwrap_or("?"), u64_of(&s["blocks"])))
+        .collect();
+    if lines.is_empty() {
+        return Err("the report has no call stacks (paths were off?)".into());
+    }
+    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = "hotpath: guest blocks executed by call stack".into();
+    opts.count_name = "blocks".into();
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), std::io::BufWriter::new(file))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }

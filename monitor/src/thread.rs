@@ -7,11 +7,19 @@ use crossbeam::channel::Receiver;
 use crossbeam::utils::Backoff;
 use hotpath_events::{NewBlock, RingConsumer};
 
-use crate::Tables;
+use crate::{PathRecorder, Tables};
+
+/// What a monitor keeps: the tables, and the path recorder unless paths are off
+/// (`--no-paths`).
+#[derive(Clone, Default)]
+pub struct MonitorState {
+    pub tables: Tables,
+    pub paths: Option<PathRecorder>,
+}
 
 /// A running monitor thread.
 pub struct MonitorHandle {
-    handle: JoinHandle<Tables>,
+    handle: JoinHandle<MonitorState>,
     /// The core it was pinned to, if any.
     pub pinned_to: Option<usize>,
 }
@@ -23,8 +31,9 @@ const IDLE_NAP_US: u64 = 50;
 
 /// Starts the monitor thread on `ring`, learning block metadata from `new_blocks`, pinned to
 /// `core` when given (the caller picks a core other than the guest's), going on from `tables`
-/// (empty for a new guest; the previous monitor's after a failed `execve`).
-pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>, tables: Tables) -> MonitorHandle {
+/// (empty for a new guest; the previous monitor's after a failed `execve`). With paths on, an
+/// event whose block id is not yet known waits for its `NewBlock` message.
+pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>, state: MonitorState) -> MonitorHandle {
     let pinned_to = core.map(|c| c.id);
     let handle = std::thread::Builder::new()
         .name("hotpath-monitor".into())
@@ -40,13 +49,18 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }
-            let mut tables = tables;
+            let MonitorState { mut tables, mut paths } = state;
             let backoff = Backoff::new();
             loop {
                 // Read `closed` before draining: everything published before the close is
                 // visible to this drain.
                 let closed = ring.is_closed();
-                let n = ring.drain(closed, |events| tables.record(events));
+                let n = ring.drain(closed, |events| {
+                    tables.record(events);
+                    if let Some(p) = paths.as_mut() {
+                        p.record(events, &mut tables, Some(&new_blocks));
+                    }
+                });
                 if n > 0 {
                     backoff.reset();
                 } else if closed {
@@ -59,15 +73,15 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
                 }
             }
             tables.learn_all(&new_blocks);
-            tables
+            MonitorState { tables, paths }
         })
         .expect("spawning the monitor thread");
     MonitorHandle { handle, pinned_to }
 }
 
 impl MonitorHandle {
-    /// Waits for the monitor to drain the (closed) ring and returns its tables.
-    pub fn finish(self) -> Tables {
+    /// Waits for the monitor to drain the (closed) ring and returns its tables and paths.
+    pub fn finish(self) -> MonitorState {
         match self.handle.join() {
             Ok(t) => t,
             Err(p) => std::panic::resume_unwind(p),

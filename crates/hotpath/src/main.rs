@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! hotpath run [OPTIONS] -- PROGRAM [ARGS...]
+//! hotpath report FILE.json [--top N] [--dot DIR] [--flamegraph FILE.svg]
 //!   load ELF ──▶ stack/auxv ──▶ translator (this thread) ──events──▶ monitor thread (pinned)
 //!   guest ends ──▶ close ring ──▶ monitor drains ──▶ JSON report, summary ──▶ exit like the guest
 //!   guest forks ──▶ the child gets its own ring, monitor and report (FILE.<pid>)
@@ -16,7 +17,7 @@ use clap::{Parser, Subcommand};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 use hotpath_loader::{build_stack, load, Image, LoadError, LoadOptions};
 use hotpath_monitor::report::{self, Ending, RunInfo};
-use hotpath_monitor::{MonitorHandle, Profile, Tables};
+use hotpath_monitor::{FunctionSymbol, MonitorHandle, MonitorState, PathConfig, PathProfile, PathRecorder, Profile, DEFAULT_PAP_THRESHOLD};
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
 use hotpath_translator::{signal_name, Config, GuestExit, Stop, TranslateError, Translator};
 
@@ -34,6 +35,23 @@ struct Cli {
 enum Command {
     /// Run PROGRAM under translation; it behaves as it does natively.
     Run(RunArgs),
+    /// Render a saved JSON report (from `run --report`) as text, DOT files or a flame graph.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+struct ReportArgs {
+    /// The JSON report.
+    file: PathBuf,
+    /// Rows of each table.
+    #[arg(long, default_value_t = SUMMARY_TOP)]
+    top: usize,
+    /// Write a Graphviz file per hot function into DIR.
+    #[arg(long, value_name = "DIR")]
+    dot: Option<PathBuf>,
+    /// Write a flame graph of the shadow call stack to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    flamegraph: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -54,6 +72,29 @@ struct RunArgs {
     /// Write the profile as JSON (schema hotpath-report/1, docs/report-schema.md) to FILE.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// Record path profiles (functions, shadow stack, Ball-Larus and PAP paths, k-paths).
+    /// Off by default for now: the `recursion` sample exhausts memory with paths on (being
+    /// investigated).
+    #[arg(long, overrides_with = "no_paths")]
+    paths: bool,
+    /// Record tables only: no functions, shadow stack or path profiles (the default).
+    #[arg(long)]
+    no_paths: bool,
+    /// Record k-iteration paths: runs of up to N consecutive Ball-Larus paths (0: none).
+    #[arg(long = "k", value_name = "N", default_value_t = 0)]
+    k: usize,
+    /// Path ends after which a function is hot and records PAP cyclic paths (0: all).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PAP_THRESHOLD)]
+    pap_threshold: u64,
+    /// Rows of each table in the summary (hot paths, blocks, indirect branches).
+    #[arg(long, default_value_t = SUMMARY_TOP)]
+    top: usize,
+    /// Write a Graphviz file per hot function into DIR.
+    #[arg(long, value_name = "DIR")]
+    dot: Option<PathBuf>,
+    /// Write a flame graph of the shadow call stack to FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    flamegraph: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "PROGRAM [ARGS]")]
     command: Vec<OsString>,
@@ -73,7 +114,46 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(args, &cores),
+        Command::Report(args) => render_report(args),
     }
+}
+
+/// `hotpath report`: renders a saved JSON report alone.
+fn render_report(args: ReportArgs) -> ExitCode {
+    let doc: serde_json::Value = match std::fs::read_to_string(&args.file)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+    {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("hotpath: {}: {e}", args.file.display());
+            return ExitCode::from(1);
+        }
+    };
+    if doc["schema"] != report::SCHEMA {
+        eprintln!("hotpath: {}: not a {} report", args.file.display(), report::SCHEMA);
+        return ExitCode::from(1);
+    }
+    print!("{}", report::render_text(&doc, args.top));
+    write_extras(&doc, args.dot.as_deref(), args.flamegraph.as_deref(), args.top)
+}
+
+/// Writes the DOT files and the flame graph, if asked.
+fn write_extras(doc: &serde_json::Value, dot: Option<&std::path::Path>, flamegraph: Option<&std::path::Path>, top: usize) -> ExitCode {
+    let mut status = ExitCode::SUCCESS;
+    if let Some(dir) = dot {
+        if let Err(e) = report::write_dot(doc, dir, top) {
+            eprintln!("hotpath: cannot write DOT files into {}: {e}", dir.display());
+            status = ExitCode::from(1);
+        }
+    }
+    if let Some(path) = flamegraph {
+        if let Err(e) = report::write_flamegraph(doc, path) {
+            eprintln!("hotpath: cannot write the flame graph: {e}");
+            status = ExitCode::from(1);
+        }
+    }
+    status
 }
 
 /// Exit status for a program that could not be loaded (as shells use: 127 not found, 126
@@ -88,20 +168,27 @@ fn load_error_status(e: &LoadError) -> u8 {
 /// The monitor side of a run: the thread, where it is pinned, where the report goes.
 struct Monitoring {
     handle: Option<MonitorHandle>,
+    /// Path recording for a new monitor (None: `--no-paths`).
+    paths: Option<PathConfig>,
     core: Option<core_affinity::CoreId>,
     report: Option<PathBuf>,
 }
 
 impl Monitoring {
-    /// Starts a monitor on the translator's ring, going on from `tables`.
-    fn start(&mut self, translator: &mut Translator, tables: Tables) {
-        let (tx, rx) = crossbeam::channel::unbounded();
-        translator.set_block_sender(tx);
-        self.handle = Some(hotpath_monitor::spawn(translator.ring_consumer(), rx, self.core, tables));
+    /// A fresh monitor state: empty tables and paths.
+    fn fresh(&self) -> MonitorState {
+        MonitorState { tables: Default::default(), paths: self.paths.clone().map(PathRecorder::new) }
     }
 
-    /// Closes the ring and collects the monitor's tables.
-    fn stop(&mut self, translator: &Translator) -> Option<Tables> {
+    /// Starts a monitor on the translator's ring, going on from `state`.
+    fn start(&mut self, translator: &mut Translator, state: MonitorState) {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        translator.set_block_sender(tx);
+        self.handle = Some(hotpath_monitor::spawn(translator.ring_consumer(), rx, self.core, state));
+    }
+
+    /// Closes the ring and collects the monitor's tables and paths.
+    fn stop(&mut self, translator: &Translator) -> Option<MonitorState> {
         let handle = self.handle.take()?;
         translator.ring_producer()?.close();
         Some(handle.finish())
@@ -148,9 +235,15 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         None if cores.len() >= 2 => cores.last().copied(),
         None => None,
     };
-    let mut monitoring = Monitoring { handle: None, core, report: args.report.clone() };
+    let paths = (args.paths && !args.no_paths).then(|| PathConfig {
+        pap_threshold: args.pap_threshold,
+        k: args.k,
+        symbols: image.symbols.iter().map(|s| FunctionSymbol { name: s.name.clone(), addr: s.addr, size: s.size }).collect(),
+    });
+    let mut monitoring = Monitoring { handle: None, paths, core, report: args.report.clone() };
     if monitor_on {
-        monitoring.start(&mut translator, Tables::default());
+        let fresh = monitoring.fresh();
+        monitoring.start(&mut translator, fresh);
     } else if args.report.is_some() {
         eprintln!("hotpath: no report: --no-monitor collects no profile");
     }
@@ -178,7 +271,8 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
                         s.push(format!(".{}", std::process::id()));
                         PathBuf::from(s)
                     });
-                    monitoring.start(&mut translator, Tables::default());
+                    let fresh = monitoring.fresh();
+                    monitoring.start(&mut translator, fresh);
                 }
             }
         }
@@ -210,12 +304,23 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
 }
 
 /// Writes the JSON report (if asked) and the stderr summary (unless `quiet`).
-fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitoring: &Monitoring, tables: Tables, ending: Ending, quiet: bool) {
+fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitoring: &Monitoring, state: MonitorState, ending: Ending, quiet: bool) {
     let waits = translator.ring_producer().map(|p| p.wait_stats()).unwrap_or_default();
     let symbolize = |addr: u64| image.symbolize(addr).map(|(name, off)| (name.to_string(), off));
+    let MonitorState { tables, paths } = state;
     let mut profile = Profile::from_tables(&tables, &symbolize);
     profile.totals.ring_waits = waits.waits;
     profile.totals.ring_wait_ns = waits.wait_ns;
+    profile.read_code();
+    if let Some(mut rec) = paths {
+        rec.finish();
+        let name_of = |addr: u64| match image.symbolize(addr) {
+            Some((name, 0)) => name.to_string(),
+            Some((name, off)) => format!("{name}+{off:#x}"),
+            None => format!("sub_{addr:x}"),
+        };
+        profile.paths = Some(PathProfile::from_recorder(&rec, &name_of));
+    }
     if let Some(path) = &monitoring.report {
         let run = RunInfo {
             program: image.path.display().to_string(),
@@ -227,9 +332,17 @@ fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitor
             eprintln!("hotpath: cannot write the report {}: {e}", path.display());
         }
     }
+    let run = RunInfo {
+        program: image.path.display().to_string(),
+        argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+        ending: Ending::Exec,
+        blocks_translated: translator.stats().blocks_translated,
+    };
+    let doc = report::to_json(&profile, &run);
     if !quiet {
-        eprint!("{}", report::summary(&profile, SUMMARY_TOP));
+        eprint!("{}", report::render_text(&doc, args.top));
     }
+    write_extras(&doc, args.dot.as_deref(), args.flamegraph.as_deref(), args.top);
 }
 
 /// Ends this process by signal `sig` with its default action, as the guest died natively.

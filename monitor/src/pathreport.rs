@@ -1,0 +1,375 @@
+//! Path profiles as reported: Ball-Larus ids of the recorded paths under each function's final
+//! CFG, PAP traces of hot functions' runs, k-iteration paths, per-function CFGs with edge
+//! counts (for DOT) and folded call stacks (for flame graphs).
+//!
+//! Numbering (Ball-Larus lecture steps 1–4): for each function a DAG is built with a virtual
+//! entry and exit; a back edge `u -> h` (retreating in address order, see `paths`) appears as
+//! the two dummies `entry -> h` and `u -> exit`, one pair per back edge, as the lecture cuts
+//! back edges; the activation's own start is `entry -> first block` and its end
+//! `last block -> exit`. `BallLarus::number` then gives every recorded path its id, the sum of
+//! the edge values along it. PAP (Wang, Li, Zhou 2012, §1.1–1.2) encodes a hot function's
+//! activation runs on the cyclic CFG (real back edges) with `Pap::encode_walk`, breakpoints
+//! included.
+
+use std::collections::{BTreeMap, HashMap};
+
+use hotpath_pathprof::{BallLarus, Cfg, EdgeId, NodeId, Pap, PapConfig, PathId};
+
+use crate::paths::{PathRecorder, END_EXIT, START_ENTRY};
+
+/// k-iteration paths listed per function and length.
+pub const K_PATHS_TOP: usize = 10;
+/// PAP runs listed in the profile (the most executed blocks first).
+pub const PAP_PATHS_TOP: usize = 200;
+
+/// `bl` (acyclic Ball-Larus path) or `pap` (a whole activation's cyclic path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathKind {
+    Bl,
+    Pap,
+}
+
+impl PathKind {
+    /// `"bl"` or `"pap"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PathKind::Bl => "bl",
+            PathKind::Pap => "pap",
+        }
+    }
+}
+
+/// One path with its count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathEntry {
+    /// Function name (`symbol`, or `sub_<hex>`).
+    pub function: String,
+    /// Guest address of the function's entry.
+    pub function_addr: u64,
+    pub kind: PathKind,
+    /// Ball-Larus id (`bl`), or the PAP register at the exit (`pap`); `None` if the function
+    /// could not be numbered (more than 2^64 paths).
+    pub id: Option<u64>,
+    /// Times the path ran.
+    pub count: u64,
+    /// Guest addresses of its blocks, in order.
+    pub blocks: Vec<u64>,
+    /// `bl`: `entry` or `back_edge`; `pap`: `entry`.
+    pub start: &'static str,
+    /// `bl`: `exit` or `back_edge`; `pap`: `exit`.
+    pub end: &'static str,
+    /// `pap`: PAP breakpoints `(node's block address, register)` where the register would
+    /// have overflowed 64 bits.
+    pub breakpoints: Vec<(u64, u64)>,
+    /// `pap`: the run's Ball-Larus paths, run-length encoded as `(bl id, repeats)`.
+    pub bl_runs: Vec<(Option<u64>, u64)>,
+}
+
+/// A k-iteration path: up to k consecutive Ball-Larus paths of one activation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KPath {
+    pub function: String,
+    /// Ball-Larus ids, in order.
+    pub ids: Vec<Option<u64>>,
+    pub count: u64,
+}
+
+/// A function's observed CFG.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionCfg {
+    pub name: String,
+    pub entry: u64,
+    /// Block addresses with their executions.
+    pub blocks: Vec<(u64, u64)>,
+    /// `(from, to, count, back edge)`.
+    pub edges: Vec<(u64, u64, u64, bool)>,
+    /// Distinct Ball-Larus paths seen, and the function's `N` (None: not numbered).
+    pub paths_seen: u64,
+    pub num_paths: Option<u64>,
+}
+
+/// Everything path profiling adds to the profile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PathProfile {
+    /// `bl` paths (all of them), then the top `pap` runs.
+    pub paths: Vec<PathEntry>,
+    pub k: usize,
+    pub k_paths: Vec<KPath>,
+    /// By blocks executed, descending.
+    pub functions: Vec<FunctionCfg>,
+    /// Folded stacks `f;g;h` with the blocks executed in the innermost frame.
+    pub stacks: Vec<(String, u64)>,
+    pub resyncs: u64,
+    pub pap_abandoned: u64,
+    /// Functions whose numbering failed, with the reason.
+    pub numbering_errors: Vec<(String, String)>,
+}
+
+/// DAG edge tags (distinguish parallel edges).
+const TAG_PLAIN: u64 = 0;
+const TAG_HEAD: u64 = 1;
+
+/// One function's graph for pathprof: virtual entry 0, exit 1, used blocks from 2.
+struct Graph {
+    /// Function node → graph node.
+    map: HashMap<u32, u32>,
+    addrs: Vec<u64>,
+    edges: BTreeMap<(u32, u32, u64), u32>,
+}
+
+impl Graph {
+    fn new() -> Graph {
+        Graph { map: HashMap::new(), addrs: vec![0, 0], edges: BTreeMap::new() }
+    }
+    fn node(&mut self, n: u32, addr: u64) -> u32 {
+        let next = self.addrs.len() as u32;
+        *self.map.entry(n).or_insert_with(|| {
+            self.addrs.push(addr);
+            next
+        })
+    }
+    fn edge(&mut self, s: u32, d: u32, tag: u64) {
+        self.edges.entry((s, d, tag)).or_insert(0);
+    }
+    /// The Cfg, edges added in key order; fills the edge ids.
+    fn cfg(&mut self) -> hotpath_pathprof::Result<Cfg> {
+        let mut cfg = Cfg::new(self.addrs.len() as u32, NodeId(0), NodeId(1))?;
+        for (&(s, d, _), id) in self.edges.iter_mut() {
+            *id = cfg.add_edge(NodeId(s), NodeId(d))?.0;
+        }
+        Ok(cfg)
+    }
+    fn id(&self, s: u32, d: u32, tag: u64) -> EdgeId {
+        EdgeId(self.edges[&(s, d, tag)])
+    }
+}
+
+/// The DAG edges of a recorded path key `[f, start, nodes.., end]` (graph nodes already
+/// created).
+fn dag_walk(g: &Graph, key: &[u32]) -> Vec<EdgeId> {
+    let nodes: Vec<u32> = key[2..key.len() - 1].iter().map(|n| g.map[n]).collect();
+    let mut walk = Vec::with_capacity(nodes.len() + 1);
+    walk.push(g.id(0, nodes[0], if key[1] == START_ENTRY { TAG_PLAIN } else { TAG_HEAD }));
+    for w in nodes.windows(2) {
+        walk.push(g.id(w[0], w[1], TAG_PLAIN));
+    }
+    let end = key[key.len() - 1];
+    let tag = if end == END_EXIT { TAG_PLAIN } else { TAG_HEAD + 1 + end as u64 };
+    walk.push(g.id(*nodes.last().expect("a path has a block"), 1, tag));
+    walk
+}
+
+fn run_length(ids: impl Iterator<Item = Option<u64>>) -> Vec<(Option<u64>, u64)> {
+    let mut out: Vec<(Option<u64>, u64)> = Vec::new();
+    for id in ids {
+        match out.last_mut() {
+            Some((last, n)) if *last == id => *n += 1,
+            _ => out.push((id, 1)),
+        }
+    }
+    out
+}
+
+impl PathProfile {
+    /// Derives the reported path profile from a finished recorder (see
+    /// [`PathRecorder::finish`]); `name_of(addr)` names a function entry.
+    pub fn from_recorder(rec: &PathRecorder, name_of: &dyn Fn(u64) -> String) -> PathProfile {
+        let mut out = PathProfile { k: rec.config.k, resyncs: rec.resyncs, pap_abandoned: rec.pap_abandoned, ..Default::default() };
+        let names: Vec<String> = rec.funcs.iter().map(|f| name_of(f.entry)).collect();
+        let mut by_func: Vec<Vec<u32>> = vec![Vec::new(); rec.funcs.len()];
+        for (p, path) in rec.paths.iter().enumerate() {
+            by_func[path.key[0] as usize].push(p as u32);
+        }
+        let mut bl_id: Vec<Option<u64>> = vec![None; rec.paths.len()];
+        let mut pap_by_func: Vec<Vec<(&[u32], u64)>> = vec![Vec::new(); rec.funcs.len()];
+        for (key, &count) in &rec.pap {
+            pap_by_func[key[0] as usize].push((&key[1..], count));
+        }
+        let mut pap_entries = Vec::new();
+
+        for (f, fun) in rec.funcs.iter().enumerate() {
+            let paths = &by_func[f];
+            if paths.is_empty() {
+                continue;
+            }
+            let addr_of = |n: u32| fun.node_addr[n as usize];
+            // The DAG.
+            let mut g = Graph::new();
+            for &p in paths {
+                let key = &rec.paths[p as usize].key;
+                let nodes = &key[2..key.len() - 1];
+                let gn: Vec<u32> = nodes.iter().map(|&n| g.node(n, addr_of(n))).collect();
+                g.edge(0, gn[0], if key[1] == START_ENTRY { TAG_PLAIN } else { TAG_HEAD });
+                for w in gn.windows(2) {
+                    g.edge(w[0], w[1], TAG_PLAIN);
+                }
+                let end = key[key.len() - 1];
+                let tag = if end == END_EXIT { TAG_PLAIN } else { TAG_HEAD + 1 + end as u64 };
+                g.edge(*gn.last().expect("a path has a block"), 1, tag);
+            }
+            // Back-edge heads must be graph nodes too (they are: every back edge's head starts
+            // the next path of the same activation, which is recorded).
+            let numbered = g.cfg().and_then(|cfg| BallLarus::number(&cfg).map(|bl| (cfg, bl)));
+            let mut num_paths = None;
+            match &numbered {
+                Ok((_, bl)) => {
+                    num_paths = Some(bl.num_paths());
+                    for &p in paths {
+                        let walk = dag_walk(&g, &rec.paths[p as usize].key);
+                        let mut r = bl.start_value();
+                        for e in walk {
+                            r = r.wrapping_add(bl.probe(e).add);
+                        }
+                        bl_id[p as usize] = Some(r);
+                    }
+                }
+                Err(e) => out.numbering_errors.push((names[f].clone(), e.to_string())),
+            }
+            // Edge counts and block counts of the observed CFG.
+            let mut edges: BTreeMap<(u64, u64), (u64, bool)> = BTreeMap::new();
+            let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
+            for &p in paths {
+                let rec_p = &rec.paths[p as usize];
+                let key = &rec_p.key;
+                let nodes = &key[2..key.len() - 1];
+                for &n in nodes {
+                    *blocks.entry(addr_of(n)).or_insert(0) += rec_p.count;
+                }
+                for w in nodes.windows(2) {
+                    edges.entry((addr_of(w[0]), addr_of(w[1]))).or_insert((0, false)).0 += rec_p.count;
+                }
+                let end = key[key.len() - 1];
+                if end != END_EXIT {
+                    let e = edges.entry((addr_of(*nodes.last().expect("a block")), addr_of(end))).or_insert((0, true));
+                    e.0 += rec_p.count;
+                    e.1 = true;
+                }
+            }
+            out.functions.push(FunctionCfg {
+                name: names[f].clone(),
+                entry: fun.entry,
+                blocks: blocks.into_iter().collect(),
+                edges: edges.into_iter().map(|((a, b), (c, back))| (a, b, c, back)).collect(),
+                paths_seen: paths.len() as u64,
+                num_paths,
+            });
+
+            // PAP runs on the cyclic CFG: real back edges, the activation start, the exit.
+            if !pap_by_func[f].is_empty() {
+                let mut cg = Graph::new();
+                let mut walks: Vec<(Vec<(u32, u32, u64)>, u64, &[u32])> = Vec::new();
+                for &(run, count) in &pap_by_func[f] {
+                    let mut steps: Vec<(u32, u32, u64)> = Vec::new();
+                    for (i, &p) in run.iter().enumerate() {
+                        let key = &rec.paths[p as usize].key;
+                        let nodes = &key[2..key.len() - 1];
+                        let gn: Vec<u32> = nodes.iter().map(|&n| cg.node(n, addr_of(n))).collect();
+                        if i == 0 {
+                            steps.push((0, gn[0], TAG_PLAIN));
+                        }
+                        for w in gn.windows(2) {
+                            steps.push((w[0], w[1], TAG_PLAIN));
+                        }
+                        let end = key[key.len() - 1];
+                        let last = *gn.last().expect("a block");
+                        if end == END_EXIT {
+                            steps.push((last, 1, TAG_PLAIN));
+                        } else {
+                            let h = cg.node(end, addr_of(end));
+                            steps.push((last, h, TAG_PLAIN));
+                        }
+                    }
+                    for &(s, d, t) in &steps {
+                        cg.edge(s, d, t);
+                    }
+                    walks.push((steps, count, run));
+                }
+                let pap = cg.cfg().and_then(|cfg| Pap::new(&cfg, PapConfig::default()));
+                for (steps, count, run) in walks {
+                    let walk: Vec<EdgeId> = steps.iter().map(|&(s, d, t)| cg.id(s, d, t)).collect();
+                    let trace = pap.as_ref().ok().and_then(|pap| pap.encode_walk(&walk).ok());
+                    let mut blocks: Vec<u64> = steps.iter().skip(1).map(|&(s, _, _)| cg.addrs[s as usize]).collect();
+                    if blocks.is_empty() {
+                        blocks = steps.iter().map(|&(_, d, _)| cg.addrs[d as usize]).collect();
+                    }
+                    pap_entries.push(PathEntry {
+                        function: names[f].clone(),
+                        function_addr: fun.entry,
+                        kind: PathKind::Pap,
+                        id: trace.as_ref().map(|t| t.last),
+                        count,
+                        blocks,
+                        start: "entry",
+                        end: "exit",
+                        breakpoints: trace
+                            .map(|t| t.breakpoints.iter().map(|b| (cg.addrs[b.node.index()], b.r)).collect())
+                            .unwrap_or_default(),
+                        bl_runs: run_length(run.iter().map(|&p| bl_id[p as usize])),
+                    });
+                }
+                if let Err(e) = pap {
+                    out.numbering_errors.push((names[f].clone(), format!("PAP: {e}")));
+                }
+            }
+        }
+
+        // Ball-Larus paths, most executed blocks first.
+        for (p, path) in rec.paths.iter().enumerate() {
+            let key = &path.key;
+            let f = key[0] as usize;
+            let fun = &rec.funcs[f];
+            out.paths.push(PathEntry {
+                function: names[f].clone(),
+                function_addr: fun.entry,
+                kind: PathKind::Bl,
+                id: bl_id[p],
+                count: path.count,
+                blocks: key[2..key.len() - 1].iter().map(|&n| fun.node_addr[n as usize]).collect(),
+                start: if key[1] == START_ENTRY { "entry" } else { "back_edge" },
+                end: if key[key.len() - 1] == END_EXIT { "exit" } else { "back_edge" },
+                breakpoints: Vec::new(),
+                bl_runs: Vec::new(),
+            });
+        }
+        let weight = |e: &PathEntry| e.count.saturating_mul(e.blocks.len() as u64);
+        out.paths.sort_by(|a, b| weight(b).cmp(&weight(a)).then(a.function_addr.cmp(&b.function_addr)).then(a.id.cmp(&b.id)));
+        pap_entries.sort_by(|a, b| weight(b).cmp(&weight(a)).then(a.function_addr.cmp(&b.function_addr)).then(a.id.cmp(&b.id)));
+        pap_entries.truncate(PAP_PATHS_TOP);
+        out.paths.extend(pap_entries);
+
+        // k-iteration paths.
+        for (f, fun) in rec.funcs.iter().enumerate() {
+            let Some(ks) = &fun.kslab else { continue };
+            let ipf = ks.to_ipf();
+            for len in 2..=rec.config.k {
+                for (seq, count) in ipf.hottest(len, K_PATHS_TOP) {
+                    let ids = seq.iter().map(|&PathId(p)| bl_id.get(p as usize).copied().flatten()).collect();
+                    out.k_paths.push(KPath { function: names[f].clone(), ids, count });
+                }
+            }
+        }
+
+        // Folded stacks.
+        let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+        for node in rec.calltree.iter() {
+            if node.blocks == 0 || node.func == u32::MAX {
+                continue;
+            }
+            let mut frames = Vec::new();
+            let mut n = node;
+            while n.func != u32::MAX {
+                frames.push(names[n.func as usize].as_str());
+                n = &rec.calltree[n.parent as usize];
+            }
+            frames.reverse();
+            *stacks.entry(frames.join(";")).or_insert(0) += node.blocks;
+        }
+        out.stacks = stacks.into_iter().collect();
+        out.functions.sort_by(|a, b| {
+            let wa: u64 = a.blocks.iter().map(|b| b.1).sum();
+            let wb: u64 = b.blocks.iter().map(|b| b.1).sum();
+            wb.cmp(&wa).then(a.entry.cmp(&b.entry))
+        });
+        out
+    }
+}

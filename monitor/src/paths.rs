@@ -1,0 +1,611 @@
+//! Online path recording: functions and their dynamic CFGs, the shadow call stack, and the
+//! Ball-Larus paths, PAP runs and k-slab forests of every activation, fed from the block stream.
+//!
+//! **Functions.** A function is entered by a `call` (its entry is the call target) or is the
+//! ELF function symbol containing a block reached otherwise (the first block, a resynchronised
+//! return, an indirect jump out of the current function). Its CFG nodes are keyed by guest
+//! address: a block translated twice (before and after a code-cache flush) is one node. A
+//! per-block-id cache maps an id to its node in the function it was last seen in, so the
+//! per-event work is array lookups.
+//!
+//! **Shadow stack.** `call`/indirect `call` terminators push an activation that remembers its
+//! guest return address; `ret` pops the activation whose return address is the target —
+//! normally the top one. A return to a deeper frame (longjmp through `ret`, exceptions) pops
+//! everything above it; a return to no frame on the stack, an indirect jump into a function
+//! found deeper in the stack (longjmp), or a jump to another function's entry (a tail call)
+//! replaces activations. Every case other than the plain return counts one
+//! [`PathRecorder::resyncs`].
+//!
+//! **Paths** (Ball-Larus lecture; DESIGN.md "Monitor"). A path runs inside one activation: it
+//! starts at the function's entry or just after a back edge, and ends at a back edge or when
+//! the activation ends (return, tail call, unwinding, end of the guest). Back edges are the
+//! *retreating edges in address order* (`dst.addr <= src.addr`, DynamoRIO's backward-branch
+//! rule): the forward edges then form a DAG whatever else is discovered later, so the back
+//! edge set never changes as the CFG grows and a recorded path stays a Ball-Larus path of the
+//! grown CFG. Calls do not end the caller's path: its next block is the return point.
+//!
+//! **Counts keyed by block sequence.** During the run each finished path is interned by its
+//! block sequence (one hash of the sequence at the path's end, never per block) into a dense
+//! path number; the Ball-Larus ids are derived from the final CFG with
+//! `hotpath_pathprof::BallLarus` when the profile is taken (see `pathreport`), so CFG growth
+//! never loses or mixes counts. The k-slab forests are fed those dense path numbers (a
+//! one-to-one relabelling of Ball-Larus ids), and PAP runs are the sequences of path numbers of
+//! one activation of a hot function, encoded with `hotpath_pathprof::Pap` at the end.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crossbeam::channel::Receiver;
+use hotpath_events::{NewBlock, SYSCALL_EVENT};
+use hotpath_ir::Terminator;
+use hotpath_pathprof::{KSlabForest, PathId};
+
+use crate::Tables;
+
+/// No block, node, function or path.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// Path ends (of any activation) after which a function is hot and its new activations also
+/// record PAP runs. Default; `--pap-threshold` overrides it.
+pub const DEFAULT_PAP_THRESHOLD: u64 = 1000;
+
+/// Longest PAP run kept, in Ball-Larus paths (4 bytes each): a longer activation (a main loop)
+/// stops recording its PAP run and counts one [`PathRecorder::pap_abandoned`].
+pub const PAP_MAX_PATHS: usize = 1 << 20;
+
+/// Path-key tag: the path starts at the function's entry.
+pub(crate) const START_ENTRY: u32 = 0;
+/// Path-key tag: the path starts just after a back edge (or mid-function after a resync).
+pub(crate) const START_HEAD: u32 = 1;
+/// Path-key end tag: the path ends with its activation (return, tail call, unwinding, exit).
+pub(crate) const END_EXIT: u32 = u32::MAX;
+
+/// FxHash-style hasher: path keys are short `u32` sequences hashed once per path end.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// A guest function symbol, as the loader found it (`.symtab`, else `.dynsym`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionSymbol {
+    /// Name.
+    pub name: String,
+    /// Guest address of its first byte.
+    pub addr: u64,
+    /// Size in bytes (0: unknown).
+    pub size: u64,
+}
+
+/// What to record besides the tables.
+#[derive(Clone, Debug)]
+pub struct PathConfig {
+    /// Path ends after which a function records PAP runs (0: every function).
+    pub pap_threshold: u64,
+    /// Ball-Larus paths per k-iteration path (`--k`); 0 keeps no k-slab forest.
+    pub k: usize,
+    /// Function symbols, sorted by address.
+    pub symbols: Vec<FunctionSymbol>,
+}
+
+impl Default for PathConfig {
+    fn default() -> Self {
+        PathConfig { pap_threshold: DEFAULT_PAP_THRESHOLD, k: 0, symbols: Vec::new() }
+    }
+}
+
+/// One function's dynamic CFG and counters.
+#[derive(Clone, Debug)]
+pub(crate) struct Function {
+    /// Guest address of the entry block.
+    pub entry: u64,
+    /// The symbol it starts in, if any (index into `PathConfig::symbols`).
+    pub symbol: Option<usize>,
+    /// Node → guest address of the block; node 0 is the entry block.
+    pub node_addr: Vec<u64>,
+    /// Guest address → node.
+    pub nodes: FxMap<u64, u32>,
+    /// Static intra-procedural successors of each node, by guest address (from the IR).
+    pub static_succs: Vec<Vec<u64>>,
+    /// Paths ended in this function.
+    pub path_ends: u64,
+    /// Activations started.
+    pub activations: u64,
+    /// The k-slab forest of its Ball-Larus path stream (labels: path numbers).
+    pub kslab: Option<KSlabForest>,
+}
+
+/// One interned path.
+#[derive(Clone, Debug)]
+pub(crate) struct PathRec {
+    /// `[function, start tag, nodes..., end tag]` (end tag: [`END_EXIT`] or the back edge's
+    /// head node).
+    pub key: Box<[u32]>,
+    /// Times it ran.
+    pub count: u64,
+}
+
+/// One shadow-stack frame.
+#[derive(Clone, Copy, Debug)]
+struct Activation {
+    func: u32,
+    /// Guest address its `ret` must go to (0: none known).
+    return_to: u64,
+    /// Where its current path starts in `PathRecorder::buf`.
+    path_start: u32,
+    /// [`START_ENTRY`] or [`START_HEAD`].
+    start_tag: u32,
+    /// Guest address of the last block of its current path.
+    last_addr: u64,
+    /// Where its PAP run starts in `PathRecorder::pap_buf`, or `NONE`.
+    pap_start: u32,
+    /// Its node in the call tree.
+    call_node: u32,
+}
+
+/// A call-tree node (for flame graphs): a function under a parent, with the blocks executed
+/// directly in it.
+#[derive(Clone, Debug)]
+pub(crate) struct CallNode {
+    pub parent: u32,
+    pub func: u32,
+    pub blocks: u64,
+}
+
+/// Classification of a block's terminator for the shadow stack.
+const K_OTHER: u8 = 0;
+const K_CALL: u8 = 1;
+const K_RET: u8 = 2;
+const K_INDIRECT: u8 = 3;
+
+/// The online path recorder: shadow stack, functions, interned paths.
+#[derive(Clone)]
+pub struct PathRecorder {
+    pub(crate) config: PathConfig,
+    pub(crate) funcs: Vec<Function>,
+    func_by_entry: FxMap<u64, u32>,
+    /// Per block id: guest address, terminator class, return address of calls.
+    id_addr: Vec<u64>,
+    id_kind: Vec<u8>,
+    id_ret: Vec<u64>,
+    /// Per block id: the function whose entry it is, or NONE.
+    id_entry: Vec<u32>,
+    /// Per block id: (function, node) where it was last seen.
+    id_node: Vec<(u32, u32)>,
+    /// Guest address → block ids with that address (to refresh `id_entry`).
+    ids_at: FxMap<u64, Vec<u32>>,
+    stack: Vec<Activation>,
+    /// Nodes of the in-flight paths, stacked by activation.
+    buf: Vec<u32>,
+    /// Path numbers of the in-flight PAP runs, stacked by activation.
+    pap_buf: Vec<u32>,
+    key_of: FxMap<Box<[u32]>, u32>,
+    pub(crate) paths: Vec<PathRec>,
+    /// PAP runs: `[function, path numbers...]` → count.
+    pub(crate) pap: FxMap<Box<[u32]>, u64>,
+    pub(crate) calltree: Vec<CallNode>,
+    call_child: FxMap<(u32, u32), u32>,
+    scratch: Vec<u32>,
+    prev: u32,
+    /// Times the shadow stack had to be resynchronised (returns to another frame, unwinding,
+    /// tail calls, returns to no frame).
+    pub resyncs: u64,
+    /// PAP runs dropped for exceeding [`PAP_MAX_PATHS`].
+    pub pap_abandoned: u64,
+}
+
+impl PathRecorder {
+    /// An empty recorder.
+    pub fn new(mut config: PathConfig) -> PathRecorder {
+        config.symbols.sort_by_key(|s| s.addr);
+        PathRecorder {
+            config,
+            funcs: Vec::new(),
+            func_by_entry: FxMap::default(),
+            id_addr: Vec::new(),
+            id_kind: Vec::new(),
+            id_ret: Vec::new(),
+            id_entry: Vec::new(),
+            id_node: Vec::new(),
+            ids_at: FxMap::default(),
+            stack: Vec::new(),
+            buf: Vec::new(),
+            pap_buf: Vec::new(),
+            key_of: FxMap::default(),
+            paths: Vec::new(),
+            pap: FxMap::default(),
+            calltree: vec![CallNode { parent: NONE, func: NONE, blocks: 0 }],
+            call_child: FxMap::default(),
+            scratch: Vec::new(),
+            prev: NONE,
+            resyncs: 0,
+            pap_abandoned: 0,
+        }
+    }
+
+    /// The symbol containing `addr`, if any.
+    fn symbol_at(&self, addr: u64) -> Option<usize> {
+        let syms = &self.config.symbols;
+        let i = syms.partition_point(|s| s.addr <= addr).checked_sub(1)?;
+        let s = &syms[i];
+        (s.size == 0 || addr < s.addr + s.size).then_some(i)
+    }
+
+    /// Learns the metadata of every block id up to `id`, waiting for the translator's
+    /// `NewBlock` messages if needed (a block's metadata is sent before it first runs).
+    #[cold]
+    fn learn_up_to(&mut self, id: u32, tables: &mut Tables, new_blocks: Option<&Receiver<NewBlock>>) {
+        while tables.blocks.len() <= id as usize {
+            let Some(rx) = new_blocks else { break };
+            match rx.recv() {
+                Ok(b) => tables.learn(b),
+                Err(_) => break,
+            }
+        }
+        for i in self.id_addr.len()..tables.blocks.len() {
+            let b = &tables.blocks[i];
+            let (kind, ret) = match b.terminator {
+                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => (K_CALL, return_to.0),
+                Terminator::Return => (K_RET, 0),
+                Terminator::IndirectJump => (K_INDIRECT, 0),
+                _ => (K_OTHER, 0),
+            };
+            let addr = b.start.0;
+            self.id_addr.push(addr);
+            self.id_kind.push(kind);
+            self.id_ret.push(ret);
+            self.id_node.push((NONE, NONE));
+            let entry = match self.func_by_entry.get(&addr) {
+                Some(&f) => f,
+                None if self.config.symbols.binary_search_by_key(&addr, |s| s.addr).is_ok() => self.function_at(addr),
+                None => NONE,
+            };
+            self.id_entry.push(entry);
+            self.ids_at.entry(addr).or_default().push(i as u32);
+        }
+    }
+
+    /// The function whose entry is `addr`, created if new.
+    fn function_at(&mut self, addr: u64) -> u32 {
+        if let Some(&f) = self.func_by_entry.get(&addr) {
+            return f;
+        }
+        let f = self.funcs.len() as u32;
+        let symbol = self.symbol_at(addr).filter(|&i| self.config.symbols[i].addr == addr);
+        self.funcs.push(Function {
+            entry: addr,
+            symbol,
+            node_addr: Vec::new(),
+            nodes: FxMap::default(),
+            static_succs: Vec::new(),
+            path_ends: 0,
+            activations: 0,
+            kslab: None,
+        });
+        self.func_by_entry.insert(addr, f);
+        if let Some(ids) = self.ids_at.get(&addr) {
+            for &i in ids {
+                self.id_entry[i as usize] = f;
+            }
+        }
+        f
+    }
+
+    /// The function a block reached without a call belongs to: the one whose symbol contains
+    /// it (entered at the symbol's start), else a new function entered at the block.
+    fn function_containing(&mut self, addr: u64) -> u32 {
+        let entry = self.symbol_at(addr).map(|i| self.config.symbols[i].addr).unwrap_or(addr);
+        self.function_at(entry)
+    }
+
+    /// Node of block `id` in function `func`, created (with its static successors) if new.
+    #[inline]
+    fn node_of(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
+        let (f, n) = self.id_node[id as usize];
+        if f == func {
+            return n;
+        }
+        self.node_of_slow(func, id, tables)
+    }
+
+    #[cold]
+    fn node_of_slow(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
+        let addr = self.id_addr[id as usize];
+        let fun = &mut self.funcs[func as usize];
+        if fun.node_addr.is_empty() && addr != fun.entry {
+            // The entry block is node 0 even when an activation starts elsewhere.
+            fun.node_addr.push(fun.entry);
+            fun.nodes.insert(fun.entry, 0);
+            fun.static_succs.push(Vec::new());
+        }
+        let n = match fun.nodes.get(&addr) {
+            Some(&n) => n,
+            None => {
+                let n = fun.node_addr.len() as u32;
+                fun.node_addr.push(addr);
+                fun.nodes.insert(addr, n);
+                fun.static_succs.push(Vec::new());
+                n
+            }
+        };
+        if fun.static_succs[n as usize].is_empty() {
+            let succs = match tables.blocks[id as usize].terminator {
+                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => vec![return_to.0],
+                t => t
+                    .static_successors()
+                    .into_iter()
+                    .map(|a| a.0)
+                    .filter(|a| !self.func_by_entry.contains_key(a) || *a == fun.entry)
+                    .collect(),
+            };
+            fun.static_succs[n as usize] = succs;
+        }
+        self.id_node[id as usize] = (func, n);
+        n
+    }
+
+    /// The call-tree child of `parent` for `func`.
+    fn call_child(&mut self, parent: u32, func: u32) -> u32 {
+        if let Some(&c) = self.call_child.get(&(parent, func)) {
+            return c;
+        }
+        let c = self.calltree.len() as u32;
+        self.calltree.push(CallNode { parent, func, blocks: 0 });
+        self.call_child.insert((parent, func), c);
+        c
+    }
+
+    /// Starts an activation of `func` at block `id`.
+    fn push_activation(&mut self, func: u32, return_to: u64, parent_call: u32, id: u32, tables: &Tables) {
+        let node = self.node_of(func, id, tables);
+        let call_node = self.call_child(parent_call, func);
+        let fun = &mut self.funcs[func as usize];
+        fun.activations += 1;
+        let hot = fun.path_ends >= self.config.pap_threshold;
+        if self.config.k > 0 {
+            let k = self.config.k;
+            fun.kslab.get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1")).routine_entry();
+        }
+        self.stack.push(Activation {
+            func,
+            return_to,
+            path_start: self.buf.len() as u32,
+            start_tag: if node == 0 { START_ENTRY } else { START_HEAD },
+            last_addr: self.id_addr[id as usize],
+            pap_start: if hot { self.pap_buf.len() as u32 } else { NONE },
+            call_node,
+        });
+        self.buf.push(node);
+    }
+
+    /// Ends the top activation's current path with `end` (a back edge's head node, or
+    /// [`END_EXIT`]), counting it.
+    fn end_path(&mut self, end: u32) {
+        let a = *self.stack.last().expect("an activation");
+        let start = a.path_start as usize;
+        self.scratch.clear();
+        self.scratch.push(a.func);
+        self.scratch.push(a.start_tag);
+        self.scratch.extend_from_slice(&self.buf[start..]);
+        self.scratch.push(end);
+        let len = (self.buf.len() - start) as u64;
+        self.buf.truncate(start);
+        let p = match self.key_of.get(self.scratch.as_slice()) {
+            Some(&p) => p,
+            None => {
+                let p = self.paths.len() as u32;
+                let key: Box<[u32]> = self.scratch.as_slice().into();
+                self.paths.push(PathRec { key: key.clone(), count: 0 });
+                self.key_of.insert(key, p);
+                p
+            }
+        };
+        self.paths[p as usize].count += 1;
+        self.calltree[a.call_node as usize].blocks += len;
+        let fun = &mut self.funcs[a.func as usize];
+        fun.path_ends += 1;
+        if let Some(k) = fun.kslab.as_mut() {
+            k.push(PathId(p as u64));
+        }
+        if a.pap_start != NONE {
+            if self.pap_buf.len() - a.pap_start as usize >= PAP_MAX_PATHS {
+                self.pap_buf.truncate(a.pap_start as usize);
+                self.stack.last_mut().expect("an activation").pap_start = NONE;
+                self.pap_abandoned += 1;
+            } else {
+                self.pap_buf.push(p);
+            }
+        }
+    }
+
+    /// Ends the top activation (its path ends at the exit) and pops it.
+    fn pop_activation(&mut self) {
+        self.end_path(END_EXIT);
+        let a = self.stack.pop().expect("an activation");
+        if a.pap_start != NONE {
+            let start = a.pap_start as usize;
+            self.scratch.clear();
+            self.scratch.push(a.func);
+            self.scratch.extend_from_slice(&self.pap_buf[start..]);
+            self.pap_buf.truncate(start);
+            match self.pap.get_mut(self.scratch.as_slice()) {
+                Some(c) => *c += 1,
+                None => {
+                    self.pap.insert(self.scratch.as_slice().into(), 1);
+                }
+            }
+        }
+    }
+
+    /// Replaces the top activation (if any) by one of `func` starting at `id`, keeping its
+    /// return address (a tail call, or a resynchronisation).
+    fn replace_activation(&mut self, func: u32, id: u32, tables: &Tables) {
+        let (return_to, parent) = match self.stack.last() {
+            Some(a) => (a.return_to, self.calltree[a.call_node as usize].parent),
+            None => (0, 0),
+        };
+        if !self.stack.is_empty() {
+            self.pop_activation();
+        }
+        self.push_activation(func, return_to, parent, id, tables);
+    }
+
+    /// Continues the top activation with block `id` (an intra-procedural edge): a back edge
+    /// (to an address not above the last block's) ends the path and starts the next at `id`.
+    #[inline]
+    fn step_intra(&mut self, id: u32, tables: &Tables) {
+        let a = *self.stack.last().expect("an activation");
+        let node = self.node_of(a.func, id, tables);
+        let addr = self.id_addr[id as usize];
+        if addr <= a.last_addr {
+            self.end_path(node);
+            let top = self.stack.last_mut().expect("an activation");
+            top.path_start = self.buf.len() as u32;
+            top.start_tag = START_HEAD;
+        }
+        self.stack.last_mut().expect("an activation").last_addr = addr;
+        self.buf.push(node);
+    }
+
+    /// Accounts a run of events in ring order (block ids and syscall events), learning block
+    /// metadata from `new_blocks` as ids first appear.
+    pub fn record(&mut self, events: &[u32], tables: &mut Tables, new_blocks: Option<&Receiver<NewBlock>>) {
+        for &id in events {
+            if id & SYSCALL_EVENT != 0 {
+                continue;
+            }
+            if id as usize >= self.id_addr.len() {
+                self.learn_up_to(id, tables, new_blocks);
+                if id as usize >= self.id_addr.len() {
+                    continue; // No metadata will ever come: the translator is gone.
+                }
+            }
+            self.step(id, tables);
+        }
+    }
+
+    #[inline]
+    fn step(&mut self, id: u32, tables: &Tables) {
+        let prev = std::mem::replace(&mut self.prev, id);
+        if prev == NONE || self.stack.is_empty() {
+            let f = self.function_containing(self.id_addr[id as usize]);
+            self.push_activation(f, 0, 0, id, tables);
+            return;
+        }
+        match self.id_kind[prev as usize] {
+            K_CALL => {
+                let f = match self.id_entry[id as usize] {
+                    NONE => self.function_at(self.id_addr[id as usize]),
+                    f => f,
+                };
+                let parent = self.stack.last().expect("an activation").call_node;
+                self.push_activation(f, self.id_ret[prev as usize], parent, id, tables);
+            }
+            K_RET => self.step_return(id, tables),
+            kind => {
+                let entry = self.id_entry[id as usize];
+                let top = self.stack.last().expect("an activation");
+                if entry != NONE && entry != top.func {
+                    // A jump to another function's entry: a tail call.
+                    self.resyncs += 1;
+                    self.replace_activation(entry, id, tables);
+                } else if kind == K_INDIRECT && self.id_node[id as usize].0 != top.func {
+                    self.step_indirect(id, tables);
+                } else {
+                    self.step_intra(id, tables);
+                }
+            }
+        }
+    }
+
+    /// A `ret` to block `id`: pop the frame that returns there.
+    #[cold]
+    fn step_return(&mut self, id: u32, tables: &Tables) {
+        let target = self.id_addr[id as usize];
+        let depth = self.stack.iter().rposition(|a| a.return_to == target);
+        match depth {
+            Some(i) if i >= 1 => {
+                if i + 1 != self.stack.len() {
+                    self.resyncs += 1;
+                }
+                while self.stack.len() > i {
+                    self.pop_activation();
+                }
+                self.step_intra(id, tables);
+            }
+            _ => {
+                // A return to no frame on the stack (the guest switched stacks, or returned
+                // from the outermost activation): go on in the function containing it.
+                self.resyncs += 1;
+                let f = self.function_containing(target);
+                self.replace_activation(f, id, tables);
+            }
+        }
+    }
+
+    /// An indirect jump to a block not yet seen in the current function: a jump table in the
+    /// same function, or a longjmp into a frame deeper in the stack, or a jump elsewhere.
+    #[cold]
+    fn step_indirect(&mut self, id: u32, tables: &Tables) {
+        let addr = self.id_addr[id as usize];
+        let owner = |p: &PathRecorder, f: u32| {
+            let fun = &p.funcs[f as usize];
+            fun.nodes.contains_key(&addr)
+                || match fun.symbol {
+                    Some(s) => p.symbol_at(addr) == Some(s),
+                    None => false,
+                }
+        };
+        let top = self.stack.last().expect("an activation").func;
+        if owner(self, top) || self.symbol_at(addr).is_none() {
+            return self.step_intra(id, tables);
+        }
+        if let Some(i) = (0..self.stack.len() - 1).rev().find(|&i| owner(self, self.stack[i].func)) {
+            self.resyncs += 1;
+            while self.stack.len() > i + 1 {
+                self.pop_activation();
+            }
+            return self.step_intra(id, tables);
+        }
+        self.resyncs += 1;
+        let f = self.function_containing(addr);
+        self.replace_activation(f, id, tables);
+    }
+
+    /// Ends every activation (the guest has ended): every block executed is then on a
+    /// counted path.
+    pub fn finish(&mut self) {
+        while !self.stack.is_empty() {
+            self.pop_activation();
+        }
+        self.prev = NONE;
+    }
+
+    /// Distinct paths recorded so far.
+    pub fn path_count(&self) -> usize {
+        self.paths.len()
+    }
+}
