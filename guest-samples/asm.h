@@ -5,6 +5,7 @@
 #define HOTPATH_SAMPLES_ASM_H
 
 #define SYS_write 1
+#define SYS_getpid 39
 #define SYS_exit 60
 #define SYS_arch_prctl 158
 #define SYS_exit_group 231
@@ -19,6 +20,14 @@
 #define FL_SF 0x080
 #define FL_DF 0x400
 #define FL_OF 0x800
+
+/* A label the profile can name: a global function symbol, so hotpath's report calls a block
+ * starting here `name` (the count samples find their blocks this way). */
+.macro block_label name
+    .globl \name
+    .type \name, @function
+\name:
+.endm
 
 /* write(1, label, len); clobbers rax, rdi, rsi, rdx, rcx, r11. */
 .macro write_stdout label, len

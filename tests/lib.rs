@@ -14,6 +14,7 @@
 //! - [`hotpath_bin`]: finding (and, in a cargo run, building) the `hotpath` binary;
 //! - [`runner`]: running a command with a timeout and capturing everything it did;
 //! - [`compare`]: comparing two outcomes and explaining the difference with a diff;
+//! - [`report`]: running a guest with `--report`, reading the JSON, checking its consistency;
 //! - [`check_sample`]: the whole check for one sample, as the `samples` test calls it.
 //!
 //! The integration tests (`tests/tests/`): `samples` (every sample x {static, static-pie} x
@@ -35,6 +36,7 @@ pub mod compare;
 pub mod guest_build;
 pub mod hotpath_bin;
 pub mod paths;
+pub mod report;
 pub mod runner;
 
 use std::fmt::Write as _;
@@ -146,11 +148,7 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
 ///
 /// A report of every mismatch (or of a run that could not start), after all runs; the native
 /// outcome is returned either way so the caller can also check it.
-pub fn compare_with_native(
-    exe: &Path,
-    args: &[&str],
-    cwd: &Path,
-) -> (Outcome, Result<(), String>) {
+pub fn compare_with_native(exe: &Path, args: &[&str], cwd: &Path) -> (Outcome, Result<(), String>) {
     let mut native_cmd = Command::new(exe);
     native_cmd.args(args);
     set_guest_environment(&mut native_cmd, cwd);
@@ -251,7 +249,9 @@ pub fn check_sample(name: &str) {
                         HANGS.fetch_add(1, Ordering::Relaxed);
                     }
                     let verdict = match sample.under_hotpath {
-                        UnderHotpath::SameAsNative => compare::compare_outcomes(&native, &translated),
+                        UnderHotpath::SameAsNative => {
+                            compare::compare_outcomes(&native, &translated)
+                        }
                         UnderHotpath::Unsupported(message) => {
                             compare::check_refusal(&translated, message)
                         }

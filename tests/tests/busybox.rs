@@ -181,12 +181,18 @@ fn sh_pipeline_of_applets() {
 fn sort() {
     check(&["sort", "input.txt"], Termination::Exited(0));
     check(&["sort", "-n", "-k2", "input.txt"], Termination::Exited(0));
-    check(&["sort", "-u", "-r", "-k1,1", "input.txt"], Termination::Exited(0));
+    check(
+        &["sort", "-u", "-r", "-k1,1", "input.txt"],
+        Termination::Exited(0),
+    );
 }
 
 #[test]
 fn md5sum() {
-    check(&["md5sum", "input.txt", "binary.bin"], Termination::Exited(0));
+    check(
+        &["md5sum", "input.txt", "binary.bin"],
+        Termination::Exited(0),
+    );
 }
 
 #[test]
@@ -231,7 +237,9 @@ fn wc() {
 fn find() {
     check(&["find", "tree"], Termination::Exited(0));
     check(
-        &["find", "tree", "-name", "*.txt", "-size", "+2k", "-type", "f"],
+        &[
+            "find", "tree", "-name", "*.txt", "-size", "+2k", "-type", "f",
+        ],
         Termination::Exited(0),
     );
 }
@@ -262,7 +270,10 @@ fn gzip_then_gunzip() {
 fn failing_applets_keep_their_status_and_message() {
     check(&["cat", "no-such-file"], Termination::Exited(1));
     check(&["sh", "-c", "exit 77"], Termination::Exited(77));
-    check(&["sh", "-c", "kill -TERM $$"], Termination::Signaled(libc::SIGTERM));
+    check(
+        &["sh", "-c", "kill -TERM $$"],
+        Termination::Signaled(libc::SIGTERM),
+    );
 }
 
 /// How long after SIGINT a sleeping process must be gone: it is blocked in nanosleep, so
@@ -297,7 +308,10 @@ fn interrupt(mut cmd: Command, settle: Duration) -> (Termination, Duration) {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            return (Termination::TimedOut(Duration::from_secs(10)), sent.elapsed());
+            return (
+                Termination::TimedOut(Duration::from_secs(10)),
+                sent.elapsed(),
+            );
         }
         std::thread::sleep(Duration::from_millis(2));
     }
