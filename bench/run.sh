@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
 # bench/run.sh — wall-time benchmark of hotpath against native execution (and qemu-x86_64
-# when it is installed) on the CPU-bound guest samples.
+# when it is installed) on the CPU-bound guest samples and on busybox-static workloads.
 #
 # Builds hotpath in release, compiles the bench_* samples with the same flags as the tests
-# (gcc -O2, -static by default), then runs every sample N times in each mode, interleaved
-# (native, hotpath --no-monitor, hotpath with the monitor, qemu; then again), so that drift
-# in machine load hits all modes alike. Prints the median wall time of each mode and its
-# ratio to native. A run whose stdout or exit status differs from native is reported as
-# WRONG instead of timed.
+# (gcc -O2, -static by default), generates a deterministic text file for the busybox workloads
+# (sort and gzip -c, when /bin/busybox exists), then runs every workload N times in each mode,
+# interleaved (native, hotpath --no-monitor, hotpath with the monitor, qemu; then again), so
+# that drift in machine load hits all modes alike. Prints the median wall time of each mode
+# and its ratio to native, the cost of the monitor (monitor / --no-monitor), and the share of
+# the monitor run's wall time the guest spent waiting for a full event ring (from the run's
+# JSON report: totals.ring_wait_ns, median over runs). A run whose stdout or exit status
+# differs from native is reported as WRONG instead of timed.
 #
-# Usage: bench/run.sh [-n RUNS] [-l static|static-pie] [-s "sample ..."] [--no-build] [-h]
-#   -n RUNS        runs per mode and sample (default 5; env BENCH_RUNS)
-#   -l LINKAGE     static (default) or static-pie
-#   -s SAMPLES     space-separated sample names (default: all bench_* samples)
+# Usage: bench/run.sh [-n RUNS] [-l static|static-pie] [-s "workload ..."] [--mib N]
+#                     [--no-build] [-h]
+#   -n RUNS        runs per mode and workload (default 5; env BENCH_RUNS)
+#   -l LINKAGE     static (default) or static-pie (the samples; busybox is what it is)
+#   -s WORKLOADS   space-separated names (default: all bench_* samples, busybox_sort,
+#                  busybox_gzip)
+#   --mib N        size of the busybox input in MiB (default 8)
 #   --no-build     do not run cargo build (use HOTPATH_BIN or the existing release binary)
 # Environment: HOTPATH_BIN overrides the hotpath binary; CARGO_TARGET_DIR is honoured;
 #   QEMU (default qemu-x86_64) names the qemu user-mode binary; BENCH_TIMEOUT is the
-#   seconds one run may take (default 600).
+#   seconds one run may take (default 600); BUSYBOX (default /bin/busybox).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-samples="bench_sieve bench_crc bench_fib bench_nbody bench_interp"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip"
 build=1
+mib=8
 qemu="${QEMU:-qemu-x86_64}"
+busybox="${BUSYBOX:-/bin/busybox}"
 run_timeout="${BENCH_TIMEOUT:-600}"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -33,7 +41,8 @@ while [ $# -gt 0 ]; do
     case "$1" in
         -n) runs="$2"; shift 2 ;;
         -l) linkage="$2"; shift 2 ;;
-        -s) samples="$2"; shift 2 ;;
+        -s) workloads="$2"; shift 2 ;;
+        --mib) mib="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "bench/run.sh: unknown argument: $1 (try -h)" >&2; exit 2 ;;
@@ -41,6 +50,7 @@ while [ $# -gt 0 ]; do
 done
 case "$linkage" in static|static-pie) ;; *) echo "bench/run.sh: -l must be static or static-pie" >&2; exit 2 ;; esac
 case "$runs" in ''|*[!0-9]*|0) echo "bench/run.sh: -n must be a positive integer" >&2; exit 2 ;; esac
+case "$mib" in ''|*[!0-9]*|0) echo "bench/run.sh: --mib must be a positive integer" >&2; exit 2 ;; esac
 
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
@@ -57,19 +67,59 @@ else
 fi
 [ -x "$hotpath" ] || { echo "bench/run.sh: no hotpath binary at $hotpath" >&2; exit 1; }
 
-# 2. The samples, with the flags the tests use (tests/guest_build.rs).
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+# 2. The workloads: a command line each (an executable and its arguments).
 out_dir="$target_dir/bench-samples"
 mkdir -p "$out_dir"
-for s in $samples; do
-    src="$root/guest-samples/$s.c"
-    exe="$out_dir/$s.$linkage"
-    [ -f "$src" ] || { echo "bench/run.sh: no sample $src" >&2; exit 1; }
-    if [ ! -x "$exe" ] || [ "$src" -nt "$exe" ] || [ "$root/guest-samples/common.h" -nt "$exe" ]; then
-        echo "compiling $s ($linkage)..." >&2
-        gcc -O2 -Wall -Wextra "-$linkage" -pthread "-I$root/guest-samples" -o "$exe.tmp" "$src" -lm
-        mv "$exe.tmp" "$exe"
-    fi
+declare -A argv
+selected=""
+for w in $workloads; do
+    case "$w" in
+        bench_*)
+            src="$root/guest-samples/$w.c"
+            exe="$out_dir/$w.$linkage"
+            [ -f "$src" ] || { echo "bench/run.sh: no sample $src" >&2; exit 1; }
+            if [ ! -x "$exe" ] || [ "$src" -nt "$exe" ] || [ "$root/guest-samples/common.h" -nt "$exe" ]; then
+                echo "compiling $w ($linkage)..." >&2
+                gcc -O2 -Wall -Wextra "-$linkage" -pthread "-I$root/guest-samples" -o "$exe.tmp" "$src" -lm
+                mv "$exe.tmp" "$exe"
+            fi
+            argv[$w]="$exe"
+            ;;
+        busybox_sort|busybox_gzip)
+            if [ ! -x "$busybox" ]; then
+                echo "bench/run.sh: $busybox not found: skipping $w (install busybox-static)" >&2
+                continue
+            fi
+            input="$out_dir/busybox-input-${mib}mib.txt"
+            if [ ! -s "$input" ]; then
+                echo "generating $input ($mib MiB of text lines)..." >&2
+                # A fixed linear congruential generator: the same file on every machine.
+                awk -v bytes=$((mib * 1024 * 1024)) 'BEGIN {
+                    split("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu", w, " ");
+                    x = 12345; n = 0;
+                    while (n < bytes) {
+                        x = (x * 1103515245 + 12345) % 2147483648; a = x % 12 + 1;
+                        x = (x * 1103515245 + 12345) % 2147483648; b = x % 1000000;
+                        x = (x * 1103515245 + 12345) % 2147483648; c = x % 12 + 1;
+                        line = sprintf("%s %06d %s%d", w[a], b, w[c], x % 97);
+                        print line; n += length(line) + 1;
+                    }
+                }' >"$input.tmp"
+                mv "$input.tmp" "$input"
+            fi
+            case "$w" in
+                busybox_sort) argv[$w]="$busybox sort $input" ;;
+                busybox_gzip) argv[$w]="$busybox gzip -c $input" ;;
+            esac
+            ;;
+        *) echo "bench/run.sh: unknown workload $w" >&2; exit 2 ;;
+    esac
+    selected+="$w "
 done
+[ -n "$selected" ] || { echo "bench/run.sh: no workload to run" >&2; exit 1; }
 
 modes=(native no-monitor monitor)
 have_qemu=0
@@ -78,84 +128,110 @@ if command -v "$qemu" >/dev/null 2>&1; then
     modes+=(qemu)
 fi
 
-# 3. Measure. One run: prints "<seconds> <status>" and leaves stdout in $tmp/out.<mode>.
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-
-run_once() { # mode exe
-    local mode="$1" exe="$2" start end status=0
+# 3. Measure. One run: prints "<microseconds> <status> <ring wait ns>" and leaves stdout in
+# $tmp/out.<mode>. The monitor mode writes a JSON report, for the time spent on a full ring.
+run_once() { # mode workload
+    local mode="$1" w="$2" start end status=0 wait_ns=0
     local -a cmd
+    read -r -a cmd <<<"${argv[$w]}"
     case "$mode" in
-        native) cmd=("$exe") ;;
-        no-monitor) cmd=("$hotpath" run --quiet --no-monitor -- "$exe") ;;
-        monitor) cmd=("$hotpath" run --quiet -- "$exe") ;;
-        qemu) cmd=("$qemu" "$exe") ;;
+        native) ;;
+        no-monitor) cmd=("$hotpath" run --quiet --no-monitor -- "${cmd[@]}") ;;
+        monitor) rm -f "$tmp/report.json"; cmd=("$hotpath" run --quiet --report "$tmp/report.json" -- "${cmd[@]}") ;;
+        qemu) cmd=("$qemu" "${cmd[@]}") ;;
     esac
     start=$(date +%s%N)
     timeout --kill-after=5 "$run_timeout" "${cmd[@]}" >"$tmp/out.$mode" 2>"$tmp/err.$mode" </dev/null || status=$?
     end=$(date +%s%N)
-    echo "$(( (end - start) / 1000 )) $status"
+    if [ "$mode" = monitor ]; then
+        wait_ns=$(sed -n 's/.*"ring_wait_ns": *\([0-9][0-9]*\).*/\1/p' "$tmp/report.json" 2>/dev/null | head -1)
+        wait_ns=${wait_ns:--1}
+    fi
+    echo "$(( (end - start) / 1000 )) $status $wait_ns"
 }
 
-median() { # microsecond values on stdin -> median in microseconds
-    sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) { print "" } else if (NR % 2) { print v[(NR + 1) / 2] } else { print int((v[NR / 2] + v[NR / 2 + 1]) / 2) } }'
+median() { # values on stdin -> median
+    sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) { print "" } else if (NR % 2) { print v[(NR + 1) / 2] } else { print (v[NR / 2] + v[NR / 2 + 1]) / 2 } }'
 }
 
-declare -A times wrong
+declare -A times wrong waits
 echo "hotpath: $hotpath" >&2
 echo "runs: $runs per mode, interleaved; linkage: $linkage; qemu: $([ $have_qemu = 1 ] && command -v "$qemu" || echo "not installed")" >&2
-for s in $samples; do
-    exe="$out_dir/$s.$linkage"
+for w in $selected; do
     # Reference output and status from one untimed native run (also warms the page cache).
     ref_status=0
-    "$exe" >"$tmp/ref.out" 2>/dev/null </dev/null || ref_status=$?
-    for mode in "${modes[@]}"; do times[$s,$mode]=""; wrong[$s,$mode]=""; done
+    ${argv[$w]} >"$tmp/ref.out" 2>/dev/null </dev/null || ref_status=$?
+    for mode in "${modes[@]}"; do times[$w,$mode]=""; wrong[$w,$mode]=""; done
+    waits[$w]=""
     for ((i = 1; i <= runs; i++)); do
         for mode in "${modes[@]}"; do
-            read -r us status < <(run_once "$mode" "$exe")
+            read -r us status wait_ns < <(run_once "$mode" "$w")
             if [ "$status" != "$ref_status" ]; then
-                wrong[$s,$mode]="status $status"
+                wrong[$w,$mode]="status $status"
             elif ! cmp -s "$tmp/ref.out" "$tmp/out.$mode"; then
-                wrong[$s,$mode]="stdout"
+                wrong[$w,$mode]="stdout"
             else
-                times[$s,$mode]+="$us "
+                times[$w,$mode]+="$us "
+                if [ "$mode" = monitor ]; then
+                    # Share of this run's wall time spent waiting for ring room, in percent.
+                    if [ "$wait_ns" -ge 0 ]; then
+                        waits[$w]+="$(awk -v n="$wait_ns" -v us="$us" 'BEGIN { printf "%.4f", (us > 0 ? n / 10 / us : 0) }') "
+                    else
+                        waits[$w]+="nan "
+                    fi
+                fi
             fi
         done
         printf '.' >&2
     done
-    printf ' %s\n' "$s" >&2
+    printf ' %s\n' "$w" >&2
 done
 
-# 4. The table: median wall time per mode, and its ratio to native.
+# 4. The table: median wall time per mode and its ratio to native; the monitor's cost as a
+# ratio to --no-monitor; the median share of wall time the guest waited for a full ring.
 fmt_cell() { # microseconds native_microseconds
     awk -v t="$1" -v n="$2" 'BEGIN { if (n > 0) printf "%8.3f s %6.2fx", t / 1e6, t / n; else printf "%8.3f s %7s", t / 1e6, "" }'
 }
-printf '\n%-14s' "sample"
+printf '\n%-14s' "workload"
 for mode in "${modes[@]}"; do printf ' | %-18s' "$mode"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "qemu"
-printf '\n%-14s' "--------------"
+printf ' | %-11s | %-9s\n' "mon/no-mon" "ring wait"
+printf '%-14s' "--------------"
 for mode in "${modes[@]}"; do printf ' | %-18s' "------------------"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "------------------"
-printf '\n'
-for s in $samples; do
-    native_med=$(printf '%s\n' ${times[$s,native]} | median)
-    printf '%-14s' "$s"
+printf ' | %-11s | %-9s\n' "-----------" "---------"
+for w in $selected; do
+    native_med=$(printf '%s\n' ${times[$w,native]} | median)
+    printf '%-14s' "$w"
+    declare -A med=()
     for mode in "${modes[@]}"; do
-        if [ -n "${wrong[$s,$mode]}" ]; then
-            printf ' | %-18s' "WRONG (${wrong[$s,$mode]})"
+        if [ -n "${wrong[$w,$mode]}" ]; then
+            printf ' | %-18s' "WRONG (${wrong[$w,$mode]})"
         else
-            med=$(printf '%s\n' ${times[$s,$mode]} | median)
+            med[$mode]=$(printf '%s\n' ${times[$w,$mode]} | median)
             if [ "$mode" = native ]; then
-                printf ' | %-18s' "$(fmt_cell "$med" "$med")"
+                printf ' | %-18s' "$(fmt_cell "${med[$mode]}" "${med[$mode]}")"
             else
-                printf ' | %-18s' "$(fmt_cell "$med" "${native_med:-0}")"
+                printf ' | %-18s' "$(fmt_cell "${med[$mode]}" "${native_med:-0}")"
             fi
         fi
     done
     [ $have_qemu = 1 ] || printf ' | %-18s' "n/a (not installed)"
-    printf '\n'
+    if [ -n "${med[monitor]:-}" ] && [ -n "${med[no-monitor]:-}" ]; then
+        printf ' | %-11s' "$(awk -v a="${med[monitor]}" -v b="${med[no-monitor]}" 'BEGIN { printf "%6.2fx", (b > 0 ? a / b : 0) }')"
+    else
+        printf ' | %-11s' "n/a"
+    fi
+    case "${waits[$w]}" in
+        *nan*) printf ' | %-9s\n' "no report" ;;
+        "") printf ' | %-9s\n' "n/a" ;;
+        *) printf ' | %-9s\n' "$(printf '%s\n' ${waits[$w]} | median | awk '{ printf "%6.2f %%", $1 }')" ;;
+    esac
+    unset med
 done
-printf '\nmedian wall time of %s runs; ratio = mode / native (lower is better).\n' "$runs"
+printf '\nmedian wall time of %s runs; ratio = mode / native (lower is better);\n' "$runs"
+printf 'mon/no-mon = monitor / --no-monitor (the cost of profiling); ring wait = share of the\n'
+printf 'monitor run'"'"'s wall time the guest waited for a full event ring (totals.ring_wait_ns).\n'
 any_wrong=0
 for k in "${!wrong[@]}"; do [ -n "${wrong[$k]}" ] && any_wrong=1; done
 if [ $any_wrong = 1 ]; then
