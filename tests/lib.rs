@@ -17,10 +17,20 @@
 //! - [`report`]: running a guest with `--report`, reading the JSON, checking its consistency;
 //! - [`check_sample`]: the whole check for one sample, as the `samples` test calls it.
 //!
-//! The integration tests (`tests/tests/`): `samples` (every sample x {static, static-pie} x
-//! {`--no-monitor`, monitor on}, native vs hotpath), `bad_input` (a corpus of files hotpath
-//! must reject with one clear line), `report` (the `--report` JSON: written however the guest
-//! ends, totals consistent, instruction counts equal to valgrind's).
+//! The integration tests (`tests/tests/`) include:
+//! - `samples`: every sample x {static, static-pie} x {`--no-monitor`, monitor on}, native vs
+//!   hotpath (samples that find a known bug are `#[ignore = "bug: ..."]`);
+//! - `bad_input`: a corpus of files hotpath must reject with one clear line;
+//! - `busybox`: busybox-static's shell and applets on generated inputs, native vs hotpath, and
+//!   Ctrl-C (SIGINT) ending `hotpath run -- busybox sleep 5` as it ends busybox;
+//! - `report`: the `--report` JSON is written however the guest ends (exit, faults, abort,
+//!   SIGINT to hotpath, forked children's `FILE.<pid>`), is consistent, and does not depend on
+//!   the ring size;
+//! - `counts`: exact block, edge, indirect-target and syscall counts of the `count_*` samples,
+//!   and instruction totals equal to valgrind's for freestanding samples;
+//! - `valgrind`: instruction counts of a glibc program and a busybox applet against valgrind,
+//!   address by address, every difference attributed to a documented cause;
+//! - others (`paths`, `fs_fallback`) say what they check in their module doc.
 //!
 //! Run them with `cargo test --release -p hotpath-e2e` (or as part of
 //! `cargo test --release --workspace`); one sample: `... --test samples -- asm_flags`.
