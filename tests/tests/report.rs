@@ -235,6 +235,7 @@ fn without_ring_waits(report: &Report) -> Value {
 /// 1 Mi-entry ring gives the same report: no event is lost or reordered by stalls.
 #[test]
 fn report_does_not_depend_on_the_ring_size() {
+    let mut small_ring_waits = 0;
     for (source, args) in [
         ("count_jumptable.S", &[][..]),
         ("bench_interp.c", &["3"][..]),
