@@ -35,17 +35,20 @@ const IDLE_NAP_US: u64 = 50;
 /// event whose block id is not yet known waits for its `NewBlock` message.
 pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>, state: MonitorState) -> MonitorHandle {
     let pinned_to = core.map(|c| c.id);
+    // Signals are the guest thread's business: a process-directed signal must reach it (to
+    // interrupt its system call), never this thread. The new thread inherits the mask it is
+    // created with, so block everything around its creation: blocking from inside the thread
+    // would leave a window in which it could take a signal meant for the guest.
+    // SAFETY: changing the calling thread's mask and restoring it right after.
+    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+    }
     let handle = std::thread::Builder::new()
         .name("hotpath-monitor".into())
         .spawn(move || {
-            // Signals are the guest thread's business: a process-directed signal must reach it
-            // (to interrupt its system call), never this thread.
-            // SAFETY: blocking every signal in the calling thread only.
-            unsafe {
-                let mut all: libc::sigset_t = std::mem::zeroed();
-                libc::sigfillset(&mut all);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-            }
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }
@@ -76,6 +79,8 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
             MonitorState { tables, paths }
         })
         .expect("spawning the monitor thread");
+    // SAFETY: restoring the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
     MonitorHandle { handle, pinned_to }
 }
 

@@ -151,7 +151,7 @@ impl Translator {
             signals,
         };
         process.add_region(image.image_start, image.brk_limit);
-        process.add_region(stack.base, stack.base + stack.size);
+        process.add_region(stack.base - hotpath_loader::STACK_GUARD, stack.base + stack.size);
 
         let producer = if cfg.enqueue {
             // SAFETY: the area (and so the ring control) is never unmapped; this thread is the
@@ -348,10 +348,27 @@ impl Translator {
         }
         let g = &self.area.gpr;
         let args = [g[thread_area::RDI], g[thread_area::RSI], g[thread_area::RDX], g[thread_area::R10], g[thread_area::R8], g[thread_area::R9]];
+        let at = next - 2; // `syscall` is 2 bytes
+        let (rcx, r11) = (self.area.gpr[thread_area::RCX], self.area.gpr[thread_area::R11]);
         // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
         self.area.gpr[thread_area::RCX] = next;
         self.area.gpr[thread_area::R11] = self.area.rflags;
-        match syscalls::dispatch(&mut self.process, self.area, nr, &args) {
+        let outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
+        self.process.signals.refresh_gate();
+        match outcome {
+            Outcome::Return(syscalls::GATE_REFUSED) => {
+                // A signal came before the call: deliver it, then make the call again.
+                self.area.gpr[thread_area::RCX] = rcx;
+                self.area.gpr[thread_area::R11] = r11;
+                Ok(Ok(Next::Guest(at)))
+            }
+            Outcome::Return(ret) if ret == -(libc::EINTR as i64) && syscalls::is_restartable(nr) && self.process.signals.next_restarts() => {
+                // The kernel would restart it after the handler (SA_RESTART): the handler's
+                // frame returns to the `syscall` instruction with the call number in RAX.
+                self.area.gpr[thread_area::RCX] = rcx;
+                self.area.gpr[thread_area::R11] = r11;
+                Ok(Ok(Next::Guest(at)))
+            }
             Outcome::Return(ret) => {
                 self.area.gpr[thread_area::RAX] = ret as u64;
                 self.apply_invalidations();

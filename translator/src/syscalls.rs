@@ -126,8 +126,82 @@ const EPERM: i64 = libc::EPERM as i64;
 pub fn dispatch(process: &mut Process, area: &mut ThreadArea, nr: u64, args: &[u64; 6]) -> Outcome {
     match TABLE.iter().find(|row| row.nr == nr) {
         Some(row) => (row.handler)(process, area, args),
-        None => Outcome::Return(raw_syscall(nr, args)),
+        None => Outcome::Return(gated_syscall(nr, args)),
     }
+}
+
+/// A pass-through system call's result when it was not made because a signal is waiting:
+/// the dispatcher delivers the signal first and runs the `syscall` instruction again after the
+/// handler, as the CPU would have taken the signal before the instruction. Not an errno the
+/// kernel returns (those are in -4095..-1).
+pub const GATE_REFUSED: i64 = -4097;
+
+/// Nonzero while a signal the guest may receive now is pending. Set by the host signal
+/// handler, recomputed by the dispatcher; read by the syscall gate.
+#[no_mangle]
+pub static HOTPATH_GATE_PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+// The syscall gate: every guest system call that may block goes through here, so that a signal
+// arriving between the dispatcher's last check and the kernel entering the call cannot be
+// lost (the handler would take it and the call would then block forever). The gate refuses
+// the call if a signal is pending, and the handler redirects a thread it interrupts anywhere
+// from the gate's start up to its `syscall` instruction to the refusal path.
+std::arch::global_asm!(
+    ".globl hotpath_gate_syscall",
+    ".globl hotpath_gate_syscall_insn",
+    ".globl hotpath_gate_syscall_refused",
+    "hotpath_gate_syscall:",
+    "    mov rax, qword ptr [rip + {pending}]",
+    "    test rax, rax",
+    "    jnz hotpath_gate_syscall_refused",
+    "    mov rax, rdi",
+    "    mov rdi, qword ptr [rsi]",
+    "    mov rdx, qword ptr [rsi + 16]",
+    "    mov r10, qword ptr [rsi + 24]",
+    "    mov r8, qword ptr [rsi + 32]",
+    "    mov r9, qword ptr [rsi + 40]",
+    "    mov rsi, qword ptr [rsi + 8]",
+    "hotpath_gate_syscall_insn:",
+    "    syscall",
+    "    ret",
+    "hotpath_gate_syscall_refused:",
+    "    mov rax, {refused}",
+    "    ret",
+    pending = sym HOTPATH_GATE_PENDING,
+    refused = const GATE_REFUSED,
+);
+
+extern "sysv64" {
+    fn hotpath_gate_syscall(nr: u64, args: *const [u64; 6]) -> i64;
+    fn hotpath_gate_syscall_insn();
+    fn hotpath_gate_syscall_refused();
+}
+
+/// The gate's code range `[start, syscall instruction]` and its refusal path, for the handler.
+pub fn gate_addresses() -> (u64, u64, u64) {
+    (
+        hotpath_gate_syscall as *const () as u64,
+        hotpath_gate_syscall_insn as *const () as u64,
+        hotpath_gate_syscall_refused as *const () as u64,
+    )
+}
+
+/// Makes system call `nr` through the gate: the kernel's result, or [`GATE_REFUSED`].
+pub fn gated_syscall(nr: u64, args: &[u64; 6]) -> i64 {
+    // SAFETY: the gate is a plain system call stub (System V ABI: clobbers RAX, RCX, RDX, RSI,
+    // RDI, R8-R11, all caller-saved); the calls that could harm hotpath are in TABLE.
+    unsafe { hotpath_gate_syscall(nr, args) }
+}
+
+/// System calls the kernel restarts after a handler with SA_RESTART (they fail with
+/// ERESTARTSYS when interrupted), by number.
+const RESTARTABLE: &[u64] = &[
+    0, 1, 2, 16, 17, 18, 19, 20, 40, 42, 43, 44, 45, 46, 47, 61, 72, 73, 202, 247, 257, 275, 276, 288, 295, 296,
+];
+
+/// True if `nr`, interrupted by a signal whose handler has SA_RESTART, is to be made again.
+pub fn is_restartable(nr: u64) -> bool {
+    RESTARTABLE.contains(&nr)
 }
 
 /// Performs system call `nr` on the host, returning the kernel's raw result (negative errno on
@@ -355,7 +429,7 @@ fn sys_rt_sigsuspend(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outco
     if let Err(e) = guest_mem::read(a[0], &mut mask) {
         return Outcome::Return(e);
     }
-    let ret = raw_syscall(130, a);
+    let ret = gated_syscall(130, a);
     if ret == -(libc::EINTR as i64) {
         // hotpath's handler took the signal inside the kernel's wait; the guest's handler
         // must now run under the temporary mask, as it would have inside the call.

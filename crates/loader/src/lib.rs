@@ -16,7 +16,7 @@ mod stack;
 
 pub use elf::{load, ElfKind, Image, LoadOptions, Segment, Symbol, BRK_RESERVE};
 pub use error::LoadError;
-pub use stack::{build_stack, GuestStack, STACK_SIZE};
+pub use stack::{build_stack, GuestStack, STACK_GUARD, STACK_SIZE};
 
 /// Guest page size in bytes.
 pub const PAGE_SIZE: u64 = 4096;

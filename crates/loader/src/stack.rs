@@ -8,6 +8,11 @@ use crate::{Image, LoadError};
 /// Size of the guest's stack mapping in bytes (8 MiB, the usual RLIMIT_STACK).
 pub const STACK_SIZE: u64 = 8 << 20;
 
+/// Inaccessible bytes below the stack (1 MiB, the kernel's default stack guard gap), so a
+/// guest that overflows its stack faults as it would natively instead of writing into
+/// whatever hotpath mapped below it.
+pub const STACK_GUARD: u64 = 1 << 20;
+
 /// The guest's stack, ready for the entry point.
 #[derive(Clone, Copy, Debug)]
 pub struct GuestStack {
@@ -76,21 +81,25 @@ pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: 
     if strings as u64 > STACK_SIZE / 4 {
         return Err(map_err("argument list too long".into()));
     }
-    // SAFETY: a fresh anonymous mapping owned by the guest.
-    let base = unsafe {
+    // SAFETY: a fresh anonymous mapping owned by the guest: a guard gap, then the stack.
+    let guard = unsafe {
         libc::mmap(
             std::ptr::null_mut::<c_void>(),
-            STACK_SIZE as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
+            (STACK_GUARD + STACK_SIZE) as usize,
+            libc::PROT_NONE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
     };
-    if base == libc::MAP_FAILED {
+    if guard == libc::MAP_FAILED {
         return Err(map_err(std::io::Error::last_os_error().to_string()));
     }
-    let base = base as u64;
+    let base = guard as u64 + STACK_GUARD;
+    // SAFETY: the stack part of the mapping just made.
+    if unsafe { libc::mprotect(base as *mut c_void, STACK_SIZE as usize, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+        return Err(map_err(std::io::Error::last_os_error().to_string()));
+    }
     let mut w = StackWriter { sp: base + STACK_SIZE - 8 };
     let execfn_addr = w.push_cstr(execfn.as_bytes());
     let mut env_addrs: Vec<u64> = envp.iter().rev().map(|s| w.push_cstr(s.as_encoded_bytes())).collect();

@@ -101,6 +101,13 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     // SAFETY: the dispatcher reads a slot only with every signal blocked.
     unsafe { (*shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
     shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
+    // The kernel let the signal through, so the guest's mask does too: it is deliverable.
+    crate::syscalls::HOTPATH_GATE_PENDING.store(1, Ordering::SeqCst);
+    let (gate, gate_insn, refused) = crate::syscalls::gate_addresses();
+    if pc >= gate && pc <= gate_insn {
+        // Interrupted on its way into a system call: do not let the call block.
+        gregs[REG_RIP] = refused as i64;
+    }
     if shared.unlink_mode && !shared.critical.load(Ordering::SeqCst) {
         unlink_all(shared, area);
     }

@@ -306,10 +306,10 @@ impl SignalState {
             SIG_DFL if default_ignores(sig) || default_stops(sig) => k.sa_sigaction = libc::SIG_DFL,
             _ => {
                 k.sa_sigaction = host_handler as *const () as usize;
+                // Never SA_RESTART in the kernel: the call must come back to the dispatcher so the
+                // guest's handler runs; the dispatcher restarts it afterwards when the guest
+                // asked for SA_RESTART.
                 k.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-                if g.handler != SIG_DFL && g.flags & SA_RESTART != 0 {
-                    k.sa_flags |= libc::SA_RESTART;
-                }
                 // SAFETY: sa_mask is ours.
                 unsafe { libc::sigfillset(&mut k.sa_mask) };
             }
@@ -424,6 +424,26 @@ impl SignalState {
         pending != 0 && pending & !self.suspend_mask.unwrap_or_else(get_mask) != 0
     }
 
+    /// Recomputes the syscall gate's flag: set while a signal the guest's mask lets through is
+    /// pending (a system call only when something is pending at all).
+    pub fn refresh_gate(&self) {
+        let v = if self.shared.pending.load(Ordering::Acquire) == 0 { 0 } else { self.deliverable() as u64 };
+        crate::syscalls::HOTPATH_GATE_PENDING.store(v, Ordering::SeqCst);
+    }
+
+    /// True if the signal to be delivered next has a handler installed with SA_RESTART (an
+    /// interrupted restartable call is then made again after the handler).
+    pub fn next_restarts(&self) -> bool {
+        let mask = self.suspend_mask.unwrap_or_else(get_mask);
+        let pending = self.shared.pending.load(Ordering::Acquire) & !mask;
+        if pending == 0 {
+            return false;
+        }
+        let sig = pending.trailing_zeros() as usize + 1;
+        let a = self.actions[sig];
+        a.handler != SIG_DFL && a.handler != SIG_IGN && a.flags & SA_RESTART != 0
+    }
+
     /// True if a signal waits for delivery (cheap: one load).
     pub fn any_pending(&self) -> bool {
         self.shared.pending.load(Ordering::Acquire) != 0 || {
@@ -491,6 +511,8 @@ impl SignalState {
                 },
             }
         }
+        drop(guard);
+        self.refresh_gate();
         Delivery::Continue(rip)
     }
 
