@@ -136,7 +136,6 @@ impl Translator {
             fsgsbase: host.fsgsbase,
             unlink_mode: !cfg.enqueue,
             rw_delta: cache.rw_delta(),
-            ibl_empty: gateway.ibl_empty.0,
             xsave_size: host.xsave_size as usize,
             xsave_mask: host.xsave_mask,
         })

@@ -148,7 +148,11 @@ fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
             }
         }
     }
-    area.clear_ibl(shared.ibl_empty);
+    // Only the tags: a lookup this handler interrupted between its tag check and its load of
+    // the host address must still load a valid block entry (the blocks themselves stay).
+    for slot in area.ibl.iter_mut() {
+        slot.neg_guest = 1;
+    }
 }
 
 /// Length in bytes of the entry's first instruction, `mov gs:[scratch_rcx], rcx`, which comes

@@ -150,8 +150,6 @@ pub struct HandlerShared {
     exits_len: AtomicU64,
     /// Executable-view address + `rw_delta` = writable-view address of the same code byte.
     rw_delta: AtomicU64,
-    /// Where empty indirect branch lookup slots point.
-    ibl_empty: u64,
     /// Host code start → layout of every block in the cache.
     layouts: UnsafeCell<BTreeMap<u64, HostLayout>>,
 }
@@ -201,8 +199,6 @@ pub struct HandlerSetup {
     pub unlink_mode: bool,
     /// Executable-view address + `rw_delta` = writable-view address of a code byte.
     pub rw_delta: u64,
-    /// Where empty indirect branch lookup slots point.
-    pub ibl_empty: u64,
     /// Bytes of the XSAVE image copied into signal frames.
     pub xsave_size: usize,
     /// The XSAVE component mask.
@@ -231,7 +227,7 @@ impl SignalState {
     /// # Errors
     /// The OS error when the alternate stack cannot be mapped.
     pub fn install(setup: HandlerSetup) -> std::io::Result<SignalState> {
-        let HandlerSetup { area, cache, exit_from_signal, fsgsbase, unlink_mode, rw_delta, ibl_empty, xsave_size, xsave_mask } = setup;
+        let HandlerSetup { area, cache, exit_from_signal, fsgsbase, unlink_mode, rw_delta, xsave_size, xsave_mask } = setup;
         let shared = Box::leak(Box::new(HandlerShared {
             pending: AtomicU64::new(0),
             infos: UnsafeCell::new(Box::new(std::array::from_fn(|_| SigQueue::default()))),
@@ -245,7 +241,6 @@ impl SignalState {
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
             rw_delta: AtomicU64::new(rw_delta),
-            ibl_empty,
             layouts: UnsafeCell::new(BTreeMap::new()),
         }));
         SHARED.store(shared, Ordering::Release);
