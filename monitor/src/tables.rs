@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use crossbeam::channel::Receiver;
+use rustc_hash::FxHashMap;
 use hotpath_events::{NewBlock, SYSCALL_EVENT};
 use hotpath_ir::BlockSummary;
 
@@ -40,8 +41,9 @@ pub struct Tables {
     /// Block metadata by id, learned from the translator's `NewBlock` messages.
     pub blocks: Vec<BlockSummary>,
     successors: Vec<Successors>,
-    /// Edges `(from id, to id)` beyond the two cached per block.
-    overflow: HashMap<(u32, u32), u64>,
+    /// Edges `(from id, to id)` beyond the two cached per block (indirect branches with many
+    /// targets land here on every event, so the hash is the fast Fx one, not SipHash).
+    overflow: FxHashMap<(u32, u32), u64>,
     /// System call number → counts.
     pub syscalls: HashMap<u32, SyscallCount>,
     /// The previous block event (the source of the next edge).
@@ -55,7 +57,7 @@ impl Default for Tables {
         Tables {
             blocks: Vec::new(),
             successors: Vec::new(),
-            overflow: HashMap::new(),
+            overflow: FxHashMap::default(),
             syscalls: HashMap::new(),
             prev: NONE,
             events: 0,
@@ -65,9 +67,21 @@ impl Default for Tables {
 
 impl Tables {
     /// Accounts a run of events in ring order.
+    ///
+    /// A block that follows itself (a one-block loop) is counted in a register and added to its
+    /// self-edge when the run ends: such loops produce the densest event streams.
     pub fn record(&mut self, events: &[u32]) {
         let mut prev = self.prev;
+        let mut repeats = 0u64;
         for &ev in events {
+            if ev == prev {
+                repeats += 1;
+                continue;
+            }
+            if repeats > 0 {
+                self.add_edge(prev, prev, repeats);
+                repeats = 0;
+            }
             if ev & SYSCALL_EVENT != 0 {
                 self.record_syscall(ev & !SYSCALL_EVENT, prev);
                 continue;
@@ -75,24 +89,45 @@ impl Tables {
             if ev as usize >= self.successors.len() {
                 self.grow(ev);
             }
-            if let Some(s) = self.successors.get_mut(prev as usize) {
-                if s.id[0] == ev {
-                    s.count[0] += 1;
-                } else if s.id[1] == ev {
-                    s.count[1] += 1;
-                } else if s.id[0] == NONE {
-                    *s = Successors { id: [ev, NONE], count: [1, 0] };
-                } else if s.id[1] == NONE {
-                    s.id[1] = ev;
-                    s.count[1] = 1;
-                } else {
-                    *self.overflow.entry((prev, ev)).or_insert(0) += 1;
-                }
-            }
+            self.add_edge(prev, ev, 1);
             prev = ev;
+        }
+        if repeats > 0 {
+            self.add_edge(prev, prev, repeats);
         }
         self.prev = prev;
         self.events += events.len() as u64;
+    }
+
+    /// Counts `n` traversals of the edge `from → to` (`from` may be [`NONE`]: no edge).
+    #[inline(always)]
+    fn add_edge(&mut self, from: u32, to: u32, n: u64) {
+        if let Some(s) = self.successors.get_mut(from as usize) {
+            if s.id[0] == to {
+                s.count[0] += n;
+                return;
+            }
+            if s.id[1] == to {
+                s.count[1] += n;
+                return;
+            }
+        }
+        self.add_new_edge(from, to, n);
+    }
+
+    /// The rare cases of [`add_edge`](Self::add_edge): a successor not in the cache yet.
+    #[cold]
+    #[inline(never)]
+    fn add_new_edge(&mut self, from: u32, to: u32, n: u64) {
+        let Some(s) = self.successors.get_mut(from as usize) else { return };
+        if s.id[0] == NONE {
+            *s = Successors { id: [to, NONE], count: [n, 0] };
+        } else if s.id[1] == NONE {
+            s.id[1] = to;
+            s.count[1] = n;
+        } else {
+            *self.overflow.entry((from, to)).or_insert(0) += n;
+        }
     }
 
     #[cold]
