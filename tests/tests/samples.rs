@@ -41,24 +41,17 @@ sample_tests! {
     segv,
     signal_handler,
     signal_async,
-    #[ignore = "bug: sigsuspend returns EINTR without running the handler of the signal that woke it"]
     signal_sigsuspend,
-    #[ignore = "bug: blocked real-time signals do not queue (3 sigqueue'd SIGRTMIN give 1 delivery, the last value)"]
     signal_rt_queue,
-    #[ignore = "bug: a read blocked in the kernel never runs an SA_RESTART handler (the guest hangs)"]
     signal_restart,
     signal_fault,
-    #[ignore = "bug: a guest stack overflow is reported as a fault in hotpath's own code; SA_ONSTACK handler never runs"]
     signal_overflow,
-    #[ignore = "bug: a guest stack overflow sometimes (~1 in 6) prints 'hotpath: internal error: fault in hotpath's own code'"]
     stack_overflow,
     sigterm_self,
     fork_wait,
-    #[ignore = "bug: a signal arriving as the guest enters pause() is held until another signal: the child hangs"]
     fork_kill_paused,
     fork_exec,
     sigchld,
-    #[ignore = "bug: sigsuspend returns EINTR without running the handler of the signal that woke it"]
     sigchld_sigsuspend,
     cpu_features,
     jit_remap,
