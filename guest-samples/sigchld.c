@@ -87,6 +87,14 @@ int main(int argc, char **argv)
            CHILDREN, handler_runs >= 1 && handler_runs <= CHILDREN ? "yes" : "no",
            from_kernel == handler_runs ? "yes" : "no");
 
+    /* A handler run may reap several children, so a SIGCHLD of a child already reaped can still
+     * be pending (blocked, in the sigsuspend variant): deliver it now, so it cannot be taken
+     * for the next child's CLD_STOPPED. */
+    if (use_sigsuspend) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        sigprocmask(SIG_BLOCK, &chld, NULL);
+    }
+
     /* A child stopped by SIGSTOP and continued: CLD_STOPPED then CLD_CONTINUED, then it exits. */
     int pipefd[2];
     if (pipe(pipefd) != 0)
