@@ -1,10 +1,11 @@
 /* SIGCHLD: a SA_SIGINFO handler reaps children with waitpid(WNOHANG) in a loop (several exits may
  * coalesce into one SIGCHLD), counting them and summing their exit statuses, while the parent
- * spins until all are reaped; a child stopped and continued reports CLD_STOPPED, CLD_CONTINUED,
+ * loops on sched_yield until all are reaped; a child stopped and continued reports CLD_STOPPED, CLD_CONTINUED,
  * then CLD_EXITED. Only counts are printed.
  *
  * With the argument `sigsuspend` the parent waits the race-free way instead: SIGCHLD blocked
  * while it forks, then sigsuspend with it unblocked (SIGCHLD is usually already pending then). */
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,12 +38,15 @@ static void on_chld(int sig, siginfo_t *info, void *uc)
     }
 }
 
-/* Waits until *flag reaches n: with sigsuspend (SIGCHLD blocked outside it) or by spinning. */
+/* Waits until *flag reaches n: with sigsuspend (SIGCHLD blocked outside it), or in a loop that
+ * yields the CPU to the children (SIGCHLD unblocked, delivered whenever it arrives). */
 static void wait_for(volatile sig_atomic_t *flag, int n, int use_sigsuspend, const sigset_t *unblocked)
 {
     while (*flag < n) {
         if (use_sigsuspend)
             sigsuspend(unblocked);
+        else
+            sched_yield();
     }
 }
 
@@ -74,7 +78,7 @@ int main(int argc, char **argv)
         if (p == 0) {
             /* Children exit in a scrambled order: some spin a little first. */
             volatile unsigned long spin = 0;
-            for (unsigned long k = 0; k < (unsigned long)((i * 7) % 5) * 200000; k++)
+            for (unsigned long k = 0; k < (unsigned long)((i * 7) % 5) * 20000; k++)
                 spin++;
             _exit(i + 1);
         }
