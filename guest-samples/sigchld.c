@@ -1,7 +1,7 @@
 /* SIGCHLD: a SA_SIGINFO handler reaps children with waitpid(WNOHANG) in a loop (several exits may
  * coalesce into one SIGCHLD), counting them and summing their exit statuses, while the parent
- * loops on sched_yield until all are reaped; a child stopped and continued reports CLD_STOPPED, CLD_CONTINUED,
- * then CLD_EXITED. Only counts are printed.
+ * loops on sched_yield until all are reaped; a child stopped and continued reports CLD_STOPPED,
+ * CLD_CONTINUED, then CLD_EXITED. Only counts are printed.
  *
  * With the argument `sigsuspend` the parent waits the race-free way instead: SIGCHLD blocked
  * while it forks, then sigsuspend with it unblocked (SIGCHLD is usually already pending then). */
