@@ -22,7 +22,7 @@
 //!    (Checked before rules 1–3: the variants use `rep movsb`/`rep stosb` for large sizes.)
 //! 5. **the auxv loop** — glibc's `_dl_aux_init` loops once per auxiliary-vector entry, and
 //!    valgrind builds the guest's auxv itself (on the CI kernel: 22 entries, some replaced by
-//!    `AT_IGNORE`) as hotpath does (19: it leaves out `AT_SYSINFO_EHDR` and `AT_RSEQ_*`). The
+//!    `AT_IGNORE`) as hotpath does (21: it leaves out `AT_SYSINFO_EHDR`). The
 //!    `auxv_count` probe measures both; the rule: a function all of whose differing
 //!    instructions ran exactly n(hotpath) and n(valgrind) times.
 //! 6. **anything else** is bounded by [`OTHER_BOUND`] instructions in total. It is the one

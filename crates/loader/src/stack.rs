@@ -44,6 +44,8 @@ const AT_SECURE: u64 = 23;
 const AT_RANDOM: u64 = 25;
 const AT_HWCAP2: u64 = 26;
 const AT_EXECFN: u64 = 31;
+const AT_RSEQ_FEATURE_SIZE: u64 = 27;
+const AT_RSEQ_ALIGN: u64 = 28;
 const AT_MINSIGSTKSZ: u64 = 51;
 
 /// Writes strings and words downward from the top of the stack.
@@ -119,7 +121,15 @@ pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: 
     // SAFETY: getauxval and the id getters have no preconditions.
     let host = |key: u64| unsafe { libc::getauxval(key) };
     let (uid, euid, gid, egid) = unsafe { (libc::getuid(), libc::geteuid(), libc::getgid(), libc::getegid()) };
-    let mut auxv: Vec<(u64, u64)> = vec![
+    // In the kernel's order (create_elf_tables), without AT_SYSINFO_EHDR: hotpath offers no
+    // vDSO (its code would run translated, out of reach of the code cache's RIP-relative
+    // addressing), so glibc makes real system calls for the time functions.
+    let mut auxv: Vec<(u64, u64)> = Vec::new();
+    let minsig = host(AT_MINSIGSTKSZ);
+    if minsig != 0 {
+        auxv.push((AT_MINSIGSTKSZ, minsig));
+    }
+    auxv.extend([
         (AT_HWCAP, host(AT_HWCAP)),
         (AT_PAGESZ, crate::PAGE_SIZE),
         (AT_CLKTCK, host(AT_CLKTCK).max(1)),
@@ -138,10 +148,14 @@ pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: 
         (AT_HWCAP2, host(AT_HWCAP2)),
         (AT_EXECFN, execfn_addr),
         (AT_PLATFORM, platform),
-    ];
-    let minsig = host(AT_MINSIGSTKSZ);
-    if minsig != 0 {
-        auxv.push((AT_MINSIGSTKSZ, minsig));
+    ]);
+    // rseq's size and alignment, as the host kernel reports them (the guest's rseq
+    // registration itself is refused: see the translator's syscall table).
+    for key in [AT_RSEQ_FEATURE_SIZE, AT_RSEQ_ALIGN] {
+        let v = host(key);
+        if v != 0 {
+            auxv.push((key, v));
+        }
     }
     auxv.push((AT_NULL, 0));
 
