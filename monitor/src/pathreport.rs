@@ -15,12 +15,16 @@ use std::collections::{BTreeMap, HashMap};
 
 use hotpath_pathprof::{BallLarus, Cfg, EdgeId, NodeId, Pap, PapConfig, PathId};
 
-use crate::paths::{PathRecorder, END_EXIT, START_ENTRY};
+use crate::paths::{PathRecorder, Resync, DEEPER, END_EXIT, NONE, START_ENTRY};
 
 /// k-iteration paths listed per function and length.
 pub const K_PATHS_TOP: usize = 10;
 /// PAP runs listed in the profile (the most executed blocks first).
 pub const PAP_PATHS_TOP: usize = 200;
+/// Blocks listed per PAP run (`blocks`); a longer run (a main loop) lists its first ones and
+/// its length (`len`): its iterations stay fully described by `bl_runs`. Keeps a report of a
+/// long-running loop megabytes, not hundreds.
+pub const PAP_BLOCKS_LISTED: usize = 10_000;
 
 /// `bl` (acyclic Ball-Larus path) or `pap` (a whole activation's cyclic path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,8 +56,10 @@ pub struct PathEntry {
     pub id: Option<u64>,
     /// Times the path ran.
     pub count: u64,
-    /// Guest addresses of its blocks, in order.
+    /// Guest addresses of its blocks, in order (a PAP run: at most [`PAP_BLOCKS_LISTED`]).
     pub blocks: Vec<u64>,
+    /// Blocks on the path, repeats included (more than `blocks.len()` for a truncated PAP run).
+    pub len: u64,
     /// `bl`: `entry` or `back_edge`; `pap`: `entry`.
     pub start: &'static str,
     /// `bl`: `exit` or `back_edge`; `pap`: `exit`.
@@ -100,7 +106,11 @@ pub struct PathProfile {
     /// Folded stacks `f;g;h` with the blocks executed in the innermost frame.
     pub stacks: Vec<(String, u64)>,
     pub resyncs: u64,
+    /// `resyncs` by cause: `(name, count)` for every [`Resync`](crate::paths::Resync).
+    pub resync_kinds: Vec<(&'static str, u64)>,
     pub pap_abandoned: u64,
+    /// Shadow-stack frames dropped because the stack was full (see `SHADOW_STACK_MAX`).
+    pub dropped_frames: u64,
     /// Functions whose numbering failed, with the reason.
     pub numbering_errors: Vec<(String, String)>,
 }
@@ -174,7 +184,8 @@ impl PathProfile {
     /// Derives the reported path profile from a finished recorder (see
     /// [`PathRecorder::finish`]); `name_of(addr)` names a function entry.
     pub fn from_recorder(rec: &PathRecorder, name_of: &dyn Fn(u64) -> String) -> PathProfile {
-        let mut out = PathProfile { k: rec.config.k, resyncs: rec.resyncs, pap_abandoned: rec.pap_abandoned, ..Default::default() };
+        let mut out = PathProfile { k: rec.config.k, resyncs: rec.resyncs, pap_abandoned: rec.pap_abandoned, dropped_frames: rec.dropped_frames,
+            resync_kinds: Resync::ALL.iter().map(|&r| (r.name(), rec.resync_kinds[r as usize])).collect(), ..Default::default() };
         let names: Vec<String> = rec.funcs.iter().map(|f| name_of(f.entry)).collect();
         let mut by_func: Vec<Vec<u32>> = vec![Vec::new(); rec.funcs.len()];
         for (p, path) in rec.paths.iter().enumerate() {
@@ -288,7 +299,10 @@ impl PathProfile {
                 for (steps, count, run) in walks {
                     let walk: Vec<EdgeId> = steps.iter().map(|&(s, d, t)| cg.id(s, d, t)).collect();
                     let trace = pap.as_ref().ok().and_then(|pap| pap.encode_walk(&walk).ok());
-                    let mut blocks: Vec<u64> = steps.iter().skip(1).map(|&(s, _, _)| cg.addrs[s as usize]).collect();
+                    // Every step but the virtual entry's starts at a block.
+                    let len = steps.len().saturating_sub(1).max(1) as u64;
+                    let mut blocks: Vec<u64> =
+                        steps.iter().skip(1).take(PAP_BLOCKS_LISTED).map(|&(s, _, _)| cg.addrs[s as usize]).collect();
                     if blocks.is_empty() {
                         blocks = steps.iter().map(|&(_, d, _)| cg.addrs[d as usize]).collect();
                     }
@@ -299,6 +313,7 @@ impl PathProfile {
                         id: trace.as_ref().map(|t| t.last),
                         count,
                         blocks,
+                        len,
                         start: "entry",
                         end: "exit",
                         breakpoints: trace
@@ -325,13 +340,14 @@ impl PathProfile {
                 id: bl_id[p],
                 count: path.count,
                 blocks: key[2..key.len() - 1].iter().map(|&n| fun.node_addr[n as usize]).collect(),
+                len: (key.len() - 3) as u64,
                 start: if key[1] == START_ENTRY { "entry" } else { "back_edge" },
                 end: if key[key.len() - 1] == END_EXIT { "exit" } else { "back_edge" },
                 breakpoints: Vec::new(),
                 bl_runs: Vec::new(),
             });
         }
-        let weight = |e: &PathEntry| e.count.saturating_mul(e.blocks.len() as u64);
+        let weight = |e: &PathEntry| e.count.saturating_mul(e.len);
         out.paths.sort_by(|a, b| weight(b).cmp(&weight(a)).then(a.function_addr.cmp(&b.function_addr)).then(a.id.cmp(&b.id)));
         pap_entries.sort_by(|a, b| weight(b).cmp(&weight(a)).then(a.function_addr.cmp(&b.function_addr)).then(a.id.cmp(&b.id)));
         pap_entries.truncate(PAP_PATHS_TOP);
@@ -352,13 +368,13 @@ impl PathProfile {
         // Folded stacks.
         let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
         for node in rec.calltree.iter() {
-            if node.blocks == 0 || node.func == u32::MAX {
+            if node.blocks == 0 || node.func == NONE {
                 continue;
             }
             let mut frames = Vec::new();
             let mut n = node;
-            while n.func != u32::MAX {
-                frames.push(names[n.func as usize].as_str());
+            while n.func != NONE {
+                frames.push(if n.func == DEEPER { "[deeper]" } else { names[n.func as usize].as_str() });
                 n = &rec.calltree[n.parent as usize];
             }
             frames.reverse();

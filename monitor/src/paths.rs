@@ -13,8 +13,18 @@
 //! normally the top one. A return to a deeper frame (longjmp through `ret`, exceptions) pops
 //! everything above it; a return to no frame on the stack, an indirect jump into a function
 //! found deeper in the stack (longjmp), or a jump to another function's entry (a tail call)
-//! replaces activations. Every case other than the plain return counts one
-//! [`PathRecorder::resyncs`].
+//! replaces activations. An indirect jump to the return address of a frame on the stack
+//! (`pop reg; jmp *reg`) is a return to that frame; a `call` to the very next instruction (the
+//! get-pc idiom, `call 1f; 1: pop reg`) is no call at all. Every case other than the plain
+//! return counts one [`PathRecorder::resyncs`].
+//!
+//! **Bounded memory.** Nothing the recorder keeps grows with the length of the run alone:
+//! the shadow stack holds at most [`SHADOW_STACK_MAX`] frames (a deeper stack, or calls that
+//! never return, drop the bottom half: their paths end there, as at an exit, and a later
+//! return to one of them resynchronises); the call tree behind the flame graph is cut at
+//! [`CALL_TREE_MAX_DEPTH`] frames; in-flight and stored PAP runs are capped by
+//! [`PAP_MAX_PATHS`], [`PAP_BUF_MAX`] and [`PAP_STORE_MAX`]. What remains grows with the
+//! program's code (functions, blocks, distinct paths), not with its run time.
 //!
 //! **Paths** (Ball-Larus lecture; DESIGN.md "Monitor"). A path runs inside one activation: it
 //! starts at the function's entry or just after a back edge, and ends at a back edge or when
@@ -24,9 +34,13 @@
 //! edge set never changes as the CFG grows and a recorded path stays a Ball-Larus path of the
 //! grown CFG. Calls do not end the caller's path: its next block is the return point.
 //!
-//! **Counts keyed by block sequence.** During the run each finished path is interned by its
-//! block sequence (one hash of the sequence at the path's end, never per block) into a dense
-//! path number; the Ball-Larus ids are derived from the final CFG with
+//! **Counts keyed by block sequence.** During the run each activation's current path is a
+//! node of a prefix tree (trie) of the paths seen so far: a block steps to a child, found
+//! through the parent's one-entry cache of its last child (a hash probe only when the path
+//! differs from the last one taken through that prefix); a path end maps the trie node and
+//! the end to a dense path number the same way. So the per-event work is array lookups and
+//! compares, never a hash of a whole sequence. A path's block sequence is spelled once, when
+//! it is first seen; the Ball-Larus ids are derived from the final CFG with
 //! `hotpath_pathprof::BallLarus` when the profile is taken (see `pathreport`), so CFG growth
 //! never loses or mixes counts. The k-slab forests are fed those dense path numbers (a
 //! one-to-one relabelling of Ball-Larus ids), and PAP runs are the sequences of path numbers of
@@ -52,6 +66,28 @@ pub const DEFAULT_PAP_THRESHOLD: u64 = 1000;
 /// Longest PAP run kept, in Ball-Larus paths (4 bytes each): a longer activation (a main loop)
 /// stops recording its PAP run and counts one [`PathRecorder::pap_abandoned`].
 pub const PAP_MAX_PATHS: usize = 1 << 20;
+
+/// In-flight PAP runs of all stacked activations together, in Ball-Larus paths (4 bytes
+/// each: 16 MiB). A path end that would pass it abandons the top activation's run.
+pub const PAP_BUF_MAX: usize = 1 << 22;
+
+/// Distinct PAP runs stored, in Ball-Larus paths summed over the runs (4 bytes each:
+/// 64 MiB). A new distinct run past it is not stored and counts one
+/// [`PathRecorder::pap_abandoned`]; runs already stored keep counting.
+pub const PAP_STORE_MAX: usize = 1 << 22;
+
+/// Shadow-stack frames kept (about 48 bytes each: 12 MiB). An 8 MiB guest stack of the
+/// smallest frames (a bare return address) is 1 Mi frames deep, so a real recursion can pass
+/// it, and a guest whose calls never return (`call` used as a jump) passes it in a loop: then
+/// the bottom half of the frames is dropped (their paths end there, counted as exits) and
+/// [`PathRecorder::dropped_frames`] counts them.
+pub const SHADOW_STACK_MAX: usize = 1 << 18;
+
+/// Call-tree depth kept for flame graphs, in frames. Deeper calls (deep recursion) are
+/// folded into one `[deeper]` frame under the last kept one: folded stacks cost their depth
+/// in bytes per distinct stack, and a 100 000-deep recursion would otherwise need
+/// 100 000 stacks averaging 50 000 frames.
+pub const CALL_TREE_MAX_DEPTH: u32 = 128;
 
 /// Path-key tag: the path starts at the function's entry.
 pub(crate) const START_ENTRY: u32 = 0;
@@ -146,6 +182,29 @@ pub(crate) struct PathRec {
     pub key: Box<[u32]>,
     /// Times it ran.
     pub count: u64,
+    /// For a path ending at a back edge: the trie root of the path that starts at its head,
+    /// once known (else [`NONE`]).
+    next_root: u32,
+}
+
+/// `TrieNode::last_end` before any path ended there (not a node, not [`END_EXIT`]).
+const NO_END: u32 = u32::MAX - 1;
+
+/// A node of the path trie: a path prefix `[function, start tag, nodes...]`.
+#[derive(Clone, Copy, Debug)]
+struct TrieNode {
+    /// The prefix without its last node, or [`NONE`] for a root (a one-node prefix).
+    parent: u32,
+    /// Its last node (a function CFG node).
+    node: u32,
+    func: u32,
+    start_tag: u32,
+    /// The child taken last: its node and trie index.
+    last_child_node: u32,
+    last_child: u32,
+    /// The path that ended here last: its end tag (or [`NO_END`]) and path number.
+    last_end: u32,
+    last_end_path: u32,
 }
 
 /// One shadow-stack frame.
@@ -154,10 +213,14 @@ struct Activation {
     func: u32,
     /// Guest address its `ret` must go to (0: none known).
     return_to: u64,
-    /// Where its current path starts in `PathRecorder::buf`.
-    path_start: u32,
-    /// [`START_ENTRY`] or [`START_HEAD`].
-    start_tag: u32,
+    /// The trie node of its current path (the blocks so far).
+    cur: u32,
+    /// Blocks on its current path so far.
+    len: u32,
+    /// Blocks on its finished paths, not yet added to its call-tree node.
+    blocks: u64,
+    /// Its finished paths, not yet added to its function's `path_ends`.
+    path_ends: u64,
     /// Guest address of the last block of its current path.
     last_addr: u64,
     /// Where its PAP run starts in `PathRecorder::pap_buf`, or `NONE`.
@@ -171,8 +234,56 @@ struct Activation {
 #[derive(Clone, Debug)]
 pub(crate) struct CallNode {
     pub parent: u32,
+    /// The function, [`NONE`] for the root, or [`DEEPER`] for the frames past
+    /// [`CALL_TREE_MAX_DEPTH`].
     pub func: u32,
     pub blocks: u64,
+    /// Frames from the root (the root is 0).
+    pub depth: u32,
+}
+
+/// Call-tree function of the node standing for every frame past [`CALL_TREE_MAX_DEPTH`].
+pub(crate) const DEEPER: u32 = u32::MAX - 1;
+
+/// Why the shadow stack was resynchronised (anything but a `ret` to the top frame's return
+/// address, or a call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resync {
+    /// A jump (direct or indirect) to another function's entry: the top frame is replaced.
+    TailCall,
+    /// A `ret` to the return address of a frame below the top: the frames above it are popped
+    /// (longjmp or exceptions implemented with `ret`, a callee that dropped frames).
+    DeeperReturn,
+    /// A `ret` to an address no frame returns to (a forged return address, `push; ret` used as
+    /// a jump, a stack switch, a frame dropped from a full stack): the top frame is replaced by
+    /// one of the function containing the target.
+    OrphanReturn,
+    /// An indirect jump to a frame's return address (`pop reg; jmp *reg`): a return.
+    JumpReturn,
+    /// An indirect jump into a function deeper in the stack (longjmp): the frames above it
+    /// are popped.
+    Unwind,
+    /// An indirect jump into another function that is not on the stack: the top frame is
+    /// replaced.
+    ForeignJump,
+}
+
+impl Resync {
+    /// Every cause, in index order.
+    pub const ALL: [Resync; 6] =
+        [Resync::TailCall, Resync::DeeperReturn, Resync::OrphanReturn, Resync::JumpReturn, Resync::Unwind, Resync::ForeignJump];
+
+    /// Its name in the JSON report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resync::TailCall => "tail_call",
+            Resync::DeeperReturn => "deeper_return",
+            Resync::OrphanReturn => "orphan_return",
+            Resync::JumpReturn => "jump_return",
+            Resync::Unwind => "unwind",
+            Resync::ForeignJump => "foreign_jump",
+        }
+    }
 }
 
 /// Classification of a block's terminator for the shadow stack.
@@ -195,14 +306,22 @@ pub struct PathRecorder {
     id_entry: Vec<u32>,
     /// Per block id: (function, node) where it was last seen.
     id_node: Vec<(u32, u32)>,
+    /// Per block id: the trie root of a path of `id_node`'s function starting at it after an
+    /// entry (a call, tail call or resync), or [`NONE`].
+    id_root: Vec<u32>,
     /// Guest address → block ids with that address (to refresh `id_entry`).
     ids_at: FxMap<u64, Vec<u32>>,
     stack: Vec<Activation>,
-    /// Nodes of the in-flight paths, stacked by activation.
-    buf: Vec<u32>,
+    /// The path trie.
+    trie: Vec<TrieNode>,
+    /// Trie roots by `(function, start tag, node)`.
+    roots: FxMap<(u32, u32, u32), u32>,
+    /// Trie children by `(parent, node)` (behind `TrieNode::last_child`).
+    children: FxMap<(u32, u32), u32>,
+    /// Path numbers by `(trie node, end tag)` (behind `TrieNode::last_end`).
+    ends: FxMap<(u32, u32), u32>,
     /// Path numbers of the in-flight PAP runs, stacked by activation.
     pap_buf: Vec<u32>,
-    key_of: FxMap<Box<[u32]>, u32>,
     pub(crate) paths: Vec<PathRec>,
     /// PAP runs: `[function, path numbers...]` → count.
     pub(crate) pap: FxMap<Box<[u32]>, u64>,
@@ -213,8 +332,15 @@ pub struct PathRecorder {
     /// Times the shadow stack had to be resynchronised (returns to another frame, unwinding,
     /// tail calls, returns to no frame).
     pub resyncs: u64,
-    /// PAP runs dropped for exceeding [`PAP_MAX_PATHS`].
+    /// [`PathRecorder::resyncs`] by cause, indexed by [`Resync`].
+    pub resync_kinds: [u64; Resync::ALL.len()],
+    /// PAP runs dropped for exceeding [`PAP_MAX_PATHS`], [`PAP_BUF_MAX`] or
+    /// [`PAP_STORE_MAX`].
     pub pap_abandoned: u64,
+    /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
+    pub dropped_frames: u64,
+    /// Ball-Larus paths held by the stored PAP runs (see [`PAP_STORE_MAX`]).
+    pap_stored: usize,
 }
 
 impl PathRecorder {
@@ -230,19 +356,25 @@ impl PathRecorder {
             id_ret: Vec::new(),
             id_entry: Vec::new(),
             id_node: Vec::new(),
+            id_root: Vec::new(),
             ids_at: FxMap::default(),
             stack: Vec::new(),
-            buf: Vec::new(),
+            trie: Vec::new(),
+            roots: FxMap::default(),
+            children: FxMap::default(),
+            ends: FxMap::default(),
             pap_buf: Vec::new(),
-            key_of: FxMap::default(),
             paths: Vec::new(),
             pap: FxMap::default(),
-            calltree: vec![CallNode { parent: NONE, func: NONE, blocks: 0 }],
+            calltree: vec![CallNode { parent: NONE, func: NONE, blocks: 0, depth: 0 }],
             call_child: FxMap::default(),
             scratch: Vec::new(),
             prev: NONE,
             resyncs: 0,
+            resync_kinds: [0; Resync::ALL.len()],
             pap_abandoned: 0,
+            dropped_frames: 0,
+            pap_stored: 0,
         }
     }
 
@@ -268,6 +400,8 @@ impl PathRecorder {
         for i in self.id_addr.len()..tables.blocks.len() {
             let b = &tables.blocks[i];
             let (kind, ret) = match b.terminator {
+                // `call 1f; 1:` (get-pc) pushes an address and goes on: no activation.
+                Terminator::Call { target, return_to } if target == return_to => (K_OTHER, 0),
                 Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => (K_CALL, return_to.0),
                 Terminator::Return => (K_RET, 0),
                 Terminator::IndirectJump => (K_INDIRECT, 0),
@@ -278,6 +412,7 @@ impl PathRecorder {
             self.id_kind.push(kind);
             self.id_ret.push(ret);
             self.id_node.push((NONE, NONE));
+            self.id_root.push(NONE);
             let entry = match self.func_by_entry.get(&addr) {
                 Some(&f) => f,
                 None if self.config.symbols.binary_search_by_key(&addr, |s| s.addr).is_ok() => self.function_at(addr),
@@ -364,23 +499,135 @@ impl PathRecorder {
             fun.static_succs[n as usize] = succs;
         }
         self.id_node[id as usize] = (func, n);
+        self.id_root[id as usize] = NONE;
         n
     }
 
-    /// The call-tree child of `parent` for `func`.
+    /// The trie root of paths of `func` starting with `node` after `start_tag`.
+    fn root(&mut self, func: u32, start_tag: u32, node: u32) -> u32 {
+        if let Some(&r) = self.roots.get(&(func, start_tag, node)) {
+            return r;
+        }
+        let r = self.new_trie_node(NONE, node, func, start_tag);
+        self.roots.insert((func, start_tag, node), r);
+        r
+    }
+
+    fn new_trie_node(&mut self, parent: u32, node: u32, func: u32, start_tag: u32) -> u32 {
+        let t = self.trie.len() as u32;
+        self.trie.push(TrieNode {
+            parent,
+            node,
+            func,
+            start_tag,
+            last_child_node: NONE,
+            last_child: NONE,
+            last_end: NO_END,
+            last_end_path: NONE,
+        });
+        t
+    }
+
+    /// The trie node of prefix `t` extended by `node`.
+    #[inline]
+    fn trie_step(&mut self, t: u32, node: u32) -> u32 {
+        let n = &self.trie[t as usize];
+        if n.last_child_node == node {
+            return n.last_child;
+        }
+        self.trie_step_slow(t, node)
+    }
+
+    #[cold]
+    fn trie_step_slow(&mut self, t: u32, node: u32) -> u32 {
+        let c = match self.children.get(&(t, node)) {
+            Some(&c) => c,
+            None => {
+                let (func, tag) = (self.trie[t as usize].func, self.trie[t as usize].start_tag);
+                let c = self.new_trie_node(t, node, func, tag);
+                self.children.insert((t, node), c);
+                c
+            }
+        };
+        let n = &mut self.trie[t as usize];
+        n.last_child_node = node;
+        n.last_child = c;
+        c
+    }
+
+    /// The path number of prefix `t` ended by `end`, interned if new.
+    #[inline]
+    fn path_of(&mut self, t: u32, end: u32) -> u32 {
+        let n = &self.trie[t as usize];
+        if n.last_end == end {
+            return n.last_end_path;
+        }
+        self.path_of_slow(t, end)
+    }
+
+    #[cold]
+    fn path_of_slow(&mut self, t: u32, end: u32) -> u32 {
+        let p = match self.ends.get(&(t, end)) {
+            Some(&p) => p,
+            None => {
+                let mut nodes = Vec::new();
+                let mut i = t;
+                while i != NONE {
+                    nodes.push(self.trie[i as usize].node);
+                    i = self.trie[i as usize].parent;
+                }
+                let n = &self.trie[t as usize];
+                let mut key = vec![n.func, n.start_tag];
+                key.extend(nodes.iter().rev());
+                key.push(end);
+                let p = self.paths.len() as u32;
+                self.paths.push(PathRec { key: key.into(), count: 0, next_root: NONE });
+                self.ends.insert((t, end), p);
+                p
+            }
+        };
+        let n = &mut self.trie[t as usize];
+        n.last_end = end;
+        n.last_end_path = p;
+        p
+    }
+
+    /// The call-tree child of `parent` for `func`; past [`CALL_TREE_MAX_DEPTH`] frames, the
+    /// one [`DEEPER`] node under the last kept frame (its own child).
     fn call_child(&mut self, parent: u32, func: u32) -> u32 {
+        let p = &self.calltree[parent as usize];
+        let func = if p.depth >= CALL_TREE_MAX_DEPTH {
+            if p.func == DEEPER {
+                return parent;
+            }
+            DEEPER
+        } else {
+            func
+        };
+        let depth = p.depth + 1;
         if let Some(&c) = self.call_child.get(&(parent, func)) {
             return c;
         }
         let c = self.calltree.len() as u32;
-        self.calltree.push(CallNode { parent, func, blocks: 0 });
+        self.calltree.push(CallNode { parent, func, blocks: 0, depth });
         self.call_child.insert((parent, func), c);
         c
     }
 
     /// Starts an activation of `func` at block `id`.
     fn push_activation(&mut self, func: u32, return_to: u64, parent_call: u32, id: u32, tables: &Tables) {
+        if self.stack.len() >= SHADOW_STACK_MAX {
+            self.drop_bottom(SHADOW_STACK_MAX / 2);
+        }
         let node = self.node_of(func, id, tables);
+        let root = match self.id_root[id as usize] {
+            NONE => {
+                let r = self.root(func, if node == 0 { START_ENTRY } else { START_HEAD }, node);
+                self.id_root[id as usize] = r;
+                r
+            }
+            r => r,
+        };
         let call_node = self.call_child(parent_call, func);
         let fun = &mut self.funcs[func as usize];
         fun.activations += 1;
@@ -392,51 +639,81 @@ impl PathRecorder {
         self.stack.push(Activation {
             func,
             return_to,
-            path_start: self.buf.len() as u32,
-            start_tag: if node == 0 { START_ENTRY } else { START_HEAD },
+            cur: root,
+            len: 1,
+            blocks: 0,
+            path_ends: 0,
             last_addr: self.id_addr[id as usize],
             pap_start: if hot { self.pap_buf.len() as u32 } else { NONE },
             call_node,
         });
-        self.buf.push(node);
+    }
+
+    /// Counts one run of activation `a`'s current path ended by `end` (a back edge's head
+    /// node, or [`END_EXIT`]): adds the blocks to `a`'s call-tree node and the path to `a`'s
+    /// function. Returns its path number.
+    #[inline]
+    fn count_path(&mut self, a: &Activation, end: u32) -> u32 {
+        let p = self.path_of(a.cur, end);
+        self.paths[p as usize].count += 1;
+        if self.config.k > 0 {
+            if let Some(k) = self.funcs[a.func as usize].kslab.as_mut() {
+                k.push(PathId(p as u64));
+            }
+        }
+        p
+    }
+
+    /// Adds the blocks and path ends an activation has accumulated to its call-tree node and
+    /// function (when it ends, or when its frame is dropped), with its current path's when
+    /// `with_current` (counted with `count_path` but not `end_path`).
+    fn flush_counts(&mut self, a: &Activation, with_current: bool) {
+        let (len, ends) = if with_current { (a.len as u64, 1) } else { (0, 0) };
+        self.calltree[a.call_node as usize].blocks += a.blocks + len;
+        self.funcs[a.func as usize].path_ends += a.path_ends + ends;
     }
 
     /// Ends the top activation's current path with `end` (a back edge's head node, or
-    /// [`END_EXIT`]), counting it.
-    fn end_path(&mut self, end: u32) {
+    /// [`END_EXIT`]), counting it. Returns its path number.
+    #[inline]
+    fn end_path(&mut self, end: u32) -> u32 {
         let a = *self.stack.last().expect("an activation");
-        let start = a.path_start as usize;
-        self.scratch.clear();
-        self.scratch.push(a.func);
-        self.scratch.push(a.start_tag);
-        self.scratch.extend_from_slice(&self.buf[start..]);
-        self.scratch.push(end);
-        let len = (self.buf.len() - start) as u64;
-        self.buf.truncate(start);
-        let p = match self.key_of.get(self.scratch.as_slice()) {
-            Some(&p) => p,
-            None => {
-                let p = self.paths.len() as u32;
-                let key: Box<[u32]> = self.scratch.as_slice().into();
-                self.paths.push(PathRec { key: key.clone(), count: 0 });
-                self.key_of.insert(key, p);
-                p
-            }
-        };
-        self.paths[p as usize].count += 1;
-        self.calltree[a.call_node as usize].blocks += len;
-        let fun = &mut self.funcs[a.func as usize];
-        fun.path_ends += 1;
-        if let Some(k) = fun.kslab.as_mut() {
-            k.push(PathId(p as u64));
-        }
+        let p = self.count_path(&a, end);
+        let top = self.stack.last_mut().expect("an activation");
+        top.blocks += a.len as u64;
+        top.path_ends += 1;
         if a.pap_start != NONE {
-            if self.pap_buf.len() - a.pap_start as usize >= PAP_MAX_PATHS {
-                self.pap_buf.truncate(a.pap_start as usize);
-                self.stack.last_mut().expect("an activation").pap_start = NONE;
-                self.pap_abandoned += 1;
-            } else {
-                self.pap_buf.push(p);
+            self.pap_push(p);
+        }
+        p
+    }
+
+    /// Appends path `p` to the top activation's PAP run, abandoning the run when it is full.
+    fn pap_push(&mut self, p: u32) {
+        let top = self.stack.last_mut().expect("an activation");
+        let run = self.pap_buf.len() - top.pap_start as usize;
+        if run >= PAP_MAX_PATHS || self.pap_buf.len() >= PAP_BUF_MAX {
+            self.pap_buf.truncate(top.pap_start as usize);
+            top.pap_start = NONE;
+            self.pap_abandoned += 1;
+        } else {
+            self.pap_buf.push(p);
+        }
+    }
+
+    /// Counts one more run of the PAP run `[func, pap_buf[run]..., last]` (`last`: the final
+    /// path number, if not in `pap_buf`), storing it if new and there is room.
+    fn count_pap(&mut self, func: u32, run: std::ops::Range<usize>, last: Option<u32>) {
+        self.scratch.clear();
+        self.scratch.push(func);
+        self.scratch.extend_from_slice(&self.pap_buf[run]);
+        self.scratch.extend(last);
+        match self.pap.get_mut(self.scratch.as_slice()) {
+            Some(c) => *c += 1,
+            None if self.pap_stored + self.scratch.len() > PAP_STORE_MAX => self.pap_abandoned += 1,
+            None => {
+                self.pap_stored += self.scratch.len();
+                self.pap.insert(self.scratch.as_slice().into(), 1);
             }
         }
     }
@@ -445,19 +722,42 @@ impl PathRecorder {
     fn pop_activation(&mut self) {
         self.end_path(END_EXIT);
         let a = self.stack.pop().expect("an activation");
+        self.flush_counts(&a, false);
         if a.pap_start != NONE {
             let start = a.pap_start as usize;
-            self.scratch.clear();
-            self.scratch.push(a.func);
-            self.scratch.extend_from_slice(&self.pap_buf[start..]);
+            self.count_pap(a.func, start..self.pap_buf.len(), None);
             self.pap_buf.truncate(start);
-            match self.pap.get_mut(self.scratch.as_slice()) {
-                Some(c) => *c += 1,
-                None => {
-                    self.pap.insert(self.scratch.as_slice().into(), 1);
-                }
+        }
+    }
+
+    /// Drops the `n` bottom frames of the shadow stack (it is full): each one's path ends
+    /// there, counted as at an exit, and its PAP run is counted as it stands. A later return
+    /// to one of them finds no frame and resynchronises.
+    #[cold]
+    fn drop_bottom(&mut self, n: usize) {
+        let n = n.min(self.stack.len().saturating_sub(1));
+        for i in 0..n {
+            let a = self.stack[i];
+            let p = self.count_path(&a, END_EXIT);
+            self.flush_counts(&a, true);
+            if a.pap_start != NONE {
+                let run_end = self.stack[i + 1..]
+                    .iter()
+                    .map(|b| b.pap_start)
+                    .find(|&s| s != NONE)
+                    .map_or(self.pap_buf.len(), |s| s as usize);
+                self.count_pap(a.func, a.pap_start as usize..run_end, Some(p));
             }
         }
+        let pap_cut = self.stack[n..].iter().map(|b| b.pap_start).find(|&s| s != NONE).unwrap_or(self.pap_buf.len() as u32);
+        self.pap_buf.drain(..pap_cut as usize);
+        self.stack.drain(..n);
+        for a in &mut self.stack {
+            if a.pap_start != NONE {
+                a.pap_start -= pap_cut;
+            }
+        }
+        self.dropped_frames += n as u64;
     }
 
     /// Replaces the top activation (if any) by one of `func` starting at `id`, keeping its
@@ -481,13 +781,27 @@ impl PathRecorder {
         let node = self.node_of(a.func, id, tables);
         let addr = self.id_addr[id as usize];
         if addr <= a.last_addr {
-            self.end_path(node);
+            // A back edge: the path ends here and the next starts at its head, `node`.
+            let p = self.end_path(node);
+            let root = match self.paths[p as usize].next_root {
+                NONE => {
+                    let r = self.root(a.func, START_HEAD, node);
+                    self.paths[p as usize].next_root = r;
+                    r
+                }
+                r => r,
+            };
             let top = self.stack.last_mut().expect("an activation");
-            top.path_start = self.buf.len() as u32;
-            top.start_tag = START_HEAD;
+            top.cur = root;
+            top.len = 1;
+            top.last_addr = addr;
+        } else {
+            let cur = self.trie_step(a.cur, node);
+            let top = self.stack.last_mut().expect("an activation");
+            top.cur = cur;
+            top.len += 1;
+            top.last_addr = addr;
         }
-        self.stack.last_mut().expect("an activation").last_addr = addr;
-        self.buf.push(node);
     }
 
     /// Accounts a run of events in ring order (block ids and syscall events), learning block
@@ -530,9 +844,9 @@ impl PathRecorder {
                 let top = self.stack.last().expect("an activation");
                 if entry != NONE && entry != top.func {
                     // A jump to another function's entry: a tail call.
-                    self.resyncs += 1;
+                    self.resync(Resync::TailCall);
                     self.replace_activation(entry, id, tables);
-                } else if kind == K_INDIRECT && self.id_node[id as usize].0 != top.func {
+                } else if kind == K_INDIRECT && (self.id_node[id as usize].0 != top.func || self.id_addr[id as usize] == top.return_to) {
                     self.step_indirect(id, tables);
                 } else {
                     self.step_intra(id, tables);
@@ -549,7 +863,7 @@ impl PathRecorder {
         match depth {
             Some(i) if i >= 1 => {
                 if i + 1 != self.stack.len() {
-                    self.resyncs += 1;
+                    self.resync(Resync::DeeperReturn);
                 }
                 while self.stack.len() > i {
                     self.pop_activation();
@@ -559,7 +873,7 @@ impl PathRecorder {
             _ => {
                 // A return to no frame on the stack (the guest switched stacks, or returned
                 // from the outermost activation): go on in the function containing it.
-                self.resyncs += 1;
+                self.resync(Resync::OrphanReturn);
                 let f = self.function_containing(target);
                 self.replace_activation(f, id, tables);
             }
@@ -571,6 +885,14 @@ impl PathRecorder {
     #[cold]
     fn step_indirect(&mut self, id: u32, tables: &Tables) {
         let addr = self.id_addr[id as usize];
+        // `pop reg; jmp *reg` and friends: a jump to a frame's return address returns there.
+        if let Some(i) = self.stack.iter().rposition(|a| a.return_to == addr).filter(|&i| i >= 1) {
+            self.resync(Resync::JumpReturn);
+            while self.stack.len() > i {
+                self.pop_activation();
+            }
+            return self.step_intra(id, tables);
+        }
         let owner = |p: &PathRecorder, f: u32| {
             let fun = &p.funcs[f as usize];
             fun.nodes.contains_key(&addr)
@@ -584,15 +906,22 @@ impl PathRecorder {
             return self.step_intra(id, tables);
         }
         if let Some(i) = (0..self.stack.len() - 1).rev().find(|&i| owner(self, self.stack[i].func)) {
-            self.resyncs += 1;
+            self.resync(Resync::Unwind);
             while self.stack.len() > i + 1 {
                 self.pop_activation();
             }
             return self.step_intra(id, tables);
         }
-        self.resyncs += 1;
+        self.resync(Resync::ForeignJump);
         let f = self.function_containing(addr);
         self.replace_activation(f, id, tables);
+    }
+
+    /// Counts one resynchronisation of the shadow stack.
+    #[inline]
+    fn resync(&mut self, why: Resync) {
+        self.resyncs += 1;
+        self.resync_kinds[why as usize] += 1;
     }
 
     /// Ends every activation (the guest has ended): every block executed is then on a

@@ -145,7 +145,9 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
             "path_stats".into(),
             json!({
                 "shadow_stack_resyncs": p.resyncs,
+                "resyncs_by_cause": p.resync_kinds.iter().map(|&(k, n)| (k.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
                 "pap_abandoned": p.pap_abandoned,
+                "shadow_stack_dropped_frames": p.dropped_frames,
                 "numbering_errors": p.numbering_errors.iter().map(|(f, e)| json!({"function": f, "error": e})).collect::<Vec<_>>(),
             }),
         );
@@ -160,6 +162,7 @@ fn path_json(p: &PathEntry) -> Value {
         "kind": p.kind.name(),
         "id": p.id,
         "count": p.count,
+        "len": p.len,
         "start": p.start,
         "end": p.end,
         "blocks": p.blocks.iter().map(|&a| hex(a)).collect::<Vec<_>>(),
@@ -249,7 +252,9 @@ pub fn render_text(doc: &Value, top: usize) -> String {
 
     if let Some(paths) = doc["paths"].as_array() {
         let mut paths: Vec<&Value> = paths.iter().collect();
-        let weight = |p: &Value| u64_of(&p["count"]) * p["blocks"].as_array().map_or(0, |b| b.len() as u64);
+        let weight = |p: &Value| {
+            u64_of(&p["count"]).saturating_mul(p["len"].as_u64().unwrap_or_else(|| p["blocks"].as_array().map_or(0, |b| b.len() as u64)))
+        };
         paths.sort_by_key(|p| std::cmp::Reverse(weight(p)));
         if !paths.is_empty() {
             out.push_str("hotpath: hot paths (count, share of executed blocks):\n");
@@ -264,7 +269,7 @@ pub fn render_text(doc: &Value, top: usize) -> String {
                 p["kind"].as_str().unwrap_or("?"),
                 id,
                 p["function"].as_str().unwrap_or("?"),
-                b.len(),
+                p["len"].as_u64().unwrap_or(b.len() as u64),
                 p["start"].as_str().unwrap_or("?"),
                 p["end"].as_str().unwrap_or("?"),
             ));
