@@ -114,25 +114,59 @@ fn branchy_loop_paths_are_exact() {
 }
 
 #[test]
-#[ignore = "nested() path count assertion not yet matched to gcc -O2 layout (see the session report)"]
+fn recursion_paths_are_exact() {
+    let exe = guest_build::build("paths_recursion.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let json = run_report(&exe, "recursion", &[], &["--pap-threshold", "0"]);
+    check_consistency("paths_recursion", &json);
+    let rsum: Vec<&Value> =
+        json["paths"].as_array().unwrap().iter().filter(|p| p["kind"] == "bl" && p["function"] == "rsum").collect();
+    let names = |p: &Value| -> Vec<String> { p["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect() };
+    // See paths_recursion.S: one path per activation; DEPTH = 50 recursive ones and 1 base
+    // case per call, 4 calls. Blocks: rsum, +0x5 .Lrec, +0xe .Lafter, +0x13 .Lbase.
+    assert_eq!(rsum.len(), 2, "rsum has two paths: {rsum:?}");
+    let top = rsum.iter().max_by_key(|p| p["count"].as_u64().unwrap()).unwrap();
+    assert_eq!(names(top), ["rsum", "rsum+0x5", "rsum+0xe"], "top path {top}");
+    assert_eq!((top["count"].as_u64(), top["start"].as_str(), top["end"].as_str()), (Some(200), Some("entry"), Some("exit")));
+    let base = rsum.iter().find(|p| p["count"] == 4).expect("the base-case path");
+    assert_eq!(names(base), ["rsum", "rsum+0x13"]);
+    assert_eq!(json["path_stats"]["shadow_stack_resyncs"], 0, "every return matches its call");
+    // The flame graph's deepest stack: _start, then DEPTH + 1 frames of rsum, 2 blocks per call.
+    let deepest = json["stacks"].as_array().unwrap().iter().max_by_key(|s| s["stack"].as_str().unwrap().len()).unwrap();
+    assert_eq!(deepest["stack"].as_str().unwrap().matches("rsum").count(), 51);
+    assert_eq!(deepest["blocks"], 4 * 2);
+}
+
+/// paths_loops.c at gcc -O2 (checked against `objdump -d`; offsets are gcc's layout):
+/// `nested(10, 20)`: blocks N0 = entry, N1 = +0x37 (m > 0), N2 = +0x41 (row 0's first inner
+/// iteration, falls through into the loop), N3 = +0x48 (rows 1..9's first inner iteration),
+/// L = +0x50 (the inner loop, `jne` to itself), T = +0x66 (row end), X = +0x6f (ret). Address
+/// order makes L -> L and T -> N3 the back edges, so per call: [N0 N1 N2 L] 1; [L] -> L
+/// 17 × 10 = 170 (19 runs of L per row, the first on the row's path, the last ending at T);
+/// [L T] -> N3 9; [N3 L] 9; [L T X] 1. 5 calls. `fact` is turned into a loop by gcc (F0 =
+/// entry, F1 = +0xb peeled first multiplication, L = +0x10 loop, X = +0x21): per fact(12),
+/// [F0 F1 L] 1, [L] -> L 8, [L X] 1 (10 runs of L). The test checks counts, which follow
+/// from that layout, not addresses.
+#[test]
 fn c_loops_and_recursion() {
     let exe = guest_build::build("paths_loops.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let json = run_report(&exe, "loops", &["400", "5"], &["--pap-threshold", "0"]);
     check_consistency("paths_loops", &json);
     let paths = json["paths"].as_array().unwrap();
-    // gcc turns fact's recursion into a loop: 11 multiplications per call, 5 calls, the loop's
-    // back-edge path runs 10 times per call (the first iteration starts at the entry).
-    let fact: Vec<&Value> = paths.iter().filter(|p| p["kind"] == "bl" && p["function"] == "fact").collect();
-    let mut counts: Vec<u64> = fact.iter().map(|p| p["count"].as_u64().unwrap()).collect();
-    counts.sort();
-    assert_eq!(counts, [5, 5, 40], "fact paths: {fact:?}");
-    // The inner loop of nested(10, 20) is the hottest path of nested: 19 back edges per row.
+    let counts = |f: &str| -> Vec<u64> {
+        let mut c: Vec<u64> =
+            paths.iter().filter(|p| p["kind"] == "bl" && p["function"] == f).map(|p| p["count"].as_u64().unwrap()).collect();
+        c.sort();
+        c
+    };
+    assert_eq!(counts("fact"), [5, 5, 40], "fact paths");
+    assert_eq!(counts("nested"), [5, 5, 45, 45, 850], "nested paths");
     let nested = paths
         .iter()
         .filter(|p| p["kind"] == "bl" && p["function"] == "nested")
         .max_by_key(|p| p["count"].as_u64().unwrap())
         .unwrap();
-    assert_eq!(nested["count"], 5 * 10 * 19);
+    assert_eq!(nested["blocks"].as_array().unwrap().len(), 1, "the hottest nested path is the one-block inner loop");
+    assert_eq!((nested["start"].as_str(), nested["end"].as_str()), (Some("back_edge"), Some("back_edge")));
     assert!(json["stacks"].as_array().unwrap().iter().any(|s| s["stack"].as_str().unwrap().ends_with("main;nested")));
 }
 
