@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# bench/paths.sh — what path profiles cost: wall time of each bench_* sample under hotpath in
+# three modes, interleaved run by run (--no-monitor; the monitor with tables only, --no-paths;
+# the monitor with paths, --paths), with the medians, the ratios paths / tables and
+# tables / --no-monitor, and the median times the guest waited for a full event ring in each
+# monitored mode (totals.ring_waits of the JSON report). Target: paths <= 1.15 x tables.
+#
+# Usage: bench/paths.sh [-n RUNS] [-s "sample ..."] [--no-build]
+# Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+runs=5
+samples="bench_sieve:300000 bench_crc:3 bench_fib:24 bench_nbody:20000 bench_interp:20"
+build=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -n) runs="$2"; shift 2 ;;
+        -s) samples="$2"; shift 2 ;;
+        --no-build) build=0; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench/paths.sh: unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+if [ -n "${HOTPATH_BIN:-}" ]; then hotpath="$HOTPATH_BIN"; else
+    [ "$build" = 1 ] && (cd "$root" && cargo build --release -q -p hotpath)
+    hotpath="$target_dir/release/hotpath"
+fi
+work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+now() { date +%s.%N; }
+printf "%-14s %10s %10s %10s %13s %13s %12s %12s\n" sample no-monitor tables paths paths/tables tables/nomon "waits(tab)" "waits(paths)"
+for spec in $samples; do
+    name="${spec%%:*}"; arg="${spec#*:}"; [ "$arg" = "$spec" ] && arg=""
+    exe="$work/$name"
+    gcc -O2 -static -I"$root/guest-samples" -o "$exe" "$root/guest-samples/$name.c" -lm
+    for i in $(seq "$runs"); do
+        for mode in nomon tables paths; do
+            case $mode in
+                nomon) flags=(--no-monitor) ;; tables) flags=(--no-paths --report "$work/r.json") ;; paths) flags=(--paths --report "$work/r.json") ;;
+            esac
+            t0=$(now); "$hotpath" run --quiet "${flags[@]}" -- "$exe" $arg >/dev/null; t1=$(now)
+            echo "$t1 - $t0" | bc >>"$work/$name.$mode"
+            if [ "$mode" != nomon ]; then
+                python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['totals']['ring_waits'])" "$work/r.json" >>"$work/$name.$mode.waits"
+            fi
+        done
+    done
+    n=$(median <"$work/$name.nomon"); t=$(median <"$work/$name.tables"); p=$(median <"$work/$name.paths")
+    printf "%-14s %9.3fs %9.3fs %9.3fs %12.2fx %12.2fx %12s %12s\n" "$name" "$n" "$t" "$p" \
+        "$(echo "$p / $t" | bc -l)" "$(echo "$t / $n" | bc -l)" \
+        "$(median <"$work/$name.tables.waits")" "$(median <"$work/$name.paths.waits")"
+done
