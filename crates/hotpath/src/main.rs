@@ -73,8 +73,8 @@ struct RunArgs {
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
     /// Record path profiles (functions, shadow stack, Ball-Larus and PAP paths, k-paths).
-    /// Off by default for now: the `recursion` sample exhausts memory with paths on (being
-    /// investigated).
+    /// Off by default: it costs 1.4-2.1x the tables-only monitor on the bench samples
+    /// (bench/paths.sh; README "Path profiles").
     #[arg(long, overrides_with = "no_paths")]
     paths: bool,
     /// Record tables only: no functions, shadow stack or path profiles (the default).
