@@ -19,7 +19,7 @@ pub struct MonitorState {
 
 /// A running monitor thread.
 pub struct MonitorHandle {
-    handle: JoinHandle<MonitorState>,
+    handle: JoinHandle<Result<MonitorState, String>>,
     /// The core it was pinned to, if any.
     pub pinned_to: Option<usize>,
 }
@@ -52,31 +52,17 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }
-            let MonitorState { mut tables, mut paths } = state;
-            let backoff = Backoff::new();
-            loop {
-                // Read `closed` before draining: everything published before the close is
-                // visible to this drain.
-                let closed = ring.is_closed();
-                let n = ring.drain(closed, |events| {
-                    tables.record(events);
-                    if let Some(p) = paths.as_mut() {
-                        p.record(events, &mut tables, Some(&new_blocks));
-                    }
-                });
-                if n > 0 {
-                    backoff.reset();
-                } else if closed {
-                    break;
-                } else if backoff.is_completed() {
-                    tables.learn_all(&new_blocks);
-                    std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
-                } else {
-                    backoff.snooze();
-                }
-            }
-            tables.learn_all(&new_blocks);
-            MonitorState { tables, paths }
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drain_loop(&mut ring, &new_blocks, state)));
+            run.map_err(|panic| {
+                // A bug in the monitor must not hang the guest on a full ring: keep freeing
+                // room, discarding events, until the guest ends.
+                discard_until_closed(&mut ring);
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into())
+            })
         })
         .expect("spawning the monitor thread");
     // SAFETY: restoring the mask saved above.
@@ -84,12 +70,59 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
     MonitorHandle { handle, pinned_to }
 }
 
+/// The monitor's work: drain the ring in order into the tables (and paths) until the
+/// producer closes it.
+fn drain_loop(ring: &mut RingConsumer, new_blocks: &Receiver<NewBlock>, state: MonitorState) -> MonitorState {
+    let MonitorState { mut tables, mut paths } = state;
+    let backoff = Backoff::new();
+    loop {
+        // Read `closed` before draining: everything published before the close is visible
+        // to this drain.
+        let closed = ring.is_closed();
+        let n = ring.drain(closed, |events| {
+            tables.record(events);
+            if let Some(p) = paths.as_mut() {
+                p.record(events, &mut tables, Some(new_blocks));
+            }
+        });
+        if n > 0 {
+            backoff.reset();
+        } else if closed {
+            break;
+        } else if backoff.is_completed() {
+            tables.learn_all(new_blocks);
+            std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
+        } else {
+            backoff.snooze();
+        }
+    }
+    tables.learn_all(new_blocks);
+    MonitorState { tables, paths }
+}
+
+/// After a failure: frees ring room without looking at the events, until the ring closes.
+fn discard_until_closed(ring: &mut RingConsumer) {
+    loop {
+        let closed = ring.is_closed();
+        if ring.drain(true, |_| {}) == 0 {
+            if closed {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
+        }
+    }
+}
+
 impl MonitorHandle {
     /// Waits for the monitor to drain the (closed) ring and returns its tables and paths.
-    pub fn finish(self) -> MonitorState {
+    ///
+    /// # Errors
+    /// The panic message, if the monitor failed (a bug in hotpath); the guest went on
+    /// unaffected but its profile is lost.
+    pub fn finish(self) -> Result<MonitorState, String> {
         match self.handle.join() {
-            Ok(t) => t,
-            Err(p) => std::panic::resume_unwind(p),
+            Ok(result) => result,
+            Err(_) => Err("the monitor thread ended abnormally".into()),
         }
     }
 }

@@ -191,7 +191,13 @@ impl Monitoring {
     fn stop(&mut self, translator: &Translator) -> Option<MonitorState> {
         let handle = self.handle.take()?;
         translator.ring_producer()?.close();
-        Some(handle.finish())
+        match handle.finish() {
+            Ok(state) => Some(state),
+            Err(e) => {
+                eprintln!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile");
+                None
+            }
+        }
     }
 }
 
