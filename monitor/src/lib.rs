@@ -20,8 +20,12 @@ pub mod report;
 mod tables;
 mod thread;
 
-pub use profile::{BlockProfile, EdgeProfile, IndirectSite, Profile, Symbolizer, SyscallProfile, Totals};
+pub use pathreport::{
+    FunctionCfg, KPath, PathEntry, PathKind, PathProfile, K_PATHS_TOP, PAP_PATHS_TOP,
+};
+pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, PAP_MAX_PATHS};
+pub use profile::{
+    BlockProfile, EdgeProfile, IndirectSite, Profile, Symbolizer, SyscallProfile, Totals,
+};
 pub use tables::{SyscallCount, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorState};
-pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, PAP_MAX_PATHS};
-pub use pathreport::{FunctionCfg, KPath, PathEntry, PathKind, PathProfile, K_PATHS_TOP, PAP_PATHS_TOP};

@@ -129,7 +129,11 @@ struct Graph {
 
 impl Graph {
     fn new() -> Graph {
-        Graph { map: HashMap::new(), addrs: vec![0, 0], edges: BTreeMap::new() }
+        Graph {
+            map: HashMap::new(),
+            addrs: vec![0, 0],
+            edges: BTreeMap::new(),
+        }
     }
     fn node(&mut self, n: u32, addr: u64) -> u32 {
         let next = self.addrs.len() as u32;
@@ -159,12 +163,24 @@ impl Graph {
 fn dag_walk(g: &Graph, key: &[u32]) -> Vec<EdgeId> {
     let nodes: Vec<u32> = key[2..key.len() - 1].iter().map(|n| g.map[n]).collect();
     let mut walk = Vec::with_capacity(nodes.len() + 1);
-    walk.push(g.id(0, nodes[0], if key[1] == START_ENTRY { TAG_PLAIN } else { TAG_HEAD }));
+    walk.push(g.id(
+        0,
+        nodes[0],
+        if key[1] == START_ENTRY {
+            TAG_PLAIN
+        } else {
+            TAG_HEAD
+        },
+    ));
     for w in nodes.windows(2) {
         walk.push(g.id(w[0], w[1], TAG_PLAIN));
     }
     let end = key[key.len() - 1];
-    let tag = if end == END_EXIT { TAG_PLAIN } else { TAG_HEAD + 1 + end as u64 };
+    let tag = if end == END_EXIT {
+        TAG_PLAIN
+    } else {
+        TAG_HEAD + 1 + end as u64
+    };
     walk.push(g.id(*nodes.last().expect("a path has a block"), 1, tag));
     walk
 }
@@ -184,8 +200,17 @@ impl PathProfile {
     /// Derives the reported path profile from a finished recorder (see
     /// [`PathRecorder::finish`]); `name_of(addr)` names a function entry.
     pub fn from_recorder(rec: &PathRecorder, name_of: &dyn Fn(u64) -> String) -> PathProfile {
-        let mut out = PathProfile { k: rec.config.k, resyncs: rec.resyncs, pap_abandoned: rec.pap_abandoned, dropped_frames: rec.dropped_frames,
-            resync_kinds: Resync::ALL.iter().map(|&r| (r.name(), rec.resync_kinds[r as usize])).collect(), ..Default::default() };
+        let mut out = PathProfile {
+            k: rec.config.k,
+            resyncs: rec.resyncs,
+            pap_abandoned: rec.pap_abandoned,
+            dropped_frames: rec.dropped_frames,
+            resync_kinds: Resync::ALL
+                .iter()
+                .map(|&r| (r.name(), rec.resync_kinds[r as usize]))
+                .collect(),
+            ..Default::default()
+        };
         let names: Vec<String> = rec.funcs.iter().map(|f| name_of(f.entry)).collect();
         let mut by_func: Vec<Vec<u32>> = vec![Vec::new(); rec.funcs.len()];
         for (p, path) in rec.paths.iter().enumerate() {
@@ -210,17 +235,31 @@ impl PathProfile {
                 let key = &rec.paths[p as usize].key;
                 let nodes = &key[2..key.len() - 1];
                 let gn: Vec<u32> = nodes.iter().map(|&n| g.node(n, addr_of(n))).collect();
-                g.edge(0, gn[0], if key[1] == START_ENTRY { TAG_PLAIN } else { TAG_HEAD });
+                g.edge(
+                    0,
+                    gn[0],
+                    if key[1] == START_ENTRY {
+                        TAG_PLAIN
+                    } else {
+                        TAG_HEAD
+                    },
+                );
                 for w in gn.windows(2) {
                     g.edge(w[0], w[1], TAG_PLAIN);
                 }
                 let end = key[key.len() - 1];
-                let tag = if end == END_EXIT { TAG_PLAIN } else { TAG_HEAD + 1 + end as u64 };
+                let tag = if end == END_EXIT {
+                    TAG_PLAIN
+                } else {
+                    TAG_HEAD + 1 + end as u64
+                };
                 g.edge(*gn.last().expect("a path has a block"), 1, tag);
             }
             // Back-edge heads must be graph nodes too (they are: every back edge's head starts
             // the next path of the same activation, which is recorded).
-            let numbered = g.cfg().and_then(|cfg| BallLarus::number(&cfg).map(|bl| (cfg, bl)));
+            let numbered = g
+                .cfg()
+                .and_then(|cfg| BallLarus::number(&cfg).map(|bl| (cfg, bl)));
             let mut num_paths = None;
             match &numbered {
                 Ok((_, bl)) => {
@@ -247,11 +286,16 @@ impl PathProfile {
                     *blocks.entry(addr_of(n)).or_insert(0) += rec_p.count;
                 }
                 for w in nodes.windows(2) {
-                    edges.entry((addr_of(w[0]), addr_of(w[1]))).or_insert((0, false)).0 += rec_p.count;
+                    edges
+                        .entry((addr_of(w[0]), addr_of(w[1])))
+                        .or_insert((0, false))
+                        .0 += rec_p.count;
                 }
                 let end = key[key.len() - 1];
                 if end != END_EXIT {
-                    let e = edges.entry((addr_of(*nodes.last().expect("a block")), addr_of(end))).or_insert((0, true));
+                    let e = edges
+                        .entry((addr_of(*nodes.last().expect("a block")), addr_of(end)))
+                        .or_insert((0, true));
                     e.0 += rec_p.count;
                     e.1 = true;
                 }
@@ -260,7 +304,10 @@ impl PathProfile {
                 name: names[f].clone(),
                 entry: fun.entry,
                 blocks: blocks.into_iter().collect(),
-                edges: edges.into_iter().map(|((a, b), (c, back))| (a, b, c, back)).collect(),
+                edges: edges
+                    .into_iter()
+                    .map(|((a, b), (c, back))| (a, b, c, back))
+                    .collect(),
                 paths_seen: paths.len() as u64,
                 num_paths,
             });
@@ -295,16 +342,28 @@ impl PathProfile {
                     }
                     walks.push((steps, count, run));
                 }
-                let pap = cg.cfg().and_then(|cfg| Pap::new(&cfg, PapConfig::default()));
+                let pap = cg
+                    .cfg()
+                    .and_then(|cfg| Pap::new(&cfg, PapConfig::default()));
                 for (steps, count, run) in walks {
                     let walk: Vec<EdgeId> = steps.iter().map(|&(s, d, t)| cg.id(s, d, t)).collect();
-                    let trace = pap.as_ref().ok().and_then(|pap| pap.encode_walk(&walk).ok());
+                    let trace = pap
+                        .as_ref()
+                        .ok()
+                        .and_then(|pap| pap.encode_walk(&walk).ok());
                     // Every step but the virtual entry's starts at a block.
                     let len = steps.len().saturating_sub(1).max(1) as u64;
-                    let mut blocks: Vec<u64> =
-                        steps.iter().skip(1).take(PAP_BLOCKS_LISTED).map(|&(s, _, _)| cg.addrs[s as usize]).collect();
+                    let mut blocks: Vec<u64> = steps
+                        .iter()
+                        .skip(1)
+                        .take(PAP_BLOCKS_LISTED)
+                        .map(|&(s, _, _)| cg.addrs[s as usize])
+                        .collect();
                     if blocks.is_empty() {
-                        blocks = steps.iter().map(|&(_, d, _)| cg.addrs[d as usize]).collect();
+                        blocks = steps
+                            .iter()
+                            .map(|&(_, d, _)| cg.addrs[d as usize])
+                            .collect();
                     }
                     pap_entries.push(PathEntry {
                         function: names[f].clone(),
@@ -317,13 +376,19 @@ impl PathProfile {
                         start: "entry",
                         end: "exit",
                         breakpoints: trace
-                            .map(|t| t.breakpoints.iter().map(|b| (cg.addrs[b.node.index()], b.r)).collect())
+                            .map(|t| {
+                                t.breakpoints
+                                    .iter()
+                                    .map(|b| (cg.addrs[b.node.index()], b.r))
+                                    .collect()
+                            })
                             .unwrap_or_default(),
                         bl_runs: run_length(run.iter().map(|&p| bl_id[p as usize])),
                     });
                 }
                 if let Err(e) = pap {
-                    out.numbering_errors.push((names[f].clone(), format!("PAP: {e}")));
+                    out.numbering_errors
+                        .push((names[f].clone(), format!("PAP: {e}")));
                 }
             }
         }
@@ -339,17 +404,38 @@ impl PathProfile {
                 kind: PathKind::Bl,
                 id: bl_id[p],
                 count: path.count,
-                blocks: key[2..key.len() - 1].iter().map(|&n| fun.node_addr[n as usize]).collect(),
+                blocks: key[2..key.len() - 1]
+                    .iter()
+                    .map(|&n| fun.node_addr[n as usize])
+                    .collect(),
                 len: (key.len() - 3) as u64,
-                start: if key[1] == START_ENTRY { "entry" } else { "back_edge" },
-                end: if key[key.len() - 1] == END_EXIT { "exit" } else { "back_edge" },
+                start: if key[1] == START_ENTRY {
+                    "entry"
+                } else {
+                    "back_edge"
+                },
+                end: if key[key.len() - 1] == END_EXIT {
+                    "exit"
+                } else {
+                    "back_edge"
+                },
                 breakpoints: Vec::new(),
                 bl_runs: Vec::new(),
             });
         }
         let weight = |e: &PathEntry| e.count.saturating_mul(e.len);
-        out.paths.sort_by(|a, b| weight(b).cmp(&weight(a)).then(a.function_addr.cmp(&b.function_addr)).then(a.id.cmp(&b.id)));
-        pap_entries.sort_by(|a, b| weight(b).cmp(&weight(a)).then(a.function_addr.cmp(&b.function_addr)).then(a.id.cmp(&b.id)));
+        out.paths.sort_by(|a, b| {
+            weight(b)
+                .cmp(&weight(a))
+                .then(a.function_addr.cmp(&b.function_addr))
+                .then(a.id.cmp(&b.id))
+        });
+        pap_entries.sort_by(|a, b| {
+            weight(b)
+                .cmp(&weight(a))
+                .then(a.function_addr.cmp(&b.function_addr))
+                .then(a.id.cmp(&b.id))
+        });
         pap_entries.truncate(PAP_PATHS_TOP);
         out.paths.extend(pap_entries);
 
@@ -359,8 +445,15 @@ impl PathProfile {
             let ipf = ks.to_ipf();
             for len in 2..=rec.config.k {
                 for (seq, count) in ipf.hottest(len, K_PATHS_TOP) {
-                    let ids = seq.iter().map(|&PathId(p)| bl_id.get(p as usize).copied().flatten()).collect();
-                    out.k_paths.push(KPath { function: names[f].clone(), ids, count });
+                    let ids = seq
+                        .iter()
+                        .map(|&PathId(p)| bl_id.get(p as usize).copied().flatten())
+                        .collect();
+                    out.k_paths.push(KPath {
+                        function: names[f].clone(),
+                        ids,
+                        count,
+                    });
                 }
             }
         }
@@ -374,7 +467,11 @@ impl PathProfile {
             let mut frames = Vec::new();
             let mut n = node;
             while n.func != NONE {
-                frames.push(if n.func == DEEPER { "[deeper]" } else { names[n.func as usize].as_str() });
+                frames.push(if n.func == DEEPER {
+                    "[deeper]"
+                } else {
+                    names[n.func as usize].as_str()
+                });
                 n = &rec.calltree[n.parent as usize];
             }
             frames.reverse();

@@ -149,7 +149,11 @@ pub struct PathConfig {
 
 impl Default for PathConfig {
     fn default() -> Self {
-        PathConfig { pap_threshold: DEFAULT_PAP_THRESHOLD, k: 0, symbols: Vec::new() }
+        PathConfig {
+            pap_threshold: DEFAULT_PAP_THRESHOLD,
+            k: 0,
+            symbols: Vec::new(),
+        }
     }
 }
 
@@ -270,8 +274,14 @@ pub enum Resync {
 
 impl Resync {
     /// Every cause, in index order.
-    pub const ALL: [Resync; 6] =
-        [Resync::TailCall, Resync::DeeperReturn, Resync::OrphanReturn, Resync::JumpReturn, Resync::Unwind, Resync::ForeignJump];
+    pub const ALL: [Resync; 6] = [
+        Resync::TailCall,
+        Resync::DeeperReturn,
+        Resync::OrphanReturn,
+        Resync::JumpReturn,
+        Resync::Unwind,
+        Resync::ForeignJump,
+    ];
 
     /// Its name in the JSON report.
     pub fn name(self) -> &'static str {
@@ -366,7 +376,12 @@ impl PathRecorder {
             pap_buf: Vec::new(),
             paths: Vec::new(),
             pap: FxMap::default(),
-            calltree: vec![CallNode { parent: NONE, func: NONE, blocks: 0, depth: 0 }],
+            calltree: vec![CallNode {
+                parent: NONE,
+                func: NONE,
+                blocks: 0,
+                depth: 0,
+            }],
             call_child: FxMap::default(),
             scratch: Vec::new(),
             prev: NONE,
@@ -389,7 +404,12 @@ impl PathRecorder {
     /// Learns the metadata of every block id up to `id`, waiting for the translator's
     /// `NewBlock` messages if needed (a block's metadata is sent before it first runs).
     #[cold]
-    fn learn_up_to(&mut self, id: u32, tables: &mut Tables, new_blocks: Option<&Receiver<NewBlock>>) {
+    fn learn_up_to(
+        &mut self,
+        id: u32,
+        tables: &mut Tables,
+        new_blocks: Option<&Receiver<NewBlock>>,
+    ) {
         while tables.blocks.len() <= id as usize {
             let Some(rx) = new_blocks else { break };
             match rx.recv() {
@@ -402,7 +422,9 @@ impl PathRecorder {
             let (kind, ret) = match b.terminator {
                 // `call 1f; 1:` (get-pc) pushes an address and goes on: no activation.
                 Terminator::Call { target, return_to } if target == return_to => (K_OTHER, 0),
-                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => (K_CALL, return_to.0),
+                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => {
+                    (K_CALL, return_to.0)
+                }
                 Terminator::Return => (K_RET, 0),
                 Terminator::IndirectJump => (K_INDIRECT, 0),
                 _ => (K_OTHER, 0),
@@ -415,7 +437,14 @@ impl PathRecorder {
             self.id_root.push(NONE);
             let entry = match self.func_by_entry.get(&addr) {
                 Some(&f) => f,
-                None if self.config.symbols.binary_search_by_key(&addr, |s| s.addr).is_ok() => self.function_at(addr),
+                None if self
+                    .config
+                    .symbols
+                    .binary_search_by_key(&addr, |s| s.addr)
+                    .is_ok() =>
+                {
+                    self.function_at(addr)
+                }
                 None => NONE,
             };
             self.id_entry.push(entry);
@@ -429,7 +458,9 @@ impl PathRecorder {
             return f;
         }
         let f = self.funcs.len() as u32;
-        let symbol = self.symbol_at(addr).filter(|&i| self.config.symbols[i].addr == addr);
+        let symbol = self
+            .symbol_at(addr)
+            .filter(|&i| self.config.symbols[i].addr == addr);
         self.funcs.push(Function {
             entry: addr,
             symbol,
@@ -452,7 +483,10 @@ impl PathRecorder {
     /// The function a block reached without a call belongs to: the one whose symbol contains
     /// it (entered at the symbol's start), else a new function entered at the block.
     fn function_containing(&mut self, addr: u64) -> u32 {
-        let entry = self.symbol_at(addr).map(|i| self.config.symbols[i].addr).unwrap_or(addr);
+        let entry = self
+            .symbol_at(addr)
+            .map(|i| self.config.symbols[i].addr)
+            .unwrap_or(addr);
         self.function_at(entry)
     }
 
@@ -488,7 +522,9 @@ impl PathRecorder {
         };
         if fun.static_succs[n as usize].is_empty() {
             let succs = match tables.blocks[id as usize].terminator {
-                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => vec![return_to.0],
+                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => {
+                    vec![return_to.0]
+                }
                 t => t
                     .static_successors()
                     .into_iter()
@@ -581,7 +617,11 @@ impl PathRecorder {
                 key.extend(nodes.iter().rev());
                 key.push(end);
                 let p = self.paths.len() as u32;
-                self.paths.push(PathRec { key: key.into(), count: 0, next_root: NONE });
+                self.paths.push(PathRec {
+                    key: key.into(),
+                    count: 0,
+                    next_root: NONE,
+                });
                 self.ends.insert((t, end), p);
                 p
             }
@@ -609,13 +649,25 @@ impl PathRecorder {
             return c;
         }
         let c = self.calltree.len() as u32;
-        self.calltree.push(CallNode { parent, func, blocks: 0, depth });
+        self.calltree.push(CallNode {
+            parent,
+            func,
+            blocks: 0,
+            depth,
+        });
         self.call_child.insert((parent, func), c);
         c
     }
 
     /// Starts an activation of `func` at block `id`.
-    fn push_activation(&mut self, func: u32, return_to: u64, parent_call: u32, id: u32, tables: &Tables) {
+    fn push_activation(
+        &mut self,
+        func: u32,
+        return_to: u64,
+        parent_call: u32,
+        id: u32,
+        tables: &Tables,
+    ) {
         if self.stack.len() >= SHADOW_STACK_MAX {
             self.drop_bottom(SHADOW_STACK_MAX / 2);
         }
@@ -634,7 +686,9 @@ impl PathRecorder {
         let hot = fun.path_ends >= self.config.pap_threshold;
         if self.config.k > 0 {
             let k = self.config.k;
-            fun.kslab.get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1")).routine_entry();
+            fun.kslab
+                .get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1"))
+                .routine_entry();
         }
         self.stack.push(Activation {
             func,
@@ -668,7 +722,11 @@ impl PathRecorder {
     /// function (when it ends, or when its frame is dropped), with its current path's when
     /// `with_current` (counted with `count_path` but not `end_path`).
     fn flush_counts(&mut self, a: &Activation, with_current: bool) {
-        let (len, ends) = if with_current { (a.len as u64, 1) } else { (0, 0) };
+        let (len, ends) = if with_current {
+            (a.len as u64, 1)
+        } else {
+            (0, 0)
+        };
         self.calltree[a.call_node as usize].blocks += a.blocks + len;
         self.funcs[a.func as usize].path_ends += a.path_ends + ends;
     }
@@ -749,7 +807,11 @@ impl PathRecorder {
                 self.count_pap(a.func, a.pap_start as usize..run_end, Some(p));
             }
         }
-        let pap_cut = self.stack[n..].iter().map(|b| b.pap_start).find(|&s| s != NONE).unwrap_or(self.pap_buf.len() as u32);
+        let pap_cut = self.stack[n..]
+            .iter()
+            .map(|b| b.pap_start)
+            .find(|&s| s != NONE)
+            .unwrap_or(self.pap_buf.len() as u32);
         self.pap_buf.drain(..pap_cut as usize);
         self.stack.drain(..n);
         for a in &mut self.stack {
@@ -806,7 +868,12 @@ impl PathRecorder {
 
     /// Accounts a run of events in ring order (block ids and syscall events), learning block
     /// metadata from `new_blocks` as ids first appear.
-    pub fn record(&mut self, events: &[u32], tables: &mut Tables, new_blocks: Option<&Receiver<NewBlock>>) {
+    pub fn record(
+        &mut self,
+        events: &[u32],
+        tables: &mut Tables,
+        new_blocks: Option<&Receiver<NewBlock>>,
+    ) {
         for &id in events {
             if id & SYSCALL_EVENT != 0 {
                 continue;
@@ -846,7 +913,10 @@ impl PathRecorder {
                     // A jump to another function's entry: a tail call.
                     self.resync(Resync::TailCall);
                     self.replace_activation(entry, id, tables);
-                } else if kind == K_INDIRECT && (self.id_node[id as usize].0 != top.func || self.id_addr[id as usize] == top.return_to) {
+                } else if kind == K_INDIRECT
+                    && (self.id_node[id as usize].0 != top.func
+                        || self.id_addr[id as usize] == top.return_to)
+                {
                     self.step_indirect(id, tables);
                 } else {
                     self.step_intra(id, tables);
@@ -886,7 +956,12 @@ impl PathRecorder {
     fn step_indirect(&mut self, id: u32, tables: &Tables) {
         let addr = self.id_addr[id as usize];
         // `pop reg; jmp *reg` and friends: a jump to a frame's return address returns there.
-        if let Some(i) = self.stack.iter().rposition(|a| a.return_to == addr).filter(|&i| i >= 1) {
+        if let Some(i) = self
+            .stack
+            .iter()
+            .rposition(|a| a.return_to == addr)
+            .filter(|&i| i >= 1)
+        {
             self.resync(Resync::JumpReturn);
             while self.stack.len() > i {
                 self.pop_activation();
@@ -905,7 +980,10 @@ impl PathRecorder {
         if owner(self, top) || self.symbol_at(addr).is_none() {
             return self.step_intra(id, tables);
         }
-        if let Some(i) = (0..self.stack.len() - 1).rev().find(|&i| owner(self, self.stack[i].func)) {
+        if let Some(i) = (0..self.stack.len() - 1)
+            .rev()
+            .find(|&i| owner(self, self.stack[i].func))
+        {
             self.resync(Resync::Unwind);
             while self.stack.len() > i + 1 {
                 self.pop_activation();

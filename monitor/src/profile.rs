@@ -128,7 +128,13 @@ impl Profile {
                 instructions: b.instructions,
                 len_bytes: b.len_bytes,
                 terminator: b.kind(),
-                symbol: symbolize(b.start.0).map(|(s, off)| if off == 0 { s } else { format!("{s}+{off:#x}") }),
+                symbol: symbolize(b.start.0).map(|(s, off)| {
+                    if off == 0 {
+                        s
+                    } else {
+                        format!("{s}+{off:#x}")
+                    }
+                }),
                 code: None,
             });
             e.count += c;
@@ -138,7 +144,9 @@ impl Profile {
         let mut edges: BTreeMap<(u64, u64, &'static str), u64> = BTreeMap::new();
         let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();
         for (from, to, c) in tables.edges() {
-            let (Some(f), Some(t)) = (blocks.get(from as usize), blocks.get(to as usize)) else { continue };
+            let (Some(f), Some(t)) = (blocks.get(from as usize), blocks.get(to as usize)) else {
+                continue;
+            };
             let kind = match f.terminator {
                 Terminator::Branch { taken, .. } if t.start == taken => "taken",
                 Terminator::Branch { not_taken, .. } if t.start == not_taken => "not_taken",
@@ -147,7 +155,9 @@ impl Profile {
                 Terminator::FallThrough { next } if t.start == next => "fallthrough",
                 Terminator::Syscall { next } if t.start == next => "syscall",
                 Terminator::IndirectJump | Terminator::IndirectCall { .. } | Terminator::Return => {
-                    let site = indirect.entry(f.terminator_addr.0).or_insert_with(|| (f.kind(), HashMap::new()));
+                    let site = indirect
+                        .entry(f.terminator_addr.0)
+                        .or_insert_with(|| (f.kind(), HashMap::new()));
                     *site.1.entry(t.start.0).or_insert(0) += c;
                     continue;
                 }
@@ -155,12 +165,25 @@ impl Profile {
             };
             *edges.entry((f.start.0, t.start.0, kind)).or_insert(0) += c;
         }
-        let edges = edges.into_iter().map(|((from, to, kind), count)| EdgeProfile { from, to, kind, count }).collect();
+        let edges = edges
+            .into_iter()
+            .map(|((from, to, kind), count)| EdgeProfile {
+                from,
+                to,
+                kind,
+                count,
+            })
+            .collect();
         let indirect = indirect
             .into_iter()
             .map(|(site, (kind, targets))| {
                 let targets = sorted_desc(targets);
-                IndirectSite { site, kind, count: targets.iter().map(|t| t.1).sum(), targets }
+                IndirectSite {
+                    site,
+                    kind,
+                    count: targets.iter().map(|t| t.1).sum(),
+                    targets,
+                }
             })
             .collect();
 
@@ -170,15 +193,30 @@ impl Profile {
             .map(|(&nr, s)| {
                 let mut sites: HashMap<u64, u64> = HashMap::new();
                 for (&id, &c) in &s.sites {
-                    let addr = blocks.get(id as usize).map(|b| b.terminator_addr.0).unwrap_or(0);
+                    let addr = blocks
+                        .get(id as usize)
+                        .map(|b| b.terminator_addr.0)
+                        .unwrap_or(0);
                     *sites.entry(addr).or_insert(0) += c;
                 }
-                SyscallProfile { nr, name: syscall_name(nr as u64).unwrap_or("unknown"), count: s.count, sites: sorted_desc(sites) }
+                SyscallProfile {
+                    nr,
+                    name: syscall_name(nr as u64).unwrap_or("unknown"),
+                    count: s.count,
+                    sites: sorted_desc(sites),
+                }
             })
             .collect();
         syscalls.sort_by_key(|s| s.nr);
 
-        Profile { totals, blocks: by_addr.into_values().collect(), edges, indirect, syscalls, paths: None }
+        Profile {
+            totals,
+            blocks: by_addr.into_values().collect(),
+            edges,
+            indirect,
+            syscalls,
+            paths: None,
+        }
     }
 
     /// Reads the guest code bytes of every block from this process's memory, where the guest
@@ -188,8 +226,14 @@ impl Profile {
     pub fn read_code(&mut self) {
         for b in &mut self.blocks {
             let mut buf = vec![0u8; b.len_bytes as usize];
-            let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-            let remote = libc::iovec { iov_base: b.addr as *mut libc::c_void, iov_len: buf.len() };
+            let local = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let remote = libc::iovec {
+                iov_base: b.addr as *mut libc::c_void,
+                iov_len: buf.len(),
+            };
             // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which we own; the
             // remote range is only read, and an unmapped one makes the call fail.
             let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };

@@ -51,7 +51,11 @@ fn hex(a: u64) -> String {
 /// `monomorphic`, `polymorphic` or `megamorphic`, by the top target's share of the site.
 pub fn predictability(site: &IndirectSite) -> &'static str {
     let top = site.targets.first().map(|t| t.1).unwrap_or(0) as f64;
-    let share = if site.count == 0 { 1.0 } else { top / site.count as f64 };
+    let share = if site.count == 0 {
+        1.0
+    } else {
+        top / site.count as f64
+    };
     if share >= MONOMORPHIC_SHARE {
         "monomorphic"
     } else if share >= MEGAMORPHIC_SHARE {
@@ -112,7 +116,11 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
         })).collect::<Vec<_>>(),
     });
     let obj = doc.as_object_mut().expect("an object");
-    for (b, j) in profile.blocks.iter().zip(obj["blocks"].as_array_mut().expect("an array")) {
+    for (b, j) in profile
+        .blocks
+        .iter()
+        .zip(obj["blocks"].as_array_mut().expect("an array"))
+    {
         if let Some(code) = &b.code {
             j["code"] = Value::String(code.iter().map(|x| format!("{x:02x}")).collect());
         }
@@ -122,7 +130,10 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
         obj.insert("k".into(), json!(p.k));
         obj.insert(
             "k_paths".into(),
-            p.k_paths.iter().map(|k| json!({"function": k.function, "ids": k.ids, "count": k.count})).collect(),
+            p.k_paths
+                .iter()
+                .map(|k| json!({"function": k.function, "ids": k.ids, "count": k.count}))
+                .collect(),
         );
         obj.insert(
             "functions".into(),
@@ -140,7 +151,13 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
                 })
                 .collect(),
         );
-        obj.insert("stacks".into(), p.stacks.iter().map(|(s, n)| json!({"stack": s, "blocks": n})).collect());
+        obj.insert(
+            "stacks".into(),
+            p.stacks
+                .iter()
+                .map(|(s, n)| json!({"stack": s, "blocks": n}))
+                .collect(),
+        );
         obj.insert(
             "path_stats".into(),
             json!({
@@ -173,8 +190,16 @@ fn path_json(p: &PathEntry) -> Value {
         }).collect::<Vec<_>>(),
     });
     if p.kind == PathKind::Pap {
-        v["breakpoints"] = p.breakpoints.iter().map(|&(a, r)| json!({"block": hex(a), "r": r})).collect();
-        v["bl_runs"] = p.bl_runs.iter().map(|&(id, n)| json!({"id": id, "repeat": n})).collect();
+        v["breakpoints"] = p
+            .breakpoints
+            .iter()
+            .map(|&(a, r)| json!({"block": hex(a), "r": r}))
+            .collect();
+        v["bl_runs"] = p
+            .bl_runs
+            .iter()
+            .map(|&(id, n)| json!({"id": id, "repeat": n}))
+            .collect();
     }
     v
 }
@@ -200,12 +225,19 @@ pub fn write_json(path: &Path, profile: &Profile, run: &RunInfo) -> std::io::Res
 
 /// The short human summary of `profile` (see [`render_text`]).
 pub fn summary(profile: &Profile, top: usize) -> String {
-    let run = RunInfo { program: String::new(), argv: Vec::new(), ending: Ending::Exec, blocks_translated: 0 };
+    let run = RunInfo {
+        program: String::new(),
+        argv: Vec::new(),
+        ending: Ending::Exec,
+        blocks_translated: 0,
+    };
     render_text(&to_json(profile, &run), top)
 }
 
 fn addr_of(v: &Value) -> u64 {
-    v.as_str().and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()).unwrap_or(0)
+    v.as_str()
+        .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0)
 }
 
 fn u64_of(v: &Value) -> u64 {
@@ -245,15 +277,24 @@ pub fn render_text(doc: &Value, top: usize) -> String {
     );
     let empty = Vec::new();
     let blocks = doc["blocks"].as_array().unwrap_or(&empty);
-    let by_addr: std::collections::HashMap<u64, &Value> = blocks.iter().map(|b| (addr_of(&b["addr"]), b)).collect();
+    let by_addr: std::collections::HashMap<u64, &Value> =
+        blocks.iter().map(|b| (addr_of(&b["addr"]), b)).collect();
     let name = |a: u64| -> String {
-        by_addr.get(&a).and_then(|b| b["symbol"].as_str()).map(str::to_string).unwrap_or_else(|| format!("{a:#x}"))
+        by_addr
+            .get(&a)
+            .and_then(|b| b["symbol"].as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{a:#x}"))
     };
 
     if let Some(paths) = doc["paths"].as_array() {
         let mut paths: Vec<&Value> = paths.iter().collect();
         let weight = |p: &Value| {
-            u64_of(&p["count"]).saturating_mul(p["len"].as_u64().unwrap_or_else(|| p["blocks"].as_array().map_or(0, |b| b.len() as u64)))
+            u64_of(&p["count"]).saturating_mul(
+                p["len"]
+                    .as_u64()
+                    .unwrap_or_else(|| p["blocks"].as_array().map_or(0, |b| b.len() as u64)),
+            )
         };
         paths.sort_by_key(|p| std::cmp::Reverse(weight(p)));
         if !paths.is_empty() {
@@ -277,9 +318,18 @@ pub fn render_text(doc: &Value, top: usize) -> String {
                 let list: Vec<String> = runs
                     .iter()
                     .take(24)
-                    .map(|r| format!("{}x{}", r["id"].as_u64().map_or("?".into(), |i| i.to_string()), u64_of(&r["repeat"])))
+                    .map(|r| {
+                        format!(
+                            "{}x{}",
+                            r["id"].as_u64().map_or("?".into(), |i| i.to_string()),
+                            u64_of(&r["repeat"])
+                        )
+                    })
                     .collect();
-                out.push_str(&format!("      iterations (bl id x repeat): {}\n", list.join(" ")));
+                out.push_str(&format!(
+                    "      iterations (bl id x repeat): {}\n",
+                    list.join(" ")
+                ));
                 if let Some(bps) = p["breakpoints"].as_array() {
                     out.push_str(&format!("      {} PAP breakpoints\n", bps.len()));
                 }
@@ -291,12 +341,19 @@ pub fn render_text(doc: &Value, top: usize) -> String {
                 if !seen.insert(a) {
                     continue;
                 }
-                let label = by_addr.get(&a).and_then(|b| b["symbol"].as_str()).or_else(|| names.get(i).and_then(Value::as_str));
-                out.push_str(&format!("      {}\n", label.map(str::to_string).unwrap_or_else(|| name(a))));
+                let label = by_addr
+                    .get(&a)
+                    .and_then(|b| b["symbol"].as_str())
+                    .or_else(|| names.get(i).and_then(Value::as_str));
+                out.push_str(&format!(
+                    "      {}\n",
+                    label.map(str::to_string).unwrap_or_else(|| name(a))
+                ));
                 let code = by_addr.get(&a).and_then(|b| b["code"].as_str());
                 if let Some(hexcode) = code {
-                    let bytes: Vec<u8> =
-                        (0..hexcode.len() / 2).filter_map(|i| u8::from_str_radix(&hexcode[2 * i..2 * i + 2], 16).ok()).collect();
+                    let bytes: Vec<u8> = (0..hexcode.len() / 2)
+                        .filter_map(|i| u8::from_str_radix(&hexcode[2 * i..2 * i + 2], 16).ok())
+                        .collect();
                     for line in disassemble(a, &bytes) {
                         out.push_str(&format!("          {line}\n"));
                     }
@@ -306,7 +363,11 @@ pub fn render_text(doc: &Value, top: usize) -> String {
     }
 
     let mut hot: Vec<&Value> = blocks.iter().collect();
-    hot.sort_by(|a, b| u64_of(&b["count"]).cmp(&u64_of(&a["count"])).then(addr_of(&a["addr"]).cmp(&addr_of(&b["addr"]))));
+    hot.sort_by(|a, b| {
+        u64_of(&b["count"])
+            .cmp(&u64_of(&a["count"]))
+            .then(addr_of(&a["addr"]).cmp(&addr_of(&b["addr"])))
+    });
     if !hot.is_empty() {
         out.push_str("hotpath: hottest blocks:\n");
         for b in hot.iter().take(top) {
@@ -321,8 +382,16 @@ pub fn render_text(doc: &Value, top: usize) -> String {
             ));
         }
     }
-    let mut sites: Vec<&Value> = doc["indirect_jumps"].as_array().unwrap_or(&empty).iter().collect();
-    sites.sort_by(|a, b| u64_of(&b["count"]).cmp(&u64_of(&a["count"])).then(addr_of(&a["site"]).cmp(&addr_of(&b["site"]))));
+    let mut sites: Vec<&Value> = doc["indirect_jumps"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .collect();
+    sites.sort_by(|a, b| {
+        u64_of(&b["count"])
+            .cmp(&u64_of(&a["count"]))
+            .then(addr_of(&a["site"]).cmp(&addr_of(&b["site"])))
+    });
     if !sites.is_empty() {
         out.push_str("hotpath: busiest indirect branches (site, targets, predictability):\n");
         for s in sites.iter().take(top) {
@@ -339,18 +408,34 @@ pub fn render_text(doc: &Value, top: usize) -> String {
             ));
             for tg in targets.iter().take(4) {
                 let a = addr_of(&tg["addr"]);
-                out.push_str(&format!("  {:>14}      -> {:#x} {}\n", u64_of(&tg["count"]), a, name(a)));
+                out.push_str(&format!(
+                    "  {:>14}      -> {:#x} {}\n",
+                    u64_of(&tg["count"]),
+                    a,
+                    name(a)
+                ));
             }
         }
     }
     if let Some(sys) = doc["syscalls"].as_array().filter(|s| !s.is_empty()) {
-        let list: Vec<String> = sys.iter().map(|s| format!("{} {}", s["name"].as_str().unwrap_or("?"), u64_of(&s["count"]))).collect();
+        let list: Vec<String> = sys
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {}",
+                    s["name"].as_str().unwrap_or("?"),
+                    u64_of(&s["count"])
+                )
+            })
+            .collect();
         out.push_str(&format!("hotpath: syscalls: {}\n", list.join(", ")));
     }
     if let Some(ps) = doc.get("path_stats") {
         out.push_str(&format!(
             "hotpath: paths: {} distinct, shadow stack resynchronised {} times\n",
-            doc["paths"].as_array().map_or(0, |p| p.iter().filter(|p| p["kind"] == "bl").count()),
+            doc["paths"]
+                .as_array()
+                .map_or(0, |p| p.iter().filter(|p| p["kind"] == "bl").count()),
             u64_of(&ps["shadow_stack_resyncs"])
         ));
     }
@@ -382,20 +467,60 @@ pub fn write_dot(doc: &Value, dir: &Path, top: usize) -> std::io::Result<Vec<std
         .as_array()
         .unwrap_or(&empty)
         .iter()
-        .map(|b| (addr_of(&b["addr"]), b["symbol"].as_str().map(str::to_string).unwrap_or_else(|| hex(addr_of(&b["addr"])))))
+        .map(|b| {
+            (
+                addr_of(&b["addr"]),
+                b["symbol"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| hex(addr_of(&b["addr"]))),
+            )
+        })
         .collect();
     let mut written = Vec::new();
-    for (i, f) in doc["functions"].as_array().unwrap_or(&empty).iter().take(top).enumerate() {
+    for (i, f) in doc["functions"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .take(top)
+        .enumerate()
+    {
         let fname = f["name"].as_str().unwrap_or("?");
-        let safe: String = fname.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+        let safe: String = fname
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         let path = dir.join(format!("{i:02}-{safe}.dot"));
         let edges = f["edges"].as_array().unwrap_or(&empty);
-        let max = edges.iter().map(|e| u64_of(&e["count"])).max().unwrap_or(1).max(1) as f64;
-        let mut s = format!("digraph \"{}\" {{\n  node [shape=box, fontname=monospace];\n", fname.replace('"', "'"));
+        let max = edges
+            .iter()
+            .map(|e| u64_of(&e["count"]))
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64;
+        let mut s = format!(
+            "digraph \"{}\" {{\n  node [shape=box, fontname=monospace];\n",
+            fname.replace('"', "'")
+        );
         for b in f["blocks"].as_array().unwrap_or(&empty) {
             let a = addr_of(&b["addr"]);
-            let label = names.get(&a).cloned().unwrap_or_else(|| hex(a)).replace('"', "'");
-            s.push_str(&format!("  \"{}\" [label=\"{}\\n{}\"];\n", hex(a), label, u64_of(&b["count"])));
+            let label = names
+                .get(&a)
+                .cloned()
+                .unwrap_or_else(|| hex(a))
+                .replace('"', "'");
+            s.push_str(&format!(
+                "  \"{}\" [label=\"{}\\n{}\"];\n",
+                hex(a),
+                label,
+                u64_of(&b["count"])
+            ));
         }
         for e in edges {
             let c = u64_of(&e["count"]);
@@ -406,7 +531,11 @@ pub fn write_dot(doc: &Value, dir: &Path, top: usize) -> std::io::Result<Vec<std
                 c,
                 c.max(1),
                 1.0 + 4.0 * c as f64 / max,
-                if e["back"] == true { ", style=dashed" } else { "" }
+                if e["back"] == true {
+                    ", style=dashed"
+                } else {
+                    ""
+                }
             ));
         }
         s.push_str("}\n");
@@ -427,7 +556,13 @@ pub fn write_flamegraph(doc: &Value, path: &Path) -> Result<(), String> {
         .as_array()
         .unwrap_or(&empty)
         .iter()
-        .map(|s| format!("{} {}", s["stack"].as_str().unwrap_or("?"), u64_of(&s["blocks"])))
+        .map(|s| {
+            format!(
+                "{} {}",
+                s["stack"].as_str().unwrap_or("?"),
+                u64_of(&s["blocks"])
+            )
+        })
         .collect();
     if lines.is_empty() {
         return Err("the report has no call stacks (paths were off?)".into());
@@ -436,6 +571,10 @@ pub fn write_flamegraph(doc: &Value, path: &Path) -> Result<(), String> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = "hotpath: guest blocks executed by call stack".into();
     opts.count_name = "blocks".into();
-    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), std::io::BufWriter::new(file))
-        .map_err(|e| format!("{}: {e}", path.display()))
+    inferno::flamegraph::from_lines(
+        &mut opts,
+        lines.iter().map(String::as_str),
+        std::io::BufWriter::new(file),
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
 }

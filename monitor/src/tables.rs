@@ -10,9 +10,9 @@
 use std::collections::HashMap;
 
 use crossbeam::channel::Receiver;
-use rustc_hash::FxHashMap;
 use hotpath_events::{NewBlock, SYSCALL_EVENT};
 use hotpath_ir::BlockSummary;
+use rustc_hash::FxHashMap;
 
 /// No block: the successor slot is empty, or no block has run yet.
 const NONE: u32 = u32::MAX;
@@ -24,7 +24,10 @@ struct Successors {
     count: [u64; 2],
 }
 
-const EMPTY: Successors = Successors { id: [NONE; 2], count: [0; 2] };
+const EMPTY: Successors = Successors {
+    id: [NONE; 2],
+    count: [0; 2],
+};
 
 /// Counts of one system call number.
 #[derive(Clone, Debug, Default)]
@@ -119,9 +122,14 @@ impl Tables {
     #[cold]
     #[inline(never)]
     fn add_new_edge(&mut self, from: u32, to: u32, n: u64) {
-        let Some(s) = self.successors.get_mut(from as usize) else { return };
+        let Some(s) = self.successors.get_mut(from as usize) else {
+            return;
+        };
         if s.id[0] == NONE {
-            *s = Successors { id: [to, NONE], count: [n, 0] };
+            *s = Successors {
+                id: [to, NONE],
+                count: [n, 0],
+            };
         } else if s.id[1] == NONE {
             s.id[1] = to;
             s.count[1] = n;
@@ -149,7 +157,11 @@ impl Tables {
         if b.id.index() < self.blocks.len() {
             return;
         }
-        debug_assert_eq!(b.id.index(), self.blocks.len(), "block ids arrive in translation order");
+        debug_assert_eq!(
+            b.id.index(),
+            self.blocks.len(),
+            "block ids arrive in translation order"
+        );
         self.blocks.push(b.summary);
     }
 
@@ -218,7 +230,9 @@ mod tests {
         let mut x = 12345u64;
         let stream: Vec<u32> = (0..10_000)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 33) % 5) as u32
             })
             .collect();
@@ -229,7 +243,11 @@ mod tests {
         for w in stream.windows(2) {
             *pairs.entry((w[0], w[1])).or_insert(0) += 1;
         }
-        let got: HashMap<(u32, u32), u64> = t.edges().into_iter().map(|(f, to, c)| ((f, to), c)).collect();
+        let got: HashMap<(u32, u32), u64> = t
+            .edges()
+            .into_iter()
+            .map(|(f, to, c)| ((f, to), c))
+            .collect();
         assert_eq!(got, pairs);
         let mut counts = vec![0u64; 5];
         for &b in &stream {

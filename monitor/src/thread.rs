@@ -33,7 +33,12 @@ const IDLE_NAP_US: u64 = 50;
 /// `core` when given (the caller picks a core other than the guest's), going on from `tables`
 /// (empty for a new guest; the previous monitor's after a failed `execve`). With paths on, an
 /// event whose block id is not yet known waits for its `NewBlock` message.
-pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Option<core_affinity::CoreId>, state: MonitorState) -> MonitorHandle {
+pub fn spawn(
+    mut ring: RingConsumer,
+    new_blocks: Receiver<NewBlock>,
+    core: Option<core_affinity::CoreId>,
+    state: MonitorState,
+) -> MonitorHandle {
     let pinned_to = core.map(|c| c.id);
     // Signals are the guest thread's business: a process-directed signal must reach it (to
     // interrupt its system call), never this thread. The new thread inherits the mask it is
@@ -52,7 +57,9 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drain_loop(&mut ring, &new_blocks, state)));
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                drain_loop(&mut ring, &new_blocks, state)
+            }));
             run.map_err(|panic| {
                 // A bug in the monitor must not hang the guest on a full ring: keep freeing
                 // room, discarding events, until the guest ends.
@@ -72,8 +79,15 @@ pub fn spawn(mut ring: RingConsumer, new_blocks: Receiver<NewBlock>, core: Optio
 
 /// The monitor's work: drain the ring in order into the tables (and paths) until the
 /// producer closes it.
-fn drain_loop(ring: &mut RingConsumer, new_blocks: &Receiver<NewBlock>, state: MonitorState) -> MonitorState {
-    let MonitorState { mut tables, mut paths } = state;
+fn drain_loop(
+    ring: &mut RingConsumer,
+    new_blocks: &Receiver<NewBlock>,
+    state: MonitorState,
+) -> MonitorState {
+    let MonitorState {
+        mut tables,
+        mut paths,
+    } = state;
     let backoff = Backoff::new();
     loop {
         // Read `closed` before draining: everything published before the close is visible

@@ -5,7 +5,10 @@
 //! (the handler switches FS bases too) and fork.
 
 use hotpath_e2e::catalog::Linkage;
-use hotpath_e2e::{compare, guest_build, hotpath_bin, hotpath_command, native_command, run_timeout, runner, MonitorMode};
+use hotpath_e2e::{
+    compare, guest_build, hotpath_bin, hotpath_command, native_command, run_timeout, runner,
+    MonitorMode,
+};
 
 /// Samples whose output does not include the environment (the variable reaches the guest).
 const SAMPLES: &[(&str, &[&str])] = &[
@@ -22,7 +25,8 @@ fn samples_run_with_arch_prctl_fs_switching() {
     for &(source, args) in SAMPLES {
         for linkage in Linkage::ALL {
             let exe = guest_build::build(source, linkage).expect("sample builds");
-            let native = runner::run(&mut native_command(&exe, args), run_timeout()).expect("native run");
+            let native =
+                runner::run(&mut native_command(&exe, args), run_timeout()).expect("native run");
             for mode in MonitorMode::ALL {
                 let mut cmd = hotpath_command(&hotpath, mode, &exe, args);
                 cmd.env("HOTPATH_NO_FSGSBASE", "1");

@@ -19,16 +19,29 @@ fn scratch() -> PathBuf {
 
 /// Runs `exe args` under `hotpath run --quiet --report FILE extra...`; returns the report.
 fn run_report(exe: &Path, tag: &str, args: &[&str], extra: &[&str]) -> Value {
-    let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
+    let hotpath =
+        hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
     let report = scratch().join(format!("{tag}.json"));
     let _ = fs::remove_file(&report);
     let mut cmd = Command::new(&hotpath);
-    cmd.arg("run").arg("--quiet").arg("--paths").arg("--report").arg(&report).args(extra).arg("--").arg(exe).args(args);
+    cmd.arg("run")
+        .arg("--quiet")
+        .arg("--paths")
+        .arg("--report")
+        .arg(&report)
+        .args(extra)
+        .arg("--")
+        .arg(exe)
+        .args(args);
     hotpath_e2e::set_guest_environment(&mut cmd, &scratch());
     let what = runner::describe(&cmd);
-    let outcome = runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let outcome =
+        runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let text = fs::read_to_string(&report).unwrap_or_else(|e| {
-        panic!("{what} wrote no report: {e}\nstderr: {}", String::from_utf8_lossy(&outcome.stderr))
+        panic!(
+            "{what} wrote no report: {e}\nstderr: {}",
+            String::from_utf8_lossy(&outcome.stderr)
+        )
     });
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: not JSON: {e}"))
 }
@@ -39,58 +52,111 @@ fn addr(v: &Value) -> u64 {
 
 /// Σ count × occurrences over `bl` paths equals every block's count.
 fn check_consistency(what: &str, json: &Value) {
-    let paths = json["paths"].as_array().unwrap_or_else(|| panic!("{what}: no paths in the report"));
+    let paths = json["paths"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no paths in the report"));
     let mut from_paths: HashMap<u64, u64> = HashMap::new();
     for p in paths.iter().filter(|p| p["kind"] == "bl") {
         let c = p["count"].as_u64().expect("count");
         for b in p["blocks"].as_array().expect("blocks") {
             *from_paths.entry(addr(b)).or_insert(0) += c;
         }
-        assert!(p["id"].is_u64(), "{what}: a path without a Ball-Larus id: {p}");
+        assert!(
+            p["id"].is_u64(),
+            "{what}: a path without a Ball-Larus id: {p}"
+        );
     }
-    let blocks: HashMap<u64, u64> =
-        json["blocks"].as_array().expect("blocks").iter().map(|b| (addr(&b["addr"]), b["count"].as_u64().unwrap())).collect();
+    let blocks: HashMap<u64, u64> = json["blocks"]
+        .as_array()
+        .expect("blocks")
+        .iter()
+        .map(|b| (addr(&b["addr"]), b["count"].as_u64().unwrap()))
+        .collect();
     for (a, c) in &blocks {
-        assert_eq!(from_paths.get(a).copied().unwrap_or(0), *c, "{what}: block {a:#x}: paths disagree with the block table");
+        assert_eq!(
+            from_paths.get(a).copied().unwrap_or(0),
+            *c,
+            "{what}: block {a:#x}: paths disagree with the block table"
+        );
     }
     for a in from_paths.keys() {
-        assert!(blocks.contains_key(a), "{what}: path block {a:#x} is not in the block table");
+        assert!(
+            blocks.contains_key(a),
+            "{what}: path block {a:#x} is not in the block table"
+        );
     }
 }
 
 #[test]
 fn branchy_loop_paths_are_exact() {
-    let exe = guest_build::build("paths_branchy.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let exe =
+        guest_build::build("paths_branchy.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let json = run_report(&exe, "branchy", &[], &["--pap-threshold", "0", "--k", "2"]);
     check_consistency("paths_branchy", &json);
     let sym: HashMap<u64, String> = json["blocks"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|b| (addr(&b["addr"]), b["symbol"].as_str().unwrap_or("?").to_string()))
+        .map(|b| {
+            (
+                addr(&b["addr"]),
+                b["symbol"].as_str().unwrap_or("?").to_string(),
+            )
+        })
         .collect();
-    let bl: Vec<&Value> =
-        json["paths"].as_array().unwrap().iter().filter(|p| p["kind"] == "bl" && p["function"] == "branchy").collect();
-    let names = |p: &Value| -> Vec<String> { p["blocks"].as_array().unwrap().iter().map(|b| sym[&addr(b)].clone()).collect() };
+    let bl: Vec<&Value> = json["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == "bl" && p["function"] == "branchy")
+        .collect();
+    let names = |p: &Value| -> Vec<String> {
+        p["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| sym[&addr(b)].clone())
+            .collect()
+    };
     // Block starts: branchy (entry), +0x4 .Lhead, +0xe .Lthen, +0x13 .Lelse, +0x16 .Ljoin, +0x1e .Lret.
-    let top = bl.iter().max_by_key(|p| p["count"].as_u64().unwrap()).unwrap();
-    assert_eq!(names(top), ["branchy+0x4", "branchy+0xe", "branchy+0x16"], "top path {top}");
+    let top = bl
+        .iter()
+        .max_by_key(|p| p["count"].as_u64().unwrap())
+        .unwrap();
+    assert_eq!(
+        names(top),
+        ["branchy+0x4", "branchy+0xe", "branchy+0x16"],
+        "top path {top}"
+    );
     assert_eq!(top["count"], 7490);
     let find = |blocks: &[&str], end: &str| -> u64 {
-        let p = bl.iter().find(|p| names(p) == blocks && p["end"] == end).unwrap_or_else(|| panic!("no path {blocks:?} -> {end}"));
+        let p = bl
+            .iter()
+            .find(|p| names(p) == blocks && p["end"] == end)
+            .unwrap_or_else(|| panic!("no path {blocks:?} -> {end}"));
         p["id"].as_u64().unwrap()
     };
     let then_id = find(&["branchy+0x4", "branchy+0xe", "branchy+0x16"], "back_edge");
     let else_id = find(&["branchy+0x4", "branchy+0x13"], "back_edge");
     let first_id = find(&["branchy", "branchy+0xe", "branchy+0x16"], "back_edge");
     let last_id = find(&["branchy+0x4", "branchy+0x13", "branchy+0x1e"], "exit");
-    let counts: HashMap<u64, u64> = bl.iter().map(|p| (p["id"].as_u64().unwrap(), p["count"].as_u64().unwrap())).collect();
-    assert_eq!((counts[&else_id], counts[&first_id], counts[&last_id]), (2490, 10, 10));
+    let counts: HashMap<u64, u64> = bl
+        .iter()
+        .map(|p| (p["id"].as_u64().unwrap(), p["count"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        (counts[&else_id], counts[&first_id], counts[&last_id]),
+        (2490, 10, 10)
+    );
     assert_eq!(bl.len(), 4, "branchy has exactly four paths");
 
     // PAP: one cyclic path per call, the whole iteration sequence, 10 times.
-    let pap: Vec<&Value> =
-        json["paths"].as_array().unwrap().iter().filter(|p| p["kind"] == "pap" && p["function"] == "branchy").collect();
+    let pap: Vec<&Value> = json["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == "pap" && p["function"] == "branchy")
+        .collect();
     assert_eq!(pap.len(), 1, "every call runs the same iterations");
     assert_eq!(pap[0]["count"], 10);
     let mut expected = vec![first_id];
@@ -103,36 +169,90 @@ fn branchy_loop_paths_are_exact() {
         }
     }
     assert_eq!(got, expected, "PAP run vs the loop's iterations");
-    assert!(!pap[0]["breakpoints"].as_array().unwrap().is_empty(), "1000 iterations overflow a 64-bit PAP register");
-    assert_eq!(pap[0]["blocks"].as_array().unwrap().len(), 1 + 749 * 3 + 249 * 2 + 2 + 3);
+    assert!(
+        !pap[0]["breakpoints"].as_array().unwrap().is_empty(),
+        "1000 iterations overflow a 64-bit PAP register"
+    );
+    assert_eq!(
+        pap[0]["blocks"].as_array().unwrap().len(),
+        1 + 749 * 3 + 249 * 2 + 2 + 3
+    );
 
     // k = 2: the hottest pair is then, then.
-    let k: Vec<&Value> = json["k_paths"].as_array().unwrap().iter().filter(|k| k["function"] == "branchy").collect();
-    let pair = k.iter().max_by_key(|k| k["count"].as_u64().unwrap()).unwrap();
+    let k: Vec<&Value> = json["k_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["function"] == "branchy")
+        .collect();
+    let pair = k
+        .iter()
+        .max_by_key(|k| k["count"].as_u64().unwrap())
+        .unwrap();
     assert_eq!(pair["ids"], serde_json::json!([then_id, then_id]));
     assert_eq!(pair["count"], 10 * 499);
 }
 
 #[test]
 fn recursion_paths_are_exact() {
-    let exe = guest_build::build("paths_recursion.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let exe =
+        guest_build::build("paths_recursion.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let json = run_report(&exe, "recursion", &[], &["--pap-threshold", "0"]);
     check_consistency("paths_recursion", &json);
-    let rsum: Vec<&Value> =
-        json["paths"].as_array().unwrap().iter().filter(|p| p["kind"] == "bl" && p["function"] == "rsum").collect();
-    let names = |p: &Value| -> Vec<String> { p["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect() };
+    let rsum: Vec<&Value> = json["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == "bl" && p["function"] == "rsum")
+        .collect();
+    let names = |p: &Value| -> Vec<String> {
+        p["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect()
+    };
     // See paths_recursion.S: one path per activation; DEPTH = 50 recursive ones and 1 base
     // case per call, 4 calls. Blocks: rsum, +0x5 .Lrec, +0xe .Lafter, +0x13 .Lbase.
     assert_eq!(rsum.len(), 2, "rsum has two paths: {rsum:?}");
-    let top = rsum.iter().max_by_key(|p| p["count"].as_u64().unwrap()).unwrap();
-    assert_eq!(names(top), ["rsum", "rsum+0x5", "rsum+0xe"], "top path {top}");
-    assert_eq!((top["count"].as_u64(), top["start"].as_str(), top["end"].as_str()), (Some(200), Some("entry"), Some("exit")));
-    let base = rsum.iter().find(|p| p["count"] == 4).expect("the base-case path");
+    let top = rsum
+        .iter()
+        .max_by_key(|p| p["count"].as_u64().unwrap())
+        .unwrap();
+    assert_eq!(
+        names(top),
+        ["rsum", "rsum+0x5", "rsum+0xe"],
+        "top path {top}"
+    );
+    assert_eq!(
+        (
+            top["count"].as_u64(),
+            top["start"].as_str(),
+            top["end"].as_str()
+        ),
+        (Some(200), Some("entry"), Some("exit"))
+    );
+    let base = rsum
+        .iter()
+        .find(|p| p["count"] == 4)
+        .expect("the base-case path");
     assert_eq!(names(base), ["rsum", "rsum+0x13"]);
-    assert_eq!(json["path_stats"]["shadow_stack_resyncs"], 0, "every return matches its call");
+    assert_eq!(
+        json["path_stats"]["shadow_stack_resyncs"], 0,
+        "every return matches its call"
+    );
     // The flame graph's deepest stack: _start, then DEPTH + 1 frames of rsum, 2 blocks per call.
-    let deepest = json["stacks"].as_array().unwrap().iter().max_by_key(|s| s["stack"].as_str().unwrap().len()).unwrap();
-    assert_eq!(deepest["stack"].as_str().unwrap().matches("rsum").count(), 51);
+    let deepest = json["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|s| s["stack"].as_str().unwrap().len())
+        .unwrap();
+    assert_eq!(
+        deepest["stack"].as_str().unwrap().matches("rsum").count(),
+        51
+    );
     assert_eq!(deepest["blocks"], 4 * 2);
 }
 
@@ -148,13 +268,17 @@ fn recursion_paths_are_exact() {
 /// from that layout, not addresses.
 #[test]
 fn c_loops_and_recursion() {
-    let exe = guest_build::build("paths_loops.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let exe =
+        guest_build::build("paths_loops.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let json = run_report(&exe, "loops", &["400", "5"], &["--pap-threshold", "0"]);
     check_consistency("paths_loops", &json);
     let paths = json["paths"].as_array().unwrap();
     let counts = |f: &str| -> Vec<u64> {
-        let mut c: Vec<u64> =
-            paths.iter().filter(|p| p["kind"] == "bl" && p["function"] == f).map(|p| p["count"].as_u64().unwrap()).collect();
+        let mut c: Vec<u64> = paths
+            .iter()
+            .filter(|p| p["kind"] == "bl" && p["function"] == f)
+            .map(|p| p["count"].as_u64().unwrap())
+            .collect();
         c.sort();
         c
     };
@@ -165,9 +289,20 @@ fn c_loops_and_recursion() {
         .filter(|p| p["kind"] == "bl" && p["function"] == "nested")
         .max_by_key(|p| p["count"].as_u64().unwrap())
         .unwrap();
-    assert_eq!(nested["blocks"].as_array().unwrap().len(), 1, "the hottest nested path is the one-block inner loop");
-    assert_eq!((nested["start"].as_str(), nested["end"].as_str()), (Some("back_edge"), Some("back_edge")));
-    assert!(json["stacks"].as_array().unwrap().iter().any(|s| s["stack"].as_str().unwrap().ends_with("main;nested")));
+    assert_eq!(
+        nested["blocks"].as_array().unwrap().len(),
+        1,
+        "the hottest nested path is the one-block inner loop"
+    );
+    assert_eq!(
+        (nested["start"].as_str(), nested["end"].as_str()),
+        (Some("back_edge"), Some("back_edge"))
+    );
+    assert!(json["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["stack"].as_str().unwrap().ends_with("main;nested")));
 }
 
 /// Every catalog sample — whatever way it ends (exit, fatal signal, handlers, fork, exec), with
@@ -176,7 +311,10 @@ fn c_loops_and_recursion() {
 /// counts. The bench_* samples are left out for time (the bench measures them).
 #[test]
 fn every_sample_has_consistent_paths() {
-    for s in catalog::SAMPLES.iter().filter(|s| !s.source.starts_with("bench_")) {
+    for s in catalog::SAMPLES
+        .iter()
+        .filter(|s| !s.source.starts_with("bench_"))
+    {
         let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         let json = run_report(&exe, &format!("sample-{}", s.name), s.args, &[]);
         check_consistency(s.name, &json);
@@ -194,7 +332,9 @@ fn busybox_sort_and_awk() {
     let mut text = String::new();
     let mut x = 12345u64;
     for _ in 0..3000 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         text.push_str(&format!("w{} {}\n", x >> 40, (x >> 20) % 1000));
     }
     fs::write(&input, text).unwrap();
@@ -204,7 +344,14 @@ fn busybox_sort_and_awk() {
     let svg = scratch().join("awk.svg");
     for (tag, args) in [
         ("sort", vec!["sort", input]),
-        ("awk", vec!["awk", "{ s[$1 % 7] += $2 } END { for (k in s) print k, s[k] }", input]),
+        (
+            "awk",
+            vec![
+                "awk",
+                "{ s[$1 % 7] += $2 } END { for (k in s) print k, s[k] }",
+                input,
+            ],
+        ),
     ] {
         let mut extra = vec!["--k", "2"];
         let d = dot_dir.to_str().unwrap().to_string();
@@ -217,16 +364,29 @@ fn busybox_sort_and_awk() {
         let paths = json["paths"].as_array().unwrap();
         assert!(paths.len() > 10, "{tag}: paths recorded");
         let names = paths[0]["names"].as_array().unwrap();
-        assert!(names.iter().all(|n| n.as_str().unwrap().contains('+') || !n.as_str().unwrap().starts_with("0x")), "{tag}: names");
+        assert!(
+            names.iter().all(
+                |n| n.as_str().unwrap().contains('+') || !n.as_str().unwrap().starts_with("0x")
+            ),
+            "{tag}: names"
+        );
     }
     let svg_text = fs::read_to_string(&svg).expect("flame graph written");
     assert!(svg_text.contains("<svg"));
-    let dots: Vec<_> = fs::read_dir(&dot_dir).expect("DOT files written").map(|e| e.unwrap().path()).collect();
+    let dots: Vec<_> = fs::read_dir(&dot_dir)
+        .expect("DOT files written")
+        .map(|e| e.unwrap().path())
+        .collect();
     assert!(!dots.is_empty());
     if Command::new("dot").arg("-V").output().is_ok() {
         for d in dots {
             let out = Command::new("dot").arg("-Tsvg").arg(&d).output().unwrap();
-            assert!(out.status.success(), "dot -Tsvg {}: {}", d.display(), String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "dot -Tsvg {}: {}",
+                d.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
 }

@@ -62,14 +62,27 @@ impl CodeCache {
         }
         // SAFETY: a new shared mapping of the same memfd, wherever the kernel likes.
         let rw = unsafe {
-            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
         };
         if rw == libc::MAP_FAILED {
             return Err(err("mmap RW view"));
         }
         // SAFETY: both views keep the memfd alive.
         unsafe { libc::close(fd) };
-        Ok(CodeCache { rx_base: rx_addr, rw_base: rw as *mut u8, size, cursor: 0, floor: 0 })
+        Ok(CodeCache {
+            rx_base: rx_addr,
+            rw_base: rw as *mut u8,
+            size,
+            cursor: 0,
+            floor: 0,
+        })
     }
 
     /// Host address where the next inserted code will start.
@@ -88,10 +101,19 @@ impl CodeCache {
     /// # Panics
     /// If `code` does not fit ([`room`](Self::room) is the caller's to check: a bug otherwise).
     pub fn insert(&mut self, code: &[u8]) -> HostAddr {
-        assert!(code.len() as u64 <= self.room(), "code cache overflow (caller did not check room)");
+        assert!(
+            code.len() as u64 <= self.room(),
+            "code cache overflow (caller did not check room)"
+        );
         let at = self.next_addr();
         // SAFETY: the RW view covers [cursor, cursor + len); no code runs while we write.
-        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), self.rw_base.add(self.cursor as usize), code.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                code.as_ptr(),
+                self.rw_base.add(self.cursor as usize),
+                code.len(),
+            )
+        };
         self.cursor += code.len() as u64;
         // Keep blocks 16-byte aligned (branch targets fetch better).
         self.cursor = (self.cursor + 15) & !15;
@@ -109,12 +131,17 @@ impl CodeCache {
     /// # Panics
     /// If `site` is outside the cache (a bug in hotpath).
     pub fn patch_rel32(&mut self, site: HostAddr, target: HostAddr) {
-        assert!(self.contains(site) && self.contains(HostAddr(site.0 + 3)), "patch site {site} outside the code cache");
+        assert!(
+            self.contains(site) && self.contains(HostAddr(site.0 + 3)),
+            "patch site {site} outside the code cache"
+        );
         let rel = target.0 as i64 - (site.0 as i64 + 4);
         let rel = i32::try_from(rel).expect("code cache spans less than 2 GiB");
         let off = (site.0 - self.rx_base) as usize;
         // SAFETY: inside the RW view; the patched block is not running (we are in Rust).
-        unsafe { std::ptr::copy_nonoverlapping(rel.to_le_bytes().as_ptr(), self.rw_base.add(off), 4) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(rel.to_le_bytes().as_ptr(), self.rw_base.add(off), 4)
+        };
     }
 
     /// Copies the cache into a new memfd, for a child about to be forked: the cache's memfd is
@@ -126,7 +153,9 @@ impl CodeCache {
     /// [`TranslateError::CodeCache`] if the memfd cannot be made.
     pub fn snapshot(&self) -> Result<std::os::fd::OwnedFd, TranslateError> {
         use std::os::fd::FromRawFd;
-        let err = |what: &str| TranslateError::CodeCache { reason: format!("{what}: {}", std::io::Error::last_os_error()) };
+        let err = |what: &str| TranslateError::CodeCache {
+            reason: format!("{what}: {}", std::io::Error::last_os_error()),
+        };
         // SAFETY: plain syscalls on a file descriptor we own.
         let fd = unsafe { libc::memfd_create(c"hotpath-code-cache".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -159,12 +188,31 @@ impl CodeCache {
         // code runs while the dispatcher does this.
         let (rx, rw) = unsafe {
             (
-                libc::mmap(self.rx_base as *mut c_void, self.size as usize, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0),
-                libc::mmap(self.rw_base as *mut c_void, self.size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0),
+                libc::mmap(
+                    self.rx_base as *mut c_void,
+                    self.size as usize,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd,
+                    0,
+                ),
+                libc::mmap(
+                    self.rw_base as *mut c_void,
+                    self.size as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd,
+                    0,
+                ),
             )
         };
         if rx == libc::MAP_FAILED || rw == libc::MAP_FAILED {
-            return Err(TranslateError::CodeCache { reason: format!("remapping the code cache: {}", std::io::Error::last_os_error()) });
+            return Err(TranslateError::CodeCache {
+                reason: format!(
+                    "remapping the code cache: {}",
+                    std::io::Error::last_os_error()
+                ),
+            });
         }
         Ok(())
     }

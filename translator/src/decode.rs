@@ -4,7 +4,10 @@
 //! hotpath must not run (one that uses GS, which hotpath owns), unreadable or undecodable bytes,
 //! or after [`MAX_BLOCK_INSTRUCTIONS`] instructions.
 
-use iced_x86::{Code, ConditionCode, Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+use iced_x86::{
+    Code, ConditionCode, Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic,
+    OpKind, Register,
+};
 
 use hotpath_ir::{Block, Cond, GuestAddr, Inst, Terminator, TrapKind};
 
@@ -29,32 +32,53 @@ pub fn decode_block(start: GuestAddr) -> Block {
     let mut decoder = Decoder::with_ip(64, &buf, start.0, DecoderOptions::NONE);
     let mut body: Vec<Inst> = Vec::new();
     let mut inst = Instruction::default();
-    let finish = |body: Vec<Inst>, term_inst: Option<Inst>, terminator: Terminator, end: u64| Block {
-        start,
-        body,
-        term_inst,
-        terminator,
-        len_bytes: (end - start.0) as u32,
-    };
+    let finish =
+        |body: Vec<Inst>, term_inst: Option<Inst>, terminator: Terminator, end: u64| Block {
+            start,
+            body,
+            term_inst,
+            terminator,
+            len_bytes: (end - start.0) as u32,
+        };
     loop {
         let ip = decoder.ip();
         if body.len() >= MAX_BLOCK_INSTRUCTIONS {
-            return finish(body, None, Terminator::FallThrough { next: GuestAddr(ip) }, ip);
+            return finish(
+                body,
+                None,
+                Terminator::FallThrough {
+                    next: GuestAddr(ip),
+                },
+                ip,
+            );
         }
         if !decoder.can_decode() {
             let term = if fetch_cut {
-                Terminator::Trap { kind: TrapKind::FetchFault, at: GuestAddr(ip) }
+                Terminator::Trap {
+                    kind: TrapKind::FetchFault,
+                    at: GuestAddr(ip),
+                }
             } else {
-                Terminator::FallThrough { next: GuestAddr(ip) }
+                Terminator::FallThrough {
+                    next: GuestAddr(ip),
+                }
             };
             return finish(body, None, term, ip);
         }
         decoder.decode_out(&mut inst);
         if inst.is_invalid() {
             let term = match decoder.last_error() {
-                DecoderError::NoMoreBytes if fetch_cut => Terminator::Trap { kind: TrapKind::FetchFault, at: GuestAddr(ip) },
-                DecoderError::NoMoreBytes => Terminator::FallThrough { next: GuestAddr(ip) },
-                _ => Terminator::Trap { kind: TrapKind::Undefined, at: GuestAddr(ip) },
+                DecoderError::NoMoreBytes if fetch_cut => Terminator::Trap {
+                    kind: TrapKind::FetchFault,
+                    at: GuestAddr(ip),
+                },
+                DecoderError::NoMoreBytes => Terminator::FallThrough {
+                    next: GuestAddr(ip),
+                },
+                _ => Terminator::Trap {
+                    kind: TrapKind::Undefined,
+                    at: GuestAddr(ip),
+                },
             };
             return finish(body, None, term, ip);
         }
@@ -79,12 +103,14 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
     match inst.flow_control() {
         FlowControl::Next => match inst.mnemonic() {
             Mnemonic::Hlt => trap(TrapKind::Privileged),
-            Mnemonic::Sysenter | Mnemonic::Sysexit | Mnemonic::Sysret | Mnemonic::Swapgs => trap(TrapKind::Undefined),
+            Mnemonic::Sysenter | Mnemonic::Sysexit | Mnemonic::Sysret | Mnemonic::Swapgs => {
+                trap(TrapKind::Undefined)
+            }
             _ => None,
         },
-        FlowControl::UnconditionalBranch if inst.is_jmp_short_or_near() => {
-            Some(Terminator::Jump { target: GuestAddr(inst.near_branch_target()) })
-        }
+        FlowControl::UnconditionalBranch if inst.is_jmp_short_or_near() => Some(Terminator::Jump {
+            target: GuestAddr(inst.near_branch_target()),
+        }),
         FlowControl::ConditionalBranch => {
             let cond = match inst.mnemonic() {
                 Mnemonic::Jrcxz | Mnemonic::Jecxz => Cond::RcxZero,
@@ -92,14 +118,25 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
                 _ if inst.is_jcc_short_or_near() => jcc_cond(inst.condition_code())?,
                 _ => return trap(TrapKind::Unsupported),
             };
-            Some(Terminator::Branch { cond, taken: GuestAddr(inst.near_branch_target()), not_taken: next })
+            Some(Terminator::Branch {
+                cond,
+                taken: GuestAddr(inst.near_branch_target()),
+                not_taken: next,
+            })
         }
-        FlowControl::Call if inst.is_call_near() => {
-            Some(Terminator::Call { target: GuestAddr(inst.near_branch_target()), return_to: next })
+        FlowControl::Call if inst.is_call_near() => Some(Terminator::Call {
+            target: GuestAddr(inst.near_branch_target()),
+            return_to: next,
+        }),
+        FlowControl::IndirectBranch if inst.is_jmp_near_indirect() => {
+            Some(Terminator::IndirectJump)
         }
-        FlowControl::IndirectBranch if inst.is_jmp_near_indirect() => Some(Terminator::IndirectJump),
-        FlowControl::IndirectCall if inst.is_call_near_indirect() => Some(Terminator::IndirectCall { return_to: next }),
-        FlowControl::Return if matches!(inst.code(), Code::Retnq | Code::Retnq_imm16) => Some(Terminator::Return),
+        FlowControl::IndirectCall if inst.is_call_near_indirect() => {
+            Some(Terminator::IndirectCall { return_to: next })
+        }
+        FlowControl::Return if matches!(inst.code(), Code::Retnq | Code::Retnq_imm16) => {
+            Some(Terminator::Return)
+        }
         FlowControl::Interrupt => match inst.code() {
             Code::Int3 | Code::Int1 => trap(TrapKind::Breakpoint),
             Code::Int_imm8 if inst.immediate8() == 3 => trap(TrapKind::Breakpoint),
@@ -138,13 +175,17 @@ fn jcc_cond(cc: ConditionCode) -> Option<Cond> {
 /// True if `inst` reads or writes through GS or changes GS: hotpath keeps its per-thread area
 /// there, so such an instruction cannot run as is.
 pub fn uses_gs(inst: &Instruction) -> bool {
-    if matches!(inst.mnemonic(), Mnemonic::Rdgsbase | Mnemonic::Wrgsbase | Mnemonic::Swapgs) {
+    if matches!(
+        inst.mnemonic(),
+        Mnemonic::Rdgsbase | Mnemonic::Wrgsbase | Mnemonic::Swapgs
+    ) {
         return true;
     }
     if inst.segment_prefix() == Register::GS {
         return true;
     }
-    (0..inst.op_count()).any(|i| inst.op_kind(i) == OpKind::Register && inst.op_register(i) == Register::GS)
+    (0..inst.op_count())
+        .any(|i| inst.op_kind(i) == OpKind::Register && inst.op_register(i) == Register::GS)
 }
 
 #[cfg(test)]
@@ -164,7 +205,11 @@ mod tests {
         assert_eq!(b.body.len(), 1);
         assert_eq!(b.len_bytes, 5);
         match b.terminator {
-            Terminator::Branch { cond: Cond::Ne, taken, not_taken } => {
+            Terminator::Branch {
+                cond: Cond::Ne,
+                taken,
+                not_taken,
+            } => {
                 assert_eq!(not_taken.0, b.start.0 + 5);
                 assert_eq!(taken.0, b.start.0);
             }
@@ -174,16 +219,52 @@ mod tests {
 
     #[test]
     fn syscall_and_traps() {
-        assert!(matches!(decode_bytes(&[0x0f, 0x05]).terminator, Terminator::Syscall { .. }));
-        assert!(matches!(decode_bytes(&[0x0f, 0x0b]).terminator, Terminator::Trap { kind: TrapKind::Undefined, .. }));
-        assert!(matches!(decode_bytes(&[0xcc]).terminator, Terminator::Trap { kind: TrapKind::Breakpoint, .. }));
-        assert!(matches!(decode_bytes(&[0xf4]).terminator, Terminator::Trap { kind: TrapKind::Privileged, .. }));
+        assert!(matches!(
+            decode_bytes(&[0x0f, 0x05]).terminator,
+            Terminator::Syscall { .. }
+        ));
+        assert!(matches!(
+            decode_bytes(&[0x0f, 0x0b]).terminator,
+            Terminator::Trap {
+                kind: TrapKind::Undefined,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decode_bytes(&[0xcc]).terminator,
+            Terminator::Trap {
+                kind: TrapKind::Breakpoint,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decode_bytes(&[0xf4]).terminator,
+            Terminator::Trap {
+                kind: TrapKind::Privileged,
+                ..
+            }
+        ));
         // mov rax, gs:[0]
         let b = decode_bytes(&[0x65, 0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0]);
-        assert!(matches!(b.terminator, Terminator::Trap { kind: TrapKind::Unsupported, .. }));
+        assert!(matches!(
+            b.terminator,
+            Terminator::Trap {
+                kind: TrapKind::Unsupported,
+                ..
+            }
+        ));
         // ret, call rax, jmp [rip+0]
-        assert!(matches!(decode_bytes(&[0xc3]).terminator, Terminator::Return));
-        assert!(matches!(decode_bytes(&[0xff, 0xd0]).terminator, Terminator::IndirectCall { .. }));
-        assert!(matches!(decode_bytes(&[0xff, 0x25, 0, 0, 0, 0]).terminator, Terminator::IndirectJump));
+        assert!(matches!(
+            decode_bytes(&[0xc3]).terminator,
+            Terminator::Return
+        ));
+        assert!(matches!(
+            decode_bytes(&[0xff, 0xd0]).terminator,
+            Terminator::IndirectCall { .. }
+        ));
+        assert!(matches!(
+            decode_bytes(&[0xff, 0x25, 0, 0, 0, 0]).terminator,
+            Terminator::IndirectJump
+        ));
     }
 }

@@ -13,7 +13,10 @@ use iced_x86::{Formatter, IntelFormatter};
 use crate::code_cache::CodeCache;
 use crate::decode::decode_block;
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
-use crate::gateway::{emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL, EXIT_SPECIAL_BASE};
+use crate::gateway::{
+    emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
+    EXIT_SPECIAL_BASE,
+};
 use crate::guest_mem;
 use crate::signals::{Delivery, HandlerSetup, SignalState};
 use crate::syscalls::{self, CloneArgs, GuestExit, Outcome, Process};
@@ -109,17 +112,30 @@ impl Translator {
     ///
     /// # Errors
     /// [`TranslateError`] if the host lacks XSAVE, or a mapping or `arch_prctl` fails.
-    pub fn new(image: &Image, stack: &GuestStack, cfg: Config, new_blocks: Option<Sender<NewBlock>>) -> Result<Translator, TranslateError> {
+    pub fn new(
+        image: &Image,
+        stack: &GuestStack,
+        cfg: Config,
+        new_blocks: Option<Sender<NewBlock>>,
+    ) -> Result<Translator, TranslateError> {
         let host = HostFeatures::detect()?;
         let mut cache = CodeCache::create(image.extra.0, image.extra.1)?;
         let gateway = emit_gateway(&mut cache, host)?;
-        let area = ThreadArea::map(cfg.ring_entries, gateway.ibl_empty.0)
-            .map_err(|e| TranslateError::Thread { reason: format!("mmap: {e}") })?;
+        let area = ThreadArea::map(cfg.ring_entries, gateway.ibl_empty.0).map_err(|e| {
+            TranslateError::Thread {
+                reason: format!("mmap: {e}"),
+            }
+        })?;
         let area_addr = area as *mut ThreadArea as u64;
         // SAFETY: arch_prctl on this thread with valid arguments; Rust does not use GS.
         let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_GS, area_addr) };
         if r != 0 {
-            return Err(TranslateError::Thread { reason: format!("arch_prctl(ARCH_SET_GS): {}", std::io::Error::last_os_error()) });
+            return Err(TranslateError::Thread {
+                reason: format!(
+                    "arch_prctl(ARCH_SET_GS): {}",
+                    std::io::Error::last_os_error()
+                ),
+            });
         }
         let mut fs = 0u64;
         // SAFETY: ARCH_GET_FS writes one u64 into `fs`.
@@ -139,7 +155,9 @@ impl Translator {
             xsave_size: host.xsave_size as usize,
             xsave_mask: host.xsave_mask,
         })
-        .map_err(|e| TranslateError::Thread { reason: format!("signal stack: {e}") })?;
+        .map_err(|e| TranslateError::Thread {
+            reason: format!("signal stack: {e}"),
+        })?;
         let mut process = Process {
             exe: image.path.clone(),
             brk_start: image.brk_start,
@@ -150,7 +168,10 @@ impl Translator {
             signals,
         };
         process.add_region(image.image_start, image.brk_limit);
-        process.add_region(stack.base - hotpath_loader::STACK_GUARD, stack.base + stack.size);
+        process.add_region(
+            stack.base - hotpath_loader::STACK_GUARD,
+            stack.base + stack.size,
+        );
 
         let producer = if cfg.enqueue {
             // SAFETY: the area (and so the ring control) is never unmapped; this thread is the
@@ -240,7 +261,14 @@ impl Translator {
     /// on, else a budget of 1 (the check then only stops for signals).
     fn arm_safe_point(&mut self) {
         if let Some(p) = &self.producer {
-            if self.area.ring.producer.budget.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            if self
+                .area
+                .ring
+                .producer
+                .budget
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == 0
+            {
                 p.refill();
             }
         }
@@ -279,7 +307,10 @@ impl Translator {
     /// monitor must learn the ids the parent translated.
     pub fn set_block_sender(&mut self, tx: Sender<NewBlock>) {
         for (i, s) in self.summaries.iter().enumerate() {
-            let _ = tx.send(NewBlock { id: BlockId(i as u32), summary: *s });
+            let _ = tx.send(NewBlock {
+                id: BlockId(i as u32),
+                summary: *s,
+            });
         }
         if let Some(old) = self.new_blocks.replace(tx) {
             // The old channel's receiver lived in a thread that does not exist in this child;
@@ -295,7 +326,8 @@ impl Translator {
         // state from this thread's area (GS base), and returns here, with everything restored,
         // when translated code jumps to the exit routine. The code cache is live and only this
         // thread executes it.
-        let enter: extern "sysv64" fn() = unsafe { std::mem::transmute(self.gateway.enter.0 as usize) };
+        let enter: extern "sysv64" fn() =
+            unsafe { std::mem::transmute(self.gateway.enter.0 as usize) };
         enter();
     }
 
@@ -313,7 +345,10 @@ impl Translator {
                 self.stats.ibl_misses += 1;
                 let target = self.area.ibl_target;
                 let host = self.lookup_or_translate(target)?;
-                self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry { neg_guest: 0u64.wrapping_sub(target), host: host.0 };
+                self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry {
+                    neg_guest: 0u64.wrapping_sub(target),
+                    host: host.0,
+                };
                 Ok(Ok(Next::Host(host)))
             }
             index => {
@@ -330,7 +365,9 @@ impl Translator {
                     }
                     // A signal that arrived before the `syscall` instruction is delivered
                     // first, as on hardware; the handler returns to the instruction.
-                    ExitKind::Syscall { at, .. } if self.process.signals.deliverable() => Ok(Ok(Next::Guest(at.0))),
+                    ExitKind::Syscall { at, .. } if self.process.signals.deliverable() => {
+                        Ok(Ok(Next::Guest(at.0)))
+                    }
                     ExitKind::Syscall { next, .. } => self.syscall(next.0),
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
@@ -346,9 +383,19 @@ impl Translator {
             p.push(SYSCALL_EVENT | (nr as u32 & !SYSCALL_EVENT));
         }
         let g = &self.area.gpr;
-        let args = [g[thread_area::RDI], g[thread_area::RSI], g[thread_area::RDX], g[thread_area::R10], g[thread_area::R8], g[thread_area::R9]];
+        let args = [
+            g[thread_area::RDI],
+            g[thread_area::RSI],
+            g[thread_area::RDX],
+            g[thread_area::R10],
+            g[thread_area::R8],
+            g[thread_area::R9],
+        ];
         let at = next - 2; // `syscall` is 2 bytes
-        let (rcx, r11) = (self.area.gpr[thread_area::RCX], self.area.gpr[thread_area::R11]);
+        let (rcx, r11) = (
+            self.area.gpr[thread_area::RCX],
+            self.area.gpr[thread_area::R11],
+        );
         // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
         self.area.gpr[thread_area::RCX] = next;
         self.area.gpr[thread_area::R11] = self.area.rflags;
@@ -361,7 +408,11 @@ impl Translator {
                 self.area.gpr[thread_area::R11] = r11;
                 Ok(Ok(Next::Guest(at)))
             }
-            Outcome::Return(ret) if ret == -(libc::EINTR as i64) && syscalls::is_restartable(nr) && self.process.signals.next_restarts() => {
+            Outcome::Return(ret)
+                if ret == -(libc::EINTR as i64)
+                    && syscalls::is_restartable(nr)
+                    && self.process.signals.next_restarts() =>
+            {
                 // The kernel would restart it after the handler (SA_RESTART): the handler's
                 // frame returns to the `syscall` instruction with the call number in RAX.
                 self.area.gpr[thread_area::RCX] = rcx;
@@ -399,7 +450,13 @@ impl Translator {
             syscalls::raw_syscall(libc::SYS_clone as u64, &[exit_signal, 0, 0, 0, 0, 0])
         };
         if pid < 0 {
-            let err = if pid == -1 { -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN) as i64) } else { pid };
+            let err = if pid == -1 {
+                -(std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EAGAIN) as i64)
+            } else {
+                pid
+            };
             self.area.gpr[thread_area::RAX] = err as u64;
             return Ok(Ok(Next::Guest(next)));
         }
@@ -427,9 +484,15 @@ impl Translator {
         self.process.signals.after_fork_child();
         // A fresh, empty ring for the child's own monitor.
         let ring = &self.area.ring;
-        ring.producer.head.store(0, std::sync::atomic::Ordering::Relaxed);
-        ring.producer.budget.store(0, std::sync::atomic::Ordering::Relaxed);
-        ring.consumer.tail.store(0, std::sync::atomic::Ordering::Relaxed);
+        ring.producer
+            .head
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        ring.producer
+            .budget
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        ring.consumer
+            .tail
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         if let Some(p) = &self.producer {
             p.reopen();
         }
@@ -437,7 +500,12 @@ impl Translator {
         Ok(Err(Stop::ForkedChild))
     }
 
-    fn trap(&mut self, kind: TrapKind, at: GuestAddr, next: GuestAddr) -> Result<Next, TranslateError> {
+    fn trap(
+        &mut self,
+        kind: TrapKind,
+        at: GuestAddr,
+        next: GuestAddr,
+    ) -> Result<Next, TranslateError> {
         const SI_KERNEL: i32 = 0x80;
         const ILL_ILLOPN: i32 = 2;
         const SEGV_MAPERR: i32 = 1;
@@ -449,7 +517,10 @@ impl Translator {
             TrapKind::Privileged => (libc::SIGSEGV, SI_KERNEL, 0, at.0),
             TrapKind::FetchFault => (libc::SIGSEGV, SEGV_MAPERR, at.0, at.0),
             TrapKind::Unsupported => {
-                return Err(TranslateError::UnsupportedInstruction { at: at.0, text: disassemble_at(at.0) });
+                return Err(TranslateError::UnsupportedInstruction {
+                    at: at.0,
+                    text: disassemble_at(at.0),
+                });
             }
         };
         self.process.signals.raise_trap(sig, code, addr, rip);
@@ -461,7 +532,9 @@ impl Translator {
         let ranges = std::mem::take(&mut self.process.invalidate);
         let hit = ranges.iter().any(|&(s, e)| {
             // Blocks are at most a few hundred bytes: look a page back for ones that start before.
-            self.spans.range(s.saturating_sub(4096)..e).any(|(&bs, &be)| bs < e && be > s)
+            self.spans
+                .range(s.saturating_sub(4096)..e)
+                .any(|(&bs, &be)| bs < e && be > s)
         });
         if hit {
             self.flush();
@@ -487,7 +560,10 @@ impl Translator {
             return Ok(h);
         }
         let block = decode_block(GuestAddr(pc));
-        let cx = EmitContext { enqueue: self.cfg.enqueue, gateway: self.gateway };
+        let cx = EmitContext {
+            enqueue: self.cfg.enqueue,
+            gateway: self.gateway,
+        };
         let mut flushed = false;
         let emitted = loop {
             let id = BlockId(self.next_id);
@@ -499,7 +575,9 @@ impl Translator {
                 break emitted;
             }
             if flushed {
-                return Err(TranslateError::CodeCache { reason: format!("block at {pc:#x} does not fit in an empty cache") });
+                return Err(TranslateError::CodeCache {
+                    reason: format!("block at {pc:#x} does not fit in an empty cache"),
+                });
             }
             self.flush();
             flushed = true;
@@ -508,12 +586,18 @@ impl Translator {
         self.next_id += 1;
         let at = self.cache.next_addr();
         if self.trace_translation {
-            eprintln!("hotpath: block {} at guest {pc:#x} → {}:\n{}", id.0, emitted.entry, disassemble(&emitted.code, at.0));
+            eprintln!(
+                "hotpath: block {} at guest {pc:#x} → {}:\n{}",
+                id.0,
+                emitted.entry,
+                disassemble(&emitted.code, at.0)
+            );
         }
         self.cache.insert(&emitted.code);
         self.exits.extend(emitted.exits);
         // SAFETY: the dispatcher runs; no translated code does.
-        unsafe { self.process.signals.layouts_mut() }.insert(emitted.layout.code_start, emitted.layout);
+        unsafe { self.process.signals.layouts_mut() }
+            .insert(emitted.layout.code_start, emitted.layout);
         self.summaries.push(block.summary());
         self.blocks.insert(pc, emitted.entry);
         self.spans.insert(pc, block.end().0.max(pc + 1));
@@ -521,7 +605,10 @@ impl Translator {
         if let Some(tx) = &self.new_blocks {
             // The monitor may have stopped (it never does before the guest ends); a lost
             // receiver is not the guest's problem.
-            let _ = tx.send(NewBlock { id, summary: block.summary() });
+            let _ = tx.send(NewBlock {
+                id,
+                summary: block.summary(),
+            });
         }
         Ok(emitted.entry)
     }
@@ -531,7 +618,8 @@ impl Translator {
 fn disassemble_at(addr: u64) -> String {
     let mut bytes = [0u8; 15];
     let n = crate::guest_mem::read_partial(addr, &mut bytes);
-    let mut decoder = iced_x86::Decoder::with_ip(64, &bytes[..n], addr, iced_x86::DecoderOptions::NONE);
+    let mut decoder =
+        iced_x86::Decoder::with_ip(64, &bytes[..n], addr, iced_x86::DecoderOptions::NONE);
     let inst = decoder.decode();
     let mut out = String::new();
     IntelFormatter::new().format(&inst, &mut out);

@@ -29,11 +29,19 @@ use crate::TranslateError;
 pub enum ExitKind {
     /// A direct branch not yet chained: translate `target`, patch the rel32 at `site`.
     /// `stub` is the exit stub the rel32 points at until then (and again after an unlink).
-    Direct { target: GuestAddr, site: HostAddr, stub: HostAddr },
+    Direct {
+        target: GuestAddr,
+        site: HostAddr,
+        stub: HostAddr,
+    },
     /// The guest executed `syscall` at `at`; it resumes at `next`.
     Syscall { at: GuestAddr, next: GuestAddr },
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
-    Trap { kind: TrapKind, at: GuestAddr, next: GuestAddr },
+    Trap {
+        kind: TrapKind,
+        at: GuestAddr,
+        next: GuestAddr,
+    },
 }
 
 /// One exit of an emitted block.
@@ -112,8 +120,14 @@ impl Code_ {
     }
 }
 
-fn assembled(ops: VecAssembler<X64Relocation>, what: &'static str) -> Result<Vec<u8>, TranslateError> {
-    ops.finalize().map_err(|e| TranslateError::Assemble { what, reason: format!("{e:?}") })
+fn assembled(
+    ops: VecAssembler<X64Relocation>,
+    what: &'static str,
+) -> Result<Vec<u8>, TranslateError> {
+    ops.finalize().map_err(|e| TranslateError::Assemble {
+        what,
+        reason: format!("{e:?}"),
+    })
 }
 
 /// Emits `block` (id `id`) for host address `at`; its exits get indices from `first_exit`.
@@ -121,14 +135,26 @@ fn assembled(ops: VecAssembler<X64Relocation>, what: &'static str) -> Result<Vec
 /// # Errors
 /// [`TranslateError::Assemble`] / [`TranslateError::Encode`] if a guest instruction cannot be
 /// re-encoded at its new address (e.g. a RIP-relative operand out of ±2 GiB reach).
-pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx: &EmitContext) -> Result<EmittedBlock, TranslateError> {
+pub fn emit_block(
+    block: &Block,
+    id: BlockId,
+    at: HostAddr,
+    first_exit: u32,
+    cx: &EmitContext,
+) -> Result<EmittedBlock, TranslateError> {
     let exit_addr = cx.gateway.exit.0 as usize;
-    let mut code = Code_ { base: at.0, bytes: Vec::with_capacity(256) };
+    let mut code = Code_ {
+        base: at.0,
+        bytes: Vec::with_capacity(256),
+    };
 
     // Monitor on: the ring slow path and the enqueue stub, which exits at the block entry when
     // `budget` is 0 (ring full, or a pending signal). Monitor off: nothing; a pending signal
     // unlinks the blocks instead (see `signals`).
-    let mut layout = HostLayout { code_start: at.0, ..HostLayout::default() };
+    let mut layout = HostLayout {
+        code_start: at.0,
+        ..HostLayout::default()
+    };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let entry;
     if cx.enqueue {
@@ -179,15 +205,31 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
         let insts: Vec<Instruction> = block.body.iter().map(|i| i.inst).collect();
         let (bytes, offsets) = encode_at(&insts, code.addr())?;
         let base = code.addr();
-        layout.body = offsets.iter().zip(&insts).map(|(&o, i)| (base + o, i.ip())).collect();
+        layout.body = offsets
+            .iter()
+            .zip(&insts)
+            .map(|(&o, i)| (base + o, i.ip()))
+            .collect();
         code.append(bytes);
     }
 
     // Terminator and exit stubs.
     layout.term_start = code.addr();
-    layout.term_guest = block.term_inst.as_ref().map(|i| i.inst.ip()).unwrap_or(block.end().0);
+    layout.term_guest = block
+        .term_inst
+        .as_ref()
+        .map(|i| i.inst.ip())
+        .unwrap_or(block.end().0);
     let mut exits = Vec::new();
-    emit_terminator(block, id, &mut code, first_exit, &mut exits, cx, &mut layout)?;
+    emit_terminator(
+        block,
+        id,
+        &mut code,
+        first_exit,
+        &mut exits,
+        cx,
+        &mut layout,
+    )?;
     layout.code_end = code.addr();
     // Each direct exit's rel32 points at its stub until it is chained: remember where, so the
     // link can be undone.
@@ -198,7 +240,12 @@ pub fn emit_block(block: &Block, id: BlockId, at: HostAddr, first_exit: u32, cx:
             *stub = HostAddr((site.0 as i64 + 4 + rel as i64) as u64);
         }
     }
-    Ok(EmittedBlock { code: code.bytes, entry, exits, layout })
+    Ok(EmittedBlock {
+        code: code.bytes,
+        entry,
+        exits,
+        layout,
+    })
 }
 
 /// Re-encodes guest instructions one after another from host address `rip`, keeping every
@@ -216,14 +263,22 @@ fn encode_at(insts: &[Instruction], rip: u64) -> Result<(Vec<u8>, Vec<u64>), Tra
         offsets.push(at - rip);
         let len = encoder
             .encode(inst, at)
-            .map_err(|e| TranslateError::Encode { guest: inst.ip(), reason: e.to_string() })?;
+            .map_err(|e| TranslateError::Encode {
+                guest: inst.ip(),
+                reason: e.to_string(),
+            })?;
         at += len as u64;
     }
     Ok((encoder.take_buffer(), offsets))
 }
 
 /// Appends the exit stub for exit index `index` at label `label`.
-fn exit_stub(ops: &mut VecAssembler<X64Relocation>, label: DynamicLabel, index: u32, exit_addr: usize) {
+fn exit_stub(
+    ops: &mut VecAssembler<X64Relocation>,
+    label: DynamicLabel,
+    index: u32,
+    exit_addr: usize,
+) {
     dynasm!(ops
         ; .arch x64
         ; =>label
@@ -256,7 +311,11 @@ fn jcc(ops: &mut VecAssembler<X64Relocation>, cc: u8, label: DynamicLabel) {
 }
 
 /// Emits the RCX-based short branch `inst` (loop/loope/loopne/jrcxz/jecxz) to `label`.
-fn rcx_branch(ops: &mut VecAssembler<X64Relocation>, code: Code, label: DynamicLabel) -> Result<(), TranslateError> {
+fn rcx_branch(
+    ops: &mut VecAssembler<X64Relocation>,
+    code: Code,
+    label: DynamicLabel,
+) -> Result<(), TranslateError> {
     match code {
         Code::Jrcxz_rel8_64 => dynasm!(ops ; .arch x64 ; jrcxz =>label),
         Code::Jecxz_rel8_64 => dynasm!(ops ; .arch x64 ; .u8 0x67 ; jrcxz =>label),
@@ -267,7 +326,10 @@ fn rcx_branch(ops: &mut VecAssembler<X64Relocation>, code: Code, label: DynamicL
         Code::Loopne_rel8_64_RCX => dynasm!(ops ; .arch x64 ; loopne =>label),
         Code::Loopne_rel8_64_ECX => dynasm!(ops ; .arch x64 ; .u8 0x67 ; loopne =>label),
         other => {
-            return Err(TranslateError::Assemble { what: "rcx branch", reason: format!("unexpected {other:?}") });
+            return Err(TranslateError::Assemble {
+                what: "rcx branch",
+                reason: format!("unexpected {other:?}"),
+            });
         }
     }
     Ok(())
@@ -302,9 +364,17 @@ fn emit_terminator(
     let exit_addr = cx.gateway.exit.0 as usize;
     let chunk_base = code.addr();
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
-    let site_here = |ops: &VecAssembler<X64Relocation>| HostAddr(chunk_base + ops.offset().0 as u64 - 4);
+    let site_here =
+        |ops: &VecAssembler<X64Relocation>| HostAddr(chunk_base + ops.offset().0 as u64 - 4);
     let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr| {
-        exits.push(Exit { block: id, kind: ExitKind::Direct { target, site, stub: HostAddr(0) } });
+        exits.push(Exit {
+            block: id,
+            kind: ExitKind::Direct {
+                target,
+                site,
+                stub: HostAddr(0),
+            },
+        });
         first_exit + exits.len() as u32 - 1
     };
     match block.terminator {
@@ -322,7 +392,11 @@ fn emit_terminator(
             let index = direct(exits, target, site_here(&ops));
             exit_stub(&mut ops, l, index, exit_addr);
         }
-        Terminator::Branch { cond, taken, not_taken } => {
+        Terminator::Branch {
+            cond,
+            taken,
+            not_taken,
+        } => {
             let lt = ops.new_dynamic_label();
             let ln = ops.new_dynamic_label();
             let (it, in_) = match cond.cc() {
@@ -335,7 +409,11 @@ fn emit_terminator(
                 }
                 None => {
                     // loop/jrcxz only have rel8 forms: branch over a rel32 jmp to a second one.
-                    let inst = block.term_inst.as_ref().map(|i| i.inst.code()).unwrap_or(Code::INVALID);
+                    let inst = block
+                        .term_inst
+                        .as_ref()
+                        .map(|i| i.inst.code())
+                        .unwrap_or(Code::INVALID);
                     debug_assert!(matches!(cond, Cond::Loop | Cond::RcxZero));
                     let short_taken = ops.new_dynamic_label();
                     rcx_branch(&mut ops, inst, short_taken)?;
@@ -350,19 +428,41 @@ fn emit_terminator(
             exit_stub(&mut ops, ln, in_, exit_addr);
         }
         Terminator::Syscall { next } => {
-            let at = block.term_inst.as_ref().map(|i| i.addr()).unwrap_or(block.start);
-            exits.push(Exit { block: id, kind: ExitKind::Syscall { at, next } });
+            let at = block
+                .term_inst
+                .as_ref()
+                .map(|i| i.addr())
+                .unwrap_or(block.start);
+            exits.push(Exit {
+                block: id,
+                kind: ExitKind::Syscall { at, next },
+            });
             let l = ops.new_dynamic_label();
             exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
         }
         Terminator::Trap { kind, at } => {
-            exits.push(Exit { block: id, kind: ExitKind::Trap { kind, at, next: block.end() } });
+            exits.push(Exit {
+                block: id,
+                kind: ExitKind::Trap {
+                    kind,
+                    at,
+                    next: block.end(),
+                },
+            });
             let l = ops.new_dynamic_label();
             exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
         }
         Terminator::Return => {
-            let inst = &block.term_inst.as_ref().expect("a return has its instruction").inst;
-            let pop = 8 + if inst.code() == Code::Retnq_imm16 { inst.immediate16() as i32 } else { 0 };
+            let inst = &block
+                .term_inst
+                .as_ref()
+                .expect("a return has its instruction")
+                .inst;
+            let pop = 8 + if inst.code() == Code::Retnq_imm16 {
+                inst.immediate16() as i32
+            } else {
+                0
+            };
             dynasm!(ops
                 ; .arch x64
                 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
@@ -376,7 +476,11 @@ fn emit_terminator(
             emit_ibl(&mut ops, &cx.gateway);
         }
         Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
-            let inst = block.term_inst.as_ref().expect("an indirect branch has its instruction").inst;
+            let inst = block
+                .term_inst
+                .as_ref()
+                .expect("an indirect branch has its instruction")
+                .inst;
             dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
             code.append(assembled(ops, "indirect branch")?);
             layout.rcx_borrowed_from = Some(code.addr());
@@ -401,9 +505,14 @@ fn emit_terminator(
 /// `mov rcx, <operand of the indirect jmp/call>`, as an iced instruction at the guest's address
 /// (the encoder rebases RIP-relative operands).
 fn target_load(inst: &Instruction) -> Result<Instruction, TranslateError> {
-    let bad = |why: &str| TranslateError::Encode { guest: inst.ip(), reason: why.to_string() };
+    let bad = |why: &str| TranslateError::Encode {
+        guest: inst.ip(),
+        reason: why.to_string(),
+    };
     let mut load = match inst.op0_kind() {
-        OpKind::Register => Instruction::with2(Code::Mov_r64_rm64, Register::RCX, inst.op0_register()),
+        OpKind::Register => {
+            Instruction::with2(Code::Mov_r64_rm64, Register::RCX, inst.op0_register())
+        }
         OpKind::Memory => {
             let mem = MemoryOperand::new(
                 inst.memory_base(),

@@ -53,7 +53,9 @@ impl HostFeatures {
         // SAFETY: CPUID is available on every x86-64 CPU.
         let leaf1 = __cpuid(1);
         if leaf1.ecx & (1 << 27) == 0 {
-            return Err(TranslateError::Host { reason: "the CPU or OS does not enable XSAVE (OSXSAVE)".into() });
+            return Err(TranslateError::Host {
+                reason: "the CPU or OS does not enable XSAVE (OSXSAVE)".into(),
+            });
         }
         let xcr0: u64;
         // SAFETY: xgetbv(0) is valid when OSXSAVE is set (checked above).
@@ -66,14 +68,20 @@ impl HostFeatures {
         // SAFETY: CPUID leaf 0xD exists when XSAVE does.
         let size = __cpuid_count(0xd, 0).ebx;
         if size as usize > crate::thread_area::XSAVE_AREA_SIZE {
-            return Err(TranslateError::Host { reason: format!("XSAVE area of {size} bytes is larger than supported") });
+            return Err(TranslateError::Host {
+                reason: format!("XSAVE area of {size} bytes is larger than supported"),
+            });
         }
         // SAFETY: getauxval has no preconditions.
         let hwcap2 = unsafe { libc::getauxval(libc::AT_HWCAP2) };
         // `HOTPATH_NO_FSGSBASE` forces the arch_prctl path (for testing it on hosts that have
         // FSGSBASE).
         let fsgsbase = hwcap2 & 2 != 0 && std::env::var_os("HOTPATH_NO_FSGSBASE").is_none();
-        Ok(HostFeatures { fsgsbase, xsave_mask, xsave_size: size })
+        Ok(HostFeatures {
+            fsgsbase,
+            xsave_mask,
+            xsave_size: size,
+        })
     }
 }
 
@@ -244,9 +252,14 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; .u8 GS ; mov QWORD [off::EXIT_CODE], EXIT_SIGNAL as i32
         ; jmp ->host_tail
     );
-    let code = ops.finalize().map_err(|e| TranslateError::Assemble { what: "gateway", reason: format!("{e:?}") })?;
+    let code = ops.finalize().map_err(|e| TranslateError::Assemble {
+        what: "gateway",
+        reason: format!("{e:?}"),
+    })?;
     if code.len() as u64 > cache.room() {
-        return Err(TranslateError::CodeCache { reason: "no room for the gateway".into() });
+        return Err(TranslateError::CodeCache {
+            reason: "no room for the gateway".into(),
+        });
     }
     let at = cache.insert(&code);
     debug_assert_eq!(at.0, base);

@@ -8,8 +8,14 @@ use std::ffi::c_void;
 pub fn read_partial(addr: u64, buf: &mut [u8]) -> usize {
     let mut done = 0usize;
     while done < buf.len() {
-        let local = libc::iovec { iov_base: buf[done..].as_mut_ptr() as *mut c_void, iov_len: buf.len() - done };
-        let remote = libc::iovec { iov_base: (addr + done as u64) as *mut c_void, iov_len: buf.len() - done };
+        let local = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr() as *mut c_void,
+            iov_len: buf.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr + done as u64) as *mut c_void,
+            iov_len: buf.len() - done,
+        };
         // SAFETY: the local iovec is our buffer; the remote one is only read by the kernel,
         // which checks it.
         let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
@@ -41,8 +47,14 @@ pub fn write(addr: u64, data: &[u8]) -> Result<(), i64> {
     if data.is_empty() {
         return Ok(());
     }
-    let local = libc::iovec { iov_base: data.as_ptr() as *mut c_void, iov_len: data.len() };
-    let remote = libc::iovec { iov_base: addr as *mut c_void, iov_len: data.len() };
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut c_void,
+        iov_len: data.len(),
+    };
     // SAFETY: the kernel checks the remote range; the local one is our slice.
     let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
     if n == data.len() as isize {

@@ -72,30 +72,102 @@ struct SyscallRow {
 
 /// The emulated and refused calls, by number (x86-64 numbering). Calls not listed pass through.
 const TABLE: &[SyscallRow] = &[
-    SyscallRow { nr: 9, handler: sys_mmap },
-    SyscallRow { nr: 10, handler: sys_mprotect },
-    SyscallRow { nr: 11, handler: sys_munmap },
-    SyscallRow { nr: 12, handler: sys_brk },
-    SyscallRow { nr: 2, handler: sys_open },
-    SyscallRow { nr: 13, handler: sys_rt_sigaction },
-    SyscallRow { nr: 15, handler: sys_rt_sigreturn },
-    SyscallRow { nr: 130, handler: sys_rt_sigsuspend },
-    SyscallRow { nr: 25, handler: sys_mremap },
-    SyscallRow { nr: 56, handler: sys_clone },
-    SyscallRow { nr: 57, handler: sys_fork },
-    SyscallRow { nr: 58, handler: sys_fork },
-    SyscallRow { nr: 59, handler: sys_exec },
-    SyscallRow { nr: 60, handler: sys_exit },
-    SyscallRow { nr: 131, handler: sys_sigaltstack },
-    SyscallRow { nr: 89, handler: sys_readlink },
-    SyscallRow { nr: 158, handler: sys_arch_prctl },
-    SyscallRow { nr: 218, handler: sys_set_tid_address },
-    SyscallRow { nr: 231, handler: sys_exit },
-    SyscallRow { nr: 257, handler: sys_openat },
-    SyscallRow { nr: 267, handler: sys_readlinkat },
-    SyscallRow { nr: 322, handler: sys_exec },
-    SyscallRow { nr: 334, handler: sys_rseq },
-    SyscallRow { nr: 435, handler: refuse_clone3 },
+    SyscallRow {
+        nr: 9,
+        handler: sys_mmap,
+    },
+    SyscallRow {
+        nr: 10,
+        handler: sys_mprotect,
+    },
+    SyscallRow {
+        nr: 11,
+        handler: sys_munmap,
+    },
+    SyscallRow {
+        nr: 12,
+        handler: sys_brk,
+    },
+    SyscallRow {
+        nr: 2,
+        handler: sys_open,
+    },
+    SyscallRow {
+        nr: 13,
+        handler: sys_rt_sigaction,
+    },
+    SyscallRow {
+        nr: 15,
+        handler: sys_rt_sigreturn,
+    },
+    SyscallRow {
+        nr: 130,
+        handler: sys_rt_sigsuspend,
+    },
+    SyscallRow {
+        nr: 25,
+        handler: sys_mremap,
+    },
+    SyscallRow {
+        nr: 56,
+        handler: sys_clone,
+    },
+    SyscallRow {
+        nr: 57,
+        handler: sys_fork,
+    },
+    SyscallRow {
+        nr: 58,
+        handler: sys_fork,
+    },
+    SyscallRow {
+        nr: 59,
+        handler: sys_exec,
+    },
+    SyscallRow {
+        nr: 60,
+        handler: sys_exit,
+    },
+    SyscallRow {
+        nr: 131,
+        handler: sys_sigaltstack,
+    },
+    SyscallRow {
+        nr: 89,
+        handler: sys_readlink,
+    },
+    SyscallRow {
+        nr: 158,
+        handler: sys_arch_prctl,
+    },
+    SyscallRow {
+        nr: 218,
+        handler: sys_set_tid_address,
+    },
+    SyscallRow {
+        nr: 231,
+        handler: sys_exit,
+    },
+    SyscallRow {
+        nr: 257,
+        handler: sys_openat,
+    },
+    SyscallRow {
+        nr: 267,
+        handler: sys_readlinkat,
+    },
+    SyscallRow {
+        nr: 322,
+        handler: sys_exec,
+    },
+    SyscallRow {
+        nr: 334,
+        handler: sys_rseq,
+    },
+    SyscallRow {
+        nr: 435,
+        handler: refuse_clone3,
+    },
 ];
 
 /// Guest-process state the emulated calls keep.
@@ -139,7 +211,8 @@ pub const GATE_REFUSED: i64 = -4097;
 /// Nonzero while a signal the guest may receive now is pending. Set by the host signal
 /// handler, recomputed by the dispatcher; read by the syscall gate.
 #[no_mangle]
-pub static HOTPATH_GATE_PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static HOTPATH_GATE_PENDING: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 
 // The syscall gate: every guest system call that may block goes through here, so that a signal
 // arriving between the dispatcher's last check and the kernel entering the call cannot be
@@ -196,7 +269,8 @@ pub fn gated_syscall(nr: u64, args: &[u64; 6]) -> i64 {
 /// System calls the kernel restarts after a handler with SA_RESTART (they fail with
 /// ERESTARTSYS when interrupted), by number.
 const RESTARTABLE: &[u64] = &[
-    0, 1, 2, 16, 17, 18, 19, 20, 40, 42, 43, 44, 45, 46, 47, 61, 72, 73, 202, 247, 257, 275, 276, 288, 295, 296,
+    0, 1, 2, 16, 17, 18, 19, 20, 40, 42, 43, 44, 45, 46, 47, 61, 72, 73, 202, 247, 257, 275, 276,
+    288, 295, 296,
 ];
 
 /// True if `nr`, interrupted by a signal whose handler has SA_RESTART, is to be made again.
@@ -234,14 +308,44 @@ fn name(nr: u64) -> &'static str {
 /// The name of signal `sig` (`"SIGSEGV"`), or `"signal N"`.
 pub fn signal_name(sig: i32) -> String {
     const NAMES: [&str; 32] = [
-        "", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP",
-        "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR",
+        "",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
         "SIGSYS",
     ];
     match NAMES.get(sig as usize) {
         Some(n) if !n.is_empty() => n.to_string(),
-        _ if sig >= libc::SIGRTMIN() && sig <= libc::SIGRTMAX() => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        _ if sig >= libc::SIGRTMIN() && sig <= libc::SIGRTMAX() => {
+            format!("SIGRTMIN+{}", sig - libc::SIGRTMIN())
+        }
         _ => format!("signal {sig}"),
     }
 }
@@ -314,8 +418,12 @@ fn overlaps_foreign(regions: &BTreeMap<u64, u64>, maps: &str, addr: u64, len: u6
     let end = addr.saturating_add(len);
     for line in maps.lines() {
         let range = line.split_whitespace().next().unwrap_or("");
-        let Some((a, b)) = range.split_once('-') else { continue };
-        let (Ok(s), Ok(e)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            continue;
+        };
         let (os, oe) = (s.max(addr), e.min(end));
         if os < oe && !covered(regions, os, oe) {
             return true;
@@ -335,14 +443,36 @@ fn sys_brk(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     }
     let (old_end, new_end) = (page_ceil(p.brk), page_ceil(want));
     if new_end > old_end {
-        let r = raw_syscall(10, &[old_end, new_end - old_end, (libc::PROT_READ | libc::PROT_WRITE) as u64, 0, 0, 0]);
+        let r = raw_syscall(
+            10,
+            &[
+                old_end,
+                new_end - old_end,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                0,
+                0,
+                0,
+            ],
+        );
         if is_error(r) {
             return Outcome::Return(p.brk as i64);
         }
     } else if new_end < old_end {
         // Give the pages back, as the kernel does: a later brk gets zeroed memory.
-        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE) as u64;
-        let r = raw_syscall(9, &[new_end, old_end - new_end, libc::PROT_NONE as u64, flags, u64::MAX, 0]);
+        let flags =
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE)
+                as u64;
+        let r = raw_syscall(
+            9,
+            &[
+                new_end,
+                old_end - new_end,
+                libc::PROT_NONE as u64,
+                flags,
+                u64::MAX,
+                0,
+            ],
+        );
         if is_error(r) {
             return Outcome::Return(p.brk as i64);
         }
@@ -392,7 +522,8 @@ fn sys_mprotect(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
 }
 
 fn sys_mremap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    let (old, old_len, new_len, flags, new_addr) = (a[0], page_ceil(a[1]), page_ceil(a[2]), a[3] as i32, a[4]);
+    let (old, old_len, new_len, flags, new_addr) =
+        (a[0], page_ceil(a[1]), page_ceil(a[2]), a[3] as i32, a[4]);
     if p.overlaps_hotpath(old, old_len) {
         return Outcome::Return(-EINVAL);
     }
@@ -439,25 +570,39 @@ fn sys_rt_sigsuspend(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outco
 }
 
 fn sys_sigaltstack(p: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    Outcome::Return(p.signals.sigaltstack(a[0], a[1], area.gpr[crate::thread_area::RSP]))
+    Outcome::Return(
+        p.signals
+            .sigaltstack(a[0], a[1], area.gpr[crate::thread_area::RSP]),
+    )
 }
 
 fn sys_clone(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     let flags = a[0];
     let vm = flags & libc::CLONE_VM as u64 != 0;
     let vfork = flags & libc::CLONE_VFORK as u64 != 0;
-    let thread_like = (libc::CLONE_THREAD | libc::CLONE_SIGHAND | libc::CLONE_FILES | libc::CLONE_FS) as u64;
+    let thread_like =
+        (libc::CLONE_THREAD | libc::CLONE_SIGHAND | libc::CLONE_FILES | libc::CLONE_FS) as u64;
     if (vm && !vfork) || flags & thread_like != 0 {
         return Outcome::Unsupported(
-            "the guest creates a thread (clone with CLONE_VM): threads are not supported yet".into(),
+            "the guest creates a thread (clone with CLONE_VM): threads are not supported yet"
+                .into(),
         );
     }
     // x86-64 clone(flags, stack, parent_tid, child_tid, tls).
-    Outcome::Fork(CloneArgs { flags, stack: a[1], parent_tid: a[2], child_tid: a[3], tls: a[4] })
+    Outcome::Fork(CloneArgs {
+        flags,
+        stack: a[1],
+        parent_tid: a[2],
+        child_tid: a[3],
+        tls: a[4],
+    })
 }
 
 fn sys_fork(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
-    Outcome::Fork(CloneArgs { flags: libc::SIGCHLD as u64, ..CloneArgs::default() })
+    Outcome::Fork(CloneArgs {
+        flags: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    })
 }
 
 fn refuse_clone3(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
@@ -488,7 +633,10 @@ fn sys_open(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
 
 fn sys_openat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match exe_path_arg(p, a[1]) {
-        Some(exe) => Outcome::Return(raw_syscall(257, &[a[0], exe.as_ptr() as u64, a[2], a[3], 0, 0])),
+        Some(exe) => Outcome::Return(raw_syscall(
+            257,
+            &[a[0], exe.as_ptr() as u64, a[2], a[3], 0, 0],
+        )),
         None => Outcome::Return(raw_syscall(257, a)),
     }
 }
@@ -537,7 +685,9 @@ fn sys_readlink(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
 
 fn sys_readlinkat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match guest_mem::read_cstr(a[1], 4096) {
-        Ok(path) if path.starts_with(b"/") && is_proc_self_exe(&path) => Outcome::Return(readlink_exe(p, a[2], a[3])),
+        Ok(path) if path.starts_with(b"/") && is_proc_self_exe(&path) => {
+            Outcome::Return(readlink_exe(p, a[2], a[3]))
+        }
         Ok(_) => Outcome::Return(raw_syscall(267, a)),
         Err(e) => Outcome::Return(e),
     }

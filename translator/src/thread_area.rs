@@ -23,8 +23,10 @@ pub const IBL_ENTRIES: usize = 1 << 16;
 pub const XSAVE_AREA_SIZE: usize = 16384;
 
 /// Guest GPR slots, in x86 encoding order (the order of `gpr`).
-pub const GPR_NAMES: [&str; 16] =
-    ["rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15"];
+pub const GPR_NAMES: [&str; 16] = [
+    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15",
+];
 /// Index of RAX in `gpr`.
 pub const RAX: usize = 0;
 /// Index of RCX in `gpr`.
@@ -162,7 +164,10 @@ impl ThreadArea {
         // SAFETY: writing a valid value into our own mapping.
         unsafe { std::ptr::write(&mut area.ring, RingControl::new(ring_entries)) };
         for e in area.ibl.iter_mut() {
-            *e = IblEntry { neg_guest: 1, host: ibl_miss };
+            *e = IblEntry {
+                neg_guest: 1,
+                host: ibl_miss,
+            };
         }
         area.rflags = 0x202;
         // Legacy XSAVE region: FCW at 0, MXCSR at 24; XSTATE_BV (header at 512) = 0 means every
@@ -182,7 +187,10 @@ impl ThreadArea {
     /// Empties the indirect branch lookup table (after a code cache flush).
     pub fn clear_ibl(&mut self, ibl_miss: u64) {
         for e in self.ibl.iter_mut() {
-            *e = IblEntry { neg_guest: 1, host: ibl_miss };
+            *e = IblEntry {
+                neg_guest: 1,
+                host: ibl_miss,
+            };
         }
     }
 

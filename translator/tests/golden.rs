@@ -65,11 +65,26 @@ fn render(name: &str, bytes: &[u8]) -> String {
     page.fill(0xcc);
     page[..bytes.len()].copy_from_slice(bytes);
     let block = decode_block(GuestAddr(GUEST));
-    let mut out = format!("# {name}\nterminator: {:?}\nbody instructions: {}\nguest bytes: {}\n", block.terminator, block.body.len(), block.len_bytes);
+    let mut out = format!(
+        "# {name}\nterminator: {:?}\nbody instructions: {}\nguest bytes: {}\n",
+        block.terminator,
+        block.body.len(),
+        block.len_bytes
+    );
     for enqueue in [true, false] {
-        let cx = EmitContext { enqueue, gateway: GATEWAY };
+        let cx = EmitContext {
+            enqueue,
+            gateway: GATEWAY,
+        };
         let e = emit_block(&block, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
-        writeln!(out, "\n## monitor {} (entry {:#x}, {} exits)", if enqueue { "on" } else { "off" }, e.entry.0, e.exits.len()).unwrap();
+        writeln!(
+            out,
+            "\n## monitor {} (entry {:#x}, {} exits)",
+            if enqueue { "on" } else { "off" },
+            e.entry.0,
+            e.exits.len()
+        )
+        .unwrap();
         out.push_str(&disassemble(&e.code, HOST));
     }
     out
@@ -77,19 +92,34 @@ fn render(name: &str, bytes: &[u8]) -> String {
 
 fn check(name: &str, bytes: &[u8]) {
     let got = render(name, bytes);
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(format!("{name}.txt"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.txt"));
     if std::env::var_os("HOTPATH_BLESS").is_some() {
         std::fs::write(&path, &got).unwrap();
         return;
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (run with HOTPATH_BLESS=1 to create it)", path.display()));
-    assert_eq!(got, want, "{name}: emitted code differs from {} (HOTPATH_BLESS=1 refreshes it)", path.display());
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with HOTPATH_BLESS=1 to create it)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        got,
+        want,
+        "{name}: emitted code differs from {} (HOTPATH_BLESS=1 refreshes it)",
+        path.display()
+    );
 }
 
 #[test]
 fn conditional_branch_loop() {
     // add rax, 1 ; cmp rax, rdi ; jb back to the add
-    check("jcc_loop", &[0x48, 0x83, 0xc0, 0x01, 0x48, 0x39, 0xf8, 0x72, 0xf6]);
+    check(
+        "jcc_loop",
+        &[0x48, 0x83, 0xc0, 0x01, 0x48, 0x39, 0xf8, 0x72, 0xf6],
+    );
 }
 
 #[test]
@@ -107,7 +137,13 @@ fn return_goes_through_the_lookup() {
 #[test]
 fn rip_relative_operands_keep_their_guest_target() {
     // lea rcx, [rip] ; mov rax, [rip + 0x100] ; call [rip + 0x200]
-    check("rip_relative", &[0x48, 0x8d, 0x0d, 0, 0, 0, 0, 0x48, 0x8b, 0x05, 0x00, 0x01, 0, 0, 0xff, 0x15, 0x00, 0x02, 0, 0]);
+    check(
+        "rip_relative",
+        &[
+            0x48, 0x8d, 0x0d, 0, 0, 0, 0, 0x48, 0x8b, 0x05, 0x00, 0x01, 0, 0, 0xff, 0x15, 0x00,
+            0x02, 0, 0,
+        ],
+    );
 }
 
 #[test]

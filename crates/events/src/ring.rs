@@ -93,7 +93,10 @@ impl RingControl {
     /// If `capacity` is not a power of two of at least 2 (a bug in the caller: the command
     /// line is validated before).
     pub fn new(capacity: u64) -> RingControl {
-        assert!(capacity.is_power_of_two() && capacity >= 2, "ring capacity {capacity}");
+        assert!(
+            capacity.is_power_of_two() && capacity >= 2,
+            "ring capacity {capacity}"
+        );
         RingControl {
             producer: ProducerSide {
                 head: AtomicU64::new(0),
@@ -101,7 +104,10 @@ impl RingControl {
                 waits: AtomicU64::new(0),
                 wait_ns: AtomicU64::new(0),
             },
-            consumer: ConsumerSide { tail: AtomicU64::new(0), consumed: AtomicU64::new(0) },
+            consumer: ConsumerSide {
+                tail: AtomicU64::new(0),
+                consumed: AtomicU64::new(0),
+            },
             capacity,
             closed: AtomicU64::new(0),
         }
@@ -198,7 +204,9 @@ impl RingProducer {
                 budget = self.room(head);
             }
             ctrl.producer.waits.fetch_add(1, Ordering::Relaxed);
-            ctrl.producer.wait_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            ctrl.producer
+                .wait_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         ctrl.producer.budget.store(budget, Ordering::Relaxed);
     }
@@ -243,7 +251,10 @@ impl RingProducer {
     /// Wait statistics so far.
     pub fn wait_stats(&self) -> WaitStats {
         let p = &self.ctrl().producer;
-        WaitStats { waits: p.waits.load(Ordering::Relaxed), wait_ns: p.wait_ns.load(Ordering::Relaxed) }
+        WaitStats {
+            waits: p.waits.load(Ordering::Relaxed),
+            wait_ns: p.wait_ns.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -311,7 +322,9 @@ impl RingConsumer {
             let end = if head > tail { head } else { cap };
             // SAFETY: the range is inside the array and was published before `head` (Acquire);
             // the producer does not write it until we store a `tail` past it.
-            let events = unsafe { std::slice::from_raw_parts(self.entries.add(tail as usize), (end - tail) as usize) };
+            let events = unsafe {
+                std::slice::from_raw_parts(self.entries.add(tail as usize), (end - tail) as usize)
+            };
             sink(events);
             n += end - tail;
             tail = end;
@@ -342,7 +355,8 @@ mod tests {
     fn fifo_across_threads_without_loss() {
         for cap in [4u64, 8, 64] {
             let ctrl = Box::leak(Box::new(RingControl::new(cap)));
-            let entries: &'static mut [u32] = Box::leak(vec![0u32; cap as usize].into_boxed_slice());
+            let entries: &'static mut [u32] =
+                Box::leak(vec![0u32; cap as usize].into_boxed_slice());
             let entries_ptr = entries.as_mut_ptr();
             // SAFETY: both are leaked, so they outlive the handles; one consumer.
             let mut cons = unsafe { RingConsumer::new(ctrl, entries_ptr) };

@@ -17,7 +17,10 @@ use clap::{Parser, Subcommand};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 use hotpath_loader::{build_stack, load, Image, LoadError, LoadOptions};
 use hotpath_monitor::report::{self, Ending, RunInfo};
-use hotpath_monitor::{FunctionSymbol, MonitorHandle, MonitorState, PathConfig, PathProfile, PathRecorder, Profile, DEFAULT_PAP_THRESHOLD};
+use hotpath_monitor::{
+    FunctionSymbol, MonitorHandle, MonitorState, PathConfig, PathProfile, PathRecorder, Profile,
+    DEFAULT_PAP_THRESHOLD,
+};
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
 use hotpath_translator::{signal_name, Config, GuestExit, Stop, TranslateError, Translator};
 
@@ -25,7 +28,11 @@ use hotpath_translator::{signal_name, Config, GuestExit, Stop, TranslateError, T
 const SUMMARY_TOP: usize = 10;
 
 #[derive(Parser)]
-#[command(name = "hotpath", version, about = "A dynamic binary translator for x86-64 Linux programs, with exact block and path profiles")]
+#[command(
+    name = "hotpath",
+    version,
+    about = "A dynamic binary translator for x86-64 Linux programs, with exact block and path profiles"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -96,14 +103,21 @@ struct RunArgs {
     #[arg(long, value_name = "FILE.svg")]
     flamegraph: Option<PathBuf>,
     /// The program and its arguments.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "PROGRAM [ARGS]")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "PROGRAM [ARGS]"
+    )]
     command: Vec<OsString>,
 }
 
 fn parse_ring_entries(s: &str) -> Result<u64, String> {
     let n: u64 = s.parse().map_err(|e| format!("{e}"))?;
     if !n.is_power_of_two() || !(MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&n) {
-        return Err(format!("must be a power of two in [{MIN_RING_ENTRIES}, {MAX_RING_ENTRIES}]"));
+        return Err(format!(
+            "must be a power of two in [{MIN_RING_ENTRIES}, {MAX_RING_ENTRIES}]"
+        ));
     }
     Ok(n)
 }
@@ -131,19 +145,36 @@ fn render_report(args: ReportArgs) -> ExitCode {
         }
     };
     if doc["schema"] != report::SCHEMA {
-        eprintln!("hotpath: {}: not a {} report", args.file.display(), report::SCHEMA);
+        eprintln!(
+            "hotpath: {}: not a {} report",
+            args.file.display(),
+            report::SCHEMA
+        );
         return ExitCode::from(1);
     }
     print!("{}", report::render_text(&doc, args.top));
-    write_extras(&doc, args.dot.as_deref(), args.flamegraph.as_deref(), args.top)
+    write_extras(
+        &doc,
+        args.dot.as_deref(),
+        args.flamegraph.as_deref(),
+        args.top,
+    )
 }
 
 /// Writes the DOT files and the flame graph, if asked.
-fn write_extras(doc: &serde_json::Value, dot: Option<&std::path::Path>, flamegraph: Option<&std::path::Path>, top: usize) -> ExitCode {
+fn write_extras(
+    doc: &serde_json::Value,
+    dot: Option<&std::path::Path>,
+    flamegraph: Option<&std::path::Path>,
+    top: usize,
+) -> ExitCode {
     let mut status = ExitCode::SUCCESS;
     if let Some(dir) = dot {
         if let Err(e) = report::write_dot(doc, dir, top) {
-            eprintln!("hotpath: cannot write DOT files into {}: {e}", dir.display());
+            eprintln!(
+                "hotpath: cannot write DOT files into {}: {e}",
+                dir.display()
+            );
             status = ExitCode::from(1);
         }
     }
@@ -177,14 +208,22 @@ struct Monitoring {
 impl Monitoring {
     /// A fresh monitor state: empty tables and paths.
     fn fresh(&self) -> MonitorState {
-        MonitorState { tables: Default::default(), paths: self.paths.clone().map(PathRecorder::new) }
+        MonitorState {
+            tables: Default::default(),
+            paths: self.paths.clone().map(PathRecorder::new),
+        }
     }
 
     /// Starts a monitor on the translator's ring, going on from `state`.
     fn start(&mut self, translator: &mut Translator, state: MonitorState) {
         let (tx, rx) = crossbeam::channel::unbounded();
         translator.set_block_sender(tx);
-        self.handle = Some(hotpath_monitor::spawn(translator.ring_consumer(), rx, self.core, state));
+        self.handle = Some(hotpath_monitor::spawn(
+            translator.ring_consumer(),
+            rx,
+            self.core,
+            state,
+        ));
     }
 
     /// Closes the ring and collects the monitor's tables and paths.
@@ -203,7 +242,12 @@ impl Monitoring {
 
 fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let program = PathBuf::from(&args.command[0]);
-    let image = match load(&program, LoadOptions { extra_reserve: CODE_CACHE_SIZE }) {
+    let image = match load(
+        &program,
+        LoadOptions {
+            extra_reserve: CODE_CACHE_SIZE,
+        },
+    ) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("hotpath: {e}");
@@ -228,7 +272,10 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     };
 
     let monitor_on = !args.no_monitor;
-    let cfg = Config { enqueue: monitor_on, ring_entries: args.ring_entries };
+    let cfg = Config {
+        enqueue: monitor_on,
+        ring_entries: args.ring_entries,
+    };
     let mut translator = match Translator::new(&image, &stack, cfg, None) {
         Ok(t) => t,
         Err(e) => {
@@ -244,9 +291,22 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let paths = (args.paths && !args.no_paths).then(|| PathConfig {
         pap_threshold: args.pap_threshold,
         k: args.k,
-        symbols: image.symbols.iter().map(|s| FunctionSymbol { name: s.name.clone(), addr: s.addr, size: s.size }).collect(),
+        symbols: image
+            .symbols
+            .iter()
+            .map(|s| FunctionSymbol {
+                name: s.name.clone(),
+                addr: s.addr,
+                size: s.size,
+            })
+            .collect(),
     });
-    let mut monitoring = Monitoring { handle: None, paths, core, report: args.report.clone() };
+    let mut monitoring = Monitoring {
+        handle: None,
+        paths,
+        core,
+        report: args.report.clone(),
+    };
     if monitor_on {
         let fresh = monitoring.fresh();
         monitoring.start(&mut translator, fresh);
@@ -260,7 +320,15 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
             Err(e) => break Err(e),
             Ok(Stop::Exec) => {
                 if let Some(tables) = monitoring.stop(&translator) {
-                    finish_report(&args, &image, &translator, &monitoring, tables.clone(), Ending::Exec, true);
+                    finish_report(
+                        &args,
+                        &image,
+                        &translator,
+                        &monitoring,
+                        tables.clone(),
+                        Ending::Exec,
+                        true,
+                    );
                     translator.exec();
                     // The exec failed: the guest goes on, and so does its profile.
                     monitoring.start(&mut translator, tables);
@@ -293,7 +361,15 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         eprintln!("hotpath: {}: {e}", image.path.display());
     }
     if let Some(tables) = monitoring.stop(&translator) {
-        finish_report(&args, &image, &translator, &monitoring, tables, ending, args.quiet);
+        finish_report(
+            &args,
+            &image,
+            &translator,
+            &monitoring,
+            tables,
+            ending,
+            args.quiet,
+        );
     }
     if !args.quiet {
         let s = translator.stats();
@@ -310,9 +386,24 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
 }
 
 /// Writes the JSON report (if asked) and the stderr summary (unless `quiet`).
-fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitoring: &Monitoring, state: MonitorState, ending: Ending, quiet: bool) {
-    let waits = translator.ring_producer().map(|p| p.wait_stats()).unwrap_or_default();
-    let symbolize = |addr: u64| image.symbolize(addr).map(|(name, off)| (name.to_string(), off));
+fn finish_report(
+    args: &RunArgs,
+    image: &Image,
+    translator: &Translator,
+    monitoring: &Monitoring,
+    state: MonitorState,
+    ending: Ending,
+    quiet: bool,
+) {
+    let waits = translator
+        .ring_producer()
+        .map(|p| p.wait_stats())
+        .unwrap_or_default();
+    let symbolize = |addr: u64| {
+        image
+            .symbolize(addr)
+            .map(|(name, off)| (name.to_string(), off))
+    };
     let MonitorState { tables, paths } = state;
     let mut profile = Profile::from_tables(&tables, &symbolize);
     profile.totals.ring_waits = waits.waits;
@@ -330,7 +421,11 @@ fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitor
     if let Some(path) = &monitoring.report {
         let run = RunInfo {
             program: image.path.display().to_string(),
-            argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            argv: args
+                .command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
             ending,
             blocks_translated: translator.stats().blocks_translated,
         };
@@ -340,7 +435,11 @@ fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitor
     }
     let run = RunInfo {
         program: image.path.display().to_string(),
-        argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+        argv: args
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
         ending: Ending::Exec,
         blocks_translated: translator.stats().blocks_translated,
     };
@@ -348,7 +447,12 @@ fn finish_report(args: &RunArgs, image: &Image, translator: &Translator, monitor
     if !quiet {
         eprint!("{}", report::render_text(&doc, args.top));
     }
-    write_extras(&doc, args.dot.as_deref(), args.flamegraph.as_deref(), args.top);
+    write_extras(
+        &doc,
+        args.dot.as_deref(),
+        args.flamegraph.as_deref(),
+        args.top,
+    );
 }
 
 /// Ends this process by signal `sig` with its default action, as the guest died natively.
@@ -363,6 +467,9 @@ fn die_of(sig: i32) -> ExitCode {
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         libc::raise(sig);
     }
-    eprintln!("hotpath: the guest died of {} but the signal did not end hotpath", signal_name(sig));
+    eprintln!(
+        "hotpath: the guest died of {} but the signal did not end hotpath",
+        signal_name(sig)
+    );
     ExitCode::from(128 + sig as u8)
 }

@@ -85,7 +85,11 @@ impl Block {
     pub fn summary(&self) -> BlockSummary {
         BlockSummary {
             start: self.start,
-            terminator_addr: self.term_inst.as_ref().map(|i| i.addr()).unwrap_or(self.end()),
+            terminator_addr: self
+                .term_inst
+                .as_ref()
+                .map(|i| i.addr())
+                .unwrap_or(self.end()),
             len_bytes: self.len_bytes,
             instructions: self.instruction_count(),
             terminator: self.terminator,

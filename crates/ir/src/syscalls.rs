@@ -462,5 +462,8 @@ const SYSCALL_NAMES: [Option<&str>; 451] = [
 
 /// The number of the x86-64 Linux system call called `name`.
 pub fn syscall_number(name: &str) -> Option<u64> {
-    SYSCALL_NAMES.iter().position(|n| *n == Some(name)).map(|i| i as u64)
+    SYSCALL_NAMES
+        .iter()
+        .position(|n| *n == Some(name))
+        .map(|i| i as u64)
 }

@@ -94,9 +94,16 @@ pub enum Terminator {
     /// `jmp rel` to a known target.
     Jump { target: GuestAddr },
     /// `jcc`, `loop*`, `jrcxz`: to `taken` if the condition holds, else to `not_taken`.
-    Branch { cond: Cond, taken: GuestAddr, not_taken: GuestAddr },
+    Branch {
+        cond: Cond,
+        taken: GuestAddr,
+        not_taken: GuestAddr,
+    },
     /// `call rel`: pushes `return_to` (a guest address) and goes to `target`.
-    Call { target: GuestAddr, return_to: GuestAddr },
+    Call {
+        target: GuestAddr,
+        return_to: GuestAddr,
+    },
     /// The block was cut by the size limit (or before an instruction that starts a new block);
     /// control falls through to `next`.
     FallThrough { next: GuestAddr },
@@ -172,7 +179,9 @@ impl Terminator {
     pub fn static_successors(&self) -> Vec<GuestAddr> {
         match *self {
             Terminator::Jump { target } | Terminator::Call { target, .. } => vec![target],
-            Terminator::Branch { taken, not_taken, .. } => vec![taken, not_taken],
+            Terminator::Branch {
+                taken, not_taken, ..
+            } => vec![taken, not_taken],
             Terminator::FallThrough { next } | Terminator::Syscall { next } => vec![next],
             Terminator::IndirectJump
             | Terminator::IndirectCall { .. }

@@ -95,10 +95,19 @@ pub struct Image {
 /// when its addresses are not free.
 pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let file = File::open(path).map_err(|e| LoadError::Io { path: abs.clone(), reason: io_reason(&e) })?;
+    let file = File::open(path).map_err(|e| LoadError::Io {
+        path: abs.clone(),
+        reason: io_reason(&e),
+    })?;
     check_executable(&file, &abs)?;
-    let bytes = std::fs::read(path).map_err(|e| LoadError::Io { path: abs.clone(), reason: io_reason(&e) })?;
-    let unsupported = |reason: String| LoadError::UnsupportedElf { path: abs.clone(), reason };
+    let bytes = std::fs::read(path).map_err(|e| LoadError::Io {
+        path: abs.clone(),
+        reason: io_reason(&e),
+    })?;
+    let unsupported = |reason: String| LoadError::UnsupportedElf {
+        path: abs.clone(),
+        reason,
+    };
 
     if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
         return Err(LoadError::NotElf { path: abs.clone() });
@@ -108,11 +117,17 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     }
     match bytes[header::EI_CLASS] {
         header::ELFCLASS64 => {}
-        header::ELFCLASS32 => return Err(unsupported("32-bit ELF (ELFCLASS32): hotpath runs x86-64 programs only".into())),
+        header::ELFCLASS32 => {
+            return Err(unsupported(
+                "32-bit ELF (ELFCLASS32): hotpath runs x86-64 programs only".into(),
+            ))
+        }
         c => return Err(unsupported(format!("bad ELF class {c}"))),
     }
     if bytes[header::EI_DATA] != header::ELFDATA2LSB {
-        return Err(unsupported("big-endian ELF: hotpath runs x86-64 programs only".into()));
+        return Err(unsupported(
+            "big-endian ELF: hotpath runs x86-64 programs only".into(),
+        ));
     }
     if bytes.len() < ELF64_EHDR_SIZE {
         return Err(unsupported(format!(
@@ -131,35 +146,64 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     let elf = Elf::parse(&bytes).map_err(|e| unsupported(format!("malformed ELF: {e}")))?;
     let kind = match elf.header.e_type {
         header::ET_EXEC => ElfKind::Static,
-        header::ET_DYN if elf.entry == 0 => return Err(unsupported("a shared library, not an executable (entry point 0)".into())),
+        header::ET_DYN if elf.entry == 0 => {
+            return Err(unsupported(
+                "a shared library, not an executable (entry point 0)".into(),
+            ))
+        }
         header::ET_DYN => ElfKind::StaticPie,
-        t => return Err(unsupported(format!("not an executable (ELF type {})", header::et_to_str(t)))),
+        t => {
+            return Err(unsupported(format!(
+                "not an executable (ELF type {})",
+                header::et_to_str(t)
+            )))
+        }
     };
     if let Some(interp) = elf.interpreter {
         return Err(unsupported(format!(
             "dynamically linked (interpreter {interp}): hotpath runs static and static-pie programs for now"
         )));
     }
-    let loads: Vec<&program_header::ProgramHeader> =
-        elf.program_headers.iter().filter(|p| p.p_type == program_header::PT_LOAD).collect();
+    let loads: Vec<&program_header::ProgramHeader> = elf
+        .program_headers
+        .iter()
+        .filter(|p| p.p_type == program_header::PT_LOAD)
+        .collect();
     if loads.is_empty() {
         return Err(unsupported("no PT_LOAD segment".into()));
     }
     for ph in &loads {
-        if ph.p_offset.checked_add(ph.p_filesz).is_none_or(|end| end > bytes.len() as u64) {
+        if ph
+            .p_offset
+            .checked_add(ph.p_filesz)
+            .is_none_or(|end| end > bytes.len() as u64)
+        {
             return Err(unsupported(format!(
                 "truncated: segment at offset {:#x} needs {:#x} bytes past the end of the file",
                 ph.p_offset, ph.p_filesz
             )));
         }
         if ph.p_filesz > ph.p_memsz || (ph.p_vaddr % PAGE_SIZE) != (ph.p_offset % PAGE_SIZE) {
-            return Err(unsupported(format!("malformed PT_LOAD at vaddr {:#x}", ph.p_vaddr)));
+            return Err(unsupported(format!(
+                "malformed PT_LOAD at vaddr {:#x}",
+                ph.p_vaddr
+            )));
         }
     }
-    let lo = loads.iter().map(|p| page_floor(p.p_vaddr)).min().unwrap_or(0);
-    let hi = loads.iter().map(|p| page_ceil(p.p_vaddr + p.p_memsz)).max().unwrap_or(0);
+    let lo = loads
+        .iter()
+        .map(|p| page_floor(p.p_vaddr))
+        .min()
+        .unwrap_or(0);
+    let hi = loads
+        .iter()
+        .map(|p| page_ceil(p.p_vaddr + p.p_memsz))
+        .max()
+        .unwrap_or(0);
     if hi <= lo || hi - lo > (1 << 32) {
-        return Err(unsupported(format!("image span {lo:#x}..{hi:#x} is empty or over 4 GiB")));
+        return Err(unsupported(format!(
+            "image span {lo:#x}..{hi:#x} is empty or over 4 GiB"
+        )));
     }
     let span = hi - lo;
     let total = span + BRK_RESERVE + page_ceil(opts.extra_reserve);
@@ -171,7 +215,11 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         segments.push(map_segment(&file, &abs, ph, load_bias)?);
     }
 
-    let phdr = match elf.program_headers.iter().find(|p| p.p_type == program_header::PT_PHDR) {
+    let phdr = match elf
+        .program_headers
+        .iter()
+        .find(|p| p.p_type == program_header::PT_PHDR)
+    {
         Some(p) => p.p_vaddr + load_bias,
         // Static glibc has no PT_PHDR: the headers sit in the LOAD that maps file offset 0.
         None => loads
@@ -209,8 +257,14 @@ fn io_reason(e: &std::io::Error) -> String {
 }
 
 fn check_executable(file: &File, path: &Path) -> Result<(), LoadError> {
-    let meta = file.metadata().map_err(|e| LoadError::Io { path: path.to_path_buf(), reason: io_reason(&e) })?;
-    let not_exec = |reason: &str| LoadError::NotExecutable { path: path.to_path_buf(), reason: reason.into() };
+    let meta = file.metadata().map_err(|e| LoadError::Io {
+        path: path.to_path_buf(),
+        reason: io_reason(&e),
+    })?;
+    let not_exec = |reason: &str| LoadError::NotExecutable {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    };
     if meta.is_dir() {
         return Err(not_exec("is a directory"));
     }
@@ -223,7 +277,8 @@ fn check_executable(file: &File, path: &Path) -> Result<(), LoadError> {
     let _ = meta.mode();
     // The kernel's own check for this user (root may execute any file with an x bit).
     // SAFETY: `access` reads a NUL-terminated path we own.
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| not_exec("path contains NUL"))?;
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| not_exec("path contains NUL"))?;
     if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
         return Err(not_exec("permission denied"));
     }
@@ -255,7 +310,12 @@ fn reserve(path: &Path, kind: ElfKind, lo: u64, total: u64) -> Result<u64, LoadE
         } else {
             "address already in use".to_string()
         };
-        return Err(LoadError::Map { path: path.to_path_buf(), addr: lo, len: total, reason });
+        return Err(LoadError::Map {
+            path: path.to_path_buf(),
+            addr: lo,
+            len: total,
+            reason,
+        });
     }
     Ok(p as u64)
 }
@@ -275,7 +335,12 @@ fn prot_of(flags: u32) -> i32 {
 }
 
 /// Maps one PT_LOAD: file pages, zeroed tail of the last file page, anonymous bss pages.
-fn map_segment(file: &File, path: &Path, ph: &program_header::ProgramHeader, bias: u64) -> Result<Segment, LoadError> {
+fn map_segment(
+    file: &File,
+    path: &Path,
+    ph: &program_header::ProgramHeader,
+    bias: u64,
+) -> Result<Segment, LoadError> {
     let prot = prot_of(ph.p_flags);
     let vaddr = ph.p_vaddr + bias;
     let start = page_floor(vaddr);
@@ -306,7 +371,9 @@ fn map_segment(file: &File, path: &Path, ph: &program_header::ProgramHeader, bia
         }
         if ph.p_memsz > ph.p_filesz {
             // SAFETY: the range [file_end, page end) is inside the writable mapping just made.
-            unsafe { std::ptr::write_bytes(file_end as *mut u8, 0, (file_map_end - file_end) as usize) };
+            unsafe {
+                std::ptr::write_bytes(file_end as *mut u8, 0, (file_map_end - file_end) as usize)
+            };
         }
         // SAFETY: our own mapping.
         if unsafe { libc::mprotect(start as *mut c_void, len as usize, prot) } != 0 {
@@ -331,7 +398,11 @@ fn map_segment(file: &File, path: &Path, ph: &program_header::ProgramHeader, bia
             return Err(map_err(anon_start, len));
         }
     }
-    Ok(Segment { start, end: mem_end, prot })
+    Ok(Segment {
+        start,
+        end: mem_end,
+        prot,
+    })
 }
 
 fn function_symbols(elf: &Elf, bias: u64) -> Vec<Symbol> {
@@ -342,7 +413,11 @@ fn function_symbols(elf: &Elf, bias: u64) -> Vec<Symbol> {
                 continue;
             }
             if let Some(name) = strtab.get_at(s.st_name) {
-                out.push(Symbol { name: name.to_string(), addr: s.st_value + bias, size: s.st_size });
+                out.push(Symbol {
+                    name: name.to_string(),
+                    addr: s.st_value + bias,
+                    size: s.st_size,
+                });
             }
         }
         if !out.is_empty() {

@@ -20,5 +20,10 @@ pub enum LoadError {
     UnsupportedElf { path: PathBuf, reason: String },
     /// An address range the guest needs could not be mapped.
     #[error("{}: cannot map the guest image at {addr:#x} ({len} bytes): {reason}", path.display())]
-    Map { path: PathBuf, addr: u64, len: u64, reason: String },
+    Map {
+        path: PathBuf,
+        addr: u64,
+        len: u64,
+        reason: String,
+    },
 }

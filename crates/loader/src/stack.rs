@@ -77,9 +77,20 @@ impl StackWriter {
 ///
 /// # Errors
 /// [`LoadError::Map`] if the stack cannot be mapped, or the strings do not fit in it.
-pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: &str) -> Result<GuestStack, LoadError> {
-    let map_err = |reason: String| LoadError::Map { path: image.path.clone(), addr: 0, len: STACK_SIZE, reason };
-    let strings: usize = argv.iter().chain(envp).map(|s| s.len() + 1).sum::<usize>() + execfn.len() + 64;
+pub fn build_stack(
+    image: &Image,
+    argv: &[OsString],
+    envp: &[OsString],
+    execfn: &str,
+) -> Result<GuestStack, LoadError> {
+    let map_err = |reason: String| LoadError::Map {
+        path: image.path.clone(),
+        addr: 0,
+        len: STACK_SIZE,
+        reason,
+    };
+    let strings: usize =
+        argv.iter().chain(envp).map(|s| s.len() + 1).sum::<usize>() + execfn.len() + 64;
     if strings as u64 > STACK_SIZE / 4 {
         return Err(map_err("argument list too long".into()));
     }
@@ -99,14 +110,31 @@ pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: 
     }
     let base = guard as u64 + STACK_GUARD;
     // SAFETY: the stack part of the mapping just made.
-    if unsafe { libc::mprotect(base as *mut c_void, STACK_SIZE as usize, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+    if unsafe {
+        libc::mprotect(
+            base as *mut c_void,
+            STACK_SIZE as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    } != 0
+    {
         return Err(map_err(std::io::Error::last_os_error().to_string()));
     }
-    let mut w = StackWriter { sp: base + STACK_SIZE - 8 };
+    let mut w = StackWriter {
+        sp: base + STACK_SIZE - 8,
+    };
     let execfn_addr = w.push_cstr(execfn.as_bytes());
-    let mut env_addrs: Vec<u64> = envp.iter().rev().map(|s| w.push_cstr(s.as_encoded_bytes())).collect();
+    let mut env_addrs: Vec<u64> = envp
+        .iter()
+        .rev()
+        .map(|s| w.push_cstr(s.as_encoded_bytes()))
+        .collect();
     env_addrs.reverse();
-    let mut arg_addrs: Vec<u64> = argv.iter().rev().map(|s| w.push_cstr(s.as_encoded_bytes())).collect();
+    let mut arg_addrs: Vec<u64> = argv
+        .iter()
+        .rev()
+        .map(|s| w.push_cstr(s.as_encoded_bytes()))
+        .collect();
     arg_addrs.reverse();
     let platform = w.push_cstr(b"x86_64");
     let mut random = [0u8; 16];
@@ -120,7 +148,14 @@ pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: 
 
     // SAFETY: getauxval and the id getters have no preconditions.
     let host = |key: u64| unsafe { libc::getauxval(key) };
-    let (uid, euid, gid, egid) = unsafe { (libc::getuid(), libc::geteuid(), libc::getgid(), libc::getegid()) };
+    let (uid, euid, gid, egid) = unsafe {
+        (
+            libc::getuid(),
+            libc::geteuid(),
+            libc::getgid(),
+            libc::getegid(),
+        )
+    };
     // In the kernel's order (create_elf_tables), without AT_SYSINFO_EHDR: hotpath offers no
     // vDSO (its code would run translated, out of reach of the code cache's RIP-relative
     // addressing), so glibc makes real system calls for the time functions.
@@ -177,5 +212,9 @@ pub fn build_stack(image: &Image, argv: &[OsString], envp: &[OsString], execfn: 
         unsafe { (rsp as *mut u64).write(word) };
         rsp += 8;
     }
-    Ok(GuestStack { base, size: STACK_SIZE, rsp: start })
+    Ok(GuestStack {
+        base,
+        size: STACK_SIZE,
+        rsp: start,
+    })
 }

@@ -98,7 +98,11 @@ fn walk(g: &Cfg, biased: bool) -> Vec<EdgeId> {
     while at != g.exit() {
         let succs = g.succs(at);
         let e = if w.len() < WALK_EDGES {
-            let stay: Vec<EdgeId> = succs.iter().copied().filter(|&e| g.dst(e) != g.exit()).collect();
+            let stay: Vec<EdgeId> = succs
+                .iter()
+                .copied()
+                .filter(|&e| g.dst(e) != g.exit())
+                .collect();
             let pool = if stay.is_empty() { succs } else { &stay[..] };
             let preferred = (at.0 as usize).wrapping_mul(2_654_435_761) % pool.len();
             if biased && rng.below(BIAS_ODDS) != 0 {
@@ -107,7 +111,10 @@ fn walk(g: &Cfg, biased: bool) -> Vec<EdgeId> {
                 pool[rng.below(pool.len() as u64) as usize]
             }
         } else {
-            *succs.iter().min_by_key(|&&e| dist[g.dst(e).index()]).unwrap()
+            *succs
+                .iter()
+                .min_by_key(|&&e| dist[g.dst(e).index()])
+                .unwrap()
         };
         w.push(e);
         at = g.dst(e);
@@ -156,21 +163,49 @@ fn workload() -> Workload {
     let g = routine();
     let walk = walk(&g, true);
     let bl = BallLarus::number(&g).unwrap();
-    let pap64 = Pap::new(&g, PapConfig { word_bits: 64, epp_regions: true }).unwrap();
-    let pap16 = Pap::new(&g, PapConfig { word_bits: 16, epp_regions: true }).unwrap();
+    let pap64 = Pap::new(
+        &g,
+        PapConfig {
+            word_bits: 64,
+            epp_regions: true,
+        },
+    )
+    .unwrap();
+    let pap16 = Pap::new(
+        &g,
+        PapConfig {
+            word_bits: 16,
+            epp_regions: true,
+        },
+    )
+    .unwrap();
     let ids = bl.encode_walk(&walk).unwrap();
     let uniform_walk = self::walk(&g, false);
     let uniform_ids = bl.encode_walk(&uniform_walk).unwrap();
-    Workload { walk, bl, pap64, pap16, ids, uniform_walk, uniform_ids }
+    Workload {
+        walk,
+        bl,
+        pap64,
+        pap16,
+        ids,
+        uniform_walk,
+        uniform_ids,
+    }
 }
 
 fn benches(c: &mut Criterion, w: &Workload) {
     let edges = w.walk.len() as u64;
     let mut g = c.benchmark_group("encode");
     g.throughput(Throughput::Elements(edges));
-    g.bench_function("ball_larus", |b| b.iter(|| bl_encode(&w.bl, black_box(&w.walk))));
-    g.bench_function("pap_64bit", |b| b.iter(|| pap_encode(&w.pap64, black_box(&w.walk))));
-    g.bench_function("pap_16bit", |b| b.iter(|| pap_encode(&w.pap16, black_box(&w.walk))));
+    g.bench_function("ball_larus", |b| {
+        b.iter(|| bl_encode(&w.bl, black_box(&w.walk)))
+    });
+    g.bench_function("pap_64bit", |b| {
+        b.iter(|| pap_encode(&w.pap64, black_box(&w.walk)))
+    });
+    g.bench_function("pap_16bit", |b| {
+        b.iter(|| pap_encode(&w.pap16, black_box(&w.walk)))
+    });
     g.finish();
     let mut g = c.benchmark_group("kslab");
     g.throughput(Throughput::Elements(w.ids.len() as u64));
@@ -183,8 +218,12 @@ fn benches(c: &mut Criterion, w: &Workload) {
     let mut g = c.benchmark_group("renumber");
     let mut bl = BallLarus::number(&large).unwrap();
     g.throughput(Throughput::Elements(large.edge_count() as u64));
-    g.bench_function("large_plain", |b| b.iter(|| bl.renumber(black_box(&large), None).unwrap()));
-    g.bench_function("large_weighted", |b| b.iter(|| bl.renumber(black_box(&large), Some(&weights)).unwrap()));
+    g.bench_function("large_plain", |b| {
+        b.iter(|| bl.renumber(black_box(&large), None).unwrap())
+    });
+    g.bench_function("large_weighted", |b| {
+        b.iter(|| bl.renumber(black_box(&large), Some(&weights)).unwrap())
+    });
     g.finish();
     let mut g = c.benchmark_group("kslab_uniform");
     g.throughput(Throughput::Elements(w.uniform_ids.len() as u64));
@@ -226,20 +265,33 @@ fn summary(w: &Workload) {
     let rate = median_rate(n, || {
         black_box(bl_encode(&w.bl, &w.walk));
     });
-    println!("  Ball-Larus encoding:        {:>8.1} M edges/s (median of {SUMMARY_RUNS})", rate / 1e6);
+    println!(
+        "  Ball-Larus encoding:        {:>8.1} M edges/s (median of {SUMMARY_RUNS})",
+        rate / 1e6
+    );
     let rate = median_rate(n, || {
         black_box(pap_encode(&w.pap64, &w.walk));
     });
-    println!("  PAP encoding, 64-bit word:  {:>8.1} M edges/s", rate / 1e6);
+    println!(
+        "  PAP encoding, 64-bit word:  {:>8.1} M edges/s",
+        rate / 1e6
+    );
     let rate = median_rate(n, || {
         black_box(pap_encode(&w.pap16, &w.walk));
     });
-    println!("  PAP encoding, 16-bit word:  {:>8.1} M edges/s", rate / 1e6);
+    println!(
+        "  PAP encoding, 16-bit word:  {:>8.1} M edges/s",
+        rate / 1e6
+    );
     for k in [2usize, 8] {
         let rate = median_rate(w.ids.len(), || {
             black_box(kslab(k, &w.ids));
         });
-        println!("  k-slab forest, k = {k}:      {:>8.1} M items/s ({} nodes)", rate / 1e6, kslab(k, &w.ids));
+        println!(
+            "  k-slab forest, k = {k}:      {:>8.1} M items/s ({} nodes)",
+            rate / 1e6,
+            kslab(k, &w.ids)
+        );
     }
     let large = large_routine();
     let mut bl = BallLarus::number(&large).unwrap();

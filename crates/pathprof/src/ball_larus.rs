@@ -101,7 +101,12 @@ pub struct BlPath {
 
 impl Default for BlPath {
     fn default() -> Self {
-        BlPath { start: PathStart::Entry, end: PathEnd::Exit, blocks: Vec::new(), edges: Vec::new() }
+        BlPath {
+            start: PathStart::Entry,
+            end: PathEnd::Exit,
+            blocks: Vec::new(),
+            edges: Vec::new(),
+        }
     }
 }
 
@@ -176,7 +181,10 @@ impl BallLarus {
     pub fn renumber(&mut self, cfg: &Cfg, weights: Option<&[u64]>) -> Result<()> {
         if let Some(w) = weights {
             if w.len() != cfg.edge_count() as usize {
-                return Err(Error::WeightCountMismatch { expected: cfg.edge_count() as usize, got: w.len() });
+                return Err(Error::WeightCountMismatch {
+                    expected: cfg.edge_count() as usize,
+                    got: w.len(),
+                });
             }
         }
         self.dag.rebuild(cfg)?;
@@ -184,9 +192,12 @@ impl BallLarus {
             None => self.tree.first_out_edges(&self.dag),
             Some(w) => {
                 self.dag_weight.clear();
-                self.dag_weight.extend(self.dag.kind.iter().map(|k| match *k {
-                    DagEdge::Real(e) | DagEdge::BackEntry(e) | DagEdge::BackExit(e) => w[e.index()],
-                }));
+                self.dag_weight
+                    .extend(self.dag.kind.iter().map(|k| match *k {
+                        DagEdge::Real(e) | DagEdge::BackEntry(e) | DagEdge::BackExit(e) => {
+                            w[e.index()]
+                        }
+                    }));
                 let virt = self
                     .dag
                     .out_range(self.dag.entry)
@@ -201,7 +212,10 @@ impl BallLarus {
                 self.inc.clone_from(&self.dag.val);
                 0
             }
-            Some(_) => self.tree.increments(&self.dag, &self.dag.val, &mut self.inc, &mut self.scratch),
+            Some(_) => {
+                self.tree
+                    .increments(&self.dag, &self.dag.val, &mut self.inc, &mut self.scratch)
+            }
         };
 
         self.cfg_src.clear();
@@ -230,11 +244,23 @@ impl BallLarus {
             let add = inc[d as usize];
             let back = dag.entry_dummy[e];
             if back != NONE {
-                EdgeProbe { add, restart: start.wrapping_add(inc[back as usize]), ends_path: true }
+                EdgeProbe {
+                    add,
+                    restart: start.wrapping_add(inc[back as usize]),
+                    ends_path: true,
+                }
             } else if self.cfg_dst[e] == dag.exit {
-                EdgeProbe { add, restart: start, ends_path: true }
+                EdgeProbe {
+                    add,
+                    restart: start,
+                    ends_path: true,
+                }
             } else {
-                EdgeProbe { add, restart: 0, ends_path: false }
+                EdgeProbe {
+                    add,
+                    restart: 0,
+                    ends_path: false,
+                }
             }
         }));
     }
@@ -322,7 +348,11 @@ impl BallLarus {
 
     /// A walker over this numbering, at routine entry.
     pub fn tracer(&self) -> BlTracer<'_> {
-        BlTracer { probes: &self.probes, start: self.start, r: self.start }
+        BlTracer {
+            probes: &self.probes,
+            start: self.start,
+            r: self.start,
+        }
     }
 
     /// The ids of the paths of one routine invocation, given as its walk of
@@ -360,7 +390,10 @@ impl BallLarus {
     pub fn encode_path(&self, path: &BlPath) -> Result<PathId> {
         let check = |e: EdgeId| -> Result<()> {
             if e.index() >= self.probes.len() {
-                return Err(Error::NoSuchEdge { edge: e, edge_count: self.probes.len() as u32 });
+                return Err(Error::NoSuchEdge {
+                    edge: e,
+                    edge_count: self.probes.len() as u32,
+                });
             }
             if self.dag.of_cfg[e.index()] == NONE {
                 return Err(Error::UnreachableEdge { edge: e });
@@ -384,23 +417,41 @@ impl BallLarus {
         for (step, &e) in path.edges.iter().enumerate() {
             check(e)?;
             if self.dag.entry_dummy[e.index()] != NONE {
-                return Err(Error::DiscontinuousWalk { step, edge: e, edge_src: self.cfg_src[e.index()], at });
+                return Err(Error::DiscontinuousWalk {
+                    step,
+                    edge: e,
+                    edge_src: self.cfg_src[e.index()],
+                    at,
+                });
             }
             let s = self.cfg_src[e.index()];
             if s != at {
-                return Err(Error::DiscontinuousWalk { step, edge: e, edge_src: s, at });
+                return Err(Error::DiscontinuousWalk {
+                    step,
+                    edge: e,
+                    edge_src: s,
+                    at,
+                });
             }
             r = r.wrapping_add(self.probes[e.index()].add);
             at = self.cfg_dst[e.index()];
         }
         match path.end {
             PathEnd::Exit if at == self.dag.exit => Ok(PathId(r)),
-            PathEnd::Exit => Err(Error::WalkEndsAwayFromExit { at, exit: self.dag.exit }),
+            PathEnd::Exit => Err(Error::WalkEndsAwayFromExit {
+                at,
+                exit: self.dag.exit,
+            }),
             PathEnd::BackEdge(b) => {
                 back(b)?;
                 let s = self.cfg_src[b.index()];
                 if s != at {
-                    return Err(Error::DiscontinuousWalk { step: path.edges.len(), edge: b, edge_src: s, at });
+                    return Err(Error::DiscontinuousWalk {
+                        step: path.edges.len(),
+                        edge: b,
+                        edge_src: s,
+                        at,
+                    });
                 }
                 Ok(PathId(r.wrapping_add(self.probes[b.index()].add)))
             }
@@ -411,19 +462,30 @@ impl BallLarus {
         let mut at = self.dag.entry;
         for (step, &e) in walk.iter().enumerate() {
             if e.index() >= self.probes.len() {
-                return Err(Error::NoSuchEdge { edge: e, edge_count: self.probes.len() as u32 });
+                return Err(Error::NoSuchEdge {
+                    edge: e,
+                    edge_count: self.probes.len() as u32,
+                });
             }
             if self.dag.of_cfg[e.index()] == NONE {
                 return Err(Error::UnreachableEdge { edge: e });
             }
             let s = self.cfg_src[e.index()];
             if s != at {
-                return Err(Error::DiscontinuousWalk { step, edge: e, edge_src: s, at });
+                return Err(Error::DiscontinuousWalk {
+                    step,
+                    edge: e,
+                    edge_src: s,
+                    at,
+                });
             }
             at = self.cfg_dst[e.index()];
         }
         if at != self.dag.exit {
-            return Err(Error::WalkEndsAwayFromExit { at, exit: self.dag.exit });
+            return Err(Error::WalkEndsAwayFromExit {
+                at,
+                exit: self.dag.exit,
+            });
         }
         Ok(())
     }
@@ -529,8 +591,22 @@ mod tests {
 
     /// The lecture's four-path example: 1 -> {2, 3} -> 4 -> {5, 6} -> 7.
     fn lecture_diamonds() -> Cfg {
-        Cfg::from_edges(8, NodeId(1), NodeId(7), &[(1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (4, 6), (5, 7), (6, 7)])
-            .unwrap()
+        Cfg::from_edges(
+            8,
+            NodeId(1),
+            NodeId(7),
+            &[
+                (1, 2),
+                (1, 3),
+                (2, 4),
+                (3, 4),
+                (4, 5),
+                (4, 6),
+                (5, 7),
+                (6, 7),
+            ],
+        )
+        .unwrap()
     }
 
     #[test]
@@ -544,12 +620,26 @@ mod tests {
         assert_eq!(bl.probe(EdgeId(5)).add, 1);
         assert_eq!(bl.increment_edge_count(), 2);
         let p = |nodes: &[u32]| -> Vec<EdgeId> {
-            nodes.windows(2).map(|w| g.find_edge(NodeId(w[0]), NodeId(w[1])).unwrap()).collect()
+            nodes
+                .windows(2)
+                .map(|w| g.find_edge(NodeId(w[0]), NodeId(w[1])).unwrap())
+                .collect()
         };
-        for (id, nodes) in [[1, 2, 4, 5, 7], [1, 2, 4, 6, 7], [1, 3, 4, 5, 7], [1, 3, 4, 6, 7]].iter().enumerate() {
+        for (id, nodes) in [
+            [1, 2, 4, 5, 7],
+            [1, 2, 4, 6, 7],
+            [1, 3, 4, 5, 7],
+            [1, 3, 4, 6, 7],
+        ]
+        .iter()
+        .enumerate()
+        {
             assert_eq!(bl.encode_walk(&p(nodes)).unwrap(), vec![PathId(id as u64)]);
             let path = bl.regenerate(PathId(id as u64)).unwrap();
-            assert_eq!(path.blocks, nodes.iter().map(|&n| NodeId(n)).collect::<Vec<_>>());
+            assert_eq!(
+                path.blocks,
+                nodes.iter().map(|&n| NodeId(n)).collect::<Vec<_>>()
+            );
         }
     }
 
@@ -558,7 +648,10 @@ mod tests {
         let bl = BallLarus::number(&lecture_diamonds()).unwrap();
         assert_eq!(
             bl.regenerate(PathId(4)).unwrap_err(),
-            Error::PathIdOutOfRange { id: PathId(4), num_paths: 4 }
+            Error::PathIdOutOfRange {
+                id: PathId(4),
+                num_paths: 4
+            }
         );
     }
 
@@ -571,7 +664,10 @@ mod tests {
             edges.extend([(a, b), (a, c), (b, d), (c, d)]);
         }
         let g = Cfg::from_edges(3 * 65 + 1, NodeId(0), NodeId(3 * 65), &edges).unwrap();
-        assert!(matches!(BallLarus::number(&g), Err(Error::PathCountOverflow { .. })));
+        assert!(matches!(
+            BallLarus::number(&g),
+            Err(Error::PathCountOverflow { .. })
+        ));
         // 63 diamonds fit.
         let g = Cfg::from_edges(3 * 63 + 1, NodeId(0), NodeId(3 * 63), &edges[..4 * 63]).unwrap();
         assert_eq!(BallLarus::number(&g).unwrap().num_paths(), 1 << 63);
@@ -580,12 +676,21 @@ mod tests {
     #[test]
     fn loop_paths_are_cut_at_the_back_edge() {
         // 0 -> 1 -> 2 -> 1 (back), 2 -> 3.
-        let g = Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (1, 2), (2, 1), (2, 3)]).unwrap();
+        let g =
+            Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (1, 2), (2, 1), (2, 3)]).unwrap();
         let bl = BallLarus::number(&g).unwrap();
         assert!(bl.is_back_edge(EdgeId(2)));
         // Paths: 0-1-2-3, 0-1-2(back), [1]-2-3, [1]-2(back).
         assert_eq!(bl.num_paths(), 4);
-        let walk = [EdgeId(0), EdgeId(1), EdgeId(2), EdgeId(1), EdgeId(2), EdgeId(1), EdgeId(3)];
+        let walk = [
+            EdgeId(0),
+            EdgeId(1),
+            EdgeId(2),
+            EdgeId(1),
+            EdgeId(2),
+            EdgeId(1),
+            EdgeId(3),
+        ];
         let ids = bl.encode_walk(&walk).unwrap();
         assert_eq!(ids.len(), 3);
         let mut back = Vec::new();
@@ -616,19 +721,42 @@ mod tests {
             assert!(tree.in_spanning_tree(e));
             assert_eq!(tree.probe(e).add, 0);
         }
-        let walk: Vec<EdgeId> =
-            [0, 1, 3, 5, 2, 4, 5, 1, 3, 6].iter().map(|&e| EdgeId(e)).collect();
-        assert_eq!(plain.encode_walk(&walk).unwrap(), tree.encode_walk(&walk).unwrap());
+        let walk: Vec<EdgeId> = [0, 1, 3, 5, 2, 4, 5, 1, 3, 6]
+            .iter()
+            .map(|&e| EdgeId(e))
+            .collect();
+        assert_eq!(
+            plain.encode_walk(&walk).unwrap(),
+            tree.encode_walk(&walk).unwrap()
+        );
     }
 
     #[test]
     fn bad_shapes_are_rejected() {
         let g = Cfg::from_edges(3, NodeId(0), NodeId(2), &[(0, 1), (1, 0), (1, 2)]).unwrap();
-        assert_eq!(BallLarus::number(&g).unwrap_err(), Error::EntryHasPredecessor { entry: NodeId(0), edge: EdgeId(1) });
+        assert_eq!(
+            BallLarus::number(&g).unwrap_err(),
+            Error::EntryHasPredecessor {
+                entry: NodeId(0),
+                edge: EdgeId(1)
+            }
+        );
         let g = Cfg::from_edges(3, NodeId(0), NodeId(2), &[(0, 1), (0, 2)]).unwrap();
-        assert_eq!(BallLarus::number(&g).unwrap_err(), Error::DeadEnd { node: NodeId(1), exit: NodeId(2) });
+        assert_eq!(
+            BallLarus::number(&g).unwrap_err(),
+            Error::DeadEnd {
+                node: NodeId(1),
+                exit: NodeId(2)
+            }
+        );
         let g = Cfg::from_edges(3, NodeId(0), NodeId(1), &[(0, 1), (1, 2)]).unwrap();
-        assert_eq!(BallLarus::number(&g).unwrap_err(), Error::ExitHasSuccessor { exit: NodeId(1), edge: EdgeId(1) });
+        assert_eq!(
+            BallLarus::number(&g).unwrap_err(),
+            Error::ExitHasSuccessor {
+                exit: NodeId(1),
+                edge: EdgeId(1)
+            }
+        );
     }
 
     #[test]

@@ -58,7 +58,10 @@ impl Cfg {
     /// [`Error::TooManyIds`] if `node_count` exceeds `u32::MAX - 1`.
     pub fn new(node_count: u32, entry: NodeId, exit: NodeId) -> Result<Cfg> {
         if node_count > MAX_IDS {
-            return Err(Error::TooManyIds { what: "nodes", limit: MAX_IDS });
+            return Err(Error::TooManyIds {
+                what: "nodes",
+                limit: MAX_IDS,
+            });
         }
         let n = node_count as usize;
         let cfg = Cfg {
@@ -80,7 +83,12 @@ impl Cfg {
     /// # Errors
     ///
     /// As [`Cfg::new`] and [`Cfg::add_edge`].
-    pub fn from_edges(node_count: u32, entry: NodeId, exit: NodeId, edges: &[(u32, u32)]) -> Result<Cfg> {
+    pub fn from_edges(
+        node_count: u32,
+        entry: NodeId,
+        exit: NodeId,
+        edges: &[(u32, u32)],
+    ) -> Result<Cfg> {
         let mut cfg = Cfg::new(node_count, entry, exit)?;
         for &(s, d) in edges {
             cfg.add_edge(NodeId(s), NodeId(d))?;
@@ -94,7 +102,10 @@ impl Cfg {
     ///
     /// If the graph already has `u32::MAX - 1` nodes.
     pub fn add_node(&mut self) -> NodeId {
-        let id = u32::try_from(self.succs.len()).ok().filter(|&n| n < MAX_IDS).expect("Cfg node ids exhausted (u32)");
+        let id = u32::try_from(self.succs.len())
+            .ok()
+            .filter(|&n| n < MAX_IDS)
+            .expect("Cfg node ids exhausted (u32)");
         self.succs.push(Vec::new());
         self.preds.push(Vec::new());
         NodeId(id)
@@ -113,7 +124,10 @@ impl Cfg {
         let id = u32::try_from(self.src.len())
             .ok()
             .filter(|&n| n < MAX_IDS)
-            .ok_or(Error::TooManyIds { what: "edges", limit: MAX_IDS })?;
+            .ok_or(Error::TooManyIds {
+                what: "edges",
+                limit: MAX_IDS,
+            })?;
         let e = EdgeId(id);
         self.src.push(src);
         self.dst.push(dst);
@@ -220,7 +234,11 @@ impl Cfg {
 
     /// The first edge `src -> dst` in insertion order, if any.
     pub fn find_edge(&self, src: NodeId, dst: NodeId) -> Option<EdgeId> {
-        self.succs.get(src.index())?.iter().copied().find(|&e| self.dst(e) == dst)
+        self.succs
+            .get(src.index())?
+            .iter()
+            .copied()
+            .find(|&e| self.dst(e) == dst)
     }
 
     /// The edges that close a cycle in a depth-first search from the entry
@@ -263,14 +281,18 @@ impl Cfg {
     pub fn normalize(&mut self) -> Normalization {
         let mut norm = Normalization::default();
         let n = self.node_count();
-        let roots: Vec<NodeId> =
-            (0..n).map(NodeId).filter(|&v| v != self.entry && self.preds(v).is_empty()).collect();
+        let roots: Vec<NodeId> = (0..n)
+            .map(NodeId)
+            .filter(|&v| v != self.entry && self.preds(v).is_empty())
+            .collect();
         if !self.preds(self.entry).is_empty() || !roots.is_empty() {
             let old = self.entry;
             let fresh = self.add_node();
-            norm.added_edges.push(self.add_edge(fresh, old).expect("nodes exist"));
+            norm.added_edges
+                .push(self.add_edge(fresh, old).expect("nodes exist"));
             for r in roots {
-                norm.added_edges.push(self.add_edge(fresh, r).expect("nodes exist"));
+                norm.added_edges
+                    .push(self.add_edge(fresh, r).expect("nodes exist"));
             }
             self.entry = fresh;
             norm.new_entry = Some(fresh);
@@ -289,14 +311,18 @@ impl Cfg {
             }
         }
 
-        let sinks: Vec<NodeId> =
-            self.nodes().filter(|&v| v != self.exit && self.succs(v).is_empty()).collect();
+        let sinks: Vec<NodeId> = self
+            .nodes()
+            .filter(|&v| v != self.exit && self.succs(v).is_empty())
+            .collect();
         if !self.succs(self.exit).is_empty() || !sinks.is_empty() {
             let old = self.exit;
             let fresh = self.add_node();
-            norm.added_edges.push(self.add_edge(old, fresh).expect("nodes exist"));
+            norm.added_edges
+                .push(self.add_edge(old, fresh).expect("nodes exist"));
             for s in sinks {
-                norm.added_edges.push(self.add_edge(s, fresh).expect("nodes exist"));
+                norm.added_edges
+                    .push(self.add_edge(s, fresh).expect("nodes exist"));
             }
             self.exit = fresh;
             norm.new_exit = Some(fresh);
@@ -320,7 +346,10 @@ impl Cfg {
 
     pub(crate) fn check_node(&self, node: NodeId) -> Result<()> {
         if node.0 == NONE || node.index() >= self.succs.len() {
-            return Err(Error::NoSuchNode { node, node_count: self.node_count() });
+            return Err(Error::NoSuchNode {
+                node,
+                node_count: self.node_count(),
+            });
         }
         Ok(())
     }
@@ -345,10 +374,16 @@ mod tests {
     fn unknown_nodes_are_errors() {
         assert_eq!(
             Cfg::new(2, NodeId(0), NodeId(2)).unwrap_err(),
-            Error::NoSuchNode { node: NodeId(2), node_count: 2 }
+            Error::NoSuchNode {
+                node: NodeId(2),
+                node_count: 2
+            }
         );
         let mut g = Cfg::new(2, NodeId(0), NodeId(1)).unwrap();
-        assert!(matches!(g.add_edge(NodeId(0), NodeId(7)), Err(Error::NoSuchNode { .. })));
+        assert!(matches!(
+            g.add_edge(NodeId(0), NodeId(7)),
+            Err(Error::NoSuchNode { .. })
+        ));
     }
 
     #[test]
@@ -361,7 +396,13 @@ mod tests {
     #[test]
     fn two_entry_loop_is_irreducible() {
         // 0 -> 1, 0 -> 2, 1 <-> 2, 2 -> 3: the loop {1, 2} has two entries.
-        let g = Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (0, 2), (1, 2), (2, 1), (2, 3)]).unwrap();
+        let g = Cfg::from_edges(
+            4,
+            NodeId(0),
+            NodeId(3),
+            &[(0, 1), (0, 2), (1, 2), (2, 1), (2, 3)],
+        )
+        .unwrap();
         assert!(!g.is_reducible());
         assert_eq!(g.back_edges().len(), 1);
     }
@@ -370,9 +411,13 @@ mod tests {
     fn normalize_adds_unified_entry_and_exit() {
         // Node 0 is the entry but is also a loop target; nodes 2 and 3 are sinks;
         // node 4 has no predecessors; nodes 5 <-> 6 form a cycle nothing enters.
-        let mut g =
-            Cfg::from_edges(7, NodeId(0), NodeId(3), &[(0, 1), (1, 0), (1, 2), (1, 3), (4, 3), (5, 6), (6, 5)])
-                .unwrap();
+        let mut g = Cfg::from_edges(
+            7,
+            NodeId(0),
+            NodeId(3),
+            &[(0, 1), (1, 0), (1, 2), (1, 3), (4, 3), (5, 6), (6, 5)],
+        )
+        .unwrap();
         let norm = g.normalize();
         let entry = norm.new_entry.unwrap();
         let exit = norm.new_exit.unwrap();

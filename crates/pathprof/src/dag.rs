@@ -169,13 +169,20 @@ impl Dag {
 pub(crate) fn check_sese(cfg: &Cfg, dfs: &Dfs) -> Result<()> {
     let (entry, exit) = (cfg.entry(), cfg.exit());
     let reach = &dfs.reachable;
-    if let Some(&e) = cfg.preds(entry).iter().find(|&&e| reach[cfg.src(e).index()]) {
+    if let Some(&e) = cfg
+        .preds(entry)
+        .iter()
+        .find(|&&e| reach[cfg.src(e).index()])
+    {
         return Err(Error::EntryHasPredecessor { entry, edge: e });
     }
     if let Some(&e) = cfg.succs(exit).first() {
         return Err(Error::ExitHasSuccessor { exit, edge: e });
     }
-    if let Some(node) = cfg.nodes().find(|&v| reach[v.index()] && v != exit && cfg.succs(v).is_empty()) {
+    if let Some(node) = cfg
+        .nodes()
+        .find(|&v| reach[v.index()] && v != exit && cfg.succs(v).is_empty())
+    {
         return Err(Error::DeadEnd { node, exit });
     }
     Ok(())

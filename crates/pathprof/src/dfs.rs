@@ -67,7 +67,8 @@ impl Dfs {
             }
         }
         self.reachable.clear();
-        self.reachable.extend(self.state.iter().map(|&s| s == BLACK));
+        self.reachable
+            .extend(self.state.iter().map(|&s| s == BLACK));
     }
 
     /// Reachable nodes in a topological order of the graph without back
@@ -87,7 +88,8 @@ mod tests {
 
     #[test]
     fn diamond_has_no_back_edges_and_a_topological_order() {
-        let g = Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (0, 2), (1, 3), (2, 3)]).unwrap();
+        let g =
+            Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (0, 2), (1, 3), (2, 3)]).unwrap();
         let dfs = Dfs::run(&g);
         assert!(dfs.is_back.iter().all(|&b| !b));
         let mut topo = Vec::new();

@@ -100,7 +100,11 @@ impl DomTree {
                     if idom[p.index()] == NONE {
                         continue;
                     }
-                    new = if new == NONE { p.0 } else { intersect(&idom, &po, p.0, new) };
+                    new = if new == NONE {
+                        p.0
+                    } else {
+                        intersect(&idom, &po, p.0, new)
+                    };
                 }
                 if new != NONE && idom[v.index()] != new {
                     idom[v.index()] = new;
@@ -157,7 +161,13 @@ mod tests {
     #[test]
     fn diamond_dominators_and_postdominators() {
         // 0 -> 1 -> 3, 0 -> 2 -> 3, 3 -> 4
-        let g = Cfg::from_edges(5, NodeId(0), NodeId(4), &[(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)]).unwrap();
+        let g = Cfg::from_edges(
+            5,
+            NodeId(0),
+            NodeId(4),
+            &[(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)],
+        )
+        .unwrap();
         let dom = DomTree::forward(&g);
         assert_eq!(dom.idom(NodeId(3)), Some(NodeId(0)));
         assert!(dom.dominates(NodeId(0), NodeId(4)));
@@ -170,7 +180,8 @@ mod tests {
 
     #[test]
     fn loop_header_dominates_its_body() {
-        let g = Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (1, 2), (2, 1), (1, 3)]).unwrap();
+        let g =
+            Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (1, 2), (2, 1), (1, 3)]).unwrap();
         let dom = DomTree::forward(&g);
         assert!(dom.dominates(NodeId(1), NodeId(2)));
         assert_eq!(dom.idom(NodeId(2)), Some(NodeId(1)));

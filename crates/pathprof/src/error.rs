@@ -141,7 +141,9 @@ pub enum Error {
 
     /// The PAP word cannot hold the in-edge index of a merge node, so even a
     /// freshly reset probe value would overflow.
-    #[error("a {bits}-bit PAP word cannot hold remainder {remainder} of node {node} (fan-in {fan_in})")]
+    #[error(
+        "a {bits}-bit PAP word cannot hold remainder {remainder} of node {node} (fan-in {fan_in})"
+    )]
     WordTooNarrow {
         /// The word width.
         bits: u32,

@@ -130,7 +130,10 @@ impl KIterationForest {
     /// # Panics
     ///
     /// If `n` is not a node of this forest.
-    pub fn children(&self, n: IpfNode) -> impl DoubleEndedIterator<Item = IpfNode> + ExactSizeIterator {
+    pub fn children(
+        &self,
+        n: IpfNode,
+    ) -> impl DoubleEndedIterator<Item = IpfNode> + ExactSizeIterator {
         (self.child_start[n.0 as usize]..self.child_start[n.0 as usize + 1]).map(IpfNode)
     }
 
@@ -190,7 +193,11 @@ impl KIterationForest {
     /// The `top` most frequent sequences of exactly `len` paths, most
     /// frequent first (ties by sequence).
     pub fn hottest(&self, len: usize, top: usize) -> Vec<(Vec<PathId>, u64)> {
-        let mut all: Vec<_> = self.sequences().into_iter().filter(|(s, _)| s.len() == len).collect();
+        let mut all: Vec<_> = self
+            .sequences()
+            .into_iter()
+            .filter(|(s, _)| s.len() == len)
+            .collect();
         all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         all.truncate(top);
         all
@@ -199,8 +206,8 @@ impl KIterationForest {
 
 #[cfg(test)]
 mod tests {
-    use crate::kslab::{KSlabForest, StreamItem};
     use crate::ids::PathId;
+    use crate::kslab::{KSlabForest, StreamItem};
 
     #[test]
     fn counts_every_run_up_to_k() {
@@ -221,7 +228,11 @@ mod tests {
     #[test]
     fn markers_separate_invocations() {
         let mut f = KSlabForest::new(3).unwrap();
-        f.extend([StreamItem::Path(PathId(5)), StreamItem::RoutineEntry, StreamItem::Path(PathId(6))]);
+        f.extend([
+            StreamItem::Path(PathId(5)),
+            StreamItem::RoutineEntry,
+            StreamItem::Path(PathId(6)),
+        ]);
         let ipf = f.to_ipf();
         assert_eq!(ipf.count(&[PathId(5), PathId(6)]), 0);
         assert_eq!(ipf.count(&[PathId(6)]), 1);

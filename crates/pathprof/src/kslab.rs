@@ -214,7 +214,8 @@ impl KSlabForest {
             // The node just became wide: index all its children.
             let kids: Vec<u32> = self.children(parent).collect();
             for kid in kids {
-                self.wide.insert((parent, self.nodes[kid as usize].label), kid);
+                self.wide
+                    .insert((parent, self.nodes[kid as usize].label), kid);
             }
         }
         n
@@ -232,8 +233,17 @@ impl KSlabForest {
     }
 
     fn new_node(&mut self, label: PathId) -> u32 {
-        let id = u32::try_from(self.nodes.len()).ok().filter(|&n| n < NONE).expect("k-slab forest node ids exhausted (u32)");
-        self.nodes.push(SlabNode { label, count: 0, first_child: NONE, next_sibling: NONE, degree: 0 });
+        let id = u32::try_from(self.nodes.len())
+            .ok()
+            .filter(|&n| n < NONE)
+            .expect("k-slab forest node ids exhausted (u32)");
+        self.nodes.push(SlabNode {
+            label,
+            count: 0,
+            first_child: NONE,
+            next_sibling: NONE,
+            degree: 0,
+        });
         id
     }
 
@@ -256,7 +266,15 @@ mod tests {
     use super::*;
 
     fn ids(xs: &[u64]) -> Vec<StreamItem> {
-        xs.iter().map(|&x| if x == u64::MAX { StreamItem::RoutineEntry } else { StreamItem::Path(PathId(x)) }).collect()
+        xs.iter()
+            .map(|&x| {
+                if x == u64::MAX {
+                    StreamItem::RoutineEntry
+                } else {
+                    StreamItem::Path(PathId(x))
+                }
+            })
+            .collect()
     }
 
     #[test]
@@ -275,7 +293,10 @@ mod tests {
         let r1 = f.roots[&PathId(1)];
         let two: Vec<_> = f.children(r1).collect();
         assert_eq!(two.len(), 1);
-        let lower: Vec<_> = f.children(two[0]).map(|c| f.nodes[c as usize].label).collect();
+        let lower: Vec<_> = f
+            .children(two[0])
+            .map(|c| f.nodes[c as usize].label)
+            .collect();
         assert_eq!(lower, vec![PathId(3)]);
     }
 

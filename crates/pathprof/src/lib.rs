@@ -97,6 +97,9 @@ pub use error::{Error, Result};
 pub use ids::{EdgeId, NodeId, PathId};
 pub use kipf::{IpfNode, KIterationForest};
 pub use kslab::{KSlabForest, StreamItem, SCAN_LIMIT};
-pub use pap::{Breakpoint, Pap, PapConfig, PapStats, PapTrace, PapTracer, DEFAULT_WORD_BITS, INIT_AND_RECORD_PROBES};
+pub use pap::{
+    Breakpoint, Pap, PapConfig, PapStats, PapTrace, PapTracer, DEFAULT_WORD_BITS,
+    INIT_AND_RECORD_PROBES,
+};
 pub use ppp::{Ppp, PppHit, PppProfile, PppTracer};
 pub use ras::{EppRegion, REDUCTION_PROBES};

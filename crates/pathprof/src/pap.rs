@@ -69,7 +69,10 @@ pub struct PapConfig {
 
 impl Default for PapConfig {
     fn default() -> Self {
-        PapConfig { word_bits: DEFAULT_WORD_BITS, epp_regions: true }
+        PapConfig {
+            word_bits: DEFAULT_WORD_BITS,
+            epp_regions: true,
+        }
     }
 }
 
@@ -173,7 +176,11 @@ impl Pap {
         if !(1..=64).contains(&bits) {
             return Err(Error::InvalidWordBits { bits });
         }
-        let max = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let max = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
         let dfs = Dfs::run(cfg);
         check_sese(cfg, &dfs)?;
         let n = cfg.node_count() as usize;
@@ -190,7 +197,12 @@ impl Pap {
                 continue;
             }
             let first = in_edges.len();
-            in_edges.extend(cfg.preds(v).iter().copied().filter(|&e| reach[cfg.src(e).index()]));
+            in_edges.extend(
+                cfg.preds(v)
+                    .iter()
+                    .copied()
+                    .filter(|&e| reach[cfg.src(e).index()]),
+            );
             let ins = &mut in_edges[first..];
             if let Some(k) = ins.iter().position(|&e| !dfs.is_back[e.index()]) {
                 ins[..=k].rotate_right(1);
@@ -201,13 +213,21 @@ impl Pap {
             let s = ins.len() as u64;
             fan_in[v.index()] = s as u32;
             if s > 1 && s - 1 > max {
-                return Err(Error::WordTooNarrow { bits, node: v, fan_in: s, remainder: s - 1 });
+                return Err(Error::WordTooNarrow {
+                    bits,
+                    node: v,
+                    fan_in: s,
+                    remainder: s - 1,
+                });
             }
         }
         in_start.push(in_edges.len() as u32);
 
-        let regions: Vec<Region> =
-            if config.epp_regions { ras::find(cfg, &dfs, &fan_in, max) } else { Vec::new() };
+        let regions: Vec<Region> = if config.epp_regions {
+            ras::find(cfg, &dfs, &fan_in, max)
+        } else {
+            Vec::new()
+        };
         let mut head_of = vec![NONE; n];
         let mut tail_of = vec![NONE; n];
         let mut inner_val = vec![None; cfg.edge_count() as usize];
@@ -228,7 +248,13 @@ impl Pap {
         }
         rout_start.push(rout.len() as u32);
 
-        let identity = |src| Op { s: 1, i: 0, limit: max, src, scale: NONE };
+        let identity = |src| Op {
+            s: 1,
+            i: 0,
+            limit: max,
+            src,
+            scale: NONE,
+        };
         let ops: Vec<Op> = cfg
             .edges()
             .map(|e| {
@@ -237,27 +263,56 @@ impl Pap {
                     return identity(s_node);
                 }
                 if let Some(val) = inner_val[e.index()] {
-                    return Op { s: 1, i: val, limit: max - val, src: s_node, scale: NONE };
+                    return Op {
+                        s: 1,
+                        i: val,
+                        limit: max - val,
+                        src: s_node,
+                        scale: NONE,
+                    };
                 }
                 let fi = fan_in[d.index()] as u64;
-                let (s, i) = if fi > 1 { (fi, remainder[e.index()]) } else { (1, 0) };
-                Op { s, i, limit: (max - i) / s, src: s_node, scale: head_of[d.index()] }
+                let (s, i) = if fi > 1 {
+                    (fi, remainder[e.index()])
+                } else {
+                    (1, 0)
+                };
+                Op {
+                    s,
+                    i,
+                    limit: (max - i) / s,
+                    src: s_node,
+                    scale: head_of[d.index()],
+                }
             })
             .collect();
         let scales = regions
             .iter()
             .map(|r| {
                 let n = r.info.paths;
-                Scale { head: r.info.head, n, n_limit: (max - (n - 1)) / n }
+                Scale {
+                    head: r.info.head,
+                    n,
+                    n_limit: (max - (n - 1)) / n,
+                }
             })
             .collect();
         let dead = cfg.edges().map(|e| !reach[cfg.src(e).index()]).collect();
 
         let merge_nodes = fan_in.iter().filter(|&&s| s > 1).count();
-        let pap_probes =
-            fan_in.iter().filter(|&&s| s > 1).map(|&s| s as usize).sum::<usize>() + INIT_AND_RECORD_PROBES;
+        let pap_probes = fan_in
+            .iter()
+            .filter(|&&s| s > 1)
+            .map(|&s| s as usize)
+            .sum::<usize>()
+            + INIT_AND_RECORD_PROBES;
         let saved: usize = regions.iter().map(|r| r.info.saved()).sum();
-        let stats = PapStats { merge_nodes, pap_probes, probes_with_epp: pap_probes - saved, saved };
+        let stats = PapStats {
+            merge_nodes,
+            pap_probes,
+            probes_with_epp: pap_probes - saved,
+            saved,
+        };
         Ok(Pap {
             word_bits: bits,
             max,
@@ -295,7 +350,8 @@ impl Pap {
     ///
     /// If `node` was not in the encoded graph.
     pub fn in_edges(&self, node: NodeId) -> &[EdgeId] {
-        &self.in_edges[self.in_start[node.index()] as usize..self.in_start[node.index() + 1] as usize]
+        &self.in_edges
+            [self.in_start[node.index()] as usize..self.in_start[node.index() + 1] as usize]
     }
 
     /// The `(s, i)` of edge `e`'s probe `r := r*s + i`, if it has one (its
@@ -322,7 +378,11 @@ impl Pap {
 
     /// A walker at the routine entry.
     pub fn tracer(&self) -> PapTracer<'_> {
-        PapTracer { pap: self, r: 0, trace: PapTrace::default() }
+        PapTracer {
+            pap: self,
+            r: 0,
+            trace: PapTrace::default(),
+        }
     }
 
     /// The trace of one entry-to-exit walk. O(walk length).
@@ -335,18 +395,29 @@ impl Pap {
     pub fn encode_walk(&self, walk: &[EdgeId]) -> Result<PapTrace> {
         let mut at = self.entry;
         for (step, &e) in walk.iter().enumerate() {
-            let dead = *self.dead.get(e.index()).ok_or(Error::NoSuchEdge { edge: e, edge_count: self.ops.len() as u32 })?;
+            let dead = *self.dead.get(e.index()).ok_or(Error::NoSuchEdge {
+                edge: e,
+                edge_count: self.ops.len() as u32,
+            })?;
             if dead {
                 return Err(Error::UnreachableEdge { edge: e });
             }
             let s = self.src[e.index()];
             if s != at {
-                return Err(Error::DiscontinuousWalk { step, edge: e, edge_src: s, at });
+                return Err(Error::DiscontinuousWalk {
+                    step,
+                    edge: e,
+                    edge_src: s,
+                    at,
+                });
             }
             at = self.dst[e.index()];
         }
         if at != self.exit {
-            return Err(Error::WalkEndsAwayFromExit { at, exit: self.exit });
+            return Err(Error::WalkEndsAwayFromExit {
+                at,
+                exit: self.exit,
+            });
         }
         let mut t = self.tracer();
         for &e in walk {
@@ -366,12 +437,21 @@ impl Pap {
         let mut stop = None;
         for (k, bp) in trace.breakpoints.iter().enumerate() {
             if bp.node.index() >= self.tail_of.len() {
-                return Err(Error::CorruptPapTrace { segment: k, reason: "breakpoint node is not in the graph" });
+                return Err(Error::CorruptPapTrace {
+                    segment: k,
+                    reason: "breakpoint node is not in the graph",
+                });
             }
             self.backwalk_segment(k, bp.node, bp.r, stop, &mut out)?;
             stop = Some(bp.node);
         }
-        self.backwalk_segment(trace.breakpoints.len(), self.exit, trace.last, stop, &mut out)?;
+        self.backwalk_segment(
+            trace.breakpoints.len(),
+            self.exit,
+            trace.last,
+            stop,
+            &mut out,
+        )?;
         Ok(out)
     }
 
@@ -402,7 +482,9 @@ impl Pap {
             }
             if v == self.entry {
                 if stop.is_some() {
-                    return Err(corrupt("reached the entry before the previous breakpoint's node"));
+                    return Err(corrupt(
+                        "reached the entry before the previous breakpoint's node",
+                    ));
                 }
                 if r != 0 {
                     return Err(corrupt("non-zero register left at the entry"));
@@ -417,7 +499,8 @@ impl Pap {
                 region_path.clear();
                 let mut u = reg.head;
                 while u != reg.tail {
-                    let outs = &self.rout[self.rout_start[u.index()] as usize..self.rout_start[u.index() + 1] as usize];
+                    let outs = &self.rout[self.rout_start[u.index()] as usize
+                        ..self.rout_start[u.index() + 1] as usize];
                     let j = outs.partition_point(|&(_, val)| val <= rp) - 1;
                     let (e, val) = outs[j];
                     rp -= val;
@@ -521,8 +604,16 @@ mod tests {
     fn back_edge_never_gets_remainder_zero() {
         // Edge 0 is the back edge 2 -> 1 and is node 1's first in-edge by
         // insertion order; PAP must still give it remainder 1 (Fig. 2(c)).
-        let g = Cfg::from_edges(4, NodeId(0), NodeId(3), &[(2, 1), (0, 1), (1, 2), (1, 3)]).unwrap();
-        let pap = Pap::new(&g, PapConfig { word_bits: 2, epp_regions: false }).unwrap();
+        let g =
+            Cfg::from_edges(4, NodeId(0), NodeId(3), &[(2, 1), (0, 1), (1, 2), (1, 3)]).unwrap();
+        let pap = Pap::new(
+            &g,
+            PapConfig {
+                word_bits: 2,
+                epp_regions: false,
+            },
+        )
+        .unwrap();
         assert_eq!(pap.in_edges(NodeId(1)), &[EdgeId(1), EdgeId(0)]);
         assert_eq!(pap.merge_probe(EdgeId(0)), Some((2, 1)));
         // Loop many times with a 2-bit register: breakpoints, and the
@@ -540,7 +631,13 @@ mod tests {
     #[test]
     fn remainders_follow_the_paper_example_shape() {
         // Node 1 with three in-edges: forward 0 -> 1, back edges 2 -> 1 and 3 -> 1.
-        let g = Cfg::from_edges(5, NodeId(0), NodeId(4), &[(0, 1), (1, 2), (2, 1), (2, 3), (3, 1), (3, 4)]).unwrap();
+        let g = Cfg::from_edges(
+            5,
+            NodeId(0),
+            NodeId(4),
+            &[(0, 1), (1, 2), (2, 1), (2, 3), (3, 1), (3, 4)],
+        )
+        .unwrap();
         let pap = Pap::new(&g, PapConfig::default()).unwrap();
         assert_eq!(pap.merge_probe(EdgeId(0)), Some((3, 0)));
         assert_eq!(pap.merge_probe(EdgeId(2)), Some((3, 1)));
@@ -548,27 +645,69 @@ mod tests {
         // 0-1-2-1-2-3-1-2-3-4: r = 0, *3+1 = 1, *3+2 = 5 at the exit.
         let w = walk(&[0, 1, 2, 1, 3, 4, 1, 3, 5]);
         let t = pap.encode_walk(&w).unwrap();
-        assert_eq!(t, PapTrace { breakpoints: vec![], last: 5 });
+        assert_eq!(
+            t,
+            PapTrace {
+                breakpoints: vec![],
+                last: 5
+            }
+        );
         assert_eq!(pap.backwalk(&t).unwrap(), w);
     }
 
     #[test]
     fn corrupt_traces_are_errors_not_panics() {
-        let g = Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (1, 2), (2, 1), (1, 3)]).unwrap();
-        let pap = Pap::new(&g, PapConfig { word_bits: 3, epp_regions: false }).unwrap();
-        let bad = PapTrace { breakpoints: vec![Breakpoint { node: NodeId(2), r: 1 }], last: 0 };
-        assert!(matches!(pap.backwalk(&bad), Err(Error::CorruptPapTrace { .. })));
+        let g =
+            Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (1, 2), (2, 1), (1, 3)]).unwrap();
+        let pap = Pap::new(
+            &g,
+            PapConfig {
+                word_bits: 3,
+                epp_regions: false,
+            },
+        )
+        .unwrap();
+        let bad = PapTrace {
+            breakpoints: vec![Breakpoint {
+                node: NodeId(2),
+                r: 1,
+            }],
+            last: 0,
+        };
+        assert!(matches!(
+            pap.backwalk(&bad),
+            Err(Error::CorruptPapTrace { .. })
+        ));
     }
 
     #[test]
     fn word_too_narrow_for_a_fan_in_is_an_error() {
-        let g = Cfg::from_edges(3, NodeId(0), NodeId(2), &[(0, 1), (0, 1), (0, 1), (1, 2)]).unwrap();
+        let g =
+            Cfg::from_edges(3, NodeId(0), NodeId(2), &[(0, 1), (0, 1), (0, 1), (1, 2)]).unwrap();
         assert_eq!(
-            Pap::new(&g, PapConfig { word_bits: 1, epp_regions: false }).unwrap_err(),
-            Error::WordTooNarrow { bits: 1, node: NodeId(1), fan_in: 3, remainder: 2 }
+            Pap::new(
+                &g,
+                PapConfig {
+                    word_bits: 1,
+                    epp_regions: false
+                }
+            )
+            .unwrap_err(),
+            Error::WordTooNarrow {
+                bits: 1,
+                node: NodeId(1),
+                fan_in: 3,
+                remainder: 2
+            }
         );
         assert!(matches!(
-            Pap::new(&g, PapConfig { word_bits: 65, epp_regions: false }),
+            Pap::new(
+                &g,
+                PapConfig {
+                    word_bits: 65,
+                    epp_regions: false
+                }
+            ),
             Err(Error::InvalidWordBits { bits: 65 })
         ));
     }
@@ -583,8 +722,22 @@ mod tests {
         }
         edges.extend([(10, 1), (10, 11)]);
         let g = Cfg::from_edges(12, NodeId(0), NodeId(11), &edges).unwrap();
-        let plain = Pap::new(&g, PapConfig { word_bits: 8, epp_regions: false }).unwrap();
-        let epp = Pap::new(&g, PapConfig { word_bits: 8, epp_regions: true }).unwrap();
+        let plain = Pap::new(
+            &g,
+            PapConfig {
+                word_bits: 8,
+                epp_regions: false,
+            },
+        )
+        .unwrap();
+        let epp = Pap::new(
+            &g,
+            PapConfig {
+                word_bits: 8,
+                epp_regions: true,
+            },
+        )
+        .unwrap();
         assert_eq!(plain.stats().saved, 0);
         assert_eq!(epp.regions().len(), 1);
         assert_eq!(epp.stats().saved, 2);
@@ -595,7 +748,11 @@ mod tests {
             for d in 0..3u32 {
                 let left = (it >> d) & 1 == 0;
                 let base = 1 + 4 * d;
-                w.extend(if left { [EdgeId(base), EdgeId(base + 2)] } else { [EdgeId(base + 1), EdgeId(base + 3)] });
+                w.extend(if left {
+                    [EdgeId(base), EdgeId(base + 2)]
+                } else {
+                    [EdgeId(base + 1), EdgeId(base + 3)]
+                });
             }
             w.push(if it == 39 { EdgeId(14) } else { EdgeId(13) });
         }

@@ -77,7 +77,10 @@ impl Ppp {
         let mut edges = Vec::new();
         for (p, &id) in interesting.iter().enumerate() {
             if id.0 >= bl.num_paths() {
-                return Err(Error::PathIdOutOfRange { id, num_paths: bl.num_paths() });
+                return Err(Error::PathIdOutOfRange {
+                    id,
+                    num_paths: bl.num_paths(),
+                });
             }
             if index.insert(id, p).is_some() {
                 return Err(Error::DuplicateInterestingPath { id });
@@ -105,12 +108,20 @@ impl Ppp {
                 group.clear();
                 for &(p, q) in paths {
                     let x = pid[p as usize];
-                    group.entry(q).and_modify(|m| m.0 = m.0.min(x)).or_insert((x, x));
+                    group
+                        .entry(q)
+                        .and_modify(|m| m.0 = m.0.min(x))
+                        .or_insert((x, x));
                 }
                 let overflow = Error::PppOverflow { node: v };
                 let mut w = i64::MIN;
                 for (q, &(lo, _)) in &group {
-                    let want = cis.get(q).copied().unwrap_or(0).checked_sub(lo).ok_or(overflow.clone())?;
+                    let want = cis
+                        .get(q)
+                        .copied()
+                        .unwrap_or(0)
+                        .checked_sub(lo)
+                        .ok_or(overflow.clone())?;
                     w = w.max(want);
                 }
                 weights[d] = w;
@@ -133,7 +144,9 @@ impl Ppp {
 
         let as_u64: Vec<u64> = weights.iter().map(|&w| w as u64).collect();
         let mut inc = Vec::new();
-        let start = bl.tree.increments(dag, &as_u64, &mut inc, &mut Scratch::default());
+        let start = bl
+            .tree
+            .increments(dag, &as_u64, &mut inc, &mut Scratch::default());
         let mut probes = Vec::new();
         bl.probes_into(&inc, start, &mut probes);
         Ok(Ppp {
@@ -196,11 +209,16 @@ impl Ppp {
     /// [`Error::PathIdOutOfRange`] if `bl_id >= bl.num_paths()`.
     pub fn ppp_id_of_path(&self, bl: &BallLarus, bl_id: PathId) -> Result<i64> {
         if bl_id.0 >= bl.num_paths() {
-            return Err(Error::PathIdOutOfRange { id: bl_id, num_paths: bl.num_paths() });
+            return Err(Error::PathIdOutOfRange {
+                id: bl_id,
+                num_paths: bl.num_paths(),
+            });
         }
         let mut edges = Vec::new();
         bl.dag.regenerate_into(bl_id.0, &mut edges);
-        Ok(edges.iter().fold(0i64, |acc, &d| acc.wrapping_add(self.weights[d as usize])))
+        Ok(edges
+            .iter()
+            .fold(0i64, |acc, &d| acc.wrapping_add(self.weights[d as usize])))
     }
 
     /// Probes of the PPP register, per CFG edge (same meaning as
@@ -217,7 +235,14 @@ impl Ppp {
     /// A walker running both registers: `bl` must be the numbering this
     /// PPP was built from.
     pub fn tracer<'a>(&'a self, bl: &'a BallLarus) -> PppTracer<'a> {
-        PppTracer { ppp: &self.probes, bl: bl.probes(), ppp_start: self.start, bl_start: bl.start_value(), r: self.start, s: bl.start_value() }
+        PppTracer {
+            ppp: &self.probes,
+            bl: bl.probes(),
+            ppp_start: self.start,
+            bl_start: bl.start_value(),
+            r: self.start,
+            s: bl.start_value(),
+        }
     }
 
     /// An empty profile: one counter per id in the interesting range.
@@ -226,7 +251,12 @@ impl Ppp {
         for &(b, p) in &self.interesting {
             slot[(p - self.min) as usize] = Some(b);
         }
-        PppProfile { min: self.min, counts: vec![0; slot.len()], slot, residual: FastMap::default() }
+        PppProfile {
+            min: self.min,
+            counts: vec![0; slot.len()],
+            slot,
+            residual: FastMap::default(),
+        }
     }
 }
 
@@ -320,7 +350,10 @@ impl PppProfile {
     /// interesting). O(slots); use [`Ppp::id_of`] and [`PppProfile::counts`]
     /// for many queries.
     pub fn count_of(&self, bl_id: PathId) -> u64 {
-        self.slot.iter().position(|&s| s == Some(bl_id)).map_or(0, |i| self.counts[i])
+        self.slot
+            .iter()
+            .position(|&s| s == Some(bl_id))
+            .map_or(0, |i| self.counts[i])
     }
 
     /// Counts of uninteresting paths, by Ball-Larus id.

@@ -58,7 +58,8 @@ impl EppRegion {
     /// Probes saved: `pap_probes - epp_probes - 1`, the 1 being the
     /// `r := r*n + r'` combination the reduction adds (PAP paper §1.4).
     pub fn saved(&self) -> usize {
-        self.pap_probes.saturating_sub(self.epp_probes + REDUCTION_PROBES)
+        self.pap_probes
+            .saturating_sub(self.epp_probes + REDUCTION_PROBES)
     }
 }
 
@@ -107,7 +108,11 @@ pub(crate) fn find(cfg: &Cfg, dfs: &Dfs, fan_in: &[u32], max_paths: u64) -> Vec<
         }
     }
     candidates.sort_by(|a, b| {
-        b.info.saved().cmp(&a.info.saved()).then(b.info.nodes.len().cmp(&a.info.nodes.len())).then(a.info.head.cmp(&b.info.head))
+        b.info
+            .saved()
+            .cmp(&a.info.saved())
+            .then(b.info.nodes.len().cmp(&a.info.nodes.len()))
+            .then(a.info.head.cmp(&b.info.head))
     });
     let mut taken = vec![false; cfg.node_count() as usize];
     let mut chosen = Vec::new();
@@ -134,7 +139,11 @@ struct Scratch {
 impl Scratch {
     fn new(cfg: &Cfg) -> Self {
         let n = cfg.node_count() as usize;
-        Scratch { mark: vec![0; n], gen: 0, num_paths: vec![0; n] }
+        Scratch {
+            mark: vec![0; n],
+            gen: 0,
+            num_paths: vec![0; n],
+        }
     }
 
     /// The region from `h` to `x`, if it is a RAS with at most `max_paths` paths.
@@ -207,9 +216,22 @@ impl Scratch {
         if paths > max_paths {
             return None;
         }
-        let pap_probes =
-            nodes[1..].iter().map(|v| fan_in[v.index()] as usize).filter(|&s| s > 1).sum();
-        Some(Region { info: EppRegion { head: h, tail: x, nodes, paths, pap_probes, epp_probes }, edges })
+        let pap_probes = nodes[1..]
+            .iter()
+            .map(|v| fan_in[v.index()] as usize)
+            .filter(|&s| s > 1)
+            .sum();
+        Some(Region {
+            info: EppRegion {
+                head: h,
+                tail: x,
+                nodes,
+                paths,
+                pap_probes,
+                epp_probes,
+            },
+            edges,
+        })
     }
 
     /// Postorder of the region's nodes along internal edges (the tail is a leaf).
@@ -268,13 +290,27 @@ mod tests {
 
     #[test]
     fn a_single_diamond_saves_nothing_and_a_loop_body_with_a_back_edge_is_refused() {
-        let g = Cfg::from_edges(5, NodeId(0), NodeId(4), &[(0, 1), (1, 2), (1, 3), (2, 3), (3, 4)]).unwrap();
+        let g = Cfg::from_edges(
+            5,
+            NodeId(0),
+            NodeId(4),
+            &[(0, 1), (1, 2), (1, 3), (2, 3), (3, 4)],
+        )
+        .unwrap();
         let dfs = Dfs::run(&g);
         assert!(find(&g, &dfs, &fan_in(&g), u64::MAX).is_empty());
         // h = 1 with a back edge 3 -> 1 inside any region from 1.
-        let g = Cfg::from_edges(5, NodeId(0), NodeId(4), &[(0, 1), (1, 2), (1, 3), (2, 3), (3, 1), (3, 4)]).unwrap();
+        let g = Cfg::from_edges(
+            5,
+            NodeId(0),
+            NodeId(4),
+            &[(0, 1), (1, 2), (1, 3), (2, 3), (3, 1), (3, 4)],
+        )
+        .unwrap();
         let dfs = Dfs::run(&g);
         let mut s = Scratch::new(&g);
-        assert!(s.try_region(&g, &dfs, &fan_in(&g), NodeId(1), NodeId(4), u64::MAX).is_none());
+        assert!(s
+            .try_region(&g, &dfs, &fan_in(&g), NodeId(1), NodeId(4), u64::MAX)
+            .is_none());
     }
 }

@@ -53,8 +53,21 @@ impl SpanningTree {
         self.in_tree.clear();
         self.in_tree.resize(m, false);
         let mut order: Vec<u32> = (0..=m as u32).collect();
-        let w = |d: u32| if d as usize == m { virt_weight } else { weight[d as usize] };
-        order.sort_by(|&a, &b| w(b).cmp(&w(a)).then_with(|| (a as usize == m).cmp(&(b as usize == m)).reverse().then(a.cmp(&b))));
+        let w = |d: u32| {
+            if d as usize == m {
+                virt_weight
+            } else {
+                weight[d as usize]
+            }
+        };
+        order.sort_by(|&a, &b| {
+            w(b).cmp(&w(a)).then_with(|| {
+                (a as usize == m)
+                    .cmp(&(b as usize == m))
+                    .reverse()
+                    .then(a.cmp(&b))
+            })
+        });
         let mut uf = UnionFind::new(dag.out_start.len() - 1);
         self.virt_in_tree = false;
         for d in order {
@@ -76,12 +89,24 @@ impl SpanningTree {
     /// Chord increments for edge values `vals` (one per DAG edge, taken
     /// modulo 2^64) into `inc`; returns the register's start value.
     /// O(nodes + edges), allocation-free once `scratch` has grown.
-    pub fn increments(&self, dag: &Dag, vals: &[u64], inc: &mut Vec<u64>, scratch: &mut Scratch) -> u64 {
+    pub fn increments(
+        &self,
+        dag: &Dag,
+        vals: &[u64],
+        inc: &mut Vec<u64>,
+        scratch: &mut Scratch,
+    ) -> u64 {
         let n = dag.out_start.len() - 1;
         let virt = self.virt_in_tree && dag.entry != dag.exit;
         // Tree adjacency in CSR form: (DAG edge or NONE for the virtual edge,
         // other node, forward?).
-        let Scratch { start, adj, phi, seen, stack } = scratch;
+        let Scratch {
+            start,
+            adj,
+            phi,
+            seen,
+            stack,
+        } = scratch;
         start.clear();
         start.resize(n + 1, 0);
         let mut degree = |v: NodeId| start[v.index() + 1] += 1;
@@ -135,14 +160,19 @@ impl SpanningTree {
                 }
                 seen[w.index()] = true;
                 let val = if d == NONE { 0 } else { vals[d as usize] };
-                phi[w.index()] =
-                    if forward { phi[u.index()].wrapping_add(val) } else { phi[u.index()].wrapping_sub(val) };
+                phi[w.index()] = if forward {
+                    phi[u.index()].wrapping_add(val)
+                } else {
+                    phi[u.index()].wrapping_sub(val)
+                };
                 stack.push(w);
             }
         }
         inc.clear();
         inc.extend((0..dag.src.len()).map(|d| {
-            vals[d].wrapping_add(phi[dag.src[d].index()]).wrapping_sub(phi[dag.dst[d].index()])
+            vals[d]
+                .wrapping_add(phi[dag.src[d].index()])
+                .wrapping_sub(phi[dag.dst[d].index()])
         }));
         phi[dag.exit.index()].wrapping_sub(phi[dag.entry.index()])
     }
@@ -166,7 +196,10 @@ struct UnionFind {
 
 impl UnionFind {
     fn new(n: usize) -> Self {
-        UnionFind { parent: (0..n as u32).collect(), size: vec![1; n] }
+        UnionFind {
+            parent: (0..n as u32).collect(),
+            size: vec![1; n],
+        }
     }
 
     fn find(&mut self, mut x: u32) -> u32 {

@@ -158,8 +158,16 @@ fn generator_covers_irreducible_self_loops_and_multi_edges() {
             multi += 1;
         }
     }
-    for (what, count) in [("reducible", reducible), ("irreducible", irreducible), ("self-loop", self_loops), ("multi-edge", multi)] {
-        assert!(count * 10 >= samples, "only {count} of {samples} {what} graphs");
+    for (what, count) in [
+        ("reducible", reducible),
+        ("irreducible", irreducible),
+        ("self-loop", self_loops),
+        ("multi-edge", multi),
+    ] {
+        assert!(
+            count * 10 >= samples,
+            "only {count} of {samples} {what} graphs"
+        );
     }
 }
 
@@ -168,7 +176,13 @@ fn generator_covers_irreducible_self_loops_and_multi_edges() {
 #[test]
 fn irreducible_loop_walks_regenerate() {
     // 0 -> 1, 0 -> 2, 1 -> 2, 2 -> 1, 2 -> 3.
-    let g = Cfg::from_edges(4, NodeId(0), NodeId(3), &[(0, 1), (0, 2), (1, 2), (2, 1), (2, 3)]).unwrap();
+    let g = Cfg::from_edges(
+        4,
+        NodeId(0),
+        NodeId(3),
+        &[(0, 1), (0, 2), (1, 2), (2, 1), (2, 3)],
+    )
+    .unwrap();
     assert!(!g.is_reducible());
     let bl = BallLarus::number(&g).unwrap();
     for walk in [vec![0, 2, 3, 2, 3, 2, 4], vec![1, 3, 2, 4]] {
@@ -189,6 +203,9 @@ fn parallel_edges_are_distinct_paths() {
     assert_eq!(g.edge_count(), 4);
     let bl = BallLarus::number(&g).unwrap();
     assert_eq!(bl.num_paths(), 4);
-    let ids: HashSet<PathId> = g.edges().map(|e| bl.encode_walk(&[e]).unwrap()[0]).collect();
+    let ids: HashSet<PathId> = g
+        .edges()
+        .map(|e| bl.encode_walk(&[e]).unwrap()[0])
+        .collect();
     assert_eq!(ids.len(), 4);
 }

@@ -36,7 +36,10 @@ fn reducible_by_t1_t2(g: &Cfg) -> bool {
                 changed = true;
             }
         }
-        let candidate = pred.iter().find(|(&v, p)| v != entry && p.len() == 1).map(|(&v, p)| (v, *p.iter().next().unwrap()));
+        let candidate = pred
+            .iter()
+            .find(|(&v, p)| v != entry && p.len() == 1)
+            .map(|(&v, p)| (v, *p.iter().next().unwrap()));
         if let Some((n, m)) = candidate {
             // Merge n into m.
             let n_succ = succ.remove(&n).unwrap();

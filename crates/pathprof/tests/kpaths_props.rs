@@ -39,7 +39,11 @@ fn check_against_brute_force(stream: &[StreamItem], k: usize) -> Result<(), Test
     let ipf = forest(stream, k);
     let got: HashMap<Vec<PathId>, u64> = ipf.sequences().into_iter().collect();
     let want = brute_force(stream, k);
-    prop_assert_eq!(got.len(), ipf.len(), "a sequence appears twice in the forest");
+    prop_assert_eq!(
+        got.len(),
+        ipf.len(),
+        "a sequence appears twice in the forest"
+    );
     prop_assert_eq!(&got, &want);
     for (seq, &c) in &want {
         prop_assert_eq!(ipf.count(seq), c);
@@ -119,18 +123,28 @@ proptest! {
 
 #[test]
 fn hottest_runs_are_sorted() {
-    let stream: Vec<StreamItem> = [1u64, 2, 1, 2, 1, 2, 3].iter().map(|&x| StreamItem::Path(PathId(x))).collect();
+    let stream: Vec<StreamItem> = [1u64, 2, 1, 2, 1, 2, 3]
+        .iter()
+        .map(|&x| StreamItem::Path(PathId(x)))
+        .collect();
     let ipf = forest(&stream, 3);
     let hot = ipf.hottest(2, 2);
-    assert_eq!(hot, vec![(vec![PathId(1), PathId(2)], 3), (vec![PathId(2), PathId(1)], 2)]);
+    assert_eq!(
+        hot,
+        vec![
+            (vec![PathId(1), PathId(2)], 3),
+            (vec![PathId(2), PathId(1)], 2)
+        ]
+    );
 }
 
 #[test]
 fn long_single_invocation_with_large_k() {
     // 10 000 ids from a short repeating pattern with noise; k = 16.
     let mut rng = common::Rng(7);
-    let stream: Vec<StreamItem> =
-        (0..10_000).map(|i| StreamItem::Path(PathId(if rng.below(10) == 0 { 9 } else { i % 3 }))).collect();
+    let stream: Vec<StreamItem> = (0..10_000)
+        .map(|i| StreamItem::Path(PathId(if rng.below(10) == 0 { 9 } else { i % 3 })))
+        .collect();
     let ipf = forest(&stream, 16);
     let want = brute_force(&stream, 16);
     let got: HashMap<_, _> = ipf.sequences().into_iter().collect();

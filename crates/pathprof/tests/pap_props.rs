@@ -14,7 +14,12 @@ const LONG_WALK_EDGES: usize = 100_000;
 
 /// Bits needed to hold remainder `s - 1` for the largest fan-in.
 fn min_bits(g: &Cfg) -> u32 {
-    let max_fan_in = g.nodes().map(|v| g.preds(v).len() as u64).max().unwrap_or(1).max(2);
+    let max_fan_in = g
+        .nodes()
+        .map(|v| g.preds(v).len() as u64)
+        .max()
+        .unwrap_or(1)
+        .max(2);
     64 - (max_fan_in - 1).leading_zeros()
 }
 
@@ -28,10 +33,18 @@ fn check_roundtrip(pap: &Pap, walk: &[hotpath_pathprof::EdgeId]) -> Result<usize
     let mut pieces = Vec::new();
     let mut stop = None;
     for (k, bp) in trace.breakpoints.iter().enumerate() {
-        pap.backwalk_segment(k, bp.node, bp.r, stop, &mut pieces).unwrap();
+        pap.backwalk_segment(k, bp.node, bp.r, stop, &mut pieces)
+            .unwrap();
         stop = Some(bp.node);
     }
-    pap.backwalk_segment(trace.breakpoints.len(), pap_exit(walk, pap), trace.last, stop, &mut pieces).unwrap();
+    pap.backwalk_segment(
+        trace.breakpoints.len(),
+        pap_exit(walk, pap),
+        trace.last,
+        stop,
+        &mut pieces,
+    )
+    .unwrap();
     prop_assert!(pieces == walk);
     for bp in &trace.breakpoints {
         prop_assert!(bp.r <= pap.word_max());
@@ -43,7 +56,10 @@ fn check_roundtrip(pap: &Pap, walk: &[hotpath_pathprof::EdgeId]) -> Result<usize
 /// The exit, found from the walk's last edge via the encoding's in-edges.
 fn pap_exit(walk: &[hotpath_pathprof::EdgeId], pap: &Pap) -> hotpath_pathprof::NodeId {
     let last = *walk.last().expect("non-empty walk");
-    (0..u32::MAX).map(hotpath_pathprof::NodeId).find(|&v| pap.in_edges(v).contains(&last)).unwrap()
+    (0..u32::MAX)
+        .map(hotpath_pathprof::NodeId)
+        .find(|&v| pap.in_edges(v).contains(&last))
+        .unwrap()
 }
 
 proptest! {
@@ -158,8 +174,14 @@ fn loop_bodies_yield_regions() {
     let with_regions = (0..samples)
         .filter(|_| {
             let g = strategy.new_tree(&mut runner).unwrap().current();
-            !Pap::new(&g, PapConfig::default()).unwrap().regions().is_empty()
+            !Pap::new(&g, PapConfig::default())
+                .unwrap()
+                .regions()
+                .is_empty()
         })
         .count();
-    assert!(with_regions * 2 >= samples, "only {with_regions} of {samples} loop bodies had a region");
+    assert!(
+        with_regions * 2 >= samples,
+        "only {with_regions} of {samples} loop bodies had a region"
+    );
 }

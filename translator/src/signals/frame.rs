@@ -42,21 +42,29 @@ fn reset_xsave(area: &mut ThreadArea) {
     area.xsave.0[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
 }
 
-
 impl SignalState {
     /// Builds the kernel's `rt_sigframe` for `sig` on the guest's stack and points the guest
     /// at its handler; the frame restores mask `saved`, the handler runs with `base` plus its
     /// `sa_mask` (and `sig` itself unless SA_NODEFER). Returns the handler's address and mask.
-    pub(super) fn setup_frame(&mut self, area: &mut ThreadArea, sig: i32, info: &[u8; 128], rip: u64, saved: u64, base: u64) -> Result<(u64, u64), ()> {
+    pub(super) fn setup_frame(
+        &mut self,
+        area: &mut ThreadArea,
+        sig: i32,
+        info: &[u8; 128],
+        rip: u64,
+        saved: u64,
+        base: u64,
+    ) -> Result<(u64, u64), ()> {
         let mask = saved;
         let a = self.actions[sig as usize];
         let rsp = area.gpr[thread_area::RSP];
         let on_alt = self.on_altstack(rsp);
-        let mut sp = if a.flags & SA_ONSTACK != 0 && self.altstack.flags & SS_DISABLE == 0 && !on_alt {
-            self.altstack.sp + self.altstack.size
-        } else {
-            rsp - 128
-        };
+        let mut sp =
+            if a.flags & SA_ONSTACK != 0 && self.altstack.flags & SS_DISABLE == 0 && !on_alt {
+                self.altstack.sp + self.altstack.size
+            } else {
+                rsp - 128
+            };
         // XSAVE image, 64-byte aligned, followed by the 4-byte FP_XSTATE_MAGIC2.
         let xsize = self.xsave_size;
         sp -= xsize as u64 + 4;
@@ -74,12 +82,17 @@ impl SignalState {
         sp = ((sp - FRAME) & !15) - 8;
         let frame = sp;
         let mut f = vec![0u8; FRAME as usize];
-        let put = |f: &mut Vec<u8>, off: usize, v: u64| f[off..off + 8].copy_from_slice(&v.to_le_bytes());
+        let put =
+            |f: &mut Vec<u8>, off: usize, v: u64| f[off..off + 8].copy_from_slice(&v.to_le_bytes());
         put(&mut f, 0, a.restorer);
         let uc = 8;
         put(&mut f, uc + UC_FLAGS, 1 | 2 | 4); // UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS
         put(&mut f, uc + UC_STACK, self.altstack.sp);
-        let ss_flags = if on_alt { SS_ONSTACK } else { self.altstack.flags };
+        let ss_flags = if on_alt {
+            SS_ONSTACK
+        } else {
+            self.altstack.flags
+        };
         f[uc + UC_STACK + 8..uc + UC_STACK + 12].copy_from_slice(&ss_flags.to_le_bytes());
         put(&mut f, uc + UC_STACK + 16, self.altstack.size);
         for (i, &slot) in SIGCONTEXT_GPR.iter().enumerate() {
@@ -148,15 +161,25 @@ impl SignalState {
         } else {
             reset_xsave(area);
         }
-        let mask = get(uc + UC_SIGMASK) & !((1 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)));
+        let mask =
+            get(uc + UC_SIGMASK) & !((1 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)));
         set_mask(mask);
         let ss_sp = get(uc + UC_STACK);
-        let ss_flags = i32::from_le_bytes(f[uc + UC_STACK + 8..uc + UC_STACK + 12].try_into().unwrap());
+        let ss_flags =
+            i32::from_le_bytes(f[uc + UC_STACK + 8..uc + UC_STACK + 12].try_into().unwrap());
         let ss_size = get(uc + UC_STACK + 16);
         if ss_flags & SS_DISABLE != 0 {
-            self.altstack = AltStack { sp: 0, flags: SS_DISABLE, size: 0 };
+            self.altstack = AltStack {
+                sp: 0,
+                flags: SS_DISABLE,
+                size: 0,
+            };
         } else if ss_size >= MINSIGSTKSZ {
-            self.altstack = AltStack { sp: ss_sp, flags: 0, size: ss_size };
+            self.altstack = AltStack {
+                sp: ss_sp,
+                flags: 0,
+                size: ss_size,
+            };
         }
         Ok(rip)
     }

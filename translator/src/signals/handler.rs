@@ -17,7 +17,10 @@ fn read_fs(fsgsbase: bool) -> u64 {
         v
     } else {
         let mut v = 0u64;
-        raw_syscall(libc::SYS_arch_prctl as u64, &[0x1003, &mut v as *mut u64 as u64, 0, 0, 0, 0]);
+        raw_syscall(
+            libc::SYS_arch_prctl as u64,
+            &[0x1003, &mut v as *mut u64 as u64, 0, 0, 0, 0],
+        );
         v
     }
 }
@@ -78,7 +81,13 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
             if let Some(rip) = capture_fault(layouts, pc, gregs, area) {
                 area.fs_base = fs;
                 // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
-                unsafe { *shared.sync.get() = Some(SyncFault { sig, info: info_bytes, rip }) };
+                unsafe {
+                    *shared.sync.get() = Some(SyncFault {
+                        sig,
+                        info: info_bytes,
+                        rip,
+                    })
+                };
                 gregs[REG_RIP] = shared.exit_from_signal as i64;
                 if switched {
                     write_fs(shared.fsgsbase, fs);
@@ -89,7 +98,10 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         // A fault in hotpath itself: report it and let it happen again with the default
         // action, which ends the process with the same signal.
         let msg = b"hotpath: internal error: fault in hotpath's own code\n";
-        raw_syscall(libc::SYS_write as u64, &[2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+        raw_syscall(
+            libc::SYS_write as u64,
+            &[2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0],
+        );
         // SAFETY: zeroed sigaction with SIG_DFL.
         let mut k: libc::sigaction = unsafe { std::mem::zeroed() };
         k.sa_sigaction = libc::SIG_DFL;
@@ -144,7 +156,10 @@ fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
                 let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
                 // SAFETY: the site is a rel32 inside the code cache's writable view; a 4-byte
                 // store, and the interrupted code reads it only after the handler returns.
-                unsafe { ((site.0.wrapping_add(delta)) as *mut [u8; 4]).write_unaligned(rel.to_le_bytes()) };
+                unsafe {
+                    ((site.0.wrapping_add(delta)) as *mut [u8; 4])
+                        .write_unaligned(rel.to_le_bytes())
+                };
             }
         }
     }
@@ -162,7 +177,12 @@ const STUB_SAVE_RCX_LEN: u64 = 9;
 /// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
 /// guest's values at the faulting instruction and returns its guest address, or `None` when
 /// `pc` is not at a guest instruction (a fault in hotpath's own stubs).
-fn capture_fault(layouts: &BTreeMap<u64, HostLayout>, pc: u64, gregs: &[i64; 23], area: &mut ThreadArea) -> Option<u64> {
+fn capture_fault(
+    layouts: &BTreeMap<u64, HostLayout>,
+    pc: u64,
+    gregs: &[i64; 23],
+    area: &mut ThreadArea,
+) -> Option<u64> {
     let (_, l) = layouts.range(..=pc).next_back()?;
     if pc >= l.code_end {
         return None;

@@ -82,7 +82,10 @@ struct SigQueue {
 
 impl Default for SigQueue {
     fn default() -> SigQueue {
-        SigQueue { len: 0, items: [[0; 128]; RT_QUEUE] }
+        SigQueue {
+            len: 0,
+            items: [[0; 128]; RT_QUEUE],
+        }
     }
 }
 
@@ -163,20 +166,33 @@ static SHARED: AtomicPtr<HandlerShared> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Signals whose default action is to ignore them.
 fn default_ignores(sig: i32) -> bool {
-    matches!(sig, libc::SIGCHLD | libc::SIGCONT | libc::SIGURG | libc::SIGWINCH)
+    matches!(
+        sig,
+        libc::SIGCHLD | libc::SIGCONT | libc::SIGURG | libc::SIGWINCH
+    )
 }
 
 /// Signals whose default action is to stop the process.
 fn default_stops(sig: i32) -> bool {
-    matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU)
+    matches!(
+        sig,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    )
 }
 
 /// Signals a faulting instruction raises.
 fn is_fault_signal(sig: i32) -> bool {
-    matches!(sig, libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP)
+    matches!(
+        sig,
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP
+    )
 }
 
-fn kernel_sigaction(sig: i32, act: Option<&libc::sigaction>, old: Option<&mut libc::sigaction>) -> i64 {
+fn kernel_sigaction(
+    sig: i32,
+    act: Option<&libc::sigaction>,
+    old: Option<&mut libc::sigaction>,
+) -> i64 {
     let a = act.map_or(0, |a| a as *const _ as u64);
     let o = old.map_or(0, |o| o as *mut _ as u64);
     // SAFETY of the pointers: both are ours or null; libc's `sigaction` struct matches the
@@ -227,7 +243,16 @@ impl SignalState {
     /// # Errors
     /// The OS error when the alternate stack cannot be mapped.
     pub fn install(setup: HandlerSetup) -> std::io::Result<SignalState> {
-        let HandlerSetup { area, cache, exit_from_signal, fsgsbase, unlink_mode, rw_delta, xsave_size, xsave_mask } = setup;
+        let HandlerSetup {
+            area,
+            cache,
+            exit_from_signal,
+            fsgsbase,
+            unlink_mode,
+            rw_delta,
+            xsave_size,
+            xsave_mask,
+        } = setup;
         let shared = Box::leak(Box::new(HandlerShared {
             pending: AtomicU64::new(0),
             infos: UnsafeCell::new(Box::new(std::array::from_fn(|_| SigQueue::default()))),
@@ -247,7 +272,11 @@ impl SignalState {
         install_host_altstack()?;
         let mut state = SignalState {
             actions: [GuestAction::default(); NSIG + 1],
-            altstack: AltStack { sp: 0, flags: SS_DISABLE, size: 0 },
+            altstack: AltStack {
+                sp: 0,
+                flags: SS_DISABLE,
+                size: 0,
+            },
             suspend_mask: None,
             shared,
             xsave_size,
@@ -262,11 +291,22 @@ impl SignalState {
             if kernel_sigaction(sig, None, Some(&mut old)) != 0 {
                 continue;
             }
-            let inherited = if old.sa_sigaction == libc::SIG_IGN { SIG_IGN } else { SIG_DFL };
+            let inherited = if old.sa_sigaction == libc::SIG_IGN {
+                SIG_IGN
+            } else {
+                SIG_DFL
+            };
             // Rust's runtime ignores SIGPIPE before main; the guest must start with the
             // default a shell gives a new program.
-            let inherited = if sig == libc::SIGPIPE { SIG_DFL } else { inherited };
-            state.actions[sig as usize] = GuestAction { handler: inherited, ..GuestAction::default() };
+            let inherited = if sig == libc::SIGPIPE {
+                SIG_DFL
+            } else {
+                inherited
+            };
+            state.actions[sig as usize] = GuestAction {
+                handler: inherited,
+                ..GuestAction::default()
+            };
             state.apply(sig);
         }
         Ok(state)
@@ -327,7 +367,12 @@ impl SignalState {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 return -(libc::EINVAL as i64);
             }
-            Some(GuestAction { handler: w(0), flags: w(1), restorer: w(2), mask: w(3) })
+            Some(GuestAction {
+                handler: w(0),
+                flags: w(1),
+                restorer: w(2),
+                mask: w(3),
+            })
         } else {
             None
         };
@@ -354,7 +399,11 @@ impl SignalState {
     pub fn sigaltstack(&mut self, ss: u64, old: u64, rsp: u64) -> i64 {
         let on = self.on_altstack(rsp);
         if old != 0 {
-            let flags = if on { SS_ONSTACK } else { self.altstack.flags & SS_DISABLE };
+            let flags = if on {
+                SS_ONSTACK
+            } else {
+                self.altstack.flags & SS_DISABLE
+            };
             let mut raw = Vec::with_capacity(24);
             raw.extend_from_slice(&self.altstack.sp.to_le_bytes());
             raw.extend_from_slice(&(flags as i64).to_le_bytes());
@@ -378,7 +427,11 @@ impl SignalState {
                 return -(libc::EINVAL as i64);
             }
             if flags & SS_DISABLE != 0 {
-                self.altstack = AltStack { sp: 0, flags: SS_DISABLE, size: 0 };
+                self.altstack = AltStack {
+                    sp: 0,
+                    flags: SS_DISABLE,
+                    size: 0,
+                };
             } else {
                 if size < MINSIGSTKSZ {
                     return -(libc::ENOMEM as i64);
@@ -390,15 +443,21 @@ impl SignalState {
     }
 
     fn on_altstack(&self, rsp: u64) -> bool {
-        self.altstack.flags & SS_DISABLE == 0 && rsp > self.altstack.sp && rsp <= self.altstack.sp + self.altstack.size
+        self.altstack.flags & SS_DISABLE == 0
+            && rsp > self.altstack.sp
+            && rsp <= self.altstack.sp + self.altstack.size
     }
 
     /// Marks the start of a dispatcher section that changes the exit table or the code cache
     /// (`critical == true`), or its end, publishing the exit table for the handler.
     pub fn set_critical(&self, critical: bool, exits: &[Exit]) {
         if !critical {
-            self.shared.exits.store(exits.as_ptr() as *mut Exit, Ordering::Relaxed);
-            self.shared.exits_len.store(exits.len() as u64, Ordering::Relaxed);
+            self.shared
+                .exits
+                .store(exits.as_ptr() as *mut Exit, Ordering::Relaxed);
+            self.shared
+                .exits_len
+                .store(exits.len() as u64, Ordering::Relaxed);
         }
         self.shared.critical.store(critical, Ordering::SeqCst);
     }
@@ -422,7 +481,11 @@ impl SignalState {
     /// Recomputes the syscall gate's flag: set while a signal the guest's mask lets through is
     /// pending (a system call only when something is pending at all).
     pub fn refresh_gate(&self) {
-        let v = if self.shared.pending.load(Ordering::Acquire) == 0 { 0 } else { self.deliverable() as u64 };
+        let v = if self.shared.pending.load(Ordering::Acquire) == 0 {
+            0
+        } else {
+            self.deliverable() as u64
+        };
         crate::syscalls::HOTPATH_GATE_PENDING.store(v, Ordering::SeqCst);
     }
 
@@ -485,14 +548,19 @@ impl SignalState {
             let queue = unsafe { &mut (*self.shared.infos.get())[sig as usize - 1] };
             let info = queue.pop();
             if queue.is_empty() {
-                self.shared.pending.fetch_and(!(1u64 << (sig - 1)), Ordering::AcqRel);
+                self.shared
+                    .pending
+                    .fetch_and(!(1u64 << (sig - 1)), Ordering::AcqRel);
             }
             let a = self.actions[sig as usize];
             match a.handler {
                 SIG_IGN => continue,
                 SIG_DFL if default_ignores(sig) => continue,
                 SIG_DFL if default_stops(sig) => {
-                    raw_syscall(libc::SYS_kill as u64, &[std::process::id() as u64, libc::SIGSTOP as u64, 0, 0, 0, 0]);
+                    raw_syscall(
+                        libc::SYS_kill as u64,
+                        &[std::process::id() as u64, libc::SIGSTOP as u64, 0, 0, 0, 0],
+                    );
                     continue;
                 }
                 SIG_DFL => return Delivery::Exit(sig),
@@ -540,12 +608,32 @@ pub enum Delivery {
 }
 
 fn set_mask(mask: u64) {
-    raw_syscall(libc::SYS_rt_sigprocmask as u64, &[libc::SIG_SETMASK as u64, &mask as *const u64 as u64, 0, 8, 0, 0]);
+    raw_syscall(
+        libc::SYS_rt_sigprocmask as u64,
+        &[
+            libc::SIG_SETMASK as u64,
+            &mask as *const u64 as u64,
+            0,
+            8,
+            0,
+            0,
+        ],
+    );
 }
 
 fn get_mask() -> u64 {
     let mut old = 0u64;
-    raw_syscall(libc::SYS_rt_sigprocmask as u64, &[libc::SIG_BLOCK as u64, 0, &mut old as *mut u64 as u64, 8, 0, 0]);
+    raw_syscall(
+        libc::SYS_rt_sigprocmask as u64,
+        &[
+            libc::SIG_BLOCK as u64,
+            0,
+            &mut old as *mut u64 as u64,
+            8,
+            0,
+            0,
+        ],
+    );
     old
 }
 
@@ -559,8 +647,20 @@ impl BlockAll {
     fn new() -> BlockAll {
         let all = !0u64;
         let mut old = 0u64;
-        raw_syscall(libc::SYS_rt_sigprocmask as u64, &[libc::SIG_SETMASK as u64, &all as *const u64 as u64, &mut old as *mut u64 as u64, 8, 0, 0]);
-        BlockAll { mask: std::cell::Cell::new(old) }
+        raw_syscall(
+            libc::SYS_rt_sigprocmask as u64,
+            &[
+                libc::SIG_SETMASK as u64,
+                &all as *const u64 as u64,
+                &mut old as *mut u64 as u64,
+                8,
+                0,
+                0,
+            ],
+        );
+        BlockAll {
+            mask: std::cell::Cell::new(old),
+        }
     }
 
     /// The guest's mask (restored on drop).
@@ -587,12 +687,23 @@ pub fn guest_mask() -> u64 {
 fn install_host_altstack() -> std::io::Result<()> {
     // SAFETY: a fresh anonymous mapping for hotpath's own signal stack.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), HOST_ALTSTACK_SIZE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            HOST_ALTSTACK_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
     if p == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
-    let ss = libc::stack_t { ss_sp: p, ss_flags: 0, ss_size: HOST_ALTSTACK_SIZE };
+    let ss = libc::stack_t {
+        ss_sp: p,
+        ss_flags: 0,
+        ss_size: HOST_ALTSTACK_SIZE,
+    };
     // SAFETY: `ss` describes the mapping just made.
     if unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) } != 0 {
         return Err(std::io::Error::last_os_error());

@@ -48,7 +48,11 @@ pub fn build_cfg_shuffled(
         edges.push((preds[i as usize] % i, i));
     }
     for i in 0..n - 1 {
-        let s = if spine { i + 1 } else { i + 1 + succs[i as usize] % (n - 1 - i) };
+        let s = if spine {
+            i + 1
+        } else {
+            i + 1 + succs[i as usize] % (n - 1 - i)
+        };
         edges.push((i, s));
     }
     for &(a, b) in extra {
@@ -129,15 +133,30 @@ pub fn random_walk(g: &Cfg, seed: u64, wander: usize) -> Vec<EdgeId> {
     let mut walk = Vec::new();
     let mut at = g.entry();
     while at != g.exit() {
-        let succs: Vec<EdgeId> =
-            g.succs(at).iter().copied().filter(|&e| dist[g.dst(e).index()] != u32::MAX).collect();
+        let succs: Vec<EdgeId> = g
+            .succs(at)
+            .iter()
+            .copied()
+            .filter(|&e| dist[g.dst(e).index()] != u32::MAX)
+            .collect();
         let e = if walk.len() < wander {
-            let stay: Vec<EdgeId> = succs.iter().copied().filter(|&e| g.dst(e) != g.exit()).collect();
-            let pool = if stay.is_empty() { &succs[..] } else { &stay[..] };
+            let stay: Vec<EdgeId> = succs
+                .iter()
+                .copied()
+                .filter(|&e| g.dst(e) != g.exit())
+                .collect();
+            let pool = if stay.is_empty() {
+                &succs[..]
+            } else {
+                &stay[..]
+            };
             pool[rng.below(pool.len() as u64) as usize]
         } else {
-            let best: Vec<EdgeId> =
-                succs.iter().copied().filter(|&e| dist[g.dst(e).index()] < dist[at.index()]).collect();
+            let best: Vec<EdgeId> = succs
+                .iter()
+                .copied()
+                .filter(|&e| dist[g.dst(e).index()] < dist[at.index()])
+                .collect();
             best[rng.below(best.len() as u64) as usize]
         };
         walk.push(e);
@@ -162,11 +181,21 @@ pub fn all_bl_paths(g: &Cfg, bl: &BallLarus, limit: usize) -> Option<Vec<BlPath>
         let mut stack: Vec<(NodeId, Vec<EdgeId>)> = vec![(node, Vec::new())];
         while let Some((v, edges)) = stack.pop() {
             if v == g.exit() {
-                out.push(BlPath { start, end: PathEnd::Exit, blocks: Vec::new(), edges: edges.clone() });
+                out.push(BlPath {
+                    start,
+                    end: PathEnd::Exit,
+                    blocks: Vec::new(),
+                    edges: edges.clone(),
+                });
             }
             for &e in g.succs(v) {
                 if bl.is_back_edge(e) {
-                    out.push(BlPath { start, end: PathEnd::BackEdge(e), blocks: Vec::new(), edges: edges.clone() });
+                    out.push(BlPath {
+                        start,
+                        end: PathEnd::BackEdge(e),
+                        blocks: Vec::new(),
+                        edges: edges.clone(),
+                    });
                 } else {
                     let mut next = edges.clone();
                     next.push(e);
@@ -192,15 +221,23 @@ pub fn blocks_of(g: &Cfg, entry: NodeId, edges: &[EdgeId]) -> Vec<NodeId> {
 /// node 0 is the entry, 1 the loop head, `m` the latch, `m + 1` the exit;
 /// body edges only go forward, so the body is a reducible acyclic region
 /// (PAP paper §1.4) unless `back` adds extra backward edges inside it.
-pub fn build_loop_of_dag(m: u32, preds: &[u32], succs: &[u32], fwd: &[(u32, u32)], back: &[(u32, u32)]) -> Cfg {
+pub fn build_loop_of_dag(
+    m: u32,
+    preds: &[u32],
+    succs: &[u32],
+    fwd: &[(u32, u32)],
+    back: &[(u32, u32)],
+) -> Cfg {
     let exit = m + 1;
     let mut g = Cfg::new(m + 2, NodeId(0), NodeId(exit)).unwrap();
     g.add_edge(NodeId(0), NodeId(1)).unwrap();
     for i in 2..=m {
-        g.add_edge(NodeId(1 + preds[i as usize] % (i - 1)), NodeId(i)).unwrap();
+        g.add_edge(NodeId(1 + preds[i as usize] % (i - 1)), NodeId(i))
+            .unwrap();
     }
     for i in 1..m {
-        g.add_edge(NodeId(i), NodeId(i + 1 + succs[i as usize] % (m - i))).unwrap();
+        g.add_edge(NodeId(i), NodeId(i + 1 + succs[i as usize] % (m - i)))
+            .unwrap();
     }
     for &(a, b) in fwd {
         let a = 1 + a % (m - 1);
