@@ -244,7 +244,7 @@ impl Translator {
             self.process.signals.set_critical(false, &self.exits);
             if self.process.signals.deliverable() {
                 self.process.signals.set_critical(true, &self.exits);
-                self.next = Next::Guest(self.guest_rip_of_host(host));
+                self.next = Next::Guest(self.guest_rip(Next::Host(host)));
                 continue;
             }
             self.area.jump_to = host.0;
@@ -272,11 +272,6 @@ impl Translator {
                 p.refill();
             }
         }
-    }
-
-    /// The guest address of the block whose entry is `host`.
-    fn guest_rip_of_host(&self, host: HostAddr) -> u64 {
-        self.guest_rip(Next::Host(host))
     }
 
     /// The guest address the guest would resume at for `next`.

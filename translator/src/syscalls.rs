@@ -14,8 +14,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use hotpath_ir::syscall_name;
-
 use crate::guest_mem;
 use crate::signals::SignalState;
 use crate::thread_area::ThreadArea;
@@ -299,10 +297,6 @@ pub fn raw_syscall(nr: u64, a: &[u64; 6]) -> i64 {
 
 fn is_error(ret: i64) -> bool {
     (-4095..0).contains(&ret)
-}
-
-fn name(nr: u64) -> &'static str {
-    syscall_name(nr).unwrap_or("unknown")
 }
 
 /// The name of signal `sig` (`"SIGSEGV"`), or `"signal N"`.
@@ -726,11 +720,6 @@ fn sys_rseq(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
     // Registering the guest's rseq area would make the kernel rewrite guest memory and RIP on
     // preemption, with host RIPs: report it unavailable, which glibc handles.
     Outcome::Return(-ENOSYS)
-}
-
-/// The name of system call `nr` for messages.
-pub fn describe(nr: u64) -> String {
-    format!("{} ({nr})", name(nr))
 }
 
 #[cfg(test)]

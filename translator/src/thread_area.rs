@@ -22,11 +22,6 @@ pub const IBL_ENTRIES: usize = 1 << 16;
 /// Bytes reserved for the XSAVE image of the guest's x87/SSE/AVX/AVX-512 state.
 pub const XSAVE_AREA_SIZE: usize = 16384;
 
-/// Guest GPR slots, in x86 encoding order (the order of `gpr`).
-pub const GPR_NAMES: [&str; 16] = [
-    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
-    "r14", "r15",
-];
 /// Index of RAX in `gpr`.
 pub const RAX: usize = 0;
 /// Index of RCX in `gpr`.

@@ -235,19 +235,6 @@ impl RingProducer {
         self.ctrl().closed.store(0, Ordering::Release);
     }
 
-    /// Waits until the consumer has read every published event.
-    pub fn wait_drained(&self) {
-        let ctrl = self.ctrl();
-        let backoff = Backoff::new();
-        while ctrl.occupied() != 0 {
-            if backoff.is_completed() {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                backoff.snooze();
-            }
-        }
-    }
-
     /// Wait statistics so far.
     pub fn wait_stats(&self) -> WaitStats {
         let p = &self.ctrl().producer;

@@ -95,20 +95,6 @@ impl Block {
             terminator: self.terminator,
         }
     }
-
-    /// Flag liveness at the block's entry for the flags it reads before writing them
-    /// (iced `RflagsBits` layout). A flag not in the result is either overwritten by the body
-    /// before any read, or only possibly read after the block (conservatively live there is
-    /// up to the caller).
-    pub fn flags_read_before_written(&self) -> u32 {
-        let mut written = 0u32;
-        let mut read = 0u32;
-        for inst in self.body.iter().chain(self.term_inst.iter()) {
-            read |= inst.flags_read & !written;
-            written |= inst.flags_written;
-        }
-        read
-    }
 }
 
 /// What the monitor needs to know about a block to classify its events: shape and terminator.

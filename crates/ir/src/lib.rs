@@ -18,5 +18,5 @@ mod terminator;
 
 pub use block::{Block, BlockSummary, Inst, FLAGS_ALL};
 pub use ids::{BlockId, GuestAddr, HostAddr};
-pub use syscalls::{syscall_name, syscall_number};
+pub use syscalls::syscall_name;
 pub use terminator::{Cond, Terminator, TerminatorKind, TrapKind};

@@ -459,11 +459,3 @@ const SYSCALL_NAMES: [Option<&str>; 451] = [
     Some("futex_waitv"),
     Some("set_mempolicy_home_node"),
 ];
-
-/// The number of the x86-64 Linux system call called `name`.
-pub fn syscall_number(name: &str) -> Option<u64> {
-    SYSCALL_NAMES
-        .iter()
-        .position(|n| *n == Some(name))
-        .map(|i| i as u64)
-}

@@ -148,14 +148,6 @@ impl TerminatorKind {
             TerminatorKind::Trap => "trap",
         }
     }
-
-    /// True for the terminators whose target is only known at run time.
-    pub fn is_indirect(self) -> bool {
-        matches!(
-            self,
-            TerminatorKind::IndirectJump | TerminatorKind::IndirectCall | TerminatorKind::Return
-        )
-    }
 }
 
 impl Terminator {

@@ -440,9 +440,4 @@ impl Image {
             None
         }
     }
-
-    /// The path the guest must see as its own executable.
-    pub fn exe_path(&self) -> &PathBuf {
-        &self.path
-    }
 }

@@ -502,14 +502,6 @@ impl SignalState {
         a.handler != SIG_DFL && a.handler != SIG_IGN && a.flags & SA_RESTART != 0
     }
 
-    /// True if a signal waits for delivery (cheap: one load).
-    pub fn any_pending(&self) -> bool {
-        self.shared.pending.load(Ordering::Acquire) != 0 || {
-            // SAFETY: read on the guest thread outside translated code.
-            unsafe { (*self.shared.sync.get()).is_some() }
-        }
-    }
-
     /// Delivers pending signals to the guest, whose state is in `area` and which would resume
     /// at guest `rip`. Returns where the guest goes on, or how it ends.
     pub fn deliver(&mut self, area: &mut ThreadArea, rip: u64) -> Delivery {
@@ -677,11 +669,6 @@ impl Drop for BlockAll {
     fn drop(&mut self) {
         set_mask(self.mask.get());
     }
-}
-
-/// The guest's current signal mask (the kernel's mask of this thread).
-pub fn guest_mask() -> u64 {
-    get_mask()
 }
 
 fn install_host_altstack() -> std::io::Result<()> {
