@@ -5,6 +5,7 @@
 //!        NewBlock metadata ──────────────────────────▶ Tables::blocks
 //!        block ids ──▶ PathRecorder: shadow stack, functions, paths interned at their ends
 //!                       (paths.rs) ──▶ BL ids, PAP traces, k-paths (pathreport.rs)
+//!        hot back edge ──▶ decisions: trace along the hottest successors ──▶ FormSuperblock
 //! guest ends ──▶ Profile (aggregated by guest address) ──▶ JSON report, text summary
 //! ```
 //!
@@ -13,6 +14,7 @@
 //! terminator (direct branch, indirect jump, syscall); it runs pinned to a core other than the
 //! guest's. Counts are exact: the ring never drops an event.
 
+mod decisions;
 mod pathreport;
 mod paths;
 mod profile;
@@ -20,6 +22,7 @@ pub mod report;
 mod tables;
 mod thread;
 
+pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
 pub use pathreport::{
     FunctionCfg, KPath, PathEntry, PathKind, PathProfile, K_PATHS_TOP, PAP_PATHS_TOP,
 };

@@ -85,6 +85,26 @@ pub struct SyscallProfile {
     pub sites: Vec<(u64, u64)>,
 }
 
+/// One superblock the translator built on the monitor's request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SuperblockProfile {
+    /// Guest address of its head (the loop head it was built for).
+    pub head: u64,
+    /// `symbol+offset` of the head, when known.
+    pub symbol: Option<String>,
+    /// Guest addresses of the basic blocks of its trace, in order (repeated when unrolled).
+    pub blocks: Vec<u64>,
+    /// Guest instructions of the whole trace.
+    pub instructions: u64,
+    /// Times it was entered (one event each).
+    pub entries: u64,
+    /// Entries that ran the whole trace.
+    pub completed: u64,
+    /// `(position in the trace, count)` of the entries that left after that block (a side
+    /// exit, or a fault), by position.
+    pub side_exits: Vec<(u32, u64)>,
+}
+
 /// Everything the reports show.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Profile {
@@ -97,6 +117,8 @@ pub struct Profile {
     pub indirect: Vec<IndirectSite>,
     /// By number.
     pub syscalls: Vec<SyscallProfile>,
+    /// Superblocks, most entered first.
+    pub superblocks: Vec<SuperblockProfile>,
     /// Path profiles, when paths were recorded.
     pub paths: Option<PathProfile>,
 }
@@ -194,7 +216,7 @@ impl Profile {
                 let mut sites: HashMap<u64, u64> = HashMap::new();
                 for (&id, &c) in &s.sites {
                     let addr = blocks
-                        .get(id as usize)
+                        .get(tables.last_block(id) as usize)
                         .map(|b| b.terminator_addr.0)
                         .unwrap_or(0);
                     *sites.entry(addr).or_insert(0) += c;
@@ -209,12 +231,51 @@ impl Profile {
             .collect();
         syscalls.sort_by_key(|s| s.nr);
 
+        let name = |a: u64| {
+            symbolize(a).map(
+                |(s, off)| {
+                    if off == 0 {
+                        s
+                    } else {
+                        format!("{s}+{off:#x}")
+                    }
+                },
+            )
+        };
+        let mut superblocks: Vec<SuperblockProfile> = tables
+            .superblock_runs()
+            .into_iter()
+            .filter_map(|(id, entries, exits)| {
+                let trace = tables.trace(id)?;
+                let addrs: Vec<u64> = trace.iter().map(|b| blocks[b.index()].start.0).collect();
+                Some(SuperblockProfile {
+                    head: addrs[0],
+                    symbol: name(addrs[0]),
+                    instructions: trace
+                        .iter()
+                        .map(|b| blocks[b.index()].instructions as u64)
+                        .sum(),
+                    blocks: addrs,
+                    entries,
+                    completed: entries - exits.iter().sum::<u64>(),
+                    side_exits: exits
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &c)| c > 0)
+                        .map(|(i, &c)| (i as u32, c))
+                        .collect(),
+                })
+            })
+            .collect();
+        superblocks.sort_by(|a, b| b.entries.cmp(&a.entries).then(a.head.cmp(&b.head)));
+
         Profile {
             totals,
             blocks: by_addr.into_values().collect(),
             edges,
             indirect,
             syscalls,
+            superblocks,
             paths: None,
         }
     }

@@ -116,6 +116,24 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
         })).collect::<Vec<_>>(),
     });
     let obj = doc.as_object_mut().expect("an object");
+    obj.insert(
+        "superblocks".into(),
+        profile
+            .superblocks
+            .iter()
+            .map(|s| {
+                json!({
+                    "head": hex(s.head),
+                    "symbol": s.symbol,
+                    "blocks": s.blocks.iter().map(|&a| hex(a)).collect::<Vec<_>>(),
+                    "instructions": s.instructions,
+                    "entries": s.entries,
+                    "completed": s.completed,
+                    "side_exits": s.side_exits.iter().map(|&(after, c)| json!({"after": after, "count": c})).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    );
     for (b, j) in profile
         .blocks
         .iter()
@@ -429,6 +447,26 @@ pub fn render_text(doc: &Value, top: usize) -> String {
             })
             .collect();
         out.push_str(&format!("hotpath: syscalls: {}\n", list.join(", ")));
+    }
+    if let Some(sbs) = doc["superblocks"].as_array().filter(|s| !s.is_empty()) {
+        let entries: u64 = sbs.iter().map(|s| u64_of(&s["entries"])).sum();
+        out.push_str(&format!(
+            "hotpath: superblocks: {} formed, entered {} times\n",
+            sbs.len(),
+            entries
+        ));
+        for s in sbs.iter().take(top.min(5)) {
+            out.push_str(&format!(
+                "  {:>12}  {} ({} blocks, {} instructions), {} ran to the end\n",
+                u64_of(&s["entries"]),
+                s["symbol"]
+                    .as_str()
+                    .unwrap_or(s["head"].as_str().unwrap_or("?")),
+                s["blocks"].as_array().map_or(0, |b| b.len()),
+                u64_of(&s["instructions"]),
+                u64_of(&s["completed"]),
+            ));
+        }
     }
     if let Some(ps) = doc.get("path_stats") {
         out.push_str(&format!(

@@ -6,16 +6,23 @@
 //! Block counts, edge kinds, indirect-branch targets and totals are all derived from those
 //! edge counts when the profile is taken: a block's count is the sum of its out-edges, plus one
 //! for the very last block executed. This keeps the per-event work to a compare and an add.
+//!
+//! Superblocks do not change the hot loop either: their ids and their side-exit ids are counted
+//! as pairs like any other, and [`Tables::edges`] expands each pair into the basic blocks it
+//! stands for (`superblock → its side exit i`: the trace's blocks `0..=i` ran; `superblock →
+//! anything else`: the whole trace ran, then its last block led to the next event's first).
+//! A pair whose count crosses the hot threshold is noted in [`Tables::hot`] for the
+//! superblock decisions (`decisions.rs`).
 
 use std::collections::HashMap;
 
 use crossbeam::channel::Receiver;
-use hotpath_events::{NewBlock, SYSCALL_EVENT};
-use hotpath_ir::BlockSummary;
+use hotpath_events::{IdKind, NewBlock, SYSCALL_EVENT};
+use hotpath_ir::{BlockId, BlockSummary};
 use rustc_hash::FxHashMap;
 
 /// No block: the successor slot is empty, or no block has run yet.
-const NONE: u32 = u32::MAX;
+pub(crate) const NONE: u32 = u32::MAX;
 
 /// Successor cache of one block id: the first two distinct successor ids and their counts.
 #[derive(Clone, Copy)]
@@ -41,8 +48,15 @@ pub struct SyscallCount {
 /// Exact counts of everything the event stream shows, indexed by block id.
 #[derive(Clone)]
 pub struct Tables {
-    /// Block metadata by id, learned from the translator's `NewBlock` messages.
+    /// Block metadata by id, learned from the translator's `NewBlock` messages (for a
+    /// superblock or side-exit id: its first / its block's, see `kinds`).
     pub blocks: Vec<BlockSummary>,
+    /// What each id stands for: a basic block, a superblock, a superblock's side exit.
+    pub kinds: Vec<IdKind>,
+    /// Pair count at which `(from, to)` is noted in `hot` (`u64::MAX`: never).
+    pub hot_threshold: u64,
+    /// Event pairs `(from, to)` whose count just reached `hot_threshold`, for the decisions.
+    pub hot: Vec<(u32, u32)>,
     successors: Vec<Successors>,
     /// Edges `(from id, to id)` beyond the two cached per block (indirect branches with many
     /// targets land here on every event, so the hash is the fast Fx one, not SipHash).
@@ -59,6 +73,9 @@ impl Default for Tables {
     fn default() -> Tables {
         Tables {
             blocks: Vec::new(),
+            kinds: Vec::new(),
+            hot_threshold: u64::MAX,
+            hot: Vec::new(),
             successors: Vec::new(),
             overflow: FxHashMap::default(),
             syscalls: HashMap::new(),
@@ -106,14 +123,19 @@ impl Tables {
     #[inline(always)]
     fn add_edge(&mut self, from: u32, to: u32, n: u64) {
         if let Some(s) = self.successors.get_mut(from as usize) {
-            if s.id[0] == to {
-                s.count[0] += n;
-                return;
+            let k = if s.id[0] == to {
+                0
+            } else if s.id[1] == to {
+                1
+            } else {
+                return self.add_new_edge(from, to, n);
+            };
+            s.count[k] += n;
+            let c = s.count[k];
+            if c >= self.hot_threshold && c - n < self.hot_threshold {
+                self.hot.push((from, to));
             }
-            if s.id[1] == to {
-                s.count[1] += n;
-                return;
-            }
+            return;
         }
         self.add_new_edge(from, to, n);
     }
@@ -134,7 +156,11 @@ impl Tables {
             s.id[1] = to;
             s.count[1] = n;
         } else {
-            *self.overflow.entry((from, to)).or_insert(0) += n;
+            let c = self.overflow.entry((from, to)).or_insert(0);
+            *c += n;
+            if *c >= self.hot_threshold && *c - n < self.hot_threshold {
+                self.hot.push((from, to));
+            }
         }
     }
 
@@ -163,6 +189,7 @@ impl Tables {
             "block ids arrive in translation order"
         );
         self.blocks.push(b.summary);
+        self.kinds.push(b.kind);
     }
 
     /// Reads every pending `NewBlock` message.
@@ -172,8 +199,9 @@ impl Tables {
         }
     }
 
-    /// Every observed edge `(from id, to id, count)`.
-    pub fn edges(&self) -> Vec<(u32, u32, u64)> {
+    /// Every observed pair of consecutive events `(from id, to id, count)`, superblock and
+    /// side-exit ids included.
+    pub fn raw_edges(&self) -> Vec<(u32, u32, u64)> {
         let mut out = Vec::new();
         for (from, s) in self.successors.iter().enumerate() {
             for k in 0..2 {
@@ -186,18 +214,214 @@ impl Tables {
         out
     }
 
-    /// Executions of each block id: the sum of its out-edges, plus one for the last block run
-    /// (which has no out-edge yet).
+    /// The basic blocks of superblock `id`'s trace, if `id` is a superblock.
+    pub fn trace(&self, id: u32) -> Option<&[BlockId]> {
+        match self.kinds.get(id as usize) {
+            Some(IdKind::Superblock { blocks }) => Some(blocks),
+            _ => None,
+        }
+    }
+
+    /// The basic block an event `id` starts with (`None` for a side exit, which only ever
+    /// follows its own superblock).
+    fn first_block(&self, id: u32) -> Option<u32> {
+        match self.kinds.get(id as usize) {
+            Some(IdKind::Superblock { blocks }) => Some(blocks[0].0),
+            Some(IdKind::SideExit { .. }) => None,
+            _ => Some(id),
+        }
+    }
+
+    /// The basic block an event `id` ends with: itself, a superblock's last block, or the
+    /// block a side exit left from.
+    pub fn last_block(&self, id: u32) -> u32 {
+        match self.kinds.get(id as usize) {
+            Some(IdKind::Superblock { blocks }) => blocks[blocks.len() - 1].0,
+            Some(IdKind::SideExit { superblock, after }) => self
+                .trace(superblock.0)
+                .map(|t| t[*after as usize].0)
+                .unwrap_or(id),
+            _ => id,
+        }
+    }
+
+    /// Every edge between basic blocks `(from id, to id, count)`: the event pairs with each
+    /// superblock expanded into the blocks of its trace that ran.
+    pub fn edges(&self) -> Vec<(u32, u32, u64)> {
+        let mut out: FxHashMap<(u32, u32), u64> = FxHashMap::default();
+        let mut add = |f: u32, t: u32, c: u64| *out.entry((f, t)).or_insert(0) += c;
+        let mut inner = |trace: &[BlockId], upto: usize, c: u64| {
+            for w in trace[..=upto].windows(2) {
+                add(w[0].0, w[1].0, c);
+            }
+        };
+        let mut outer: Vec<(u32, u32, u64)> = Vec::new();
+        for (from, to, c) in self.raw_edges() {
+            match self.kinds.get(from as usize) {
+                Some(IdKind::Superblock { blocks }) => {
+                    let ended_after = match self.kinds.get(to as usize) {
+                        Some(IdKind::SideExit { superblock, after }) if superblock.0 == from => {
+                            Some(*after as usize)
+                        }
+                        _ => None,
+                    };
+                    match ended_after {
+                        Some(after) => inner(blocks, after, c),
+                        None => {
+                            inner(blocks, blocks.len() - 1, c);
+                            if let Some(t) = self.first_block(to) {
+                                outer.push((blocks[blocks.len() - 1].0, t, c));
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    if let Some(t) = self.first_block(to) {
+                        outer.push((self.last_block(from), t, c));
+                    }
+                }
+            }
+        }
+        // The last event: a superblock that was running when the guest ended ran to its end
+        // (a fault inside it would have been followed by its side exit).
+        if let Some(trace) = self.trace(self.prev) {
+            inner(trace, trace.len() - 1, 1);
+        }
+        for (f, t, c) in outer {
+            *out.entry((f, t)).or_insert(0) += c;
+        }
+        out.into_iter().map(|((f, t), c)| (f, t, c)).collect()
+    }
+
+    /// Executions of each basic block id: the sum of its out-edges, plus one for the last
+    /// block run (which has no out-edge yet). Superblock and side-exit ids count 0 (their
+    /// blocks are counted).
     pub fn block_counts(&self) -> Vec<u64> {
         let mut counts = vec![0u64; self.blocks.len().max(self.successors.len())];
         for (from, _, c) in self.edges() {
             counts[from as usize] += c;
         }
         if self.prev != NONE {
-            counts[self.prev as usize] += 1;
+            counts[self.last_block(self.prev) as usize] += 1;
         }
         counts.truncate(self.blocks.len());
         counts
+    }
+
+    /// Each superblock's entries and how they ended: `(id, entries, side exits by position)`,
+    /// where entries that ran the whole trace are `entries − Σ side exits`.
+    pub fn superblock_runs(&self) -> Vec<(u32, u64, Vec<u64>)> {
+        let mut runs: FxHashMap<u32, (u64, Vec<u64>)> = FxHashMap::default();
+        for (id, k) in self.kinds.iter().enumerate() {
+            if let IdKind::Superblock { blocks } = k {
+                runs.insert(id as u32, (0, vec![0; blocks.len()]));
+            }
+        }
+        for (from, to, c) in self.raw_edges() {
+            let Some(r) = runs.get_mut(&from) else {
+                continue;
+            };
+            r.0 += c;
+            if let Some(IdKind::SideExit { superblock, after }) = self.kinds.get(to as usize) {
+                if superblock.0 == from {
+                    r.1[*after as usize] += c;
+                }
+            }
+        }
+        if let Some(r) = runs.get_mut(&self.prev) {
+            r.0 += 1;
+        }
+        let mut v: Vec<(u32, u64, Vec<u64>)> =
+            runs.into_iter().map(|(id, (n, e))| (id, n, e)).collect();
+        v.sort_by_key(|r| r.0);
+        v
+    }
+
+    /// The events that followed event `id`, with counts.
+    pub fn successors_of(&self, id: u32) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        if let Some(s) = self.successors.get(id as usize) {
+            for k in 0..2 {
+                if s.id[k] != NONE {
+                    out.push((s.id[k], s.count[k]));
+                }
+            }
+            if s.id[1] != NONE {
+                out.extend(
+                    self.overflow
+                        .iter()
+                        .filter(|((f, _), _)| *f == id)
+                        .map(|(&(_, t), &c)| (t, c)),
+                );
+            }
+        }
+        out
+    }
+
+    /// Learns metadata until every id in `events` is known, waiting for `NewBlock` messages
+    /// (sent before an id first runs) if needed. Returns false if the translator is gone
+    /// with ids still unknown.
+    pub fn learn_events(&mut self, events: &[u32], new_blocks: &Receiver<NewBlock>) -> bool {
+        let max = events
+            .iter()
+            .filter(|&&e| e & SYSCALL_EVENT == 0)
+            .max()
+            .copied();
+        let Some(max) = max else { return true };
+        while self.kinds.len() <= max as usize {
+            match new_blocks.recv() {
+                Ok(b) => self.learn(b),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Turns a stream of events (superblock and side-exit ids included) into the stream of basic
+/// block ids and system call events it stands for. A superblock's event is held until the
+/// next event says how far its trace ran.
+#[derive(Clone, Default)]
+pub struct Expander {
+    /// A superblock whose end is not known yet.
+    pending: Option<u32>,
+}
+
+impl Expander {
+    /// Appends to `out` what `events` stand for (every id must be known to `tables`).
+    pub fn expand(&mut self, tables: &Tables, events: &[u32], out: &mut Vec<u32>) {
+        for &ev in events {
+            if let Some(sb) = self.pending.take() {
+                let trace = tables.trace(sb).expect("pending ids are superblocks");
+                let upto = match tables.kinds.get(ev as usize) {
+                    Some(IdKind::SideExit { superblock, after }) if superblock.0 == sb => {
+                        Some(*after as usize)
+                    }
+                    _ => None,
+                };
+                match upto {
+                    Some(after) => {
+                        out.extend(trace[..=after].iter().map(|b| b.0));
+                        continue;
+                    }
+                    None => out.extend(trace.iter().map(|b| b.0)),
+                }
+            }
+            if ev & SYSCALL_EVENT == 0 && tables.trace(ev).is_some() {
+                self.pending = Some(ev);
+            } else {
+                out.push(ev);
+            }
+        }
+    }
+
+    /// At the end of the stream: the superblock still pending ran to its end.
+    pub fn finish(&mut self, tables: &Tables, out: &mut Vec<u32>) {
+        if let Some(sb) = self.pending.take() {
+            if let Some(trace) = tables.trace(sb) {
+                out.extend(trace.iter().map(|b| b.0));
+            }
+        }
     }
 }
 
@@ -218,6 +442,7 @@ mod tests {
                     instructions: 2,
                     terminator: Terminator::IndirectJump,
                 },
+                kind: IdKind::Block,
             });
         }
     }

@@ -3,18 +3,34 @@
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam::channel::Receiver;
+use crossbeam::channel::{Receiver, Sender};
 use crossbeam::utils::Backoff;
-use hotpath_events::{NewBlock, RingConsumer};
+use hotpath_events::{Command, NewBlock, RingConsumer};
 
+use crate::decisions::Decisions;
+use crate::tables::Expander;
 use crate::{PathRecorder, Tables};
 
-/// What a monitor keeps: the tables, and the path recorder unless paths are off
-/// (`--no-paths`).
+/// What a monitor keeps: the tables, the path recorder unless paths are off, and its
+/// superblock decisions.
 #[derive(Clone, Default)]
 pub struct MonitorState {
     pub tables: Tables,
     pub paths: Option<PathRecorder>,
+    pub decisions: Decisions,
+    /// Turns superblock events back into basic blocks for the path recorder.
+    expander: Expander,
+}
+
+impl MonitorState {
+    /// A state going on from `tables` and `paths`.
+    pub fn new(tables: Tables, paths: Option<PathRecorder>) -> MonitorState {
+        MonitorState {
+            tables,
+            paths,
+            ..MonitorState::default()
+        }
+    }
 }
 
 /// A running monitor thread.
@@ -32,10 +48,12 @@ const IDLE_NAP_US: u64 = 50;
 /// Starts the monitor thread on `ring`, learning block metadata from `new_blocks`, pinned to
 /// `core` when given (the caller picks a core other than the guest's), going on from `tables`
 /// (empty for a new guest; the previous monitor's after a failed `execve`). With paths on, an
-/// event whose block id is not yet known waits for its `NewBlock` message.
+/// event whose block id is not yet known waits for its `NewBlock` message. Superblock requests
+/// go to `commands` (none: the monitor only watches).
 pub fn spawn(
     mut ring: RingConsumer,
     new_blocks: Receiver<NewBlock>,
+    commands: Option<Sender<Command>>,
     core: Option<core_affinity::CoreId>,
     state: MonitorState,
 ) -> MonitorHandle {
@@ -58,7 +76,7 @@ pub fn spawn(
                 core_affinity::set_for_current(c);
             }
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                drain_loop(&mut ring, &new_blocks, state)
+                drain_loop(&mut ring, &new_blocks, commands.as_ref(), state)
             }));
             run.map_err(|panic| {
                 // A bug in the monitor must not hang the guest on a full ring: keep freeing
@@ -78,17 +96,21 @@ pub fn spawn(
 }
 
 /// The monitor's work: drain the ring in order into the tables (and paths) until the
-/// producer closes it.
+/// producer closes it, asking for superblocks as pairs of events become hot.
 fn drain_loop(
     ring: &mut RingConsumer,
     new_blocks: &Receiver<NewBlock>,
-    state: MonitorState,
+    commands: Option<&Sender<Command>>,
+    mut state: MonitorState,
 ) -> MonitorState {
-    let MonitorState {
-        mut tables,
-        mut paths,
-    } = state;
     let backoff = Backoff::new();
+    let mut expanded: Vec<u32> = Vec::new();
+    let MonitorState {
+        tables,
+        paths,
+        decisions,
+        expander,
+    } = &mut state;
     loop {
         // Read `closed` before draining: everything published before the close is visible
         // to this drain.
@@ -96,9 +118,23 @@ fn drain_loop(
         let n = ring.drain(closed, |events| {
             tables.record(events);
             if let Some(p) = paths.as_mut() {
-                p.record(events, &mut tables, Some(new_blocks));
+                if tables.learn_events(events, new_blocks) {
+                    expanded.clear();
+                    expander.expand(tables, events, &mut expanded);
+                    p.record(&expanded, tables, Some(new_blocks));
+                }
             }
         });
+        if !tables.hot.is_empty() {
+            tables.learn_all(new_blocks);
+            let requests = decisions.decide(tables);
+            if let Some(tx) = commands {
+                for c in requests {
+                    // A translator that is gone needs no superblocks.
+                    let _ = tx.send(c);
+                }
+            }
+        }
         if n > 0 {
             backoff.reset();
         } else if closed {
@@ -111,7 +147,12 @@ fn drain_loop(
         }
     }
     tables.learn_all(new_blocks);
-    MonitorState { tables, paths }
+    if let Some(p) = paths.as_mut() {
+        expanded.clear();
+        expander.finish(tables, &mut expanded);
+        p.record(&expanded, tables, Some(new_blocks));
+    }
+    state
 }
 
 /// After a failure: frees ring room without looking at the events, until the ring closes.

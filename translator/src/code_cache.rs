@@ -144,6 +144,22 @@ impl CodeCache {
         };
     }
 
+    /// Writes `jmp rel32` to `target` over the 5 bytes at `at`: an old block entry that now
+    /// leads to a superblock (links to the old entry keep working).
+    ///
+    /// # Panics
+    /// If `at` is outside the cache (a bug in hotpath).
+    pub fn patch_jump(&mut self, at: HostAddr, target: HostAddr) {
+        assert!(
+            self.contains(at) && self.contains(HostAddr(at.0 + 4)),
+            "patch site {at} outside the code cache"
+        );
+        let off = (at.0 - self.rx_base) as usize;
+        // SAFETY: inside the RW view; no translated code runs while the dispatcher patches.
+        unsafe { *self.rw_base.add(off) = 0xe9 };
+        self.patch_rel32(HostAddr(at.0 + 1), target);
+    }
+
     /// Copies the cache into a new memfd, for a child about to be forked: the cache's memfd is
     /// shared across `fork`, so parent and child would otherwise write each other's code. Call
     /// before forking (nothing changes the cache then), then [`adopt`](Self::adopt) the copy in

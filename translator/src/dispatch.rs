@@ -2,10 +2,10 @@
 //! and acts on every exit (chaining direct branches, filling the indirect branch lookup table,
 //! system calls, traps, ring refills).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crossbeam::channel::Sender;
-use hotpath_events::{NewBlock, RingConsumer, RingProducer, SYSCALL_EVENT};
+use crossbeam::channel::{Receiver, Sender};
+use hotpath_events::{Command, IdKind, NewBlock, RingConsumer, RingProducer, SYSCALL_EVENT};
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
@@ -19,6 +19,7 @@ use crate::gateway::{
 };
 use crate::guest_mem;
 use crate::signals::{Delivery, HandlerSetup, SignalState};
+use crate::superblock::{emit_superblock, side_exit_id, MAX_TRACE_BLOCKS};
 use crate::syscalls::{self, CloneArgs, GuestExit, Outcome, Process};
 use crate::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
@@ -30,6 +31,8 @@ pub struct Config {
     pub enqueue: bool,
     /// Event ring capacity in entries (a power of two).
     pub ring_entries: u64,
+    /// Build the superblocks the monitor asks for (`--no-superblocks` turns it off).
+    pub superblocks: bool,
 }
 
 /// Counters of the translator's own work.
@@ -47,6 +50,10 @@ pub struct Stats {
     pub flushes: u64,
     /// Exits to refill the ring's budget.
     pub ring_refills: u64,
+    /// Superblocks built (re-built ones after a flush included).
+    pub superblocks: u64,
+    /// Superblock requests dropped: stale after a flush, or the guest code changed.
+    pub superblocks_dropped: u64,
 }
 
 /// Where to go next.
@@ -94,8 +101,14 @@ pub struct Translator {
     next: Next,
     /// The pending `execve` arguments (`nr`, args).
     exec_request: Option<(u64, [u64; 6])>,
-    /// Metadata of every block id, for a forked child's new monitor.
-    summaries: Vec<hotpath_ir::BlockSummary>,
+    /// Metadata of every id, for a forked child's new monitor.
+    known: Vec<NewBlock>,
+    /// The first id of the current code cache generation: older ids were flushed.
+    generation_first_id: u32,
+    /// Guest addresses whose entry is a superblock (this generation).
+    superblock_heads: HashSet<u64>,
+    /// The monitor's requests.
+    commands: Option<Receiver<Command>>,
     /// Print every translated block's host code (environment `HOTPATH_TRACE_TRANSLATION=1`).
     trace_translation: bool,
 }
@@ -196,7 +209,10 @@ impl Translator {
             stats: Stats::default(),
             next: Next::Guest(image.entry),
             exec_request: None,
-            summaries: Vec::new(),
+            known: Vec::new(),
+            generation_first_id: 0,
+            superblock_heads: HashSet::new(),
+            commands: None,
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
         })
     }
@@ -234,6 +250,7 @@ impl Translator {
                 }
             }
             self.arm_safe_point();
+            self.poll_commands();
             let host = match next {
                 Next::Guest(pc) => self.lookup_or_translate(pc)?,
                 Next::Host(h) => h,
@@ -301,17 +318,142 @@ impl Translator {
     /// Sends every known block's metadata to `tx` and future ones too: a forked child's new
     /// monitor must learn the ids the parent translated.
     pub fn set_block_sender(&mut self, tx: Sender<NewBlock>) {
-        for (i, s) in self.summaries.iter().enumerate() {
-            let _ = tx.send(NewBlock {
-                id: BlockId(i as u32),
-                summary: *s,
-            });
+        for b in &self.known {
+            let _ = tx.send(b.clone());
         }
         if let Some(old) = self.new_blocks.replace(tx) {
             // The old channel's receiver lived in a thread that does not exist in this child;
             // dropping the sender could wait on that thread's lock.
             std::mem::forget(old);
         }
+    }
+
+    /// Takes the monitor's requests from `rx` (a forked child's new monitor replaces them).
+    pub fn set_command_receiver(&mut self, rx: Receiver<Command>) {
+        self.commands = Some(rx);
+    }
+
+    /// Acts on the monitor's pending requests.
+    fn poll_commands(&mut self) {
+        let Some(rx) = &self.commands else { return };
+        let requests: Vec<Command> = rx.try_iter().collect();
+        for c in requests {
+            match c {
+                Command::FormSuperblock { blocks } => {
+                    if !self.cfg.superblocks || !self.form_superblock(&blocks) {
+                        self.stats.superblocks_dropped += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds the superblock over basic block ids `ids` and makes it the entry of the first
+    /// one's guest address. Returns false (nothing changed) when the request is stale: an id
+    /// from before a flush, a head that has a superblock already, or guest code that no longer
+    /// decodes to the same blocks.
+    fn form_superblock(&mut self, ids: &[BlockId]) -> bool {
+        if ids.is_empty() || ids.len() > MAX_TRACE_BLOCKS {
+            return false;
+        }
+        let mut blocks = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let Some(known) = self.known.get(id.index()) else {
+                return false;
+            };
+            if id.0 < self.generation_first_id || known.kind != IdKind::Block {
+                return false;
+            }
+            let block = decode_block(known.summary.start);
+            if block.summary() != known.summary {
+                return false;
+            }
+            blocks.push(block);
+        }
+        let head = blocks[0].start.0;
+        let Some(&old_entry) = self.blocks.get(&head) else {
+            return false;
+        };
+        if self.superblock_heads.contains(&head) {
+            return false;
+        }
+        let sb = BlockId(self.next_id);
+        let first_exit = self.exits.len() as u32;
+        let cx = EmitContext {
+            enqueue: true,
+            gateway: self.gateway,
+        };
+        let trace = match emit_superblock(&blocks, sb, self.cache.next_addr(), first_exit, &cx) {
+            Ok(t) => t,
+            Err(e) => {
+                if self.trace_translation {
+                    eprintln!("hotpath: {e}");
+                }
+                return false;
+            }
+        };
+        if trace.code.len() as u64 > self.cache.room()
+            || first_exit as u64 + trace.exits.len() as u64 > EXIT_SPECIAL_BASE as u64
+        {
+            // The next translation flushes the cache; the monitor asks again if it stays hot.
+            return false;
+        }
+        let at = self.cache.next_addr();
+        if self.trace_translation {
+            eprintln!(
+                "hotpath: superblock {} at guest {head:#x} ({} blocks) → {}:\n{}",
+                sb.0,
+                blocks.len(),
+                trace.entry,
+                disassemble(&trace.code, at.0)
+            );
+        }
+        self.cache.insert(&trace.code);
+        self.exits.extend(trace.exits);
+        // SAFETY: the dispatcher runs; no translated code does.
+        let layouts = unsafe { self.process.signals.layouts_mut() };
+        for l in trace.layouts {
+            layouts.insert(l.code_start, l);
+        }
+        let trace_ids: std::sync::Arc<[BlockId]> = ids.into();
+        self.announce(NewBlock {
+            id: sb,
+            summary: blocks[0].summary(),
+            kind: IdKind::Superblock { blocks: trace_ids },
+        });
+        for (i, b) in blocks.iter().enumerate() {
+            self.announce(NewBlock {
+                id: side_exit_id(sb, i),
+                summary: b.summary(),
+                kind: IdKind::SideExit {
+                    superblock: sb,
+                    after: i as u32,
+                },
+            });
+        }
+        self.next_id += 1 + blocks.len() as u32;
+        // Every way into the head now leads to the superblock: new links and lookups through
+        // the map, existing links through a jump over the old block's enqueue stub, the lookup
+        // table by its entry.
+        self.blocks.insert(head, trace.entry);
+        self.superblock_heads.insert(head);
+        self.cache.patch_jump(old_entry, trace.entry);
+        let slot = &mut self.area.ibl[ThreadArea::ibl_index(head)];
+        if slot.neg_guest == 0u64.wrapping_sub(head) {
+            slot.host = trace.entry.0;
+        }
+        self.stats.superblocks += 1;
+        true
+    }
+
+    /// Records a new id's metadata and sends it to the monitor, before the id can run.
+    fn announce(&mut self, b: NewBlock) {
+        if let Some(tx) = &self.new_blocks {
+            // The monitor may have stopped (it never does before the guest ends); a lost
+            // receiver is not the guest's problem.
+            let _ = tx.send(b.clone());
+        }
+        self.known.push(b);
     }
 
     /// Runs translated code from `area.jump_to` until it exits to the dispatcher.
@@ -335,7 +477,13 @@ impl Translator {
                 self.stats.ring_refills += 1;
                 Ok(Ok(Next::Host(HostAddr(self.area.resume))))
             }
-            EXIT_SIGNAL => Ok(Ok(Next::Signal)),
+            EXIT_SIGNAL => {
+                // A fault inside a superblock ended its trace early: say where, in order.
+                if let (Some(p), Some(m)) = (&self.producer, self.process.signals.trace_exit()) {
+                    p.push(m);
+                }
+                Ok(Ok(Next::Signal))
+            }
             EXIT_IBL_MISS => {
                 self.stats.ibl_misses += 1;
                 let target = self.area.ibl_target;
@@ -364,6 +512,12 @@ impl Translator {
                         Ok(Ok(Next::Guest(at.0)))
                     }
                     ExitKind::Syscall { next, .. } => self.syscall(next.0),
+                    ExitKind::SideExit { marker, target } => {
+                        if let Some(p) = &self.producer {
+                            p.push(marker.0);
+                        }
+                        Ok(Ok(Next::Guest(target.0)))
+                    }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
             }
@@ -546,6 +700,8 @@ impl Translator {
         // SAFETY: the dispatcher runs; no translated code does.
         unsafe { self.process.signals.layouts_mut() }.clear();
         self.generation += 1;
+        self.generation_first_id = self.next_id;
+        self.superblock_heads.clear();
         self.stats.flushes += 1;
     }
 
@@ -593,18 +749,14 @@ impl Translator {
         // SAFETY: the dispatcher runs; no translated code does.
         unsafe { self.process.signals.layouts_mut() }
             .insert(emitted.layout.code_start, emitted.layout);
-        self.summaries.push(block.summary());
         self.blocks.insert(pc, emitted.entry);
         self.spans.insert(pc, block.end().0.max(pc + 1));
         self.stats.blocks_translated += 1;
-        if let Some(tx) = &self.new_blocks {
-            // The monitor may have stopped (it never does before the guest ends); a lost
-            // receiver is not the guest's problem.
-            let _ = tx.send(NewBlock {
-                id,
-                summary: block.summary(),
-            });
-        }
+        self.announce(NewBlock {
+            id,
+            summary: block.summary(),
+            kind: IdKind::Block,
+        });
         Ok(emitted.entry)
     }
 }

@@ -36,6 +36,9 @@ pub enum ExitKind {
     },
     /// The guest executed `syscall` at `at`; it resumes at `next`.
     Syscall { at: GuestAddr, next: GuestAddr },
+    /// A superblock's side exit found the ring budget at 0: enqueue `marker`, then go on at
+    /// guest `target` (the dispatcher does what the side exit's enqueue stub would have).
+    SideExit { marker: BlockId, target: GuestAddr },
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
     Trap {
         kind: TrapKind,
@@ -93,6 +96,9 @@ pub struct HostLayout {
     /// In this host range the terminator has moved RSP down 8 bytes to push a return address
     /// that is not fully stored yet.
     pub push_window: Option<(u64, u64)>,
+    /// For one block of a superblock: the side-exit event that says "the superblock ended
+    /// after this block", which the dispatcher enqueues when a fault here ends the trace.
+    pub trace_exit: Option<u32>,
 }
 
 /// What the emitter needs to know besides the block.
@@ -105,22 +111,22 @@ pub struct EmitContext {
 }
 
 /// A growing run of machine code assembled for consecutive host addresses.
-struct Code_ {
-    base: u64,
-    bytes: Vec<u8>,
+pub(crate) struct Code_ {
+    pub base: u64,
+    pub bytes: Vec<u8>,
 }
 
 impl Code_ {
-    fn addr(&self) -> u64 {
+    pub fn addr(&self) -> u64 {
         self.base + self.bytes.len() as u64
     }
 
-    fn append(&mut self, chunk: Vec<u8>) {
+    pub fn append(&mut self, chunk: Vec<u8>) {
         self.bytes.extend(chunk);
     }
 }
 
-fn assembled(
+pub(crate) fn assembled(
     ops: VecAssembler<X64Relocation>,
     what: &'static str,
 ) -> Result<Vec<u8>, TranslateError> {
@@ -128,6 +134,82 @@ fn assembled(
         what,
         reason: format!("{e:?}"),
     })
+}
+
+/// What an enqueue stub does when the ring budget is 0 (ring full, or a signal pending).
+#[derive(Clone, Copy)]
+pub(crate) enum Slow {
+    /// Exit with `EXIT_RING_FULL`, resuming at the stub's entry afterwards (a block or
+    /// superblock head: a pending signal is delivered before it).
+    Resume,
+    /// Exit through exit index `n` (a superblock's side exit: the dispatcher enqueues the event
+    /// itself and goes on at the exit's target).
+    Exit(u32),
+}
+
+/// Offsets (from the assembler's start) of an emitted enqueue stub.
+pub(crate) struct StubOffsets {
+    /// The stub's entry: where control arrives.
+    pub entry: u64,
+    /// `[start, end)` in which the budget is between its load and its store (see
+    /// [`HostLayout::stub_window`]).
+    pub window: (u64, u64),
+}
+
+/// Appends an enqueue stub for event `event`: its slow path first, then the entry, which
+/// checks the budget (`jrcxz` to the slow path), stores `event` at `entries[head++]` and gives
+/// RCX back. Flag-free; RCX is borrowed through `scratch_rcx`.
+pub(crate) fn enqueue_stub(
+    ops: &mut VecAssembler<X64Relocation>,
+    event: u32,
+    slow: Slow,
+    exit_addr: usize,
+) -> StubOffsets {
+    let entry_label = ops.new_dynamic_label();
+    let slow_label = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; =>slow_label);
+    match slow {
+        Slow::Resume => dynasm!(ops
+            ; .arch x64
+            ; lea rcx, [=>entry_label]
+            ; .u8 GS ; mov QWORD [off::RESUME], rcx
+            ; mov ecx, EXIT_RING_FULL as i32
+            ; jmp extern exit_addr
+        ),
+        // The guest's RCX is in its scratch slot already, as the exit routine expects.
+        Slow::Exit(index) => dynasm!(ops
+            ; .arch x64
+            ; mov ecx, index as i32
+            ; jmp extern exit_addr
+        ),
+    }
+    let entry = ops.offset().0 as u64;
+    dynasm!(ops
+        ; .arch x64
+        ; =>entry_label
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+    );
+    let window_start = ops.offset().0 as u64;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
+        ; jrcxz =>slow_label
+        ; lea rcx, [rcx - 1]
+        ; .u8 GS ; mov QWORD [off::RING_BUDGET], rcx
+    );
+    let window_end = ops.offset().0 as u64;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rcx, QWORD [off::RING_HEAD]
+        ; .u8 GS ; mov DWORD [rcx * 4 + off::ENTRIES], event as i32
+        ; lea rcx, [rcx + 1]
+        ; .u8 GS ; mov QWORD [off::RING_HEAD], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+    );
+    StubOffsets {
+        entry,
+        window: (window_start, window_end),
+    }
 }
 
 /// Emits `block` (id `id`) for host address `at`; its exits get indices from `first_exit`.
@@ -158,40 +240,9 @@ pub fn emit_block(
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let entry;
     if cx.enqueue {
-        let entry_label = ops.new_dynamic_label();
-        dynasm!(ops
-            ; .arch x64
-            ; slow:
-            ; lea rcx, [=>entry_label]
-            ; .u8 GS ; mov QWORD [off::RESUME], rcx
-            ; mov ecx, EXIT_RING_FULL as i32
-            ; jmp extern exit_addr
-        );
-        let entry_off = ops.offset().0 as u64;
-        dynasm!(ops
-            ; .arch x64
-            ; =>entry_label
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        );
-        let window_start = ops.offset().0 as u64;
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
-            ; jrcxz <slow
-            ; lea rcx, [rcx - 1]
-            ; .u8 GS ; mov QWORD [off::RING_BUDGET], rcx
-        );
-        let window_end = ops.offset().0 as u64;
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov rcx, QWORD [off::RING_HEAD]
-            ; .u8 GS ; mov DWORD [rcx * 4 + off::ENTRIES], id.0 as i32
-            ; lea rcx, [rcx + 1]
-            ; .u8 GS ; mov QWORD [off::RING_HEAD], rcx
-            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-        );
-        entry = HostAddr(code.base + entry_off);
-        layout.stub_window = (code.base + window_start, code.base + window_end);
+        let stub = enqueue_stub(&mut ops, id.0, Slow::Resume, exit_addr);
+        entry = HostAddr(code.base + stub.entry);
+        layout.stub_window = (code.base + stub.window.0, code.base + stub.window.1);
     } else {
         entry = HostAddr(code.base);
         layout.stub_window = (entry.0, entry.0);
@@ -200,26 +251,9 @@ pub fn emit_block(
     layout.guest_start = block.start.0;
     code.append(assembled(ops, "block entry")?);
 
-    // Body: re-encoded at its new address.
-    if !block.body.is_empty() {
-        let insts: Vec<Instruction> = block.body.iter().map(|i| i.inst).collect();
-        let (bytes, offsets) = encode_at(&insts, code.addr())?;
-        let base = code.addr();
-        layout.body = offsets
-            .iter()
-            .zip(&insts)
-            .map(|(&o, i)| (base + o, i.ip()))
-            .collect();
-        code.append(bytes);
-    }
+    append_body(block, &mut code, &mut layout)?;
 
     // Terminator and exit stubs.
-    layout.term_start = code.addr();
-    layout.term_guest = block
-        .term_inst
-        .as_ref()
-        .map(|i| i.inst.ip())
-        .unwrap_or(block.end().0);
     let mut exits = Vec::new();
     emit_terminator(
         block,
@@ -231,21 +265,52 @@ pub fn emit_block(
         &mut layout,
     )?;
     layout.code_end = code.addr();
-    // Each direct exit's rel32 points at its stub until it is chained: remember where, so the
-    // link can be undone.
-    for e in &mut exits {
-        if let ExitKind::Direct { site, stub, .. } = &mut e.kind {
-            let off = (site.0 - code.base) as usize;
-            let rel = i32::from_le_bytes(code.bytes[off..off + 4].try_into().expect("4 bytes"));
-            *stub = HostAddr((site.0 as i64 + 4 + rel as i64) as u64);
-        }
-    }
+    resolve_exit_stubs(&mut exits, &code);
     Ok(EmittedBlock {
         code: code.bytes,
         entry,
         exits,
         layout,
     })
+}
+
+/// Appends `block`'s body, re-encoded at its new address, and records where each instruction
+/// landed in `layout` (with where the terminator's code will start).
+pub(crate) fn append_body(
+    block: &Block,
+    code: &mut Code_,
+    layout: &mut HostLayout,
+) -> Result<(), TranslateError> {
+    if !block.body.is_empty() {
+        let insts: Vec<Instruction> = block.body.iter().map(|i| i.inst).collect();
+        let (bytes, offsets) = encode_at(&insts, code.addr())?;
+        let base = code.addr();
+        layout.body = offsets
+            .iter()
+            .zip(&insts)
+            .map(|(&o, i)| (base + o, i.ip()))
+            .collect();
+        code.append(bytes);
+    }
+    layout.term_start = code.addr();
+    layout.term_guest = block
+        .term_inst
+        .as_ref()
+        .map(|i| i.inst.ip())
+        .unwrap_or(block.end().0);
+    Ok(())
+}
+
+/// Records, for each direct exit, the stub its rel32 points at until it is chained, so the
+/// link can be undone.
+pub(crate) fn resolve_exit_stubs(exits: &mut [Exit], code: &Code_) {
+    for e in exits {
+        if let ExitKind::Direct { site, stub, .. } = &mut e.kind {
+            let off = (site.0 - code.base) as usize;
+            let rel = i32::from_le_bytes(code.bytes[off..off + 4].try_into().expect("4 bytes"));
+            *stub = HostAddr((site.0 as i64 + 4 + rel as i64) as u64);
+        }
+    }
 }
 
 /// Re-encodes guest instructions one after another from host address `rip`, keeping every
@@ -255,7 +320,10 @@ pub fn emit_block(
 /// operand that happens to address one of the block's own instructions as a reference into the
 /// block and move it along with the code, which is wrong for data accesses (`lea rcx, [rip]`).
 /// Returns the code and each instruction's offset in it.
-fn encode_at(insts: &[Instruction], rip: u64) -> Result<(Vec<u8>, Vec<u64>), TranslateError> {
+pub(crate) fn encode_at(
+    insts: &[Instruction],
+    rip: u64,
+) -> Result<(Vec<u8>, Vec<u64>), TranslateError> {
     let mut encoder = Encoder::new(64);
     let mut at = rip;
     let mut offsets = Vec::with_capacity(insts.len());
@@ -273,7 +341,7 @@ fn encode_at(insts: &[Instruction], rip: u64) -> Result<(Vec<u8>, Vec<u64>), Tra
 }
 
 /// Appends the exit stub for exit index `index` at label `label`.
-fn exit_stub(
+pub(crate) fn exit_stub(
     ops: &mut VecAssembler<X64Relocation>,
     label: DynamicLabel,
     index: u32,
@@ -289,7 +357,7 @@ fn exit_stub(
 }
 
 /// Emits `jcc rel32` with condition nibble `cc` to `label`.
-fn jcc(ops: &mut VecAssembler<X64Relocation>, cc: u8, label: DynamicLabel) {
+pub(crate) fn jcc(ops: &mut VecAssembler<X64Relocation>, cc: u8, label: DynamicLabel) {
     match cc {
         0 => dynasm!(ops ; .arch x64 ; jo =>label),
         1 => dynasm!(ops ; .arch x64 ; jno =>label),
@@ -311,7 +379,7 @@ fn jcc(ops: &mut VecAssembler<X64Relocation>, cc: u8, label: DynamicLabel) {
 }
 
 /// Emits the RCX-based short branch `inst` (loop/loope/loopne/jrcxz/jecxz) to `label`.
-fn rcx_branch(
+pub(crate) fn rcx_branch(
     ops: &mut VecAssembler<X64Relocation>,
     code: Code,
     label: DynamicLabel,
@@ -339,7 +407,10 @@ fn rcx_branch(
 /// store the halves (`push imm32` would sign-extend).
 /// Returns the assembler offsets `(after the lea, after the stores)`: between them RSP is 8
 /// below the guest's and the return address not fully stored.
-fn push_return_address(ops: &mut VecAssembler<X64Relocation>, ret: GuestAddr) -> (u64, u64) {
+pub(crate) fn push_return_address(
+    ops: &mut VecAssembler<X64Relocation>,
+    ret: GuestAddr,
+) -> (u64, u64) {
     let lo = ret.0 as u32 as i32;
     let hi = (ret.0 >> 32) as u32 as i32;
     dynasm!(ops ; .arch x64 ; lea rsp, [rsp - 8]);
@@ -352,7 +423,7 @@ fn push_return_address(ops: &mut VecAssembler<X64Relocation>, ret: GuestAddr) ->
     (after_lea, ops.offset().0 as u64)
 }
 
-fn emit_terminator(
+pub(crate) fn emit_terminator(
     block: &Block,
     id: BlockId,
     code: &mut Code_,

@@ -20,6 +20,7 @@ pub mod emit;
 pub mod gateway;
 mod guest_mem;
 pub mod signals;
+pub mod superblock;
 pub mod syscalls;
 pub mod thread_area;
 
@@ -50,4 +51,8 @@ pub enum TranslateError {
     /// The guest asked the kernel for something hotpath does not support yet.
     #[error("{message}")]
     UnsupportedSyscall { message: String },
+    /// A superblock the monitor asked for cannot be laid out (the request is dropped; the
+    /// guest goes on with its basic blocks).
+    #[error("cannot form the superblock at {head:#x}: {reason}")]
+    Superblock { head: u64, reason: String },
 }

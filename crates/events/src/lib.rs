@@ -28,14 +28,49 @@ pub const MIN_RING_ENTRIES: u64 = 4;
 /// consumer absorb the guest's bursts.
 pub const DEFAULT_RING_ENTRIES: u64 = 1 << 20;
 
+use std::sync::Arc;
+
 use hotpath_ir::{BlockId, BlockSummary};
 
-/// Metadata of a newly translated block, sent to the monitor before the block first runs so
-/// every id in the ring resolves.
-#[derive(Clone, Copy, Debug)]
+/// What an id in the event stream stands for.
+///
+/// A superblock (a trace of basic blocks laid out along a hot path, see DESIGN.md
+/// "Superblocks") enqueues one event when it is entered, instead of one per block. When it
+/// leaves before its end (a side exit, or a fault in one of its blocks) it enqueues the id of a
+/// [`SideExit`](IdKind::SideExit) right after: so the stream still says exactly which blocks
+/// ran. A superblock event followed by anything else ran every block of the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IdKind {
+    /// A guest basic block.
+    Block,
+    /// A superblock: the basic block ids of its trace, in execution order (a block may appear
+    /// more than once: an unrolled loop).
+    Superblock { blocks: Arc<[BlockId]> },
+    /// "Superblock `superblock` ended after the block at position `after` of its trace": the
+    /// blocks at positions `0..=after` ran, the rest did not.
+    SideExit { superblock: BlockId, after: u32 },
+}
+
+/// Metadata of a newly translated id, sent to the monitor before it first appears in the
+/// ring, so every id resolves.
+#[derive(Clone, Debug)]
 pub struct NewBlock {
-    /// The block's id (dense, in translation order).
+    /// The id (dense, in translation order).
     pub id: BlockId,
-    /// Its shape and terminator.
+    /// Shape and terminator of the basic block (for a superblock or a side exit: of the trace's
+    /// first block; the monitor looks through them at `kind`).
     pub summary: BlockSummary,
+    /// Basic block, superblock, or a superblock's side exit.
+    pub kind: IdKind,
+}
+
+/// What the monitor asks of the translator (a crossbeam channel; the translator reads it when
+/// it is in the dispatcher, at the latest at the next ring refill).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Build a superblock along `blocks` (basic block ids, in path order; each block's
+    /// static successor must be the next one) and make it the entry of `blocks[0]`'s guest
+    /// address. Ignored when an id is stale (its translation was flushed) or the path no
+    /// longer matches the guest code.
+    FormSuperblock { blocks: Vec<BlockId> },
 }

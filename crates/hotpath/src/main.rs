@@ -19,7 +19,7 @@ use hotpath_loader::{build_stack, load, Image, LoadError, LoadOptions};
 use hotpath_monitor::report::{self, Ending, RunInfo};
 use hotpath_monitor::{
     FunctionSymbol, MonitorHandle, MonitorState, PathConfig, PathProfile, PathRecorder, Profile,
-    DEFAULT_PAP_THRESHOLD,
+    DEFAULT_PAP_THRESHOLD, DEFAULT_SUPERBLOCK_THRESHOLD,
 };
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
 use hotpath_translator::{signal_name, Config, GuestExit, Stop, TranslateError, Translator};
@@ -93,6 +93,15 @@ struct RunArgs {
     /// Path ends after which a function is hot and records PAP cyclic paths (0: all).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PAP_THRESHOLD)]
     pap_threshold: u64,
+    /// Build no superblocks: every block enqueues its own event (measures what superblocks
+    /// buy; the profile is the same).
+    #[arg(long)]
+    no_superblocks: bool,
+    /// Executions of a loop's back edge after which the monitor asks for a superblock at the
+    /// loop head (the monitor-thread patent's 3000).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SUPERBLOCK_THRESHOLD,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    superblock_threshold: u64,
     /// Rows of each table in the summary (hot paths, blocks, indirect branches).
     #[arg(long, default_value_t = SUMMARY_TOP)]
     top: usize,
@@ -201,6 +210,8 @@ struct Monitoring {
     handle: Option<MonitorHandle>,
     /// Path recording for a new monitor (None: `--no-paths`).
     paths: Option<PathConfig>,
+    /// The hot threshold for superblocks (None: `--no-superblocks`).
+    superblock_threshold: Option<u64>,
     core: Option<core_affinity::CoreId>,
     report: Option<PathBuf>,
 }
@@ -208,19 +219,27 @@ struct Monitoring {
 impl Monitoring {
     /// A fresh monitor state: empty tables and paths.
     fn fresh(&self) -> MonitorState {
-        MonitorState {
-            tables: Default::default(),
-            paths: self.paths.clone().map(PathRecorder::new),
-        }
+        let mut state = MonitorState::new(
+            Default::default(),
+            self.paths.clone().map(PathRecorder::new),
+        );
+        state.tables.hot_threshold = self.superblock_threshold.unwrap_or(u64::MAX);
+        state
     }
 
     /// Starts a monitor on the translator's ring, going on from `state`.
     fn start(&mut self, translator: &mut Translator, state: MonitorState) {
         let (tx, rx) = crossbeam::channel::unbounded();
         translator.set_block_sender(tx);
+        let commands = self.superblock_threshold.map(|_| {
+            let (tx, rx) = crossbeam::channel::unbounded();
+            translator.set_command_receiver(rx);
+            tx
+        });
         self.handle = Some(hotpath_monitor::spawn(
             translator.ring_consumer(),
             rx,
+            commands,
             self.core,
             state,
         ));
@@ -275,6 +294,7 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let cfg = Config {
         enqueue: monitor_on,
         ring_entries: args.ring_entries,
+        superblocks: monitor_on && !args.no_superblocks,
     };
     let mut translator = match Translator::new(&image, &stack, cfg, None) {
         Ok(t) => t,
@@ -304,6 +324,7 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let mut monitoring = Monitoring {
         handle: None,
         paths,
+        superblock_threshold: (!args.no_superblocks).then_some(args.superblock_threshold),
         core,
         report: args.report.clone(),
     };
@@ -404,7 +425,7 @@ fn finish_report(
             .symbolize(addr)
             .map(|(name, off)| (name.to_string(), off))
     };
-    let MonitorState { tables, paths } = state;
+    let MonitorState { tables, paths, .. } = state;
     let mut profile = Profile::from_tables(&tables, &symbolize);
     profile.totals.ring_waits = waits.waits;
     profile.totals.ring_wait_ns = waits.wait_ns;

@@ -78,7 +78,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         if in_cache {
             // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
             let layouts = unsafe { &*shared.layouts.get() };
-            if let Some(rip) = capture_fault(layouts, pc, gregs, area) {
+            if let Some((rip, trace_exit)) = capture_fault(layouts, pc, gregs, area) {
                 area.fs_base = fs;
                 // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
                 unsafe {
@@ -86,6 +86,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
                         sig,
                         info: info_bytes,
                         rip,
+                        trace_exit,
                     })
                 };
                 gregs[REG_RIP] = shared.exit_from_signal as i64;
@@ -175,14 +176,15 @@ fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
 const STUB_SAVE_RCX_LEN: u64 = 9;
 
 /// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
-/// guest's values at the faulting instruction and returns its guest address, or `None` when
-/// `pc` is not at a guest instruction (a fault in hotpath's own stubs).
+/// guest's values at the faulting instruction and returns its guest address (with the
+/// superblock side-exit event of the block, if it is in one), or `None` when `pc` is not at a
+/// guest instruction (a fault in hotpath's own stubs).
 fn capture_fault(
     layouts: &BTreeMap<u64, HostLayout>,
     pc: u64,
     gregs: &[i64; 23],
     area: &mut ThreadArea,
-) -> Option<u64> {
+) -> Option<(u64, Option<u32>)> {
     let (_, l) = layouts.range(..=pc).next_back()?;
     if pc >= l.code_end {
         return None;
@@ -219,5 +221,5 @@ fn capture_fault(
     };
     area.gpr = regs;
     area.rflags = gregs[REG_EFL] as u64;
-    Some(rip)
+    Some((rip, l.trace_exit))
 }

@@ -123,6 +123,9 @@ struct SyncFault {
     info: [u8; 128],
     /// Guest RIP the fault is reported at.
     rip: u64,
+    /// The side-exit event of the superblock block it happened in (see
+    /// [`HostLayout::trace_exit`](crate::emit::HostLayout::trace_exit)).
+    trace_exit: Option<u32>,
 }
 
 /// What the host handler shares with the dispatcher. One per process (the guest has one
@@ -467,6 +470,17 @@ impl SignalState {
         self.shared.rw_delta.store(delta, Ordering::Relaxed);
     }
 
+    /// Takes the side-exit event of the superblock a fault just ended, if it happened in one
+    /// (the dispatcher enqueues it before the fault is delivered).
+    pub fn trace_exit(&mut self) -> Option<u32> {
+        // SAFETY: on the guest thread outside translated code: the handler does not run.
+        unsafe {
+            (*self.shared.sync.get())
+                .as_mut()
+                .and_then(|f| f.trace_exit.take())
+        }
+    }
+
     /// True if a signal waits that the guest's current mask lets through (one load, and a
     /// system call only when something is pending).
     pub fn deliverable(&self) -> bool {
@@ -580,7 +594,14 @@ impl SignalState {
         info[16..24].copy_from_slice(&addr.to_le_bytes());
         // SAFETY: on the guest thread, outside translated code; the handler never writes
         // `sync` unless the thread runs translated code.
-        unsafe { *self.shared.sync.get() = Some(SyncFault { sig, info, rip }) };
+        unsafe {
+            *self.shared.sync.get() = Some(SyncFault {
+                sig,
+                info,
+                rip,
+                trace_exit: None,
+            })
+        };
     }
 
     /// Clears what a forked child must not inherit: pending signals (the kernel does not pass

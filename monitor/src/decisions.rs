@@ -1,0 +1,143 @@
+//! Hot-path decisions: which superblocks to ask the translator for, and along which path.
+//!
+//! After the monitor-thread patent (CN101593125, DESIGN.md "Monitor"): when a block passes a
+//! hot threshold (3000 executions by default), the monitor asks the translator for a
+//! superblock. The trace head is the target of a hot *backward* edge — a loop head — as in
+//! Dynamo's NET and DynamoRIO ("a trace head is the target of a backward branch"), so every
+//! hot loop gets one and straight-line code is left alone. From the head the trace follows each
+//! block's most frequent successor (the monitor's exact edge counts) while the successor is a
+//! static one (direct jump, fall-through, call or either branch direction), until it comes
+//! back to the head, reaches an indirect branch, a system call or a trap, or grows too long.
+//! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
+//! event (and one budget check) covers several iterations.
+
+use hotpath_events::{Command, IdKind};
+use hotpath_ir::{BlockId, Terminator};
+use rustc_hash::FxHashSet;
+
+use crate::Tables;
+
+/// Default hot threshold: executions of a loop's back edge before its superblock is
+/// requested (the patent's 3000 for a direct-branch block).
+pub const DEFAULT_SUPERBLOCK_THRESHOLD: u64 = 3000;
+
+/// Most basic blocks in a trace, unrolled copies included (the translator's
+/// `MAX_TRACE_BLOCKS`: each position has its own side-exit id).
+pub const MAX_TRACE_BLOCKS: usize = 32;
+
+/// Guest instructions a trace stops growing at (before unrolling).
+pub const MAX_TRACE_INSTRUCTIONS: u32 = 256;
+
+/// A loop that closes within its trace is repeated until the trace has about this many guest
+/// instructions: a 4-instruction loop body becomes 12 copies, one event per 12 iterations.
+/// Longer bodies gain less from unrolling (the event is a smaller share of their cost).
+pub const UNROLL_INSTRUCTIONS: u32 = 48;
+
+/// What the decisions remember between calls.
+#[derive(Clone, Default)]
+pub struct Decisions {
+    /// Heads (basic block ids) already asked for.
+    requested: FxHashSet<u32>,
+    /// Superblocks requested.
+    pub requests: u64,
+}
+
+impl Decisions {
+    /// Looks at the event pairs that just became hot (`tables.hot`, emptied) and returns the
+    /// superblocks to request.
+    pub fn decide(&mut self, tables: &mut Tables) -> Vec<Command> {
+        let hot = std::mem::take(&mut tables.hot);
+        let mut out = Vec::new();
+        for (from, to) in hot {
+            let Some(head) = loop_head(tables, from, to) else {
+                continue;
+            };
+            if !self.requested.insert(head) {
+                continue;
+            }
+            if let Some(blocks) = trace_from(tables, head) {
+                self.requests += 1;
+                out.push(Command::FormSuperblock { blocks });
+            }
+        }
+        out
+    }
+}
+
+fn is_block(tables: &Tables, id: u32) -> bool {
+    matches!(tables.kinds.get(id as usize), Some(IdKind::Block))
+}
+
+/// The head of a trace for the hot pair `from → to`: `to`, when it is a basic block at or
+/// before the block `from` ended with (a backward edge: `to` heads a loop).
+fn loop_head(tables: &Tables, from: u32, to: u32) -> Option<u32> {
+    if !is_block(tables, to) || from as usize >= tables.blocks.len() {
+        return None;
+    }
+    let source = tables.blocks.get(tables.last_block(from) as usize)?;
+    let target = tables.blocks.get(to as usize)?;
+    (target.start <= source.start).then_some(to)
+}
+
+/// The successor of `id` that followed it most often, with its count.
+fn hottest_successor(tables: &Tables, id: u32) -> Option<u32> {
+    tables
+        .successors_of(id)
+        .into_iter()
+        .max_by_key(|&(to, c)| (c, std::cmp::Reverse(to)))
+        .map(|(to, _)| to)
+}
+
+/// The trace from `head` along the most frequent static successors, unrolled when it closes
+/// a loop; `None` when it would be a single block that is not a loop (nothing to gain).
+fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
+    let mut trace = vec![head];
+    let mut instructions = tables.blocks[head as usize].instructions;
+    let mut closed = false;
+    let mut cur = head;
+    while trace.len() < MAX_TRACE_BLOCKS && instructions < MAX_TRACE_INSTRUCTIONS {
+        let b = &tables.blocks[cur as usize];
+        let Some(next) = hottest_successor(tables, cur) else {
+            break;
+        };
+        if !is_block(tables, next) {
+            break;
+        }
+        let n = &tables.blocks[next as usize];
+        let static_successor = match b.terminator {
+            Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
+                target == n.start
+            }
+            Terminator::Call { target, .. } => target == n.start,
+            Terminator::Branch {
+                taken, not_taken, ..
+            } => taken == n.start || not_taken == n.start,
+            _ => false,
+        };
+        if !static_successor {
+            break;
+        }
+        if next == head {
+            closed = true;
+            break;
+        }
+        if trace.contains(&next) {
+            break;
+        }
+        trace.push(next);
+        instructions += n.instructions;
+        cur = next;
+    }
+    if closed && instructions > 0 {
+        let body = trace.clone();
+        let mut total = instructions;
+        while total < UNROLL_INSTRUCTIONS && trace.len() + body.len() <= MAX_TRACE_BLOCKS {
+            trace.extend_from_slice(&body);
+            total += instructions;
+        }
+    }
+    if trace.len() < 2 {
+        return None;
+    }
+    Some(trace.into_iter().map(BlockId).collect())
+}

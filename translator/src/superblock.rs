@@ -1,0 +1,246 @@
+//! Emitting a superblock: a single-entry, multiple-exit trace of basic blocks along a hot path.
+//!
+//! Layout (host addresses grow downward):
+//!
+//! ```text
+//! ring_slow / entry: the enqueue stub for the superblock's id (one event for the whole trace)
+//! block 0 body ; inline terminator: nothing (jump, fall-through), the return address push
+//!                (call), or the branch inverted so the hot direction falls through, its cold
+//!                direction jumping to side exit 0
+//! block 1 body ; inline terminator ...
+//! block n-1 body ; its terminator as in a basic block (chained exits, lookup, syscall exit)
+//! side exit i: enqueue stub for the side-exit event "ended after block i" (its slow path
+//!              exits to the dispatcher, which enqueues it and goes on at the target);
+//!              jmp rel32 to the cold target (chained like any direct exit)
+//! ```
+//!
+//! The event stream stays exact (DESIGN.md, invariant 2): the superblock's event says its
+//! trace ran to the end unless a side-exit event follows it; a fault inside block i makes the
+//! dispatcher enqueue side exit i (see [`HostLayout::trace_exit`]). Superblocks are built only
+//! when the monitor is on (it asks for them), so every stub here enqueues.
+//!
+//! Policy (after Dynamo's NET traces and DynamoRIO): the monitor picks the trace — the target of
+//! a hot backward edge, then each block's most frequent successor; a short loop is unrolled so
+//! that one event covers several iterations. This module only lays it out.
+
+use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
+use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
+
+use crate::emit::{
+    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, push_return_address,
+    rcx_branch, resolve_exit_stubs, Code_, EmitContext, Exit, ExitKind, HostLayout, Slow,
+};
+use crate::TranslateError;
+
+/// Most basic blocks in one superblock (unrolled copies included). Each has a side-exit id,
+/// so a superblock takes `1 + len` ids.
+pub const MAX_TRACE_BLOCKS: usize = 32;
+
+/// A superblock's host code, assembled for a known address, not yet in the cache.
+pub struct EmittedTrace {
+    /// The machine code, to be inserted at the address it was assembled for.
+    pub code: Vec<u8>,
+    /// Host address of the superblock's entry (after the ring slow path).
+    pub entry: HostAddr,
+    /// Exits, in the order of their indices `first_exit..`.
+    pub exits: Vec<Exit>,
+    /// One layout per block of the trace, then one per side-exit stub, in address order.
+    pub layouts: Vec<HostLayout>,
+}
+
+/// The id of the side-exit event "superblock `sb` ended after the block at `position`".
+pub fn side_exit_id(sb: BlockId, position: usize) -> BlockId {
+    BlockId(sb.0 + 1 + position as u32)
+}
+
+/// Why a trace cannot be laid out: block `position` does not lead to the next one.
+fn broken(blocks: &[Block], position: usize) -> TranslateError {
+    TranslateError::Superblock {
+        head: blocks[0].start.0,
+        reason: format!(
+            "block {position} at {} does not lead to {}",
+            blocks[position].start,
+            blocks[position + 1].start
+        ),
+    }
+}
+
+/// Emits the superblock `sb` over `blocks` (in path order; each must have the next one as a
+/// static successor) for host address `at`; its exits get indices from `first_exit`, its
+/// side-exit events are [`side_exit_id`]`(sb, i)`.
+///
+/// # Errors
+/// [`TranslateError::Superblock`] if a block does not lead to the next (the guest code changed
+/// since the monitor saw the path); the encoding errors of [`crate::emit::emit_block`].
+pub fn emit_superblock(
+    blocks: &[Block],
+    sb: BlockId,
+    at: HostAddr,
+    first_exit: u32,
+    cx: &EmitContext,
+) -> Result<EmittedTrace, TranslateError> {
+    assert!(
+        !blocks.is_empty() && blocks.len() <= MAX_TRACE_BLOCKS,
+        "a superblock has 1..={MAX_TRACE_BLOCKS} blocks"
+    );
+    let exit_addr = cx.gateway.exit.0 as usize;
+    let mut code = Code_ {
+        base: at.0,
+        bytes: Vec::with_capacity(64 * blocks.len() + 64),
+    };
+    let mut exits: Vec<Exit> = Vec::new();
+    let mut layouts = Vec::with_capacity(blocks.len() + 4);
+    // (offset of a rel32 in `code.bytes` to point at side exit i's stub, i, cold target)
+    let mut side_sites: Vec<(usize, usize, GuestAddr)> = Vec::new();
+
+    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
+    let stub = enqueue_stub(&mut ops, sb.0, Slow::Resume, exit_addr);
+    let entry = HostAddr(code.base + stub.entry);
+    let stub_window = (code.base + stub.window.0, code.base + stub.window.1);
+    code.append(assembled(ops, "superblock entry")?);
+
+    for (i, block) in blocks.iter().enumerate() {
+        let start = code.addr();
+        let mut layout = HostLayout {
+            code_start: if i == 0 { code.base } else { start },
+            entry: if i == 0 { entry.0 } else { start },
+            guest_start: block.start.0,
+            stub_window: if i == 0 { stub_window } else { (start, start) },
+            trace_exit: Some(side_exit_id(sb, i).0),
+            ..HostLayout::default()
+        };
+        append_body(block, &mut code, &mut layout)?;
+        if i + 1 == blocks.len() {
+            let mut last_exits = Vec::new();
+            let first = first_exit + exits.len() as u32;
+            emit_terminator(
+                block,
+                sb,
+                &mut code,
+                first,
+                &mut last_exits,
+                cx,
+                &mut layout,
+            )?;
+            exits.extend(last_exits);
+        } else {
+            let next = blocks[i + 1].start;
+            let chunk = code.addr();
+            let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk as usize);
+            // Offset (in `ops`) of a rel32 to aim at this block's side exit.
+            let mut side_rel32 = None;
+            match block.terminator {
+                Terminator::Jump { target } | Terminator::FallThrough { next: target }
+                    if target == next => {}
+                Terminator::Call { target, return_to } if target == next => {
+                    let (a, b) = push_return_address(&mut ops, return_to);
+                    layout.push_window = Some((chunk + a, chunk + b));
+                }
+                Terminator::Branch {
+                    cond,
+                    taken,
+                    not_taken,
+                } if taken == next || not_taken == next => {
+                    let hot_taken = taken == next;
+                    let cold = if hot_taken { not_taken } else { taken };
+                    match cond.cc() {
+                        // Both directions lead on: nothing to test.
+                        Some(_) if taken == not_taken => {}
+                        Some(cc) => {
+                            // Jump to the side exit on the cold direction (jcc rel32 to a
+                            // placeholder label fixed up below).
+                            let cold_cc = if hot_taken { cc ^ 1 } else { cc };
+                            let l = ops.new_dynamic_label();
+                            jcc(&mut ops, cold_cc, l);
+                            side_rel32 = Some((ops.offset().0 - 4, cold));
+                            dynasm!(ops ; .arch x64 ; =>l);
+                        }
+                        None => {
+                            // loop/jrcxz: rel8 only, and `loop` writes RCX, so it always runs.
+                            let inst = block
+                                .term_inst
+                                .as_ref()
+                                .map(|i| i.inst.code())
+                                .ok_or_else(|| broken(blocks, i))?;
+                            let short_taken = ops.new_dynamic_label();
+                            let cont = ops.new_dynamic_label();
+                            rcx_branch(&mut ops, inst, short_taken)?;
+                            if hot_taken {
+                                dynasm!(ops ; .arch x64 ; jmp =>cont);
+                                side_rel32 = Some((ops.offset().0 - 4, cold));
+                                dynasm!(ops ; .arch x64 ; =>short_taken ; =>cont);
+                            } else {
+                                dynasm!(ops ; .arch x64 ; jmp =>cont ; =>short_taken ; jmp =>cont);
+                                side_rel32 = Some((ops.offset().0 - 4, cold));
+                                dynasm!(ops ; .arch x64 ; =>cont);
+                            }
+                        }
+                    }
+                }
+                _ => return Err(broken(blocks, i)),
+            }
+            let base_len = code.bytes.len();
+            code.append(assembled(ops, "superblock terminator")?);
+            if let Some((off, cold)) = side_rel32 {
+                side_sites.push((base_len + off, i, cold));
+            }
+        }
+        layout.code_end = code.addr();
+        layouts.push(layout);
+    }
+
+    // Side exits: enqueue "ended after block i", then a chainable direct exit to the target.
+    for (rel32_off, i, cold) in side_sites {
+        let start = code.addr();
+        let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(start as usize);
+        let slow_index = first_exit + exits.len() as u32;
+        exits.push(Exit {
+            block: sb,
+            kind: ExitKind::SideExit {
+                marker: side_exit_id(sb, i),
+                target: cold,
+            },
+        });
+        let stub = enqueue_stub(
+            &mut ops,
+            side_exit_id(sb, i).0,
+            Slow::Exit(slow_index),
+            exit_addr,
+        );
+        let l = ops.new_dynamic_label();
+        dynasm!(ops ; .arch x64 ; jmp =>l);
+        let site = HostAddr(start + ops.offset().0 as u64 - 4);
+        exits.push(Exit {
+            block: sb,
+            kind: ExitKind::Direct {
+                target: cold,
+                site,
+                stub: HostAddr(0),
+            },
+        });
+        exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+        code.append(assembled(ops, "side exit")?);
+        let stub_entry = start + stub.entry;
+        let rel = stub_entry as i64 - (code.base as i64 + rel32_off as i64 + 4);
+        let rel = i32::try_from(rel).expect("a superblock is smaller than 2 GiB");
+        code.bytes[rel32_off..rel32_off + 4].copy_from_slice(&rel.to_le_bytes());
+        layouts.push(HostLayout {
+            code_start: start,
+            entry: stub_entry,
+            guest_start: cold.0,
+            stub_window: (start + stub.window.0, start + stub.window.1),
+            // Nothing here is a guest instruction: a fault would be hotpath's own.
+            term_start: code.addr(),
+            term_guest: cold.0,
+            code_end: code.addr(),
+            ..HostLayout::default()
+        });
+    }
+    resolve_exit_stubs(&mut exits, &code);
+    Ok(EmittedTrace {
+        code: code.bytes,
+        entry,
+        exits,
+        layouts,
+    })
+}
