@@ -121,7 +121,7 @@ for w in $workloads; do
 done
 [ -n "$selected" ] || { echo "bench/run.sh: no workload to run" >&2; exit 1; }
 
-modes=(native no-monitor monitor)
+modes=(native no-monitor no-sb monitor)
 have_qemu=0
 if command -v "$qemu" >/dev/null 2>&1; then
     have_qemu=1
@@ -137,6 +137,7 @@ run_once() { # mode workload
     case "$mode" in
         native) ;;
         no-monitor) cmd=("$hotpath" run --quiet --no-monitor -- "${cmd[@]}") ;;
+        no-sb) cmd=("$hotpath" run --quiet --no-superblocks -- "${cmd[@]}") ;;
         monitor) rm -f "$tmp/report.json"; cmd=("$hotpath" run --quiet --report "$tmp/report.json" -- "${cmd[@]}") ;;
         qemu) cmd=("$qemu" "${cmd[@]}") ;;
     esac
@@ -195,11 +196,11 @@ fmt_cell() { # microseconds native_microseconds
 printf '\n%-14s' "workload"
 for mode in "${modes[@]}"; do printf ' | %-18s' "$mode"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "qemu"
-printf ' | %-11s | %-9s\n' "mon/no-mon" "ring wait"
+printf ' | %-11s | %-11s | %-9s\n' "mon/no-mon" "sb gain" "ring wait"
 printf '%-14s' "--------------"
 for mode in "${modes[@]}"; do printf ' | %-18s' "------------------"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "------------------"
-printf ' | %-11s | %-9s\n' "-----------" "---------"
+printf ' | %-11s | %-11s | %-9s\n' "-----------" "-----------" "---------"
 for w in $selected; do
     native_med=$(printf '%s\n' ${times[$w,native]} | median)
     printf '%-14s' "$w"
@@ -222,6 +223,11 @@ for w in $selected; do
     else
         printf ' | %-11s' "n/a"
     fi
+    if [ -n "${med[monitor]:-}" ] && [ -n "${med[no-sb]:-}" ]; then
+        printf ' | %-11s' "$(awk -v a="${med[no-sb]}" -v b="${med[monitor]}" 'BEGIN { printf "%6.2fx", (b > 0 ? a / b : 0) }')"
+    else
+        printf ' | %-11s' "n/a"
+    fi
     case "${waits[$w]}" in
         *nan*) printf ' | %-9s\n' "no report" ;;
         "") printf ' | %-9s\n' "n/a" ;;
@@ -230,7 +236,6 @@ for w in $selected; do
     unset med
 done
 printf '\nmedian wall time of %s runs; ratio = mode / native (lower is better);\n' "$runs"
-printf 'mon/no-mon = monitor / --no-monitor (the cost of profiling); ring wait = share of the\n'
 printf 'monitor run'"'"'s wall time the guest waited for a full event ring (totals.ring_wait_ns).\n'
 any_wrong=0
 for k in "${!wrong[@]}"; do [ -n "${wrong[$k]}" ] && any_wrong=1; done

@@ -28,6 +28,15 @@ pub const MAX_TRACE_BLOCKS: usize = 32;
 /// Guest instructions a trace stops growing at (before unrolling).
 pub const MAX_TRACE_INSTRUCTIONS: u32 = 256;
 
+/// A trace follows a block's most frequent successor only when it took at least this share of
+/// the block's executions; otherwise the block ends the trace (both directions become normal
+/// exits), because a side exit costs an extra event.
+pub const MIN_SUCCESSOR_SHARE: f64 = 0.7;
+
+/// A closed loop is unrolled only when a run of its trace comes back to the head at least this
+/// often (the product of the shares along it): else the copies mostly end in side exits.
+pub const MIN_UNROLL_SHARE: f64 = 0.85;
+
 /// A loop that closes within its trace is repeated until the trace has about this many guest
 /// instructions: a 4-instruction loop body becomes 12 copies, one event per 12 iterations.
 /// Longer bodies gain less from unrolling (the event is a smaller share of their cost).
@@ -79,13 +88,14 @@ fn loop_head(tables: &Tables, from: u32, to: u32) -> Option<u32> {
     (target.start <= source.start).then_some(to)
 }
 
-/// The successor of `id` that followed it most often, with its count.
-fn hottest_successor(tables: &Tables, id: u32) -> Option<u32> {
-    tables
-        .successors_of(id)
+/// The successor of `id` that followed it most often, with its share of `id`'s successors.
+fn hottest_successor(tables: &Tables, id: u32) -> Option<(u32, f64)> {
+    let succs = tables.successors_of(id);
+    let total: u64 = succs.iter().map(|s| s.1).sum();
+    succs
         .into_iter()
         .max_by_key(|&(to, c)| (c, std::cmp::Reverse(to)))
-        .map(|(to, _)| to)
+        .map(|(to, c)| (to, c as f64 / total.max(1) as f64))
 }
 
 /// The trace from `head` along the most frequent static successors, unrolled when it closes
@@ -94,15 +104,18 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
     let mut trace = vec![head];
     let mut instructions = tables.blocks[head as usize].instructions;
     let mut closed = false;
+    // Probability that a run reaching the current block came along the trace.
+    let mut along = 1.0;
     let mut cur = head;
     while trace.len() < MAX_TRACE_BLOCKS && instructions < MAX_TRACE_INSTRUCTIONS {
         let b = &tables.blocks[cur as usize];
-        let Some(next) = hottest_successor(tables, cur) else {
+        let Some((next, share)) = hottest_successor(tables, cur) else {
             break;
         };
-        if !is_block(tables, next) {
+        if !is_block(tables, next) || share < MIN_SUCCESSOR_SHARE {
             break;
         }
+        along *= share;
         let n = &tables.blocks[next as usize];
         let static_successor = match b.terminator {
             Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
@@ -128,7 +141,7 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
         instructions += n.instructions;
         cur = next;
     }
-    if closed && instructions > 0 {
+    if closed && along >= MIN_UNROLL_SHARE && instructions > 0 {
         let body = trace.clone();
         let mut total = instructions;
         while total < UNROLL_INSTRUCTIONS && trace.len() + body.len() <= MAX_TRACE_BLOCKS {

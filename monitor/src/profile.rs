@@ -19,6 +19,9 @@ pub struct Totals {
     pub guest_instructions: u64,
     /// Distinct guest block addresses executed.
     pub distinct_blocks: u64,
+    /// Events the monitor read from the ring: block, superblock, side-exit and system call
+    /// events (fewer than blocks executed by what superblocks saved).
+    pub events: u64,
     /// Times the guest found the ring full and waited for the monitor.
     pub ring_waits: u64,
     /// Time the guest spent waiting for the monitor, in nanoseconds.
@@ -162,6 +165,7 @@ impl Profile {
             e.count += c;
         }
         totals.distinct_blocks = by_addr.len() as u64;
+        totals.events = tables.events;
 
         let mut edges: BTreeMap<(u64, u64, &'static str), u64> = BTreeMap::new();
         let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();

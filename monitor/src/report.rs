@@ -84,6 +84,7 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
             "guest_instructions": t.guest_instructions,
             "distinct_blocks": t.distinct_blocks,
             "blocks_translated": run.blocks_translated,
+            "events": t.events,
             "ring_waits": t.ring_waits,
             "ring_wait_ns": t.ring_wait_ns,
         },
@@ -286,10 +287,11 @@ pub fn render_text(doc: &Value, top: usize) -> String {
     let t = &doc["totals"];
     let executed = u64_of(&t["blocks_executed"]).max(1);
     let mut out = format!(
-        "hotpath: {} blocks ({} distinct) and {} guest instructions executed; the guest waited for the monitor {} times ({:.3} s)\n",
+        "hotpath: {} blocks ({} distinct) and {} guest instructions executed, seen in {} ring events; the guest waited for the monitor {} times ({:.3} s)\n",
         u64_of(&t["blocks_executed"]),
         u64_of(&t["distinct_blocks"]),
         u64_of(&t["guest_instructions"]),
+        u64_of(&t["events"]),
         u64_of(&t["ring_waits"]),
         u64_of(&t["ring_wait_ns"]) as f64 / 1e9
     );

@@ -222,12 +222,15 @@ fn forked_children_write_their_own_reports() {
     );
 }
 
-/// The report without what depends on timing: `totals.ring_waits` and `ring_wait_ns`.
+/// The report without what depends on timing: `totals.ring_waits`, `ring_wait_ns`, and
+/// `events` with `superblocks` (when the monitor's superblock requests reach the translator
+/// depends on how far behind the monitor runs).
 fn without_ring_waits(report: &Report) -> Value {
     let mut json = report.json.clone();
     let totals = json["totals"].as_object_mut().expect("totals");
     totals.remove("ring_waits");
     totals.remove("ring_wait_ns");
+    totals.remove("events");
     json
 }
 

@@ -632,16 +632,7 @@ impl Translator {
         self.process.signals.set_rw_delta(self.cache.rw_delta());
         self.process.signals.after_fork_child();
         // A fresh, empty ring for the child's own monitor.
-        let ring = &self.area.ring;
-        ring.producer
-            .head
-            .store(0, std::sync::atomic::Ordering::Relaxed);
-        ring.producer
-            .budget
-            .store(0, std::sync::atomic::Ordering::Relaxed);
-        ring.consumer
-            .tail
-            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.area.ring.reset();
         if let Some(p) = &self.producer {
             p.reopen();
         }

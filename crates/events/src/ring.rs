@@ -12,13 +12,17 @@
 //! stays empty, so `head == tail` means empty.
 //!
 //! * The **producer** (emitted code of one guest thread, and that thread's Rust code when it
-//!   refills) owns `head` and `budget`. Each event: if `budget == 0` leave the code cache and
-//!   call [`RingProducer::refill`]; else `budget -= 1; entries[head] = id; head += 1`. The
-//!   store of `head` is the publication: on x86-64 a plain `mov` store has release semantics,
-//!   and the entry was stored before it. `budget` never lets `head` pass `capacity` nor catch
-//!   up with `tail - 1`; at `head == capacity` the refill wraps `head` to 0.
-//! * The **consumer** (the monitor thread) owns `tail`. It loads `head` with `Acquire`, reads
-//!   entries from `tail` up to `head` (wrapping `tail` from `capacity` to 0), then stores
+//!   refills) owns `head` and `budget`, on a cache line no other thread reads. Each event: if
+//!   `budget == 0` leave the code cache and call [`RingProducer::refill`]; else
+//!   `budget -= 1; entries[head] = id; head += 1`. `budget` never lets `head` pass `capacity`
+//!   nor catch up with `tail - 1`, and is at most `capacity / REFILL_FRACTION`; at
+//!   `head == capacity` the refill wraps `head` to 0.
+//! * The producer **publishes** by copying `head` into `published` (its own cache line) with a
+//!   `Release` store: at every refill, every event pushed from Rust, and on close. Publishing
+//!   in chunks, not per event, is what keeps the consumer's polling off the line the stub
+//!   writes at every block (each poll would otherwise cost the guest a cache-line transfer).
+//! * The **consumer** (the monitor thread) owns `tail`. It loads `published` with `Acquire`,
+//!   reads entries from `tail` up to it (wrapping `tail` from `capacity` to 0), then stores
 //!   `tail` with `Release`, which hands the slots back.
 //!
 //! Nothing is ever dropped: a producer with no room waits (spin with crossbeam's `Backoff`,
@@ -57,6 +61,14 @@ pub struct ProducerSide {
     pub wait_ns: AtomicU64,
 }
 
+/// The producer's published position: written by the guest thread's Rust code, read by the
+/// monitor.
+#[repr(C, align(128))]
+pub struct PublishedSide {
+    /// A copy of `producer.head` as of the last publication: entries before it are readable.
+    pub head: AtomicU64,
+}
+
 /// The consumer's cache line: written by the monitor thread only.
 #[repr(C, align(128))]
 pub struct ConsumerSide {
@@ -69,8 +81,10 @@ pub struct ConsumerSide {
 /// Control block of one ring. Shared by one producer thread and one consumer thread.
 #[repr(C)]
 pub struct RingControl {
-    /// Written by the producer only.
+    /// Written by the producer only; read by nobody else.
     pub producer: ProducerSide,
+    /// Written by the producer only, read by the consumer.
+    pub published: PublishedSide,
     /// Written by the consumer only.
     pub consumer: ConsumerSide,
     /// Number of entries; a power of two, immutable after creation.
@@ -104,6 +118,9 @@ impl RingControl {
                 waits: AtomicU64::new(0),
                 wait_ns: AtomicU64::new(0),
             },
+            published: PublishedSide {
+                head: AtomicU64::new(0),
+            },
             consumer: ConsumerSide {
                 tail: AtomicU64::new(0),
                 consumed: AtomicU64::new(0),
@@ -113,12 +130,12 @@ impl RingControl {
         }
     }
 
-    /// Number of published entries not yet consumed.
-    pub fn occupied(&self) -> u64 {
-        let cap = self.capacity;
-        let head = self.producer.head.load(Ordering::Acquire) % cap;
-        let tail = self.consumer.tail.load(Ordering::Acquire) % cap;
-        head.wrapping_sub(tail) & (cap - 1)
+    /// Empties the ring (a forked child's, for its new consumer).
+    pub fn reset(&self) {
+        self.producer.head.store(0, Ordering::Relaxed);
+        self.producer.budget.store(0, Ordering::Relaxed);
+        self.published.head.store(0, Ordering::Relaxed);
+        self.consumer.tail.store(0, Ordering::Relaxed);
     }
 }
 
@@ -152,7 +169,7 @@ impl RingProducer {
         RingProducer { ctrl, entries }
     }
 
-    /// Enqueues one event from Rust, exactly as the emitted stub does.
+    /// Enqueues one event from Rust, as the emitted stub does, and publishes it.
     pub fn push(&self, event: u32) {
         let ctrl = self.ctrl();
         if ctrl.producer.budget.load(Ordering::Relaxed) == 0 {
@@ -162,7 +179,16 @@ impl RingProducer {
         let head = ctrl.producer.head.load(Ordering::Relaxed);
         // SAFETY: a budget of at least one guarantees `head < capacity` and a free slot.
         unsafe { self.entries.add(head as usize).write_volatile(event) };
-        ctrl.producer.head.store(head + 1, Ordering::Release);
+        ctrl.producer.head.store(head + 1, Ordering::Relaxed);
+        self.publish();
+    }
+
+    /// Makes every event enqueued so far readable by the consumer.
+    pub fn publish(&self) {
+        let ctrl = self.ctrl();
+        let head = ctrl.producer.head.load(Ordering::Relaxed);
+        // Release: the entries were stored before (by this thread, in the stub or `push`).
+        ctrl.published.head.store(head, Ordering::Release);
     }
 
     fn ctrl(&self) -> &RingControl {
@@ -180,8 +206,9 @@ impl RingProducer {
         if head == cap {
             // The consumer treats a tail of `capacity` as 0, so publishing 0 here is safe.
             head = 0;
-            ctrl.producer.head.store(0, Ordering::Release);
+            ctrl.producer.head.store(0, Ordering::Relaxed);
         }
+        self.publish();
         // Wait for a worthwhile amount of room, not one slot: each refill costs the guest a
         // trip out of the code cache, so refilling a nearly full ring slot by slot would cost
         // far more than waiting for the consumer to catch up.
@@ -208,7 +235,10 @@ impl RingProducer {
                 .wait_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
-        ctrl.producer.budget.store(budget, Ordering::Relaxed);
+        // At most a chunk: the consumer sees events only when they are published.
+        ctrl.producer
+            .budget
+            .store(budget.min(want.max(1)), Ordering::Relaxed);
     }
 
     /// Slots the producer at `head` may fill now without wrapping: free slots (keeping one
@@ -226,6 +256,7 @@ impl RingProducer {
     pub fn close(&self) {
         let ctrl = self.ctrl();
         ctrl.producer.budget.store(0, Ordering::Relaxed);
+        self.publish();
         ctrl.closed.store(1, Ordering::Release);
     }
 
@@ -281,7 +312,7 @@ impl RingConsumer {
     pub fn drain(&mut self, all: bool, mut sink: impl FnMut(&[u32])) -> u64 {
         let ctrl = self.ctrl();
         let cap = ctrl.capacity;
-        let mut head = ctrl.producer.head.load(Ordering::Acquire);
+        let mut head = ctrl.published.head.load(Ordering::Acquire);
         let mut tail = ctrl.consumer.tail.load(Ordering::Relaxed);
         if !all {
             let waiting = (head % cap).wrapping_sub(tail % cap) & (cap - 1);
