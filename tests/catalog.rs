@@ -226,6 +226,9 @@ pub const SAMPLES: &[Sample] = &[
         "qsort, snprintf, memcpy/memset up to 96 KiB (instruction accounting in valgrind.rs)"),
     machine_dependent("auxv_count", "auxv_count.S",
         "the number of auxiliary vector entries the kernel gives (hotpath must give as many)"),
+    sample("superblock_fault", "superblock_fault.c", &[], Exit(0),
+        "faults in the middle of a hot loop's superblock (an unrolled trace): the fault address, \
+         the guest state at it, and a handler that siglongjmps out, 40 times"),
     sample("bench_sieve", "bench_sieve.c", &["300000"], Exit(0),
         "segmented sieve (benchmark, small size)"),
     sample("bench_crc", "bench_crc.c", &["3"], Exit(0),

@@ -65,15 +65,24 @@ pub enum MonitorMode {
     Off,
     /// `hotpath run`: translation with the monitor thread profiling every block.
     On,
+    /// `hotpath run --superblock-threshold 1`: the monitor asks for a superblock at every
+    /// loop head as soon as its back edge is taken once, so the samples' short loops run in
+    /// superblocks too (with their side exits, faults and signals).
+    EagerSuperblocks,
 }
 
 impl MonitorMode {
-    pub const ALL: [MonitorMode; 2] = [MonitorMode::Off, MonitorMode::On];
+    pub const ALL: [MonitorMode; 3] = [
+        MonitorMode::Off,
+        MonitorMode::On,
+        MonitorMode::EagerSuperblocks,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
             MonitorMode::Off => "--no-monitor",
             MonitorMode::On => "monitor on",
+            MonitorMode::EagerSuperblocks => "--superblock-threshold 1",
         }
     }
 }
@@ -142,8 +151,14 @@ pub fn native_command(exe: &Path, args: &[&str]) -> Command {
 pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(hotpath);
     cmd.arg("run").arg("--quiet");
-    if mode == MonitorMode::Off {
-        cmd.arg("--no-monitor");
+    match mode {
+        MonitorMode::Off => {
+            cmd.arg("--no-monitor");
+        }
+        MonitorMode::On => {}
+        MonitorMode::EagerSuperblocks => {
+            cmd.args(["--superblock-threshold", "1"]);
+        }
     }
     cmd.arg("--").arg(exe).args(args);
     set_guest_environment(&mut cmd, exe.parent().unwrap_or(Path::new("/")));

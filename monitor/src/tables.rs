@@ -560,3 +560,213 @@ mod tests {
         assert_eq!(t.block_counts(), vec![1, 2, 1]);
     }
 }
+
+#[cfg(test)]
+mod superblock_tests {
+    use super::*;
+    use hotpath_ir::{BlockId, GuestAddr, Terminator};
+    use std::sync::Arc;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    /// Basic blocks `0..n`, then superblocks over `traces` (each followed by one side-exit id
+    /// per position), as the translator announces them.
+    fn tables_with(n: u32, traces: &[Vec<u32>]) -> (Tables, Vec<u32>) {
+        let mut t = Tables::default();
+        let summary = |i: u32| {
+            let start = GuestAddr(0x1000 + 0x10 * i as u64);
+            BlockSummary {
+                start,
+                terminator_addr: start,
+                len_bytes: 16,
+                instructions: 1 + i % 3,
+                terminator: Terminator::IndirectJump,
+            }
+        };
+        for i in 0..n {
+            t.learn(NewBlock {
+                id: BlockId(i),
+                summary: summary(i),
+                kind: IdKind::Block,
+            });
+        }
+        let mut sb_ids = Vec::new();
+        let mut id = n;
+        for trace in traces {
+            let blocks: Arc<[BlockId]> = trace.iter().map(|&b| BlockId(b)).collect();
+            t.learn(NewBlock {
+                id: BlockId(id),
+                summary: summary(trace[0]),
+                kind: IdKind::Superblock { blocks },
+            });
+            sb_ids.push(id);
+            for (pos, &b) in trace.iter().enumerate() {
+                t.learn(NewBlock {
+                    id: BlockId(id + 1 + pos as u32),
+                    summary: summary(b),
+                    kind: IdKind::SideExit {
+                        superblock: BlockId(id),
+                        after: pos as u32,
+                    },
+                });
+            }
+            id += 1 + trace.len() as u32;
+        }
+        (t, sb_ids)
+    }
+
+    /// Encodes a walk over basic blocks the way translated code reports it: at a block that
+    /// heads a superblock, one superblock event; while the walk follows the trace, nothing;
+    /// where it leaves early (or ends: a guest dies inside a trace only by a signal, whose
+    /// delivery enqueues the side exit), the side-exit event of the last block it ran; a
+    /// syscall event may follow any block.
+    fn encode(walk: &[u32], traces: &[Vec<u32>], sb_ids: &[u32]) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < walk.len() {
+            let b = walk[i];
+            if b == SYSCALL_EVENT | 1 {
+                out.push(b);
+                i += 1;
+                continue;
+            }
+            if let Some(k) = traces.iter().position(|t| t[0] == b) {
+                let trace = &traces[k];
+                let mut pos = 0;
+                while pos + 1 < trace.len()
+                    && i + pos + 1 < walk.len()
+                    && walk[i + pos + 1] == trace[pos + 1]
+                {
+                    pos += 1;
+                }
+                out.push(sb_ids[k]);
+                let ran_to_end = pos + 1 == trace.len();
+                if !ran_to_end {
+                    out.push(sb_ids[k] + 1 + pos as u32);
+                }
+                i += pos + 1;
+            } else {
+                out.push(b);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn superblock_events_expand_to_the_blocks_they_stand_for() {
+        let n = 6u32;
+        // A loop unrolled twice, a straight trace, and a one-block loop unrolled.
+        let traces = vec![vec![0, 1, 2, 0, 1, 2], vec![3, 4], vec![5, 5, 5, 5]];
+        for seed in 1..40u64 {
+            let (mut t, sb_ids) = tables_with(n, &traces);
+            let mut rng = Rng(seed);
+            // A walk that mostly follows the traces' paths and sometimes jumps anywhere.
+            let mut walk = Vec::new();
+            let mut b = rng.next(n as u64) as u32;
+            for _ in 0..3000 {
+                walk.push(b);
+                if rng.next(50) == 0 {
+                    walk.push(SYSCALL_EVENT | 1);
+                }
+                b = match (b, rng.next(10)) {
+                    (_, 0) => rng.next(n as u64) as u32,
+                    (0, _) => 1,
+                    (1, _) => 2,
+                    (2, r) => {
+                        if r < 7 {
+                            0
+                        } else {
+                            3
+                        }
+                    }
+                    (3, _) => 4,
+                    (4, r) => {
+                        if r < 5 {
+                            5
+                        } else {
+                            0
+                        }
+                    }
+                    (_, r) => {
+                        if r < 8 {
+                            5
+                        } else {
+                            0
+                        }
+                    }
+                };
+            }
+            let events = encode(&walk, &traces, &sb_ids);
+            assert!(events.len() < walk.len(), "superblocks shorten the stream");
+            let mut cut = 0;
+            while cut < events.len() {
+                let len = 1 + rng.next(300) as usize;
+                let end = (cut + len).min(events.len());
+                t.record(&events[cut..end]);
+                cut = end;
+            }
+            let blocks_only: Vec<u32> = walk
+                .iter()
+                .copied()
+                .filter(|&e| e & SYSCALL_EVENT == 0)
+                .collect();
+            let mut want_edges: HashMap<(u32, u32), u64> = HashMap::new();
+            for w in blocks_only.windows(2) {
+                *want_edges.entry((w[0], w[1])).or_insert(0) += 1;
+            }
+            let got_edges: HashMap<(u32, u32), u64> = t
+                .edges()
+                .into_iter()
+                .map(|(f, to, c)| ((f, to), c))
+                .collect();
+            assert_eq!(got_edges, want_edges, "seed {seed}");
+            let mut want_counts = vec![0u64; t.blocks.len()];
+            for &b in &blocks_only {
+                want_counts[b as usize] += 1;
+            }
+            assert_eq!(t.block_counts(), want_counts, "seed {seed}");
+            let syscalls: u64 = t.syscalls.values().map(|s| s.count).sum();
+            let sites: u64 = t.syscalls[&1]
+                .sites
+                .iter()
+                .filter(|(&id, _)| (t.last_block(id) as usize) < n as usize)
+                .map(|(_, &c)| c)
+                .sum();
+            assert_eq!(syscalls, sites, "every syscall site maps to a basic block");
+
+            let mut expander = Expander::default();
+            let mut expanded = Vec::new();
+            for chunk in events.chunks(7) {
+                expander.expand(&t, chunk, &mut expanded);
+            }
+            expander.finish(&t, &mut expanded);
+            assert_eq!(
+                expanded, walk,
+                "seed {seed}: the expander restores the walk"
+            );
+        }
+    }
+
+    #[test]
+    fn hot_pairs_are_noted_once_when_they_cross_the_threshold() {
+        let (mut t, _) = tables_with(3, &[]);
+        t.hot_threshold = 100;
+        let stream: Vec<u32> = (0..1000).map(|i| [0, 1, 1, 2][i % 4]).collect();
+        for c in stream.chunks(33) {
+            t.record(c);
+        }
+        t.hot.sort();
+        // 0→1, 1→1 (a run counted in a register), 1→2 and 2→0 all pass 100.
+        assert_eq!(t.hot, vec![(0, 1), (1, 1), (1, 2), (2, 0)]);
+    }
+}

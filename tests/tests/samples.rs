@@ -70,6 +70,7 @@ sample_tests! {
     count_libc,
     #[ignore = "known gap: no vDSO is offered (AT_SYSINFO_EHDR): its code would run translated far from the code cache; one entry fewer than natively"]
     auxv_count,
+    superblock_fault,
     bench_sieve,
     bench_crc,
     bench_fib,

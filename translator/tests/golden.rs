@@ -10,6 +10,7 @@ use hotpath_ir::{BlockId, GuestAddr, HostAddr};
 use hotpath_translator::decode::decode_block;
 use hotpath_translator::emit::{emit_block, EmitContext};
 use hotpath_translator::gateway::Gateway;
+use hotpath_translator::superblock::emit_superblock;
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 
 /// Guest address every case is decoded at (mapped by the test).
@@ -90,8 +91,62 @@ fn render(name: &str, bytes: &[u8]) -> String {
     out
 }
 
+/// A superblock over the blocks starting at the guest offsets `trace` (of the same code).
+fn render_trace(name: &str, bytes: &[u8], trace: &[u64]) -> String {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let page = guest_page();
+    page.fill(0xcc);
+    page[..bytes.len()].copy_from_slice(bytes);
+    let blocks: Vec<_> = trace
+        .iter()
+        .map(|&off| decode_block(GuestAddr(GUEST + off)))
+        .collect();
+    let mut out = format!(
+        "# {name}
+"
+    );
+    for b in &blocks {
+        writeln!(out, "block {}: {:?}", b.start, b.terminator).unwrap();
+    }
+    let cx = EmitContext {
+        enqueue: true,
+        gateway: GATEWAY,
+    };
+    let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
+    writeln!(
+        out,
+        "
+## superblock 7 (entry {:#x}, {} exits, {} layouts)",
+        e.entry.0,
+        e.exits.len(),
+        e.layouts.len()
+    )
+    .unwrap();
+    for x in &e.exits {
+        writeln!(out, "exit: {:?}", x.kind).unwrap();
+    }
+    for l in &e.layouts {
+        writeln!(
+            out,
+            "layout: host {:#x}..{:#x} guest {:#x}, {} body instructions, side exit {:?}",
+            l.code_start,
+            l.code_end,
+            l.guest_start,
+            l.body.len(),
+            l.trace_exit
+        )
+        .unwrap();
+    }
+    out.push_str(&disassemble(&e.code, HOST));
+    out
+}
+
 fn check(name: &str, bytes: &[u8]) {
-    let got = render(name, bytes);
+    compare_golden(name, render(name, bytes));
+}
+
+fn compare_golden(name: &str, got: String) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(format!("{name}.txt"));
@@ -158,4 +213,31 @@ fn syscall_and_trap_exit_to_the_dispatcher() {
 fn loop_instruction_keeps_its_rcx_semantics() {
     // dec rdx ; loop back to the dec
     check("loop", &[0x48, 0xff, 0xca, 0xe2, 0xfb]);
+}
+
+#[test]
+fn superblock_unrolls_a_loop_with_side_exits() {
+    // add rax, 1 ; cmp rax, rdi ; jb back to the add: three copies, the branch inverted in
+    // the first two (exit on not-below), the last one's exits chained as in a basic block.
+    compare_golden(
+        "superblock_loop",
+        render_trace(
+            "superblock_loop",
+            &[0x48, 0x83, 0xc0, 0x01, 0x48, 0x39, 0xf8, 0x72, 0xf7],
+            &[0, 0, 0],
+        ),
+    );
+}
+
+#[test]
+fn superblock_inlines_a_call() {
+    // 0x00: mov edi, 5 ; call 0x20
+    // 0x20: add edi, 2 ; ret
+    let mut code = vec![0xbf, 0x05, 0, 0, 0, 0xe8, 0x16, 0, 0, 0];
+    code.resize(0x20, 0xcc);
+    code.extend([0x83, 0xc7, 0x02, 0xc3]);
+    compare_golden(
+        "superblock_call",
+        render_trace("superblock_call", &code, &[0, 0x20]),
+    );
 }

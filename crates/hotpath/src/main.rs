@@ -395,8 +395,15 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     if !args.quiet {
         let s = translator.stats();
         eprintln!(
-            "hotpath: translator: {} blocks translated, {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills",
-            s.blocks_translated, s.links, s.ibl_misses, s.syscalls, s.flushes, s.ring_refills
+            "hotpath: translator: {} blocks translated, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills",
+            s.blocks_translated,
+            s.superblocks,
+            s.superblocks_dropped,
+            s.links,
+            s.ibl_misses,
+            s.syscalls,
+            s.flushes,
+            s.ring_refills
         );
     }
     match outcome {
