@@ -36,6 +36,18 @@ const EMPTY: Successors = Successors {
     count: [0; 2],
 };
 
+/// Slots of a wide successor table: successor id `to` lives in slot `to % WIDE_SLOTS` (ids
+/// are dense, so an interpreter's handlers rarely share a slot). Measured on bench_interp: its
+/// dispatch jump sent every event to the hash map, which took half of the monitor's time.
+const WIDE_SLOTS: usize = 64;
+
+/// The successors of a block with many (an indirect branch site), direct-mapped.
+#[derive(Clone)]
+struct Wide {
+    id: [u32; WIDE_SLOTS],
+    count: [u64; WIDE_SLOTS],
+}
+
 /// Counts of one system call number.
 #[derive(Clone, Debug, Default)]
 pub struct SyscallCount {
@@ -58,8 +70,13 @@ pub struct Tables {
     /// Event pairs `(from, to)` whose count just reached `hot_threshold`, for the decisions.
     pub hot: Vec<(u32, u32)>,
     successors: Vec<Successors>,
-    /// Edges `(from id, to id)` beyond the two cached per block (indirect branches with many
-    /// targets land here on every event, so the hash is the fast Fx one, not SipHash).
+    /// For a block with more than two successors (an indirect branch): the index of its wide
+    /// table in `wide`, else [`NONE`]. Indexed by block id, like `successors`.
+    wide_of: Vec<u32>,
+    /// Direct-mapped successor tables of the blocks that have more than two successors.
+    wide: Vec<Box<Wide>>,
+    /// Edges `(from id, to id)` that fit in neither (rare: two successors of one block in the
+    /// same wide slot; the hash is the fast Fx one, not SipHash).
     overflow: FxHashMap<(u32, u32), u64>,
     /// System call number → counts.
     pub syscalls: HashMap<u32, SyscallCount>,
@@ -77,6 +94,8 @@ impl Default for Tables {
             hot_threshold: u64::MAX,
             hot: Vec::new(),
             successors: Vec::new(),
+            wide_of: Vec::new(),
+            wide: Vec::new(),
             overflow: FxHashMap::default(),
             syscalls: HashMap::new(),
             prev: NONE,
@@ -85,90 +104,95 @@ impl Default for Tables {
     }
 }
 
-/// Adds `n` to the edge `from → to` if it is one of `from`'s two cached successors; false
-/// otherwise (no such slot, or `from` is [`NONE`] or beyond the table). Notes the edge in `hot`
-/// when its count reaches `threshold`.
-///
-/// Which of the two slots holds `to` is as unpredictable as the guest's branches, so the slot
-/// is picked without a branch (measured: the two-way branch mispredicted on most events of a
-/// recursive guest).
-#[inline(always)]
-fn bump_cached(
-    successors: &mut [Successors],
-    hot: &mut Vec<(u32, u32)>,
+/// The part of the tables the inner loop updates, borrowed apart from the rest so the
+/// compiler keeps it in registers.
+struct EdgeCache<'a> {
+    successors: &'a mut [Successors],
+    wide_of: &'a [u32],
+    wide: &'a mut [Box<Wide>],
+    hot: &'a mut Vec<(u32, u32)>,
     threshold: u64,
-    from: u32,
-    to: u32,
-    n: u64,
-) -> bool {
-    let Some(s) = successors.get_mut(from as usize) else {
-        return false;
-    };
-    let k = (s.id[1] == to) as usize;
-    if s.id[k] != to {
-        return false;
-    }
-    s.count[k] += n;
-    let c = s.count[k];
-    if c >= threshold && c - n < threshold {
-        hot.push((from, to));
-    }
-    true
 }
 
-/// The monitor's inner loop: counts events while each is a cached successor of the one before
-/// (a run of one repeated event — a one-block loop — is counted in a register and added when
-/// it ends). Returns `(events consumed, last event, repeats)`: it stops before the first event
-/// it cannot count, and `repeats > 0` means the self-edge of the last event was not cached
-/// and still has to be added `repeats` times.
-fn count_cached_edges(
-    successors: &mut [Successors],
-    hot: &mut Vec<(u32, u32)>,
-    threshold: u64,
-    mut prev: u32,
-    events: &[u32],
-) -> (usize, u32, u64) {
-    let mut repeats = 0u64;
-    for (i, &ev) in events.iter().enumerate() {
-        if ev == prev {
-            repeats += 1;
-            continue;
-        }
-        if repeats > 0 {
-            if !bump_cached(successors, hot, threshold, prev, prev, repeats) {
-                return (i, prev, repeats);
+impl EdgeCache<'_> {
+    /// Adds `n` to the edge `from → to` if it has a slot already: one of `from`'s two cached
+    /// successors, or its slot in `from`'s wide table. False otherwise (no slot yet, or `from`
+    /// is [`NONE`] or beyond the table). Notes the edge in `hot` when its count reaches the
+    /// threshold.
+    ///
+    /// Which of the two slots holds `to` is as unpredictable as the guest's branches, so the
+    /// slot is picked without a branch (measured: the two-way branch mispredicted on most
+    /// events of a recursive guest).
+    #[inline(always)]
+    fn bump(&mut self, from: u32, to: u32, n: u64) -> bool {
+        let Some(s) = self.successors.get_mut(from as usize) else {
+            return false;
+        };
+        let k = (s.id[1] == to) as usize;
+        let c = if s.id[k] == to {
+            s.count[k] += n;
+            s.count[k]
+        } else {
+            let w = self.wide_of[from as usize];
+            if w == NONE {
+                return false;
             }
+            let t = &mut self.wide[w as usize];
+            let j = to as usize % WIDE_SLOTS;
+            if t.id[j] != to {
+                return false;
+            }
+            t.count[j] += n;
+            t.count[j]
+        };
+        if c >= self.threshold && c - n < self.threshold {
+            self.hot.push((from, to));
+        }
+        true
+    }
+
+    /// The monitor's inner loop: counts events while each edge from the one before has a
+    /// slot (a run of one repeated event — a one-block loop — is counted in a register and
+    /// added when it ends). Returns `(events consumed, last event, repeats)`: it stops before
+    /// the first event it cannot count, and `repeats > 0` means the self-edge of the last
+    /// event had no slot and still has to be added `repeats` times.
+    fn count(&mut self, mut prev: u32, events: &[u32]) -> (usize, u32, u64) {
+        let mut repeats = 0u64;
+        for (i, &ev) in events.iter().enumerate() {
+            if ev == prev {
+                repeats += 1;
+                continue;
+            }
+            if repeats > 0 {
+                if !self.bump(prev, prev, repeats) {
+                    return (i, prev, repeats);
+                }
+                repeats = 0;
+            }
+            if !self.bump(prev, ev, 1) {
+                return (i, prev, 0);
+            }
+            prev = ev;
+        }
+        if repeats > 0 && self.bump(prev, prev, repeats) {
             repeats = 0;
         }
-        if !bump_cached(successors, hot, threshold, prev, ev, 1) {
-            return (i, prev, 0);
-        }
-        prev = ev;
+        (events.len(), prev, repeats)
     }
-    if repeats > 0 && bump_cached(successors, hot, threshold, prev, prev, repeats) {
-        repeats = 0;
-    }
-    (events.len(), prev, repeats)
 }
 
 impl Tables {
     /// Accounts a run of events in ring order.
     ///
     /// The common case — the event is one of the previous event's two cached successors — runs
-    /// in [`count_cached_edges`] on local copies of the table (no reloads through `self`); it
+    /// in [`EdgeCache::count`] on a borrow of the tables apart from `self`; it
     /// stops at anything else (a new edge, a system call event, an id beyond the table), which
     /// is handled here, one event at a time.
     pub fn record(&mut self, events: &[u32]) {
         let mut prev = self.prev;
         let mut i = 0;
         while i < events.len() {
-            let (done, p, repeats) = count_cached_edges(
-                &mut self.successors,
-                &mut self.hot,
-                self.hot_threshold,
-                prev,
-                &events[i..],
-            );
+            let (done, p, repeats) = self.edge_cache().count(prev, &events[i..]);
             prev = p;
             i += done;
             if repeats > 0 {
@@ -193,15 +217,18 @@ impl Tables {
     /// Counts `n` traversals of the edge `from → to` (`from` may be [`NONE`]: no edge).
     #[inline(always)]
     fn add_edge(&mut self, from: u32, to: u32, n: u64) {
-        if !bump_cached(
-            &mut self.successors,
-            &mut self.hot,
-            self.hot_threshold,
-            from,
-            to,
-            n,
-        ) {
+        if !self.edge_cache().bump(from, to, n) {
             self.add_new_edge(from, to, n);
+        }
+    }
+
+    fn edge_cache(&mut self) -> EdgeCache<'_> {
+        EdgeCache {
+            successors: &mut self.successors,
+            wide_of: &self.wide_of,
+            wide: &mut self.wide,
+            hot: &mut self.hot,
+            threshold: self.hot_threshold,
         }
     }
 
@@ -223,9 +250,26 @@ impl Tables {
             s.count[1] = n;
             n
         } else {
-            let c = self.overflow.entry((from, to)).or_insert(0);
-            *c += n;
-            *c
+            let mut w = self.wide_of[from as usize];
+            if w == NONE {
+                w = self.wide.len() as u32;
+                self.wide.push(Box::new(Wide {
+                    id: [NONE; WIDE_SLOTS],
+                    count: [0; WIDE_SLOTS],
+                }));
+                self.wide_of[from as usize] = w;
+            }
+            let t = &mut self.wide[w as usize];
+            let k = to as usize % WIDE_SLOTS;
+            if t.id[k] == to || t.id[k] == NONE {
+                t.id[k] = to;
+                t.count[k] += n;
+                t.count[k]
+            } else {
+                let c = self.overflow.entry((from, to)).or_insert(0);
+                *c += n;
+                *c
+            }
         };
         if c >= self.hot_threshold && c - n < self.hot_threshold {
             self.hot.push((from, to));
@@ -236,6 +280,7 @@ impl Tables {
     fn grow(&mut self, id: u32) {
         let len = (id as usize + 1).next_power_of_two().max(1024);
         self.successors.resize(len, EMPTY);
+        self.wide_of.resize(len, NONE);
     }
 
     #[cold]
@@ -275,6 +320,16 @@ impl Tables {
             for k in 0..2 {
                 if s.id[k] != NONE {
                     out.push((from as u32, s.id[k], s.count[k]));
+                }
+            }
+        }
+        for (from, &w) in self.wide_of.iter().enumerate() {
+            if w != NONE {
+                let t = &self.wide[w as usize];
+                for k in 0..WIDE_SLOTS {
+                    if t.id[k] != NONE {
+                        out.push((from as u32, t.id[k], t.count[k]));
+                    }
                 }
             }
         }
@@ -414,7 +469,17 @@ impl Tables {
                     out.push((s.id[k], s.count[k]));
                 }
             }
-            if s.id[1] != NONE {
+            if let Some(t) = self
+                .wide_of
+                .get(id as usize)
+                .filter(|&&w| w != NONE)
+                .map(|&w| &self.wide[w as usize])
+            {
+                for k in 0..WIDE_SLOTS {
+                    if t.id[k] != NONE {
+                        out.push((t.id[k], t.count[k]));
+                    }
+                }
                 out.extend(
                     self.overflow
                         .iter()
