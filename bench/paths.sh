@@ -5,12 +5,14 @@
 # tables / --no-monitor, and the median times the guest waited for a full event ring in each
 # monitored mode (totals.ring_waits of the JSON report). Target: paths <= 1.15 x tables.
 #
-# Usage: bench/paths.sh [-n RUNS] [-s "sample ..."] [--no-build]
+# Usage: bench/paths.sh [-n RUNS] [-s "sample[:arg] ..."] [--no-build]
 # Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs=5
-samples="bench_sieve:300000 bench_crc:3 bench_fib:24 bench_nbody:20000 bench_interp:20"
+# Full-size runs (each sample's default argument, as in bench/run.sh: 0.3-0.6 s natively), so
+# that fixed costs (path numbering at the end, a larger report) do not dominate.
+samples="bench_sieve bench_crc bench_fib bench_nbody bench_interp"
 build=1
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -6,8 +6,9 @@
 //! Dynamo's NET and DynamoRIO ("a trace head is the target of a backward branch"), so every
 //! hot loop gets one and straight-line code is left alone. From the head the trace follows each
 //! block's most frequent successor (the monitor's exact edge counts) while the successor is a
-//! static one (direct jump, fall-through, call or either branch direction), until it comes
-//! back to the head, reaches an indirect branch, a system call or a trap, or grows too long.
+//! static one (direct jump, fall-through, call or either branch direction) or the usual target
+//! of a return, until it comes back to the head, reaches another indirect branch, a system
+//! call or a trap, or grows too long.
 //! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
 //! event (and one budget check) covers several iterations.
 
@@ -125,6 +126,9 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
             Terminator::Branch {
                 taken, not_taken, ..
             } => taken == n.start || not_taken == n.start,
+            // A return whose target is predictable enough (the share test above): inlined
+            // behind a compare with the predicted return address.
+            Terminator::Return => true,
             _ => false,
         };
         if !static_successor {

@@ -518,6 +518,22 @@ impl Translator {
                         }
                         Ok(Ok(Next::Guest(target.0)))
                     }
+                    ExitKind::SideExitReturn { marker, at, pop } => {
+                        if let Some(p) = &self.producer {
+                            p.push(marker.0);
+                        }
+                        let rsp = self.area.gpr[thread_area::RSP];
+                        let mut ret = [0u8; 8];
+                        match guest_mem::read(rsp, &mut ret) {
+                            Ok(()) => {
+                                self.area.gpr[thread_area::RSP] = rsp.wrapping_add(pop as u64);
+                                Ok(Ok(Next::Guest(u64::from_le_bytes(ret))))
+                            }
+                            // The stack went away since the compare read it: let the `ret`
+                            // itself fault.
+                            Err(_) => Ok(Ok(Next::Guest(at.0))),
+                        }
+                    }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
             }

@@ -39,6 +39,14 @@ pub enum ExitKind {
     /// A superblock's side exit found the ring budget at 0: enqueue `marker`, then go on at
     /// guest `target` (the dispatcher does what the side exit's enqueue stub would have).
     SideExit { marker: BlockId, target: GuestAddr },
+    /// The same for a `ret` inlined in a superblock whose return address was not the
+    /// predicted one: enqueue `marker`, then return (pop the address and `pop - 8` more bytes)
+    /// as the `ret` at guest `at` does.
+    SideExitReturn {
+        marker: BlockId,
+        at: GuestAddr,
+        pop: u32,
+    },
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
     Trap {
         kind: TrapKind,

@@ -6,6 +6,10 @@
 //!                 │ exit stubs, lookup misses, syscalls      └──▶ NewBlock ──▶ monitor (before the block first runs)
 //!                 │
 //!   translated code: [enqueue stub] [guest body] [terminator: chained jmp / indirect branch lookup / exit]
+//!
+//! monitor ──Command::FormSuperblock──▶ dispatch (polled at every dispatcher entry) ──▶ superblock
+//!   [enqueue stub] [body 0] [inverted jcc → side exit 0] [body 1] ... [terminator] [side exits:
+//!   enqueue "ended after i", chained jmp] ──▶ becomes the head's entry (old entry jumps to it)
 //! ```
 //!
 //! Guest registers live in host registers while translated code runs; the gateway

@@ -5,13 +5,15 @@
 //! ```text
 //! ring_slow / entry: the enqueue stub for the superblock's id (one event for the whole trace)
 //! block 0 body ; inline terminator: nothing (jump, fall-through), the return address push
-//!                (call), or the branch inverted so the hot direction falls through, its cold
-//!                direction jumping to side exit 0
+//!                (call), the branch inverted so the hot direction falls through, its cold
+//!                direction jumping to side exit 0, or (ret) a flag-free compare of the
+//!                return address with the next block's, a mismatch jumping to side exit 0
 //! block 1 body ; inline terminator ...
 //! block n-1 body ; its terminator as in a basic block (chained exits, lookup, syscall exit)
 //! side exit i: enqueue stub for the side-exit event "ended after block i" (its slow path
 //!              exits to the dispatcher, which enqueues it and goes on at the target);
-//!              jmp rel32 to the cold target (chained like any direct exit)
+//!              jmp rel32 to the cold target (chained like any direct exit), or for a `ret`
+//!              the return through the indirect branch lookup
 //! ```
 //!
 //! The event stream stays exact (DESIGN.md, invariant 2): the superblock's event says its
@@ -30,6 +32,8 @@ use crate::emit::{
     append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, push_return_address,
     rcx_branch, resolve_exit_stubs, Code_, EmitContext, Exit, ExitKind, HostLayout, Slow,
 };
+use crate::gateway::{emit_ibl, GS};
+use crate::thread_area::off;
 use crate::TranslateError;
 
 /// Most basic blocks in one superblock (unrolled copies included). Each has a side-exit id,
@@ -46,6 +50,16 @@ pub struct EmittedTrace {
     pub exits: Vec<Exit>,
     /// One layout per block of the trace, then one per side-exit stub, in address order.
     pub layouts: Vec<HostLayout>,
+}
+
+/// Where a side exit goes.
+#[derive(Clone, Copy)]
+enum Cold {
+    /// The direction of a branch the trace does not follow.
+    Direct(GuestAddr),
+    /// A `ret` (at guest `at`, popping `pop` bytes) whose return address is not the trace's
+    /// next block: it returns through the lookup.
+    Return { at: GuestAddr, pop: i32 },
 }
 
 /// The id of the side-exit event "superblock `sb` ended after the block at `position`".
@@ -90,8 +104,8 @@ pub fn emit_superblock(
     };
     let mut exits: Vec<Exit> = Vec::new();
     let mut layouts = Vec::with_capacity(blocks.len() + 4);
-    // (offset of a rel32 in `code.bytes` to point at side exit i's stub, i, cold target)
-    let mut side_sites: Vec<(usize, usize, GuestAddr)> = Vec::new();
+    // (offset of a rel32 in `code.bytes` to point at side exit i's stub, i, where it goes)
+    let mut side_sites: Vec<(usize, usize, Cold)> = Vec::new();
 
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let stub = enqueue_stub(&mut ops, sb.0, Slow::Resume, exit_addr);
@@ -128,7 +142,7 @@ pub fn emit_superblock(
             let chunk = code.addr();
             let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk as usize);
             // Offset (in `ops`) of a rel32 to aim at this block's side exit.
-            let mut side_rel32 = None;
+            let mut side_rel32: Option<(usize, Cold)> = None;
             match block.terminator {
                 Terminator::Jump { target } | Terminator::FallThrough { next: target }
                     if target == next => {}
@@ -152,7 +166,7 @@ pub fn emit_superblock(
                             let cold_cc = if hot_taken { cc ^ 1 } else { cc };
                             let l = ops.new_dynamic_label();
                             jcc(&mut ops, cold_cc, l);
-                            side_rel32 = Some((ops.offset().0 - 4, cold));
+                            side_rel32 = Some((ops.offset().0 - 4, Cold::Direct(cold)));
                             dynasm!(ops ; .arch x64 ; =>l);
                         }
                         None => {
@@ -167,15 +181,58 @@ pub fn emit_superblock(
                             rcx_branch(&mut ops, inst, short_taken)?;
                             if hot_taken {
                                 dynasm!(ops ; .arch x64 ; jmp =>cont);
-                                side_rel32 = Some((ops.offset().0 - 4, cold));
+                                side_rel32 = Some((ops.offset().0 - 4, Cold::Direct(cold)));
                                 dynasm!(ops ; .arch x64 ; =>short_taken ; =>cont);
                             } else {
                                 dynasm!(ops ; .arch x64 ; jmp =>cont ; =>short_taken ; jmp =>cont);
-                                side_rel32 = Some((ops.offset().0 - 4, cold));
+                                side_rel32 = Some((ops.offset().0 - 4, Cold::Direct(cold)));
                                 dynasm!(ops ; .arch x64 ; =>cont);
                             }
                         }
                     }
+                }
+                Terminator::Return => {
+                    // The return address is compared with the next block's without touching
+                    // the flags: RCX = [rsp] + (−next) through LEA, zero on a match (RAX lends
+                    // the 64-bit constant).
+                    let inst = &block
+                        .term_inst
+                        .as_ref()
+                        .ok_or_else(|| broken(blocks, i))?
+                        .inst;
+                    let pop = 8 + if inst.code() == iced_x86::Code::Retnq_imm16 {
+                        inst.immediate16() as i32
+                    } else {
+                        0
+                    };
+                    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
+                    layout.rcx_borrowed_from = Some(chunk + ops.offset().0 as u64);
+                    let l = ops.new_dynamic_label();
+                    dynasm!(ops
+                        ; .arch x64
+                        ; mov rcx, QWORD [rsp]
+                        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+                        ; mov rax, QWORD 0u64.wrapping_sub(next.0) as i64
+                        ; lea rcx, [rcx + rax]
+                        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+                        ; jrcxz >hit
+                        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+                        ; jmp =>l
+                    );
+                    side_rel32 = Some((
+                        ops.offset().0 - 4,
+                        Cold::Return {
+                            at: GuestAddr(inst.ip()),
+                            pop,
+                        },
+                    ));
+                    dynasm!(ops
+                        ; .arch x64
+                        ; =>l
+                        ; hit:
+                        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+                        ; lea rsp, [rsp + pop]
+                    );
                 }
                 _ => return Err(broken(blocks, i)),
             }
@@ -189,36 +246,53 @@ pub fn emit_superblock(
         layouts.push(layout);
     }
 
-    // Side exits: enqueue "ended after block i", then a chainable direct exit to the target.
+    // Side exits: enqueue "ended after block i", then a chainable direct exit to the target,
+    // or the return through the lookup.
     for (rel32_off, i, cold) in side_sites {
         let start = code.addr();
         let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(start as usize);
         let slow_index = first_exit + exits.len() as u32;
+        let marker = side_exit_id(sb, i);
         exits.push(Exit {
             block: sb,
-            kind: ExitKind::SideExit {
-                marker: side_exit_id(sb, i),
-                target: cold,
+            kind: match cold {
+                Cold::Direct(target) => ExitKind::SideExit { marker, target },
+                Cold::Return { at, pop } => ExitKind::SideExitReturn {
+                    marker,
+                    at,
+                    pop: pop as u32,
+                },
             },
         });
-        let stub = enqueue_stub(
-            &mut ops,
-            side_exit_id(sb, i).0,
-            Slow::Exit(slow_index),
-            exit_addr,
-        );
-        let l = ops.new_dynamic_label();
-        dynasm!(ops ; .arch x64 ; jmp =>l);
-        let site = HostAddr(start + ops.offset().0 as u64 - 4);
-        exits.push(Exit {
-            block: sb,
-            kind: ExitKind::Direct {
-                target: cold,
-                site,
-                stub: HostAddr(0),
-            },
-        });
-        exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+        let stub = enqueue_stub(&mut ops, marker.0, Slow::Exit(slow_index), exit_addr);
+        let guest = match cold {
+            Cold::Direct(target) => {
+                let l = ops.new_dynamic_label();
+                dynasm!(ops ; .arch x64 ; jmp =>l);
+                let site = HostAddr(start + ops.offset().0 as u64 - 4);
+                exits.push(Exit {
+                    block: sb,
+                    kind: ExitKind::Direct {
+                        target,
+                        site,
+                        stub: HostAddr(0),
+                    },
+                });
+                exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+                target.0
+            }
+            Cold::Return { at, pop } => {
+                // The `ret`, as a basic block's terminator does it ([rsp] was just readable).
+                dynasm!(ops
+                    ; .arch x64
+                    ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                    ; mov rcx, QWORD [rsp]
+                    ; lea rsp, [rsp + pop]
+                );
+                emit_ibl(&mut ops, &cx.gateway);
+                at.0
+            }
+        };
         code.append(assembled(ops, "side exit")?);
         let stub_entry = start + stub.entry;
         let rel = stub_entry as i64 - (code.base as i64 + rel32_off as i64 + 4);
@@ -227,11 +301,11 @@ pub fn emit_superblock(
         layouts.push(HostLayout {
             code_start: start,
             entry: stub_entry,
-            guest_start: cold.0,
+            guest_start: guest,
             stub_window: (start + stub.window.0, start + stub.window.1),
             // Nothing here is a guest instruction: a fault would be hotpath's own.
             term_start: code.addr(),
-            term_guest: cold.0,
+            term_guest: guest,
             code_end: code.addr(),
             ..HostLayout::default()
         });

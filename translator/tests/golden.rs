@@ -26,6 +26,9 @@ const GATEWAY: Gateway = Gateway {
     exit_from_signal: HostAddr(HOST - 0x0c00),
 };
 
+/// Cases run in parallel but share the guest page: one at a time writes and decodes it.
+static GUEST_PAGE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn guest_page() -> &'static mut [u8] {
     use std::sync::OnceLock;
     static PAGE: OnceLock<usize> = OnceLock::new();
@@ -60,8 +63,7 @@ fn disassemble(code: &[u8], at: u64) -> String {
 }
 
 fn render(name: &str, bytes: &[u8]) -> String {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let page = guest_page();
     page.fill(0xcc);
     page[..bytes.len()].copy_from_slice(bytes);
@@ -93,8 +95,7 @@ fn render(name: &str, bytes: &[u8]) -> String {
 
 /// A superblock over the blocks starting at the guest offsets `trace` (of the same code).
 fn render_trace(name: &str, bytes: &[u8], trace: &[u64]) -> String {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let page = guest_page();
     page.fill(0xcc);
     page[..bytes.len()].copy_from_slice(bytes);
@@ -230,14 +231,20 @@ fn superblock_unrolls_a_loop_with_side_exits() {
 }
 
 #[test]
-fn superblock_inlines_a_call() {
+fn superblock_inlines_a_call_and_its_return() {
     // 0x00: mov edi, 5 ; call 0x20
+    // 0x0a: add edi, 3 ; jmp 0x00
     // 0x20: add edi, 2 ; ret
-    let mut code = vec![0xbf, 0x05, 0, 0, 0, 0xe8, 0x16, 0, 0, 0];
+    // Trace 0x00, 0x20, 0x0a: the call pushes the guest return address and falls into the
+    // callee; the `ret` compares [rsp] with 0x0a (a mismatch leaves through side exit 1 and
+    // the lookup) and falls into the return site.
+    let mut code = vec![
+        0xbf, 0x05, 0, 0, 0, 0xe8, 0x16, 0, 0, 0, 0x83, 0xc7, 0x03, 0xeb, 0xf1,
+    ];
     code.resize(0x20, 0xcc);
     code.extend([0x83, 0xc7, 0x02, 0xc3]);
     compare_golden(
         "superblock_call",
-        render_trace("superblock_call", &code, &[0, 0x20]),
+        render_trace("superblock_call", &code, &[0, 0x20, 0x0a]),
     );
 }
