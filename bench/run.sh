@@ -236,7 +236,10 @@ for w in $selected; do
     unset med
 done
 printf '\nmedian wall time of %s runs; ratio = mode / native (lower is better);\n' "$runs"
-printf 'monitor run'"'"'s wall time the guest waited for a full event ring (totals.ring_wait_ns).\n'
+printf 'no-sb = monitor with --no-superblocks; monitor = as shipped (superblocks on);\n'
+printf 'mon/no-mon = monitor / --no-monitor (the cost of profiling); sb gain = no-sb / monitor\n'
+printf '(what superblocks buy); ring wait = share of the monitor run'"'"'s wall time the guest\n'
+printf 'waited for a full event ring (totals.ring_wait_ns).\n'
 any_wrong=0
 for k in "${!wrong[@]}"; do [ -n "${wrong[$k]}" ] && any_wrong=1; done
 if [ $any_wrong = 1 ]; then

@@ -17,6 +17,10 @@ use hotpath_pathprof::{BallLarus, Cfg, EdgeId, NodeId, Pap, PapConfig, PathId};
 
 use crate::paths::{PathRecorder, Resync, DEEPER, END_EXIT, NONE, START_ENTRY};
 
+/// One PAP run to encode: its steps `(from node, to node, edge weight)`, its count, and the
+/// path numbers it is made of.
+type PapWalk<'a> = (Vec<(u32, u32, u64)>, u64, &'a [u32]);
+
 /// k-iteration paths listed per function and length.
 pub const K_PATHS_TOP: usize = 10;
 /// PAP runs listed in the profile (the most executed blocks first).
@@ -315,7 +319,7 @@ impl PathProfile {
             // PAP runs on the cyclic CFG: real back edges, the activation start, the exit.
             if !pap_by_func[f].is_empty() {
                 let mut cg = Graph::new();
-                let mut walks: Vec<(Vec<(u32, u32, u64)>, u64, &[u32])> = Vec::new();
+                let mut walks: Vec<PapWalk> = Vec::new();
                 for &(run, count) in &pap_by_func[f] {
                     let mut steps: Vec<(u32, u32, u64)> = Vec::new();
                     for (i, &p) in run.iter().enumerate() {
