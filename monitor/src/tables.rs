@@ -74,7 +74,7 @@ pub struct Tables {
     /// table in `wide`, else [`NONE`]. Indexed by block id, like `successors`.
     wide_of: Vec<u32>,
     /// Direct-mapped successor tables of the blocks that have more than two successors.
-    wide: Vec<Box<Wide>>,
+    wide: Vec<Wide>,
     /// Edges `(from id, to id)` that fit in neither (rare: two successors of one block in the
     /// same wide slot; the hash is the fast Fx one, not SipHash).
     overflow: FxHashMap<(u32, u32), u64>,
@@ -109,7 +109,7 @@ impl Default for Tables {
 struct EdgeCache<'a> {
     successors: &'a mut [Successors],
     wide_of: &'a [u32],
-    wide: &'a mut [Box<Wide>],
+    wide: &'a mut [Wide],
     hot: &'a mut Vec<(u32, u32)>,
     threshold: u64,
 }
@@ -253,10 +253,10 @@ impl Tables {
             let mut w = self.wide_of[from as usize];
             if w == NONE {
                 w = self.wide.len() as u32;
-                self.wide.push(Box::new(Wide {
+                self.wide.push(Wide {
                     id: [NONE; WIDE_SLOTS],
                     count: [0; WIDE_SLOTS],
-                }));
+                });
                 self.wide_of[from as usize] = w;
             }
             let t = &mut self.wide[w as usize];
