@@ -2,13 +2,17 @@
 //!
 //! After the monitor-thread patent (CN101593125, DESIGN.md "Monitor"): when a block passes a
 //! hot threshold (3000 executions by default), the monitor asks the translator for a
-//! superblock. The trace head is the target of a hot *backward* edge — a loop head — as in
-//! Dynamo's NET and DynamoRIO ("a trace head is the target of a backward branch"), so every
-//! hot loop gets one and straight-line code is left alone. From the head the trace follows each
+//! superblock. A trace head is, as in Dynamo's NET and DynamoRIO ("a trace head is either a
+//! link from a trace or a backward direct branch"), the target of a hot *backward* edge — a
+//! loop head, so every hot loop gets one — or a hot exit from a superblock: where a trace's
+//! side exit or final indirect branch often leads (an interpreter's opcode handlers, the code
+//! after a loop), so the code between traces is covered too. Straight-line code reached only
+//! from basic blocks is left alone. From the head the trace follows each
 //! block's most frequent successor (the monitor's exact edge counts) while the successor is a
 //! static one (direct jump, fall-through, call or either branch direction) or the usual target
 //! of a return, until it comes back to the head, reaches another indirect branch, a system
-//! call or a trap, or grows too long.
+//! call or a trap, or grows too long; a trace that runs into a superblock takes over that
+//! superblock's blocks and ends with them.
 //! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
 //! event (and one budget check) covers several iterations.
 
@@ -59,7 +63,7 @@ impl Decisions {
         let hot = std::mem::take(&mut tables.hot);
         let mut out = Vec::new();
         for (from, to) in hot {
-            let Some(head) = loop_head(tables, from, to) else {
+            let Some(head) = trace_head(tables, from, to) else {
                 continue;
             };
             if !self.requested.insert(head) {
@@ -78,11 +82,15 @@ fn is_block(tables: &Tables, id: u32) -> bool {
     matches!(tables.kinds.get(id as usize), Some(IdKind::Block))
 }
 
-/// The head of a trace for the hot pair `from → to`: `to`, when it is a basic block at or
-/// before the block `from` ended with (a backward edge: `to` heads a loop).
-fn loop_head(tables: &Tables, from: u32, to: u32) -> Option<u32> {
+/// The head of a trace for the hot pair `from → to`: `to`, when it is a basic block that a
+/// superblock (`from`, or its side exit) leads to, or that is at or before the block `from`
+/// ended with (a backward edge: `to` heads a loop).
+fn trace_head(tables: &Tables, from: u32, to: u32) -> Option<u32> {
     if !is_block(tables, to) || from as usize >= tables.blocks.len() {
         return None;
+    }
+    if !is_block(tables, from) {
+        return Some(to);
     }
     let source = tables.blocks.get(tables.last_block(from) as usize)?;
     let target = tables.blocks.get(to as usize)?;
@@ -113,11 +121,18 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
         let Some((next, share)) = hottest_successor(tables, cur) else {
             break;
         };
-        if !is_block(tables, next) || share < MIN_SUCCESSOR_SHARE {
+        if share < MIN_SUCCESSOR_SHARE {
             break;
         }
+        // A superblock next: the trace goes on along its blocks and ends where it ends (the
+        // counts of its blocks stopped growing when it was built; its trace is their hot path).
+        let (first, rest): (u32, &[BlockId]) = match tables.trace(next) {
+            Some(t) => (t[0].0, &t[1..]),
+            None if is_block(tables, next) => (next, &[]),
+            None => break,
+        };
         along *= share;
-        let n = &tables.blocks[next as usize];
+        let n = &tables.blocks[first as usize];
         let static_successor = match b.terminator {
             Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
                 target == n.start
@@ -134,11 +149,17 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
         if !static_successor {
             break;
         }
-        if next == head {
+        if first == head {
             closed = true;
             break;
         }
-        if trace.contains(&next) {
+        if trace.contains(&first) {
+            break;
+        }
+        if !rest.is_empty() || first != next {
+            let room = MAX_TRACE_BLOCKS - trace.len();
+            trace.push(first);
+            trace.extend(rest.iter().take(room - 1).map(|b| b.0));
             break;
         }
         trace.push(next);
