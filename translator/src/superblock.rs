@@ -21,9 +21,10 @@
 //! dispatcher enqueue side exit i (see [`HostLayout::trace_exit`]). Superblocks are built only
 //! when the monitor is on (it asks for them), so every stub here enqueues.
 //!
-//! Policy (after Dynamo's NET traces and DynamoRIO): the monitor picks the trace — the target of
-//! a hot backward edge, then each block's most frequent successor; a short loop is unrolled so
-//! that one event covers several iterations. This module only lays it out.
+//! Policy (after Dynamo's NET traces and DynamoRIO) is the monitor's (`monitor/src/decisions.rs`):
+//! a trace starts at the target of a hot backward edge or at a hot exit of another superblock,
+//! follows each block's most frequent successor, and a short loop is unrolled so that one event
+//! covers several iterations. This module only lays the trace out.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
