@@ -47,11 +47,17 @@ pub const MIN_UNROLL_SHARE: f64 = 0.85;
 /// Longer bodies gain less from unrolling (the event is a smaller share of their cost).
 pub const UNROLL_INSTRUCTIONS: u32 = 48;
 
+/// Times a head whose trace could not be chosen yet (its successors' counts still split or
+/// too even) is looked at again, once per later call of [`Decisions::decide`].
+const RETRIES: u32 = 16;
+
 /// What the decisions remember between calls.
 #[derive(Clone, Default)]
 pub struct Decisions {
-    /// Heads (basic block ids) already asked for.
+    /// Heads (basic block ids) asked for, or given up on.
     requested: FxHashSet<u32>,
+    /// Heads to look at again, with the tries left.
+    retry: Vec<(u32, u32)>,
     /// Superblocks requested.
     pub requests: u64,
 }
@@ -62,16 +68,22 @@ impl Decisions {
     pub fn decide(&mut self, tables: &mut Tables) -> Vec<Command> {
         let hot = std::mem::take(&mut tables.hot);
         let mut out = Vec::new();
+        let mut heads: Vec<(u32, u32)> = std::mem::take(&mut self.retry);
         for (from, to) in hot {
-            let Some(head) = trace_head(tables, from, to) else {
-                continue;
-            };
-            if !self.requested.insert(head) {
-                continue;
+            if let Some(head) = trace_head(tables, from, to) {
+                if self.requested.insert(head) {
+                    heads.push((head, RETRIES));
+                }
             }
-            if let Some(blocks) = trace_from(tables, head) {
-                self.requests += 1;
-                out.push(Command::FormSuperblock { blocks });
+        }
+        for (head, tries) in heads {
+            match trace_from(tables, head) {
+                Some(blocks) => {
+                    self.requests += 1;
+                    out.push(Command::FormSuperblock { blocks });
+                }
+                None if tries > 0 => self.retry.push((head, tries - 1)),
+                None => {}
             }
         }
         out
@@ -98,13 +110,34 @@ fn trace_head(tables: &Tables, from: u32, to: u32) -> Option<u32> {
 }
 
 /// The successor of `id` that followed it most often, with its share of `id`'s successors.
+/// Successors that start at the same guest address count as one: a block and the superblock
+/// that replaced it as the entry of its address (the superblock is returned).
 fn hottest_successor(tables: &Tables, id: u32) -> Option<(u32, f64)> {
-    let succs = tables.successors_of(id);
-    let total: u64 = succs.iter().map(|s| s.1).sum();
-    succs
+    let mut by_addr: Vec<(u64, u32, u64)> = Vec::new();
+    let mut total = 0;
+    for (to, c) in tables.successors_of(id) {
+        total += c;
+        let first = match tables.trace(to) {
+            Some(t) => t[0].0,
+            None => to,
+        };
+        let Some(b) = tables.blocks.get(first as usize) else {
+            continue;
+        };
+        match by_addr.iter_mut().find(|e| e.0 == b.start.0) {
+            Some(e) => {
+                e.2 += c;
+                if tables.trace(to).is_some() {
+                    e.1 = to;
+                }
+            }
+            None => by_addr.push((b.start.0, to, c)),
+        }
+    }
+    by_addr
         .into_iter()
-        .max_by_key(|&(to, c)| (c, std::cmp::Reverse(to)))
-        .map(|(to, c)| (to, c as f64 / total.max(1) as f64))
+        .max_by_key(|&(addr, _, c)| (c, std::cmp::Reverse(addr)))
+        .map(|(_, to, c)| (to, c as f64 / total.max(1) as f64))
 }
 
 /// The trace from `head` along the most frequent static successors, unrolled when it closes

@@ -24,6 +24,10 @@ use rustc_hash::FxHashMap;
 /// No block: the successor slot is empty, or no block has run yet.
 pub(crate) const NONE: u32 = u32::MAX;
 
+/// A successor cache slot of a block whose successors all live in its wide table (never an
+/// id: ids stay below 2^31).
+const IN_WIDE: u32 = u32::MAX - 1;
+
 /// Successor cache of one block id: the first two distinct successor ids and their counts.
 #[derive(Clone, Copy)]
 struct Successors {
@@ -252,11 +256,30 @@ impl Tables {
         } else {
             let mut w = self.wide_of[from as usize];
             if w == NONE {
+                // The block's two cached successors move into its new wide table, and the
+                // cache slots get a mark no id matches: every edge of the block is then found
+                // in one place, so whether an event goes to the wide table depends on the
+                // block alone, which the CPU predicts (when it depended on which successor
+                // came, the branch mispredicted on most events of an interpreter).
                 w = self.wide.len() as u32;
-                self.wide.push(Wide {
+                let mut t = Wide {
                     id: [NONE; WIDE_SLOTS],
                     count: [0; WIDE_SLOTS],
-                });
+                };
+                for k in 0..2 {
+                    let j = s.id[k] as usize % WIDE_SLOTS;
+                    if t.id[j] == NONE {
+                        t.id[j] = s.id[k];
+                        t.count[j] = s.count[k];
+                    } else {
+                        *self.overflow.entry((from, s.id[k])).or_insert(0) += s.count[k];
+                    }
+                }
+                *s = Successors {
+                    id: [IN_WIDE; 2],
+                    count: [0; 2],
+                };
+                self.wide.push(t);
                 self.wide_of[from as usize] = w;
             }
             let t = &mut self.wide[w as usize];
@@ -318,7 +341,7 @@ impl Tables {
         let mut out = Vec::new();
         for (from, s) in self.successors.iter().enumerate() {
             for k in 0..2 {
-                if s.id[k] != NONE {
+                if s.id[k] < IN_WIDE {
                     out.push((from as u32, s.id[k], s.count[k]));
                 }
             }
@@ -465,7 +488,7 @@ impl Tables {
         let mut out = Vec::new();
         if let Some(s) = self.successors.get(id as usize) {
             for k in 0..2 {
-                if s.id[k] != NONE {
+                if s.id[k] < IN_WIDE {
                     out.push((s.id[k], s.count[k]));
                 }
             }
