@@ -212,3 +212,137 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
     }
     Some(trace.into_iter().map(BlockId).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hotpath_events::NewBlock;
+    use hotpath_ir::{BlockSummary, Cond, GuestAddr};
+    use std::sync::Arc;
+
+    fn block(t: &mut Tables, id: u32, start: u64, instructions: u32, terminator: Terminator) {
+        t.learn(NewBlock {
+            id: BlockId(id),
+            summary: BlockSummary {
+                start: GuestAddr(start),
+                terminator_addr: GuestAddr(start),
+                len_bytes: 4,
+                instructions,
+                terminator,
+            },
+            kind: IdKind::Block,
+        });
+    }
+
+    fn requested(cmds: &[Command]) -> Vec<Vec<u32>> {
+        cmds.iter()
+            .map(|Command::FormSuperblock { blocks }| blocks.iter().map(|b| b.0).collect())
+            .collect()
+    }
+
+    /// A two-block loop (A: 3 instructions, B: 5, B branches back to A 99 times in 100) is
+    /// requested once its back edge is hot, from A, unrolled to about 48 instructions.
+    #[test]
+    fn a_hot_loop_is_requested_unrolled_from_its_head() {
+        let mut t = Tables::default();
+        t.hot_threshold = 50;
+        let (a, b, exit) = (0x1000, 0x1010, 0x1020);
+        block(
+            &mut t,
+            0,
+            a,
+            3,
+            Terminator::Jump {
+                target: GuestAddr(b),
+            },
+        );
+        let back = Terminator::Branch {
+            cond: Cond::Ne,
+            taken: GuestAddr(a),
+            not_taken: GuestAddr(exit),
+        };
+        block(&mut t, 1, b, 5, back);
+        block(&mut t, 2, exit, 1, Terminator::Return);
+        let mut d = Decisions::default();
+        let mut cmds = Vec::new();
+        for i in 0..100 {
+            t.record(&[0, 1]);
+            if i == 99 {
+                t.record(&[2]);
+            }
+            cmds.extend(d.decide(&mut t));
+        }
+        // 8 instructions per iteration: 6 copies reach 48.
+        assert_eq!(requested(&cmds), vec![[0, 1].repeat(6)]);
+        assert_eq!(d.requests, 1);
+    }
+
+    /// A block whose successor was a basic block and then the superblock that replaced it
+    /// (same address) is traced into the superblock's blocks: the counts of the two are one.
+    #[test]
+    fn a_successor_replaced_by_a_superblock_counts_as_one() {
+        let mut t = Tables::default();
+        t.hot_threshold = 20;
+        let (head, next, handler) = (0x2000, 0x2010, 0x2100);
+        block(
+            &mut t,
+            0,
+            head,
+            2,
+            Terminator::Jump {
+                target: GuestAddr(next),
+            },
+        );
+        block(&mut t, 1, next, 2, Terminator::IndirectJump);
+        block(
+            &mut t,
+            2,
+            handler,
+            4,
+            Terminator::Jump {
+                target: GuestAddr(head),
+            },
+        );
+        block(
+            &mut t,
+            3,
+            0x2200,
+            4,
+            Terminator::Jump {
+                target: GuestAddr(head),
+            },
+        );
+        let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
+        t.learn(NewBlock {
+            id: BlockId(4),
+            summary: t.blocks[0],
+            kind: IdKind::Superblock { blocks: trace },
+        });
+        for (i, &b) in [0u32, 1].iter().enumerate() {
+            t.learn(NewBlock {
+                id: BlockId(5 + i as u32),
+                summary: t.blocks[b as usize],
+                kind: IdKind::SideExit {
+                    superblock: BlockId(4),
+                    after: i as u32,
+                },
+            });
+        }
+        // Before the superblock: handler → block 0; after: handler → superblock 4, alternating
+        // with another handler so that the pairs superblock → handler become hot.
+        for _ in 0..30 {
+            t.record(&[0, 1, 2]);
+        }
+        let mut d = Decisions::default();
+        let mut cmds = Vec::new();
+        for _ in 0..30 {
+            t.record(&[4, 2, 4, 3]);
+            cmds.extend(d.decide(&mut t));
+        }
+        let got = requested(&cmds);
+        assert!(
+            got.contains(&vec![2, 0, 1]),
+            "the handler's trace takes over the superblock: {got:?}"
+        );
+    }
+}
