@@ -6,8 +6,9 @@
 //! link from a trace or a backward direct branch"), the target of a hot *backward* edge — a
 //! loop head, so every hot loop gets one — or a hot exit from a superblock: where a trace's
 //! side exit or final indirect branch often leads (an interpreter's opcode handlers, the code
-//! after a loop), so the code between traces is covered too. Straight-line code reached only
-//! from basic blocks is left alone. From the head the trace follows each
+//! after a loop), so the code between traces is covered too; and when no direction of a
+//! head's branch dominates, its hot successors become heads in turn. Straight-line code
+//! reached only from basic blocks is left alone. From the head the trace follows each
 //! block's most frequent successor (the monitor's exact edge counts) while the successor is a
 //! static one (direct jump, fall-through, call or either branch direction) or the usual target
 //! of a return, until it comes back to the head, reaches another indirect branch, a system
@@ -83,7 +84,18 @@ impl Decisions {
                     out.push(Command::FormSuperblock { blocks });
                 }
                 None if tries > 0 => self.retry.push((head, tries - 1)),
-                None => {}
+                None => {
+                    // No direction of the head dominates: its hot successors become heads
+                    // (a trace can start after the branch that no trace can cross).
+                    for (to, c) in tables.successors_of(head) {
+                        if c >= tables.hot_threshold
+                            && is_block(tables, to)
+                            && self.requested.insert(to)
+                        {
+                            self.retry.push((to, RETRIES));
+                        }
+                    }
+                }
             }
         }
         out

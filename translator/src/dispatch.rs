@@ -330,7 +330,12 @@ impl Translator {
 
     /// Takes the monitor's requests from `rx` (a forked child's new monitor replaces them).
     pub fn set_command_receiver(&mut self, rx: Receiver<Command>) {
-        self.commands = Some(rx);
+        if let Some(old) = self.commands.replace(rx) {
+            // In a forked child the old channel's sender lived in the parent's monitor thread,
+            // which does not exist here and may have held the channel's lock at the fork:
+            // dropping the receiver could wait on it forever.
+            std::mem::forget(old);
+        }
     }
 
     /// Acts on the monitor's pending requests.
