@@ -50,6 +50,7 @@ pub mod report;
 pub mod runner;
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -85,6 +86,32 @@ impl MonitorMode {
             MonitorMode::EagerSuperblocks => "--superblock-threshold 1",
         }
     }
+}
+
+/// Where the tests expect busybox-static.
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// [`BUSYBOX`], or `None` after printing why the calling test is skipped.
+///
+/// # Panics
+///
+/// When busybox is missing under CI (`CI` set to `true` or `1`): `.ci/setup` installs it.
+pub fn busybox() -> Option<&'static Path> {
+    let path = Path::new(BUSYBOX);
+    if path.is_file() {
+        return Some(path);
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    assert!(
+        !ci,
+        "{BUSYBOX} is missing under CI: .ci/setup installs busybox-static"
+    );
+    // Written to the real stderr, not the captured test output, so it is seen.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED (not a pass): {BUSYBOX} is missing; install busybox-static (.ci/setup does)"
+    );
+    None
 }
 
 /// Seconds a single run may take before it is killed and reported as a hang. Native runs of

@@ -376,6 +376,56 @@ pub fn check_consistency(exe: &Path, report: &Report, what: &str) {
     );
 }
 
+/// The parts of a report that describe the guest's execution, not how it was observed:
+/// everything a run's report must share with another run of the same program, without the
+/// timing-dependent `totals.ring_waits`, `ring_wait_ns` and `events` (how many events there
+/// were depends on when superblocks formed) and without `superblocks`.
+pub fn execution(report: &Report) -> Value {
+    let j = &report.json;
+    let mut totals = j["totals"].clone();
+    let t = totals.as_object_mut().expect("totals");
+    for timing in ["ring_waits", "ring_wait_ns", "events"] {
+        t.remove(timing);
+    }
+    serde_json::json!({
+        "totals": totals,
+        "blocks": j["blocks"],
+        "edges": j["edges"],
+        "indirect_jumps": j["indirect_jumps"],
+        "syscalls": j["syscalls"],
+        "ending": j["ending"],
+    })
+}
+
+/// Asserts that two runs' reports describe the same execution ([`execution`]), naming the
+/// first field that differs: `what` says which program, `a` and `b` label the two runs.
+///
+/// # Panics
+///
+/// When a field differs.
+pub fn assert_same_execution(first: &Report, second: &Report, what: &str, labels: (&str, &str)) {
+    let (a, b) = (execution(first), execution(second));
+    for field in [
+        "totals",
+        "blocks",
+        "edges",
+        "indirect_jumps",
+        "syscalls",
+        "ending",
+    ] {
+        assert!(
+            a[field] == b[field],
+            "{what}: `{field}` differs between {} and {}:\n{}: {}\n{}: {}",
+            labels.0,
+            labels.1,
+            labels.0,
+            a[field],
+            labels.1,
+            b[field]
+        );
+    }
+}
+
 /// valgrind's count of guest instructions executed by `exe args` (`--tool=lackey
 /// --basic-counts=yes`, its "guest instrs" line), or `None` without valgrind.
 pub fn valgrind_instructions(exe: &Path, args: &[&str], cwd: &Path) -> Option<u64> {

@@ -17,7 +17,7 @@
 //! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
 //! event (and one budget check) covers several iterations.
 
-use hotpath_events::{Command, IdKind};
+use hotpath_events::{Command, IdKind, MAX_TRACE_BLOCKS};
 use hotpath_ir::{BlockId, Terminator};
 use rustc_hash::FxHashSet;
 
@@ -26,10 +26,6 @@ use crate::Tables;
 /// Default hot threshold: executions of a loop's back edge before its superblock is
 /// requested (the patent's 3000 for a direct-branch block).
 pub const DEFAULT_SUPERBLOCK_THRESHOLD: u64 = 3000;
-
-/// Most basic blocks in a trace, unrolled copies included (the translator's
-/// `MAX_TRACE_BLOCKS`: each position has its own side-exit id).
-pub const MAX_TRACE_BLOCKS: usize = 32;
 
 /// Guest instructions a trace stops growing at (before unrolling).
 pub const MAX_TRACE_INSTRUCTIONS: u32 = 256;

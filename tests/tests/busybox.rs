@@ -13,38 +13,12 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use hotpath_e2e::{compare_with_native, hotpath_bin, paths, Termination};
-
-const BUSYBOX: &str = "/bin/busybox";
-
-/// `/bin/busybox`, or `None` after printing why the test is skipped.
-///
-/// # Panics
-///
-/// When busybox is missing under CI (`CI` set to `true` or `1`).
-fn busybox() -> Option<&'static Path> {
-    let path = Path::new(BUSYBOX);
-    if path.is_file() {
-        return Some(path);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    assert!(
-        !ci,
-        "{BUSYBOX} is missing under CI: .ci/setup installs busybox-static"
-    );
-    // Written to the real stderr, not the captured test output, so it is seen.
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED (not a pass): {BUSYBOX} is missing; install busybox-static (.ci/setup does)"
-    );
-    None
-}
+use hotpath_e2e::{busybox, compare_with_native, hotpath_bin, paths, Termination};
 
 /// xorshift64*, as in guest-samples/common.h: the inputs are the same on every run.
 struct Rng(u64);

@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hotpath_e2e::report::{as_u64, check_consistency, run_with_report, Report};
+use hotpath_e2e::report::{
+    as_u64, assert_same_execution, check_consistency, run_with_report, Report,
+};
 use hotpath_e2e::{guest_build, hotpath_bin, paths, Linkage, Termination};
 use serde_json::Value;
 
@@ -222,18 +224,6 @@ fn forked_children_write_their_own_reports() {
     );
 }
 
-/// The report without what depends on timing: `totals.ring_waits`, `ring_wait_ns`, and
-/// `events` with `superblocks` (when the monitor's superblock requests reach the translator
-/// depends on how far behind the monitor runs).
-fn without_ring_waits(report: &Report) -> Value {
-    let mut json = report.json.clone();
-    let totals = json["totals"].as_object_mut().expect("totals");
-    totals.remove("ring_waits");
-    totals.remove("ring_wait_ns");
-    totals.remove("events");
-    json
-}
-
 /// The same program with a 64-entry ring (the guest stalls on a full ring all the time) and a
 /// 1 Mi-entry ring gives the same report: no event is lost or reordered by stalls.
 #[test]
@@ -264,25 +254,12 @@ fn report_does_not_depend_on_the_ring_size() {
         );
         check_consistency(&exe, &small.report, source);
         small_ring_waits += small.report.total("ring_waits");
-        let (a, b) = (
-            without_ring_waits(&small.report),
-            without_ring_waits(&large.report),
+        assert_same_execution(
+            &small.report,
+            &large.report,
+            source,
+            ("--ring-entries 64", "--ring-entries 1048576"),
         );
-        for field in [
-            "totals",
-            "blocks",
-            "edges",
-            "indirect_jumps",
-            "syscalls",
-            "ending",
-        ] {
-            assert!(
-                a[field] == b[field],
-                "{source}: `{field}` differs between --ring-entries 64 and 1048576:\n64: {}\n1M: {}",
-                a[field],
-                b[field]
-            );
-        }
     }
     assert!(
         small_ring_waits > 0,

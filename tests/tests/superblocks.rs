@@ -8,33 +8,15 @@
 
 use std::path::{Path, PathBuf};
 
-use hotpath_e2e::report::{as_u64, check_consistency, run_with_report, Report};
-use hotpath_e2e::{guest_build, paths, Linkage, Termination};
-use serde_json::Value;
+use hotpath_e2e::report::{
+    as_u64, assert_same_execution, check_consistency, run_with_report, Report,
+};
+use hotpath_e2e::{busybox, guest_build, paths, Linkage, Termination};
 
 fn scratch() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| paths::scratch_dir("superblocks"))
         .clone()
-}
-
-/// The parts of a report that describe the guest's execution (not how it was observed:
-/// ring waits, the number of events, which superblocks were formed and when).
-fn execution(report: &Report) -> Value {
-    let j = &report.json;
-    let mut totals = j["totals"].clone();
-    let t = totals.as_object_mut().expect("totals");
-    for timing in ["ring_waits", "ring_wait_ns", "events"] {
-        t.remove(timing);
-    }
-    serde_json::json!({
-        "totals": totals,
-        "blocks": j["blocks"],
-        "edges": j["edges"],
-        "indirect_jumps": j["indirect_jumps"],
-        "syscalls": j["syscalls"],
-        "ending": j["ending"],
-    })
 }
 
 /// Σ entries, Σ side exits over a report's superblocks.
@@ -96,22 +78,12 @@ fn compare_exe(
         "{source}: --no-superblocks formed superblocks"
     );
     check_consistency(&exe, &eager.report, source);
-    let (a, b) = (execution(&plain.report), execution(&eager.report));
-    for field in [
-        "totals",
-        "blocks",
-        "edges",
-        "indirect_jumps",
-        "syscalls",
-        "ending",
-    ] {
-        assert!(
-            a[field] == b[field],
-            "{source}: `{field}` differs with superblocks:\nwithout: {}\nwith:    {}",
-            a[field],
-            b[field]
-        );
-    }
+    assert_same_execution(
+        &plain.report,
+        &eager.report,
+        source,
+        ("--no-superblocks", "superblocks"),
+    );
     superblock_use(&eager.report)
 }
 
@@ -179,16 +151,7 @@ fn death_inside_a_superblock() {
 /// paths): same output as natively (checked against a run without superblocks), same profile.
 #[test]
 fn busybox_with_eager_superblocks_and_a_tiny_ring() {
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.is_file() {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(
-            !ci,
-            "/bin/busybox is missing under CI: .ci/setup installs busybox-static"
-        );
-        eprintln!("SKIPPED (not a pass): /bin/busybox is missing; install busybox-static");
-        return;
-    }
+    let Some(busybox) = busybox() else { return };
     let input = scratch().join("lines.txt");
     let mut text = String::new();
     let mut x = 0x2545_f491_4f6c_dd1du64;

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crossbeam::channel::{Receiver, Sender};
-use hotpath_events::{Command, IdKind, NewBlock, RingConsumer, RingProducer, SYSCALL_EVENT};
+use hotpath_events::{
+    Command, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS, SYSCALL_EVENT,
+};
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
@@ -19,7 +21,7 @@ use crate::gateway::{
 };
 use crate::guest_mem;
 use crate::signals::{Delivery, HandlerSetup, SignalState};
-use crate::superblock::{emit_superblock, side_exit_id, MAX_TRACE_BLOCKS};
+use crate::superblock::{emit_superblock, side_exit_id};
 use crate::syscalls::{self, CloneArgs, GuestExit, Outcome, Process};
 use crate::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;

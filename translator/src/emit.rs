@@ -537,22 +537,8 @@ pub(crate) fn emit_terminator(
                 .as_ref()
                 .expect("a return has its instruction")
                 .inst;
-            let pop = 8 + if inst.code() == Code::Retnq_imm16 {
-                inst.immediate16() as i32
-            } else {
-                0
-            };
-            dynasm!(ops
-                ; .arch x64
-                ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-            );
-            layout.rcx_borrowed_from = Some(chunk_base + ops.offset().0 as u64);
-            dynasm!(ops
-                ; .arch x64
-                ; mov rcx, QWORD [rsp]
-                ; lea rsp, [rsp + pop]
-            );
-            emit_ibl(&mut ops, &cx.gateway);
+            let borrowed = return_through_lookup(&mut ops, return_pop(inst), &cx.gateway);
+            layout.rcx_borrowed_from = Some(chunk_base + borrowed);
         }
         Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
             let inst = block
@@ -579,6 +565,34 @@ pub(crate) fn emit_terminator(
     }
     code.append(assembled(ops, "terminator")?);
     Ok(())
+}
+
+/// Bytes a `ret` (at `inst`) takes off the stack: the return address and its `imm16`.
+pub(crate) fn return_pop(inst: &Instruction) -> i32 {
+    8 + if inst.code() == Code::Retnq_imm16 {
+        inst.immediate16() as i32
+    } else {
+        0
+    }
+}
+
+/// Appends a `ret` popping `pop` bytes, as a jump through the indirect branch lookup. Returns
+/// the assembler offset from which RCX holds the borrowed target (the guest's is in
+/// `scratch_rcx`).
+pub(crate) fn return_through_lookup(
+    ops: &mut VecAssembler<X64Relocation>,
+    pop: i32,
+    gateway: &Gateway,
+) -> u64 {
+    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
+    let borrowed = ops.offset().0 as u64;
+    dynasm!(ops
+        ; .arch x64
+        ; mov rcx, QWORD [rsp]
+        ; lea rsp, [rsp + pop]
+    );
+    emit_ibl(ops, gateway);
+    borrowed
 }
 
 /// `mov rcx, <operand of the indirect jmp/call>`, as an iced instruction at the guest's address

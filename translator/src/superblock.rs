@@ -27,19 +27,17 @@
 //! covers several iterations. This module only lays the trace out.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
+use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
 use crate::emit::{
     append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, push_return_address,
-    rcx_branch, resolve_exit_stubs, Code_, EmitContext, Exit, ExitKind, HostLayout, Slow,
+    rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_, EmitContext, Exit,
+    ExitKind, HostLayout, Slow,
 };
-use crate::gateway::{emit_ibl, GS};
+use crate::gateway::GS;
 use crate::thread_area::off;
 use crate::TranslateError;
-
-/// Most basic blocks in one superblock (unrolled copies included). Each has a side-exit id,
-/// so a superblock takes `1 + len` ids.
-pub const MAX_TRACE_BLOCKS: usize = 32;
 
 /// A superblock's host code, assembled for a known address, not yet in the cache.
 pub struct EmittedTrace {
@@ -201,11 +199,7 @@ pub fn emit_superblock(
                         .as_ref()
                         .ok_or_else(|| broken(blocks, i))?
                         .inst;
-                    let pop = 8 + if inst.code() == iced_x86::Code::Retnq_imm16 {
-                        inst.immediate16() as i32
-                    } else {
-                        0
-                    };
+                    let pop = return_pop(inst);
                     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
                     layout.rcx_borrowed_from = Some(chunk + ops.offset().0 as u64);
                     let l = ops.new_dynamic_label();
@@ -284,13 +278,7 @@ pub fn emit_superblock(
             }
             Cold::Return { at, pop } => {
                 // The `ret`, as a basic block's terminator does it ([rsp] was just readable).
-                dynasm!(ops
-                    ; .arch x64
-                    ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-                    ; mov rcx, QWORD [rsp]
-                    ; lea rsp, [rsp + pop]
-                );
-                emit_ibl(&mut ops, &cx.gateway);
+                return_through_lookup(&mut ops, pop, &cx.gateway);
                 at.0
             }
         };

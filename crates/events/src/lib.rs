@@ -64,12 +64,17 @@ pub struct NewBlock {
     pub kind: IdKind,
 }
 
+/// Most basic blocks in one superblock's trace, unrolled copies included: the longest
+/// [`Command::FormSuperblock`] the translator accepts. Each position has its own side-exit id,
+/// so a superblock takes `1 + len` ids.
+pub const MAX_TRACE_BLOCKS: usize = 32;
+
 /// What the monitor asks of the translator (a crossbeam channel; the translator reads it when
 /// it is in the dispatcher, at the latest at the next ring refill).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Build a superblock along `blocks` (basic block ids, in path order; each block's
-    /// static successor must be the next one) and make it the entry of `blocks[0]`'s guest
+    /// Build a superblock along `blocks` (1 to [`MAX_TRACE_BLOCKS`] basic block ids, in path
+    /// order; each block's static successor must be the next one) and make it the entry of `blocks[0]`'s guest
     /// address. Ignored when an id is stale (its translation was flushed) or the path no
     /// longer matches the guest code.
     FormSuperblock { blocks: Vec<BlockId> },

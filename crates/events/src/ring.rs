@@ -238,7 +238,7 @@ impl RingProducer {
         // At most a chunk: the consumer sees events only when they are published.
         ctrl.producer
             .budget
-            .store(budget.min(want.max(1)), Ordering::Relaxed);
+            .store(budget.min(want), Ordering::Relaxed);
     }
 
     /// Slots the producer at `head` may fill now without wrapping: free slots (keeping one
