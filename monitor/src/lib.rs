@@ -16,6 +16,7 @@
 
 mod decisions;
 mod pathreport;
+mod path_memo;
 mod paths;
 mod profile;
 pub mod report;

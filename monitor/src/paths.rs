@@ -23,8 +23,8 @@
 //! never return, drop the bottom half: their paths end there, as at an exit, and a later
 //! return to one of them resynchronises); the call tree behind the flame graph is cut at
 //! [`CALL_TREE_MAX_DEPTH`] frames; in-flight and stored PAP runs are capped by
-//! [`PAP_MAX_PATHS`], [`PAP_BUF_MAX`] and [`PAP_STORE_MAX`]. What remains grows with the
-//! program's code (functions, blocks, distinct paths), not with its run time.
+//! [`PAP_MAX_PATHS`] and [`PAP_STORE_MAX`]. What remains grows with the program's code
+//! (functions, blocks, distinct paths, memoised transitions), not with its run time.
 //!
 //! **Paths** (Ball-Larus lecture; DESIGN.md "Monitor"). A path runs inside one activation: it
 //! starts at the function's entry or just after a back edge, and ends at a back edge or when
@@ -44,7 +44,15 @@
 //! `hotpath_pathprof::BallLarus` when the profile is taken (see `pathreport`), so CFG growth
 //! never loses or mixes counts. The k-slab forests are fed those dense path numbers (a
 //! one-to-one relabelling of Ball-Larus ids), and PAP runs are the sequences of path numbers of
-//! one activation of a hot function, encoded with `hotpath_pathprof::Pap` at the end.
+//! one activation of a hot function, kept in a second trie (a run steps to a child per path
+//! end and is counted at its node when the activation ends) and encoded with
+//! `hotpath_pathprof::Pap` at the end.
+//!
+//! **Per event, not per block.** The ring carries one event per superblock run; stepping the
+//! shadow stack and the trie once per basic block would cost the monitor far more per event
+//! than the tables do. `path_memo` memoises what a run of a superblock's blocks does to the
+//! current path (see there); [`PathConfig::per_block`] keeps the plain per-block stepping of
+//! this file as the reference the memoised recorder is tested against.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -54,6 +62,8 @@ use hotpath_events::{NewBlock, SYSCALL_EVENT};
 use hotpath_ir::Terminator;
 use hotpath_pathprof::{KSlabForest, PathId};
 
+use crate::path_memo::MemoState;
+use crate::tables::Expander;
 use crate::Tables;
 
 /// No block, node, function or path.
@@ -63,17 +73,13 @@ pub(crate) const NONE: u32 = u32::MAX;
 /// record PAP runs. Default; `--pap-threshold` overrides it.
 pub const DEFAULT_PAP_THRESHOLD: u64 = 1000;
 
-/// Longest PAP run kept, in Ball-Larus paths (4 bytes each): a longer activation (a main loop)
-/// stops recording its PAP run and counts one [`PathRecorder::pap_abandoned`].
+/// Longest PAP run kept, in Ball-Larus paths: a longer activation (a main loop) stops
+/// recording its PAP run and counts one [`PathRecorder::pap_abandoned`].
 pub const PAP_MAX_PATHS: usize = 1 << 20;
 
-/// In-flight PAP runs of all stacked activations together, in Ball-Larus paths (4 bytes
-/// each: 16 MiB). A path end that would pass it abandons the top activation's run.
-pub const PAP_BUF_MAX: usize = 1 << 22;
-
-/// Distinct PAP runs stored, in Ball-Larus paths summed over the runs (4 bytes each:
-/// 64 MiB). A new distinct run past it is not stored and counts one
-/// [`PathRecorder::pap_abandoned`]; runs already stored keep counting.
+/// PAP run-trie nodes kept (24 bytes each: 96 MiB). Every distinct prefix of a PAP run is one
+/// node, in-flight runs included; a run that needs a new node past it is abandoned and counts
+/// one [`PathRecorder::pap_abandoned`]; runs already stored keep counting.
 pub const PAP_STORE_MAX: usize = 1 << 22;
 
 /// Shadow-stack frames kept (about 48 bytes each: 12 MiB). An 8 MiB guest stack of the
@@ -145,6 +151,10 @@ pub struct PathConfig {
     pub k: usize,
     /// Function symbols, sorted by address.
     pub symbols: Vec<FunctionSymbol>,
+    /// Step the shadow stack and the trie once per basic block, without memoised
+    /// transitions: the reference the memoised recorder is checked against (same profile,
+    /// several times slower; `--paths-per-block`).
+    pub per_block: bool,
 }
 
 impl Default for PathConfig {
@@ -153,6 +163,7 @@ impl Default for PathConfig {
             pap_threshold: DEFAULT_PAP_THRESHOLD,
             k: 0,
             symbols: Vec::new(),
+            per_block: false,
         }
     }
 }
@@ -176,6 +187,8 @@ pub(crate) struct Function {
     pub activations: u64,
     /// The k-slab forest of its Ball-Larus path stream (labels: path numbers).
     pub kslab: Option<KSlabForest>,
+    /// Root of its PAP runs in the run trie, or [`NONE`] before its first one.
+    pap_root: u32,
 }
 
 /// One interned path.
@@ -211,24 +224,40 @@ struct TrieNode {
     last_end_path: u32,
 }
 
+/// A node of the PAP run trie: a run prefix `[function, path numbers...]`.
+#[derive(Clone, Copy, Debug)]
+struct PapNode {
+    /// The prefix without its last path, or [`NONE`] for a function's root (the empty run).
+    parent: u32,
+    /// Its last path number ([`NONE`] for a root).
+    path: u32,
+    /// Runs that ended here (activations whose whole PAP run is this prefix).
+    count: u64,
+    /// The child taken last: its path number and node.
+    last_path: u32,
+    last_child: u32,
+}
+
 /// One shadow-stack frame.
 #[derive(Clone, Copy, Debug)]
-struct Activation {
-    func: u32,
+pub(crate) struct Activation {
+    pub(crate) func: u32,
     /// Guest address its `ret` must go to (0: none known).
-    return_to: u64,
+    pub(crate) return_to: u64,
     /// The trie node of its current path (the blocks so far).
-    cur: u32,
+    pub(crate) cur: u32,
     /// Blocks on its current path so far.
-    len: u32,
+    pub(crate) len: u32,
     /// Blocks on its finished paths, not yet added to its call-tree node.
-    blocks: u64,
+    pub(crate) blocks: u64,
     /// Its finished paths, not yet added to its function's `path_ends`.
-    path_ends: u64,
+    pub(crate) path_ends: u64,
     /// Guest address of the last block of its current path.
-    last_addr: u64,
-    /// Where its PAP run starts in `PathRecorder::pap_buf`, or `NONE`.
-    pap_start: u32,
+    pub(crate) last_addr: u64,
+    /// Its PAP run so far (a node of the run trie), or [`NONE`] when it records none.
+    pub(crate) pap: u32,
+    /// Paths in its PAP run so far.
+    pap_len: u32,
     /// Its node in the call tree.
     call_node: u32,
 }
@@ -244,6 +273,9 @@ pub(crate) struct CallNode {
     pub blocks: u64,
     /// Frames from the root (the root is 0).
     pub depth: u32,
+    /// The child entered last: its function and node (a one-entry cache before the map).
+    last_func: u32,
+    last_child: u32,
 }
 
 /// Call-tree function of the node standing for every frame past [`CALL_TREE_MAX_DEPTH`].
@@ -297,10 +329,10 @@ impl Resync {
 }
 
 /// Classification of a block's terminator for the shadow stack.
-const K_OTHER: u8 = 0;
-const K_CALL: u8 = 1;
-const K_RET: u8 = 2;
-const K_INDIRECT: u8 = 3;
+pub(crate) const K_OTHER: u8 = 0;
+pub(crate) const K_CALL: u8 = 1;
+pub(crate) const K_RET: u8 = 2;
+pub(crate) const K_INDIRECT: u8 = 3;
 
 /// The online path recorder: shadow stack, functions, interned paths.
 #[derive(Clone)]
@@ -308,20 +340,21 @@ pub struct PathRecorder {
     pub(crate) config: PathConfig,
     pub(crate) funcs: Vec<Function>,
     func_by_entry: FxMap<u64, u32>,
-    /// Per block id: guest address, terminator class, return address of calls.
-    id_addr: Vec<u64>,
-    id_kind: Vec<u8>,
+    /// Per block id: guest address, terminator class, return address of calls (placeholders
+    /// for superblock and side-exit ids).
+    pub(crate) id_addr: Vec<u64>,
+    pub(crate) id_kind: Vec<u8>,
     id_ret: Vec<u64>,
     /// Per block id: the function whose entry it is, or NONE.
-    id_entry: Vec<u32>,
+    pub(crate) id_entry: Vec<u32>,
     /// Per block id: (function, node) where it was last seen.
-    id_node: Vec<(u32, u32)>,
+    pub(crate) id_node: Vec<(u32, u32)>,
     /// Per block id: the trie root of a path of `id_node`'s function starting at it after an
     /// entry (a call, tail call or resync), or [`NONE`].
     id_root: Vec<u32>,
     /// Guest address → block ids with that address (to refresh `id_entry`).
     ids_at: FxMap<u64, Vec<u32>>,
-    stack: Vec<Activation>,
+    pub(crate) stack: Vec<Activation>,
     /// The path trie.
     trie: Vec<TrieNode>,
     /// Trie roots by `(function, start tag, node)`.
@@ -330,27 +363,32 @@ pub struct PathRecorder {
     children: FxMap<(u32, u32), u32>,
     /// Path numbers by `(trie node, end tag)` (behind `TrieNode::last_end`).
     ends: FxMap<(u32, u32), u32>,
-    /// Path numbers of the in-flight PAP runs, stacked by activation.
-    pap_buf: Vec<u32>,
     pub(crate) paths: Vec<PathRec>,
-    /// PAP runs: `[function, path numbers...]` → count.
+    /// The PAP run trie.
+    pap_nodes: Vec<PapNode>,
+    /// Run-trie children by `(parent, path number)` (behind `PapNode::last_child`).
+    pap_children: FxMap<(u32, u32), u32>,
+    /// PAP runs: `[function, path numbers...]` → count; filled from the run trie by
+    /// [`PathRecorder::finish`].
     pub(crate) pap: FxMap<Box<[u32]>, u64>,
     pub(crate) calltree: Vec<CallNode>,
     call_child: FxMap<(u32, u32), u32>,
-    scratch: Vec<u32>,
-    prev: u32,
+    /// The last basic block stepped.
+    pub(crate) prev: u32,
+    /// Event-level state (see `path_memo`).
+    pub(crate) memo: MemoState,
+    /// `per_block` mode: superblock events turned back into blocks.
+    expander: Expander,
+    expanded: Vec<u32>,
     /// Times the shadow stack had to be resynchronised (returns to another frame, unwinding,
     /// tail calls, returns to no frame).
     pub resyncs: u64,
     /// [`PathRecorder::resyncs`] by cause, indexed by [`Resync`].
     pub resync_kinds: [u64; Resync::ALL.len()],
-    /// PAP runs dropped for exceeding [`PAP_MAX_PATHS`], [`PAP_BUF_MAX`] or
-    /// [`PAP_STORE_MAX`].
+    /// PAP runs dropped for exceeding [`PAP_MAX_PATHS`] or [`PAP_STORE_MAX`].
     pub pap_abandoned: u64,
     /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
     pub dropped_frames: u64,
-    /// Ball-Larus paths held by the stored PAP runs (see [`PAP_STORE_MAX`]).
-    pap_stored: usize,
 }
 
 impl PathRecorder {
@@ -373,23 +411,27 @@ impl PathRecorder {
             roots: FxMap::default(),
             children: FxMap::default(),
             ends: FxMap::default(),
-            pap_buf: Vec::new(),
             paths: Vec::new(),
+            pap_nodes: Vec::new(),
+            pap_children: FxMap::default(),
             pap: FxMap::default(),
             calltree: vec![CallNode {
                 parent: NONE,
                 func: NONE,
                 blocks: 0,
                 depth: 0,
+                last_func: NONE,
+                last_child: NONE,
             }],
             call_child: FxMap::default(),
-            scratch: Vec::new(),
             prev: NONE,
+            memo: MemoState::default(),
+            expander: Expander::default(),
+            expanded: Vec::new(),
             resyncs: 0,
             resync_kinds: [0; Resync::ALL.len()],
             pap_abandoned: 0,
             dropped_frames: 0,
-            pap_stored: 0,
         }
     }
 
@@ -418,6 +460,16 @@ impl PathRecorder {
             }
         }
         for i in self.id_addr.len()..tables.blocks.len() {
+            if !self.memo.learn(i as u32, &tables.kinds[i]) {
+                // A superblock or a side exit: its blocks carry the metadata.
+                self.id_addr.push(0);
+                self.id_kind.push(K_OTHER);
+                self.id_ret.push(0);
+                self.id_node.push((NONE, NONE));
+                self.id_root.push(NONE);
+                self.id_entry.push(NONE);
+                continue;
+            }
             let b = &tables.blocks[i];
             let (kind, ret) = match b.terminator {
                 // `call 1f; 1:` (get-pc) pushes an address and goes on: no activation.
@@ -470,12 +522,16 @@ impl PathRecorder {
             path_ends: 0,
             activations: 0,
             kslab: None,
+            pap_root: NONE,
         });
         self.func_by_entry.insert(addr, f);
         if let Some(ids) = self.ids_at.get(&addr) {
             for &i in ids {
                 self.id_entry[i as usize] = f;
             }
+            // A block already seen is now a function entry: a jump to it is a tail call, no
+            // longer a step of the current path, so no memoised transition may be trusted.
+            self.memo.invalidate();
         }
         f
     }
@@ -644,18 +700,29 @@ impl PathRecorder {
         } else {
             func
         };
-        let depth = p.depth + 1;
-        if let Some(&c) = self.call_child.get(&(parent, func)) {
-            return c;
+        if p.last_func == func {
+            return p.last_child;
         }
-        let c = self.calltree.len() as u32;
-        self.calltree.push(CallNode {
-            parent,
-            func,
-            blocks: 0,
-            depth,
-        });
-        self.call_child.insert((parent, func), c);
+        let depth = p.depth + 1;
+        let c = match self.call_child.get(&(parent, func)) {
+            Some(&c) => c,
+            None => {
+                let c = self.calltree.len() as u32;
+                self.calltree.push(CallNode {
+                    parent,
+                    func,
+                    blocks: 0,
+                    depth,
+                    last_func: NONE,
+                    last_child: NONE,
+                });
+                self.call_child.insert((parent, func), c);
+                c
+            }
+        };
+        let p = &mut self.calltree[parent as usize];
+        p.last_func = func;
+        p.last_child = c;
         c
     }
 
@@ -683,7 +750,12 @@ impl PathRecorder {
         let call_node = self.call_child(parent_call, func);
         let fun = &mut self.funcs[func as usize];
         fun.activations += 1;
-        let hot = fun.path_ends >= self.config.pap_threshold;
+        let pap = if fun.path_ends >= self.config.pap_threshold {
+            self.pap_root(func)
+        } else {
+            NONE
+        };
+        let fun = &mut self.funcs[func as usize];
         if self.config.k > 0 {
             let k = self.config.k;
             fun.kslab
@@ -698,7 +770,8 @@ impl PathRecorder {
             blocks: 0,
             path_ends: 0,
             last_addr: self.id_addr[id as usize],
-            pap_start: if hot { self.pap_buf.len() as u32 } else { NONE },
+            pap,
+            pap_len: 0,
             call_node,
         });
     }
@@ -740,40 +813,108 @@ impl PathRecorder {
         let top = self.stack.last_mut().expect("an activation");
         top.blocks += a.len as u64;
         top.path_ends += 1;
-        if a.pap_start != NONE {
+        if a.pap != NONE {
             self.pap_push(p);
         }
         p
     }
 
-    /// Appends path `p` to the top activation's PAP run, abandoning the run when it is full.
-    fn pap_push(&mut self, p: u32) {
+    /// Appends path `p` to the top activation's PAP run, abandoning the run when it is too
+    /// long or the run trie is full.
+    pub(crate) fn pap_push(&mut self, p: u32) {
+        let top = self.stack.last().expect("an activation");
+        let next = if top.pap_len as usize >= PAP_MAX_PATHS {
+            NONE
+        } else {
+            self.pap_step(top.pap, p)
+        };
         let top = self.stack.last_mut().expect("an activation");
-        let run = self.pap_buf.len() - top.pap_start as usize;
-        if run >= PAP_MAX_PATHS || self.pap_buf.len() >= PAP_BUF_MAX {
-            self.pap_buf.truncate(top.pap_start as usize);
-            top.pap_start = NONE;
+        if next == NONE {
+            top.pap = NONE;
             self.pap_abandoned += 1;
         } else {
-            self.pap_buf.push(p);
+            top.pap = next;
+            top.pap_len += 1;
         }
     }
 
-    /// Counts one more run of the PAP run `[func, pap_buf[run]..., last]` (`last`: the final
-    /// path number, if not in `pap_buf`), storing it if new and there is room.
-    fn count_pap(&mut self, func: u32, run: std::ops::Range<usize>, last: Option<u32>) {
-        self.scratch.clear();
-        self.scratch.push(func);
-        self.scratch.extend_from_slice(&self.pap_buf[run]);
-        self.scratch.extend(last);
-        match self.pap.get_mut(self.scratch.as_slice()) {
-            Some(c) => *c += 1,
-            None if self.pap_stored + self.scratch.len() > PAP_STORE_MAX => self.pap_abandoned += 1,
+    /// The run-trie root of `func`'s PAP runs (the empty run), or [`NONE`] when the trie is
+    /// full.
+    fn pap_root(&mut self, func: u32) -> u32 {
+        match self.funcs[func as usize].pap_root {
+            NONE => {
+                let r = self.new_pap_node(NONE, NONE);
+                self.funcs[func as usize].pap_root = r;
+                r
+            }
+            r => r,
+        }
+    }
+
+    /// A new run-trie node, or [`NONE`] past [`PAP_STORE_MAX`] nodes.
+    fn new_pap_node(&mut self, parent: u32, path: u32) -> u32 {
+        if self.pap_nodes.len() >= PAP_STORE_MAX {
+            return NONE;
+        }
+        self.pap_nodes.push(PapNode {
+            parent,
+            path,
+            count: 0,
+            last_path: NONE,
+            last_child: NONE,
+        });
+        (self.pap_nodes.len() - 1) as u32
+    }
+
+    /// The run-trie node of run prefix `t` followed by path `p`, or [`NONE`] when it would
+    /// need a node past [`PAP_STORE_MAX`].
+    #[inline]
+    fn pap_step(&mut self, t: u32, p: u32) -> u32 {
+        let n = &self.pap_nodes[t as usize];
+        if n.last_path == p {
+            return n.last_child;
+        }
+        let c = match self.pap_children.get(&(t, p)) {
+            Some(&c) => c,
             None => {
-                self.pap_stored += self.scratch.len();
-                self.pap.insert(self.scratch.as_slice().into(), 1);
+                let c = self.new_pap_node(t, p);
+                if c == NONE {
+                    return NONE;
+                }
+                self.pap_children.insert((t, p), c);
+                c
+            }
+        };
+        let n = &mut self.pap_nodes[t as usize];
+        n.last_path = p;
+        n.last_child = c;
+        c
+    }
+
+    /// The stored PAP runs, `[function, path numbers...]` → count, spelled from the run trie.
+    fn spell_pap_runs(&self) -> FxMap<Box<[u32]>, u64> {
+        let mut func_of_root = FxMap::default();
+        for (f, fun) in self.funcs.iter().enumerate() {
+            if fun.pap_root != NONE {
+                func_of_root.insert(fun.pap_root, f as u32);
             }
         }
+        let mut runs = FxMap::default();
+        for (i, n) in self.pap_nodes.iter().enumerate() {
+            if n.count == 0 {
+                continue;
+            }
+            let mut key = Vec::new();
+            let mut t = i as u32;
+            while self.pap_nodes[t as usize].parent != NONE {
+                key.push(self.pap_nodes[t as usize].path);
+                t = self.pap_nodes[t as usize].parent;
+            }
+            key.push(func_of_root[&t]);
+            key.reverse();
+            runs.insert(key.into_boxed_slice(), n.count);
+        }
+        runs
     }
 
     /// Ends the top activation (its path ends at the exit) and pops it.
@@ -781,10 +922,8 @@ impl PathRecorder {
         self.end_path(END_EXIT);
         let a = self.stack.pop().expect("an activation");
         self.flush_counts(&a, false);
-        if a.pap_start != NONE {
-            let start = a.pap_start as usize;
-            self.count_pap(a.func, start..self.pap_buf.len(), None);
-            self.pap_buf.truncate(start);
+        if a.pap != NONE {
+            self.pap_nodes[a.pap as usize].count += 1;
         }
     }
 
@@ -798,27 +937,16 @@ impl PathRecorder {
             let a = self.stack[i];
             let p = self.count_path(&a, END_EXIT);
             self.flush_counts(&a, true);
-            if a.pap_start != NONE {
-                let run_end = self.stack[i + 1..]
-                    .iter()
-                    .map(|b| b.pap_start)
-                    .find(|&s| s != NONE)
-                    .map_or(self.pap_buf.len(), |s| s as usize);
-                self.count_pap(a.func, a.pap_start as usize..run_end, Some(p));
+            if a.pap != NONE {
+                match self.pap_step(a.pap, p) {
+                    t if t != NONE && (a.pap_len as usize) < PAP_MAX_PATHS => {
+                        self.pap_nodes[t as usize].count += 1
+                    }
+                    _ => self.pap_abandoned += 1,
+                }
             }
         }
-        let pap_cut = self.stack[n..]
-            .iter()
-            .map(|b| b.pap_start)
-            .find(|&s| s != NONE)
-            .unwrap_or(self.pap_buf.len() as u32);
-        self.pap_buf.drain(..pap_cut as usize);
         self.stack.drain(..n);
-        for a in &mut self.stack {
-            if a.pap_start != NONE {
-                a.pap_start -= pap_cut;
-            }
-        }
         self.dropped_frames += n as u64;
     }
 
@@ -837,8 +965,9 @@ impl PathRecorder {
 
     /// Continues the top activation with block `id` (an intra-procedural edge): a back edge
     /// (to an address not above the last block's) ends the path and starts the next at `id`.
+    /// Returns the number of the path it ended, or [`NONE`].
     #[inline]
-    fn step_intra(&mut self, id: u32, tables: &Tables) {
+    pub(crate) fn step_intra(&mut self, id: u32, tables: &Tables) -> u32 {
         let a = *self.stack.last().expect("an activation");
         let node = self.node_of(a.func, id, tables);
         let addr = self.id_addr[id as usize];
@@ -857,39 +986,68 @@ impl PathRecorder {
             top.cur = root;
             top.len = 1;
             top.last_addr = addr;
+            p
         } else {
             let cur = self.trie_step(a.cur, node);
             let top = self.stack.last_mut().expect("an activation");
             top.cur = cur;
             top.len += 1;
             top.last_addr = addr;
+            NONE
         }
     }
 
-    /// Accounts a run of events in ring order (block ids and syscall events), learning block
-    /// metadata from `new_blocks` as ids first appear.
+    /// Accounts a run of events in ring order (block, superblock and side-exit ids, and
+    /// syscall events), learning block metadata from `new_blocks` as ids first appear. A
+    /// superblock event waits for the next event to say how far its trace ran (see
+    /// [`PathRecorder::end_of_stream`]).
     pub fn record(
         &mut self,
         events: &[u32],
         tables: &mut Tables,
         new_blocks: Option<&Receiver<NewBlock>>,
     ) {
-        for &id in events {
-            if id & SYSCALL_EVENT != 0 {
-                continue;
+        if let Some(&max) = events.iter().filter(|&&e| e & SYSCALL_EVENT == 0).max() {
+            if max as usize >= self.id_addr.len() {
+                self.learn_up_to(max, tables, new_blocks);
             }
-            if id as usize >= self.id_addr.len() {
-                self.learn_up_to(id, tables, new_blocks);
-                if id as usize >= self.id_addr.len() {
-                    continue; // No metadata will ever come: the translator is gone.
-                }
-            }
-            self.step(id, tables);
+        }
+        if self.config.per_block {
+            let mut expanded = std::mem::take(&mut self.expanded);
+            expanded.clear();
+            self.expander.expand(tables, events, &mut expanded);
+            self.record_blocks(&expanded, tables);
+            self.expanded = expanded;
+        } else {
+            self.record_events(events, tables);
         }
     }
 
+    /// The stream has ended: a superblock still waiting for its next event ran to its end.
+    pub fn end_of_stream(&mut self, tables: &Tables) {
+        if self.config.per_block {
+            let mut expanded = std::mem::take(&mut self.expanded);
+            expanded.clear();
+            self.expander.finish(tables, &mut expanded);
+            self.record_blocks(&expanded, tables);
+        } else {
+            self.flush_pending(tables);
+        }
+    }
+
+    /// Steps every basic block of `blocks` (syscall events are skipped; ids with no
+    /// metadata, which only a translator gone mid-run leaves, too).
+    fn record_blocks(&mut self, blocks: &[u32], tables: &Tables) {
+        for &id in blocks {
+            if id & SYSCALL_EVENT == 0 && (id as usize) < self.id_addr.len() {
+                self.step(id, tables);
+            }
+        }
+    }
+
+    /// Steps basic block `id` through the shadow stack and the current path.
     #[inline]
-    fn step(&mut self, id: u32, tables: &Tables) {
+    pub(crate) fn step(&mut self, id: u32, tables: &Tables) {
         let prev = std::mem::replace(&mut self.prev, id);
         if prev == NONE || self.stack.is_empty() {
             let f = self.function_containing(self.id_addr[id as usize]);
@@ -966,7 +1124,8 @@ impl PathRecorder {
             while self.stack.len() > i {
                 self.pop_activation();
             }
-            return self.step_intra(id, tables);
+            self.step_intra(id, tables);
+            return;
         }
         let owner = |p: &PathRecorder, f: u32| {
             let fun = &p.funcs[f as usize];
@@ -978,7 +1137,8 @@ impl PathRecorder {
         };
         let top = self.stack.last().expect("an activation").func;
         if owner(self, top) || self.symbol_at(addr).is_none() {
-            return self.step_intra(id, tables);
+            self.step_intra(id, tables);
+            return;
         }
         if let Some(i) = (0..self.stack.len() - 1)
             .rev()
@@ -988,7 +1148,8 @@ impl PathRecorder {
             while self.stack.len() > i + 1 {
                 self.pop_activation();
             }
-            return self.step_intra(id, tables);
+            self.step_intra(id, tables);
+            return;
         }
         self.resync(Resync::ForeignJump);
         let f = self.function_containing(addr);
@@ -1002,13 +1163,16 @@ impl PathRecorder {
         self.resync_kinds[why as usize] += 1;
     }
 
-    /// Ends every activation (the guest has ended): every block executed is then on a
-    /// counted path.
+    /// Ends every activation (the guest has ended, [`PathRecorder::end_of_stream`] was
+    /// called): every block executed is then on a counted path. Adds the runs of memoised
+    /// transitions to their paths' counts and spells the PAP runs.
     pub fn finish(&mut self) {
         while !self.stack.is_empty() {
             self.pop_activation();
         }
         self.prev = NONE;
+        self.settle_memos();
+        self.pap = self.spell_pap_runs();
     }
 
     /// Distinct paths recorded so far.

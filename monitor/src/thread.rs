@@ -8,7 +8,6 @@ use crossbeam::utils::Backoff;
 use hotpath_events::{Command, NewBlock, RingConsumer};
 
 use crate::decisions::Decisions;
-use crate::tables::Expander;
 use crate::{PathRecorder, Tables};
 
 /// What a monitor keeps: the tables, the path recorder unless paths are off, and its
@@ -18,8 +17,6 @@ pub struct MonitorState {
     pub tables: Tables,
     pub paths: Option<PathRecorder>,
     pub decisions: Decisions,
-    /// Turns superblock events back into basic blocks for the path recorder.
-    expander: Expander,
 }
 
 impl MonitorState {
@@ -104,12 +101,10 @@ fn drain_loop(
     mut state: MonitorState,
 ) -> MonitorState {
     let backoff = Backoff::new();
-    let mut expanded: Vec<u32> = Vec::new();
     let MonitorState {
         tables,
         paths,
         decisions,
-        expander,
     } = &mut state;
     loop {
         // Read `closed` before draining: everything published before the close is visible
@@ -119,9 +114,7 @@ fn drain_loop(
             tables.record(events);
             if let Some(p) = paths.as_mut() {
                 if tables.learn_events(events, new_blocks) {
-                    expanded.clear();
-                    expander.expand(tables, events, &mut expanded);
-                    p.record(&expanded, tables, Some(new_blocks));
+                    p.record(events, tables, Some(new_blocks));
                 }
             }
         });
@@ -148,9 +141,7 @@ fn drain_loop(
     }
     tables.learn_all(new_blocks);
     if let Some(p) = paths.as_mut() {
-        expanded.clear();
-        expander.finish(tables, &mut expanded);
-        p.record(&expanded, tables, Some(new_blocks));
+        p.end_of_stream(tables);
     }
     state
 }

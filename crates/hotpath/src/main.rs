@@ -93,6 +93,10 @@ struct RunArgs {
     /// Path ends after which a function is hot and records PAP cyclic paths (0: all).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PAP_THRESHOLD)]
     pap_threshold: u64,
+    /// Record paths one basic block at a time, without memoised transitions: the slower
+    /// reference the default recorder is checked against (same profile).
+    #[arg(long)]
+    paths_per_block: bool,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
     /// buy; the profile is the same).
     #[arg(long)]
@@ -311,6 +315,7 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let paths = (args.paths && !args.no_paths).then(|| PathConfig {
         pap_threshold: args.pap_threshold,
         k: args.k,
+        per_block: args.paths_per_block,
         symbols: image
             .symbols
             .iter()

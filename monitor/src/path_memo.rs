@@ -1,0 +1,384 @@
+//! Memoised path transitions: what a run of an event's basic blocks does to the current path,
+//! worked out once per (path prefix, event, position) and then replayed as a few adds.
+//!
+//! The ring carries one event per superblock run, but a path profile is defined over basic
+//! blocks, and stepping every block through the shadow stack and the prefix trie (`paths.rs`)
+//! costs the monitor about as much per *block* as the tables cost per *event*. What makes a
+//! shortcut possible: between blocks that neither call, return nor jump indirectly, the
+//! per-block step is `step_intra`, whose outcome depends only on the current path (its trie
+//! node, which fixes the function and the last block's address) and on the block: it extends
+//! the prefix, or at a back edge ends a path — whose number the prefix fixes — and starts the
+//! next one at the back edge's head. So a *segment* of an event's blocks, from a position whose
+//! step is intra-procedural up to the first block that calls, returns or jumps indirectly,
+//! maps the trie node it starts from to the trie node it ends at and ends a fixed list of
+//! paths on the way. That map is memoised per (trie node, event, position): the first run
+//! steps the blocks one by one (counting as usual) and records it; later runs apply it to the
+//! activation (current path, its length, the block and path-end counters) and count one more
+//! run of the memo; [`PathRecorder::settle_memos`] adds those runs to the ended paths' counts
+//! when the profile is taken. Only where path numbers must be seen in order — the k-slab
+//! forests (`--k`) and PAP runs being recorded — are a memo's ended paths replayed one by one.
+//! Calls, returns, indirect jumps that leave the function and activation starts go through
+//! the per-block step, and the memo picks up again at the next position.
+//!
+//! **Validity.** A memo records what the per-block step did, so it is applied only where that
+//! step would do the same again:
+//! 1. the block before the segment neither calls nor returns, and if it jumps indirectly, the
+//!    segment's first block was last seen in the current function and is not the current
+//!    activation's return address (checked before every use, as the per-block step does);
+//! 2. no block of the segment is another function's entry (a jump there is a tail call):
+//!    function entries are only ever added, and adding one at a block already seen
+//!    invalidates every memo (an epoch counter);
+//! 3. all else the step reads — the trie, CFG nodes, back edges by guest address, the
+//!    event's block sequence — is append-only or fixed.
+//!
+//! `PathConfig::per_block` keeps the per-block recorder; tests check both give the same
+//! profile on every guest sample (tests/tests/paths.rs).
+
+use hotpath_events::{IdKind, SYSCALL_EVENT};
+
+use crate::paths::{FxMap, PathRecorder, K_INDIRECT, K_OTHER, NONE};
+use crate::Tables;
+
+/// Event kinds (`EventInfo::kind`).
+const EV_BLOCK: u8 = 0;
+const EV_SUPERBLOCK: u8 = 1;
+const EV_SIDE_EXIT: u8 = 2;
+
+/// The basic blocks an event id stands for: `seq[start..start + len]`.
+#[derive(Clone, Copy, Debug)]
+struct EventInfo {
+    start: u32,
+    len: u32,
+    kind: u8,
+    /// A side exit's superblock ([`NONE`] otherwise).
+    superblock: u32,
+}
+
+/// One memoised transition: a segment of an event's blocks applied to a path prefix.
+#[derive(Clone, Copy, Debug)]
+struct Memo {
+    /// The trie node after the segment, the current path's length then (blocks), and the
+    /// guest address of its last block.
+    next: u32,
+    len: u32,
+    last_addr: u64,
+    /// Position in the event's block sequence after the segment.
+    end: u32,
+    /// Its last basic block id (the recorder's `prev` after it).
+    last: u32,
+    /// Blocks on the paths it ends (added to the activation's finished blocks).
+    blocks: u32,
+    /// The paths it ends, in order: `MemoState::ends[ends..ends + nends]`.
+    ends: u32,
+    nends: u32,
+    /// Runs not yet added to the ended paths' counts (the first run counted itself).
+    count: u64,
+    /// `MemoState::epoch` when it was made.
+    epoch: u32,
+}
+
+/// Slots of the direct-mapped memo cache, a power of two (16 bytes each: 512 KiB, an L2's
+/// worth on the monitor's core). A miss falls back to a hash map.
+const CACHE_SLOTS: usize = 1 << 15;
+
+/// A slot of the memo cache: trie node, key, memo index (`from == NONE`: empty).
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    from: u32,
+    memo: u32,
+    key: u64,
+}
+
+const EMPTY_SLOT: Slot = Slot {
+    from: NONE,
+    memo: NONE,
+    key: 0,
+};
+
+/// The memo key of position `pos` (< 256, see `MAX_TRACE_BLOCKS`) of event `event`.
+#[inline]
+fn memo_key(event: u32, pos: u32) -> u64 {
+    (event as u64) << 8 | pos as u64
+}
+
+#[inline]
+fn slot_of(from: u32, key: u64) -> usize {
+    let h = (((from as u64) << 40) ^ key).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> (64 - CACHE_SLOTS.trailing_zeros())) as usize
+}
+
+/// The event-level state of a [`PathRecorder`]: what each event id stands for, the superblock
+/// waiting for its extent, and the memoised transitions.
+#[derive(Clone)]
+pub(crate) struct MemoState {
+    /// Per event id (block, superblock or side exit).
+    events: Vec<EventInfo>,
+    /// Basic block ids of every event's span, concatenated.
+    seq: Vec<u32>,
+    /// A superblock event whose extent the next event tells, or [`NONE`].
+    pending: u32,
+    memos: Vec<Memo>,
+    /// Ended paths of every memo, concatenated.
+    ends: Vec<u32>,
+    /// Direct-mapped cache in front of `map`.
+    cache: Box<[Slot]>,
+    /// Memo by (trie node, key).
+    map: FxMap<(u32, u64), u32>,
+    /// Bumped when memos may no longer be trusted (see the module doc, rule 2).
+    epoch: u32,
+}
+
+impl Default for MemoState {
+    fn default() -> Self {
+        MemoState {
+            events: Vec::new(),
+            seq: Vec::new(),
+            pending: NONE,
+            memos: Vec::new(),
+            ends: Vec::new(),
+            cache: vec![EMPTY_SLOT; CACHE_SLOTS].into_boxed_slice(),
+            map: FxMap::default(),
+            epoch: 0,
+        }
+    }
+}
+
+impl MemoState {
+    /// Learns what id `id` (the next one) stands for. Returns whether it is a basic block.
+    pub(crate) fn learn(&mut self, id: u32, kind: &IdKind) -> bool {
+        debug_assert_eq!(self.events.len(), id as usize);
+        let start = self.seq.len() as u32;
+        let info = match kind {
+            IdKind::Block => {
+                self.seq.push(id);
+                EventInfo {
+                    start,
+                    len: 1,
+                    kind: EV_BLOCK,
+                    superblock: NONE,
+                }
+            }
+            IdKind::Superblock { blocks } => {
+                self.seq.extend(blocks.iter().map(|b| b.0));
+                EventInfo {
+                    start,
+                    len: blocks.len() as u32,
+                    kind: EV_SUPERBLOCK,
+                    superblock: NONE,
+                }
+            }
+            IdKind::SideExit { superblock, after } => EventInfo {
+                start: self.events[superblock.0 as usize].start,
+                len: after + 1,
+                kind: EV_SIDE_EXIT,
+                superblock: superblock.0,
+            },
+        };
+        self.events.push(info);
+        matches!(kind, IdKind::Block)
+    }
+
+    /// No memo made so far may be used again.
+    pub(crate) fn invalidate(&mut self) {
+        self.epoch += 1;
+    }
+}
+
+impl PathRecorder {
+    /// Accounts `events` (every id known) a whole event at a time.
+    pub(crate) fn record_events(&mut self, events: &[u32], tables: &Tables) {
+        for &e in events {
+            if e & SYSCALL_EVENT != 0 {
+                continue;
+            }
+            let Some(&info) = self.memo.events.get(e as usize) else {
+                continue; // No metadata will ever come: the translator is gone.
+            };
+            let pending = std::mem::replace(&mut self.memo.pending, NONE);
+            if pending != NONE {
+                if info.kind == EV_SIDE_EXIT && info.superblock == pending {
+                    self.run_event(e, tables);
+                    continue;
+                }
+                self.run_event(pending, tables);
+            }
+            if info.kind == EV_SUPERBLOCK {
+                self.memo.pending = e;
+            } else {
+                self.run_event(e, tables);
+            }
+        }
+    }
+
+    /// Runs the superblock still waiting for its next event to its end.
+    pub(crate) fn flush_pending(&mut self, tables: &Tables) {
+        let pending = std::mem::replace(&mut self.memo.pending, NONE);
+        if pending != NONE {
+            self.run_event(pending, tables);
+        }
+    }
+
+    /// Steps the basic blocks event `e` stands for.
+    #[inline]
+    fn run_event(&mut self, e: u32, tables: &Tables) {
+        let EventInfo { start, len, .. } = self.memo.events[e as usize];
+        let mut pos = 0;
+        while pos < len {
+            let b = self.memo.seq[(start + pos) as usize];
+            pos = if self.continues_path(b) {
+                self.run_segment(e, start, pos, len, tables)
+            } else {
+                self.step(b, tables);
+                pos + 1
+            };
+        }
+    }
+
+    /// Whether block `b`'s per-block step would continue the top activation's path, as far as
+    /// the block before it decides (validity rule 1; rule 2 is the memo's).
+    #[inline]
+    fn continues_path(&self, b: u32) -> bool {
+        let (Some(top), false) = (self.stack.last(), self.prev == NONE) else {
+            return false;
+        };
+        match self.id_kind[self.prev as usize] {
+            K_OTHER => true,
+            K_INDIRECT => {
+                self.id_node[b as usize].0 == top.func && self.id_addr[b as usize] != top.return_to
+            }
+            _ => false,
+        }
+    }
+
+    /// Runs the segment of event `e` (blocks `seq[start..start + len]`) that starts at
+    /// position `pos`, from a memo when there is a valid one. Returns the position after it.
+    #[inline]
+    fn run_segment(&mut self, e: u32, start: u32, pos: u32, len: u32, tables: &Tables) -> u32 {
+        let from = self.stack.last().expect("an activation").cur;
+        let key = memo_key(e, pos);
+        let slot = slot_of(from, key);
+        let s = self.memo.cache[slot];
+        let m = if s.from == from && s.key == key {
+            s.memo
+        } else {
+            match self.memo.map.get(&(from, key)) {
+                Some(&m) => {
+                    self.memo.cache[slot] = Slot { from, memo: m, key };
+                    m
+                }
+                None => NONE,
+            }
+        };
+        if m != NONE && self.memo.memos[m as usize].epoch == self.memo.epoch {
+            return self.apply_memo(m);
+        }
+        self.make_memo(from, key, start, pos, len, tables)
+    }
+
+    /// Applies memo `m` to the top activation. Returns the position after its segment.
+    #[inline]
+    fn apply_memo(&mut self, m: u32) -> u32 {
+        let memo = &mut self.memo.memos[m as usize];
+        memo.count += 1;
+        let memo = *memo;
+        let top = self.stack.last_mut().expect("an activation");
+        top.cur = memo.next;
+        top.len = memo.len;
+        top.last_addr = memo.last_addr;
+        top.blocks += memo.blocks as u64;
+        top.path_ends += memo.nends as u64;
+        self.prev = memo.last;
+        if memo.nends > 0 && (top.pap != NONE || self.config.k > 0) {
+            self.replay_ends(&memo);
+        }
+        memo.end
+    }
+
+    /// Feeds a memo's ended paths, in order, to the k-slab forest and the PAP run of the top
+    /// activation (what `count_path` and `end_path` do besides counting).
+    #[cold]
+    fn replay_ends(&mut self, memo: &Memo) {
+        let func = self.stack.last().expect("an activation").func;
+        for i in memo.ends..memo.ends + memo.nends {
+            let p = self.memo.ends[i as usize];
+            if let Some(k) = self.funcs[func as usize].kslab.as_mut() {
+                k.push(hotpath_pathprof::PathId(p as u64));
+            }
+            if self.stack.last().expect("an activation").pap != NONE {
+                self.pap_push(p);
+            }
+        }
+    }
+
+    /// Steps the segment starting at position `pos` block by block from trie node `from`,
+    /// and memoises it under `(from, key)`. Returns the position after it.
+    #[cold]
+    fn make_memo(
+        &mut self,
+        from: u32,
+        key: u64,
+        start: u32,
+        pos: u32,
+        len: u32,
+        tables: &Tables,
+    ) -> u32 {
+        let func = self.stack.last().expect("an activation").func;
+        let ends = self.memo.ends.len() as u32;
+        let (mut blocks, mut nends) = (0, 0);
+        let mut at = pos;
+        while at < len {
+            let b = self.memo.seq[(start + at) as usize];
+            let entry = self.id_entry[b as usize];
+            if entry != NONE && entry != func {
+                break; // A tail call: the per-block step's business.
+            }
+            let path_len = self.stack.last().expect("an activation").len;
+            self.prev = b;
+            let p = self.step_intra(b, tables);
+            if p != NONE {
+                self.memo.ends.push(p);
+                nends += 1;
+                blocks += path_len;
+            }
+            at += 1;
+            if self.id_kind[b as usize] != K_OTHER {
+                break;
+            }
+        }
+        if at == pos {
+            let b = self.memo.seq[(start + pos) as usize];
+            self.step(b, tables);
+            return pos + 1;
+        }
+        let top = self.stack.last().expect("an activation");
+        let m = self.memo.memos.len() as u32;
+        self.memo.memos.push(Memo {
+            next: top.cur,
+            len: top.len,
+            last_addr: top.last_addr,
+            end: at,
+            last: self.prev,
+            blocks,
+            ends,
+            nends,
+            count: 0,
+            epoch: self.memo.epoch,
+        });
+        self.memo.map.insert((from, key), m);
+        self.memo.cache[slot_of(from, key)] = Slot { from, memo: m, key };
+        at
+    }
+
+    /// Adds the runs of every memo since the last call to the counts of the paths it ends.
+    pub(crate) fn settle_memos(&mut self) {
+        for memo in &mut self.memo.memos {
+            if memo.count == 0 {
+                continue;
+            }
+            for &p in &self.memo.ends[memo.ends as usize..(memo.ends + memo.nends) as usize] {
+                self.paths[p as usize].count += memo.count;
+            }
+            memo.count = 0;
+        }
+    }
+}
