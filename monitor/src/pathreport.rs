@@ -225,6 +225,12 @@ impl PathProfile {
         for (key, &count) in &rec.pap {
             pap_by_func[key[0] as usize].push((&key[1..], count));
         }
+        // The PAP graph's numbering depends on the order its runs are added in: take them in
+        // path-number order (the order paths were first seen), not the map's, which follows
+        // function numbers — and those depend on when the monitor learned which blocks.
+        for runs in &mut pap_by_func {
+            runs.sort_unstable();
+        }
         let mut pap_entries = Vec::new();
 
         for (f, fun) in rec.funcs.iter().enumerate() {

@@ -390,3 +390,86 @@ fn busybox_sort_and_awk() {
         }
     }
 }
+
+/// The two fields of the report that a path recorder writes, and its statistics.
+fn path_sections(json: &Value) -> [&Value; 5] {
+    [
+        &json["paths"],
+        &json["k_paths"],
+        &json["path_stats"],
+        &json["functions"],
+        &json["stacks"],
+    ]
+}
+
+/// The memoised recorder (per event: a segment of a superblock's blocks applied from a memo)
+/// writes the same paths, k-paths, PAP runs, CFGs and call stacks as the per-block reference
+/// (`--paths-per-block`), with superblocks built as early as possible (so events stand for
+/// many blocks, side exits included), every function recording PAP runs (so memoised path
+/// ends are replayed into them) and k-paths on. Samples whose block counts depend on timing
+/// (asynchronous signals, fork) or on where the guest maps code (`signal_fault` runs code in
+/// a page it maps) are left out.
+#[test]
+fn memoised_paths_match_the_per_block_reference() {
+    const DETERMINISTIC: &[&str] = &[
+        "hello",
+        "loops",
+        "jumptable",
+        "funcptr_qsort",
+        "recursion",
+        "strings",
+        "setjmp",
+        "malloc",
+        "exit_call",
+        "segv",
+        "signal_handler",
+        "asm_retaddr",
+        "count_branches",
+        "count_jumptable",
+        "count_calls",
+        "count_libc",
+        "superblock_fault",
+        "bench_sieve",
+        "bench_crc",
+        "bench_fib",
+        "bench_interp",
+    ];
+    let mut runs: Vec<(String, PathBuf, Vec<&str>)> = catalog::SAMPLES
+        .iter()
+        .filter(|s| DETERMINISTIC.contains(&s.name))
+        .map(|s| {
+            let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+            (s.name.to_string(), exe, s.args.to_vec())
+        })
+        .collect();
+    assert_eq!(runs.len(), DETERMINISTIC.len(), "every listed sample is in the catalog");
+    for source in ["paths_branchy.S", "paths_loops.c", "paths_recursion.S"] {
+        let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+        runs.push((source.to_string(), exe, Vec::new()));
+    }
+    let eager = ["--superblock-threshold", "1", "--k", "3", "--pap-threshold", "0"];
+    let mut with_superblocks = 0;
+    for (name, exe, args) in &runs {
+        let memo = run_report(exe, &format!("memo-{name}"), args, &eager);
+        let mut per_block = eager.to_vec();
+        per_block.push("--paths-per-block");
+        let reference = run_report(exe, &format!("per-block-{name}"), args, &per_block);
+        assert_eq!(
+            memo["totals"]["blocks_executed"], reference["totals"]["blocks_executed"],
+            "{name}: the two runs executed different blocks"
+        );
+        if memo["totals"]["events"].as_u64() < memo["totals"]["blocks_executed"].as_u64() {
+            with_superblocks += 1;
+        }
+        for (a, b) in path_sections(&memo).into_iter().zip(path_sections(&reference)) {
+            assert!(a == b, "{name}: memoised and per-block path profiles differ");
+        }
+    }
+    // Short samples end before a loop gets hot even at threshold 1 (a head needs a hot back
+    // edge); the loop-heavy ones do not.
+    assert!(
+        with_superblocks * 3 >= runs.len(),
+        "superblocks ran in only {with_superblocks} of {} samples",
+        runs.len()
+    );
+}

@@ -52,7 +52,7 @@ pub struct Symbol {
     pub name: String,
     /// Guest address of the first byte (load bias applied).
     pub addr: u64,
-    /// Size in bytes (0 when the ELF does not say).
+    /// Size in bytes (when the ELF says 0: up to the next symbol or the end of the segment).
     pub size: u64,
 }
 
@@ -238,12 +238,12 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         phdr,
         phent: elf.header.e_phentsize as u64,
         phnum: elf.header.e_phnum as u64,
-        segments,
         image_start: base,
         brk_start,
         brk_limit,
         extra: (brk_limit, page_ceil(opts.extra_reserve)),
-        symbols: function_symbols(&elf, load_bias),
+        symbols: function_symbols(&elf, load_bias, &segments),
+        segments,
     })
 }
 
@@ -405,7 +405,11 @@ fn map_segment(
     })
 }
 
-fn function_symbols(elf: &Elf, bias: u64) -> Vec<Symbol> {
+/// The function symbols of `elf` (`.symtab`, else `.dynsym`), sorted by address. A symbol of
+/// size 0 (`_fini`, hand-written assembly) is given the bytes up to the next symbol or the end
+/// of its segment, whichever comes first: otherwise it would claim every address above it,
+/// other mappings included.
+fn function_symbols(elf: &Elf, bias: u64, segments: &[Segment]) -> Vec<Symbol> {
     let mut out = Vec::new();
     for (syms, strtab) in [(&elf.syms, &elf.strtab), (&elf.dynsyms, &elf.dynstrtab)] {
         for s in syms.iter() {
@@ -426,6 +430,18 @@ fn function_symbols(elf: &Elf, bias: u64) -> Vec<Symbol> {
     }
     out.sort_by(|a, b| a.addr.cmp(&b.addr).then_with(|| a.name.cmp(&b.name)));
     out.dedup_by(|a, b| a.addr == b.addr);
+    for i in 0..out.len() {
+        if out[i].size != 0 {
+            continue;
+        }
+        let addr = out[i].addr;
+        let segment_end = segments
+            .iter()
+            .find(|g| g.start <= addr && addr < g.end)
+            .map_or(addr + 1, |g| g.end);
+        let next = out.get(i + 1).map_or(u64::MAX, |n| n.addr);
+        out[i].size = segment_end.min(next) - addr;
+    }
     out
 }
 
