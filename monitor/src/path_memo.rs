@@ -34,7 +34,8 @@
 //! `PathConfig::per_block` keeps the per-block recorder; tests check both give the same
 //! profile on every guest sample (tests/tests/paths.rs).
 
-use hotpath_events::{IdKind, SYSCALL_EVENT};
+use crossbeam::channel::Receiver;
+use hotpath_events::{IdKind, NewBlock, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
 
 use crate::paths::{FxMap, PathRecorder, K_INDIRECT, K_OTHER, NONE};
 use crate::Tables;
@@ -54,56 +55,78 @@ struct EventInfo {
     superblock: u32,
 }
 
-/// One memoised transition: a segment of an event's blocks applied to a path prefix.
+/// One memoised transition: a segment of an event's blocks applied to a path prefix. One
+/// cache line: the predicted path reads the last memo and this one, nothing else.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
 struct Memo {
-    /// The trie node after the segment, the current path's length then (blocks), and the
-    /// guest address of its last block.
+    /// Runs not yet added to the ended paths' counts (the first run counted itself).
+    count: u64,
+    /// Guest address of its last block (the activation's `last_addr` after it).
+    last_addr: u64,
+    /// The two memos applied right after it most recently and their keys, the more recent
+    /// first (a prediction, like block chaining: in a loop the same memos follow each other,
+    /// a loop's exit aside; [`NONE`] / [`NO_KEY`]: none yet).
+    succ: [u32; 2],
+    succ_key: [u32; 2],
+    /// The trie node after the segment, and the current path's length then (blocks).
     next: u32,
     len: u32,
-    last_addr: u64,
-    /// Position in the event's block sequence after the segment.
-    end: u32,
-    /// Its last basic block id (the recorder's `prev` after it).
+    /// Its first and last basic block ids (the last is the recorder's `prev` after it).
+    first: u32,
     last: u32,
     /// Blocks on the paths it ends (added to the activation's finished blocks).
     blocks: u32,
     /// The paths it ends, in order: `MemoState::ends[ends..ends + nends]`.
     ends: u32,
-    nends: u32,
-    /// Runs not yet added to the ended paths' counts (the first run counted itself).
-    count: u64,
     /// `MemoState::epoch` when it was made.
     epoch: u32,
+    nends: u16,
+    /// Position in the event's block sequence after the segment.
+    end: u8,
+    /// The terminator class of its last block.
+    last_kind: u8,
 }
 
-/// Slots of the direct-mapped memo cache, a power of two (16 bytes each: 512 KiB, an L2's
-/// worth on the monitor's core). A miss falls back to a hash map.
+/// Slots of the direct-mapped memo cache, a power of two (16 bytes each: 64 KiB, so that it
+/// stays in the monitor core's L2 while the ring streams through). A miss falls back to a
+/// hash map.
 const CACHE_SLOTS: usize = 1 << 15;
 
 /// A slot of the memo cache: trie node, key, memo index (`from == NONE`: empty).
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     from: u32,
+    key: u32,
     memo: u32,
-    key: u64,
 }
 
 const EMPTY_SLOT: Slot = Slot {
     from: NONE,
+    key: NO_KEY,
     memo: NONE,
-    key: 0,
 };
 
-/// The memo key of position `pos` (< 256, see `MAX_TRACE_BLOCKS`) of event `event`.
+/// Bits of a memo key that hold the position in the event (see `MAX_TRACE_BLOCKS`).
+const POS_BITS: u32 = 5;
+const _: () = assert!(MAX_TRACE_BLOCKS <= 1 << POS_BITS);
+
+/// A key no event has (`Memo::succ_key` of a memo with no successor yet).
+const NO_KEY: u32 = u32::MAX;
+
+/// The memo key of position `pos` of event `event`, or [`NO_KEY`] for an event id too large
+/// to key (2^27 ids and up: its blocks are stepped one by one).
 #[inline]
-fn memo_key(event: u32, pos: u32) -> u64 {
-    (event as u64) << 8 | pos as u64
+fn memo_key(event: u32, pos: u32) -> u32 {
+    if event >= (1 << (32 - POS_BITS)) - 1 {
+        return NO_KEY;
+    }
+    event << POS_BITS | pos
 }
 
 #[inline]
-fn slot_of(from: u32, key: u64) -> usize {
-    let h = (((from as u64) << 40) ^ key).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+fn slot_of(from: u32, key: u32) -> usize {
+    let h = (((from as u64) << 32) | key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (h >> (64 - CACHE_SLOTS.trailing_zeros())) as usize
 }
 
@@ -123,9 +146,12 @@ pub(crate) struct MemoState {
     /// Direct-mapped cache in front of `map`.
     cache: Box<[Slot]>,
     /// Memo by (trie node, key).
-    map: FxMap<(u32, u64), u32>,
+    map: FxMap<(u32, u32), u32>,
     /// Bumped when memos may no longer be trusted (see the module doc, rule 2).
     epoch: u32,
+    /// The memo applied last, if nothing but memos has changed the shadow stack since
+    /// ([`NONE`] otherwise): the current path is then its `next`.
+    last: u32,
 }
 
 impl Default for MemoState {
@@ -139,6 +165,7 @@ impl Default for MemoState {
             cache: vec![EMPTY_SLOT; CACHE_SLOTS].into_boxed_slice(),
             map: FxMap::default(),
             epoch: 0,
+            last: NONE,
         }
     }
 }
@@ -185,49 +212,97 @@ impl MemoState {
 }
 
 impl PathRecorder {
-    /// Accounts `events` (every id known) a whole event at a time.
-    pub(crate) fn record_events(&mut self, events: &[u32], tables: &Tables) {
-        for &e in events {
-            if e & SYSCALL_EVENT != 0 {
+    /// Accounts `events` a whole event at a time, learning ids as they first appear.
+    pub(crate) fn record_events(
+        &mut self,
+        events: &[u32],
+        tables: &mut Tables,
+        new_blocks: Option<&Receiver<NewBlock>>,
+    ) {
+        let mut i = 0;
+        if self.memo.pending != NONE {
+            // A superblock from the previous piece: its extent is the first event here.
+            let Some(&next) = events.first() else { return };
+            self.learn_event(next, tables, new_blocks);
+            let sb = std::mem::replace(&mut self.memo.pending, NONE);
+            let exited = self.exits(sb, next);
+            i = exited as usize;
+            let run = if exited { next } else { sb };
+            self.run_event(run, self.memo.events[run as usize], tables);
+        }
+        while i < events.len() {
+            let e = events[i];
+            i += 1;
+            if e & SYSCALL_EVENT != 0 || !self.learn_event(e, tables, new_blocks) {
                 continue;
             }
-            let Some(&info) = self.memo.events.get(e as usize) else {
-                continue; // No metadata will ever come: the translator is gone.
-            };
-            let pending = std::mem::replace(&mut self.memo.pending, NONE);
-            if pending != NONE {
-                if info.kind == EV_SIDE_EXIT && info.superblock == pending {
-                    self.run_event(e, tables);
-                    continue;
-                }
-                self.run_event(pending, tables);
+            let mut run = e;
+            if self.memo.events[e as usize].kind == EV_SUPERBLOCK {
+                let Some(&next) = events.get(i) else {
+                    self.memo.pending = e;
+                    break;
+                };
+                self.learn_event(next, tables, new_blocks);
+                // Branch-free: whether a superblock left early is the guest's own branch,
+                // often unpredictable.
+                let exited = self.exits(e, next);
+                run = if exited { next } else { e };
+                i += exited as usize;
             }
-            if info.kind == EV_SUPERBLOCK {
-                self.memo.pending = e;
-            } else {
-                self.run_event(e, tables);
-            }
+            self.run_event(run, self.memo.events[run as usize], tables);
         }
+    }
+
+    /// Makes sure event id `e` is known (a syscall event is not an id). Returns false if it
+    /// never will be: the translator is gone.
+    #[inline(always)]
+    fn learn_event(
+        &mut self,
+        e: u32,
+        tables: &mut Tables,
+        new_blocks: Option<&Receiver<NewBlock>>,
+    ) -> bool {
+        if e & SYSCALL_EVENT == 0 && e as usize >= self.memo.events.len() {
+            self.learn_up_to(e, tables, new_blocks);
+        }
+        (e as usize) < self.memo.events.len()
+    }
+
+    /// Whether `next`, the event after superblock `sb`, is one of `sb`'s side exits (which
+    /// then stands for the blocks `sb` ran); else `sb` ran to its end.
+    #[inline(always)]
+    fn exits(&self, sb: u32, next: u32) -> bool {
+        self.memo
+            .events
+            .get(next as usize)
+            .is_some_and(|n| n.superblock == sb)
     }
 
     /// Runs the superblock still waiting for its next event to its end.
     pub(crate) fn flush_pending(&mut self, tables: &Tables) {
         let pending = std::mem::replace(&mut self.memo.pending, NONE);
         if pending != NONE {
-            self.run_event(pending, tables);
+            self.run_event(pending, self.memo.events[pending as usize], tables);
         }
     }
 
     /// Steps the basic blocks event `e` stands for.
-    #[inline]
-    fn run_event(&mut self, e: u32, tables: &Tables) {
-        let EventInfo { start, len, .. } = self.memo.events[e as usize];
+    #[inline(always)]
+    fn run_event(&mut self, e: u32, info: EventInfo, tables: &Tables) {
+        let EventInfo { start, len, .. } = info;
         let mut pos = 0;
         while pos < len {
+            let key = memo_key(e, pos);
+            // The common case, a short chain of loads: the memo that follows the last one.
+            if let Some(end) = self.run_predicted(key) {
+                pos = end;
+                continue;
+            }
             let b = self.memo.seq[(start + pos) as usize];
-            pos = if self.continues_path(b) {
-                self.run_segment(e, start, pos, len, tables)
+            pos = if key != NO_KEY && self.continues_path(b) {
+                self.run_segment(key, start, pos, len, tables)
             } else {
+                self.memo.last = NONE;
                 self.step(b, tables);
                 pos + 1
             };
@@ -250,12 +325,50 @@ impl PathRecorder {
         }
     }
 
-    /// Runs the segment of event `e` (blocks `seq[start..start + len]`) that starts at
-    /// position `pos`, from a memo when there is a valid one. Returns the position after it.
+    /// Applies the memo that followed the last one applied, if one followed it under `key`,
+    /// the last one ended in a block that lets the path go on (validity rule 1) and it is
+    /// still valid. Returns the position after its segment.
+    #[inline(always)]
+    fn run_predicted(&mut self, key: u32) -> Option<u32> {
+        let last = self.memo.last;
+        if last == NONE {
+            return None;
+        }
+        let l = &self.memo.memos[last as usize];
+        // Branch-free choice: which successor comes is often the guest's own unpredictable
+        // branch.
+        let second = (l.succ_key[1] == key) as usize;
+        if l.succ_key[second] != key {
+            return None;
+        }
+        let succ = l.succ[second];
+        let last_kind = l.last_kind;
+        let m = &self.memo.memos[succ as usize];
+        if m.epoch != self.memo.epoch {
+            return None;
+        }
+        match last_kind {
+            K_OTHER => {}
+            K_INDIRECT => {
+                let top = self.stack.last().expect("an activation");
+                let first = m.first as usize;
+                if self.id_node[first].0 != top.func || self.id_addr[first] == top.return_to {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+        self.memo.last = succ;
+        Some(self.apply_memo(succ))
+    }
+
+    /// Runs the segment that starts at position `pos` of the event keyed `key` (blocks
+    /// `seq[start..start + len]`), from a memo when there is a valid one. Returns the position
+    /// after it.
     #[inline]
-    fn run_segment(&mut self, e: u32, start: u32, pos: u32, len: u32, tables: &Tables) -> u32 {
+    fn run_segment(&mut self, key: u32, start: u32, pos: u32, len: u32, tables: &Tables) -> u32 {
+        let last = self.memo.last;
         let from = self.stack.last().expect("an activation").cur;
-        let key = memo_key(e, pos);
         let slot = slot_of(from, key);
         let s = self.memo.cache[slot];
         let m = if s.from == from && s.key == key {
@@ -263,20 +376,33 @@ impl PathRecorder {
         } else {
             match self.memo.map.get(&(from, key)) {
                 Some(&m) => {
-                    self.memo.cache[slot] = Slot { from, memo: m, key };
+                    self.memo.cache[slot] = Slot { from, key, memo: m };
                     m
                 }
                 None => NONE,
             }
         };
-        if m != NONE && self.memo.memos[m as usize].epoch == self.memo.epoch {
-            return self.apply_memo(m);
+        let (m, end) = if m != NONE && self.memo.memos[m as usize].epoch == self.memo.epoch {
+            (m, self.apply_memo(m))
+        } else {
+            self.make_memo(from, key, start, pos, len, tables)
+        };
+        if last != NONE && m != NONE {
+            let l = &mut self.memo.memos[last as usize];
+            if l.succ_key[0] == key || l.succ_key[1] == key {
+                // A successor from an older epoch: replaced in place.
+                l.succ[(l.succ_key[1] == key) as usize] = m;
+            } else {
+                l.succ = [m, l.succ[0]];
+                l.succ_key = [key, l.succ_key[0]];
+            }
         }
-        self.make_memo(from, key, start, pos, len, tables)
+        self.memo.last = m;
+        end
     }
 
     /// Applies memo `m` to the top activation. Returns the position after its segment.
-    #[inline]
+    #[inline(always)]
     fn apply_memo(&mut self, m: u32) -> u32 {
         let memo = &mut self.memo.memos[m as usize];
         memo.count += 1;
@@ -291,7 +417,7 @@ impl PathRecorder {
         if memo.nends > 0 && (top.pap != NONE || self.config.k > 0) {
             self.replay_ends(&memo);
         }
-        memo.end
+        memo.end as u32
     }
 
     /// Feeds a memo's ended paths, in order, to the k-slab forest and the PAP run of the top
@@ -299,7 +425,7 @@ impl PathRecorder {
     #[cold]
     fn replay_ends(&mut self, memo: &Memo) {
         let func = self.stack.last().expect("an activation").func;
-        for i in memo.ends..memo.ends + memo.nends {
+        for i in memo.ends..memo.ends + memo.nends as u32 {
             let p = self.memo.ends[i as usize];
             if let Some(k) = self.funcs[func as usize].kslab.as_mut() {
                 k.push(hotpath_pathprof::PathId(p as u64));
@@ -311,17 +437,19 @@ impl PathRecorder {
     }
 
     /// Steps the segment starting at position `pos` block by block from trie node `from`,
-    /// and memoises it under `(from, key)`. Returns the position after it.
+    /// and memoises it under `(from, key)`. Returns the memo ([`NONE`] if the segment was
+    /// empty: its first block is another function's entry, stepped as a tail call) and the
+    /// position after it.
     #[cold]
     fn make_memo(
         &mut self,
         from: u32,
-        key: u64,
+        key: u32,
         start: u32,
         pos: u32,
         len: u32,
         tables: &Tables,
-    ) -> u32 {
+    ) -> (u32, u32) {
         let func = self.stack.last().expect("an activation").func;
         let ends = self.memo.ends.len() as u32;
         let (mut blocks, mut nends) = (0, 0);
@@ -348,25 +476,29 @@ impl PathRecorder {
         if at == pos {
             let b = self.memo.seq[(start + pos) as usize];
             self.step(b, tables);
-            return pos + 1;
+            return (NONE, pos + 1);
         }
         let top = self.stack.last().expect("an activation");
         let m = self.memo.memos.len() as u32;
         self.memo.memos.push(Memo {
+            count: 0,
+            last_addr: top.last_addr,
+            succ: [NONE; 2],
+            succ_key: [NO_KEY; 2],
             next: top.cur,
             len: top.len,
-            last_addr: top.last_addr,
-            end: at,
+            first: self.memo.seq[(start + pos) as usize],
             last: self.prev,
             blocks,
             ends,
-            nends,
-            count: 0,
             epoch: self.memo.epoch,
+            nends,
+            end: at as u8,
+            last_kind: self.id_kind[self.prev as usize],
         });
         self.memo.map.insert((from, key), m);
-        self.memo.cache[slot_of(from, key)] = Slot { from, memo: m, key };
-        at
+        self.memo.cache[slot_of(from, key)] = Slot { from, key, memo: m };
+        (m, at)
     }
 
     /// Adds the runs of every memo since the last call to the counts of the paths it ends.
@@ -375,10 +507,59 @@ impl PathRecorder {
             if memo.count == 0 {
                 continue;
             }
-            for &p in &self.memo.ends[memo.ends as usize..(memo.ends + memo.nends) as usize] {
+            let ends = memo.ends as usize..memo.ends as usize + memo.nends as usize;
+            for &p in &self.memo.ends[ends] {
                 self.paths[p as usize].count += memo.count;
             }
             memo.count = 0;
         }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PathConfig;
+    use hotpath_events::NewBlock;
+    use hotpath_ir::{BlockId, BlockSummary, Cond, GuestAddr, Terminator};
+
+    #[test]
+    #[ignore]
+    fn speed_of_a_loop() {
+        let mut t = Tables::default();
+        let blocks = [
+            (0x1000, Terminator::FallThrough { next: GuestAddr(0x1010) }),
+            (
+                0x1010,
+                Terminator::Branch {
+                    cond: Cond::Ne,
+                    taken: GuestAddr(0x1000),
+                    not_taken: GuestAddr(0x1020),
+                },
+            ),
+        ];
+        for (i, (a, term)) in blocks.into_iter().enumerate() {
+            t.learn(NewBlock {
+                id: BlockId(i as u32),
+                summary: BlockSummary {
+                    start: GuestAddr(a),
+                    terminator_addr: GuestAddr(a),
+                    len_bytes: 16,
+                    instructions: 2,
+                    terminator: term,
+                },
+                kind: IdKind::Block,
+            });
+        }
+        let events: Vec<u32> = (0..4096).map(|i| i % 2).collect();
+        let mut p = PathRecorder::new(PathConfig::default());
+        let n = 5000;
+        let t0 = std::time::Instant::now();
+        for _ in 0..n {
+            p.record(&events, &mut t, None);
+        }
+        let ns = t0.elapsed().as_nanos() as f64 / (n * events.len()) as f64;
+        eprintln!("{ns:.2} ns/event");
     }
 }

@@ -446,7 +446,7 @@ impl PathRecorder {
     /// Learns the metadata of every block id up to `id`, waiting for the translator's
     /// `NewBlock` messages if needed (a block's metadata is sent before it first runs).
     #[cold]
-    fn learn_up_to(
+    pub(crate) fn learn_up_to(
         &mut self,
         id: u32,
         tables: &mut Tables,
@@ -1007,19 +1007,19 @@ impl PathRecorder {
         tables: &mut Tables,
         new_blocks: Option<&Receiver<NewBlock>>,
     ) {
-        if let Some(&max) = events.iter().filter(|&&e| e & SYSCALL_EVENT == 0).max() {
-            if max as usize >= self.id_addr.len() {
-                self.learn_up_to(max, tables, new_blocks);
-            }
-        }
         if self.config.per_block {
+            if let Some(&max) = events.iter().filter(|&&e| e & SYSCALL_EVENT == 0).max() {
+                if max as usize >= self.id_addr.len() {
+                    self.learn_up_to(max, tables, new_blocks);
+                }
+            }
             let mut expanded = std::mem::take(&mut self.expanded);
             expanded.clear();
             self.expander.expand(tables, events, &mut expanded);
             self.record_blocks(&expanded, tables);
             self.expanded = expanded;
         } else {
-            self.record_events(events, tables);
+            self.record_events(events, tables, new_blocks);
         }
     }
 

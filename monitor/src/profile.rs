@@ -26,6 +26,9 @@ pub struct Totals {
     pub ring_waits: u64,
     /// Time the guest spent waiting for the monitor, in nanoseconds.
     pub ring_wait_ns: u64,
+    /// Time the monitor spent on events (tables, paths, superblock decisions; not polling an
+    /// empty ring), in nanoseconds: divided by `events`, what each event cost it.
+    pub monitor_busy_ns: u64,
 }
 
 /// One guest block.

@@ -87,6 +87,7 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
             "events": t.events,
             "ring_waits": t.ring_waits,
             "ring_wait_ns": t.ring_wait_ns,
+            "monitor_busy_ns": t.monitor_busy_ns,
         },
         "blocks": profile.blocks.iter().map(|b| json!({
             "addr": hex(b.addr),

@@ -437,10 +437,16 @@ fn finish_report(
             .symbolize(addr)
             .map(|(name, off)| (name.to_string(), off))
     };
-    let MonitorState { tables, paths, .. } = state;
+    let MonitorState {
+        tables,
+        paths,
+        busy_ns,
+        ..
+    } = state;
     let mut profile = Profile::from_tables(&tables, &symbolize);
     profile.totals.ring_waits = waits.waits;
     profile.totals.ring_wait_ns = waits.wait_ns;
+    profile.totals.monitor_busy_ns = busy_ns;
     profile.read_code();
     if let Some(mut rec) = paths {
         rec.finish();
