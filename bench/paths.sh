@@ -2,8 +2,10 @@
 # bench/paths.sh — what path profiles cost: wall time of each bench_* sample under hotpath in
 # three modes, interleaved run by run (--no-monitor; the monitor with tables only, --no-paths;
 # the monitor with paths, --paths), with the medians, the ratios paths / tables and
-# tables / --no-monitor, and the median times the guest waited for a full event ring in each
-# monitored mode (totals.ring_waits of the JSON report). Target: paths <= 1.15 x tables.
+# tables / --no-monitor, the median times the guest waited for a full event ring in each
+# monitored mode (totals.ring_waits of the JSON report), and what each ring event cost the
+# monitor thread in each (totals.monitor_busy_ns / totals.events, medians; steadier than wall
+# time on a noisy machine). Target: paths <= 1.15 x tables.
 #
 # Usage: bench/paths.sh [-n RUNS] [-s "sample[:arg] ..."] [--no-build]
 # Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured.
@@ -31,7 +33,7 @@ fi
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 now() { date +%s.%N; }
-printf "%-14s %10s %10s %10s %13s %13s %12s %12s\n" sample no-monitor tables paths paths/tables tables/nomon "waits(tab)" "waits(paths)"
+printf "%-14s %10s %10s %10s %13s %13s %12s %12s %11s %11s\n" sample no-monitor tables paths paths/tables tables/nomon "waits(tab)" "waits(paths)" "ns/ev(tab)" "ns/ev(pth)"
 for spec in $samples; do
     name="${spec%%:*}"; arg="${spec#*:}"; [ "$arg" = "$spec" ] && arg=""
     exe="$work/$name"
@@ -44,12 +46,15 @@ for spec in $samples; do
             t0=$(now); "$hotpath" run --quiet "${flags[@]}" -- "$exe" $arg >/dev/null; t1=$(now)
             echo "$t1 - $t0" | bc >>"$work/$name.$mode"
             if [ "$mode" != nomon ]; then
-                python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['totals']['ring_waits'])" "$work/r.json" >>"$work/$name.$mode.waits"
+                python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['totals']; print(t['ring_waits'], '%.2f' % (t['monitor_busy_ns'] / max(t['events'], 1)))" "$work/r.json" >"$work/tot"
+                cut -d' ' -f1 "$work/tot" >>"$work/$name.$mode.waits"
+                cut -d' ' -f2 "$work/tot" >>"$work/$name.$mode.nsev"
             fi
         done
     done
     n=$(median <"$work/$name.nomon"); t=$(median <"$work/$name.tables"); p=$(median <"$work/$name.paths")
-    printf "%-14s %9.3fs %9.3fs %9.3fs %12.2fx %12.2fx %12s %12s\n" "$name" "$n" "$t" "$p" \
+    printf "%-14s %9.3fs %9.3fs %9.3fs %12.2fx %12.2fx %12s %12s %11s %11s\n" "$name" "$n" "$t" "$p" \
         "$(echo "$p / $t" | bc -l)" "$(echo "$t / $n" | bc -l)" \
-        "$(median <"$work/$name.tables.waits")" "$(median <"$work/$name.paths.waits")"
+        "$(median <"$work/$name.tables.waits")" "$(median <"$work/$name.paths.waits")" \
+        "$(median <"$work/$name.tables.nsev")" "$(median <"$work/$name.paths.nsev")"
 done

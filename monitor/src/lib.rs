@@ -15,8 +15,8 @@
 //! guest's. Counts are exact: the ring never drops an event.
 
 mod decisions;
-mod pathreport;
 mod path_memo;
+mod pathreport;
 mod paths;
 mod profile;
 pub mod report;

@@ -82,6 +82,9 @@ pub const PAP_MAX_PATHS: usize = 1 << 20;
 /// one [`PathRecorder::pap_abandoned`]; runs already stored keep counting.
 pub const PAP_STORE_MAX: usize = 1 << 22;
 
+/// Slots of the run trie's direct-mapped child cache (12 bytes each: 48 KiB).
+const PAP_CACHE_SLOTS: usize = 1 << 12;
+
 /// Shadow-stack frames kept (about 48 bytes each: 12 MiB). An 8 MiB guest stack of the
 /// smallest frames (a bare return address) is 1 Mi frames deep, so a real recursion can pass
 /// it, and a guest whose calls never return (`call` used as a jump) passes it in a loop: then
@@ -366,8 +369,11 @@ pub struct PathRecorder {
     pub(crate) paths: Vec<PathRec>,
     /// The PAP run trie.
     pap_nodes: Vec<PapNode>,
-    /// Run-trie children by `(parent, path number)` (behind `PapNode::last_child`).
+    /// Run-trie children by `(parent, path number)` (behind `PapNode::last_child` and
+    /// `pap_cache`).
     pap_children: FxMap<(u32, u32), u32>,
+    /// Direct-mapped cache of `pap_children`: `(parent, path number, child)`.
+    pap_cache: Box<[(u32, u32, u32)]>,
     /// PAP runs: `[function, path numbers...]` → count; filled from the run trie by
     /// [`PathRecorder::finish`].
     pub(crate) pap: FxMap<Box<[u32]>, u64>,
@@ -414,6 +420,7 @@ impl PathRecorder {
             paths: Vec::new(),
             pap_nodes: Vec::new(),
             pap_children: FxMap::default(),
+            pap_cache: vec![(NONE, NONE, NONE); PAP_CACHE_SLOTS].into_boxed_slice(),
             pap: FxMap::default(),
             calltree: vec![CallNode {
                 parent: NONE,
@@ -874,8 +881,13 @@ impl PathRecorder {
         if n.last_path == p {
             return n.last_child;
         }
-        let c = match self.pap_children.get(&(t, p)) {
-            Some(&c) => c,
+        // Recursive functions' runs branch at every node: a direct-mapped cache before the map.
+        let slot = ((((t as u64) << 32) | p as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            >> (64 - PAP_CACHE_SLOTS.trailing_zeros())) as usize;
+        let (ct, cp, cc) = self.pap_cache[slot];
+        let cached = (ct == t && cp == p).then_some(cc);
+        let c = match cached.or_else(|| self.pap_children.get(&(t, p)).copied()) {
+            Some(c) => c,
             None => {
                 let c = self.new_pap_node(t, p);
                 if c == NONE {
@@ -885,6 +897,7 @@ impl PathRecorder {
                 c
             }
         };
+        self.pap_cache[slot] = (t, p, c);
         let n = &mut self.pap_nodes[t as usize];
         n.last_path = p;
         n.last_child = c;

@@ -438,16 +438,28 @@ fn memoised_paths_match_the_per_block_reference() {
         .iter()
         .filter(|s| DETERMINISTIC.contains(&s.name))
         .map(|s| {
-            let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+            let exe =
+                guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
             (s.name.to_string(), exe, s.args.to_vec())
         })
         .collect();
-    assert_eq!(runs.len(), DETERMINISTIC.len(), "every listed sample is in the catalog");
+    assert_eq!(
+        runs.len(),
+        DETERMINISTIC.len(),
+        "every listed sample is in the catalog"
+    );
     for source in ["paths_branchy.S", "paths_loops.c", "paths_recursion.S"] {
         let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         runs.push((source.to_string(), exe, Vec::new()));
     }
-    let eager = ["--superblock-threshold", "1", "--k", "3", "--pap-threshold", "0"];
+    let eager = [
+        "--superblock-threshold",
+        "1",
+        "--k",
+        "3",
+        "--pap-threshold",
+        "0",
+    ];
     let mut with_superblocks = 0;
     for (name, exe, args) in &runs {
         let memo = run_report(exe, &format!("memo-{name}"), args, &eager);
@@ -461,8 +473,14 @@ fn memoised_paths_match_the_per_block_reference() {
         if memo["totals"]["events"].as_u64() < memo["totals"]["blocks_executed"].as_u64() {
             with_superblocks += 1;
         }
-        for (a, b) in path_sections(&memo).into_iter().zip(path_sections(&reference)) {
-            assert!(a == b, "{name}: memoised and per-block path profiles differ");
+        for (a, b) in path_sections(&memo)
+            .into_iter()
+            .zip(path_sections(&reference))
+        {
+            assert!(
+                a == b,
+                "{name}: memoised and per-block path profiles differ"
+            );
         }
     }
     // Short samples end before a loop gets hot even at threshold 1 (a head needs a hot back

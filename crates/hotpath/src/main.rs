@@ -80,7 +80,7 @@ struct RunArgs {
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
     /// Record path profiles (functions, shadow stack, Ball-Larus and PAP paths, k-paths).
-    /// Off by default: it costs 1.4-2.1x the tables-only monitor on the bench samples
+    /// Off by default: 1.1-12x the tables-only run's time on the bench samples
     /// (bench/paths.sh; README "Path profiles").
     #[arg(long, overrides_with = "no_paths")]
     paths: bool,
