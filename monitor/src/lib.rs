@@ -3,8 +3,9 @@
 //! ```text
 //! ring (block ids + syscall events, FIFO) ──drain──▶ Tables (edge counts by block id)
 //!        NewBlock metadata ──────────────────────────▶ Tables::blocks
-//!        block ids ──▶ PathRecorder: shadow stack, functions, paths interned at their ends
-//!                       (paths.rs) ──▶ BL ids, PAP traces, k-paths (pathreport.rs)
+//!        events ──▶ PathRecorder: memoised per event (path_memo.rs), shadow stack, functions,
+//!                   paths interned at their ends (paths.rs) ──▶ BL ids, PAP traces, k-paths
+//!                   (pathreport.rs)
 //!        hot back edge ──▶ decisions: trace along the hottest successors ──▶ FormSuperblock
 //! guest ends ──▶ Profile (aggregated by guest address) ──▶ JSON report, text summary
 //! ```
