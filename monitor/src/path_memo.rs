@@ -37,20 +37,16 @@
 use crossbeam::channel::Receiver;
 use hotpath_events::{IdKind, NewBlock, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
 
-use crate::paths::{FxMap, PathRecorder, K_INDIRECT, K_OTHER, NONE};
+use crate::paths::{cache_slot, FxMap, PathRecorder, K_INDIRECT, K_OTHER, NONE};
 use crate::Tables;
-
-/// Event kinds (`EventInfo::kind`).
-const EV_BLOCK: u8 = 0;
-const EV_SUPERBLOCK: u8 = 1;
-const EV_SIDE_EXIT: u8 = 2;
 
 /// The basic blocks an event id stands for: `seq[start..start + len]`.
 #[derive(Clone, Copy, Debug)]
 struct EventInfo {
     start: u32,
     len: u32,
-    kind: u8,
+    /// A superblock (its extent is told by the event after it).
+    is_superblock: bool,
     /// A side exit's superblock ([`NONE`] otherwise).
     superblock: u32,
 }
@@ -126,8 +122,7 @@ fn memo_key(event: u32, pos: u32) -> u32 {
 
 #[inline]
 fn slot_of(from: u32, key: u32) -> usize {
-    let h = (((from as u64) << 32) | key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (h >> (64 - CACHE_SLOTS.trailing_zeros())) as usize
+    cache_slot(from, key, CACHE_SLOTS)
 }
 
 /// The event-level state of a [`PathRecorder`]: what each event id stands for, the superblock
@@ -181,7 +176,7 @@ impl MemoState {
                 EventInfo {
                     start,
                     len: 1,
-                    kind: EV_BLOCK,
+                    is_superblock: false,
                     superblock: NONE,
                 }
             }
@@ -190,14 +185,14 @@ impl MemoState {
                 EventInfo {
                     start,
                     len: blocks.len() as u32,
-                    kind: EV_SUPERBLOCK,
+                    is_superblock: true,
                     superblock: NONE,
                 }
             }
             IdKind::SideExit { superblock, after } => EventInfo {
                 start: self.events[superblock.0 as usize].start,
                 len: after + 1,
-                kind: EV_SIDE_EXIT,
+                is_superblock: false,
                 superblock: superblock.0,
             },
         };
@@ -237,7 +232,7 @@ impl PathRecorder {
                 continue;
             }
             let mut run = e;
-            if self.memo.events[e as usize].kind == EV_SUPERBLOCK {
+            if self.memo.events[e as usize].is_superblock {
                 let Some(&next) = events.get(i) else {
                     self.memo.pending = e;
                     break;

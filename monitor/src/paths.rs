@@ -134,6 +134,13 @@ impl Hasher for FxHasher {
 
 pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
+/// The slot of key `(a, b)` in a direct-mapped cache of `slots` entries (a power of two).
+#[inline]
+pub(crate) fn cache_slot(a: u32, b: u32, slots: usize) -> usize {
+    let h = (((a as u64) << 32) | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> (64 - slots.trailing_zeros())) as usize
+}
+
 /// A guest function symbol, as the loader found it (`.symtab`, else `.dynsym`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FunctionSymbol {
@@ -882,8 +889,7 @@ impl PathRecorder {
             return n.last_child;
         }
         // Recursive functions' runs branch at every node: a direct-mapped cache before the map.
-        let slot = ((((t as u64) << 32) | p as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            >> (64 - PAP_CACHE_SLOTS.trailing_zeros())) as usize;
+        let slot = cache_slot(t, p, PAP_CACHE_SLOTS);
         let (ct, cp, cc) = self.pap_cache[slot];
         let cached = (ct == t && cp == p).then_some(cc);
         let c = match cached.or_else(|| self.pap_children.get(&(t, p)).copied()) {

@@ -513,25 +513,6 @@ impl Tables {
         }
         out
     }
-
-    /// Learns metadata until every id in `events` is known, waiting for `NewBlock` messages
-    /// (sent before an id first runs) if needed. Returns false if the translator is gone
-    /// with ids still unknown.
-    pub fn learn_events(&mut self, events: &[u32], new_blocks: &Receiver<NewBlock>) -> bool {
-        let max = events
-            .iter()
-            .filter(|&&e| e & SYSCALL_EVENT == 0)
-            .max()
-            .copied();
-        let Some(max) = max else { return true };
-        while self.kinds.len() <= max as usize {
-            match new_blocks.recv() {
-                Ok(b) => self.learn(b),
-                Err(_) => return false,
-            }
-        }
-        true
-    }
 }
 
 /// Turns a stream of events (superblock and side-exit ids included) into the stream of basic

@@ -124,9 +124,8 @@ fn drain_loop(
             Some(p) => {
                 for piece in events.chunks(PATHS_PIECE) {
                     tables.record(piece);
-                    if tables.learn_events(piece, new_blocks) {
-                        p.record(piece, tables, Some(new_blocks));
-                    }
+                    // It learns the ids it has not seen itself, waiting for their metadata.
+                    p.record(piece, tables, Some(new_blocks));
                 }
             }
         });
