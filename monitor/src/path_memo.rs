@@ -37,7 +37,7 @@
 use crossbeam::channel::Receiver;
 use hotpath_events::{IdKind, NewBlock, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
 
-use crate::paths::{cache_slot, FxMap, PathRecorder, K_INDIRECT, K_OTHER, NONE};
+use crate::paths::{cache_slot, FxMap, PathRecorder, K_CALL, K_INDIRECT, K_OTHER, K_RET, NONE};
 use crate::Tables;
 
 /// The basic blocks an event id stands for: `seq[start..start + len]`.
@@ -62,14 +62,16 @@ struct Memo {
     last_addr: u64,
     /// The two memos applied right after it most recently and their keys, the more recent
     /// first (a prediction, like block chaining: in a loop the same memos follow each other,
-    /// a loop's exit aside; [`NONE`] / [`NO_KEY`]: none yet).
+    /// a loop's exit aside; after a memo that ends with a call, the callee's first memo and
+    /// the caller's memo after the return; [`NONE`] / [`NO_KEY`]: none yet).
     succ: [u32; 2],
     succ_key: [u32; 2],
     /// The trie node after the segment, and the current path's length then (blocks).
     next: u32,
     len: u32,
-    /// Its first and last basic block ids (the last is the recorder's `prev` after it).
-    first: u32,
+    /// The trie node it starts from (checked before every predicted use).
+    from: u32,
+    /// Its last basic block id (the recorder's `prev` after it).
     last: u32,
     /// Blocks on the paths it ends (added to the activation's finished blocks).
     blocks: u32,
@@ -82,6 +84,19 @@ struct Memo {
     end: u8,
     /// The terminator class of its last block.
     last_kind: u8,
+}
+
+/// What the per-block step would do with the next block, as the block before it decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Context {
+    /// Continue the top activation's path (a memoised segment can start here).
+    Path,
+    /// Return to the frame below the top one (then continue its path).
+    Return,
+    /// Start a callee's activation.
+    Call,
+    /// Anything else: the per-block step.
+    Step,
 }
 
 /// Slots of the direct-mapped memo cache, a power of two (16 bytes each: 64 KiB, so that it
@@ -144,8 +159,8 @@ pub(crate) struct MemoState {
     map: FxMap<(u32, u32), u32>,
     /// Bumped when memos may no longer be trusted (see the module doc, rule 2).
     epoch: u32,
-    /// The memo applied last, if nothing but memos has changed the shadow stack since
-    /// ([`NONE`] otherwise): the current path is then its `next`.
+    /// The memo applied last, or, after a return, the one that ended with the caller's call
+    /// ([`NONE`]: none): its successors predict the next memo.
     last: u32,
 }
 
@@ -200,6 +215,11 @@ impl MemoState {
         matches!(kind, IdKind::Block)
     }
 
+    /// The memo applied last, whose successors predict the next one ([`NONE`]: none).
+    pub(crate) fn last(&self) -> u32 {
+        self.last
+    }
+
     /// No memo made so far may be used again.
     pub(crate) fn invalidate(&mut self) {
         self.epoch += 1;
@@ -223,10 +243,16 @@ impl PathRecorder {
             let exited = self.exits(sb, next);
             i = exited as usize;
             let run = if exited { next } else { sb };
-            self.run_event(run, self.memo.events[run as usize], tables);
+            self.run_event(run, self.memo.events[run as usize], 0, tables);
         }
         while i < events.len() {
-            let e = events[i];
+            let (j, rest) = self.run_fast(events, i);
+            i = j;
+            if let Some((run, pos)) = rest {
+                self.run_event(run, self.memo.events[run as usize], pos, tables);
+                continue;
+            }
+            let Some(&e) = events.get(i) else { break };
             i += 1;
             if e & SYSCALL_EVENT != 0 || !self.learn_event(e, tables, new_blocks) {
                 continue;
@@ -244,8 +270,120 @@ impl PathRecorder {
                 run = if exited { next } else { e };
                 i += exited as usize;
             }
-            self.run_event(run, self.memo.events[run as usize], tables);
+            self.run_event(run, self.memo.events[run as usize], 0, tables);
         }
+    }
+
+    /// The common case of [`PathRecorder::record_events`], with its state in registers: from
+    /// `events[i]` on, each event's blocks are one memo that followed the last one before
+    /// (after a block that neither calls nor returns) and ends no path that must be seen one
+    /// by one. Stops before the first event that is anything else (or when the recorder is
+    /// not at the end of a memo) and returns its index; the general path takes it.
+    #[inline(always)]
+    fn run_fast(&mut self, events: &[u32], i: usize) -> (usize, Option<(u32, u32)>) {
+        let (Some(l), Some(top)) = (
+            self.memo.memos.get(self.memo.last as usize),
+            self.stack.last(),
+        ) else {
+            return (i, None);
+        };
+        // Cheap to rule out: calls and returns (a recursive guest's every event) are not here.
+        if l.last != self.prev
+            || l.next != top.cur
+            || (l.last_kind != K_OTHER && l.last_kind != K_INDIRECT)
+        {
+            return (i, None);
+        }
+        self.run_fast_loop(events, i)
+    }
+
+    #[inline(never)]
+    fn run_fast_loop(&mut self, events: &[u32], mut i: usize) -> (usize, Option<(u32, u32)>) {
+        let (i0, last0) = (i, self.memo.last);
+        let top = self.stack.last_mut().expect("an activation");
+        let memos = &mut self.memo.memos;
+        let (infos, seq, epoch) = (&self.memo.events, &self.memo.seq, self.memo.epoch);
+        let cache = &self.memo.cache;
+        let (id_node, id_addr) = (&self.id_node, &self.id_addr);
+        // Paths a memo ends go one by one to a PAP run or a k-slab forest: not here.
+        let ends_one_by_one = top.pap != NONE || self.config.k > 0;
+        let (func, return_to) = (top.func, top.return_to);
+        let (mut last, mut cur) = (last0, top.cur);
+        let (mut blocks, mut ends) = (0u64, 0u64);
+        let mut rest = None;
+        while let Some(&e) = events.get(i) {
+            // A syscall event or an id not learned yet is the general path's.
+            let Some(&info) = infos.get(e as usize) else {
+                break;
+            };
+            let (mut run, mut run_info, mut taken) = (e, info, 1);
+            if info.is_superblock {
+                let Some(&next) = events.get(i + 1) else {
+                    break;
+                };
+                let exited = match infos.get(next as usize) {
+                    Some(n) => n.superblock == e,
+                    None if next & SYSCALL_EVENT != 0 => false,
+                    None => break,
+                };
+                // Branch-free: whether a superblock left early is the guest's own branch.
+                run = if exited { next } else { e };
+                taken += exited as usize;
+                run_info = infos[run as usize];
+            }
+            let key = memo_key(run, 0);
+            let l = &memos[last as usize];
+            if key == NO_KEY || l.last_kind != K_OTHER {
+                // After an indirect jump the path goes on only inside the function and not to
+                // its return address (validity rule 1).
+                let b = seq[run_info.start as usize] as usize;
+                if key == NO_KEY
+                    || l.last_kind != K_INDIRECT
+                    || id_node[b].0 != func
+                    || id_addr[b] == return_to
+                {
+                    break;
+                }
+            }
+            let second = (l.succ_key[1] == key) as usize;
+            let m = if l.succ_key[second] == key {
+                l.succ[second]
+            } else {
+                // More successors than a memo remembers (a dispatch loop, a superblock's many
+                // side exits): the direct-mapped cache.
+                let s = cache[slot_of(cur, key)];
+                if s.from != cur || s.key != key {
+                    break;
+                }
+                s.memo
+            };
+            let memo = &mut memos[m as usize];
+            if memo.epoch != epoch || memo.from != cur || (memo.nends > 0 && ends_one_by_one) {
+                break;
+            }
+            memo.count += 1;
+            blocks += memo.blocks as u64;
+            ends += memo.nends as u64;
+            cur = memo.next;
+            last = m;
+            i += taken;
+            if memo.end as u32 != run_info.len {
+                // The rest of the event (after a call or a return) is the general path's.
+                rest = Some((run, memo.end as u32));
+                break;
+            }
+        }
+        if i != i0 {
+            let l = &memos[last as usize];
+            top.cur = cur;
+            top.len = l.len;
+            top.last_addr = l.last_addr;
+            top.blocks += blocks;
+            top.path_ends += ends;
+            self.prev = l.last;
+            self.memo.last = last;
+        }
+        (i, rest)
     }
 
     /// Makes sure event id `e` is known (a syscall event is not an id). Returns false if it
@@ -277,52 +415,101 @@ impl PathRecorder {
     pub(crate) fn flush_pending(&mut self, tables: &Tables) {
         let pending = std::mem::replace(&mut self.memo.pending, NONE);
         if pending != NONE {
-            self.run_event(pending, self.memo.events[pending as usize], tables);
+            self.run_event(pending, self.memo.events[pending as usize], 0, tables);
         }
     }
 
-    /// Steps the basic blocks event `e` stands for.
+    /// Steps the basic blocks event `e` stands for, from position `pos` on.
     #[inline(always)]
-    fn run_event(&mut self, e: u32, info: EventInfo, tables: &Tables) {
+    fn run_event(&mut self, e: u32, info: EventInfo, mut pos: u32, tables: &Tables) {
         let EventInfo { start, len, .. } = info;
-        let mut pos = 0;
         while pos < len {
-            let key = memo_key(e, pos);
-            // The common case, a short chain of loads: the memo that follows the last one.
-            if let Some(end) = self.run_predicted(key) {
-                pos = end;
-                continue;
-            }
             let b = self.memo.seq[(start + pos) as usize];
-            pos = if key != NO_KEY && self.continues_path(b) {
-                self.run_segment(key, start, pos, len, tables)
-            } else {
-                self.memo.last = NONE;
-                self.step(b, tables);
-                pos + 1
+            let key = memo_key(e, pos);
+            pos = match self.context(b) {
+                Context::Path if key != NO_KEY => self.run_memo(key, start, pos, len, tables),
+                Context::Return if key != NO_KEY => {
+                    self.run_return(b, key, start, pos, len, tables)
+                }
+                Context::Call => {
+                    // `memo.last` stays: the callee's first memo is predicted from the caller's
+                    // last one (and checked against the callee's root before use).
+                    self.step(b, tables);
+                    pos + 1
+                }
+                _ => {
+                    self.memo.last = NONE;
+                    self.step(b, tables);
+                    pos + 1
+                }
             };
         }
     }
 
-    /// Whether block `b`'s per-block step would continue the top activation's path, as far as
-    /// the block before it decides (validity rule 1; rule 2 is the memo's).
-    #[inline]
-    fn continues_path(&self, b: u32) -> bool {
+    /// What the per-block step would do with block `b`, as far as the block before it decides
+    /// (validity rule 1; rule 2 is the memo's).
+    #[inline(always)]
+    fn context(&self, b: u32) -> Context {
         let (Some(top), false) = (self.stack.last(), self.prev == NONE) else {
-            return false;
+            return Context::Step;
         };
         match self.id_kind[self.prev as usize] {
-            K_OTHER => true,
-            K_INDIRECT => {
-                self.id_node[b as usize].0 == top.func && self.id_addr[b as usize] != top.return_to
+            K_OTHER => Context::Path,
+            K_INDIRECT
+                if self.id_node[b as usize].0 == top.func
+                    && self.id_addr[b as usize] != top.return_to =>
+            {
+                Context::Path
             }
-            _ => false,
+            K_RET if self.stack.len() >= 2 && top.return_to == self.id_addr[b as usize] => {
+                Context::Return
+            }
+            K_CALL => Context::Call,
+            _ => Context::Step,
         }
     }
 
-    /// Applies the memo that followed the last one applied, if one followed it under `key`,
-    /// the last one ended in a block that lets the path go on (validity rule 1) and it is
-    /// still valid. Returns the position after its segment.
+    /// Runs the segment at position `pos` of the event keyed `key` (blocks
+    /// `seq[start..start + len]`) on the top activation's path. Returns the position after it.
+    #[inline(always)]
+    fn run_memo(&mut self, key: u32, start: u32, pos: u32, len: u32, tables: &Tables) -> u32 {
+        // The common case, a short chain of loads: the memo that follows the last one.
+        match self.run_predicted(key) {
+            Some(end) => end,
+            None => self.run_segment(key, start, pos, len, tables),
+        }
+    }
+
+    /// A plain return to block `b` (the top frame's return address, with a frame below): pops
+    /// the top activation, then the caller's path goes on at `b` as after any other block —
+    /// through a memo, predicted from the one that ended with the caller's call. Returns the
+    /// position after the segment.
+    fn run_return(
+        &mut self,
+        b: u32,
+        key: u32,
+        start: u32,
+        pos: u32,
+        len: u32,
+        tables: &Tables,
+    ) -> u32 {
+        let caller = &self.stack[self.stack.len() - 2];
+        let entry = self.id_entry[b as usize];
+        if entry != NONE && entry != caller.func {
+            // The per-block step continues the caller's path with `b` even so; a memo from
+            // here would stop before it (a tail call): step it.
+            self.memo.last = NONE;
+            self.step(b, tables);
+            return pos + 1;
+        }
+        self.pop_activation();
+        self.memo.last = self.stack.last().expect("the caller").resume;
+        self.run_memo(key, start, pos, len, tables)
+    }
+
+    /// Applies the memo that followed the last one applied under `key` (not [`NO_KEY`]), if
+    /// there is one, it is still valid and it starts at the top activation's current path.
+    /// Returns the position after its segment.
     #[inline(always)]
     fn run_predicted(&mut self, key: u32) -> Option<u32> {
         let last = self.memo.last;
@@ -337,29 +524,18 @@ impl PathRecorder {
             return None;
         }
         let succ = l.succ[second];
-        let last_kind = l.last_kind;
         let m = &self.memo.memos[succ as usize];
-        if m.epoch != self.memo.epoch {
+        let top = self.stack.last().expect("an activation");
+        if m.epoch != self.memo.epoch || m.from != top.cur {
             return None;
-        }
-        match last_kind {
-            K_OTHER => {}
-            K_INDIRECT => {
-                let top = self.stack.last().expect("an activation");
-                let first = m.first as usize;
-                if self.id_node[first].0 != top.func || self.id_addr[first] == top.return_to {
-                    return None;
-                }
-            }
-            _ => return None,
         }
         self.memo.last = succ;
         Some(self.apply_memo(succ))
     }
 
     /// Runs the segment that starts at position `pos` of the event keyed `key` (blocks
-    /// `seq[start..start + len]`), from a memo when there is a valid one. Returns the position
-    /// after it.
+    /// `seq[start..start + len]`), from a memo when there is a valid one, and remembers it as
+    /// a successor of the last memo. Returns the position after it.
     #[inline]
     fn run_segment(&mut self, key: u32, start: u32, pos: u32, len: u32, tables: &Tables) -> u32 {
         let last = self.memo.last;
@@ -385,7 +561,7 @@ impl PathRecorder {
         if last != NONE && m != NONE {
             let l = &mut self.memo.memos[last as usize];
             if l.succ_key[0] == key || l.succ_key[1] == key {
-                // A successor from an older epoch: replaced in place.
+                // A successor from an older epoch or from another path: replaced in place.
                 l.succ[(l.succ_key[1] == key) as usize] = m;
             } else {
                 l.succ = [m, l.succ[0]];
@@ -482,7 +658,7 @@ impl PathRecorder {
             succ_key: [NO_KEY; 2],
             next: top.cur,
             len: top.len,
-            first: self.memo.seq[(start + pos) as usize],
+            from,
             last: self.prev,
             blocks,
             ends,

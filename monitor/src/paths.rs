@@ -270,6 +270,10 @@ pub(crate) struct Activation {
     pap_len: u32,
     /// Its node in the call tree.
     call_node: u32,
+    /// While it is not the top frame: the memo that ended with its call, whose successors
+    /// predict the memo its path goes on with after the return ([`NONE`]: none; a guess,
+    /// checked before use, see `path_memo`).
+    pub(crate) resume: u32,
 }
 
 /// A call-tree node (for flame graphs): a function under a parent, with the blocks executed
@@ -787,6 +791,7 @@ impl PathRecorder {
             pap,
             pap_len: 0,
             call_node,
+            resume: NONE,
         });
     }
 
@@ -937,7 +942,7 @@ impl PathRecorder {
     }
 
     /// Ends the top activation (its path ends at the exit) and pops it.
-    fn pop_activation(&mut self) {
+    pub(crate) fn pop_activation(&mut self) {
         self.end_path(END_EXIT);
         let a = self.stack.pop().expect("an activation");
         self.flush_counts(&a, false);
@@ -1079,7 +1084,9 @@ impl PathRecorder {
                     NONE => self.function_at(self.id_addr[id as usize]),
                     f => f,
                 };
-                let parent = self.stack.last().expect("an activation").call_node;
+                let caller = self.stack.last_mut().expect("an activation");
+                caller.resume = self.memo.last();
+                let parent = caller.call_node;
                 self.push_activation(f, self.id_ret[prev as usize], parent, id, tables);
             }
             K_RET => self.step_return(id, tables),

@@ -452,35 +452,44 @@ fn memoised_paths_match_the_per_block_reference() {
         let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         runs.push((source.to_string(), exe, Vec::new()));
     }
-    let eager = [
-        "--superblock-threshold",
-        "1",
-        "--k",
-        "3",
-        "--pap-threshold",
-        "0",
+    // Every path end replayed one by one (k-paths, PAP everywhere), and then the default:
+    // memoised path ends only added up, PAP runs only for functions that became hot.
+    let configs: [&[&str]; 2] = [
+        &[
+            "--superblock-threshold",
+            "1",
+            "--k",
+            "3",
+            "--pap-threshold",
+            "0",
+        ],
+        &["--superblock-threshold", "1"],
     ];
     let mut with_superblocks = 0;
-    for (name, exe, args) in &runs {
-        let memo = run_report(exe, &format!("memo-{name}"), args, &eager);
-        let mut per_block = eager.to_vec();
-        per_block.push("--paths-per-block");
-        let reference = run_report(exe, &format!("per-block-{name}"), args, &per_block);
-        assert_eq!(
-            memo["totals"]["blocks_executed"], reference["totals"]["blocks_executed"],
-            "{name}: the two runs executed different blocks"
-        );
-        if memo["totals"]["events"].as_u64() < memo["totals"]["blocks_executed"].as_u64() {
-            with_superblocks += 1;
-        }
-        for (a, b) in path_sections(&memo)
-            .into_iter()
-            .zip(path_sections(&reference))
-        {
-            assert!(
-                a == b,
-                "{name}: memoised and per-block path profiles differ"
+    for (c, config) in configs.iter().enumerate() {
+        for (name, exe, args) in &runs {
+            let memo = run_report(exe, &format!("memo{c}-{name}"), args, config);
+            let mut per_block = config.to_vec();
+            per_block.push("--paths-per-block");
+            let reference = run_report(exe, &format!("per-block{c}-{name}"), args, &per_block);
+            assert_eq!(
+                memo["totals"]["blocks_executed"], reference["totals"]["blocks_executed"],
+                "{name}: the two runs executed different blocks"
             );
+            if c == 0
+                && memo["totals"]["events"].as_u64() < memo["totals"]["blocks_executed"].as_u64()
+            {
+                with_superblocks += 1;
+            }
+            for (a, b) in path_sections(&memo)
+                .into_iter()
+                .zip(path_sections(&reference))
+            {
+                assert!(
+                    a == b,
+                    "{name} ({config:?}): memoised and per-block path profiles differ"
+                );
+            }
         }
     }
     // Short samples end before a loop gets hot even at threshold 1 (a head needs a hot back
