@@ -118,6 +118,10 @@ const EMPTY_SLOT: Slot = Slot {
     memo: NONE,
 };
 
+/// Events the general path takes after the fast loop took fewer than two (a recursive guest
+/// calls or returns in every event: the fast loop's start-up would be all it does).
+const FAST_BACKOFF: u32 = 8;
+
 /// Bits of a memo key that hold the position in the event (see `MAX_TRACE_BLOCKS`).
 const POS_BITS: u32 = 5;
 const _: () = assert!(MAX_TRACE_BLOCKS <= 1 << POS_BITS);
@@ -159,6 +163,8 @@ pub(crate) struct MemoState {
     map: FxMap<(u32, u32), u32>,
     /// Bumped when memos may no longer be trusted (see the module doc, rule 2).
     epoch: u32,
+    /// Events to take the general way before the fast loop is tried again.
+    fast_backoff: u32,
     /// The memo applied last, or, after a return, the one that ended with the caller's call
     /// ([`NONE`]: none): its successors predict the next memo.
     last: u32,
@@ -175,6 +181,7 @@ impl Default for MemoState {
             cache: vec![EMPTY_SLOT; CACHE_SLOTS].into_boxed_slice(),
             map: FxMap::default(),
             epoch: 0,
+            fast_backoff: 0,
             last: NONE,
         }
     }
@@ -246,11 +253,20 @@ impl PathRecorder {
             self.run_event(run, self.memo.events[run as usize], 0, tables);
         }
         while i < events.len() {
-            let (j, rest) = self.run_fast(events, i);
-            i = j;
-            if let Some((run, pos)) = rest {
-                self.run_event(run, self.memo.events[run as usize], pos, tables);
-                continue;
+            if self.memo.fast_backoff == 0 {
+                let (j, rest) = self.run_fast(events, i);
+                // Where it gets nowhere (calls and returns at every event), the fast loop
+                // costs more than it saves: let a few events go the general way first.
+                if j < i + 2 {
+                    self.memo.fast_backoff = FAST_BACKOFF;
+                }
+                i = j;
+                if let Some((run, pos)) = rest {
+                    self.run_event(run, self.memo.events[run as usize], pos, tables);
+                    continue;
+                }
+            } else {
+                self.memo.fast_backoff -= 1;
             }
             let Some(&e) = events.get(i) else { break };
             i += 1;
