@@ -17,12 +17,25 @@
 //! run of the memo; [`PathRecorder::settle_memos`] adds those runs to the ended paths' counts
 //! when the profile is taken. Only where path numbers must be seen in order — the k-slab
 //! forests (`--k`) and PAP runs being recorded — are a memo's ended paths replayed one by one.
-//! Calls, returns, indirect jumps that leave the function and activation starts go through
-//! the per-block step, and the memo picks up again at the next position.
+//! Calls, indirect jumps that leave the function, unusual returns and activation starts go
+//! through the per-block step, and the memo picks up again at the next position. A plain
+//! return (to the top frame's return address, with a frame below) pops the activation and
+//! then goes on with a memo: the caller's path continues at the return point as after any
+//! block.
+//!
+//! **Prediction.** Which memo comes next is predicted from the one before (its two most
+//! recent successors, like block chaining), else found in a direct-mapped cache, else in a
+//! hash map. A memo records the trie node it starts from, and that is checked before every
+//! use, so a prediction needs no other context: after a call the callee's first memo is
+//! predicted from the caller's last one, and after a return the caller's next memo from the
+//! one that ended with its call (kept in its frame). `PathRecorder::run_fast` is the common
+//! case with its state in registers; anything else goes the general way.
 //!
 //! **Validity.** A memo records what the per-block step did, so it is applied only where that
 //! step would do the same again:
-//! 1. the block before the segment neither calls nor returns, and if it jumps indirectly, the
+//! 1. the per-block step would continue the current path with the segment's first block,
+//!    from the trie node the memo starts from: the block before neither calls nor returns
+//!    (or it returned plainly and the activation is popped), and if it jumps indirectly, the
 //!    segment's first block was last seen in the current function and is not the current
 //!    activation's return address (checked before every use, as the per-block step does);
 //! 2. no block of the segment is another function's entry (a jump there is a tail call):
@@ -290,11 +303,12 @@ impl PathRecorder {
         }
     }
 
-    /// The common case of [`PathRecorder::record_events`], with its state in registers: from
-    /// `events[i]` on, each event's blocks are one memo that followed the last one before
-    /// (after a block that neither calls nor returns) and ends no path that must be seen one
-    /// by one. Stops before the first event that is anything else (or when the recorder is
-    /// not at the end of a memo) and returns its index; the general path takes it.
+    /// The common case of `record_events`, with its state in registers: from `events[i]` on,
+    /// each event starts with a memo that the last one predicts (or the memo cache holds),
+    /// after a block that neither calls nor returns, and that ends no path that must be seen
+    /// one by one. Returns the index of the first event it did not take, and, when the last
+    /// one it took goes on past its first memo (a call or a return follows), that event's id
+    /// and the position to go on from; the general path takes it from there.
     #[inline(always)]
     fn run_fast(&mut self, events: &[u32], i: usize) -> (usize, Option<(u32, u32)>) {
         let (Some(l), Some(top)) = (
