@@ -112,7 +112,7 @@ enum Context {
     Step,
 }
 
-/// Slots of the direct-mapped memo cache, a power of two (16 bytes each: 64 KiB, so that it
+/// Slots of the direct-mapped memo cache, a power of two (12 bytes each: 384 KiB, so that it
 /// stays in the monitor core's L2 while the ring streams through). A miss falls back to a
 /// hash map.
 const CACHE_SLOTS: usize = 1 << 15;
