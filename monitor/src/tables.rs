@@ -149,7 +149,13 @@ impl EdgeCache<'_> {
             t.count[j] += n;
             t.count[j]
         };
-        if c >= self.threshold && c - n < self.threshold {
+        // With `n` a constant 1 (the inner loop's one event) this is one compare.
+        let crossed = if n == 1 {
+            c == self.threshold
+        } else {
+            c >= self.threshold && c - n < self.threshold
+        };
+        if crossed {
             self.hot.push((from, to));
         }
         true
