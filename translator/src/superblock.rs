@@ -192,8 +192,9 @@ pub fn emit_superblock(
                 }
                 Terminator::Return => {
                     // The return address is compared with the next block's without touching
-                    // the flags: RCX = [rsp] + (−next) through LEA, zero on a match (RAX lends
-                    // the 64-bit constant).
+                    // the flags: RCX = [rsp] + (−next) through LEA, zero on a match. −next is
+                    // LEA's displacement when it fits in 32 bits (a non-PIE program); else RAX
+                    // lends the 64-bit constant, saved and restored around it.
                     let inst = &block
                         .term_inst
                         .as_ref()
@@ -203,13 +204,20 @@ pub fn emit_superblock(
                     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
                     layout.rcx_borrowed_from = Some(chunk + ops.offset().0 as u64);
                     let l = ops.new_dynamic_label();
+                    let minus_next = 0u64.wrapping_sub(next.0) as i64;
+                    dynasm!(ops ; .arch x64 ; mov rcx, QWORD [rsp]);
+                    match i32::try_from(minus_next) {
+                        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
+                        Err(_) => dynasm!(ops
+                            ; .arch x64
+                            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+                            ; mov rax, QWORD minus_next
+                            ; lea rcx, [rcx + rax]
+                            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+                        ),
+                    }
                     dynasm!(ops
                         ; .arch x64
-                        ; mov rcx, QWORD [rsp]
-                        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-                        ; mov rax, QWORD 0u64.wrapping_sub(next.0) as i64
-                        ; lea rcx, [rcx + rax]
-                        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
                         ; jrcxz >hit
                         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
                         ; jmp =>l
