@@ -167,27 +167,30 @@ impl EdgeCache<'_> {
     /// the first event it cannot count, and `repeats > 0` means the self-edge of the last
     /// event had no slot and still has to be added `repeats` times.
     fn count(&mut self, mut prev: u32, events: &[u32]) -> (usize, u32, u64) {
-        let mut repeats = 0u64;
-        for (i, &ev) in events.iter().enumerate() {
-            if ev == prev {
-                repeats += 1;
+        let n = events.len();
+        let mut i = 0;
+        while i < n {
+            let ev = events[i];
+            if ev != prev {
+                if !self.bump(prev, ev, 1) {
+                    return (i, prev, 0);
+                }
+                prev = ev;
+                i += 1;
                 continue;
             }
-            if repeats > 0 {
-                if !self.bump(prev, prev, repeats) {
-                    return (i, prev, repeats);
-                }
-                repeats = 0;
+            // A run of one repeated event: its self-edge is added once, after the run.
+            let mut j = i + 1;
+            while j < n && events[j] == prev {
+                j += 1;
             }
-            if !self.bump(prev, ev, 1) {
-                return (i, prev, 0);
+            let repeats = (j - i) as u64;
+            if !self.bump(prev, prev, repeats) {
+                return (j, prev, repeats);
             }
-            prev = ev;
+            i = j;
         }
-        if repeats > 0 && self.bump(prev, prev, repeats) {
-            repeats = 0;
-        }
-        (events.len(), prev, repeats)
+        (n, prev, 0)
     }
 }
 
