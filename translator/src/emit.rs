@@ -411,14 +411,20 @@ pub(crate) fn rcx_branch(
     Ok(())
 }
 
-/// Pushes the 64-bit guest address `ret` without touching flags: `lea` moves RSP, two `mov`s
-/// store the halves (`push imm32` would sign-extend).
-/// Returns the assembler offsets `(after the lea, after the stores)`: between them RSP is 8
-/// below the guest's and the return address not fully stored.
+/// Pushes the 64-bit guest address `ret` without touching flags: `push imm32` when `ret` is
+/// below 2^31 (a non-PIE program; the push sign-extends, so higher addresses would change),
+/// else `lea` moves RSP and two `mov`s store the halves.
+/// Returns the assembler offsets `(start, end)` of the window in which RSP is 8 below the
+/// guest's and the return address not fully stored (empty for the one-instruction push).
 pub(crate) fn push_return_address(
     ops: &mut VecAssembler<X64Relocation>,
     ret: GuestAddr,
 ) -> (u64, u64) {
+    if let Ok(imm) = i32::try_from(ret.0) {
+        dynasm!(ops ; .arch x64 ; push imm);
+        let after = ops.offset().0 as u64;
+        return (after, after);
+    }
     let lo = ret.0 as u32 as i32;
     let hi = (ret.0 >> 32) as u32 as i32;
     dynasm!(ops ; .arch x64 ; lea rsp, [rsp - 8]);
