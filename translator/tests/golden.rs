@@ -26,17 +26,22 @@ const GATEWAY: Gateway = Gateway {
     exit_from_signal: HostAddr(HOST - 0x0c00),
 };
 
-/// Cases run in parallel but share the guest page: one at a time writes and decodes it.
+/// Guest address of the cases that need addresses above 2^31 (a PIE program's), whose return
+/// addresses do not fit a sign-extended 32-bit immediate.
+const GUEST_HIGH: u64 = 0x5555_5555_0000;
+
+/// Cases run in parallel but share the guest pages: one at a time writes and decodes them.
 static GUEST_PAGE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn guest_page() -> &'static mut [u8] {
+/// The 4096-byte guest page at `at` ([`GUEST`] or [`GUEST_HIGH`]), mapped on first use.
+fn guest_page(at: u64) -> &'static mut [u8] {
     use std::sync::OnceLock;
-    static PAGE: OnceLock<usize> = OnceLock::new();
-    let addr = *PAGE.get_or_init(|| {
+    static PAGES: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
+    let addr = *PAGES[(at == GUEST_HIGH) as usize].get_or_init(|| {
         // SAFETY: a fresh private mapping at an address nothing else in the test uses.
         let p = unsafe {
             libc::mmap(
-                GUEST as *mut libc::c_void,
+                at as *mut libc::c_void,
                 4096,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
@@ -44,7 +49,7 @@ fn guest_page() -> &'static mut [u8] {
                 0,
             )
         };
-        assert_eq!(p as u64, GUEST, "could not map the guest page");
+        assert_eq!(p as u64, at, "could not map the guest page");
         p as usize
     });
     // SAFETY: the page is mapped for the whole test run; cases run one after another.
@@ -62,12 +67,12 @@ fn disassemble(code: &[u8], at: u64) -> String {
     out
 }
 
-fn render(name: &str, bytes: &[u8]) -> String {
+fn render(name: &str, bytes: &[u8], guest: u64) -> String {
     let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let page = guest_page();
+    let page = guest_page(guest);
     page.fill(0xcc);
     page[..bytes.len()].copy_from_slice(bytes);
-    let block = decode_block(GuestAddr(GUEST));
+    let block = decode_block(GuestAddr(guest));
     let mut out = format!(
         "# {name}\nterminator: {:?}\nbody instructions: {}\nguest bytes: {}\n",
         block.terminator,
@@ -93,15 +98,16 @@ fn render(name: &str, bytes: &[u8]) -> String {
     out
 }
 
-/// A superblock over the blocks starting at the guest offsets `trace` (of the same code).
-fn render_trace(name: &str, bytes: &[u8], trace: &[u64]) -> String {
+/// A superblock over the blocks starting at the guest offsets `trace` (of the same code, at
+/// guest address `guest`).
+fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
     let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let page = guest_page();
+    let page = guest_page(guest);
     page.fill(0xcc);
     page[..bytes.len()].copy_from_slice(bytes);
     let blocks: Vec<_> = trace
         .iter()
-        .map(|&off| decode_block(GuestAddr(GUEST + off)))
+        .map(|&off| decode_block(GuestAddr(guest + off)))
         .collect();
     let mut out = format!(
         "# {name}
@@ -144,7 +150,7 @@ fn render_trace(name: &str, bytes: &[u8], trace: &[u64]) -> String {
 }
 
 fn check(name: &str, bytes: &[u8]) {
-    compare_golden(name, render(name, bytes));
+    compare_golden(name, render(name, bytes, GUEST));
 }
 
 fn compare_golden(name: &str, got: String) {
@@ -225,6 +231,7 @@ fn superblock_unrolls_a_loop_with_side_exits() {
         render_trace(
             "superblock_loop",
             &[0x48, 0x83, 0xc0, 0x01, 0x48, 0x39, 0xf8, 0x72, 0xf7],
+            GUEST,
             &[0, 0, 0],
         ),
     );
@@ -245,6 +252,23 @@ fn superblock_inlines_a_call_and_its_return() {
     code.extend([0x83, 0xc7, 0x02, 0xc3]);
     compare_golden(
         "superblock_call",
-        render_trace("superblock_call", &code, &[0, 0x20, 0x0a]),
+        render_trace("superblock_call", &code, GUEST, &[0, 0x20, 0x0a]),
+    );
+}
+
+#[test]
+fn calls_and_returns_above_2_gib_use_64_bit_constants() {
+    // The code of `superblock_inlines_a_call_and_its_return` at a PIE program's address: the
+    // return address is pushed as two 32-bit halves (`push imm32` would sign-extend it) and
+    // the return compares through RAX holding the 64-bit constant.
+    let mut code = vec![
+        0xbf, 0x05, 0, 0, 0, 0xe8, 0x16, 0, 0, 0, 0x83, 0xc7, 0x03, 0xeb, 0xf1,
+    ];
+    code.resize(0x20, 0xcc);
+    code.extend([0x83, 0xc7, 0x02, 0xc3]);
+    compare_golden("call_high", render("call_high", &code, GUEST_HIGH));
+    compare_golden(
+        "superblock_call_high",
+        render_trace("superblock_call_high", &code, GUEST_HIGH, &[0, 0x20, 0x0a]),
     );
 }
