@@ -391,9 +391,32 @@ impl PathRecorder {
             if memo.epoch != epoch || memo.from != cur || (memo.nends > 0 && ends_one_by_one) {
                 break;
             }
-            memo.count += 1;
-            blocks += memo.blocks as u64;
-            ends += memo.nends as u64;
+            // A loop whose body is one event (a block or an unrolled superblock that follows
+            // itself): when the memo ends where it starts, the same event again is the same
+            // memo again, so a run of it is counted at once. A superblock's run is taken up to
+            // its last repeat, whose next event says whether it left early.
+            let mut runs = 1;
+            if run == e
+                && memo.from == memo.next
+                && memo.last_kind == K_OTHER
+                && memo.end as u32 == run_info.len
+            {
+                let mut j = i + taken;
+                if info.is_superblock {
+                    while events.get(j) == Some(&e) && events.get(j + 1) == Some(&e) {
+                        j += 1;
+                    }
+                } else {
+                    while events.get(j) == Some(&e) {
+                        j += 1;
+                    }
+                }
+                runs += (j - i - taken) as u64;
+                i = j - taken;
+            }
+            memo.count += runs;
+            blocks += runs * memo.blocks as u64;
+            ends += runs * memo.nends as u64;
             cur = memo.next;
             last = m;
             i += taken;
