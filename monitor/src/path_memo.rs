@@ -29,7 +29,9 @@
 //! use, so a prediction needs no other context: after a call the callee's first memo is
 //! predicted from the caller's last one, and after a return the caller's next memo from the
 //! one that ended with its call (kept in its frame). `PathRecorder::run_fast` is the common
-//! case with its state in registers; anything else goes the general way.
+//! case with its state in registers; anything else goes the general way. A memo that ends at
+//! the node it starts from (a loop whose body is one event) is its own successor for the same
+//! event, so the fast loop counts a run of that event at once.
 //!
 //! **Validity.** A memo records what the per-block step did, so it is applied only where that
 //! step would do the same again:
