@@ -119,22 +119,22 @@ struct EdgeCache<'a> {
 }
 
 impl EdgeCache<'_> {
-    /// Adds `n` to the edge `from → to` if it has a slot already: one of `from`'s two cached
-    /// successors, or its slot in `from`'s wide table. False otherwise (no slot yet, or `from`
-    /// is [`NONE`] or beyond the table). Notes the edge in `hot` when its count reaches the
-    /// threshold.
+    /// Counts one traversal of the edge `from → to` if it has a slot already: one of `from`'s
+    /// two cached successors, or its slot in `from`'s wide table. False otherwise (no slot
+    /// yet, or `from` is [`NONE`] or beyond the table). Notes the edge in `hot` when its count
+    /// reaches the threshold.
     ///
     /// Which of the two slots holds `to` is as unpredictable as the guest's branches, so the
     /// slot is picked without a branch (measured: the two-way branch mispredicted on most
     /// events of a recursive guest).
     #[inline(always)]
-    fn bump(&mut self, from: u32, to: u32, n: u64) -> bool {
+    fn bump(&mut self, from: u32, to: u32) -> bool {
         let Some(s) = self.successors.get_mut(from as usize) else {
             return false;
         };
         let k = (s.id[1] == to) as usize;
         let c = if s.id[k] == to {
-            s.count[k] += n;
+            s.count[k] += 1;
             s.count[k]
         } else {
             let w = self.wide_of[from as usize];
@@ -146,16 +146,10 @@ impl EdgeCache<'_> {
             if t.id[j] != to {
                 return false;
             }
-            t.count[j] += n;
+            t.count[j] += 1;
             t.count[j]
         };
-        // With `n` a constant 1 (the inner loop's one event) this is one compare.
-        let crossed = if n == 1 {
-            c == self.threshold
-        } else {
-            c >= self.threshold && c - n < self.threshold
-        };
-        if crossed {
+        if c == self.threshold {
             self.hot.push((from, to));
         }
         true
@@ -172,7 +166,7 @@ impl EdgeCache<'_> {
     /// its guest takes per event).
     fn count(&mut self, mut prev: u32, events: &[u32]) -> (usize, u32) {
         for (i, &ev) in events.iter().enumerate() {
-            if !self.bump(prev, ev, 1) {
+            if !self.bump(prev, ev) {
                 return (i, prev);
             }
             prev = ev;
@@ -204,18 +198,18 @@ impl Tables {
             if ev as usize >= self.successors.len() {
                 self.grow(ev);
             }
-            self.add_edge(prev, ev, 1);
+            self.add_edge(prev, ev);
             prev = ev;
         }
         self.prev = prev;
         self.events += events.len() as u64;
     }
 
-    /// Counts `n` traversals of the edge `from → to` (`from` may be [`NONE`]: no edge).
+    /// Counts one traversal of the edge `from → to` (`from` may be [`NONE`]: no edge).
     #[inline(always)]
-    fn add_edge(&mut self, from: u32, to: u32, n: u64) {
-        if !self.edge_cache().bump(from, to, n) {
-            self.add_new_edge(from, to, n);
+    fn add_edge(&mut self, from: u32, to: u32) {
+        if !self.edge_cache().bump(from, to) {
+            self.add_new_edge(from, to);
         }
     }
 
@@ -232,20 +226,20 @@ impl Tables {
     /// The rare cases of [`add_edge`](Self::add_edge): a successor not in the cache yet.
     #[cold]
     #[inline(never)]
-    fn add_new_edge(&mut self, from: u32, to: u32, n: u64) {
+    fn add_new_edge(&mut self, from: u32, to: u32) {
         let Some(s) = self.successors.get_mut(from as usize) else {
             return;
         };
         let c = if s.id[0] == NONE {
             *s = Successors {
                 id: [to, NONE],
-                count: [n, 0],
+                count: [1, 0],
             };
-            n
+            1
         } else if s.id[1] == NONE {
             s.id[1] = to;
-            s.count[1] = n;
-            n
+            s.count[1] = 1;
+            1
         } else {
             let mut w = self.wide_of[from as usize];
             if w == NONE {
@@ -279,11 +273,11 @@ impl Tables {
             let k = to as usize % WIDE_SLOTS;
             if t.id[k] == to || t.id[k] == NONE {
                 t.id[k] = to;
-                t.count[k] += n;
+                t.count[k] += 1;
                 t.count[k]
             } else {
                 let c = self.overflow.entry((from, to)).or_insert(0);
-                *c += n;
+                *c += 1;
                 let c = *c;
                 // Two successors share the slot: the one that has run more than twice as often
                 // takes it, and the other moves to the hash map, with its count (an edge lives
@@ -302,7 +296,7 @@ impl Tables {
                 c
             }
         };
-        if c >= self.hot_threshold && c - n < self.hot_threshold {
+        if c == self.hot_threshold {
             self.hot.push((from, to));
         }
     }
