@@ -60,6 +60,8 @@ use crate::Tables;
 struct EventInfo {
     start: u32,
     len: u32,
+    /// Its first basic block, `seq[start]` (read where an indirect jump led to it).
+    first: u32,
     /// A superblock (its extent is told by the event after it).
     is_superblock: bool,
     /// A side exit's superblock ([`NONE`] otherwise).
@@ -213,6 +215,7 @@ impl MemoState {
                 EventInfo {
                     start,
                     len: 1,
+                    first: id,
                     is_superblock: false,
                     superblock: NONE,
                 }
@@ -222,6 +225,7 @@ impl MemoState {
                 EventInfo {
                     start,
                     len: blocks.len() as u32,
+                    first: blocks.first().map_or(NONE, |b| b.0),
                     is_superblock: true,
                     superblock: NONE,
                 }
@@ -229,6 +233,7 @@ impl MemoState {
             IdKind::SideExit { superblock, after } => EventInfo {
                 start: self.events[superblock.0 as usize].start,
                 len: after + 1,
+                first: self.events[superblock.0 as usize].first,
                 is_superblock: false,
                 superblock: superblock.0,
             },
@@ -334,7 +339,7 @@ impl PathRecorder {
         let (i0, last0) = (i, self.memo.last);
         let top = self.stack.last_mut().expect("an activation");
         let memos = &mut self.memo.memos;
-        let (infos, seq, epoch) = (&self.memo.events, &self.memo.seq, self.memo.epoch);
+        let (infos, epoch) = (&self.memo.events, self.memo.epoch);
         let cache = &self.memo.cache;
         let (id_node, id_addr) = (&self.id_node, &self.id_addr);
         // Paths a memo ends go one by one to a PAP run or a k-slab forest: not here.
@@ -368,7 +373,7 @@ impl PathRecorder {
             if key == NO_KEY || l.last_kind != K_OTHER {
                 // After an indirect jump the path goes on only inside the function and not to
                 // its return address (validity rule 1).
-                let b = seq[run_info.start as usize] as usize;
+                let b = run_info.first as usize;
                 if key == NO_KEY
                     || l.last_kind != K_INDIRECT
                     || id_node[b].0 != func
