@@ -402,31 +402,31 @@ impl PathRecorder {
             // itself): when the memo ends where it starts, the same event again is the same
             // memo again, so a run of it is counted at once. A superblock's run is taken up to
             // its last repeat, whose next event says whether it left early.
-            let mut runs = 1;
+            // `run == e`: the event ran whole (`taken` is 1), so the next one starts a repeat.
+            let mut next = i + taken;
             if run == e
                 && memo.from == memo.next
                 && memo.last_kind == K_OTHER
                 && memo.end as u32 == run_info.len
             {
-                let mut j = i + taken;
                 if info.is_superblock {
-                    while events.get(j) == Some(&e) && events.get(j + 1) == Some(&e) {
-                        j += 1;
+                    while events.get(next) == Some(&e) && events.get(next + 1) == Some(&e) {
+                        next += 1;
                     }
                 } else {
-                    while events.get(j) == Some(&e) {
-                        j += 1;
+                    while events.get(next) == Some(&e) {
+                        next += 1;
                     }
                 }
-                runs += (j - i - taken) as u64;
-                i = j - taken;
             }
+            // The events `i..next` are this memo's runs (one, or the first of a repeat run).
+            let runs = (next - i - taken + 1) as u64;
             memo.count += runs;
             blocks += runs * memo.blocks as u64;
             ends += runs * memo.nends as u64;
             cur = memo.next;
             last = m;
-            i += taken;
+            i = next;
             if memo.end as u32 != run_info.len {
                 // The rest of the event (after a call or a return) is the general path's.
                 rest = Some((run, memo.end as u32));

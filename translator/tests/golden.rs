@@ -237,19 +237,24 @@ fn superblock_unrolls_a_loop_with_side_exits() {
     );
 }
 
-#[test]
-fn superblock_inlines_a_call_and_its_return() {
-    // 0x00: mov edi, 5 ; call 0x20
-    // 0x0a: add edi, 3 ; jmp 0x00
-    // 0x20: add edi, 2 ; ret
-    // Trace 0x00, 0x20, 0x0a: the call pushes the guest return address and falls into the
-    // callee; the `ret` compares [rsp] with 0x0a (a mismatch leaves through side exit 1 and
-    // the lookup) and falls into the return site.
+/// 0x00: mov edi, 5 ; call 0x20
+/// 0x0a: add edi, 3 ; jmp 0x00
+/// 0x20: add edi, 2 ; ret
+fn call_and_return_code() -> Vec<u8> {
     let mut code = vec![
         0xbf, 0x05, 0, 0, 0, 0xe8, 0x16, 0, 0, 0, 0x83, 0xc7, 0x03, 0xeb, 0xf1,
     ];
     code.resize(0x20, 0xcc);
     code.extend([0x83, 0xc7, 0x02, 0xc3]);
+    code
+}
+
+#[test]
+fn superblock_inlines_a_call_and_its_return() {
+    // Trace 0x00, 0x20, 0x0a of `call_and_return_code`: the call pushes the guest return
+    // address and falls into the callee; the `ret` compares [rsp] with 0x0a (a mismatch leaves
+    // through side exit 1 and the lookup) and falls into the return site.
+    let code = call_and_return_code();
     compare_golden(
         "superblock_call",
         render_trace("superblock_call", &code, GUEST, &[0, 0x20, 0x0a]),
@@ -261,11 +266,7 @@ fn calls_and_returns_above_2_gib_use_64_bit_constants() {
     // The code of `superblock_inlines_a_call_and_its_return` at a PIE program's address: the
     // return address is pushed as two 32-bit halves (`push imm32` would sign-extend it) and
     // the return compares through RAX holding the 64-bit constant.
-    let mut code = vec![
-        0xbf, 0x05, 0, 0, 0, 0xe8, 0x16, 0, 0, 0, 0x83, 0xc7, 0x03, 0xeb, 0xf1,
-    ];
-    code.resize(0x20, 0xcc);
-    code.extend([0x83, 0xc7, 0x02, 0xc3]);
+    let code = call_and_return_code();
     compare_golden("call_high", render("call_high", &code, GUEST_HIGH));
     compare_golden(
         "superblock_call_high",
