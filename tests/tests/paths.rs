@@ -448,7 +448,12 @@ fn memoised_paths_match_the_per_block_reference() {
         DETERMINISTIC.len(),
         "every listed sample is in the catalog"
     );
-    for source in ["paths_branchy.S", "paths_loops.c", "paths_recursion.S"] {
+    for source in [
+        "paths_branchy.S",
+        "paths_loops.c",
+        "paths_recursion.S",
+        "paths_jump_return.S",
+    ] {
         let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         runs.push((source.to_string(), exe, Vec::new()));
     }
