@@ -16,6 +16,7 @@
 //! guest's. Counts are exact: the ring never drops an event.
 
 mod decisions;
+mod pap_runs;
 mod path_memo;
 mod pathreport;
 mod paths;
@@ -25,10 +26,11 @@ mod tables;
 mod thread;
 
 pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
+pub use pap_runs::PAP_MAX_PATHS;
 pub use pathreport::{
     FunctionCfg, KPath, PathEntry, PathKind, PathProfile, K_PATHS_TOP, PAP_PATHS_TOP,
 };
-pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, PAP_MAX_PATHS};
+pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
 pub use profile::{
     BlockProfile, EdgeProfile, IndirectSite, Profile, Symbolizer, SyscallProfile, Totals,
 };

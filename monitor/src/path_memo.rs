@@ -661,8 +661,9 @@ impl PathRecorder {
             if let Some(k) = self.funcs[func as usize].kslab.as_mut() {
                 k.push(hotpath_pathprof::PathId(p as u64));
             }
-            if self.stack.last().expect("an activation").pap != NONE {
-                self.pap_push(p);
+            let top = self.stack.last_mut().expect("an activation");
+            if top.pap != NONE {
+                self.pap_runs.push(top, p);
             }
         }
     }

@@ -207,7 +207,7 @@ impl PathProfile {
         let mut out = PathProfile {
             k: rec.config.k,
             resyncs: rec.resyncs,
-            pap_abandoned: rec.pap_abandoned,
+            pap_abandoned: rec.pap_runs.abandoned,
             dropped_frames: rec.dropped_frames,
             resync_kinds: Resync::ALL
                 .iter()

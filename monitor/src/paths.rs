@@ -62,6 +62,7 @@ use hotpath_events::{NewBlock, SYSCALL_EVENT};
 use hotpath_ir::Terminator;
 use hotpath_pathprof::{KSlabForest, PathId};
 
+use crate::pap_runs::PapRuns;
 use crate::path_memo::MemoState;
 use crate::tables::Expander;
 use crate::Tables;
@@ -72,18 +73,6 @@ pub(crate) const NONE: u32 = u32::MAX;
 /// Path ends (of any activation) after which a function is hot and its new activations also
 /// record PAP runs. Default; `--pap-threshold` overrides it.
 pub const DEFAULT_PAP_THRESHOLD: u64 = 1000;
-
-/// Longest PAP run kept, in Ball-Larus paths: a longer activation (a main loop) stops
-/// recording its PAP run and counts one [`PathRecorder::pap_abandoned`].
-pub const PAP_MAX_PATHS: usize = 1 << 20;
-
-/// PAP run-trie nodes kept (24 bytes each: 96 MiB). Every distinct prefix of a PAP run is one
-/// node, in-flight runs included; a run that needs a new node past it is abandoned and counts
-/// one [`PathRecorder::pap_abandoned`]; runs already stored keep counting.
-pub const PAP_STORE_MAX: usize = 1 << 22;
-
-/// Slots of the run trie's direct-mapped child cache (12 bytes each: 48 KiB).
-const PAP_CACHE_SLOTS: usize = 1 << 12;
 
 /// Shadow-stack frames kept (about 48 bytes each: 12 MiB). An 8 MiB guest stack of the
 /// smallest frames (a bare return address) is 1 Mi frames deep, so a real recursion can pass
@@ -198,7 +187,7 @@ pub(crate) struct Function {
     /// The k-slab forest of its Ball-Larus path stream (labels: path numbers).
     pub kslab: Option<KSlabForest>,
     /// Root of its PAP runs in the run trie, or [`NONE`] before its first one.
-    pap_root: u32,
+    pub(crate) pap_root: u32,
 }
 
 /// One interned path.
@@ -234,20 +223,6 @@ struct TrieNode {
     last_end_path: u32,
 }
 
-/// A node of the PAP run trie: a run prefix `[function, path numbers...]`.
-#[derive(Clone, Copy, Debug)]
-struct PapNode {
-    /// The prefix without its last path, or [`NONE`] for a function's root (the empty run).
-    parent: u32,
-    /// Its last path number ([`NONE`] for a root).
-    path: u32,
-    /// Runs that ended here (activations whose whole PAP run is this prefix).
-    count: u64,
-    /// The child taken last: its path number and node.
-    last_path: u32,
-    last_child: u32,
-}
-
 /// One shadow-stack frame.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Activation {
@@ -267,7 +242,7 @@ pub(crate) struct Activation {
     /// Its PAP run so far (a node of the run trie), or [`NONE`] when it records none.
     pub(crate) pap: u32,
     /// Paths in its PAP run so far.
-    pap_len: u32,
+    pub(crate) pap_len: u32,
     /// Its node in the call tree.
     call_node: u32,
     /// While it is not the top frame: the memo that ended with its call, whose successors
@@ -379,12 +354,7 @@ pub struct PathRecorder {
     ends: FxMap<(u32, u32), u32>,
     pub(crate) paths: Vec<PathRec>,
     /// The PAP run trie.
-    pap_nodes: Vec<PapNode>,
-    /// Run-trie children by `(parent, path number)` (behind `PapNode::last_child` and
-    /// `pap_cache`).
-    pap_children: FxMap<(u32, u32), u32>,
-    /// Direct-mapped cache of `pap_children`: `(parent, path number, child)`.
-    pap_cache: Box<[(u32, u32, u32)]>,
+    pub(crate) pap_runs: PapRuns,
     /// PAP runs: `[function, path numbers...]` → count; filled from the run trie by
     /// [`PathRecorder::finish`].
     pub(crate) pap: FxMap<Box<[u32]>, u64>,
@@ -402,8 +372,6 @@ pub struct PathRecorder {
     pub resyncs: u64,
     /// [`PathRecorder::resyncs`] by cause, indexed by [`Resync`].
     pub resync_kinds: [u64; Resync::ALL.len()],
-    /// PAP runs dropped for exceeding [`PAP_MAX_PATHS`] or [`PAP_STORE_MAX`].
-    pub pap_abandoned: u64,
     /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
     pub dropped_frames: u64,
 }
@@ -429,9 +397,7 @@ impl PathRecorder {
             children: FxMap::default(),
             ends: FxMap::default(),
             paths: Vec::new(),
-            pap_nodes: Vec::new(),
-            pap_children: FxMap::default(),
-            pap_cache: vec![(NONE, NONE, NONE); PAP_CACHE_SLOTS].into_boxed_slice(),
+            pap_runs: PapRuns::default(),
             pap: FxMap::default(),
             calltree: vec![CallNode {
                 parent: NONE,
@@ -448,7 +414,6 @@ impl PathRecorder {
             expanded: Vec::new(),
             resyncs: 0,
             resync_kinds: [0; Resync::ALL.len()],
-            pap_abandoned: 0,
             dropped_frames: 0,
         }
     }
@@ -769,7 +734,7 @@ impl PathRecorder {
         let fun = &mut self.funcs[func as usize];
         fun.activations += 1;
         let pap = if fun.path_ends >= self.config.pap_threshold {
-            self.pap_root(func)
+            self.pap_runs.root(fun)
         } else {
             NONE
         };
@@ -832,113 +797,10 @@ impl PathRecorder {
         let top = self.stack.last_mut().expect("an activation");
         top.blocks += a.len as u64;
         top.path_ends += 1;
-        if a.pap != NONE {
-            self.pap_push(p);
+        if top.pap != NONE {
+            self.pap_runs.push(top, p);
         }
         p
-    }
-
-    /// Appends path `p` to the top activation's PAP run, abandoning the run when it is too
-    /// long or the run trie is full.
-    pub(crate) fn pap_push(&mut self, p: u32) {
-        let top = self.stack.last().expect("an activation");
-        let next = if top.pap_len as usize >= PAP_MAX_PATHS {
-            NONE
-        } else {
-            self.pap_step(top.pap, p)
-        };
-        let top = self.stack.last_mut().expect("an activation");
-        if next == NONE {
-            top.pap = NONE;
-            self.pap_abandoned += 1;
-        } else {
-            top.pap = next;
-            top.pap_len += 1;
-        }
-    }
-
-    /// The run-trie root of `func`'s PAP runs (the empty run), or [`NONE`] when the trie is
-    /// full.
-    fn pap_root(&mut self, func: u32) -> u32 {
-        match self.funcs[func as usize].pap_root {
-            NONE => {
-                let r = self.new_pap_node(NONE, NONE);
-                self.funcs[func as usize].pap_root = r;
-                r
-            }
-            r => r,
-        }
-    }
-
-    /// A new run-trie node, or [`NONE`] past [`PAP_STORE_MAX`] nodes.
-    fn new_pap_node(&mut self, parent: u32, path: u32) -> u32 {
-        if self.pap_nodes.len() >= PAP_STORE_MAX {
-            return NONE;
-        }
-        self.pap_nodes.push(PapNode {
-            parent,
-            path,
-            count: 0,
-            last_path: NONE,
-            last_child: NONE,
-        });
-        (self.pap_nodes.len() - 1) as u32
-    }
-
-    /// The run-trie node of run prefix `t` followed by path `p`, or [`NONE`] when it would
-    /// need a node past [`PAP_STORE_MAX`].
-    #[inline]
-    fn pap_step(&mut self, t: u32, p: u32) -> u32 {
-        let n = &self.pap_nodes[t as usize];
-        if n.last_path == p {
-            return n.last_child;
-        }
-        // Recursive functions' runs branch at every node: a direct-mapped cache before the map.
-        let slot = cache_slot(t, p, PAP_CACHE_SLOTS);
-        let (ct, cp, cc) = self.pap_cache[slot];
-        let cached = (ct == t && cp == p).then_some(cc);
-        let c = match cached.or_else(|| self.pap_children.get(&(t, p)).copied()) {
-            Some(c) => c,
-            None => {
-                let c = self.new_pap_node(t, p);
-                if c == NONE {
-                    return NONE;
-                }
-                self.pap_children.insert((t, p), c);
-                c
-            }
-        };
-        self.pap_cache[slot] = (t, p, c);
-        let n = &mut self.pap_nodes[t as usize];
-        n.last_path = p;
-        n.last_child = c;
-        c
-    }
-
-    /// The stored PAP runs, `[function, path numbers...]` → count, spelled from the run trie.
-    fn spell_pap_runs(&self) -> FxMap<Box<[u32]>, u64> {
-        let mut func_of_root = FxMap::default();
-        for (f, fun) in self.funcs.iter().enumerate() {
-            if fun.pap_root != NONE {
-                func_of_root.insert(fun.pap_root, f as u32);
-            }
-        }
-        let mut runs = FxMap::default();
-        for (i, n) in self.pap_nodes.iter().enumerate() {
-            if n.count == 0 {
-                continue;
-            }
-            let mut key = Vec::new();
-            let mut t = i as u32;
-            while self.pap_nodes[t as usize].parent != NONE {
-                key.push(self.pap_nodes[t as usize].path);
-                t = self.pap_nodes[t as usize].parent;
-            }
-            key.push(func_of_root[&t]);
-            key.reverse();
-            runs.insert(key.into_boxed_slice(), n.count);
-        }
-        runs
     }
 
     /// Ends the top activation (its path ends at the exit) and pops it.
@@ -946,9 +808,7 @@ impl PathRecorder {
         self.end_path(END_EXIT);
         let a = self.stack.pop().expect("an activation");
         self.flush_counts(&a, false);
-        if a.pap != NONE {
-            self.pap_nodes[a.pap as usize].count += 1;
-        }
+        self.pap_runs.end(&a);
     }
 
     /// Drops the `n` bottom frames of the shadow stack (it is full): each one's path ends
@@ -958,16 +818,12 @@ impl PathRecorder {
     fn drop_bottom(&mut self, n: usize) {
         let n = n.min(self.stack.len().saturating_sub(1));
         for i in 0..n {
-            let a = self.stack[i];
+            let mut a = self.stack[i];
             let p = self.count_path(&a, END_EXIT);
             self.flush_counts(&a, true);
             if a.pap != NONE {
-                match self.pap_step(a.pap, p) {
-                    t if t != NONE && (a.pap_len as usize) < PAP_MAX_PATHS => {
-                        self.pap_nodes[t as usize].count += 1
-                    }
-                    _ => self.pap_abandoned += 1,
-                }
+                self.pap_runs.push(&mut a, p);
+                self.pap_runs.end(&a);
             }
         }
         self.stack.drain(..n);
@@ -1198,7 +1054,7 @@ impl PathRecorder {
         }
         self.prev = NONE;
         self.settle_memos();
-        self.pap = self.spell_pap_runs();
+        self.pap = self.pap_runs.spell(&self.funcs);
     }
 
     /// Distinct paths recorded so far.
