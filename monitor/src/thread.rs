@@ -190,7 +190,7 @@ fn replay(
         for (i, b) in learned.blocks.iter().enumerate().skip(tables.blocks.len()) {
             tables.learn(NewBlock {
                 id: hotpath_ir::BlockId(i as u32),
-                summary: b.clone(),
+                summary: *b,
                 kind: learned.kinds[i].clone(),
             });
         }
