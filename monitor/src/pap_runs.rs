@@ -5,7 +5,7 @@
 //! acyclic paths between its entry and its exit — and counts each distinct run. Online, a run
 //! is a node of this trie: every path end steps the activation's node to the child for that
 //! path number (through the node's one-entry cache of its last child, then a direct-mapped
-//! cache, then a hash map), and the activation's end counts one run at its node. The runs are
+//! cache, then a hash map that holds the children of nodes with more than one), and the activation's end counts one run at its node. The runs are
 //! spelled (function, path numbers) once, when the profile is taken, and encoded with
 //! `hotpath_pathprof::Pap` by `pathreport`.
 
@@ -16,7 +16,7 @@ use crate::paths::{cache_slot, Activation, Function, FxMap, NONE};
 /// report).
 pub const PAP_MAX_PATHS: usize = 1 << 20;
 
-/// PAP run-trie nodes kept (24 bytes each: 96 MiB). Every distinct prefix of a PAP run is one
+/// PAP run-trie nodes kept (32 bytes each: 128 MiB). Every distinct prefix of a PAP run is one
 /// node, in-flight runs included; a run that needs a new node past it is abandoned and counts
 /// one abandoned run; runs already stored keep counting.
 pub const PAP_STORE_MAX: usize = 1 << 22;
@@ -33,16 +33,20 @@ struct PapNode {
     path: u32,
     /// Runs that ended here (activations whose whole PAP run is this prefix).
     count: u64,
-    /// The child taken last: its path number and node.
+    /// The child taken last: its path number and node ([`NONE`]: no child yet).
     last_path: u32,
     last_child: u32,
+    /// Whether its children are in `PapRuns::children`: not while it has only one (then
+    /// `last_child`), so a run no other has taken (a loop whose iterations follow the data)
+    /// grows one node per path without a hash-map probe.
+    mapped: bool,
 }
 
 /// The PAP runs of every function: one trie, a root per function (`Function::pap_root`).
 #[derive(Clone)]
 pub(crate) struct PapRuns {
     nodes: Vec<PapNode>,
-    /// Children by `(parent, path number)` (behind `PapNode::last_child` and `cache`).
+    /// Children of nodes with more than one, by `(parent, path number)` (behind `cache`).
     children: FxMap<(u32, u32), u32>,
     /// Direct-mapped cache of `children`: `(parent, path number, child)`.
     cache: Box<[(u32, u32, u32)]>,
@@ -82,6 +86,7 @@ impl PapRuns {
             count: 0,
             last_path: NONE,
             last_child: NONE,
+            mapped: false,
         });
         (self.nodes.len() - 1) as u32
     }
@@ -94,25 +99,49 @@ impl PapRuns {
         if n.last_path == p {
             return n.last_child;
         }
-        // Recursive functions' runs branch at every node: a direct-mapped cache before the map.
-        let slot = cache_slot(t, p, PAP_CACHE_SLOTS);
-        let (ct, cp, cc) = self.cache[slot];
-        let cached = (ct == t && cp == p).then_some(cc);
-        let c = match cached.or_else(|| self.children.get(&(t, p)).copied()) {
-            Some(c) => c,
-            None => {
-                let c = self.new_node(t, p);
-                if c == NONE {
-                    return NONE;
-                }
+        let (only, mapped) = (n.last_path, n.mapped);
+        let c = if only == NONE {
+            // Its first child: not in the map.
+            self.new_node(t, p)
+        } else if !mapped {
+            // Its second child: from now on all of them are in the map.
+            let c = self.new_node(t, p);
+            if c != NONE {
+                let first = self.nodes[t as usize].last_child;
+                self.children.insert((t, only), first);
                 self.children.insert((t, p), c);
-                c
+                self.nodes[t as usize].mapped = true;
             }
+            c
+        } else {
+            // Recursive functions' runs branch at every node: a direct-mapped cache before
+            // the map.
+            let slot = cache_slot(t, p, PAP_CACHE_SLOTS);
+            let (ct, cp, cc) = self.cache[slot];
+            let c = if ct == t && cp == p {
+                cc
+            } else {
+                match self.children.get(&(t, p)) {
+                    Some(&c) => c,
+                    None => {
+                        let c = self.new_node(t, p);
+                        if c != NONE {
+                            self.children.insert((t, p), c);
+                        }
+                        c
+                    }
+                }
+            };
+            if c != NONE {
+                self.cache[slot] = (t, p, c);
+            }
+            c
         };
-        self.cache[slot] = (t, p, c);
-        let n = &mut self.nodes[t as usize];
-        n.last_path = p;
-        n.last_child = c;
+        if c != NONE {
+            let n = &mut self.nodes[t as usize];
+            n.last_path = p;
+            n.last_child = c;
+        }
         c
     }
 
@@ -166,5 +195,85 @@ impl PapRuns {
             runs.insert(key.into_boxed_slice(), n.count);
         }
         runs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::paths::Function;
+    use proptest::prelude::*;
+
+    fn function() -> Function {
+        Function {
+            entry: 0x1000,
+            symbol: None,
+            node_addr: Vec::new(),
+            nodes: FxMap::default(),
+            static_succs: Vec::new(),
+            path_ends: 0,
+            activations: 0,
+            kslab: None,
+            pap_root: NONE,
+        }
+    }
+
+    fn activation(pap: u32) -> Activation {
+        Activation {
+            func: 0,
+            return_to: 0,
+            cur: 0,
+            len: 1,
+            blocks: 0,
+            path_ends: 0,
+            last_addr: 0,
+            pap,
+            pap_len: 0,
+            call_node: 0,
+            resume: NONE,
+        }
+    }
+
+    proptest! {
+        /// Runs of two functions, nested as calls nest (a run may start inside another), over
+        /// a small alphabet of path numbers so that prefixes are shared and nodes get one, two
+        /// and many children: the spelled runs are exactly the runs fed, with their counts.
+        #[test]
+        fn spelled_runs_are_the_runs_fed(
+            runs in proptest::collection::vec(
+                (0..2usize, proptest::collection::vec(0..5u32, 0..12), 0..3usize),
+                1..80,
+            )
+        ) {
+            let mut funcs = vec![function(), function()];
+            let mut trie = PapRuns::default();
+            let mut expected: FxMap<Box<[u32]>, u64> = FxMap::default();
+            // Each run: (function, paths, where a nested run of the next one starts).
+            let mut pending: Option<Activation> = None;
+            for (i, (f, paths, nest_at)) in runs.iter().enumerate() {
+                let root = trie.root(&mut funcs[*f]);
+                let mut a = activation(root);
+                for (j, &p) in paths.iter().enumerate() {
+                    trie.push(&mut a, p);
+                    if j == *nest_at && i % 2 == 0 {
+                        // Another activation ends while this one is under way.
+                        if let Some(b) = pending.take() {
+                            trie.end(&b);
+                        }
+                    }
+                }
+                let mut key = vec![*f as u32];
+                key.extend(paths);
+                *expected.entry(key.into_boxed_slice()).or_default() += 1;
+                if let Some(b) = pending.replace(a) {
+                    trie.end(&b);
+                }
+            }
+            if let Some(b) = pending.take() {
+                trie.end(&b);
+            }
+            prop_assert_eq!(trie.abandoned, 0);
+            prop_assert_eq!(trie.spell(&funcs), expected);
+        }
     }
 }

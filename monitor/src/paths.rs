@@ -244,7 +244,7 @@ pub(crate) struct Activation {
     /// Paths in its PAP run so far.
     pub(crate) pap_len: u32,
     /// Its node in the call tree.
-    call_node: u32,
+    pub(crate) call_node: u32,
     /// While it is not the top frame: the memo that ended with its call, whose successors
     /// predict the memo its path goes on with after the return ([`NONE`]: none; a guess,
     /// checked before use, see `path_memo`).
