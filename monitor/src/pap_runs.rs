@@ -5,9 +5,13 @@
 //! acyclic paths between its entry and its exit — and counts each distinct run. Online, a run
 //! is a node of this trie: every path end steps the activation's node to the child for that
 //! path number (through the node's one-entry cache of its last child, then a direct-mapped
-//! cache, then a hash map that holds the children of nodes with more than one), and the activation's end counts one run at its node. The runs are
-//! spelled (function, path numbers) once, when the profile is taken, and encoded with
-//! `hotpath_pathprof::Pap` by `pathreport`.
+//! cache, then a hash map that holds the children of nodes with more than one), and the
+//! activation's end counts one run at its node. When the profile is taken, the heaviest runs
+//! are spelled (function, path numbers) and encoded with `hotpath_pathprof::Pap` by
+//! `pathreport`.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use crate::paths::{cache_slot, Activation, Function, FxMap, NONE};
 
@@ -171,30 +175,67 @@ impl PapRuns {
         }
     }
 
-    /// The stored runs, `[function, path numbers...]` → count, spelled from the trie.
-    pub(crate) fn spell(&self, funcs: &[Function]) -> FxMap<Box<[u32]>, u64> {
-        let mut func_of_root = FxMap::default();
-        for (f, fun) in funcs.iter().enumerate() {
-            if fun.pap_root != NONE {
-                func_of_root.insert(fun.pap_root, f as u32);
+    /// The `n` stored runs that executed the most basic blocks (count × the blocks of their
+    /// paths, `path_blocks(p)` each), heaviest first, equal ones in the order first seen:
+    /// `(function, path numbers, count)`. Only those are spelled: the trie can hold millions
+    /// of runs (every activation of a loop whose iterations follow the data is one), whose
+    /// spelled lengths would add up to gigabytes.
+    pub(crate) fn heaviest(
+        &self,
+        funcs: &[Function],
+        path_blocks: impl Fn(u32) -> u64,
+        n: usize,
+    ) -> Vec<(u32, Box<[u32]>, u64)> {
+        // Parents come before their children: one pass gives every prefix its blocks.
+        let mut blocks = vec![0u64; self.nodes.len()];
+        // Min-heap of the heaviest so far: (weight, first seen first).
+        let mut top: BinaryHeap<Reverse<(u64, Reverse<u32>)>> = BinaryHeap::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.parent != NONE {
+                blocks[i] = blocks[node.parent as usize] + path_blocks(node.path);
             }
-        }
-        let mut runs = FxMap::default();
-        for (i, n) in self.nodes.iter().enumerate() {
-            if n.count == 0 {
+            if node.count == 0 || n == 0 {
                 continue;
             }
-            let mut key = Vec::new();
-            let mut t = i as u32;
-            while self.nodes[t as usize].parent != NONE {
-                key.push(self.nodes[t as usize].path);
-                t = self.nodes[t as usize].parent;
+            let key = (node.count.saturating_mul(blocks[i]), Reverse(i as u32));
+            if top.len() < n {
+                top.push(Reverse(key));
+            } else if top.peek().is_some_and(|Reverse(least)| key > *least) {
+                top.pop();
+                top.push(Reverse(key));
             }
-            key.push(func_of_root[&t]);
-            key.reverse();
-            runs.insert(key.into_boxed_slice(), n.count);
         }
-        runs
+        let func_of_root: FxMap<u32, u32> = funcs
+            .iter()
+            .enumerate()
+            .filter(|(_, fun)| fun.pap_root != NONE)
+            .map(|(f, fun)| (fun.pap_root, f as u32))
+            .collect();
+        let mut runs: Vec<_> = top.into_iter().map(|Reverse(k)| k).collect();
+        runs.sort_unstable_by(|a, b| b.cmp(a));
+        runs.into_iter()
+            .map(|(_, Reverse(i))| {
+                let mut paths = Vec::new();
+                let mut t = i;
+                while self.nodes[t as usize].parent != NONE {
+                    paths.push(self.nodes[t as usize].path);
+                    t = self.nodes[t as usize].parent;
+                }
+                paths.reverse();
+                (
+                    func_of_root[&t],
+                    paths.into_boxed_slice(),
+                    self.nodes[i as usize].count,
+                )
+            })
+            .collect()
+    }
+
+    /// The path numbers that start a stored run (in-flight ones included), once each.
+    pub(crate) fn first_paths(&self) -> impl Iterator<Item = u32> + '_ {
+        self.nodes.iter().filter_map(|n| {
+            (n.parent != NONE && self.nodes[n.parent as usize].parent == NONE).then_some(n.path)
+        })
     }
 }
 
@@ -237,7 +278,8 @@ mod tests {
     proptest! {
         /// Runs of two functions, nested as calls nest (a run may start inside another), over
         /// a small alphabet of path numbers so that prefixes are shared and nodes get one, two
-        /// and many children: the spelled runs are exactly the runs fed, with their counts.
+        /// and many children: the spelled runs are exactly the runs fed, with their counts,
+        /// heaviest (count x blocks) first, and the top 3 are the first 3 of them all.
         #[test]
         fn spelled_runs_are_the_runs_fed(
             runs in proptest::collection::vec(
@@ -273,7 +315,27 @@ mod tests {
                 trie.end(&b);
             }
             prop_assert_eq!(trie.abandoned, 0);
-            prop_assert_eq!(trie.spell(&funcs), expected);
+            // Path p has p + 1 blocks.
+            let all = trie.heaviest(&funcs, |p| p as u64 + 1, usize::MAX);
+            let spelled: FxMap<Box<[u32]>, u64> = all
+                .iter()
+                .map(|(f, paths, count)| {
+                    let mut key = vec![*f];
+                    key.extend(paths.iter());
+                    (key.into_boxed_slice(), *count)
+                })
+                .collect();
+            prop_assert_eq!(spelled.len(), all.len());
+            prop_assert_eq!(spelled, expected);
+            let weight = |(_, paths, count): &(u32, Box<[u32]>, u64)| {
+                count * paths.iter().map(|&p| p as u64 + 1).sum::<u64>()
+            };
+            prop_assert!(all.windows(2).all(|w| weight(&w[0]) >= weight(&w[1])));
+            prop_assert_eq!(&trie.heaviest(&funcs, |p| p as u64 + 1, 3)[..], &all[..all.len().min(3)]);
+            let firsts: std::collections::BTreeSet<u32> = trie.first_paths().collect();
+            let expected_firsts: std::collections::BTreeSet<u32> =
+                runs.iter().filter_map(|(_, paths, _)| paths.first().copied()).collect();
+            prop_assert_eq!(firsts, expected_firsts);
         }
     }
 }

@@ -17,18 +17,16 @@ use hotpath_pathprof::{BallLarus, Cfg, EdgeId, NodeId, Pap, PapConfig, PathId};
 
 use crate::paths::{PathRecorder, Resync, DEEPER, END_EXIT, NONE, START_ENTRY};
 
-/// One PAP run to encode: its steps `(from node, to node, edge weight)`, its count, and the
-/// path numbers it is made of.
-type PapWalk<'a> = (Vec<(u32, u32, u64)>, u64, &'a [u32]);
-
 /// k-iteration paths listed per function and length.
 pub const K_PATHS_TOP: usize = 10;
 /// PAP runs listed in the profile (the most executed blocks first).
 pub const PAP_PATHS_TOP: usize = 200;
-/// Blocks listed per PAP run (`blocks`); a longer run (a main loop) lists its first ones and
-/// its length (`len`): its iterations stay fully described by `bl_runs`. Keeps a report of a
-/// long-running loop megabytes, not hundreds.
-pub const PAP_BLOCKS_LISTED: usize = 10_000;
+/// Blocks (`blocks`), run-length entries (`bl_runs`) and breakpoints listed per PAP run; a
+/// longer run (a main loop, or a loop whose iterations follow the data) lists its first ones
+/// and its sizes (`len`, `run_paths`, `breakpoints_total`). Keeps the report of a sort of a few
+/// megabytes a few megabytes too, not 150 (and the monitor's memory while it writes it, not a
+/// gigabyte).
+pub const PAP_LISTED: usize = 1000;
 
 /// `bl` (acyclic Ball-Larus path) or `pap` (a whole activation's cyclic path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +58,7 @@ pub struct PathEntry {
     pub id: Option<u64>,
     /// Times the path ran.
     pub count: u64,
-    /// Guest addresses of its blocks, in order (a PAP run: at most [`PAP_BLOCKS_LISTED`]).
+    /// Guest addresses of its blocks, in order (a PAP run: at most [`PAP_LISTED`]).
     pub blocks: Vec<u64>,
     /// Blocks on the path, repeats included (more than `blocks.len()` for a truncated PAP run).
     pub len: u64,
@@ -69,10 +67,15 @@ pub struct PathEntry {
     /// `bl`: `exit` or `back_edge`; `pap`: `exit`.
     pub end: &'static str,
     /// `pap`: PAP breakpoints `(node's block address, register)` where the register would
-    /// have overflowed 64 bits.
+    /// have overflowed 64 bits (at most the first [`PAP_LISTED`]).
     pub breakpoints: Vec<(u64, u64)>,
-    /// `pap`: the run's Ball-Larus paths, run-length encoded as `(bl id, repeats)`.
+    /// `pap`: all its breakpoints (0 for `bl`).
+    pub breakpoints_total: u64,
+    /// `pap`: the run's Ball-Larus paths, run-length encoded as `(bl id, repeats)` (at most
+    /// the first [`PAP_LISTED`] entries).
     pub bl_runs: Vec<(Option<u64>, u64)>,
+    /// `pap`: Ball-Larus paths in the run, repeats included (0 for `bl`).
+    pub run_paths: u64,
 }
 
 /// A k-iteration path: up to k consecutive Ball-Larus paths of one activation.
@@ -189,11 +192,47 @@ fn dag_walk(g: &Graph, key: &[u32]) -> Vec<EdgeId> {
     walk
 }
 
+/// Walks the PAP run made of paths `run` on a function's cyclic graph, calling `step(from,
+/// to)` for each edge (graph nodes from `node(function node)`): the virtual entry to its first
+/// block, each path's blocks, and each path's end — the back edge to the next path's head, or
+/// the exit.
+fn pap_steps(
+    rec: &PathRecorder,
+    run: &[u32],
+    mut node: impl FnMut(u32) -> u32,
+    mut step: impl FnMut(u32, u32),
+) {
+    for (i, &p) in run.iter().enumerate() {
+        let key = &rec.paths[p as usize].key;
+        let nodes = &key[2..key.len() - 1];
+        let first = node(nodes[0]);
+        if i == 0 {
+            step(0, first);
+        }
+        let mut last = first;
+        for &n in &nodes[1..] {
+            let g = node(n);
+            step(last, g);
+            last = g;
+        }
+        let end = key[key.len() - 1];
+        if end == END_EXIT {
+            step(last, 1);
+        } else {
+            let h = node(end);
+            step(last, h);
+        }
+    }
+}
+
+/// `ids` run-length encoded as `(id, repeats)`, the first [`PAP_LISTED`] entries.
 fn run_length(ids: impl Iterator<Item = Option<u64>>) -> Vec<(Option<u64>, u64)> {
     let mut out: Vec<(Option<u64>, u64)> = Vec::new();
     for id in ids {
+        let full = out.len() == PAP_LISTED;
         match out.last_mut() {
             Some((last, n)) if *last == id => *n += 1,
+            _ if full => break,
             _ => out.push((id, 1)),
         }
     }
@@ -221,15 +260,20 @@ impl PathProfile {
             by_func[path.key[0] as usize].push(p as u32);
         }
         let mut bl_id: Vec<Option<u64>> = vec![None; rec.paths.len()];
-        let mut pap_by_func: Vec<Vec<(&[u32], u64)>> = vec![Vec::new(); rec.funcs.len()];
-        for (key, &count) in &rec.pap {
-            pap_by_func[key[0] as usize].push((&key[1..], count));
+        // The heaviest PAP runs, listed by function (each with its rank); the others are
+        // counted (in `pap_abandoned`'s sense they are kept) but not listed.
+        let path_blocks = |p: u32| (rec.paths[p as usize].key.len() - 3) as u64;
+        let heaviest = rec
+            .pap_runs
+            .heaviest(&rec.funcs, path_blocks, PAP_PATHS_TOP);
+        let mut pap_by_func: Vec<Vec<(usize, &[u32], u64)>> = vec![Vec::new(); rec.funcs.len()];
+        for (rank, (f, run, count)) in heaviest.iter().enumerate() {
+            pap_by_func[*f as usize].push((rank, run, *count));
         }
-        // The PAP graph's numbering depends on the order its runs are added in: take them in
-        // path-number order (the order paths were first seen), not the map's, which follows
-        // function numbers — and those depend on when the monitor learned which blocks.
-        for runs in &mut pap_by_func {
-            runs.sort_unstable();
+        // Paths that start a run: the PAP graph's virtual entry leads to their first blocks.
+        let mut run_start = vec![false; rec.paths.len()];
+        for p in rec.pap_runs.first_paths() {
+            run_start[p as usize] = true;
         }
         let mut pap_entries = Vec::new();
 
@@ -322,79 +366,82 @@ impl PathProfile {
                 num_paths,
             });
 
-            // PAP runs on the cyclic CFG: real back edges, the activation start, the exit.
+            // PAP runs on the cyclic CFG: real back edges, the activation start, the exit. The
+            // graph has every recorded path of the function, whatever runs are listed.
             if !pap_by_func[f].is_empty() {
                 let mut cg = Graph::new();
-                let mut walks: Vec<PapWalk> = Vec::new();
-                for &(run, count) in &pap_by_func[f] {
-                    let mut steps: Vec<(u32, u32, u64)> = Vec::new();
-                    for (i, &p) in run.iter().enumerate() {
-                        let key = &rec.paths[p as usize].key;
-                        let nodes = &key[2..key.len() - 1];
-                        let gn: Vec<u32> = nodes.iter().map(|&n| cg.node(n, addr_of(n))).collect();
-                        if i == 0 {
-                            steps.push((0, gn[0], TAG_PLAIN));
-                        }
-                        for w in gn.windows(2) {
-                            steps.push((w[0], w[1], TAG_PLAIN));
-                        }
-                        let end = key[key.len() - 1];
-                        let last = *gn.last().expect("a block");
-                        if end == END_EXIT {
-                            steps.push((last, 1, TAG_PLAIN));
-                        } else {
-                            let h = cg.node(end, addr_of(end));
-                            steps.push((last, h, TAG_PLAIN));
-                        }
+                for &p in paths {
+                    let mut steps = Vec::new();
+                    pap_steps(
+                        rec,
+                        &[p],
+                        |n| cg.node(n, fun.node_addr[n as usize]),
+                        |s, d| steps.push((s, d)),
+                    );
+                    let skip = usize::from(!run_start[p as usize]);
+                    for &(s, d) in &steps[skip..] {
+                        cg.edge(s, d, TAG_PLAIN);
                     }
-                    for &(s, d, t) in &steps {
-                        cg.edge(s, d, t);
-                    }
-                    walks.push((steps, count, run));
                 }
                 let pap = cg
                     .cfg()
                     .and_then(|cfg| Pap::new(&cfg, PapConfig::default()));
-                for (steps, count, run) in walks {
-                    let walk: Vec<EdgeId> = steps.iter().map(|&(s, d, t)| cg.id(s, d, t)).collect();
+                // One run at a time: a main loop's run can be millions of steps.
+                for &(rank, run, count) in &pap_by_func[f] {
+                    let (mut walk, mut blocks, mut steps) = (Vec::new(), Vec::new(), 0usize);
+                    let mut complete = true;
+                    pap_steps(
+                        rec,
+                        run,
+                        |n| cg.map[&n],
+                        |s, d| {
+                            match cg.edges.get(&(s, d, TAG_PLAIN)) {
+                                Some(&id) => walk.push(EdgeId(id)),
+                                None => complete = false,
+                            }
+                            // Every step but the virtual entry's starts at a block.
+                            if steps > 0 && blocks.len() < PAP_LISTED {
+                                blocks.push(cg.addrs[s as usize]);
+                            }
+                            steps += 1;
+                        },
+                    );
                     let trace = pap
                         .as_ref()
                         .ok()
+                        .filter(|_| complete)
                         .and_then(|pap| pap.encode_walk(&walk).ok());
-                    // Every step but the virtual entry's starts at a block.
-                    let len = steps.len().saturating_sub(1).max(1) as u64;
-                    let mut blocks: Vec<u64> = steps
-                        .iter()
-                        .skip(1)
-                        .take(PAP_BLOCKS_LISTED)
-                        .map(|&(s, _, _)| cg.addrs[s as usize])
-                        .collect();
-                    if blocks.is_empty() {
-                        blocks = steps
-                            .iter()
-                            .map(|&(_, d, _)| cg.addrs[d as usize])
-                            .collect();
-                    }
-                    pap_entries.push(PathEntry {
-                        function: names[f].clone(),
-                        function_addr: fun.entry,
-                        kind: PathKind::Pap,
-                        id: trace.as_ref().map(|t| t.last),
-                        count,
-                        blocks,
-                        len,
-                        start: "entry",
-                        end: "exit",
-                        breakpoints: trace
-                            .map(|t| {
-                                t.breakpoints
-                                    .iter()
-                                    .map(|b| (cg.addrs[b.node.index()], b.r))
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                        bl_runs: run_length(run.iter().map(|&p| bl_id[p as usize])),
-                    });
+                    drop(walk);
+                    let len = steps.saturating_sub(1).max(1) as u64;
+                    pap_entries.push((
+                        rank,
+                        PathEntry {
+                            function: names[f].clone(),
+                            function_addr: fun.entry,
+                            kind: PathKind::Pap,
+                            id: trace.as_ref().map(|t| t.last),
+                            count,
+                            blocks,
+                            len,
+                            start: "entry",
+                            end: "exit",
+                            breakpoints: trace
+                                .as_ref()
+                                .map(|t| {
+                                    t.breakpoints
+                                        .iter()
+                                        .take(PAP_LISTED)
+                                        .map(|b| (cg.addrs[b.node.index()], b.r))
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                            breakpoints_total: trace
+                                .as_ref()
+                                .map_or(0, |t| t.breakpoints.len() as u64),
+                            bl_runs: run_length(run.iter().map(|&p| bl_id[p as usize])),
+                            run_paths: run.len() as u64,
+                        },
+                    ));
                 }
                 if let Err(e) = pap {
                     out.numbering_errors
@@ -430,7 +477,9 @@ impl PathProfile {
                     "back_edge"
                 },
                 breakpoints: Vec::new(),
+                breakpoints_total: 0,
                 bl_runs: Vec::new(),
+                run_paths: 0,
             });
         }
         let weight = |e: &PathEntry| e.count.saturating_mul(e.len);
@@ -440,14 +489,9 @@ impl PathProfile {
                 .then(a.function_addr.cmp(&b.function_addr))
                 .then(a.id.cmp(&b.id))
         });
-        pap_entries.sort_by(|a, b| {
-            weight(b)
-                .cmp(&weight(a))
-                .then(a.function_addr.cmp(&b.function_addr))
-                .then(a.id.cmp(&b.id))
-        });
-        pap_entries.truncate(PAP_PATHS_TOP);
-        out.paths.extend(pap_entries);
+        // PAP runs in `heaviest`'s order: most executed blocks first, equal ones as first seen.
+        pap_entries.sort_by_key(|&(rank, _)| rank);
+        out.paths.extend(pap_entries.into_iter().map(|(_, e)| e));
 
         // k-iteration paths.
         for (f, fun) in rec.funcs.iter().enumerate() {

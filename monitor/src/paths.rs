@@ -355,9 +355,6 @@ pub struct PathRecorder {
     pub(crate) paths: Vec<PathRec>,
     /// The PAP run trie.
     pub(crate) pap_runs: PapRuns,
-    /// PAP runs: `[function, path numbers...]` → count; filled from the run trie by
-    /// [`PathRecorder::finish`].
-    pub(crate) pap: FxMap<Box<[u32]>, u64>,
     pub(crate) calltree: Vec<CallNode>,
     call_child: FxMap<(u32, u32), u32>,
     /// The last basic block stepped.
@@ -398,7 +395,6 @@ impl PathRecorder {
             ends: FxMap::default(),
             paths: Vec::new(),
             pap_runs: PapRuns::default(),
-            pap: FxMap::default(),
             calltree: vec![CallNode {
                 parent: NONE,
                 func: NONE,
@@ -1047,14 +1043,13 @@ impl PathRecorder {
 
     /// Ends every activation (the guest has ended, [`PathRecorder::end_of_stream`] was
     /// called): every block executed is then on a counted path. Adds the runs of memoised
-    /// transitions to their paths' counts and spells the PAP runs.
+    /// transitions to their paths' counts.
     pub fn finish(&mut self) {
         while !self.stack.is_empty() {
             self.pop_activation();
         }
         self.prev = NONE;
         self.settle_memos();
-        self.pap = self.pap_runs.spell(&self.funcs);
     }
 
     /// Distinct paths recorded so far.

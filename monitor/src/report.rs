@@ -215,11 +215,13 @@ fn path_json(p: &PathEntry) -> Value {
             .iter()
             .map(|&(a, r)| json!({"block": hex(a), "r": r}))
             .collect();
+        v["breakpoints_total"] = json!(p.breakpoints_total);
         v["bl_runs"] = p
             .bl_runs
             .iter()
             .map(|&(id, n)| json!({"id": id, "repeat": n}))
             .collect();
+        v["run_paths"] = json!(p.run_paths);
     }
     v
 }
@@ -352,7 +354,8 @@ pub fn render_text(doc: &Value, top: usize) -> String {
                     list.join(" ")
                 ));
                 if let Some(bps) = p["breakpoints"].as_array() {
-                    out.push_str(&format!("      {} PAP breakpoints\n", bps.len()));
+                    let total = p["breakpoints_total"].as_u64().unwrap_or(bps.len() as u64);
+                    out.push_str(&format!("      {total} PAP breakpoints\n"));
                 }
             }
             // One listing per distinct block, in first-visit order (PAP runs repeat blocks).

@@ -85,6 +85,31 @@ fn check_consistency(what: &str, json: &Value) {
             "{what}: path block {a:#x} is not in the block table"
         );
     }
+    // PAP runs: heaviest (count x blocks) first, each listing at most 1000 blocks, run-length
+    // entries and breakpoints, and its sizes in full.
+    let pap: Vec<&Value> = paths.iter().filter(|p| p["kind"] == "pap").collect();
+    assert!(pap.len() <= 200, "{what}: at most 200 PAP runs listed");
+    let weight = |p: &Value| p["count"].as_u64().unwrap() * p["len"].as_u64().unwrap();
+    assert!(
+        pap.windows(2).all(|w| weight(w[0]) >= weight(w[1])),
+        "{what}: PAP runs not heaviest first"
+    );
+    for p in pap {
+        let len = |f: &str| p[f].as_array().unwrap().len() as u64;
+        let runs = p["bl_runs"].as_array().unwrap();
+        let listed: u64 = runs.iter().map(|r| r["repeat"].as_u64().unwrap()).sum();
+        let run_paths = p["run_paths"].as_u64().unwrap();
+        assert!(
+            len("blocks") == p["len"].as_u64().unwrap().min(1000),
+            "{what}: {p}"
+        );
+        assert!(len("breakpoints") == p["breakpoints_total"].as_u64().unwrap().min(1000));
+        assert!(runs.len() <= 1000 && listed <= run_paths, "{what}: {p}");
+        assert!(
+            runs.len() == 1000 || listed == run_paths,
+            "{what}: bl_runs incomplete"
+        );
+    }
 }
 
 #[test]
@@ -173,10 +198,10 @@ fn branchy_loop_paths_are_exact() {
         !pap[0]["breakpoints"].as_array().unwrap().is_empty(),
         "1000 iterations overflow a 64-bit PAP register"
     );
-    assert_eq!(
-        pap[0]["blocks"].as_array().unwrap().len(),
-        1 + 749 * 3 + 249 * 2 + 2 + 3
-    );
+    // Blocks: the run's length, the first 1000 listed.
+    assert_eq!(pap[0]["len"], 1 + 749 * 3 + 249 * 2 + 2 + 3);
+    assert_eq!(pap[0]["blocks"].as_array().unwrap().len(), 1000);
+    assert_eq!(pap[0]["run_paths"], 1000);
 
     // k = 2: the hottest pair is then, then.
     let k: Vec<&Value> = json["k_paths"]
