@@ -5,16 +5,20 @@
 # tables / --no-monitor, the median times the guest waited for a full event ring in each
 # monitored mode (totals.ring_waits of the JSON report), and what each ring event cost the
 # monitor thread in each (totals.monitor_busy_ns / totals.events, medians; steadier than wall
-# time on a noisy machine). Target: paths <= 1.15 x tables.
+# time on a noisy machine). Target: paths <= 1.15 x tables. Besides the samples, two real
+# programs: busybox_sort and busybox_gzip (sort / gzip -c of an 8 MiB text file, as in
+# bench/run.sh; skipped without /bin/busybox).
 #
-# Usage: bench/paths.sh [-n RUNS] [-s "sample[:arg] ..."] [--no-build]
-# Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured.
+# Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [--no-build]
+# Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured; BUSYBOX
+# (default /bin/busybox).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs=5
 # Full-size runs (each sample's default argument, as in bench/run.sh: 0.3-0.6 s natively), so
 # that fixed costs (path numbering at the end, a larger report) do not dominate.
-samples="bench_sieve bench_crc bench_fib bench_nbody bench_interp"
+samples="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip"
+busybox="${BUSYBOX:-/bin/busybox}"
 build=1
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -36,8 +40,25 @@ now() { date +%s.%N; }
 printf "%-14s %10s %10s %10s %13s %13s %12s %12s %11s %11s\n" sample no-monitor tables paths paths/tables tables/nomon "waits(tab)" "waits(paths)" "ns/ev(tab)" "ns/ev(pth)"
 for spec in $samples; do
     name="${spec%%:*}"; arg="${spec#*:}"; [ "$arg" = "$spec" ] && arg=""
-    exe="$work/$name"
-    gcc -O2 -static -I"$root/guest-samples" -o "$exe" "$root/guest-samples/$name.c" -lm
+    case "$name" in
+        busybox_*)
+            if [ ! -x "$busybox" ]; then
+                echo "bench/paths.sh: $busybox not found: skipping $name (install busybox-static)" >&2
+                continue
+            fi
+            input="$target_dir/bench-samples/busybox-input-8mib.txt"
+            mkdir -p "$target_dir/bench-samples"
+            "$root/bench/busybox-input.sh" 8 "$input"
+            case "$name" in
+                busybox_sort) exe="$busybox"; arg="sort $input" ;;
+                *) exe="$busybox"; arg="gzip -c $input" ;;
+            esac
+            ;;
+        *)
+            exe="$work/$name"
+            gcc -O2 -static -I"$root/guest-samples" -o "$exe" "$root/guest-samples/$name.c" -lm
+            ;;
+    esac
     for i in $(seq "$runs"); do
         for mode in nomon tables paths; do
             case $mode in

@@ -94,22 +94,7 @@ for w in $workloads; do
                 continue
             fi
             input="$out_dir/busybox-input-${mib}mib.txt"
-            if [ ! -s "$input" ]; then
-                echo "generating $input ($mib MiB of text lines)..." >&2
-                # A fixed linear congruential generator: the same file on every machine.
-                awk -v bytes=$((mib * 1024 * 1024)) 'BEGIN {
-                    split("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu", w, " ");
-                    x = 12345; n = 0;
-                    while (n < bytes) {
-                        x = (x * 1103515245 + 12345) % 2147483648; a = x % 12 + 1;
-                        x = (x * 1103515245 + 12345) % 2147483648; b = x % 1000000;
-                        x = (x * 1103515245 + 12345) % 2147483648; c = x % 12 + 1;
-                        line = sprintf("%s %06d %s%d", w[a], b, w[c], x % 97);
-                        print line; n += length(line) + 1;
-                    }
-                }' >"$input.tmp"
-                mv "$input.tmp" "$input"
-            fi
+            "$root/bench/busybox-input.sh" "$mib" "$input"
             case "$w" in
                 busybox_sort) argv[$w]="$busybox sort $input" ;;
                 busybox_gzip) argv[$w]="$busybox gzip -c $input" ;;
