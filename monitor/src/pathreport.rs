@@ -260,8 +260,8 @@ impl PathProfile {
             by_func[path.key[0] as usize].push(p as u32);
         }
         let mut bl_id: Vec<Option<u64>> = vec![None; rec.paths.len()];
-        // The heaviest PAP runs, listed by function (each with its rank); the others are
-        // counted (in `pap_abandoned`'s sense they are kept) but not listed.
+        // The heaviest PAP runs, by function, each with its rank in the listing; the others
+        // stay counted in the run trie, unlisted.
         let path_blocks = |p: u32| (rec.paths[p as usize].key.len() - 3) as u64;
         let heaviest = rec
             .pap_runs
