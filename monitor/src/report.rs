@@ -343,14 +343,20 @@ pub fn render_text(doc: &Value, top: usize) -> String {
                     .take(24)
                     .map(|r| {
                         format!(
-                            "{}x{}",
+                            "{}×{}",
                             r["id"].as_u64().map_or("?".into(), |i| i.to_string()),
                             u64_of(&r["repeat"])
                         )
                     })
                     .collect();
+                let more = if runs.len() > list.len() { " ..." } else { "" };
+                let paths = match p["run_paths"].as_u64() {
+                    Some(1) => ", 1 path".to_string(),
+                    Some(n) => format!(", {n} paths"),
+                    None => String::new(),
+                };
                 out.push_str(&format!(
-                    "      iterations (bl id x repeat): {}\n",
+                    "      iterations (bl id×repeat{paths}): {}{more}\n",
                     list.join(" ")
                 ));
                 if let Some(bps) = p["breakpoints"].as_array() {
