@@ -52,8 +52,25 @@
 use crossbeam::channel::Receiver;
 use hotpath_events::{IdKind, NewBlock, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
 
-use crate::paths::{cache_slot, FxMap, PathRecorder, K_CALL, K_INDIRECT, K_OTHER, K_RET, NONE};
+use crate::pap_runs::PapRuns;
+use crate::paths::{
+    cache_slot, Activation, FxMap, PathRecorder, K_CALL, K_INDIRECT, K_OTHER, K_RET, NONE,
+};
 use crate::Tables;
+
+/// Appends `runs` repeats of a memo's ended paths `ends` to activation `a`'s PAP run (it
+/// records one), until the run is abandoned.
+#[cold]
+fn push_pap_runs(pap_runs: &mut PapRuns, a: &mut Activation, ends: &[u32], runs: u64) {
+    for _ in 0..runs {
+        for &p in ends {
+            if a.pap == NONE {
+                return;
+            }
+            pap_runs.push(a, p);
+        }
+    }
+}
 
 /// The basic blocks an event id stands for: `seq[start..start + len]`.
 #[derive(Clone, Copy, Debug)]
@@ -312,8 +329,8 @@ impl PathRecorder {
 
     /// The common case of `record_events`, with its state in registers: from `events[i]` on,
     /// each event starts with a memo that the last one predicts (or the memo cache holds),
-    /// after a block that neither calls nor returns, and that ends no path that must be seen
-    /// one by one. Returns the index of the first event it did not take, and, when the last
+    /// after a block that neither calls nor returns, and that ends no path a k-slab forest must
+    /// see (a hot function's PAP run takes the ended paths here, in order). Returns the index of the first event it did not take, and, when the last
     /// one it took goes on past its first memo (a call or a return follows), that event's id
     /// and the position to go on from; the general path takes it from there.
     #[inline(always)]
@@ -331,19 +348,30 @@ impl PathRecorder {
         {
             return (i, None);
         }
-        self.run_fast_loop(events, i)
+        if top.pap != NONE && self.config.k == 0 {
+            self.run_fast_loop::<true>(events, i)
+        } else {
+            self.run_fast_loop::<false>(events, i)
+        }
     }
 
     #[inline(never)]
-    fn run_fast_loop(&mut self, events: &[u32], mut i: usize) -> (usize, Option<(u32, u32)>) {
+    fn run_fast_loop<const PAP: bool>(
+        &mut self,
+        events: &[u32],
+        mut i: usize,
+    ) -> (usize, Option<(u32, u32)>) {
         let (i0, last0) = (i, self.memo.last);
         let top = self.stack.last_mut().expect("an activation");
         let memos = &mut self.memo.memos;
         let (infos, epoch) = (&self.memo.events, self.memo.epoch);
-        let cache = &self.memo.cache;
+        let (cache, memo_ends) = (&self.memo.cache, &self.memo.ends);
+        let pap_runs = &mut self.pap_runs;
         let (id_node, id_addr) = (&self.id_node, &self.id_addr);
-        // Paths a memo ends go one by one to a PAP run or a k-slab forest: not here.
-        let ends_one_by_one = top.pap != NONE || self.config.k > 0;
+        // Paths a memo ends go one by one to a k-slab forest: not here. To a PAP run: here in
+        // the `PAP` instance (taken when the activation records one and there is no k-slab
+        // forest), which the other does not pay for.
+        let bail_on_ends = !PAP && (top.pap != NONE || self.config.k > 0);
         let (func, return_to) = (top.func, top.return_to);
         let (mut last, mut cur) = (last0, top.cur);
         let (mut blocks, mut ends) = (0u64, 0u64);
@@ -395,7 +423,7 @@ impl PathRecorder {
                 s.memo
             };
             let memo = &mut memos[m as usize];
-            if memo.epoch != epoch || memo.from != cur || (memo.nends > 0 && ends_one_by_one) {
+            if memo.epoch != epoch || memo.from != cur || (memo.nends > 0 && bail_on_ends) {
                 break;
             }
             // A loop whose body is one event (a block or an unrolled superblock that follows
@@ -424,6 +452,11 @@ impl PathRecorder {
             memo.count += runs;
             blocks += runs * memo.blocks as u64;
             ends += runs * memo.nends as u64;
+            if PAP && memo.nends > 0 {
+                // A hot function's activation: its PAP run takes the ended paths in order.
+                let ended = memo.ends as usize..memo.ends as usize + memo.nends as usize;
+                push_pap_runs(pap_runs, top, &memo_ends[ended], runs);
+            }
             cur = memo.next;
             last = m;
             i = next;

@@ -482,9 +482,10 @@ fn memoised_paths_match_the_per_block_reference() {
         let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         runs.push((source.to_string(), exe, Vec::new()));
     }
-    // Every path end replayed one by one (k-paths, PAP everywhere), and then the default:
-    // memoised path ends only added up, PAP runs only for functions that became hot.
-    let configs: [&[&str]; 2] = [
+    // Every path end replayed one by one (k-paths, PAP everywhere); PAP everywhere without
+    // k-paths (the fast loop feeds PAP runs itself); and the default: memoised path ends only
+    // added up, PAP runs only for functions that became hot.
+    let configs: [&[&str]; 3] = [
         &[
             "--superblock-threshold",
             "1",
@@ -493,6 +494,7 @@ fn memoised_paths_match_the_per_block_reference() {
             "--pap-threshold",
             "0",
         ],
+        &["--superblock-threshold", "1", "--pap-threshold", "0"],
         &["--superblock-threshold", "1"],
     ];
     let mut with_superblocks = 0;
