@@ -329,10 +329,11 @@ impl PathRecorder {
 
     /// The common case of `record_events`, with its state in registers: from `events[i]` on,
     /// each event starts with a memo that the last one predicts (or the memo cache holds),
-    /// after a block that neither calls nor returns, and that ends no path a k-slab forest must
-    /// see (a hot function's PAP run takes the ended paths here, in order). Returns the index of the first event it did not take, and, when the last
-    /// one it took goes on past its first memo (a call or a return follows), that event's id
-    /// and the position to go on from; the general path takes it from there.
+    /// after a block that neither calls nor returns, and that ends no path a k-slab forest
+    /// must see (a hot function's PAP run takes the ended paths here, in order). Returns the
+    /// index of the first event it did not take, and, when the last one it took goes on past
+    /// its first memo (a call or a return follows), that event's id and the position to go on
+    /// from; the general path takes it from there.
     #[inline(always)]
     fn run_fast(&mut self, events: &[u32], i: usize) -> (usize, Option<(u32, u32)>) {
         let (Some(l), Some(top)) = (
