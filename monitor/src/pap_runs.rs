@@ -245,20 +245,6 @@ mod tests {
     use crate::paths::Function;
     use proptest::prelude::*;
 
-    fn function() -> Function {
-        Function {
-            entry: 0x1000,
-            symbol: None,
-            node_addr: Vec::new(),
-            nodes: FxMap::default(),
-            static_succs: Vec::new(),
-            path_ends: 0,
-            activations: 0,
-            kslab: None,
-            pap_root: NONE,
-        }
-    }
-
     fn activation(pap: u32) -> Activation {
         Activation {
             func: 0,
@@ -287,7 +273,7 @@ mod tests {
                 1..80,
             )
         ) {
-            let mut funcs = vec![function(), function()];
+            let mut funcs = vec![Function::new(0x1000, None), Function::new(0x2000, None)];
             let mut trie = PapRuns::default();
             let mut expected: FxMap<Box<[u32]>, u64> = FxMap::default();
             // Each run: (function, paths, where a nested run of the next one starts).

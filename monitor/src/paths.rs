@@ -190,6 +190,23 @@ pub(crate) struct Function {
     pub(crate) pap_root: u32,
 }
 
+impl Function {
+    /// A function entered at guest address `entry`, with no CFG, counts or runs yet.
+    pub(crate) fn new(entry: u64, symbol: Option<usize>) -> Function {
+        Function {
+            entry,
+            symbol,
+            node_addr: Vec::new(),
+            nodes: FxMap::default(),
+            static_succs: Vec::new(),
+            path_ends: 0,
+            activations: 0,
+            kslab: None,
+            pap_root: NONE,
+        }
+    }
+}
+
 /// One interned path.
 #[derive(Clone, Debug)]
 pub(crate) struct PathRec {
@@ -492,17 +509,7 @@ impl PathRecorder {
         let symbol = self
             .symbol_at(addr)
             .filter(|&i| self.config.symbols[i].addr == addr);
-        self.funcs.push(Function {
-            entry: addr,
-            symbol,
-            node_addr: Vec::new(),
-            nodes: FxMap::default(),
-            static_succs: Vec::new(),
-            path_ends: 0,
-            activations: 0,
-            kslab: None,
-            pap_root: NONE,
-        });
+        self.funcs.push(Function::new(addr, symbol));
         self.func_by_entry.insert(addr, f);
         if let Some(ids) = self.ids_at.get(&addr) {
             for &i in ids {

@@ -127,18 +127,7 @@ fn drain_loop(
             if replays > 0 {
                 kept.extend_from_slice(events);
             }
-            match paths.as_mut() {
-                None => tables.record(events),
-                // The path recorder reads each event again after the tables: in pieces that stay
-                // in the L1 cache between the two passes (a drained run can be megabytes).
-                Some(p) => {
-                    for piece in events.chunks(PATHS_PIECE) {
-                        tables.record(piece);
-                        // It learns the ids it has not seen itself, waiting for their metadata.
-                        p.record(piece, tables, Some(new_blocks));
-                    }
-                }
-            }
+            record(events, tables, paths.as_mut(), Some(new_blocks));
         });
         if !tables.hot.is_empty() {
             tables.learn_all(new_blocks);
@@ -172,6 +161,27 @@ fn drain_loop(
     state
 }
 
+/// Accounts `events` in the tables and, if on, the path recorder, which learns the ids it has
+/// not seen itself from `new_blocks` (waiting for their metadata; none: all are known).
+fn record(
+    events: &[u32],
+    tables: &mut Tables,
+    paths: Option<&mut PathRecorder>,
+    new_blocks: Option<&Receiver<NewBlock>>,
+) {
+    match paths {
+        None => tables.record(events),
+        // The path recorder reads each event again after the tables: in pieces that stay in
+        // the L1 cache between the two passes (a drained run can be megabytes).
+        Some(p) => {
+            for piece in events.chunks(PATHS_PIECE) {
+                tables.record(piece);
+                p.record(piece, tables, new_blocks);
+            }
+        }
+    }
+}
+
 /// Developer aid (environment `HOTPATH_REPLAY=N`): feeds the events of the whole run `N`
 /// times more to fresh copies of the monitor's initial tables and path recorder, with every
 /// block's metadata known up front, and prints the median nanoseconds per event to stderr —
@@ -195,12 +205,7 @@ fn replay(
             });
         }
         let started = Instant::now();
-        for piece in events.chunks(PATHS_PIECE) {
-            tables.record(piece);
-            if let Some(p) = paths.as_mut() {
-                p.record(piece, &mut tables, None);
-            }
-        }
+        record(events, &mut tables, paths.as_mut(), None);
         if let Some(p) = paths.as_mut() {
             p.end_of_stream(&tables);
         }
