@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
 use crossbeam::utils::Backoff;
-use hotpath_events::{Command, NewBlock, RingConsumer};
+use hotpath_events::{Command, NewBlock, RingConsumer, MIN_POLL_INTERVAL};
 
 use crate::decisions::Decisions;
 use crate::{PathRecorder, Tables};
@@ -43,6 +43,9 @@ pub struct MonitorHandle {
 /// enough that a producer waiting on a full ring is released quickly; long enough that an idle
 /// guest (blocked in a syscall) does not keep a core busy.
 const IDLE_NAP_US: u64 = 50;
+
+/// How long the ring must stay without a batch before the monitor starts napping.
+const IDLE_BEFORE_NAP: Duration = Duration::from_micros(200);
 
 /// Events the tables and then the path recorder take at a time, 16 KiB of them.
 const PATHS_PIECE: usize = 4096;
@@ -105,7 +108,7 @@ fn drain_loop(
     commands: Option<&Sender<Command>>,
     mut state: MonitorState,
 ) -> MonitorState {
-    let backoff = Backoff::new();
+    let mut idle_since: Option<Instant> = None;
     let replays = std::env::var("HOTPATH_REPLAY")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -141,14 +144,19 @@ fn drain_loop(
         }
         if n > 0 {
             *busy_ns += started.elapsed().as_nanos() as u64;
-            backoff.reset();
+            idle_since = None;
         } else if closed {
             break;
-        } else if backoff.is_completed() {
+        } else if idle_since.get_or_insert(started).elapsed() > IDLE_BEFORE_NAP {
             tables.learn_all(new_blocks);
             std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
         } else {
-            backoff.snooze();
+            // Less than a batch: look again after MIN_POLL_INTERVAL, not sooner (each look
+            // costs the guest a cache-line transfer).
+            let backoff = Backoff::new();
+            while started.elapsed() < MIN_POLL_INTERVAL {
+                backoff.spin();
+            }
         }
     }
     tables.learn_all(new_blocks);

@@ -50,7 +50,7 @@ pub struct Stats {
     pub syscalls: u64,
     /// Code cache flushes.
     pub flushes: u64,
-    /// Exits to refill the ring's budget.
+    /// Exits at the end of a ring lap (to wait for the monitor and start the next lap).
     pub ring_refills: u64,
     /// Superblocks built (re-built ones after a flush included).
     pub superblocks: u64,
@@ -165,7 +165,6 @@ impl Translator {
             cache: cache.range(),
             exit_from_signal: gateway.exit_from_signal.0,
             fsgsbase: host.fsgsbase,
-            unlink_mode: !cfg.enqueue,
             rw_delta: cache.rw_delta(),
             xsave_size: host.xsave_size as usize,
             xsave_mask: host.xsave_mask,
@@ -276,20 +275,11 @@ impl Translator {
         }
     }
 
-    /// Makes every block entry's check pass again: a refilled ring budget when the monitor is
-    /// on, else a budget of 1 (the check then only stops for signals).
+    /// Makes every block entry's check pass again: when the monitor is on and the ring's lap
+    /// is full, waits for the monitor to read it and starts the next one.
     fn arm_safe_point(&mut self) {
         if let Some(p) = &self.producer {
-            if self
-                .area
-                .ring
-                .producer
-                .budget
-                .load(std::sync::atomic::Ordering::Relaxed)
-                == 0
-            {
-                p.refill();
-            }
+            p.refill();
         }
     }
 
@@ -387,7 +377,7 @@ impl Translator {
         let sb = BlockId(self.next_id);
         let first_exit = self.exits.len() as u32;
         let cx = EmitContext {
-            enqueue: true,
+            enqueue: Some(self.cfg.ring_entries),
             gateway: self.gateway,
         };
         let trace = match emit_superblock(&blocks, sb, self.cache.next_addr(), first_exit, &cx) {
@@ -726,7 +716,7 @@ impl Translator {
         }
         let block = decode_block(GuestAddr(pc));
         let cx = EmitContext {
-            enqueue: self.cfg.enqueue,
+            enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,
         };
         let mut flushed = false;

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! ring_slow:  lea rcx,[entry]; mov gs:[resume],rcx; mov ecx,RING_FULL; jmp exit   (stub on only)
-//! entry:      enqueue stub: budget check (jrcxz ring_slow), entries[head++] = block id (stub on only)
+//! entry:      enqueue stub: lap check (cursor 0: jrcxz ring_slow), entries_end[cursor++] = block id
+//!             (stub on only)
 //!             body: the guest instructions, re-encoded at their new address (RIP-relative
 //!                   operands keep pointing at the same guest addresses)
 //!             terminator: jcc/jmp rel32 to exit stubs (patched later to chain), or the operand
@@ -36,7 +37,7 @@ pub enum ExitKind {
     },
     /// The guest executed `syscall` at `at`; it resumes at `next`.
     Syscall { at: GuestAddr, next: GuestAddr },
-    /// A superblock's side exit found the ring budget at 0: enqueue `marker`, then go on at
+    /// A superblock's side exit found the ring's lap full: enqueue `marker`, then go on at
     /// guest `target` (the dispatcher does what the side exit's enqueue stub would have).
     SideExit { marker: BlockId, target: GuestAddr },
     /// The same for a `ret` inlined in a superblock whose return address was not the
@@ -88,10 +89,6 @@ pub struct HostLayout {
     pub guest_start: u64,
     /// One past the last byte.
     pub code_end: u64,
-    /// The safe-point check at the entry borrows RCX and rewrites the budget in
-    /// `[stub_window.0, stub_window.1)`: a signal arriving there restarts the check from the
-    /// entry (with RCX taken back from its scratch slot) so the budget it zeroes is not lost.
-    pub stub_window: (u64, u64),
     /// `(host address, guest address)` of every body instruction, in order.
     pub body: Vec<(u64, u64)>,
     /// Host address where the terminator's code starts.
@@ -112,8 +109,9 @@ pub struct HostLayout {
 /// What the emitter needs to know besides the block.
 #[derive(Clone, Copy, Debug)]
 pub struct EmitContext {
-    /// Emit the enqueue stub at the block head.
-    pub enqueue: bool,
+    /// `Some(ring entries)`: emit the enqueue stub at the block head, for a ring of that many
+    /// entries (the monitor is on). `None`: no stub.
+    pub enqueue: Option<u64>,
     /// The gateway routines' addresses.
     pub gateway: Gateway,
 }
@@ -144,35 +142,33 @@ pub(crate) fn assembled(
     })
 }
 
-/// What an enqueue stub does when the ring budget is 0 (ring full, or a signal pending).
+/// What an enqueue stub does when the ring's lap is full (`cursor == 0`).
 #[derive(Clone, Copy)]
 pub(crate) enum Slow {
     /// Exit with `EXIT_RING_FULL`, resuming at the stub's entry afterwards (a block or
-    /// superblock head: a pending signal is delivered before it).
+    /// superblock head).
     Resume,
     /// Exit through exit index `n` (a superblock's side exit: the dispatcher enqueues the event
     /// itself and goes on at the exit's target).
     Exit(u32),
 }
 
-/// Offsets (from the assembler's start) of an emitted enqueue stub.
-pub(crate) struct StubOffsets {
-    /// The stub's entry: where control arrives.
-    pub entry: u64,
-    /// `[start, end)` in which the budget is between its load and its store (see
-    /// [`HostLayout::stub_window`]).
-    pub window: (u64, u64),
-}
-
-/// Appends an enqueue stub for event `event`: its slow path first, then the entry, which
-/// checks the budget (`jrcxz` to the slow path), stores `event` at `entries[head++]` and gives
-/// RCX back. Flag-free; RCX is borrowed through `scratch_rcx`.
+/// Appends an enqueue stub for event `event` on a ring of `ring_entries` entries: its slow
+/// path first, then the entry, which loads the ring's cursor (`jrcxz` to the slow path when
+/// the lap is full), stores `event` at `entries_end[cursor]`, advances the cursor and gives
+/// RCX back. Flag-free; RCX is borrowed through `scratch_rcx`. Returns the entry's offset
+/// from the assembler's start.
+///
+/// The cursor is the only state: a signal that interrupts the stub needs no repair (it
+/// unlinks the blocks instead, see `signals`), and a stub interrupted after its entry store
+/// but before its cursor store just stores the same slot again.
 pub(crate) fn enqueue_stub(
     ops: &mut VecAssembler<X64Relocation>,
     event: u32,
+    ring_entries: u64,
     slow: Slow,
     exit_addr: usize,
-) -> StubOffsets {
+) -> u64 {
     let entry_label = ops.new_dynamic_label();
     let slow_label = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; =>slow_label);
@@ -192,32 +188,19 @@ pub(crate) fn enqueue_stub(
         ),
     }
     let entry = ops.offset().0 as u64;
+    let entries_end = off::entries_end(ring_entries);
     dynasm!(ops
         ; .arch x64
         ; =>entry_label
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-    );
-    let window_start = ops.offset().0 as u64;
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov rcx, QWORD [off::RING_BUDGET]
+        ; .u8 GS ; mov rcx, QWORD [off::RING_CURSOR]
         ; jrcxz =>slow_label
-        ; lea rcx, [rcx - 1]
-        ; .u8 GS ; mov QWORD [off::RING_BUDGET], rcx
-    );
-    let window_end = ops.offset().0 as u64;
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov rcx, QWORD [off::RING_HEAD]
-        ; .u8 GS ; mov DWORD [rcx * 4 + off::ENTRIES], event as i32
+        ; .u8 GS ; mov DWORD [rcx * 4 + entries_end], event as i32
         ; lea rcx, [rcx + 1]
-        ; .u8 GS ; mov QWORD [off::RING_HEAD], rcx
+        ; .u8 GS ; mov QWORD [off::RING_CURSOR], rcx
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
     );
-    StubOffsets {
-        entry,
-        window: (window_start, window_end),
-    }
+    entry
 }
 
 /// Emits `block` (id `id`) for host address `at`; its exits get indices from `first_exit`.
@@ -239,21 +222,18 @@ pub fn emit_block(
     };
 
     // Monitor on: the ring slow path and the enqueue stub, which exits at the block entry when
-    // `budget` is 0 (ring full, or a pending signal). Monitor off: nothing; a pending signal
-    // unlinks the blocks instead (see `signals`).
+    // the ring's lap is full. A pending signal unlinks the blocks instead (see `signals`).
     let mut layout = HostLayout {
         code_start: at.0,
         ..HostLayout::default()
     };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let entry;
-    if cx.enqueue {
-        let stub = enqueue_stub(&mut ops, id.0, Slow::Resume, exit_addr);
-        entry = HostAddr(code.base + stub.entry);
-        layout.stub_window = (code.base + stub.window.0, code.base + stub.window.1);
+    if let Some(ring_entries) = cx.enqueue {
+        let stub = enqueue_stub(&mut ops, id.0, ring_entries, Slow::Resume, exit_addr);
+        entry = HostAddr(code.base + stub);
     } else {
         entry = HostAddr(code.base);
-        layout.stub_window = (entry.0, entry.0);
     }
     layout.entry = entry.0;
     layout.guest_start = block.start.0;

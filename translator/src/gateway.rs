@@ -15,7 +15,7 @@ use crate::TranslateError;
 /// The GS segment-override prefix byte.
 pub const GS: u8 = 0x65;
 
-/// `exit_code` value: the enqueue stub found the ring's budget used up; resume at `resume`.
+/// `exit_code` value: the enqueue stub found the ring's lap full; resume at `resume`.
 pub const EXIT_RING_FULL: u32 = u32::MAX - 1;
 /// `exit_code` value: an indirect branch missed the lookup table; the guest target is in
 /// `ibl_target`.

@@ -107,9 +107,11 @@ pub fn emit_superblock(
     let mut side_sites: Vec<(usize, usize, Cold)> = Vec::new();
 
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
-    let stub = enqueue_stub(&mut ops, sb.0, Slow::Resume, exit_addr);
-    let entry = HostAddr(code.base + stub.entry);
-    let stub_window = (code.base + stub.window.0, code.base + stub.window.1);
+    let ring_entries = cx
+        .enqueue
+        .expect("superblocks are built only when the monitor is on");
+    let stub = enqueue_stub(&mut ops, sb.0, ring_entries, Slow::Resume, exit_addr);
+    let entry = HostAddr(code.base + stub);
     code.append(assembled(ops, "superblock entry")?);
 
     for (i, block) in blocks.iter().enumerate() {
@@ -118,7 +120,6 @@ pub fn emit_superblock(
             code_start: if i == 0 { code.base } else { start },
             entry: if i == 0 { entry.0 } else { start },
             guest_start: block.start.0,
-            stub_window: if i == 0 { stub_window } else { (start, start) },
             trace_exit: Some(side_exit_id(sb, i).0),
             ..HostLayout::default()
         };
@@ -267,7 +268,13 @@ pub fn emit_superblock(
                 },
             },
         });
-        let stub = enqueue_stub(&mut ops, marker.0, Slow::Exit(slow_index), exit_addr);
+        let stub = enqueue_stub(
+            &mut ops,
+            marker.0,
+            ring_entries,
+            Slow::Exit(slow_index),
+            exit_addr,
+        );
         let guest = match cold {
             Cold::Direct(target) => {
                 let l = ops.new_dynamic_label();
@@ -291,7 +298,7 @@ pub fn emit_superblock(
             }
         };
         code.append(assembled(ops, "side exit")?);
-        let stub_entry = start + stub.entry;
+        let stub_entry = start + stub;
         let rel = stub_entry as i64 - (code.base as i64 + rel32_off as i64 + 4);
         let rel = i32::try_from(rel).expect("a superblock is smaller than 2 GiB");
         code.bytes[rel32_off..rel32_off + 4].copy_from_slice(&rel.to_le_bytes());
@@ -299,7 +306,6 @@ pub fn emit_superblock(
             code_start: start,
             entry: stub_entry,
             guest_start: guest,
-            stub_window: (start + stub.window.0, start + stub.window.1),
             // Nothing here is a guest instruction: a fault would be hotpath's own.
             term_start: code.addr(),
             term_guest: guest,

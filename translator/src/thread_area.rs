@@ -123,11 +123,17 @@ pub mod off {
     pub const RESUME: i32 = offset_of!(ThreadArea, resume) as i32;
     pub const IBL_TARGET: i32 = offset_of!(ThreadArea, ibl_target) as i32;
     pub const JUMP_TO: i32 = offset_of!(ThreadArea, jump_to) as i32;
-    pub const RING_HEAD: i32 = (offset_of!(ThreadArea, ring) + RingControl::HEAD_OFFSET) as i32;
-    pub const RING_BUDGET: i32 = (offset_of!(ThreadArea, ring) + RingControl::BUDGET_OFFSET) as i32;
+    pub const RING_CURSOR: i32 = (offset_of!(ThreadArea, ring) + RingControl::CURSOR_OFFSET) as i32;
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
+
+    /// GS offset of the end of a ring of `ring_entries` entries (the stub stores at
+    /// `ENTRIES_END + 4 * cursor`, with a cursor in `[-ring_entries, 0)`).
+    pub fn entries_end(ring_entries: u64) -> i32 {
+        i32::try_from(ENTRIES_OFFSET as u64 + 4 * ring_entries)
+            .expect("the ring's entries are within 2 GiB of the thread area (MAX_RING_ENTRIES)")
+    }
 }
 
 impl ThreadArea {

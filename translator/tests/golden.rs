@@ -17,6 +17,8 @@ use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 const GUEST: u64 = 0x1000_0000;
 /// Host address every block is emitted for (only assembled, never run).
 const HOST: u64 = 0x2000_0000;
+/// Ring capacity the stubs are emitted for (hotpath's default).
+const RING_ENTRIES: u64 = hotpath_events::DEFAULT_RING_ENTRIES;
 
 const GATEWAY: Gateway = Gateway {
     enter: HostAddr(HOST - 0x1000),
@@ -79,7 +81,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         block.body.len(),
         block.len_bytes
     );
-    for enqueue in [true, false] {
+    for enqueue in [Some(RING_ENTRIES), None] {
         let cx = EmitContext {
             enqueue,
             gateway: GATEWAY,
@@ -88,7 +90,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         writeln!(
             out,
             "\n## monitor {} (entry {:#x}, {} exits)",
-            if enqueue { "on" } else { "off" },
+            if enqueue.is_some() { "on" } else { "off" },
             e.entry.0,
             e.exits.len()
         )
@@ -117,7 +119,7 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
         writeln!(out, "block {}: {:?}", b.start, b.terminator).unwrap();
     }
     let cx = EmitContext {
-        enqueue: true,
+        enqueue: Some(RING_ENTRIES),
         gateway: GATEWAY,
     };
     let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");

@@ -12,7 +12,10 @@
 
 mod ring;
 
-pub use ring::{ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats};
+pub use ring::{
+    ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,
+    MIN_POLL_INTERVAL,
+};
 
 /// Events with this bit set are not block ids but guest system calls: the low 31 bits are the
 /// system call number. The dispatcher enqueues one after the block that ends in `syscall`, in

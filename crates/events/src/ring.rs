@@ -8,22 +8,33 @@
 //!
 //! # Protocol
 //!
-//! Positions are indices in `[0, capacity]`; `capacity` is a power of two. One slot always
-//! stays empty, so `head == tail` means empty.
+//! Positions are absolute event numbers (`u64`, never reset); position `p` is stored at index
+//! `p % capacity`. The producer fills the array one *lap* at a time, from index 0 to its end.
 //!
-//! * The **producer** (emitted code of one guest thread, and that thread's Rust code when it
-//!   refills) owns `head` and `budget`, on a cache line no other thread reads. Each event: if
-//!   `budget == 0` leave the code cache and call [`RingProducer::refill`]; else
-//!   `budget -= 1; entries[head] = id; head += 1`. `budget` never lets `head` pass `capacity`
-//!   nor catch up with `tail - 1`, and is at most `capacity / REFILL_FRACTION`; at
-//!   `head == capacity` the refill wraps `head` to 0.
-//! * The producer **publishes** by copying `head` into `published` (its own cache line) with a
-//!   `Release` store: at every refill, every event pushed from Rust, and on close. Publishing
-//!   in chunks, not per event, is what keeps the consumer's polling off the line the stub
-//!   writes at every block (each poll would otherwise cost the guest a cache-line transfer).
-//! * The **consumer** (the monitor thread) owns `tail`. It loads `published` with `Acquire`,
-//!   reads entries from `tail` up to it (wrapping `tail` from `capacity` to 0), then stores
-//!   `tail` with `Release`, which hands the slots back.
+//! * The **producer** (emitted code of one guest thread, and that thread's Rust code) owns
+//!   `cursor` and `laps`, on a cache line no other thread writes. `cursor` is the producer's
+//!   index minus `capacity`, a two's-complement number in `[-capacity, 0]`, so that one
+//!   counter is both the slot address (`entries_end + 4 * cursor`) and the check (`0`: the
+//!   lap is full). Each event: if `cursor == 0` leave the code cache and call
+//!   [`RingProducer::refill`]; else `entries[capacity + cursor] = id; cursor += 1`. That is
+//!   one load, two stores and a `jrcxz` per event, and no flag is touched. The producer's
+//!   head position is `laps * capacity + capacity + cursor`.
+//! * The **refill** at the end of a lap waits until the consumer has read every event of it,
+//!   then starts the next lap: `cursor = -capacity`, then `laps += 1` (both `Release`; in that
+//!   order, see the consumer). A whole lap is granted at once because the stub cannot check a
+//!   limit other than 0; waiting for the consumer to catch up costs the guest one wait per lap
+//!   (the consumer reads continuously, see below, so it is only the consumer's lag).
+//! * The **consumer** (the monitor thread) owns `tail` (an absolute position). It loads `laps`
+//!   and then `cursor` (`Acquire`) and reads the entries from `tail` up to the head they give.
+//!   On x86 each stub store is a release store, so every entry before the cursor it loads is
+//!   visible. Loading `laps` first makes a torn read harmless: a wrap between the two loads
+//!   gives a head at or below `tail` (the producer wraps only once `tail` reached its lap's
+//!   end), which reads as "nothing yet". It then stores `tail` with `Release`, which hands
+//!   the slots back.
+//! * The consumer reads the producer's line on every poll, and each read costs the producer a
+//!   cache-line transfer at its next event: the consumer polls at most every
+//!   [`MIN_POLL_INTERVAL`] unless it found a full batch, and never reads the line of entries the
+//!   producer is still filling.
 //!
 //! Nothing is ever dropped: a producer with no room waits (spin with crossbeam's `Backoff`,
 //! then sleep in short naps) until the consumer frees room; the wait is counted.
@@ -32,11 +43,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam::utils::Backoff;
-
-/// A refill waits until at least `capacity / REFILL_FRACTION` slots are free (or the end of
-/// the array is reached), so that a consumer running behind does not make the producer leave
-/// the code cache once per event.
-pub const REFILL_FRACTION: u64 = 8;
 
 /// How long a producer waiting for room spins before it sleeps.
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
@@ -48,58 +54,50 @@ const LINE_ENTRIES: u64 = 16;
 /// keep the consumer off the cache lines the producer is writing.
 pub const MAX_BATCH: u64 = 4096;
 
-/// The producer's cache line: written by the guest thread only.
+/// Shortest time between two polls of a consumer that found less than a batch: each poll
+/// moves the producer's cache line to the consumer's core, and the producer pays for it
+/// (about 100 ns) at its next event. A batch of 4096 events takes a guest several
+/// microseconds to write.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_micros(2);
+
+/// The producer's cache line: written by the guest thread only, read by the consumer.
 #[repr(C, align(128))]
 pub struct ProducerSide {
-    /// Position one past the last published entry, in `[0, capacity]`.
-    pub head: AtomicU64,
-    /// Events the stub may still enqueue before it must call [`RingProducer::refill`].
-    pub budget: AtomicU64,
+    /// The producer's index minus `capacity` (two's complement, in `[-capacity, 0]`): the next
+    /// event goes to `entries[capacity + cursor]`; 0 means the lap is full.
+    pub cursor: AtomicU64,
+    /// Laps completed: the producer's head position is `laps * capacity + capacity + cursor`.
+    pub laps: AtomicU64,
     /// Number of times the producer found the ring full and waited.
     pub waits: AtomicU64,
     /// Total time spent waiting for room, in nanoseconds.
     pub wait_ns: AtomicU64,
 }
 
-/// The producer's published position: written by the guest thread's Rust code, read by the
-/// monitor.
-#[repr(C, align(128))]
-pub struct PublishedSide {
-    /// A copy of `producer.head` as of the last publication: entries before it are readable.
-    pub head: AtomicU64,
-}
-
 /// The consumer's cache line: written by the monitor thread only.
 #[repr(C, align(128))]
 pub struct ConsumerSide {
-    /// Position of the next entry to read, in `[0, capacity]`.
+    /// Absolute position of the next event to read (events before it are consumed).
     pub tail: AtomicU64,
-    /// Events consumed in all (a free-running counter, for statistics).
-    pub consumed: AtomicU64,
 }
 
 /// Control block of one ring. Shared by one producer thread and one consumer thread.
 #[repr(C)]
 pub struct RingControl {
-    /// Written by the producer only; read by nobody else.
-    pub producer: ProducerSide,
     /// Written by the producer only, read by the consumer.
-    pub published: PublishedSide,
-    /// Written by the consumer only.
+    pub producer: ProducerSide,
+    /// Written by the consumer only, read by the producer when it ends a lap.
     pub consumer: ConsumerSide,
     /// Number of entries; a power of two, immutable after creation.
     pub capacity: u64,
-    /// Set to 1 by the producer (Release) once it will publish no more events.
+    /// Set to 1 by the producer (Release) once it will write no more events.
     pub closed: AtomicU64,
 }
 
 impl RingControl {
-    /// Byte offset of `producer.head` in the control block (read and written by the stub).
-    pub const HEAD_OFFSET: usize =
-        std::mem::offset_of!(RingControl, producer) + std::mem::offset_of!(ProducerSide, head);
-    /// Byte offset of `producer.budget` in the control block (read and written by the stub).
-    pub const BUDGET_OFFSET: usize =
-        std::mem::offset_of!(RingControl, producer) + std::mem::offset_of!(ProducerSide, budget);
+    /// Byte offset of `producer.cursor` in the control block (read and written by the stub).
+    pub const CURSOR_OFFSET: usize =
+        std::mem::offset_of!(RingControl, producer) + std::mem::offset_of!(ProducerSide, cursor);
 
     /// A control block for an empty ring of `capacity` entries.
     ///
@@ -113,17 +111,13 @@ impl RingControl {
         );
         RingControl {
             producer: ProducerSide {
-                head: AtomicU64::new(0),
-                budget: AtomicU64::new(0),
+                cursor: AtomicU64::new(capacity.wrapping_neg()),
+                laps: AtomicU64::new(0),
                 waits: AtomicU64::new(0),
                 wait_ns: AtomicU64::new(0),
             },
-            published: PublishedSide {
-                head: AtomicU64::new(0),
-            },
             consumer: ConsumerSide {
                 tail: AtomicU64::new(0),
-                consumed: AtomicU64::new(0),
             },
             capacity,
             closed: AtomicU64::new(0),
@@ -132,10 +126,24 @@ impl RingControl {
 
     /// Empties the ring (a forked child's, for its new consumer).
     pub fn reset(&self) {
-        self.producer.head.store(0, Ordering::Relaxed);
-        self.producer.budget.store(0, Ordering::Relaxed);
-        self.published.head.store(0, Ordering::Relaxed);
+        self.producer
+            .cursor
+            .store(self.capacity.wrapping_neg(), Ordering::Relaxed);
+        self.producer.laps.store(0, Ordering::Relaxed);
         self.consumer.tail.store(0, Ordering::Relaxed);
+    }
+
+    /// The producer's head position as the consumer may read it: every event before it has
+    /// been written. Loads `laps` before `cursor` (see the module doc), so a concurrent wrap
+    /// yields a position at or below the consumer's tail, never past the real head. Also
+    /// returns whether the producer's lap is full (it waits for the consumer).
+    fn head(&self) -> (u64, bool) {
+        let laps = self.producer.laps.load(Ordering::Acquire);
+        let cursor = self.producer.cursor.load(Ordering::Acquire);
+        let head = (laps * self.capacity)
+            .wrapping_add(self.capacity)
+            .wrapping_add(cursor);
+        (head, cursor == 0)
     }
 }
 
@@ -148,7 +156,7 @@ pub struct WaitStats {
     pub wait_ns: u64,
 }
 
-/// The producer's Rust-side handle: refills the stub's budget.
+/// The producer's Rust-side handle: events pushed from Rust, and the refill at a lap's end.
 pub struct RingProducer {
     ctrl: *const RingControl,
     entries: *mut u32,
@@ -169,26 +177,19 @@ impl RingProducer {
         RingProducer { ctrl, entries }
     }
 
-    /// Enqueues one event from Rust, as the emitted stub does, and publishes it.
+    /// Enqueues one event from Rust, as the emitted stub does.
     pub fn push(&self, event: u32) {
         let ctrl = self.ctrl();
-        if ctrl.producer.budget.load(Ordering::Relaxed) == 0 {
-            self.refill();
-        }
-        ctrl.producer.budget.fetch_sub(1, Ordering::Relaxed);
-        let head = ctrl.producer.head.load(Ordering::Relaxed);
-        // SAFETY: a budget of at least one guarantees `head < capacity` and a free slot.
-        unsafe { self.entries.add(head as usize).write_volatile(event) };
-        ctrl.producer.head.store(head + 1, Ordering::Relaxed);
-        self.publish();
-    }
-
-    /// Makes every event enqueued so far readable by the consumer.
-    pub fn publish(&self) {
-        let ctrl = self.ctrl();
-        let head = ctrl.producer.head.load(Ordering::Relaxed);
-        // Release: the entries were stored before (by this thread, in the stub or `push`).
-        ctrl.published.head.store(head, Ordering::Release);
+        self.refill();
+        let cursor = ctrl.producer.cursor.load(Ordering::Relaxed);
+        let index = ctrl.capacity.wrapping_add(cursor);
+        // SAFETY: after `refill` the cursor is below 0, so `index < capacity`, and the slot
+        // belongs to the producer's lap, which the consumer has handed back.
+        unsafe { self.entries.add(index as usize).write_volatile(event) };
+        // Release: the entry is visible before the cursor that covers it.
+        ctrl.producer
+            .cursor
+            .store(cursor.wrapping_add(1), Ordering::Release);
     }
 
     fn ctrl(&self) -> &RingControl {
@@ -196,28 +197,22 @@ impl RingProducer {
         unsafe { &*self.ctrl }
     }
 
-    /// Makes room for at least one event: wraps `head` at the end of the array, waits while
-    /// the ring is full, and sets `budget` to the number of events the stub may write before
-    /// it must call again (at least 1).
+    /// If the producer's lap is full (`cursor == 0`), waits until the consumer has read all of
+    /// it and starts the next one; otherwise does nothing. Afterwards at least one event
+    /// (a whole lap, after a wrap) can be enqueued.
     pub fn refill(&self) {
         let ctrl = self.ctrl();
-        let cap = ctrl.capacity;
-        let mut head = ctrl.producer.head.load(Ordering::Relaxed);
-        if head == cap {
-            // The consumer treats a tail of `capacity` as 0, so publishing 0 here is safe.
-            head = 0;
-            ctrl.producer.head.store(0, Ordering::Relaxed);
+        if ctrl.producer.cursor.load(Ordering::Relaxed) != 0 {
+            return;
         }
-        self.publish();
-        // Wait for a worthwhile amount of room, not one slot: each refill costs the guest a
-        // trip out of the code cache, so refilling a nearly full ring slot by slot would cost
-        // far more than waiting for the consumer to catch up.
-        let want = (cap / REFILL_FRACTION).clamp(1, cap - head);
-        let mut budget = self.room(head);
-        if budget < want {
+        let cap = ctrl.capacity;
+        let laps = ctrl.producer.laps.load(Ordering::Relaxed);
+        let lap_end = (laps + 1) * cap;
+        let consumed = || ctrl.consumer.tail.load(Ordering::Acquire) == lap_end;
+        if !consumed() {
             let started = Instant::now();
             let backoff = Backoff::new();
-            while budget < want {
+            while !consumed() {
                 // The consumer runs on another core and frees room within microseconds; a
                 // sleep would oversleep by tens of them, so spin first and sleep only when the
                 // consumer seems stalled.
@@ -228,36 +223,23 @@ impl RingProducer {
                 } else {
                     std::thread::sleep(Duration::from_micros(50));
                 }
-                budget = self.room(head);
             }
             ctrl.producer.waits.fetch_add(1, Ordering::Relaxed);
             ctrl.producer
                 .wait_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
-        // At most a chunk: the consumer sees events only when they are published.
+        // The cursor first, then the lap count: a consumer that sees the new count sees the
+        // new cursor too (see `RingControl::head`).
         ctrl.producer
-            .budget
-            .store(budget.min(want), Ordering::Relaxed);
-    }
-
-    /// Slots the producer at `head` may fill now without wrapping: free slots (keeping one
-    /// empty), capped at the end of the array.
-    fn room(&self, head: u64) -> u64 {
-        let ctrl = self.ctrl();
-        let cap = ctrl.capacity;
-        let tail = ctrl.consumer.tail.load(Ordering::Acquire) % cap;
-        let occupied = head.wrapping_sub(tail) & (cap - 1);
-        let free = cap - 1 - occupied;
-        free.min(cap - head)
+            .cursor
+            .store(cap.wrapping_neg(), Ordering::Release);
+        ctrl.producer.laps.store(laps + 1, Ordering::Release);
     }
 
     /// Marks the ring closed: no event will follow. The consumer drains what is left.
     pub fn close(&self) {
-        let ctrl = self.ctrl();
-        ctrl.producer.budget.store(0, Ordering::Relaxed);
-        self.publish();
-        ctrl.closed.store(1, Ordering::Release);
+        self.ctrl().closed.store(1, Ordering::Release);
     }
 
     /// Reopens a closed ring (a forked child, whose new consumer starts from the current
@@ -282,8 +264,8 @@ pub struct RingConsumer {
     entries: *const u32,
 }
 
-// SAFETY: the consumer only reads entries the producer has published (Acquire on `head`) and
-// writes only `tail`/`consumed`; `new`'s contract keeps the memory alive.
+// SAFETY: the consumer only reads entries the producer has written (Acquire on `cursor`) and
+// writes only `tail`; `new`'s contract keeps the memory alive.
 unsafe impl Send for RingConsumer {}
 
 impl RingConsumer {
@@ -301,57 +283,46 @@ impl RingConsumer {
         unsafe { &*self.ctrl }
     }
 
-    /// Hands published events to `sink` in FIFO order, as at most two contiguous slices (the
-    /// second when the events wrap around the end of the array), then frees their slots.
-    /// Returns the number of events drained.
+    /// Hands written events to `sink` in FIFO order, as contiguous slices of the array, then
+    /// frees their slots. Returns the number of events drained.
     ///
-    /// With `all == false` it drains only when at least [`batch`](Self::batch) events wait, and
-    /// stops at a cache-line boundary: reading the line the producer is still filling would
-    /// bounce it between the two cores at every event. With `all == true` (the producer has
-    /// closed the ring) it drains everything.
+    /// With `all == false` it drains only when at least [`batch`](Self::batch) events wait or
+    /// the producer's lap is full (it waits for this drain), and otherwise stops at a
+    /// cache-line boundary: reading the line the producer is still filling would bounce it
+    /// between the two cores at every event. With `all == true` (the producer has closed the
+    /// ring) it drains everything.
     pub fn drain(&mut self, all: bool, mut sink: impl FnMut(&[u32])) -> u64 {
         let ctrl = self.ctrl();
         let cap = ctrl.capacity;
-        let mut head = ctrl.published.head.load(Ordering::Acquire);
+        let (mut head, lap_full) = ctrl.head();
         let mut tail = ctrl.consumer.tail.load(Ordering::Relaxed);
-        if !all {
-            let waiting = (head % cap).wrapping_sub(tail % cap) & (cap - 1);
-            if waiting < self.batch() {
+        if head <= tail {
+            return 0;
+        }
+        if !all && !lap_full {
+            if head - tail < self.batch() {
                 return 0;
             }
             let line_start = head & !(LINE_ENTRIES - 1);
-            if head > tail && line_start > tail && line_start - tail >= self.batch() {
+            if line_start > tail && line_start - tail >= self.batch() {
                 head = line_start;
             }
         }
-        let mut n = 0;
-        loop {
-            if tail == cap {
-                if head == cap {
-                    break;
-                }
-                tail = 0;
-            }
-            if tail == head {
-                break;
-            }
-            // Entries [tail, end) are published: up to head, or to the end of the array when
-            // the producer has wrapped.
-            let end = if head > tail { head } else { cap };
-            // SAFETY: the range is inside the array and was published before `head` (Acquire);
-            // the producer does not write it until we store a `tail` past it.
+        let start = tail;
+        while tail < head {
+            let index = tail % cap;
+            let len = (head - tail).min(cap - index);
+            // SAFETY: the range is inside the array and was written before the cursor we
+            // loaded (Acquire); the producer does not write it again until we store a `tail`
+            // past the end of its lap.
             let events = unsafe {
-                std::slice::from_raw_parts(self.entries.add(tail as usize), (end - tail) as usize)
+                std::slice::from_raw_parts(self.entries.add(index as usize), len as usize)
             };
             sink(events);
-            n += end - tail;
-            tail = end;
+            tail += len;
         }
-        if n > 0 {
-            ctrl.consumer.tail.store(tail, Ordering::Release);
-            ctrl.consumer.consumed.fetch_add(n, Ordering::Relaxed);
-        }
-        n
+        ctrl.consumer.tail.store(tail, Ordering::Release);
+        tail - start
     }
 
     /// Fewest waiting events worth a drain: a quarter of the ring, at most [`MAX_BATCH`].
@@ -369,38 +340,59 @@ impl RingConsumer {
 mod tests {
     use super::*;
 
+    /// Pushes `n` events through a ring of `cap` entries to a consumer on another thread that
+    /// pauses for `pause` after every `pause_every`-th poll (so that it is sometimes a whole lap
+    /// behind, sometimes right behind the producer) and returns what the consumer saw.
+    fn run_ring(cap: u64, n: u32, pause_every: u32, pause: Duration) -> Vec<u32> {
+        let ctrl = Box::leak(Box::new(RingControl::new(cap)));
+        let entries: &'static mut [u32] = Box::leak(vec![0u32; cap as usize].into_boxed_slice());
+        let entries_ptr = entries.as_mut_ptr();
+        // SAFETY: both are leaked, so they outlive the handles; one consumer.
+        let mut cons = unsafe { RingConsumer::new(ctrl, entries_ptr) };
+        let entries_ptr = entries_ptr as usize as *mut u32;
+        let ctrl_addr = ctrl as *const RingControl as usize;
+        let consumer = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for poll in 1.. {
+                let closed = cons.is_closed();
+                cons.drain(false, |ids| seen.extend_from_slice(ids));
+                if closed {
+                    cons.drain(true, |ids| seen.extend_from_slice(ids));
+                    return seen;
+                }
+                if poll % pause_every == 0 {
+                    std::thread::sleep(pause);
+                }
+            }
+            unreachable!()
+        });
+        // SAFETY: leaked control block; this thread is the only producer.
+        let prod = unsafe { RingProducer::new(ctrl_addr as *const RingControl, entries_ptr) };
+        for id in 0..n {
+            prod.push(id);
+        }
+        prod.close();
+        consumer.join().unwrap()
+    }
+
     #[test]
     fn fifo_across_threads_without_loss() {
         for cap in [4u64, 8, 64] {
-            let ctrl = Box::leak(Box::new(RingControl::new(cap)));
-            let entries: &'static mut [u32] =
-                Box::leak(vec![0u32; cap as usize].into_boxed_slice());
-            let entries_ptr = entries.as_mut_ptr();
-            // SAFETY: both are leaked, so they outlive the handles; one consumer.
-            let mut cons = unsafe { RingConsumer::new(ctrl, entries_ptr) };
-            let entries_ptr = entries_ptr as usize as *mut u32;
-            let ctrl_addr = ctrl as *const RingControl as usize;
-            let consumer = std::thread::spawn(move || {
-                let mut seen = Vec::new();
-                loop {
-                    let closed = cons.is_closed();
-                    cons.drain(false, |ids| seen.extend_from_slice(ids));
-                    if closed {
-                        cons.drain(true, |ids| seen.extend_from_slice(ids));
-                        return seen;
-                    }
-                }
-            });
-            // SAFETY: leaked control block; this thread is the only producer.
-            let prod = unsafe { RingProducer::new(ctrl_addr as *const RingControl, entries_ptr) };
-            let n = 20_000u32;
-            for id in 0..n {
-                prod.push(id);
+            for (pause_every, pause) in [(u32::MAX, Duration::ZERO), (7, Duration::from_micros(20))]
+            {
+                let n = 20_000u32;
+                let seen = run_ring(cap, n, pause_every, pause);
+                assert_eq!(seen.len(), n as usize, "capacity {cap}");
+                assert!(seen.iter().enumerate().all(|(i, &id)| i as u32 == id));
             }
-            prod.close();
-            let seen = consumer.join().unwrap();
-            assert_eq!(seen.len(), n as usize, "capacity {cap}");
-            assert!(seen.iter().enumerate().all(|(i, &id)| i as u32 == id));
         }
+    }
+
+    #[test]
+    fn positions_survive_many_laps() {
+        // 4096 laps of a 16-entry ring, with the consumer sometimes asleep for a whole lap.
+        let n = 65_536u32;
+        let seen = run_ring(16, n, 3, Duration::from_micros(5));
+        assert_eq!(seen, (0..n).collect::<Vec<_>>());
     }
 }

@@ -121,21 +121,8 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         // Interrupted on its way into a system call: do not let the call block.
         gregs[REG_RIP] = refused as i64;
     }
-    if shared.unlink_mode && !shared.critical.load(Ordering::SeqCst) {
+    if !shared.critical.load(Ordering::SeqCst) {
         unlink_all(shared, area);
-    }
-    area.ring.producer.budget.store(0, Ordering::Relaxed);
-    if in_cache {
-        // SAFETY: as above, the PC is in translated code.
-        let layouts = unsafe { &*shared.layouts.get() };
-        if let Some((_, l)) = layouts.range(..=pc).next_back() {
-            if pc >= l.stub_window.0 && pc < l.stub_window.1 {
-                // The check was between reading and rewriting the budget: run it again from
-                // the entry, with the guest's RCX back, so it sees the zero.
-                gregs[REG_RCX] = area.scratch_rcx as i64;
-                gregs[REG_RIP] = (l.stub_window.0 - STUB_SAVE_RCX_LEN) as i64;
-            }
-        }
     }
     if switched {
         write_fs(shared.fsgsbase, fs);
@@ -170,10 +157,6 @@ fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
         slot.neg_guest = 1;
     }
 }
-
-/// Length in bytes of the entry's first instruction, `mov gs:[scratch_rcx], rcx`, which comes
-/// right before the stub window.
-const STUB_SAVE_RCX_LEN: u64 = 9;
 
 /// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
 /// guest's values at the faulting instruction and returns its guest address (with the

@@ -12,8 +12,10 @@
 //! `rt_sigsuspend` and `rt_sigtimedwait` pass through.
 //!
 //! * An asynchronous signal is recorded as pending and the thread is made to leave the code
-//!   cache at the next block entry (DynamoRIO-style delivery at a safe point): the handler
-//!   zeroes the safe-point budget that every block entry checks. A blocking system call made on
+//!   cache at the next block boundary (DynamoRIO-style delivery at a safe point): the handler
+//!   points every chained branch back at its exit stub and empties the indirect branch
+//!   lookup table, so the next control transfer leaves the cache (the links are made again,
+//!   lazily, as the exits are taken). A blocking system call made on
 //!   the guest's behalf returns EINTR instead. The dispatcher then builds the guest's frame.
 //! * A synchronous fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP raised by a guest
 //!   instruction in the cache) is mapped back to the faulting guest instruction through the
@@ -142,11 +144,6 @@ pub struct HandlerShared {
     cache: (u64, u64),
     exit_from_signal: u64,
     fsgsbase: bool,
-    /// Block entries have no budget check (`--no-monitor`): a pending signal unlinks every
-    /// chained branch and empties the indirect branch lookup table instead, so the thread
-    /// returns to the dispatcher at its next block boundary, and the links are made again,
-    /// lazily, as the exits are taken.
-    unlink_mode: bool,
     /// Set by the dispatcher while it changes the exit table or the code cache: the handler
     /// must not unlink then (the dispatcher checks for pending signals before it enters).
     critical: std::sync::atomic::AtomicBool,
@@ -214,8 +211,6 @@ pub struct HandlerSetup {
     pub exit_from_signal: u64,
     /// `rdfsbase`/`wrfsbase` are usable.
     pub fsgsbase: bool,
-    /// `--no-monitor`: signals unlink blocks instead of zeroing the ring budget.
-    pub unlink_mode: bool,
     /// Executable-view address + `rw_delta` = writable-view address of a code byte.
     pub rw_delta: u64,
     /// Bytes of the XSAVE image copied into signal frames.
@@ -251,7 +246,6 @@ impl SignalState {
             cache,
             exit_from_signal,
             fsgsbase,
-            unlink_mode,
             rw_delta,
             xsave_size,
             xsave_mask,
@@ -264,7 +258,6 @@ impl SignalState {
             cache,
             exit_from_signal,
             fsgsbase,
-            unlink_mode,
             critical: std::sync::atomic::AtomicBool::new(true),
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
