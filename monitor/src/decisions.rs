@@ -15,7 +15,7 @@
 //! call or a trap, or grows too long; a trace that runs into a superblock takes over that
 //! superblock's blocks and ends with them.
 //! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
-//! event (and one budget check) covers several iterations.
+//! event (and one full-ring check) covers several iterations.
 
 use hotpath_events::{Command, IdKind, MAX_TRACE_BLOCKS};
 use hotpath_ir::{BlockId, Terminator};

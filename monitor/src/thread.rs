@@ -122,7 +122,7 @@ fn drain_loop(
         busy_ns,
     } = &mut state;
     loop {
-        // Read `closed` before draining: everything published before the close is visible
+        // Read `closed` before draining: everything written before the close is visible
         // to this drain.
         let closed = ring.is_closed();
         let started = Instant::now();

@@ -159,9 +159,8 @@ pub(crate) enum Slow {
 /// RCX back. Flag-free; RCX is borrowed through `scratch_rcx`. Returns the entry's offset
 /// from the assembler's start.
 ///
-/// The cursor is the only state: a signal that interrupts the stub needs no repair (it
-/// unlinks the blocks instead, see `signals`), and a stub interrupted after its entry store
-/// but before its cursor store just stores the same slot again.
+/// The cursor is the only state and a signal handler never touches it (a pending signal
+/// unlinks the blocks instead, see `signals`), so a stub a signal interrupts just finishes.
 pub(crate) fn enqueue_stub(
     ops: &mut VecAssembler<X64Relocation>,
     event: u32,
