@@ -4,7 +4,7 @@
 //! PAP (Wang, Li, Zhou 2012, §3) profiles an activation's whole cyclic path — the run of
 //! acyclic paths between its entry and its exit — and counts each distinct run. Online, a run
 //! is a node of this trie: every path end steps the activation's node to the child for that
-//! path number (through the node's one-entry cache of its last child, then a direct-mapped
+//! path number (through the node's cache of the last two children taken, then a direct-mapped
 //! cache, then a hash map that holds the children of nodes with more than one), and the
 //! activation's end counts one run at its node. When the profile is taken, the heaviest runs
 //! are spelled (function, path numbers) and encoded with `hotpath_pathprof::Pap` by
@@ -40,10 +40,13 @@ struct PapNode {
     /// The child taken last: its path number and node ([`NONE`]: no child yet).
     last_path: u32,
     last_child: u32,
-    /// Whether its children are in `PapRuns::children`: not while it has only one (then
-    /// `last_child`), so a run no other has taken (a loop whose iterations follow the data)
-    /// grows one node per path without a hash-map probe.
-    mapped: bool,
+    /// The child taken last before `last_path` (a branch that goes either way alternates
+    /// between the two); [`NONE`] while it has only one child. Its children are in
+    /// `PapRuns::children` once it has two: not while it has one (then `last_child`), so a run
+    /// no other has taken (a loop whose iterations follow the data) grows one node per path
+    /// without a hash-map probe.
+    prev_path: u32,
+    prev_child: u32,
 }
 
 /// The PAP runs of every function: one trie, a root per function (`Function::pap_root`).
@@ -90,7 +93,8 @@ impl PapRuns {
             count: 0,
             last_path: NONE,
             last_child: NONE,
-            mapped: false,
+            prev_path: NONE,
+            prev_child: NONE,
         });
         (self.nodes.len() - 1) as u32
     }
@@ -99,11 +103,24 @@ impl PapRuns {
     /// past [`PAP_STORE_MAX`].
     #[inline]
     pub(crate) fn step(&mut self, t: u32, p: u32) -> u32 {
-        let n = &self.nodes[t as usize];
+        let n = &mut self.nodes[t as usize];
         if n.last_path == p {
             return n.last_child;
         }
-        let (only, mapped) = (n.last_path, n.mapped);
+        if n.prev_path == p {
+            let c = n.prev_child;
+            (n.prev_path, n.prev_child) = (n.last_path, n.last_child);
+            (n.last_path, n.last_child) = (p, c);
+            return c;
+        }
+        self.step_slow(t, p)
+    }
+
+    /// [`PapRuns::step`] to a child other than the last two taken.
+    #[cold]
+    fn step_slow(&mut self, t: u32, p: u32) -> u32 {
+        let n = &self.nodes[t as usize];
+        let (only, mapped) = (n.last_path, n.prev_path != NONE);
         let c = if only == NONE {
             // Its first child: not in the map.
             self.new_node(t, p)
@@ -114,7 +131,6 @@ impl PapRuns {
                 let first = self.nodes[t as usize].last_child;
                 self.children.insert((t, only), first);
                 self.children.insert((t, p), c);
-                self.nodes[t as usize].mapped = true;
             }
             c
         } else {
@@ -143,8 +159,8 @@ impl PapRuns {
         };
         if c != NONE {
             let n = &mut self.nodes[t as usize];
-            n.last_path = p;
-            n.last_child = c;
+            (n.prev_path, n.prev_child) = (n.last_path, n.last_child);
+            (n.last_path, n.last_child) = (p, c);
         }
         c
     }

@@ -689,17 +689,16 @@ impl PathRecorder {
     /// activation (what `count_path` and `end_path` do besides counting).
     #[cold]
     fn replay_ends(&mut self, memo: &Memo) {
-        let func = self.stack.last().expect("an activation").func;
-        for i in memo.ends..memo.ends + memo.nends as u32 {
-            let p = self.memo.ends[i as usize];
-            if let Some(k) = self.funcs[func as usize].kslab.as_mut() {
-                k.push(hotpath_pathprof::PathId(p as u64));
-            }
-            let top = self.stack.last_mut().expect("an activation");
-            if top.pap != NONE {
-                self.pap_runs.push(top, p);
+        let top = self.stack.last_mut().expect("an activation");
+        let ended = memo.ends as usize..memo.ends as usize + memo.nends as usize;
+        if self.config.k > 0 {
+            if let Some(k) = self.funcs[top.func as usize].kslab.as_mut() {
+                for &p in &self.memo.ends[ended.clone()] {
+                    k.push(hotpath_pathprof::PathId(p as u64));
+                }
             }
         }
+        push_pap_runs(&mut self.pap_runs, top, &self.memo.ends[ended], 1);
     }
 
     /// Steps the segment starting at position `pos` block by block from trie node `from`,

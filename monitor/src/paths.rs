@@ -87,6 +87,9 @@ pub const SHADOW_STACK_MAX: usize = 1 << 18;
 /// 100 000 stacks averaging 50 000 frames.
 pub const CALL_TREE_MAX_DEPTH: u32 = 128;
 
+/// Slots of the direct-mapped call-tree cache, a power of two (12 bytes each: 48 KiB).
+const CALL_CACHE_SLOTS: usize = 1 << 12;
+
 /// Path-key tag: the path starts at the function's entry.
 pub(crate) const START_ENTRY: u32 = 0;
 /// Path-key tag: the path starts just after a back edge (or mid-function after a resync).
@@ -374,6 +377,8 @@ pub struct PathRecorder {
     pub(crate) pap_runs: PapRuns,
     pub(crate) calltree: Vec<CallNode>,
     call_child: FxMap<(u32, u32), u32>,
+    /// Direct-mapped cache in front of `call_child`: (parent, function, child).
+    call_cache: Box<[(u32, u32, u32)]>,
     /// The last basic block stepped.
     pub(crate) prev: u32,
     /// Event-level state (see `path_memo`).
@@ -421,6 +426,7 @@ impl PathRecorder {
                 last_child: NONE,
             }],
             call_child: FxMap::default(),
+            call_cache: vec![(NONE, NONE, NONE); CALL_CACHE_SLOTS].into_boxed_slice(),
             prev: NONE,
             memo: MemoState::default(),
             expander: Expander::default(),
@@ -674,9 +680,33 @@ impl PathRecorder {
         p
     }
 
+    /// [`PathRecorder::call_child`] where it is cached: the child entered last under `parent`,
+    /// else the direct-mapped cache (a caller that calls several functions in turn); else
+    /// [`NONE`].
+    #[inline]
+    fn cached_call_child(&self, parent: u32, func: u32) -> u32 {
+        let p = &self.calltree[parent as usize];
+        // `last_func` is a real function only below CALL_TREE_MAX_DEPTH (see `call_child`).
+        if p.last_func == func {
+            return p.last_child;
+        }
+        let (cp, cf, c) = self.call_cache[cache_slot(parent, func, CALL_CACHE_SLOTS)];
+        if cp == parent && cf == func {
+            c
+        } else {
+            NONE
+        }
+    }
+
     /// The call-tree child of `parent` for `func`; past [`CALL_TREE_MAX_DEPTH`] frames, the
     /// one [`DEEPER`] node under the last kept frame (its own child).
     fn call_child(&mut self, parent: u32, func: u32) -> u32 {
+        let c = self.call_child_uncached(parent, func);
+        self.call_cache[cache_slot(parent, func, CALL_CACHE_SLOTS)] = (parent, func, c);
+        c
+    }
+
+    fn call_child_uncached(&mut self, parent: u32, func: u32) -> u32 {
         let p = &self.calltree[parent as usize];
         let func = if p.depth >= CALL_TREE_MAX_DEPTH {
             if p.func == DEEPER {
@@ -712,8 +742,57 @@ impl PathRecorder {
         c
     }
 
-    /// Starts an activation of `func` at block `id`.
+    /// Starts an activation of `func` at block `id`. The common case — the block's node and
+    /// trie root known, the call-tree child the one entered last under `parent_call`, room on
+    /// the stack, no k-slab forest — is a few loads and the frame's store; anything else goes
+    /// through [`PathRecorder::push_activation_slow`].
+    #[inline]
     fn push_activation(
+        &mut self,
+        func: u32,
+        return_to: u64,
+        parent_call: u32,
+        id: u32,
+        tables: &Tables,
+    ) {
+        let root = self.id_root[id as usize];
+        let call_node = self.cached_call_child(parent_call, func);
+        if root == NONE
+            || call_node == NONE
+            || self.id_node[id as usize].0 != func
+            || self.stack.len() >= SHADOW_STACK_MAX
+            || self.config.k > 0
+        {
+            return self.push_activation_slow(func, return_to, parent_call, id, tables);
+        }
+        let fun = &mut self.funcs[func as usize];
+        fun.activations += 1;
+        let pap = if fun.path_ends >= self.config.pap_threshold {
+            self.pap_runs.root(fun)
+        } else {
+            NONE
+        };
+        self.stack.push(Activation {
+            func,
+            return_to,
+            cur: root,
+            len: 1,
+            blocks: 0,
+            path_ends: 0,
+            last_addr: self.id_addr[id as usize],
+            pap,
+            pap_len: 0,
+            call_node,
+            resume: NONE,
+        });
+    }
+
+    /// [`PathRecorder::push_activation`] in general: makes room on a full stack, creates the
+    /// block's node and trie root and the call-tree child if new, starts the k-slab forest's
+    /// routine.
+    #[cold]
+    #[inline(never)]
+    fn push_activation_slow(
         &mut self,
         func: u32,
         return_to: u64,
@@ -771,11 +850,17 @@ impl PathRecorder {
         let p = self.path_of(a.cur, end);
         self.paths[p as usize].count += 1;
         if self.config.k > 0 {
-            if let Some(k) = self.funcs[a.func as usize].kslab.as_mut() {
-                k.push(PathId(p as u64));
-            }
+            self.kslab_push(a.func, p);
         }
         p
+    }
+
+    /// Feeds path `p` to function `func`'s k-slab forest (`--k`).
+    #[cold]
+    fn kslab_push(&mut self, func: u32, p: u32) {
+        if let Some(k) = self.funcs[func as usize].kslab.as_mut() {
+            k.push(PathId(p as u64));
+        }
     }
 
     /// Adds the blocks and path ends an activation has accumulated to its call-tree node and
@@ -806,12 +891,18 @@ impl PathRecorder {
         p
     }
 
-    /// Ends the top activation (its path ends at the exit) and pops it.
+    /// Ends the top activation (its path ends at the exit) and pops it: `end_path(END_EXIT)`,
+    /// then its counts go to its call-tree node and function and its PAP run is counted.
+    #[inline]
     pub(crate) fn pop_activation(&mut self) {
-        self.end_path(END_EXIT);
-        let a = self.stack.pop().expect("an activation");
-        self.flush_counts(&a, false);
-        self.pap_runs.end(&a);
+        let mut a = self.stack.pop().expect("an activation");
+        let p = self.count_path(&a, END_EXIT);
+        self.calltree[a.call_node as usize].blocks += a.blocks + a.len as u64;
+        self.funcs[a.func as usize].path_ends += a.path_ends + 1;
+        if a.pap != NONE {
+            self.pap_runs.push(&mut a, p);
+            self.pap_runs.end(&a);
+        }
     }
 
     /// Drops the `n` bottom frames of the shadow stack (it is full): each one's path ends
