@@ -743,9 +743,9 @@ impl PathRecorder {
     }
 
     /// Starts an activation of `func` at block `id`. The common case — the block's node and
-    /// trie root known, the call-tree child the one entered last under `parent_call`, room on
-    /// the stack, no k-slab forest — is a few loads and the frame's store; anything else goes
-    /// through [`PathRecorder::push_activation_slow`].
+    /// trie root known, the call-tree child cached under `parent_call`, room on the stack, no
+    /// k-slab forest — is a few loads and the frame's store; anything else is prepared by
+    /// [`PathRecorder::prepare_activation`] first.
     #[inline]
     fn push_activation(
         &mut self,
@@ -755,15 +755,15 @@ impl PathRecorder {
         id: u32,
         tables: &Tables,
     ) {
-        let root = self.id_root[id as usize];
-        let call_node = self.cached_call_child(parent_call, func);
+        let mut root = self.id_root[id as usize];
+        let mut call_node = self.cached_call_child(parent_call, func);
         if root == NONE
             || call_node == NONE
             || self.id_node[id as usize].0 != func
             || self.stack.len() >= SHADOW_STACK_MAX
             || self.config.k > 0
         {
-            return self.push_activation_slow(func, return_to, parent_call, id, tables);
+            (root, call_node) = self.prepare_activation(func, parent_call, id, tables);
         }
         let fun = &mut self.funcs[func as usize];
         fun.activations += 1;
@@ -787,19 +787,18 @@ impl PathRecorder {
         });
     }
 
-    /// [`PathRecorder::push_activation`] in general: makes room on a full stack, creates the
-    /// block's node and trie root and the call-tree child if new, starts the k-slab forest's
-    /// routine.
+    /// What [`PathRecorder::push_activation`] does outside its common case: makes room on a
+    /// full stack, creates the block's node and trie root and the call-tree child if new, and
+    /// starts the k-slab forest's routine. Returns the trie root and the call-tree node.
     #[cold]
     #[inline(never)]
-    fn push_activation_slow(
+    fn prepare_activation(
         &mut self,
         func: u32,
-        return_to: u64,
         parent_call: u32,
         id: u32,
         tables: &Tables,
-    ) {
+    ) -> (u32, u32) {
         if self.stack.len() >= SHADOW_STACK_MAX {
             self.drop_bottom(SHADOW_STACK_MAX / 2);
         }
@@ -813,33 +812,14 @@ impl PathRecorder {
             r => r,
         };
         let call_node = self.call_child(parent_call, func);
-        let fun = &mut self.funcs[func as usize];
-        fun.activations += 1;
-        let pap = if fun.path_ends >= self.config.pap_threshold {
-            self.pap_runs.root(fun)
-        } else {
-            NONE
-        };
-        let fun = &mut self.funcs[func as usize];
         if self.config.k > 0 {
             let k = self.config.k;
-            fun.kslab
+            self.funcs[func as usize]
+                .kslab
                 .get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1"))
                 .routine_entry();
         }
-        self.stack.push(Activation {
-            func,
-            return_to,
-            cur: root,
-            len: 1,
-            blocks: 0,
-            path_ends: 0,
-            last_addr: self.id_addr[id as usize],
-            pap,
-            pap_len: 0,
-            call_node,
-            resume: NONE,
-        });
+        (root, call_node)
     }
 
     /// Counts one run of activation `a`'s current path ended by `end` (a back edge's head
