@@ -173,6 +173,9 @@ pub const SAMPLES: &[Sample] = &[
         "blocked real-time signals queue with their values; order of delivery at unblock"),
     sample("signal_restart", "signal_async.c", &["restart"], Exit(0),
         "a blocking read restarted after an SA_RESTART handler"),
+    sample("signal_dead_regs", "signal_dead_regs.c", &[], Exit(0),
+        "timer signals in a loop whose blocks start by overwriting a register: the handler's \
+         context never shows the register the enqueue stub borrowed"),
     sample("signal_fault", "signal_fault.c", &[], Exit(0),
         "SIGSEGV/SIGILL/SIGFPE/SIGTRAP at the guest instruction: si_addr, si_code, REG_RIP; \
          handlers that siglongjmp or edit the ucontext and return"),

@@ -65,6 +65,11 @@ enum Next {
     Guest(u64),
     /// A host address in the code cache.
     Host(HostAddr),
+    /// An enqueue stub's entry to run again after a ring refill. Not a signal delivery point:
+    /// the stub may have clobbered a register the guest does not read before writing it (see
+    /// `emit::RcxSave`), which a handler would see in its frame. A pending signal is delivered
+    /// at the end of the block instead (the dispatcher unlinks the blocks before resuming).
+    Resume(HostAddr),
     /// A fault or trap was recorded: deliver it (the signal state knows the guest RIP).
     Signal,
 }
@@ -243,7 +248,8 @@ impl Translator {
     pub fn run(&mut self) -> Result<Stop, TranslateError> {
         loop {
             let mut next = self.next;
-            if matches!(next, Next::Signal) || self.process.signals.deliverable() {
+            let resuming = matches!(next, Next::Resume(_));
+            if matches!(next, Next::Signal) || (!resuming && self.process.signals.deliverable()) {
                 let rip = self.guest_rip(next);
                 match self.process.signals.deliver(self.area, rip) {
                     Delivery::Continue(rip) => next = Next::Guest(rip),
@@ -254,16 +260,21 @@ impl Translator {
             self.poll_commands();
             let host = match next {
                 Next::Guest(pc) => self.lookup_or_translate(pc)?,
-                Next::Host(h) => h,
+                Next::Host(h) | Next::Resume(h) => h,
                 Next::Signal => unreachable!("delivery always yields a guest address"),
             };
             // From here to the cache a signal's handler may unlink blocks; a signal that came
             // during the critical section is caught by this check instead.
             self.process.signals.set_critical(false, &self.exits);
             if self.process.signals.deliverable() {
-                self.process.signals.set_critical(true, &self.exits);
-                self.next = Next::Guest(self.guest_rip(Next::Host(host)));
-                continue;
+                if resuming {
+                    // Run the block to its end, where it leaves the cache unchained.
+                    self.process.signals.unlink_now(self.area);
+                } else {
+                    self.process.signals.set_critical(true, &self.exits);
+                    self.next = Next::Guest(self.guest_rip(Next::Host(host)));
+                    continue;
+                }
             }
             self.area.jump_to = host.0;
             self.enter();
@@ -289,7 +300,7 @@ impl Translator {
             Next::Guest(pc) => pc,
             // A resume at a block entry (after a ring refill).
             // SAFETY: the dispatcher runs; no translated code does.
-            Next::Host(h) => unsafe { self.process.signals.layouts() }
+            Next::Host(h) | Next::Resume(h) => unsafe { self.process.signals.layouts() }
                 .range(..=h.0)
                 .next_back()
                 .map(|(_, l)| l.guest_start)
@@ -472,7 +483,7 @@ impl Translator {
         match code {
             EXIT_RING_FULL => {
                 self.stats.ring_refills += 1;
-                Ok(Ok(Next::Host(HostAddr(self.area.resume))))
+                Ok(Ok(Next::Resume(HostAddr(self.area.resume))))
             }
             EXIT_SIGNAL => {
                 // A fault inside a superblock ended its trace early: say where, in order.

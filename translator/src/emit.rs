@@ -5,7 +5,8 @@
 //! ```text
 //! ring_slow:  lea rcx,[entry]; mov gs:[resume],rcx; mov ecx,RING_FULL; jmp exit   (stub on only)
 //! entry:      enqueue stub: lap check (cursor 0: jrcxz ring_slow), entries_end[cursor++] = block id
-//!             (stub on only)
+//!             (stub on only; the guest's RCX waits in a GS scratch slot, or in a register the
+//!             block overwrites before reading it, or nowhere when that register is RCX)
 //!             body: the guest instructions, re-encoded at their new address (RIP-relative
 //!                   operands keep pointing at the same guest addresses)
 //!             terminator: jcc/jmp rel32 to exit stubs (patched later to chain), or the operand
@@ -13,8 +14,9 @@
 //!             exit stubs: mov gs:[scratch_rcx],rcx; mov ecx,EXIT_INDEX; jmp exit
 //! ```
 //!
-//! Nothing emitted here writes the guest's flags, registers (RCX is borrowed through a GS
-//! scratch slot) or stack below RSP, except what the guest instruction itself would do.
+//! Nothing emitted here writes the guest's flags, registers or stack below RSP, except what the
+//! guest instruction itself would do, and registers the guest overwrites before it reads them
+//! (`hotpath_ir::scratch_register`): RCX is borrowed through a GS scratch slot or one of those.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
@@ -153,53 +155,113 @@ pub(crate) enum Slow {
     Exit(u32),
 }
 
+/// Where an enqueue stub keeps the guest's RCX while it uses RCX for the ring's cursor
+/// (`jrcxz` is the only flag-free conditional branch, and it tests RCX).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RcxSave {
+    /// In the thread area's scratch slot: one store and one load (always possible).
+    Scratch,
+    /// Nowhere: RCX is dead at the block's entry (see `hotpath_ir::scratch_register`).
+    Dead,
+    /// In this 64-bit register, dead at the block's entry: two register moves.
+    Register(Register),
+}
+
+impl RcxSave {
+    /// The cheapest way for the stub at the head of `body` (the guest instructions that run
+    /// right after it).
+    pub(crate) fn for_body(body: &[hotpath_ir::Inst]) -> RcxSave {
+        match hotpath_ir::scratch_register(body) {
+            None => RcxSave::Scratch,
+            Some(Register::RCX) => RcxSave::Dead,
+            Some(r) => RcxSave::Register(r),
+        }
+    }
+}
+
 /// Appends an enqueue stub for event `event` on a ring of `ring_entries` entries: its slow
 /// path first, then the entry, which loads the ring's cursor (`jrcxz` to the slow path when
 /// the lap is full), stores `event` at `entries_end[cursor]`, advances the cursor and gives
-/// RCX back. Flag-free; RCX is borrowed through `scratch_rcx`. Returns the entry's offset
-/// from the assembler's start.
+/// RCX back. Flag-free. The guest's RCX is kept as `save` says; with `RcxSave::Dead` or
+/// `RcxSave::Register` the stub clobbers a register the guest overwrites before it reads it,
+/// so the guest cannot tell (the dispatcher never delivers a signal at a stub's entry after a
+/// ring refill, see `Next::Resume`). Returns the entry's offset from the assembler's start.
 ///
 /// The cursor is the only state and a signal handler never touches it (a pending signal
 /// unlinks the blocks instead, see `signals`), so a stub a signal interrupts just finishes.
+/// Until its cursor store the stub changes nothing the guest could see, so the slow path
+/// resumes at its entry and runs it again after the refill.
+// dynasm's `Rq(n)` expands to `n.into()`, which clippy finds useless for a `u8`.
+#[allow(clippy::useless_conversion)]
 pub(crate) fn enqueue_stub(
     ops: &mut VecAssembler<X64Relocation>,
     event: u32,
     ring_entries: u64,
     slow: Slow,
+    save: RcxSave,
     exit_addr: usize,
 ) -> u64 {
     let entry_label = ops.new_dynamic_label();
     let slow_label = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; =>slow_label);
     match slow {
-        Slow::Resume => dynasm!(ops
-            ; .arch x64
-            ; lea rcx, [=>entry_label]
-            ; .u8 GS ; mov QWORD [off::RESUME], rcx
-            ; mov ecx, EXIT_RING_FULL as i32
-            ; jmp extern exit_addr
-        ),
+        Slow::Resume => {
+            // The exit routine expects the guest's RCX in its scratch slot.
+            match save {
+                RcxSave::Scratch => {}
+                RcxSave::Dead => {
+                    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx)
+                }
+                RcxSave::Register(r) => {
+                    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], Rq(gpr(r)))
+                }
+            }
+            dynasm!(ops
+                ; .arch x64
+                ; lea rcx, [=>entry_label]
+                ; .u8 GS ; mov QWORD [off::RESUME], rcx
+                ; mov ecx, EXIT_RING_FULL as i32
+                ; jmp extern exit_addr
+            )
+        }
         // The guest's RCX is in its scratch slot already, as the exit routine expects.
-        Slow::Exit(index) => dynasm!(ops
-            ; .arch x64
-            ; mov ecx, index as i32
-            ; jmp extern exit_addr
-        ),
+        Slow::Exit(index) => {
+            assert_eq!(save, RcxSave::Scratch, "a side exit's stub saves RCX");
+            dynasm!(ops
+                ; .arch x64
+                ; mov ecx, index as i32
+                ; jmp extern exit_addr
+            )
+        }
     }
     let entry = ops.offset().0 as u64;
     let entries_end = off::entries_end(ring_entries);
+    dynasm!(ops ; .arch x64 ; =>entry_label);
+    match save {
+        RcxSave::Scratch => dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx),
+        RcxSave::Dead => {}
+        RcxSave::Register(r) => dynasm!(ops ; .arch x64 ; mov Rq(gpr(r)), rcx),
+    }
     dynasm!(ops
         ; .arch x64
-        ; =>entry_label
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
         ; .u8 GS ; mov rcx, QWORD [off::RING_CURSOR]
         ; jrcxz =>slow_label
         ; .u8 GS ; mov DWORD [rcx * 4 + entries_end], event as i32
         ; lea rcx, [rcx + 1]
         ; .u8 GS ; mov QWORD [off::RING_CURSOR], rcx
-        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
     );
+    match save {
+        RcxSave::Scratch => dynasm!(ops ; .arch x64 ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]),
+        RcxSave::Dead => {}
+        RcxSave::Register(r) => dynasm!(ops ; .arch x64 ; mov rcx, Rq(gpr(r))),
+    }
     entry
+}
+
+/// The x86 register number (0 = RAX … 15 = R15) of a 64-bit general-purpose register.
+fn gpr(r: Register) -> u8 {
+    debug_assert!(r.is_gpr64());
+    (r as u32 - Register::RAX as u32) as u8
 }
 
 /// Emits `block` (id `id`) for host address `at`; its exits get indices from `first_exit`.
@@ -229,7 +291,8 @@ pub fn emit_block(
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let entry;
     if let Some(ring_entries) = cx.enqueue {
-        let stub = enqueue_stub(&mut ops, id.0, ring_entries, Slow::Resume, exit_addr);
+        let save = RcxSave::for_body(&block.body);
+        let stub = enqueue_stub(&mut ops, id.0, ring_entries, Slow::Resume, save, exit_addr);
         entry = HostAddr(code.base + stub);
     } else {
         entry = HostAddr(code.base);

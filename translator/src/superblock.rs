@@ -33,7 +33,7 @@ use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 use crate::emit::{
     append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, push_return_address,
     rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_, EmitContext, Exit,
-    ExitKind, HostLayout, Slow,
+    ExitKind, HostLayout, RcxSave, Slow,
 };
 use crate::gateway::GS;
 use crate::thread_area::off;
@@ -110,7 +110,8 @@ pub fn emit_superblock(
     let ring_entries = cx
         .enqueue
         .expect("superblocks are built only when the monitor is on");
-    let stub = enqueue_stub(&mut ops, sb.0, ring_entries, Slow::Resume, exit_addr);
+    let save = RcxSave::for_body(&blocks[0].body);
+    let stub = enqueue_stub(&mut ops, sb.0, ring_entries, Slow::Resume, save, exit_addr);
     let entry = HostAddr(code.base + stub);
     code.append(assembled(ops, "superblock entry")?);
 
@@ -273,6 +274,7 @@ pub fn emit_superblock(
             marker.0,
             ring_entries,
             Slow::Exit(slow_index),
+            RcxSave::Scratch,
             exit_addr,
         );
         let guest = match cold {

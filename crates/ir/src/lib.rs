@@ -13,10 +13,12 @@
 
 mod block;
 mod ids;
+mod liveness;
 mod syscalls;
 mod terminator;
 
 pub use block::{Block, BlockSummary, Inst, FLAGS_ALL};
 pub use ids::{BlockId, GuestAddr, HostAddr};
+pub use liveness::{cannot_fault, scratch_register};
 pub use syscalls::syscall_name;
 pub use terminator::{Cond, Terminator, TerminatorKind, TrapKind};

@@ -131,8 +131,9 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
 
 /// Points every chained direct branch back at its exit stub and empties the indirect branch
 /// lookup table, so that translated code returns to the dispatcher at its next block boundary.
-/// Runs in the signal handler while the dispatcher is outside its critical sections.
-fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
+/// Runs in the signal handler while the dispatcher is outside its critical sections, or on
+/// the dispatcher's own request (`SignalState::unlink_now`).
+pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
     let ptr = shared.exits.load(Ordering::Relaxed);
     let len = shared.exits_len.load(Ordering::Relaxed) as usize;
     let delta = shared.rw_delta.load(Ordering::Relaxed);

@@ -160,7 +160,7 @@ pub struct HandlerShared {
 mod frame;
 mod handler;
 
-use handler::host_handler;
+use handler::{host_handler, unlink_all};
 
 static SHARED: AtomicPtr<HandlerShared> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -456,6 +456,14 @@ impl SignalState {
                 .store(exits.len() as u64, Ordering::Relaxed);
         }
         self.shared.critical.store(critical, Ordering::SeqCst);
+    }
+
+    /// Undoes every block link and empties the indirect branch lookup table now, as the
+    /// handler does for a signal that arrives while translated code runs, so that the code
+    /// entered next leaves the cache at its first block boundary. Call it outside a critical
+    /// section (the exit table it reads is the one published by `set_critical(false, ..)`).
+    pub fn unlink_now(&self, area: &mut ThreadArea) {
+        unlink_all(self.shared, area);
     }
 
     /// Updates the writable view's offset (after a forked child adopted its own cache copy).
