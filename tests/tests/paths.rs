@@ -85,6 +85,18 @@ fn check_consistency(what: &str, json: &Value) {
             "{what}: path block {a:#x} is not in the block table"
         );
     }
+    // The flame graph's stacks share out every executed block, each to the stack it ran in.
+    let in_stacks: u64 = json["stacks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no stacks in the report"))
+        .iter()
+        .map(|s| s["blocks"].as_u64().expect("blocks"))
+        .sum();
+    assert_eq!(
+        in_stacks,
+        json["totals"]["blocks_executed"].as_u64().unwrap(),
+        "{what}: the stacks' blocks do not add up to the blocks executed"
+    );
     // PAP runs: heaviest (count x blocks) first, each listing at most 1000 blocks, run-length
     // entries and breakpoints, and its sizes in full.
     let pap: Vec<&Value> = paths.iter().filter(|p| p["kind"] == "pap").collect();
@@ -279,6 +291,49 @@ fn recursion_paths_are_exact() {
         51
     );
     assert_eq!(deepest["blocks"], 4 * 2);
+}
+
+/// count_calls.S: one indirect call site in `call_head` (a function symbol, like every label
+/// the sample's blocks start at) calls f_one 300 times, f_two 200 and f_three 100, in an
+/// interleaved order; each callee runs two blocks (its body up to `call leaf`, then the `ret`)
+/// and calls `leaf` (one block). So the call tree below `call_head` is known exactly from the
+/// source, `leaf` in three contexts: a stack whose blocks went to the wrong node (a sibling, or
+/// the same function under another caller) would change these counts.
+#[test]
+fn call_stacks_follow_the_source() {
+    for linkage in Linkage::ALL {
+        let exe = guest_build::build("count_calls.S", linkage).unwrap_or_else(|e| panic!("{e}"));
+        for (tag, extra) in [
+            ("default", &[][..]),
+            ("eager", &["--superblock-threshold", "1"][..]),
+            ("per-block", &["--paths-per-block"][..]),
+        ] {
+            let what = format!("count_calls ({linkage}, {tag})");
+            let json = run_report(&exe, &format!("stacks-{linkage}-{tag}"), &[], extra);
+            check_consistency(&what, &json);
+            let below: HashMap<&str, u64> = json["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|s| {
+                    let stack = s["stack"].as_str().unwrap();
+                    let below = stack.strip_prefix("call_head;")?;
+                    Some((below, s["blocks"].as_u64().unwrap()))
+                })
+                .collect();
+            let expected: HashMap<&str, u64> = [
+                ("f_one", 600),
+                ("f_one;leaf", 300),
+                ("f_two", 400),
+                ("f_two;leaf", 200),
+                ("f_three", 200),
+                ("f_three;leaf", 100),
+            ]
+            .into_iter()
+            .collect();
+            assert_eq!(below, expected, "{what}: stacks below call_head");
+        }
+    }
 }
 
 /// paths_loops.c at gcc -O2 (checked against `objdump -d`; offsets are gcc's layout):
