@@ -55,7 +55,9 @@ pub fn scratch_register(body: &[Inst]) -> Option<Register> {
 
 /// True if `inst` can neither fault nor trap: a register-to-register or immediate form of an
 /// integer instruction that touches no memory (`lea` and multi-byte `nop`s compute an address
-/// but never access it) and only general-purpose registers.
+/// but never access it) and only general-purpose registers. Instructions a CPU may lack
+/// (BMI's `andn`, `shlx`…, `popcnt`: `#UD` there) are left out; `tzcnt` and `lzcnt` run as
+/// `bsf` and `bsr` on such CPUs.
 pub fn cannot_fault(inst: &iced_x86::Instruction) -> bool {
     use Mnemonic::*;
     let integer = matches!(
@@ -93,18 +95,6 @@ pub fn cannot_fault(inst: &iced_x86::Instruction) -> bool {
             | Bsr
             | Tzcnt
             | Lzcnt
-            | Popcnt
-            | Andn
-            | Bzhi
-            | Blsi
-            | Blsr
-            | Blsmsk
-            | Sarx
-            | Shlx
-            | Shrx
-            | Rorx
-            | Pdep
-            | Pext
             | Cdqe
             | Cqo
             | Cdq
