@@ -202,6 +202,10 @@ pub(crate) struct MemoState {
     /// The memo applied last, or, after a return, the one that ended with the caller's call
     /// ([`NONE`]: none): its successors predict the next memo.
     last: u32,
+    /// Runs of one repeated event the fast loop found in the current piece of events, as
+    /// `(start, end)` indices: events `start..end` repeat `events[start - 1]` (for
+    /// [`Tables::record_with_repeats`]).
+    repeats: Vec<(u32, u32)>,
 }
 
 impl Default for MemoState {
@@ -217,6 +221,7 @@ impl Default for MemoState {
             epoch: 0,
             fast_backoff: 0,
             last: NONE,
+            repeats: Vec::new(),
         }
     }
 }
@@ -279,6 +284,7 @@ impl PathRecorder {
         new_blocks: Option<&Receiver<NewBlock>>,
     ) {
         let mut i = 0;
+        self.memo.repeats.clear();
         if self.memo.pending != NONE {
             // A superblock from the previous piece: its extent is the first event here.
             let Some(&next) = events.first() else { return };
@@ -368,6 +374,7 @@ impl PathRecorder {
         let (infos, epoch) = (&self.memo.events, self.memo.epoch);
         let (cache, memo_ends) = (&self.memo.cache, &self.memo.ends);
         let pap_runs = &mut self.pap_runs;
+        let repeats = &mut self.memo.repeats;
         let (id_node, id_addr) = (&self.id_node, &self.id_addr);
         // Paths a memo ends go one by one to a k-slab forest: not here. To a PAP run: here in
         // the `PAP` instance (taken when the activation records one and there is no k-slab
@@ -447,9 +454,14 @@ impl PathRecorder {
                         next += 1;
                     }
                 }
+                if next > i + 1 {
+                    // The tables count the repeats at once too (`Tables::record_with_repeats`).
+                    repeats.push(((i + 1) as u32, next as u32));
+                }
             }
             // The events `i..next` are this memo's runs (one, or the first of a repeat run).
             let runs = (next - i - taken + 1) as u64;
+
             memo.count += runs;
             blocks += runs * memo.blocks as u64;
             ends += runs * memo.nends as u64;
@@ -478,6 +490,12 @@ impl PathRecorder {
             self.memo.last = last;
         }
         (i, rest)
+    }
+
+    /// The runs of a repeated event the last [`record`](PathRecorder::record) found, for
+    /// [`Tables::record_with_repeats`] of the same events.
+    pub(crate) fn repeats(&self) -> &[(u32, u32)] {
+        &self.memo.repeats
     }
 
     /// Makes sure event id `e` is known (a syscall event is not an id). Returns false if it

@@ -205,6 +205,67 @@ impl Tables {
         self.events += events.len() as u64;
     }
 
+    /// [`record`](Self::record) of `events`, where each `(start, end)` of `repeats` (in
+    /// order, disjoint, `start > 0`) marks events `start..end` as repeats of `events[start -
+    /// 1]`, counted at once: the path recorder's fast loop finds such runs (a loop whose body
+    /// is one event) on its own pass over the events, and hands them over so that the tables
+    /// need not step through them one by one.
+    pub(crate) fn record_with_repeats(&mut self, events: &[u32], repeats: &[(u32, u32)]) {
+        let mut pos = 0;
+        for &(start, end) in repeats {
+            let (start, end) = (start as usize, end as usize);
+            debug_assert!(pos < start && start < end && end <= events.len());
+            self.record(&events[pos..start]);
+            debug_assert!(events[start..end].iter().all(|&e| e == self.prev));
+            self.add_edge_n(self.prev, self.prev, (end - start) as u64);
+            self.events += (end - start) as u64;
+            pos = end;
+        }
+        self.record(&events[pos..]);
+    }
+
+    /// Counts `n` traversals of `from → to` at once, noting the pair in `hot` if its count
+    /// passes the threshold on the way.
+    #[cold]
+    #[inline(never)]
+    fn add_edge_n(&mut self, from: u32, to: u32, n: u64) {
+        let Some(first) = self.successors.get(from as usize) else {
+            return;
+        };
+        let mut extra = n;
+        if !first.id.contains(&to) && self.wide_slot(from, to).is_none() {
+            self.add_new_edge(from, to);
+            extra -= 1;
+        }
+        let threshold = self.hot_threshold;
+        let cached = self.successors[from as usize]
+            .id
+            .iter()
+            .position(|&id| id == to);
+        let c = if let Some(k) = cached {
+            &mut self.successors[from as usize].count[k]
+        } else if let Some((w, j)) = self.wide_slot(from, to) {
+            &mut self.wide[w].count[j]
+        } else {
+            self.overflow.entry((from, to)).or_insert(0)
+        };
+        let old = *c;
+        *c += extra;
+        if old < threshold && *c >= threshold {
+            self.hot.push((from, to));
+        }
+    }
+
+    /// Where `from → to` lives in `from`'s wide table, if it does: (table, slot).
+    fn wide_slot(&self, from: u32, to: u32) -> Option<(usize, usize)> {
+        let w = *self.wide_of.get(from as usize)?;
+        if w == NONE {
+            return None;
+        }
+        let j = to as usize % WIDE_SLOTS;
+        (self.wide[w as usize].id[j] == to).then_some((w as usize, j))
+    }
+
     /// Counts one traversal of the edge `from → to` (`from` may be [`NONE`]: no edge).
     #[inline(always)]
     fn add_edge(&mut self, from: u32, to: u32) {

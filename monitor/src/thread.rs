@@ -179,12 +179,13 @@ fn record(
 ) {
     match paths {
         None => tables.record(events),
-        // The path recorder reads each event again after the tables: in pieces that stay in
-        // the L1 cache between the two passes (a drained run can be megabytes).
+        // The tables read each event again after the path recorder, in pieces that stay in
+        // the L1 cache between the two passes (a drained run can be megabytes), and count the
+        // runs of one repeated event the recorder found at once.
         Some(p) => {
             for piece in events.chunks(PATHS_PIECE) {
-                tables.record(piece);
                 p.record(piece, tables, new_blocks);
+                tables.record_with_repeats(piece, p.repeats());
             }
         }
     }

@@ -577,6 +577,15 @@ fn memoised_paths_match_the_per_block_reference() {
                     "{name} ({config:?}): memoised and per-block path profiles differ"
                 );
             }
+            // The memoised recorder also counts the tables' edges for the events its fast
+            // loop takes; the per-block one leaves them all to the tables.
+            for section in ["blocks", "edges", "indirect_jumps", "syscalls"] {
+                assert!(
+                    memo[section] == reference[section],
+                    "{name} ({config:?}): `{section}` differs between the memoised and the \
+                     per-block recorder"
+                );
+            }
         }
     }
     // Short samples end before a loop gets hot even at threshold 1 (a head needs a hot back
