@@ -5,7 +5,8 @@
 # 0x400000 for itself, where a non-PIE guest would have to go), hotpath runs under callgrind
 # with --paths and --no-superblocks (one event per basic block, so the event stream, and the
 # count, do not depend on when a superblock was built), and the script prints the guest
-# instructions per ring event of the tables (Tables::record) and of the path recorder
+# instructions per ring event of the tables (Tables::record, or Tables::record_with_repeats
+# where it exists, inclusive) and of the path recorder
 # (PathRecorder::record, inclusive), and their ratio. Given two binaries it prints both side
 # by side with the ratio new / old: the way to compare a change to the recorder. Instruction
 # counts are not time (a mispredicted branch or a cache miss costs more than an instruction),
@@ -44,9 +45,12 @@ measure() {
     events=$(grep -o '"events": *[0-9]*' "$work/r.json" | grep -o '[0-9]*$')
     callgrind_annotate --inclusive=yes "$work/cg.out" 2>/dev/null | awk -v ev="$events" '
         # Inclusive totals: the first line naming each function in its own file.
+        # With paths on, newer binaries feed the tables through Tables::record_with_repeats
+        # (which calls Tables::record and counts the repeat runs of the recorder at once).
         t == "" && /\/tables\.rs:hotpath_monitor::tables::Tables::record( |$)/ { gsub(",", "", $1); t = $1 }
+        r == "" && /\/tables\.rs:hotpath_monitor::tables::Tables::record_with_repeats( |$)/ { gsub(",", "", $1); r = $1 }
         p == "" && /\/paths\.rs:hotpath_monitor::paths::PathRecorder::record( |$)/ { gsub(",", "", $1); p = $1 }
-        END { printf "%d %.1f %.1f\n", ev, t / ev, p / ev }'
+        END { if (r != "") t = r; printf "%d %.1f %.1f\n", ev, t / ev, p / ev }'
 }
 
 printf "%-16s %10s" sample events
