@@ -461,7 +461,6 @@ impl PathRecorder {
             }
             // The events `i..next` are this memo's runs (one, or the first of a repeat run).
             let runs = (next - i - taken + 1) as u64;
-
             memo.count += runs;
             blocks += runs * memo.blocks as u64;
             ends += runs * memo.nends as u64;

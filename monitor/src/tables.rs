@@ -227,36 +227,39 @@ impl Tables {
         self.record(&events[pos..]);
     }
 
-    /// Counts `n` traversals of `from → to` at once, noting the pair in `hot` if its count
-    /// passes the threshold on the way.
+    /// Counts `n` (at least 1) traversals of `from → to` at once, noting the pair in `hot` if
+    /// its count passes the threshold on the way.
     #[cold]
     #[inline(never)]
     fn add_edge_n(&mut self, from: u32, to: u32, n: u64) {
-        let Some(first) = self.successors.get(from as usize) else {
+        // The first one as usual: it gives the edge a place if it has none yet.
+        self.add_edge(from, to);
+        let threshold = self.hot_threshold;
+        let Some(c) = self.edge_count_mut(from, to) else {
             return;
         };
-        let mut extra = n;
-        if !first.id.contains(&to) && self.wide_slot(from, to).is_none() {
-            self.add_new_edge(from, to);
-            extra -= 1;
+        let old = *c;
+        *c += n - 1;
+        if old < threshold && *c >= threshold {
+            self.hot.push((from, to));
         }
-        let threshold = self.hot_threshold;
-        let cached = self.successors[from as usize]
+    }
+
+    /// The counter of edge `from → to`, wherever it lives (`None`: `from` is beyond the table).
+    fn edge_count_mut(&mut self, from: u32, to: u32) -> Option<&mut u64> {
+        let cached = self
+            .successors
+            .get(from as usize)?
             .id
             .iter()
             .position(|&id| id == to);
-        let c = if let Some(k) = cached {
+        Some(if let Some(k) = cached {
             &mut self.successors[from as usize].count[k]
         } else if let Some((w, j)) = self.wide_slot(from, to) {
             &mut self.wide[w].count[j]
         } else {
             self.overflow.entry((from, to)).or_insert(0)
-        };
-        let old = *c;
-        *c += extra;
-        if old < threshold && *c >= threshold {
-            self.hot.push((from, to));
-        }
+        })
     }
 
     /// Where `from → to` lives in `from`'s wide table, if it does: (table, slot).
