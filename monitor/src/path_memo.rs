@@ -18,7 +18,8 @@
 //! when the profile is taken. Only where path numbers must be seen in order — the k-slab
 //! forests (`--k`) and PAP runs being recorded — are a memo's ended paths replayed one by one.
 //! Calls, indirect jumps that leave the function, unusual returns and activation starts go
-//! through the per-block step, and the memo picks up again at the next position. A plain
+//! through the per-block step (or its common case in the fast loop, below), and the memo
+//! picks up again at the next position. A plain
 //! return (to the top frame's return address, with a frame below) pops the activation and
 //! then goes on with a memo: the caller's path continues at the return point as after any
 //! block.
@@ -28,10 +29,16 @@
 //! hash map. A memo records the trie node it starts from, and that is checked before every
 //! use, so a prediction needs no other context: after a call the callee's first memo is
 //! predicted from the caller's last one, and after a return the caller's next memo from the
-//! one that ended with its call (kept in its frame). `PathRecorder::run_fast` is the common
-//! case with its state in registers; anything else goes the general way. A memo that ends at
-//! the node it starts from (a loop whose body is one event) is its own successor for the same
-//! event, so the fast loop counts a run of that event at once.
+//! one that ended with its call (kept in its frame).
+//!
+//! **Fast loops.** `PathRecorder::run_fast` is the common case with its state in registers,
+//! in two loops that hand over to each other: `run_intra_loop` takes whole events that stay in
+//! one activation (a loop), and `run_call_loop` also takes calls whose callee's function,
+//! trie root and call-tree node are known (what `push_activation` does in its common case)
+//! and plain returns followed by a memo of the caller's (what `run_return` does), at any
+//! position in an event. Anything else goes the general way. A memo that ends at the node it
+//! starts from (a loop whose body is one event) is its own successor for the same event, so
+//! the fast loops count a run of that event at once.
 //!
 //! **Validity.** A memo records what the per-block step did, so it is applied only where that
 //! step would do the same again:
@@ -54,7 +61,8 @@ use hotpath_events::{IdKind, NewBlock, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
 
 use crate::pap_runs::PapRuns;
 use crate::paths::{
-    cache_slot, Activation, FxMap, PathRecorder, K_CALL, K_INDIRECT, K_OTHER, K_RET, NONE,
+    cache_slot, cached_call_child, cached_exit_path, Activation, FxMap, PathRecorder, K_CALL,
+    K_INDIRECT, K_OTHER, K_RET, NONE, SHADOW_STACK_MAX,
 };
 use crate::Tables;
 
@@ -155,6 +163,11 @@ const EMPTY_SLOT: Slot = Slot {
 /// Events the general path takes after the fast loop took fewer than two (a recursive guest
 /// calls or returns in every event: the fast loop's start-up would be all it does).
 const FAST_BACKOFF: u32 = 8;
+
+/// Events in a row that stay in one activation after which `run_call_loop` hands over to
+/// `run_intra_loop` (a loop between calls), which takes them faster; fewer, and the hand-overs
+/// cost more than they save on call-bound code.
+const INTRA_RUN: u32 = 16;
 
 /// Bits of a memo key that hold the position in the event (see `MAX_TRACE_BLOCKS`).
 const POS_BITS: u32 = 5;
@@ -334,6 +347,27 @@ impl PathRecorder {
     }
 
     /// The common case of `record_events`, with its state in registers: from `events[i]` on,
+    /// [`PathRecorder::run_intra_loop`] takes the events that stay in one activation, and
+    /// [`PathRecorder::run_call_loop`] the calls and returns between them, each handing over
+    /// to the other. Returns the index of the first event neither took, and, when the last one
+    /// taken is not done, that event's id and the position to go on from; the general path
+    /// takes it from there, with the recorder's state as the per-block step would have left it.
+    #[inline(always)]
+    fn run_fast(&mut self, events: &[u32], mut i: usize) -> (usize, Option<(u32, u32)>) {
+        loop {
+            let (j, rest) = self.run_fast_intra(events, i);
+            if self.stack.is_empty() || self.prev == NONE {
+                return (j, rest);
+            }
+            let (k, rest, handed_over) = self.run_call_loop(events, j, rest);
+            if !handed_over {
+                return (k, rest);
+            }
+            i = k;
+        }
+    }
+
+    /// The common case of `record_events`, with its state in registers: from `events[i]` on,
     /// each event starts with a memo that the last one predicts (or the memo cache holds),
     /// after a block that neither calls nor returns, and that ends no path a k-slab forest
     /// must see (a hot function's PAP run takes the ended paths here, in order). Returns the
@@ -341,7 +375,7 @@ impl PathRecorder {
     /// its first memo (a call or a return follows), that event's id and the position to go on
     /// from; the general path takes it from there.
     #[inline(always)]
-    fn run_fast(&mut self, events: &[u32], i: usize) -> (usize, Option<(u32, u32)>) {
+    fn run_fast_intra(&mut self, events: &[u32], i: usize) -> (usize, Option<(u32, u32)>) {
         let (Some(l), Some(top)) = (
             self.memo.memos.get(self.memo.last as usize),
             self.stack.last(),
@@ -356,14 +390,14 @@ impl PathRecorder {
             return (i, None);
         }
         if top.pap != NONE && self.config.k == 0 {
-            self.run_fast_loop::<true>(events, i)
+            self.run_intra_loop::<true>(events, i)
         } else {
-            self.run_fast_loop::<false>(events, i)
+            self.run_intra_loop::<false>(events, i)
         }
     }
 
     #[inline(never)]
-    fn run_fast_loop<const PAP: bool>(
+    fn run_intra_loop<const PAP: bool>(
         &mut self,
         events: &[u32],
         mut i: usize,
@@ -489,6 +523,264 @@ impl PathRecorder {
             self.memo.last = last;
         }
         (i, rest)
+    }
+
+    /// The calls and plain returns of [`PathRecorder::run_fast`], and the memos around them:
+    /// from `events[i]` on, or from position `rest.1` of event `rest.0` (already taken) when
+    /// given, every segment of every event is a memo that the last one predicts (or the memo
+    /// cache holds), the entry block of a callee whose function, trie root and call-tree node
+    /// are known (as `push_activation`'s common case), or a plain return to the frame below
+    /// followed by a memo of the caller's (as `run_return`); and no path ends that a k-slab
+    /// forest must see. Returns the index of the first event it did not take, the event and
+    /// position to go on from when that event is not done, and whether it stopped to hand
+    /// over to [`PathRecorder::run_intra_loop`]: after a call or a return, at the end of an
+    /// event whose last memo stays in the function.
+    #[inline(never)]
+    fn run_call_loop(
+        &mut self,
+        events: &[u32],
+        mut i: usize,
+        rest: Option<(u32, u32)>,
+    ) -> (usize, Option<(u32, u32)>, bool) {
+        let memos = &mut self.memo.memos;
+        let (infos, seq, epoch) = (&self.memo.events, &self.memo.seq, self.memo.epoch);
+        let (cache, memo_ends) = (&self.memo.cache, &self.memo.ends);
+        let (pap_runs, repeats) = (&mut self.pap_runs, &mut self.memo.repeats);
+        let (id_node, id_addr, id_kind) = (&self.id_node, &self.id_addr, &self.id_kind);
+        let (id_entry, id_root, id_ret) = (&self.id_entry, &self.id_root, &self.id_ret);
+        let (stack, funcs, paths) = (&mut self.stack, &mut self.funcs, &mut self.paths);
+        let (calltree, call_cache, trie) = (&mut self.calltree, &self.call_cache, &self.trie);
+        let (k, pap_threshold) = (self.config.k, self.config.pap_threshold);
+        // The top activation's path state lives in registers; its frame's `cur`, `blocks` and
+        // `path_ends` are stale until written back, and so are its `len` and `last_addr` while
+        // `by_memo` (they are then the last memo's).
+        let top = stack.last().expect("an activation");
+        let (mut func, mut return_to, mut pap) = (top.func, top.return_to, top.pap != NONE);
+        let (mut cur, mut blocks, mut ends, mut by_memo) = (top.cur, 0u64, 0u64, false);
+        let (mut prev, mut last) = (self.prev, self.memo.last);
+        let mut kind = id_kind[prev as usize];
+        // Writes the registers back to the top frame.
+        macro_rules! write_back {
+            () => {{
+                let t = stack.last_mut().expect("an activation");
+                t.cur = cur;
+                t.blocks += blocks;
+                t.path_ends += ends;
+                if by_memo {
+                    let l = &memos[last as usize];
+                    (t.len, t.last_addr) = (l.len, l.last_addr);
+                }
+            }};
+        }
+        // The event being run: its id, its blocks `seq[start..start + len]`, the position of
+        // the next segment. `pos == len`: take the next event.
+        let (mut run, mut start, mut len, mut pos, mut first) = (NONE, 0u32, 0u32, 0u32, NONE);
+        if let Some((r, p)) = rest {
+            let ri = infos[r as usize];
+            (run, start, len, pos, first) = (r, ri.start, ri.len, p, ri.first);
+        }
+        // Events in a row that stayed in the activation; `INTRA_RUN` of them hand over.
+        let (mut intra, mut handed_over) = (0u32, false);
+        loop {
+            let mut first_of = None;
+            if pos == len {
+                intra += 1;
+                if intra > INTRA_RUN && by_memo && (kind == K_OTHER || kind == K_INDIRECT) {
+                    handed_over = true;
+                    break;
+                }
+                // The next event. A syscall event or an id not learned yet is the general
+                // path's.
+                let Some(&e) = events.get(i) else { break };
+                let Some(&info) = infos.get(e as usize) else {
+                    break;
+                };
+                let (mut r, mut ri, mut taken) = (e, info, 1);
+                if info.is_superblock {
+                    let Some(&next) = events.get(i + 1) else {
+                        break;
+                    };
+                    let exited = match infos.get(next as usize) {
+                        Some(n) => n.superblock == e,
+                        None if next & SYSCALL_EVENT != 0 => false,
+                        None => break,
+                    };
+                    // Branch-free: whether a superblock left early is the guest's own branch.
+                    r = if exited { next } else { e };
+                    taken += exited as usize;
+                    ri = infos[r as usize];
+                }
+                (run, start, len, pos, first) = (r, ri.start, ri.len, 0, ri.first);
+                // `run == e`: the event ran whole, so the same event next starts a repeat.
+                first_of = (r == e).then_some((e, info.is_superblock, i));
+                i += taken;
+            }
+            let key = memo_key(run, pos);
+            if key == NO_KEY {
+                break;
+            }
+            // What the per-block step would do with the segment's first block `b`, as the
+            // block before it decides (validity rule 1): where the memo that goes on from here
+            // starts, and which memo predicts it.
+            let (mut pred, mut from) = (last, cur);
+            if kind != K_OTHER {
+                let b = if pos == 0 {
+                    first
+                } else {
+                    seq[(start + pos) as usize]
+                } as usize;
+                if kind == K_INDIRECT {
+                    if id_node[b].0 != func || id_addr[b] == return_to {
+                        break;
+                    }
+                } else if kind == K_CALL {
+                    // A call: the callee's activation starts with `b`, as `push_activation`'s
+                    // common case (no k-slab forest to tell of a routine entry).
+                    let f = id_entry[b];
+                    if f == NONE || k > 0 || stack.len() >= SHADOW_STACK_MAX {
+                        break;
+                    }
+                    let root = id_root[b];
+                    let parent = stack.last().expect("an activation").call_node;
+                    let call_node = cached_call_child(calltree, call_cache, parent, f);
+                    if root == NONE || id_node[b].0 != f || call_node == NONE {
+                        break;
+                    }
+                    write_back!();
+                    stack.last_mut().expect("an activation").resume = last;
+                    let fun = &mut funcs[f as usize];
+                    fun.activations += 1;
+                    let pap_node = if fun.path_ends >= pap_threshold {
+                        pap_runs.root(fun)
+                    } else {
+                        NONE
+                    };
+                    stack.push(Activation {
+                        func: f,
+                        return_to: id_ret[prev as usize],
+                        cur: root,
+                        len: 1,
+                        blocks: 0,
+                        path_ends: 0,
+                        last_addr: id_addr[b],
+                        pap: pap_node,
+                        pap_len: 0,
+                        call_node,
+                        resume: NONE,
+                    });
+                    (func, return_to, pap) = (f, id_ret[prev as usize], pap_node != NONE);
+                    (cur, blocks, ends, by_memo) = (root, 0, 0, false);
+                    // The entry block is stepped alone; the callee's first memo is predicted
+                    // from the caller's last one.
+                    prev = b as u32;
+                    kind = id_kind[b];
+                    pos += 1;
+                    intra = 0;
+                    continue;
+                } else {
+                    // A return: to the top frame's return address, with a frame below, and
+                    // not to another function's entry (a tail call after all).
+                    let n = stack.len();
+                    if n < 2 || return_to != id_addr[b] || k > 0 {
+                        break;
+                    }
+                    let caller = &stack[n - 2];
+                    let entry = id_entry[b];
+                    if (entry != NONE && entry != caller.func)
+                        || cached_exit_path(trie, cur) == NONE
+                    {
+                        break;
+                    }
+                    // The caller's path goes on with `b`, predicted from the memo that ended
+                    // with its call.
+                    (pred, from) = (caller.resume, caller.cur);
+                }
+            }
+            let mut m = NONE;
+            if let Some(l) = memos.get(pred as usize) {
+                // Branch-free choice: which successor comes is often the guest's own
+                // unpredictable branch.
+                let second = (l.succ_key[1] == key) as usize;
+                if l.succ_key[second] == key {
+                    m = l.succ[second];
+                }
+            }
+            if m == NONE || memos[m as usize].from != from {
+                // More successors than a memo remembers (a dispatch loop, a superblock's many
+                // side exits), or a successor from another path: the direct-mapped cache.
+                let s = cache[slot_of(from, key)];
+                if s.from != from || s.key != key {
+                    break;
+                }
+                m = s.memo;
+            }
+            if memos[m as usize].epoch != epoch
+                || memos[m as usize].from != from
+                || (memos[m as usize].nends > 0 && k > 0)
+            {
+                break;
+            }
+            if kind == K_RET {
+                // Pop the callee, as `pop_activation` does: its path ends at the exit.
+                write_back!();
+                let mut a = stack.pop().expect("the callee");
+                let p = cached_exit_path(trie, a.cur);
+                paths[p as usize].count += 1;
+                calltree[a.call_node as usize].blocks += a.blocks + a.len as u64;
+                funcs[a.func as usize].path_ends += a.path_ends + 1;
+                if a.pap != NONE {
+                    pap_runs.push(&mut a, p);
+                    pap_runs.end(&a);
+                }
+                let t = stack.last().expect("the caller");
+                (func, return_to, pap) = (t.func, t.return_to, t.pap != NONE);
+                // `cur` and `by_memo` are the memo's, below.
+                (blocks, ends) = (0, 0);
+                intra = 0;
+            }
+            let memo = &mut memos[m as usize];
+            // A loop whose body is one event (a block or an unrolled superblock that follows
+            // itself): when the memo ends where it starts, the same event again is the same
+            // memo again, so a run of it is counted at once. A superblock's run is taken up to
+            // its last repeat, whose next event says whether it left early.
+            let mut runs = 1u64;
+            if let Some((e, is_superblock, at)) = first_of {
+                if memo.from == memo.next && memo.last_kind == K_OTHER && memo.end as u32 == len {
+                    if is_superblock {
+                        while events.get(i) == Some(&e) && events.get(i + 1) == Some(&e) {
+                            i += 1;
+                        }
+                    } else {
+                        while events.get(i) == Some(&e) {
+                            i += 1;
+                        }
+                    }
+                    if i > at + 1 {
+                        // The tables count the repeats at once too
+                        // (`Tables::record_with_repeats`).
+                        repeats.push(((at + 1) as u32, i as u32));
+                        runs += (i - at - 1) as u64;
+                    }
+                }
+            }
+            memo.count += runs;
+            blocks += runs * memo.blocks as u64;
+            ends += runs * memo.nends as u64;
+            if pap && memo.nends > 0 {
+                // A hot function's activation: its PAP run takes the ended paths in order.
+                let ended = memo.ends as usize..memo.ends as usize + memo.nends as usize;
+                let t = stack.last_mut().expect("an activation");
+                push_pap_runs(pap_runs, t, &memo_ends[ended], runs);
+                pap = t.pap != NONE;
+            }
+            (cur, prev, kind, pos) = (memo.next, memo.last, memo.last_kind, memo.end as u32);
+            (last, by_memo) = (m, true);
+        }
+        // (Nothing changed if it took nothing: the same values again.)
+        write_back!();
+        self.prev = prev;
+        self.memo.last = last;
+        (i, (pos != len).then_some((run, pos)), handed_over)
     }
 
     /// The runs of a repeated event the last [`record`](PathRecorder::record) found, for

@@ -133,6 +133,42 @@ pub(crate) fn cache_slot(a: u32, b: u32, slots: usize) -> usize {
     (h >> (64 - slots.trailing_zeros())) as usize
 }
 
+/// The call-tree child of `parent` for `func` where it is cached: the child entered last under
+/// `parent`, else the direct-mapped cache `call_cache` (a caller that calls several functions in
+/// turn); else [`NONE`] (`PathRecorder::call_child` finds or makes it).
+#[inline]
+pub(crate) fn cached_call_child(
+    calltree: &[CallNode],
+    call_cache: &[(u32, u32, u32)],
+    parent: u32,
+    func: u32,
+) -> u32 {
+    let p = &calltree[parent as usize];
+    // `last_func` is a real function only below CALL_TREE_MAX_DEPTH (see `call_child`).
+    if p.last_func == func {
+        return p.last_child;
+    }
+    let (cp, cf, c) = call_cache[cache_slot(parent, func, call_cache.len())];
+    if cp == parent && cf == func {
+        c
+    } else {
+        NONE
+    }
+}
+
+/// The number of the path that ends at trie node `t` with its activation ([`END_EXIT`]) where
+/// the node caches it (the last path that ended there did so at an exit); else [`NONE`]
+/// (`PathRecorder::path_of` finds or interns it).
+#[inline]
+pub(crate) fn cached_exit_path(trie: &[TrieNode], t: u32) -> u32 {
+    let n = &trie[t as usize];
+    if n.last_end == END_EXIT {
+        n.last_end_path
+    } else {
+        NONE
+    }
+}
+
 /// A guest function symbol, as the loader found it (`.symtab`, else `.dynsym`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FunctionSymbol {
@@ -228,7 +264,7 @@ const NO_END: u32 = u32::MAX - 1;
 
 /// A node of the path trie: a path prefix `[function, start tag, nodes...]`.
 #[derive(Clone, Copy, Debug)]
-struct TrieNode {
+pub(crate) struct TrieNode {
     /// The prefix without its last node, or [`NONE`] for a root (a one-node prefix).
     parent: u32,
     /// Its last node (a function CFG node).
@@ -353,19 +389,19 @@ pub struct PathRecorder {
     /// for superblock and side-exit ids).
     pub(crate) id_addr: Vec<u64>,
     pub(crate) id_kind: Vec<u8>,
-    id_ret: Vec<u64>,
+    pub(crate) id_ret: Vec<u64>,
     /// Per block id: the function whose entry it is, or NONE.
     pub(crate) id_entry: Vec<u32>,
     /// Per block id: (function, node) where it was last seen.
     pub(crate) id_node: Vec<(u32, u32)>,
     /// Per block id: the trie root of a path of `id_node`'s function starting at it after an
     /// entry (a call, tail call or resync), or [`NONE`].
-    id_root: Vec<u32>,
+    pub(crate) id_root: Vec<u32>,
     /// Guest address → block ids with that address (to refresh `id_entry`).
     ids_at: FxMap<u64, Vec<u32>>,
     pub(crate) stack: Vec<Activation>,
     /// The path trie.
-    trie: Vec<TrieNode>,
+    pub(crate) trie: Vec<TrieNode>,
     /// Trie roots by `(function, start tag, node)`.
     roots: FxMap<(u32, u32, u32), u32>,
     /// Trie children by `(parent, node)` (behind `TrieNode::last_child`).
@@ -378,7 +414,7 @@ pub struct PathRecorder {
     pub(crate) calltree: Vec<CallNode>,
     call_child: FxMap<(u32, u32), u32>,
     /// Direct-mapped cache in front of `call_child`: (parent, function, child).
-    call_cache: Box<[(u32, u32, u32)]>,
+    pub(crate) call_cache: Box<[(u32, u32, u32)]>,
     /// The last basic block stepped.
     pub(crate) prev: u32,
     /// Event-level state (see `path_memo`).
@@ -680,22 +716,10 @@ impl PathRecorder {
         p
     }
 
-    /// [`PathRecorder::call_child`] where it is cached: the child entered last under `parent`,
-    /// else the direct-mapped cache (a caller that calls several functions in turn); else
-    /// [`NONE`].
+    /// [`PathRecorder::call_child`] where it is cached (see [`cached_call_child`]).
     #[inline]
     fn cached_call_child(&self, parent: u32, func: u32) -> u32 {
-        let p = &self.calltree[parent as usize];
-        // `last_func` is a real function only below CALL_TREE_MAX_DEPTH (see `call_child`).
-        if p.last_func == func {
-            return p.last_child;
-        }
-        let (cp, cf, c) = self.call_cache[cache_slot(parent, func, CALL_CACHE_SLOTS)];
-        if cp == parent && cf == func {
-            c
-        } else {
-            NONE
-        }
+        cached_call_child(&self.calltree, &self.call_cache, parent, func)
     }
 
     /// The call-tree child of `parent` for `func`; past [`CALL_TREE_MAX_DEPTH`] frames, the
