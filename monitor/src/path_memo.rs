@@ -160,8 +160,8 @@ const EMPTY_SLOT: Slot = Slot {
     memo: NONE,
 };
 
-/// Events the general path takes after the fast loop took fewer than two (a recursive guest
-/// calls or returns in every event: the fast loop's start-up would be all it does).
+/// Events the general path takes after the fast loops took fewer than two (new memos, new
+/// functions, unusual returns, syscalls at every event: their start-up would be all they do).
 const FAST_BACKOFF: u32 = 8;
 
 /// Events in a row that stay in one activation after which `run_call_loop` hands over to
@@ -311,8 +311,8 @@ impl PathRecorder {
         while i < events.len() {
             if self.memo.fast_backoff == 0 {
                 let (j, rest) = self.run_fast(events, i);
-                // Where it gets nowhere (calls and returns at every event), the fast loop
-                // costs more than it saves: let a few events go the general way first.
+                // Where they get nowhere (the general path's business at every event), the
+                // fast loops cost more than they save: let a few events go the general way.
                 if j < i + 2 {
                     self.memo.fast_backoff = FAST_BACKOFF;
                 }
