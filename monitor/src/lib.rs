@@ -17,6 +17,7 @@
 
 mod decisions;
 mod pap_runs;
+mod path_fast;
 mod path_memo;
 mod pathreport;
 mod paths;
