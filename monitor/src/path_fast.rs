@@ -4,7 +4,7 @@
 
 use hotpath_events::SYSCALL_EVENT;
 
-use crate::path_memo::{memo_key, push_pap_runs, slot_of, NO_KEY};
+use crate::path_memo::{memo_key, push_pap_runs, slot_of, EventInfo, NO_KEY};
 use crate::paths::{
     cached_call_child, cached_exit_path, Activation, PathRecorder, K_CALL, K_INDIRECT, K_OTHER,
     K_RET, NONE, SHADOW_STACK_MAX,
@@ -14,6 +14,29 @@ use crate::paths::{
 /// `run_intra_loop` (a loop between calls), which takes them faster; fewer, and the hand-overs
 /// cost more than they save on call-bound code.
 const INTRA_RUN: u32 = 16;
+
+/// The event at `events[i]` as the fast loops take it: the id that stands for the blocks it
+/// ran (a superblock's side exit, told by the event after it, when it left early), that id's
+/// blocks, and how many events it takes (2 for a superblock and its side exit). `None`: the
+/// general path's (a syscall event, an id not learned yet, a superblock whose next event is
+/// not in this piece, the end of `events`).
+#[inline(always)]
+fn event_at(events: &[u32], i: usize, infos: &[EventInfo]) -> Option<(u32, EventInfo, usize)> {
+    let e = *events.get(i)?;
+    let info = *infos.get(e as usize)?;
+    if !info.is_superblock {
+        return Some((e, info, 1));
+    }
+    let next = *events.get(i + 1)?;
+    let exited = match infos.get(next as usize) {
+        Some(n) => n.superblock == e,
+        None if next & SYSCALL_EVENT != 0 => false,
+        None => return None,
+    };
+    // Branch-free: whether a superblock left early is the guest's own branch.
+    let run = if exited { next } else { e };
+    Some((run, infos[run as usize], 1 + exited as usize))
+}
 
 impl PathRecorder {
     /// The common case of `record_events`, with its state in registers: from `events[i]` on,
@@ -89,7 +112,8 @@ impl PathRecorder {
         let (mut blocks, mut ends) = (0u64, 0u64);
         let mut rest = None;
         while let Some(&e) = events.get(i) {
-            // A syscall event or an id not learned yet is the general path's.
+            // Inline rather than `event_at`: callgrind counts 8 % more instructions per event
+            // on interp and sieve with the helper here.
             let Some(&info) = infos.get(e as usize) else {
                 break;
             };
@@ -259,30 +283,15 @@ impl PathRecorder {
                     handed_over = true;
                     break;
                 }
-                // The next event. A syscall event or an id not learned yet is the general
-                // path's.
-                let Some(&e) = events.get(i) else { break };
-                let Some(&info) = infos.get(e as usize) else {
+                // The next event.
+                let Some((r, ri, taken)) = event_at(events, i, infos) else {
                     break;
                 };
-                let (mut r, mut ri, mut taken) = (e, info, 1);
-                if info.is_superblock {
-                    let Some(&next) = events.get(i + 1) else {
-                        break;
-                    };
-                    let exited = match infos.get(next as usize) {
-                        Some(n) => n.superblock == e,
-                        None if next & SYSCALL_EVENT != 0 => false,
-                        None => break,
-                    };
-                    // Branch-free: whether a superblock left early is the guest's own branch.
-                    r = if exited { next } else { e };
-                    taken += exited as usize;
-                    ri = infos[r as usize];
-                }
                 (run, start, len, pos, first) = (r, ri.start, ri.len, 0, ri.first);
-                // `run == e`: the event ran whole, so the same event next starts a repeat.
-                first_of = (r == e).then_some((e, info.is_superblock, i));
+                // `r == events[i]`: the event ran whole, so the same event next starts a
+                // repeat.
+                let e = events[i];
+                first_of = (r == e).then_some((e, ri.is_superblock, i));
                 i += taken;
             }
             let key = memo_key(run, pos);
@@ -384,10 +393,8 @@ impl PathRecorder {
                 }
                 m = s.memo;
             }
-            if memos[m as usize].epoch != epoch
-                || memos[m as usize].from != from
-                || (memos[m as usize].nends > 0 && k > 0)
-            {
+            let next = &memos[m as usize];
+            if next.epoch != epoch || next.from != from || (next.nends > 0 && k > 0) {
                 break;
             }
             if kind == K_RET {
