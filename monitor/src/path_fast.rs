@@ -38,6 +38,23 @@ fn event_at(events: &[u32], i: usize, infos: &[EventInfo]) -> Option<(u32, Event
     Some((run, infos[run as usize], 1 + exited as usize))
 }
 
+/// Where a run of event `e` that repeats from `events[next]` on ends (a loop whose body is one
+/// event, already taken once): the index of the first event that is not a repeat. A
+/// superblock's run stops before its last repeat, whose next event says whether it left early.
+#[inline(always)]
+fn repeat_run_end(events: &[u32], mut next: usize, e: u32, is_superblock: bool) -> usize {
+    if is_superblock {
+        while events.get(next) == Some(&e) && events.get(next + 1) == Some(&e) {
+            next += 1;
+        }
+    } else {
+        while events.get(next) == Some(&e) {
+            next += 1;
+        }
+    }
+    next
+}
+
 impl PathRecorder {
     /// The common case of `record_events`, with its state in registers: from `events[i]` on,
     /// [`PathRecorder::run_intra_loop`] takes the events that stay in one activation, and
@@ -173,15 +190,7 @@ impl PathRecorder {
                 && memo.last_kind == K_OTHER
                 && memo.end as u32 == run_info.len
             {
-                if info.is_superblock {
-                    while events.get(next) == Some(&e) && events.get(next + 1) == Some(&e) {
-                        next += 1;
-                    }
-                } else {
-                    while events.get(next) == Some(&e) {
-                        next += 1;
-                    }
-                }
+                next = repeat_run_end(events, next, e, info.is_superblock);
                 if next > i + 1 {
                     // The tables count the repeats at once too (`Tables::record_with_repeats`).
                     repeats.push(((i + 1) as u32, next as u32));
@@ -423,15 +432,7 @@ impl PathRecorder {
             let mut runs = 1u64;
             if let Some((e, is_superblock, at)) = first_of {
                 if memo.from == memo.next && memo.last_kind == K_OTHER && memo.end as u32 == len {
-                    if is_superblock {
-                        while events.get(i) == Some(&e) && events.get(i + 1) == Some(&e) {
-                            i += 1;
-                        }
-                    } else {
-                        while events.get(i) == Some(&e) {
-                            i += 1;
-                        }
-                    }
+                    i = repeat_run_end(events, i, e, is_superblock);
                     if i > at + 1 {
                         // The tables count the repeats at once too
                         // (`Tables::record_with_repeats`).
