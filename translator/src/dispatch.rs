@@ -187,6 +187,9 @@ impl Translator {
             signals,
         };
         process.add_region(image.image_start, image.brk_limit);
+        if let Some(interp) = &image.interpreter {
+            process.add_region(interp.range.0, interp.range.1);
+        }
         process.add_region(
             stack.base - hotpath_loader::STACK_GUARD,
             stack.base + stack.size,
@@ -213,7 +216,7 @@ impl Translator {
             producer,
             new_blocks,
             stats: Stats::default(),
-            next: Next::Guest(image.entry),
+            next: Next::Guest(image.start()),
             exec_request: None,
             known: Vec::new(),
             generation_first_id: 0,

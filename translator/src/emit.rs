@@ -19,7 +19,9 @@
 //! (`hotpath_ir::scratch_register`): RCX is borrowed through a GS scratch slot or one of those.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
-use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
+use iced_x86::{
+    Code, Encoder, Instruction, InstructionInfoFactory, MemoryOperand, OpKind, Register,
+};
 
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator, TrapKind};
 
@@ -103,6 +105,10 @@ pub struct HostLayout {
     /// In this host range the terminator has moved RSP down 8 bytes to push a return address
     /// that is not fully stored yet.
     pub push_window: Option<(u64, u64)>,
+    /// `(host address, register number)` of each instruction that runs with a register
+    /// borrowed to address a far RIP-relative operand (see [`encode_at`]): at a fault there,
+    /// the guest's value of that register is in the thread area's `scratch_far` slot.
+    pub far_borrows: Vec<(u64, u8)>,
     /// For one block of a superblock: the side-exit event that says "the superblock ended
     /// after this block", which the dispatcher enqueues when a fault here ends the trace.
     pub trace_exit: Option<u32>,
@@ -259,7 +265,7 @@ pub(crate) fn enqueue_stub(
 }
 
 /// The x86 register number (0 = RAX … 15 = R15) of a 64-bit general-purpose register.
-fn gpr(r: Register) -> u8 {
+pub(crate) fn gpr(r: Register) -> u8 {
     debug_assert!(r.is_gpr64());
     (r as u32 - Register::RAX as u32) as u8
 }
@@ -333,14 +339,18 @@ pub(crate) fn append_body(
 ) -> Result<(), TranslateError> {
     if !block.body.is_empty() {
         let insts: Vec<Instruction> = block.body.iter().map(|i| i.inst).collect();
-        let (bytes, offsets) = encode_at(&insts, code.addr())?;
+        let encoded = encode_at(&insts, code.addr())?;
         let base = code.addr();
-        layout.body = offsets
+        layout.body = encoded
+            .offsets
             .iter()
             .zip(&insts)
             .map(|(&o, i)| (base + o, i.ip()))
             .collect();
-        code.append(bytes);
+        layout
+            .far_borrows
+            .extend(encoded.borrows.iter().map(|&(o, r)| (base + o, r)));
+        code.append(encoded.bytes);
     }
     layout.term_start = code.addr();
     layout.term_guest = block
@@ -363,32 +373,179 @@ pub(crate) fn resolve_exit_stubs(exits: &mut [Exit], code: &Code_) {
     }
 }
 
+/// Guest instructions re-encoded for the code cache (see [`encode_at`]).
+pub(crate) struct Encoded {
+    /// The host code.
+    pub bytes: Vec<u8>,
+    /// For each guest instruction, the offset in `bytes` of the host instruction that does
+    /// its work (and where it faults, if it does): the instruction itself, or its rewritten
+    /// form after the setup of a far operand.
+    pub offsets: Vec<u64>,
+    /// `(offset, register number)` of each rewritten instruction that runs with a borrowed
+    /// register holding its far operand's address; the guest's value waits in the thread
+    /// area's `scratch_far` slot.
+    pub borrows: Vec<(u64, u8)>,
+}
+
+/// How far (bytes) a RIP-relative operand may be from the instruction's host address and
+/// still be encoded as such: the ±2 GiB of a 32-bit displacement, less the instruction's
+/// length.
+const RIP_REACH: u64 = (1 << 31) - 64;
+
 /// Re-encodes guest instructions one after another from host address `rip`, keeping every
 /// RIP-relative operand pointing at the same absolute guest address.
 ///
 /// Each instruction is encoded on its own: iced's `BlockEncoder` would treat a RIP-relative
 /// operand that happens to address one of the block's own instructions as a reference into the
 /// block and move it along with the code, which is wrong for data accesses (`lea rcx, [rip]`).
-/// Returns the code and each instruction's offset in it.
-pub(crate) fn encode_at(
-    insts: &[Instruction],
-    rip: u64,
-) -> Result<(Vec<u8>, Vec<u64>), TranslateError> {
+///
+/// An operand out of the ±2 GiB a displacement reaches from the code cache (code in a library
+/// far from the cache, the vDSO) is rewritten, as DynamoRIO mangles it: `lea reg, [rip+d]`
+/// becomes `mov reg, imm`; any other instruction borrows a register it does not use
+/// (its guest value saved in the thread area's `scratch_far` slot, through GS), loads the
+/// address into it, runs with `[reg]` as its operand, and gives the register back. None of
+/// these touch the flags.
+pub(crate) fn encode_at(insts: &[Instruction], rip: u64) -> Result<Encoded, TranslateError> {
     let mut encoder = Encoder::new(64);
     let mut at = rip;
     let mut offsets = Vec::with_capacity(insts.len());
+    let mut borrows = Vec::new();
+    let encode_err = |inst: &Instruction, e: iced_x86::IcedError| TranslateError::Encode {
+        guest: inst.ip(),
+        reason: e.to_string(),
+    };
     for inst in insts {
-        offsets.push(at - rip);
-        let len = encoder
-            .encode(inst, at)
-            .map_err(|e| TranslateError::Encode {
-                guest: inst.ip(),
-                reason: e.to_string(),
-            })?;
-        at += len as u64;
+        let far = inst.is_ip_rel_memory_operand()
+            && inst.ip_rel_memory_address().abs_diff(at) >= RIP_REACH;
+        if !far {
+            offsets.push(at - rip);
+            at += encoder.encode(inst, at).map_err(|e| encode_err(inst, e))? as u64;
+            continue;
+        }
+        let mut seq = Vec::with_capacity(4);
+        let work = far_operand_sequence(inst, &mut seq)?;
+        for (i, part) in seq.iter().enumerate() {
+            if i == work.index {
+                offsets.push(at - rip);
+                if let Some(reg) = work.borrowed {
+                    borrows.push((at - rip, gpr(reg)));
+                }
+            }
+            at += encoder.encode(part, at).map_err(|e| encode_err(inst, e))? as u64;
+        }
     }
-    Ok((encoder.take_buffer(), offsets))
+    Ok(Encoded {
+        bytes: encoder.take_buffer(),
+        offsets,
+        borrows,
+    })
 }
+
+/// Which instruction of a far-operand sequence does the guest instruction's work.
+struct FarWork {
+    /// Its index in the sequence.
+    index: usize,
+    /// The register it borrows, if any.
+    borrowed: Option<Register>,
+}
+
+/// Appends to `seq` the instructions that do what `inst` does when its RIP-relative operand
+/// is too far from the code cache to stay RIP-relative (see [`encode_at`]).
+fn far_operand_sequence(
+    inst: &Instruction,
+    seq: &mut Vec<Instruction>,
+) -> Result<FarWork, TranslateError> {
+    let bad = |e: iced_x86::IcedError| TranslateError::Encode {
+        guest: inst.ip(),
+        reason: e.to_string(),
+    };
+    let target = inst.ip_rel_memory_address();
+    match inst.code() {
+        Code::Lea_r64_m => {
+            seq.push(
+                Instruction::with2(Code::Mov_r64_imm64, inst.op0_register(), target)
+                    .map_err(bad)?,
+            );
+            return Ok(FarWork {
+                index: 0,
+                borrowed: None,
+            });
+        }
+        Code::Lea_r32_m => {
+            seq.push(
+                Instruction::with2(Code::Mov_r32_imm32, inst.op0_register(), target as u32)
+                    .map_err(bad)?,
+            );
+            return Ok(FarWork {
+                index: 0,
+                borrowed: None,
+            });
+        }
+        _ => {}
+    }
+    let reg = free_register(inst).ok_or_else(|| TranslateError::Encode {
+        guest: inst.ip(),
+        reason: "no register is free to address a far RIP-relative operand".into(),
+    })?;
+    let slot = MemoryOperand::new(
+        Register::None,
+        Register::None,
+        1,
+        off::SCRATCH_FAR as i64,
+        4,
+        false,
+        Register::GS,
+    );
+    seq.push(Instruction::with2(Code::Mov_rm64_r64, slot, reg).map_err(bad)?);
+    seq.push(Instruction::with2(Code::Mov_r64_imm64, reg, target).map_err(bad)?);
+    let mut work = *inst;
+    work.set_memory_base(reg);
+    work.set_memory_index(Register::None);
+    work.set_memory_displacement64(0);
+    work.set_memory_displ_size(0);
+    seq.push(work);
+    seq.push(Instruction::with2(Code::Mov_r64_rm64, reg, slot).map_err(bad)?);
+    Ok(FarWork {
+        index: 2,
+        borrowed: Some(reg),
+    })
+}
+
+/// A 64-bit general-purpose register (never RSP) that `inst` neither reads nor writes, in
+/// any width, explicitly or implicitly.
+fn free_register(inst: &Instruction) -> Option<Register> {
+    let mut used = 1u32 << gpr(Register::RSP);
+    let mut factory = InstructionInfoFactory::new();
+    for u in factory.info(inst).used_registers() {
+        let full = u.register().full_register();
+        if full.is_gpr64() {
+            used |= 1 << gpr(full);
+        }
+    }
+    (0..16u32)
+        .find(|i| used & (1 << i) == 0)
+        .map(|i| ALL_GPR64[i as usize])
+}
+
+/// The 64-bit general-purpose registers in x86 encoding order.
+const ALL_GPR64: [Register; 16] = [
+    Register::RAX,
+    Register::RCX,
+    Register::RDX,
+    Register::RBX,
+    Register::RSP,
+    Register::RBP,
+    Register::RSI,
+    Register::RDI,
+    Register::R8,
+    Register::R9,
+    Register::R10,
+    Register::R11,
+    Register::R12,
+    Register::R13,
+    Register::R14,
+    Register::R15,
+];
 
 /// Appends the exit stub for exit index `index` at label `label`.
 pub(crate) fn exit_stub(
@@ -599,7 +756,12 @@ pub(crate) fn emit_terminator(
             layout.rcx_borrowed_from = Some(code.addr());
             // Load the target with the guest's own operand before anything moves RSP.
             let load = target_load(&inst)?;
-            code.append(encode_at(&[load], code.addr())?.0);
+            let encoded = encode_at(&[load], code.addr())?;
+            let base = code.addr();
+            layout
+                .far_borrows
+                .extend(encoded.borrows.iter().map(|&(o, r)| (base + o, r)));
+            code.append(encoded.bytes);
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
             if let Terminator::IndirectCall { return_to } = block.terminator {

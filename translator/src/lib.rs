@@ -60,3 +60,14 @@ pub enum TranslateError {
     #[error("cannot form the superblock at {head:#x}: {reason}")]
     Superblock { head: u64, reason: String },
 }
+
+/// Guest address of the vDSO the guest is given (AT_SYSINFO_EHDR): hotpath's own, which the
+/// kernel mapped into this process. Its code runs translated like any other (its accesses to
+/// the kernel's data pages are far RIP-relative operands, rewritten by the emitter), so the
+/// guest reads the clock without a system call, as natively. `None` when the kernel gave no
+/// vDSO.
+pub fn guest_vdso() -> Option<u64> {
+    // SAFETY: getauxval has no preconditions.
+    let ehdr = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
+    (ehdr != 0).then_some(ehdr)
+}

@@ -203,9 +203,10 @@ fn write_extras(
 /// Exit status for a program that could not be loaded (as shells use: 127 not found, 126
 /// cannot execute).
 fn load_error_status(e: &LoadError) -> u8 {
-    match e {
-        LoadError::Io { reason, .. } if reason.contains("No such file") => 127,
-        _ => 126,
+    if e.is_not_found() {
+        127
+    } else {
+        126
     }
 }
 
@@ -286,7 +287,13 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         })
         .collect();
     let execfn = args.command[0].to_string_lossy().into_owned();
-    let stack = match build_stack(&image, &args.command, &envp, &execfn) {
+    let stack = match build_stack(
+        &image,
+        &args.command,
+        &envp,
+        &execfn,
+        hotpath_translator::guest_vdso(),
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("hotpath: {e}");

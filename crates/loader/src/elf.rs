@@ -21,10 +21,31 @@ const ELF64_EHDR_SIZE: usize = 64;
 /// What kind of ELF executable the guest is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ElfKind {
-    /// `ET_EXEC`: fixed addresses.
+    /// `ET_EXEC`: fixed addresses (statically or dynamically linked).
     Static,
-    /// `ET_DYN` without an interpreter: relocates itself at a base the loader picks.
+    /// `ET_DYN`: position-independent, at a base the loader picks (static-pie, PIE with an
+    /// interpreter, or an interpreter run as the program).
     StaticPie,
+}
+
+/// Where the kernel puts a PIE that has an interpreter (`ELF_ET_DYN_BASE` on x86-64, before
+/// randomisation): two thirds of the 47-bit user address space. A hint: when taken, the
+/// kernel picks another base, as it would for `mmap`.
+const ELF_ET_DYN_BASE: u64 = 0x5555_5555_4000;
+
+/// The program interpreter (`PT_INTERP`, normally ld-linux-x86-64.so.2) as loaded.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    /// Its path, as the program names it.
+    pub path: PathBuf,
+    /// Added to every ELF virtual address of the interpreter (AT_BASE).
+    pub load_bias: u64,
+    /// Guest address of its entry point: where the guest starts.
+    pub entry: u64,
+    /// Mapped range `[start, end)`, page-aligned guest addresses.
+    pub range: (u64, u64),
+    /// Function symbols, sorted by address.
+    pub symbols: Vec<Symbol>,
 }
 
 /// Caller's requirements for the reservation.
@@ -85,32 +106,161 @@ pub struct Image {
     pub extra: (u64, u64),
     /// Function symbols, sorted by address.
     pub symbols: Vec<Symbol>,
+    /// The program interpreter, for a dynamically linked program.
+    pub interpreter: Option<Interpreter>,
 }
 
-/// Loads the executable at `path` into this process at its guest addresses.
+/// Loads the executable at `path` into this process at its guest addresses, and its
+/// interpreter when it names one (`PT_INTERP`), as the kernel's `execve` does: the program at
+/// its fixed addresses (`ET_EXEC`) or at a base like the kernel's (`ET_DYN`), the interpreter
+/// wherever there is room.
 ///
 /// # Errors
 /// [`LoadError`] naming the file when it is missing, unreadable, not executable, not an ELF,
-/// not a 64-bit x86-64 executable, dynamically linked (not supported yet), malformed, or
-/// when its addresses are not free.
+/// not a 64-bit x86-64 executable, malformed, or when its addresses are not free;
+/// [`LoadError::Interpreter`] when its interpreter is missing or cannot be loaded.
 pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let file = File::open(path).map_err(|e| LoadError::Io {
-        path: abs.clone(),
-        reason: io_reason(&e),
-    })?;
-    check_executable(&file, &abs)?;
-    let bytes = std::fs::read(path).map_err(|e| LoadError::Io {
-        path: abs.clone(),
-        reason: io_reason(&e),
-    })?;
+    let (file, bytes) = open_checked(path, &abs)?;
+    let checked = parse_checked(&bytes, &abs)?;
+    let elf = &checked.elf;
     let unsupported = |reason: String| LoadError::UnsupportedElf {
         path: abs.clone(),
         reason,
     };
+    if checked.kind == ElfKind::StaticPie && elf.entry == 0 {
+        return Err(unsupported(
+            "a shared library, not an executable (entry point 0)".into(),
+        ));
+    }
+    let placement = match (checked.kind, elf.interpreter) {
+        (ElfKind::Static, _) => Placement::Fixed,
+        (ElfKind::StaticPie, Some(_)) => Placement::Hint(ELF_ET_DYN_BASE),
+        // A static-pie goes where the kernel finds room, like ASLR would put it.
+        (ElfKind::StaticPie, None) => Placement::Anywhere,
+    };
+    let (lo, hi) = checked.span;
+    let total = hi - lo + BRK_RESERVE + page_ceil(opts.extra_reserve);
+    let base = reserve(&abs, placement, lo, total)?;
+    let load_bias = base - lo;
 
+    let mut segments = Vec::new();
+    for ph in checked.loads() {
+        segments.push(map_segment(&file, &abs, ph, load_bias)?);
+    }
+
+    let phdr = match elf
+        .program_headers
+        .iter()
+        .find(|p| p.p_type == program_header::PT_PHDR)
+    {
+        Some(p) => p.p_vaddr + load_bias,
+        // Static glibc has no PT_PHDR: the headers sit in the LOAD that maps file offset 0.
+        None => checked
+            .loads()
+            .find(|p| p.p_offset == 0)
+            .map(|p| p.p_vaddr + elf.header.e_phoff + load_bias)
+            .unwrap_or(0),
+    };
+    let interpreter = match elf.interpreter {
+        Some(interp) => Some(load_interpreter(&abs, Path::new(interp))?),
+        None => None,
+    };
+    let brk_start = hi + load_bias;
+    let brk_limit = brk_start + BRK_RESERVE;
+    Ok(Image {
+        path: abs,
+        kind: checked.kind,
+        load_bias,
+        entry: elf.entry + load_bias,
+        phdr,
+        phent: elf.header.e_phentsize as u64,
+        phnum: elf.header.e_phnum as u64,
+        image_start: base,
+        brk_start,
+        brk_limit,
+        extra: (brk_limit, page_ceil(opts.extra_reserve)),
+        symbols: function_symbols(elf, load_bias, &segments),
+        segments,
+        interpreter,
+    })
+}
+
+/// Loads the program interpreter `interp` named by `program`, wherever there is room.
+fn load_interpreter(program: &Path, interp: &Path) -> Result<Interpreter, LoadError> {
+    let err = |reason: String| LoadError::Interpreter {
+        path: program.to_path_buf(),
+        interp: interp.to_path_buf(),
+        reason,
+    };
+    // The kernel's own rule: the interpreter must be an executable regular file.
+    let (file, bytes) = open_checked(interp, interp).map_err(|e| err(e.reason()))?;
+    let checked = parse_checked(&bytes, interp).map_err(|e| err(e.reason()))?;
+    let elf = &checked.elf;
+    if elf.interpreter.is_some() {
+        return Err(err("the interpreter itself names an interpreter".into()));
+    }
+    let placement = match checked.kind {
+        ElfKind::Static => Placement::Fixed,
+        ElfKind::StaticPie => Placement::Anywhere,
+    };
+    let (lo, hi) = checked.span;
+    let base = reserve(interp, placement, lo, hi - lo).map_err(|e| err(e.reason()))?;
+    let load_bias = base - lo;
+    let mut segments = Vec::new();
+    for ph in checked.loads() {
+        segments.push(map_segment(&file, interp, ph, load_bias).map_err(|e| err(e.reason()))?);
+    }
+    Ok(Interpreter {
+        path: interp.to_path_buf(),
+        load_bias,
+        entry: elf.entry + load_bias,
+        range: (base, hi + load_bias),
+        symbols: function_symbols(elf, load_bias, &segments),
+    })
+}
+
+/// An ELF file that passed the checks every executable must pass.
+struct CheckedElf<'a> {
+    elf: Elf<'a>,
+    kind: ElfKind,
+    /// Page-aligned ELF virtual address range of the PT_LOAD segments, `(lo, hi)`.
+    span: (u64, u64),
+}
+
+impl CheckedElf<'_> {
+    fn loads(&self) -> impl Iterator<Item = &program_header::ProgramHeader> {
+        self.elf
+            .program_headers
+            .iter()
+            .filter(|p| p.p_type == program_header::PT_LOAD)
+    }
+}
+
+/// Opens `path` (shown as `abs` in errors), checks it is an executable regular file and reads
+/// it whole.
+fn open_checked(path: &Path, abs: &Path) -> Result<(File, Vec<u8>), LoadError> {
+    let io = |e: std::io::Error| LoadError::Io {
+        path: abs.to_path_buf(),
+        reason: io_reason(&e),
+    };
+    let file = File::open(path).map_err(io)?;
+    check_executable(&file, abs)?;
+    let bytes = std::fs::read(path).map_err(io)?;
+    Ok((file, bytes))
+}
+
+/// Checks `bytes` are a well-formed 64-bit little-endian x86-64 executable (`ET_EXEC` or
+/// `ET_DYN`) whose PT_LOAD segments lie in the file and span at most 4 GiB.
+fn parse_checked<'a>(bytes: &'a [u8], abs: &Path) -> Result<CheckedElf<'a>, LoadError> {
+    let unsupported = |reason: String| LoadError::UnsupportedElf {
+        path: abs.to_path_buf(),
+        reason,
+    };
     if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
-        return Err(LoadError::NotElf { path: abs.clone() });
+        return Err(LoadError::NotElf {
+            path: abs.to_path_buf(),
+        });
     }
     if bytes.len() < header::SIZEOF_IDENT + 2 {
         return Err(unsupported("truncated ELF header".into()));
@@ -143,14 +293,9 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
             header::machine_to_str(machine)
         )));
     }
-    let elf = Elf::parse(&bytes).map_err(|e| unsupported(format!("malformed ELF: {e}")))?;
+    let elf = Elf::parse(bytes).map_err(|e| unsupported(format!("malformed ELF: {e}")))?;
     let kind = match elf.header.e_type {
         header::ET_EXEC => ElfKind::Static,
-        header::ET_DYN if elf.entry == 0 => {
-            return Err(unsupported(
-                "a shared library, not an executable (entry point 0)".into(),
-            ))
-        }
         header::ET_DYN => ElfKind::StaticPie,
         t => {
             return Err(unsupported(format!(
@@ -159,11 +304,6 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
             )))
         }
     };
-    if let Some(interp) = elf.interpreter {
-        return Err(unsupported(format!(
-            "dynamically linked (interpreter {interp}): hotpath runs static and static-pie programs for now"
-        )));
-    }
     let loads: Vec<&program_header::ProgramHeader> = elf
         .program_headers
         .iter()
@@ -197,7 +337,7 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         .unwrap_or(0);
     let hi = loads
         .iter()
-        .map(|p| page_ceil(p.p_vaddr + p.p_memsz))
+        .map(|p| page_ceil(p.p_vaddr.saturating_add(p.p_memsz)))
         .max()
         .unwrap_or(0);
     if hi <= lo || hi - lo > (1 << 32) {
@@ -205,45 +345,10 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
             "image span {lo:#x}..{hi:#x} is empty or over 4 GiB"
         )));
     }
-    let span = hi - lo;
-    let total = span + BRK_RESERVE + page_ceil(opts.extra_reserve);
-    let base = reserve(&abs, kind, lo, total)?;
-    let load_bias = base - lo;
-
-    let mut segments = Vec::new();
-    for ph in &loads {
-        segments.push(map_segment(&file, &abs, ph, load_bias)?);
-    }
-
-    let phdr = match elf
-        .program_headers
-        .iter()
-        .find(|p| p.p_type == program_header::PT_PHDR)
-    {
-        Some(p) => p.p_vaddr + load_bias,
-        // Static glibc has no PT_PHDR: the headers sit in the LOAD that maps file offset 0.
-        None => loads
-            .iter()
-            .find(|p| p.p_offset == 0)
-            .map(|p| p.p_vaddr + elf.header.e_phoff + load_bias)
-            .unwrap_or(0),
-    };
-    let brk_start = hi + load_bias;
-    let brk_limit = brk_start + BRK_RESERVE;
-    Ok(Image {
-        path: abs,
+    Ok(CheckedElf {
+        elf,
         kind,
-        load_bias,
-        entry: elf.entry + load_bias,
-        phdr,
-        phent: elf.header.e_phentsize as u64,
-        phnum: elf.header.e_phnum as u64,
-        image_start: base,
-        brk_start,
-        brk_limit,
-        extra: (brk_limit, page_ceil(opts.extra_reserve)),
-        symbols: function_symbols(&elf, load_bias, &segments),
-        segments,
+        span: (lo, hi),
     })
 }
 
@@ -285,13 +390,24 @@ fn check_executable(file: &File, path: &Path) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// Reserves `total` bytes of address space: at `lo` for ET_EXEC, anywhere for static-pie.
-/// Returns the start.
-fn reserve(path: &Path, kind: ElfKind, lo: u64, total: u64) -> Result<u64, LoadError> {
-    let (hint, flags) = match kind {
-        ElfKind::Static => (lo, libc::MAP_FIXED_NOREPLACE),
-        // A static-pie goes where the kernel finds room, like ASLR would put it.
-        ElfKind::StaticPie => (0, 0),
+/// Where a reservation goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// Exactly at the ELF's own addresses (`ET_EXEC`).
+    Fixed,
+    /// Near this address if it is free, else where the kernel finds room.
+    Hint(u64),
+    /// Where the kernel finds room.
+    Anywhere,
+}
+
+/// Reserves `total` bytes of address space for an image whose lowest ELF address is `lo`,
+/// placed as `placement` says. Returns the start.
+fn reserve(path: &Path, placement: Placement, lo: u64, total: u64) -> Result<u64, LoadError> {
+    let (hint, flags) = match placement {
+        Placement::Fixed => (lo, libc::MAP_FIXED_NOREPLACE),
+        Placement::Hint(h) => (h, 0),
+        Placement::Anywhere => (0, 0),
     };
     // SAFETY: an anonymous PROT_NONE reservation; FIXED_NOREPLACE never replaces a mapping.
     let p = unsafe {
@@ -304,7 +420,7 @@ fn reserve(path: &Path, kind: ElfKind, lo: u64, total: u64) -> Result<u64, LoadE
             0,
         )
     };
-    if p == libc::MAP_FAILED || (kind == ElfKind::Static && p as u64 != lo) {
+    if p == libc::MAP_FAILED || (placement == Placement::Fixed && p as u64 != lo) {
         let reason = if p == libc::MAP_FAILED {
             std::io::Error::last_os_error().to_string()
         } else {
@@ -446,14 +562,30 @@ fn function_symbols(elf: &Elf, bias: u64, segments: &[Segment]) -> Vec<Symbol> {
 }
 
 impl Image {
-    /// The function symbol containing `addr`, and the offset of `addr` in it.
+    /// Guest address where execution starts: the interpreter's entry point for a dynamically
+    /// linked program, the program's own otherwise.
+    pub fn start(&self) -> u64 {
+        self.interpreter.as_ref().map_or(self.entry, |i| i.entry)
+    }
+
+    /// The function symbol of the program or its interpreter containing `addr`, and the
+    /// offset of `addr` in it.
     pub fn symbolize(&self, addr: u64) -> Option<(&str, u64)> {
-        let i = self.symbols.partition_point(|s| s.addr <= addr);
-        let s = self.symbols.get(i.checked_sub(1)?)?;
-        if s.size == 0 || addr < s.addr + s.size {
-            Some((&s.name, addr - s.addr))
-        } else {
-            None
-        }
+        symbolize_in(&self.symbols, addr).or_else(|| {
+            self.interpreter
+                .as_ref()
+                .and_then(|i| symbolize_in(&i.symbols, addr))
+        })
+    }
+}
+
+/// The symbol of `symbols` (sorted by address) containing `addr`, and the offset in it.
+pub fn symbolize_in(symbols: &[Symbol], addr: u64) -> Option<(&str, u64)> {
+    let i = symbols.partition_point(|s| s.addr <= addr);
+    let s = symbols.get(i.checked_sub(1)?)?;
+    if s.size == 0 || addr < s.addr + s.size {
+        Some((&s.name, addr - s.addr))
+    } else {
+        None
     }
 }

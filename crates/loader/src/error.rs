@@ -18,6 +18,13 @@ pub enum LoadError {
     /// The file is an ELF hotpath cannot run (class, machine, type) or it is malformed.
     #[error("{}: {reason}", path.display())]
     UnsupportedElf { path: PathBuf, reason: String },
+    /// The program's interpreter (`PT_INTERP`) is missing or cannot be loaded.
+    #[error("{}: interpreter {}: {reason}", path.display(), interp.display())]
+    Interpreter {
+        path: PathBuf,
+        interp: PathBuf,
+        reason: String,
+    },
     /// An address range the guest needs could not be mapped.
     #[error("{}: cannot map the guest image at {addr:#x} ({len} bytes): {reason}", path.display())]
     Map {
@@ -26,4 +33,32 @@ pub enum LoadError {
         len: u64,
         reason: String,
     },
+}
+
+impl LoadError {
+    /// The reason alone, without the file's name (for an error about a file another one
+    /// names, such as the interpreter).
+    pub fn reason(&self) -> String {
+        match self {
+            LoadError::Io { reason, .. }
+            | LoadError::NotExecutable { reason, .. }
+            | LoadError::UnsupportedElf { reason, .. }
+            | LoadError::Interpreter { reason, .. } => reason.clone(),
+            LoadError::NotElf { .. } => "not an ELF file".into(),
+            LoadError::Map {
+                addr, len, reason, ..
+            } => format!("cannot map {len} bytes at {addr:#x}: {reason}"),
+        }
+    }
+
+    /// True when the file (or the interpreter it names) does not exist: a shell reports such
+    /// a command with exit status 127, other failures to execute with 126.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            LoadError::Io { reason, .. } | LoadError::Interpreter { reason, .. } => {
+                reason.contains("No such file")
+            }
+            _ => false,
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! path ──check (exists, executable, ELF64, x86-64, ET_EXEC/ET_DYN)──▶ reserve span
-//!      ──map PT_LOADs (fixed for ET_EXEC, chosen base for static-pie), zero bss──▶ Image
+//!      ──map PT_LOADs (fixed for ET_EXEC, chosen base for ET_DYN), zero bss──▶ Image
+//!      ──PT_INTERP: the same for the interpreter (ld.so), anywhere──▶ Image::interpreter
 //! Image + argv + envp ──▶ GuestStack (rsp → argc, argv, envp, auxv, strings)
 //! ```
 //!
@@ -14,7 +15,7 @@ mod elf;
 mod error;
 mod stack;
 
-pub use elf::{load, ElfKind, Image, LoadOptions, Segment, Symbol, BRK_RESERVE};
+pub use elf::{load, ElfKind, Image, Interpreter, LoadOptions, Segment, Symbol, BRK_RESERVE};
 pub use error::LoadError;
 pub use stack::{build_stack, GuestStack, STACK_GUARD, STACK_SIZE};
 

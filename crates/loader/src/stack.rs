@@ -26,6 +26,7 @@ pub struct GuestStack {
 
 // Auxiliary vector keys (linux/auxvec.h).
 const AT_NULL: u64 = 0;
+const AT_SYSINFO_EHDR: u64 = 33;
 const AT_PHDR: u64 = 3;
 const AT_PHENT: u64 = 4;
 const AT_PHNUM: u64 = 5;
@@ -73,7 +74,8 @@ impl StackWriter {
 
 /// Maps a fresh stack and lays out argc, argv, envp and auxv for `image`.
 ///
-/// `argv[0]` is what the guest sees as its name; `execfn` is AT_EXECFN (the path as given).
+/// `argv[0]` is what the guest sees as its name; `execfn` is AT_EXECFN (the path as given);
+/// `vdso` is AT_SYSINFO_EHDR, the guest address of a vDSO's ELF header (none when `None`).
 ///
 /// # Errors
 /// [`LoadError::Map`] if the stack cannot be mapped, or the strings do not fit in it.
@@ -82,6 +84,7 @@ pub fn build_stack(
     argv: &[OsString],
     envp: &[OsString],
     execfn: &str,
+    vdso: Option<u64>,
 ) -> Result<GuestStack, LoadError> {
     let map_err = |reason: String| LoadError::Map {
         path: image.path.clone(),
@@ -156,10 +159,11 @@ pub fn build_stack(
             libc::getegid(),
         )
     };
-    // In the kernel's order (create_elf_tables), without AT_SYSINFO_EHDR: hotpath offers no
-    // vDSO (its code would run translated, out of reach of the code cache's RIP-relative
-    // addressing), so glibc makes real system calls for the time functions.
+    // In the kernel's order (create_elf_tables: ARCH_DLINFO first).
     let mut auxv: Vec<(u64, u64)> = Vec::new();
+    if let Some(ehdr) = vdso {
+        auxv.push((AT_SYSINFO_EHDR, ehdr));
+    }
     let minsig = host(AT_MINSIGSTKSZ);
     if minsig != 0 {
         auxv.push((AT_MINSIGSTKSZ, minsig));
@@ -171,7 +175,10 @@ pub fn build_stack(
         (AT_PHDR, image.phdr),
         (AT_PHENT, image.phent),
         (AT_PHNUM, image.phnum),
-        (AT_BASE, 0),
+        (
+            AT_BASE,
+            image.interpreter.as_ref().map_or(0, |i| i.load_bias),
+        ),
         (AT_FLAGS, 0),
         (AT_ENTRY, image.entry),
         (AT_UID, uid as u64),

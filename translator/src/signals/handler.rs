@@ -203,6 +203,9 @@ fn capture_fault(
     } else {
         return None;
     };
+    if let Some(&(_, reg)) = l.far_borrows.iter().find(|&&(h, _)| h == pc) {
+        regs[reg as usize] = area.scratch_far;
+    }
     area.gpr = regs;
     area.rflags = gregs[REG_EFL] as u64;
     Some((rip, l.trace_exit))
