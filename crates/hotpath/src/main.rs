@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
-use hotpath_loader::{build_stack, load, Image, LoadError, LoadOptions};
+use hotpath_loader::{build_stack, load, resolve_script, Image, LoadError, LoadOptions};
 use hotpath_monitor::report::{self, Ending, RunInfo};
 use hotpath_monitor::{
     FunctionSymbol, MonitorHandle, MonitorState, PathConfig, PathProfile, PathRecorder, Profile,
@@ -265,7 +265,14 @@ impl Monitoring {
 }
 
 fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
-    let program = PathBuf::from(&args.command[0]);
+    let file = search_path(&args.command[0]);
+    let (program, argv) = match resolve_script(&file, &args.command) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("hotpath: {e}");
+            return ExitCode::from(load_error_status(&e));
+        }
+    };
     let image = match load(
         &program,
         LoadOptions {
@@ -286,10 +293,12 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
             kv
         })
         .collect();
-    let execfn = args.command[0].to_string_lossy().into_owned();
+    // What execvp passes the kernel as the file name, which AT_EXECFN shows (the script's,
+    // for a #! script).
+    let execfn = file.to_string_lossy().into_owned();
     let stack = match build_stack(
         &image,
-        &args.command,
+        &argv,
         &envp,
         &execfn,
         hotpath_translator::guest_vdso(),
@@ -423,6 +432,32 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         Ok(GuestExit::Signaled(sig)) => die_of(sig),
         Err(_) => ExitCode::from(1),
     }
+}
+
+/// The file `execvp` would run for `name`: `name` itself when it contains a slash, else the
+/// first executable regular file called `name` in a directory of `PATH` (default
+/// `/usr/local/bin:/usr/bin:/bin`, as glibc's), else `name` (the loader then reports it
+/// missing).
+fn search_path(name: &std::ffi::OsStr) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    if name.as_bytes().contains(&b'/') || name.is_empty() {
+        return PathBuf::from(name);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|dir| {
+            // An empty entry means the current directory.
+            if dir.as_os_str().is_empty() {
+                PathBuf::from(".").join(name)
+            } else {
+                dir.join(name)
+            }
+        })
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// Writes the JSON report (if asked) and the stderr summary (unless `quiet`).

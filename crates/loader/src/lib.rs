@@ -13,10 +13,12 @@
 
 mod elf;
 mod error;
+mod script;
 mod stack;
 
 pub use elf::{load, ElfKind, Image, Interpreter, LoadOptions, Segment, Symbol, BRK_RESERVE};
 pub use error::LoadError;
+pub use script::resolve_script;
 pub use stack::{build_stack, GuestStack, STACK_GUARD, STACK_SIZE};
 
 /// Guest page size in bytes.
