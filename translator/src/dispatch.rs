@@ -108,6 +108,8 @@ pub struct Translator {
     next: Next,
     /// The pending `execve` arguments (`nr`, args).
     exec_request: Option<(u64, [u64; 6])>,
+    /// How to run an exec'd program under hotpath (`None`: natively).
+    exec_wrapper: Option<crate::exec::ExecWrapper>,
     /// Metadata of every id, for a forked child's new monitor.
     known: Vec<NewBlock>,
     /// The first id of the current code cache generation: older ids were flushed.
@@ -218,6 +220,7 @@ impl Translator {
             stats: Stats::default(),
             next: Next::Guest(image.start()),
             exec_request: None,
+            exec_wrapper: None,
             known: Vec::new(),
             generation_first_id: 0,
             superblock_heads: HashSet::new(),
@@ -316,9 +319,15 @@ impl Translator {
     /// failed; the guest then sees the error and `run` goes on.
     pub fn exec(&mut self) {
         if let Some((nr, args)) = self.exec_request.take() {
-            let ret = syscalls::exec(&self.process, nr, &args);
+            let ret = crate::exec::exec(&self.process, self.exec_wrapper.as_ref(), nr, &args);
             self.area.gpr[thread_area::RAX] = ret as u64;
         }
+    }
+
+    /// Runs the programs the guest execs under hotpath as `wrapper` says (`None`, the
+    /// default: natively).
+    pub fn set_exec_wrapper(&mut self, wrapper: Option<crate::exec::ExecWrapper>) {
+        self.exec_wrapper = wrapper;
     }
 
     /// Sends every known block's metadata to `tx` and future ones too: a forked child's new

@@ -21,6 +21,7 @@ pub mod code_cache;
 pub mod decode;
 mod dispatch;
 pub mod emit;
+mod exec;
 pub mod gateway;
 mod guest_mem;
 pub mod signals;
@@ -29,6 +30,7 @@ pub mod syscalls;
 pub mod thread_area;
 
 pub use dispatch::{Config, Stats, Stop, Translator};
+pub use exec::ExecWrapper;
 pub use syscalls::{signal_name, GuestExit};
 
 /// Why translation stopped. `Display` is one line for the user.

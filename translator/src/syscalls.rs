@@ -635,18 +635,6 @@ fn sys_openat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     }
 }
 
-/// Performs the guest's `execve`/`execveat` (`nr`, `args`), with `/proc/self/exe` meaning the
-/// guest's program. Returns only on failure, with the negative errno.
-pub fn exec(p: &Process, nr: u64, args: &[u64; 6]) -> i64 {
-    let mut a = *args;
-    let path_arg = if nr == 59 { 0 } else { 1 };
-    let exe = exe_path_arg(p, a[path_arg]);
-    if let Some(exe) = &exe {
-        a[path_arg] = exe.as_ptr() as u64;
-    }
-    raw_syscall(nr, &a)
-}
-
 fn sys_exit(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Exit(GuestExit::Exited((a[0] & 0xff) as i32))
 }

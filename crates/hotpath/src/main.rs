@@ -22,7 +22,9 @@ use hotpath_monitor::{
     DEFAULT_PAP_THRESHOLD, DEFAULT_SUPERBLOCK_THRESHOLD,
 };
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
-use hotpath_translator::{signal_name, Config, GuestExit, Stop, TranslateError, Translator};
+use hotpath_translator::{
+    signal_name, Config, ExecWrapper, GuestExit, Stop, TranslateError, Translator,
+};
 
 /// Rows of each table in the stderr summary.
 const SUMMARY_TOP: usize = 10;
@@ -115,6 +117,12 @@ struct RunArgs {
     /// Write a flame graph of the shadow call stack to FILE.svg.
     #[arg(long, value_name = "FILE.svg")]
     flamegraph: Option<PathBuf>,
+    /// The name the program sees as its argv[0] (default: PROGRAM as given).
+    #[arg(long, value_name = "NAME")]
+    argv0: Option<OsString>,
+    /// Run the programs the guest execs natively instead of under hotpath.
+    #[arg(long)]
+    no_follow_exec: bool,
     /// The program and its arguments.
     #[arg(
         trailing_var_arg = true,
@@ -264,8 +272,12 @@ impl Monitoring {
     }
 }
 
-fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
+fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let file = search_path(&args.command[0]);
+    if let Some(name) = args.argv0.take() {
+        // The report shows the argv the guest saw.
+        args.command[0] = name;
+    }
     let (program, argv) = match resolve_script(&file, &args.command) {
         Ok(p) => p,
         Err(e) => {
@@ -371,10 +383,12 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
                         Ending::Exec,
                         true,
                     );
+                    translator.set_exec_wrapper(exec_wrapper(&args, &monitoring));
                     translator.exec();
                     // The exec failed: the guest goes on, and so does its profile.
                     monitoring.start(&mut translator, tables);
                 } else {
+                    translator.set_exec_wrapper(exec_wrapper(&args, &monitoring));
                     translator.exec();
                 }
             }
@@ -382,11 +396,10 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
                 if let Some(old) = monitoring.handle.take() {
                     // The parent's monitor thread does not exist in this child.
                     std::mem::forget(old);
-                    monitoring.report = monitoring.report.take().map(|p| {
-                        let mut s = p.into_os_string();
-                        s.push(format!(".{}", std::process::id()));
-                        PathBuf::from(s)
-                    });
+                    monitoring.report = monitoring
+                        .report
+                        .take()
+                        .map(|p| with_suffix(&p, &format!(".{}", std::process::id())));
                     let fresh = monitoring.fresh();
                     monitoring.start(&mut translator, fresh);
                 }
@@ -432,6 +445,72 @@ fn run(args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         Ok(GuestExit::Signaled(sig)) => die_of(sig),
         Err(_) => ExitCode::from(1),
     }
+}
+
+/// Suffix added to every output file name of a program the guest execs, so that no process
+/// image overwrites another's report (a forked child adds `.<pid>` instead).
+const EXEC_SUFFIX: &str = ".exec";
+
+/// `path` with `suffix` appended to its file name.
+fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// How the guest's `execve` runs the new program: under this hotpath with the same options
+/// and every output file renamed with [`EXEC_SUFFIX`] (after the current image's own name,
+/// which a fork may have changed), or natively with `--no-follow-exec`.
+fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> {
+    if args.no_follow_exec {
+        return None;
+    }
+    let hotpath = std::env::current_exe().ok()?;
+    let mut a: Vec<OsString> = vec!["run".into()];
+    let mut opt = |name: &str, value: Option<OsString>| {
+        a.push(name.into());
+        a.extend(value);
+    };
+    if args.no_monitor {
+        opt("--no-monitor", None);
+    }
+    opt("--ring-entries", Some(args.ring_entries.to_string().into()));
+    if let Some(cpu) = args.monitor_cpu {
+        opt("--monitor-cpu", Some(cpu.to_string().into()));
+    }
+    if args.quiet {
+        opt("--quiet", None);
+    }
+    if let Some(r) = &monitoring.report {
+        opt("--report", Some(with_suffix(r, EXEC_SUFFIX).into()));
+    }
+    if args.paths && !args.no_paths {
+        opt("--paths", None);
+    }
+    opt("--k", Some(args.k.to_string().into()));
+    opt(
+        "--pap-threshold",
+        Some(args.pap_threshold.to_string().into()),
+    );
+    if args.paths_per_block {
+        opt("--paths-per-block", None);
+    }
+    if args.no_superblocks {
+        opt("--no-superblocks", None);
+    }
+    opt(
+        "--superblock-threshold",
+        Some(args.superblock_threshold.to_string().into()),
+    );
+    opt("--top", Some(args.top.to_string().into()));
+    if let Some(d) = &args.dot {
+        opt("--dot", Some(with_suffix(d, EXEC_SUFFIX).into()));
+    }
+    if let Some(f) = &args.flamegraph {
+        opt("--flamegraph", Some(with_suffix(f, EXEC_SUFFIX).into()));
+    }
+    a.push("--argv0".into());
+    Some(ExecWrapper { hotpath, args: a })
 }
 
 /// The file `execvp` would run for `name`: `name` itself when it contains a slash, else the

@@ -1,0 +1,163 @@
+//! `execve` under translation: the new program runs under hotpath too, with the same options
+//! (as `valgrind --trace-children=yes` does), by executing hotpath itself with the guest's
+//! path, argv and environment.
+//!
+//! The kernel's own failures must still reach the guest as errors (a missing file, no execute
+//! permission, a file that is neither ELF nor `#!`), so the file is checked first the way the
+//! kernel checks it; when it would fail, or hotpath cannot follow it (`execveat` relative to a
+//! directory descriptor), the guest's call is made as it is and the kernel answers.
+
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+use crate::guest_mem;
+use crate::syscalls::{is_proc_self_exe, raw_syscall, Process};
+
+/// How to run a new program under hotpath: `hotpath` with `args` before the program.
+#[derive(Clone, Debug)]
+pub struct ExecWrapper {
+    /// hotpath's own executable.
+    pub hotpath: PathBuf,
+    /// The arguments that come between hotpath's name and the program: `run`, the options
+    /// (each output file already renamed for the new image), ending with `--argv0`; the
+    /// guest's `argv[0]`, `--`, its path and its other arguments are appended.
+    pub args: Vec<OsString>,
+}
+
+/// Most bytes of argv and envp strings read from the guest (the kernel's limit is a quarter of
+/// the stack rlimit; this is what 8 MiB gives).
+const MAX_ARG_BYTES: usize = 2 << 20;
+
+/// Most pointers in argv or envp read from the guest.
+const MAX_ARG_COUNT: usize = 1 << 17;
+
+/// Performs the guest's `execve` (`nr` 59) or `execveat` (322) with `args`, under hotpath when
+/// `wrapper` is given and the file is one the kernel would run, else as the guest asked (with
+/// `/proc/self/exe` meaning the guest's program). Returns only on failure, with the negative
+/// errno.
+pub fn exec(p: &Process, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64; 6]) -> i64 {
+    if let Some(w) = wrapper {
+        if let Some(ret) = exec_translated(p, w, nr, args) {
+            return ret;
+        }
+    }
+    let mut a = *args;
+    let path_arg = if nr == 59 { 0 } else { 1 };
+    let exe = guest_mem::read_cstr(a[path_arg], 4096)
+        .ok()
+        .filter(|name| is_proc_self_exe(name))
+        .and_then(|_| CString::new(p.exe.as_os_str().as_bytes()).ok());
+    if let Some(exe) = &exe {
+        a[path_arg] = exe.as_ptr() as u64;
+    }
+    raw_syscall(nr, &a)
+}
+
+/// Executes hotpath on the guest's program, or returns `None` when the guest's own call
+/// should be made instead (hotpath cannot follow it, or the kernel will refuse it).
+fn exec_translated(p: &Process, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -> Option<i64> {
+    const AT_FDCWD: i64 = -100;
+    let (path, argv, envp) = match nr {
+        59 => (args[0], args[1], args[2]),
+        // execveat(dirfd, path, argv, envp, flags): only what execve could do.
+        _ if args[0] as i64 == AT_FDCWD && args[4] == 0 => (args[1], args[2], args[3]),
+        _ => return None,
+    };
+    let name = guest_mem::read_cstr(path, 4096).ok()?;
+    let file = if is_proc_self_exe(&name) {
+        p.exe.clone()
+    } else {
+        PathBuf::from(OsString::from_vec(name))
+    };
+    if !kernel_would_run(&file) {
+        return None;
+    }
+    // execve does not search PATH: a name without a slash is in the current directory.
+    let file = if file.as_os_str().as_bytes().contains(&b'/') {
+        file
+    } else {
+        PathBuf::from(".").join(file)
+    };
+    let argv = read_string_array(argv).ok()?;
+    let envp = read_string_array(envp).ok()?;
+    let mut new_argv: Vec<CString> = Vec::with_capacity(argv.len() + w.args.len() + 4);
+    new_argv.push(CString::new(w.hotpath.as_os_str().as_bytes()).ok()?);
+    for a in &w.args {
+        new_argv.push(CString::new(a.as_bytes()).ok()?);
+    }
+    // An empty argv is allowed: the program then sees argc 0 natively; hotpath gives it its
+    // path as argv[0], as the kernel does since Linux 5.18.
+    new_argv.push(
+        argv.first()
+            .cloned()
+            .unwrap_or_else(|| CString::new(file.as_os_str().as_bytes()).unwrap_or_default()),
+    );
+    new_argv.push(CString::new("--").ok()?);
+    new_argv.push(CString::new(file.as_os_str().as_bytes()).ok()?);
+    new_argv.extend(argv.into_iter().skip(1));
+    let argv_ptrs = null_terminated(&new_argv);
+    let envp_ptrs = null_terminated(&envp);
+    let hotpath = CString::new(w.hotpath.as_os_str().as_bytes()).ok()?;
+    Some(raw_syscall(
+        59,
+        &[
+            hotpath.as_ptr() as u64,
+            argv_ptrs.as_ptr() as u64,
+            envp_ptrs.as_ptr() as u64,
+            0,
+            0,
+            0,
+        ],
+    ))
+}
+
+/// True if `execve(file)` would start a program: a regular file this user may execute that
+/// starts with the ELF magic or `#!` (what the kernel's binfmt handlers accept).
+fn kernel_would_run(file: &std::path::Path) -> bool {
+    use std::io::Read;
+    let Ok(c) = CString::new(file.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `access` reads a NUL-terminated path we own.
+    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
+        return false;
+    }
+    let Ok(mut f) = std::fs::File::open(file) else {
+        return false;
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let mut magic = [0u8; 4];
+    f.read_exact(&mut magic).is_ok() && (&magic == b"\x7fELF" || magic.starts_with(b"#!"))
+}
+
+/// Reads a guest NULL-terminated array of C strings (argv or envp); a null array is empty.
+fn read_string_array(addr: u64) -> Result<Vec<CString>, i64> {
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    if addr == 0 {
+        return Ok(out);
+    }
+    for i in 0..MAX_ARG_COUNT as u64 {
+        let mut ptr = [0u8; 8];
+        guest_mem::read(addr + 8 * i, &mut ptr)?;
+        let ptr = u64::from_le_bytes(ptr);
+        if ptr == 0 {
+            return Ok(out);
+        }
+        let s = guest_mem::read_cstr(ptr, MAX_ARG_BYTES - bytes)?;
+        bytes += s.len() + 1;
+        out.push(CString::new(s).map_err(|_| -(libc::EINVAL as i64))?);
+    }
+    Err(-(libc::E2BIG as i64))
+}
+
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
