@@ -33,7 +33,8 @@ pub use pathreport::{
 };
 pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
 pub use profile::{
-    BlockProfile, EdgeProfile, IndirectSite, Profile, Symbolizer, SyscallProfile, Totals,
+    module_of, BlockProfile, EdgeProfile, IndirectSite, ModuleProfile, Profile, Symbolizer,
+    SyscallProfile, Totals,
 };
 pub use tables::{SyscallCount, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorState};

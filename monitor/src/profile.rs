@@ -49,6 +49,25 @@ pub struct BlockProfile {
     /// Its guest code bytes, when they could be read at report time (see
     /// [`Profile::read_code`]).
     pub code: Option<Vec<u8>>,
+    /// `(index in Profile::modules, offset in bytes from the module's start)` of the module
+    /// containing it, once [`Profile::attribute_modules`] ran.
+    pub module: Option<(usize, u64)>,
+}
+
+/// One ELF image the guest mapped (the program, its interpreter, the vDSO, a library; a
+/// library dlopen'd twice is two entries).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleProfile {
+    /// The mapped file (`[vdso]` for the vDSO).
+    pub path: String,
+    /// Guest address where its file offset 0 was mapped.
+    pub base: u64,
+    /// Bytes of address space it spans.
+    pub size: u64,
+    /// Its GNU build id, lowercase hex, when it has one.
+    pub build_id: Option<String>,
+    /// The guest unmapped it before the report (dlclose).
+    pub unloaded: bool,
 }
 
 /// A direct edge between two blocks.
@@ -127,6 +146,8 @@ pub struct Profile {
     pub superblocks: Vec<SuperblockProfile>,
     /// Path profiles, when paths were recorded.
     pub paths: Option<PathProfile>,
+    /// The guest's modules in mapping order (see [`Profile::attribute_modules`]).
+    pub modules: Vec<ModuleProfile>,
 }
 
 fn sorted_desc(m: HashMap<u64, u64>) -> Vec<(u64, u64)> {
@@ -135,7 +156,23 @@ fn sorted_desc(m: HashMap<u64, u64>) -> Vec<(u64, u64)> {
     v
 }
 
+/// The module of `modules` (in mapping order) that contains guest address `addr`: the latest
+/// one still mapped, else the latest one unloaded (a block of a dlclose'd library).
+pub fn module_of(modules: &[ModuleProfile], addr: u64) -> Option<usize> {
+    let contains = |m: &ModuleProfile| m.base <= addr && addr - m.base < m.size;
+    let mapped = modules.iter().rposition(|m| !m.unloaded && contains(m));
+    mapped.or_else(|| modules.iter().rposition(contains))
+}
+
 impl Profile {
+    /// Sets the module list and names every block's module and offset from it.
+    pub fn attribute_modules(&mut self, modules: Vec<ModuleProfile>) {
+        for b in &mut self.blocks {
+            b.module = module_of(&modules, b.addr).map(|i| (i, b.addr - modules[i].base));
+        }
+        self.modules = modules;
+    }
+
     /// Aggregates `tables` by guest address, naming blocks with `symbolize`.
     pub fn from_tables(tables: &Tables, symbolize: Symbolizer) -> Profile {
         let counts = tables.block_counts();
@@ -164,6 +201,7 @@ impl Profile {
                     }
                 }),
                 code: None,
+                module: None,
             });
             e.count += c;
         }
@@ -284,6 +322,7 @@ impl Profile {
             syscalls,
             superblocks,
             paths: None,
+            modules: Vec::new(),
         }
     }
 

@@ -96,6 +96,15 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
             "bytes": b.len_bytes,
             "terminator": b.terminator.name(),
             "symbol": b.symbol,
+            "module": b.module.map(|(i, _)| i),
+            "offset": b.module.map(|(_, off)| hex(off)),
+        })).collect::<Vec<_>>(),
+        "modules": profile.modules.iter().map(|m| json!({
+            "path": m.path,
+            "base": hex(m.base),
+            "size": m.size,
+            "build_id": m.build_id,
+            "unloaded": m.unloaded,
         })).collect::<Vec<_>>(),
         "edges": profile.edges.iter().map(|e| json!({
             "from": hex(e.from),

@@ -187,7 +187,19 @@ impl Translator {
             guest_regions: BTreeMap::new(),
             invalidate: Vec::new(),
             signals,
+            modules: Default::default(),
         };
+        process
+            .modules
+            .add(image.path.clone(), image.image_start, image.brk_start);
+        if let Some(interp) = &image.interpreter {
+            process
+                .modules
+                .add(interp.path.clone(), interp.range.0, interp.range.1);
+        }
+        if let Some((start, end)) = crate::vdso_range() {
+            process.modules.add("[vdso]".into(), start, end);
+        }
         process.add_region(image.image_start, image.brk_limit);
         if let Some(interp) = &image.interpreter {
             process.add_region(interp.range.0, interp.range.1);
@@ -239,6 +251,11 @@ impl Translator {
     /// The producer handle (to close the ring and wait for the monitor at the end).
     pub fn ring_producer(&self) -> Option<&RingProducer> {
         self.producer.as_ref()
+    }
+
+    /// The ELF images mapped into the guest so far, in mapping order.
+    pub fn modules(&self) -> &[crate::modules::GuestModule] {
+        self.process.modules.all()
     }
 
     /// Counters so far.

@@ -24,6 +24,7 @@ pub mod emit;
 mod exec;
 pub mod gateway;
 mod guest_mem;
+pub mod modules;
 pub mod signals;
 pub mod superblock;
 pub mod syscalls;
@@ -72,4 +73,27 @@ pub fn guest_vdso() -> Option<u64> {
     // SAFETY: getauxval has no preconditions.
     let ehdr = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
     (ehdr != 0).then_some(ehdr)
+}
+
+/// The guest range `[start, end)` of the vDSO given to the guest (see [`guest_vdso`]), from
+/// its ELF program headers: the span of its PT_LOAD segments.
+pub fn vdso_range() -> Option<(u64, u64)> {
+    let base = guest_vdso()?;
+    let mut ehdr = [0u8; 64];
+    guest_mem::read(base, &mut ehdr).ok()?;
+    let phoff = u64::from_le_bytes(ehdr[32..40].try_into().ok()?);
+    let phentsize = u16::from_le_bytes(ehdr[54..56].try_into().ok()?) as u64;
+    let phnum = u16::from_le_bytes(ehdr[56..58].try_into().ok()?) as u64;
+    let mut end = base;
+    for i in 0..phnum.min(64) {
+        let mut ph = [0u8; 56];
+        guest_mem::read(base + phoff + i * phentsize, &mut ph).ok()?;
+        if u32::from_le_bytes(ph[0..4].try_into().ok()?) == 1 {
+            // PT_LOAD: vaddr at 16, memsz at 40 (the vDSO is linked at 0).
+            let vaddr = u64::from_le_bytes(ph[16..24].try_into().ok()?);
+            let memsz = u64::from_le_bytes(ph[40..48].try_into().ok()?);
+            end = end.max(base + ((vaddr + memsz + 4095) & !4095));
+        }
+    }
+    (end > base).then_some((base, end))
 }

@@ -185,6 +185,8 @@ pub struct Process {
     pub invalidate: Vec<(u64, u64)>,
     /// The guest's signal dispositions and alternate stack.
     pub signals: SignalState,
+    /// The ELF images mapped into the guest.
+    pub modules: crate::modules::ModuleList,
 }
 
 const ENOMEM: i64 = libc::ENOMEM as i64;
@@ -484,6 +486,10 @@ fn sys_mmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     let r = raw_syscall(9, a);
     if !is_error(r) {
         let start = r as u64;
+        if flags & libc::MAP_ANONYMOUS == 0 {
+            p.modules
+                .note_mmap(start, page_ceil(len), a[4] as i32 as i64, a[5]);
+        }
         p.add_region(start, start + page_ceil(len));
         p.invalidate.push((start, start + page_ceil(len)));
     }
@@ -497,6 +503,7 @@ fn sys_munmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     }
     let r = raw_syscall(11, a);
     if !is_error(r) {
+        p.modules.note_munmap(addr, addr + len);
         p.remove_region(addr, addr + len);
         p.invalidate.push((addr, addr + len));
     }

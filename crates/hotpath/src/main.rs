@@ -13,6 +13,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod modules;
+
 use clap::{Parser, Subcommand};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 use hotpath_loader::{build_stack, load, resolve_script, Image, LoadError, LoadOptions};
@@ -22,6 +24,8 @@ use hotpath_monitor::{
     DEFAULT_PAP_THRESHOLD, DEFAULT_SUPERBLOCK_THRESHOLD,
 };
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use modules::ModuleMap;
+
 use hotpath_translator::{
     signal_name, Config, ExecWrapper, GuestExit, Stop, TranslateError, Translator,
 };
@@ -553,11 +557,8 @@ fn finish_report(
         .ring_producer()
         .map(|p| p.wait_stats())
         .unwrap_or_default();
-    let symbolize = |addr: u64| {
-        image
-            .symbolize(addr)
-            .map(|(name, off)| (name.to_string(), off))
-    };
+    let modules = ModuleMap::read(translator.modules());
+    let symbolize = |addr: u64| modules.symbolize(addr);
     let MonitorState {
         tables,
         paths,
@@ -569,9 +570,10 @@ fn finish_report(
     profile.totals.ring_wait_ns = waits.wait_ns;
     profile.totals.monitor_busy_ns = busy_ns;
     profile.read_code();
+    profile.attribute_modules(modules.profiles.clone());
     if let Some(mut rec) = paths {
         rec.finish();
-        let name_of = |addr: u64| match image.symbolize(addr) {
+        let name_of = |addr: u64| match modules.symbolize(addr) {
             Some((name, 0)) => name.to_string(),
             Some((name, off)) => format!("{name}+{off:#x}"),
             None => format!("sub_{addr:x}"),

@@ -589,3 +589,45 @@ pub fn symbolize_in(symbols: &[Symbol], addr: u64) -> Option<(&str, u64)> {
         None
     }
 }
+
+/// What a report needs of one mapped ELF image: its function symbols and build id.
+#[derive(Clone, Debug, Default)]
+pub struct ModuleSymbols {
+    /// Function symbols (`.symtab`, else `.dynsym`) at their guest addresses, sorted.
+    pub symbols: Vec<Symbol>,
+    /// The GNU build id (`NT_GNU_BUILD_ID` note), lowercase hex.
+    pub build_id: Option<String>,
+}
+
+/// The symbols and build id of the ELF image `bytes` (a file's contents, or a vDSO's memory)
+/// whose file offset 0 is mapped at guest address `start`. `None` when `bytes` is not an ELF
+/// image goblin can parse.
+pub fn module_symbols(bytes: &[u8], start: u64) -> Option<ModuleSymbols> {
+    let elf = Elf::parse(bytes).ok()?;
+    let loads: Vec<&program_header::ProgramHeader> = elf
+        .program_headers
+        .iter()
+        .filter(|p| p.p_type == program_header::PT_LOAD)
+        .collect();
+    let lo = loads.iter().map(|p| page_floor(p.p_vaddr)).min()?;
+    let bias = start.wrapping_sub(lo);
+    let segments: Vec<Segment> = loads
+        .iter()
+        .map(|p| Segment {
+            start: page_floor(p.p_vaddr.wrapping_add(bias)),
+            end: page_ceil(p.p_vaddr.wrapping_add(bias).wrapping_add(p.p_memsz)),
+            prot: prot_of(p.p_flags),
+        })
+        .collect();
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let build_id = elf.iter_note_headers(bytes).and_then(|notes| {
+        notes
+            .filter_map(Result::ok)
+            .find(|n| n.n_type == NT_GNU_BUILD_ID && n.name == "GNU")
+            .map(|n| n.desc.iter().map(|b| format!("{b:02x}")).collect())
+    });
+    Some(ModuleSymbols {
+        symbols: function_symbols(&elf, bias, &segments),
+        build_id,
+    })
+}

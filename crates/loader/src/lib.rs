@@ -16,7 +16,10 @@ mod error;
 mod script;
 mod stack;
 
-pub use elf::{load, ElfKind, Image, Interpreter, LoadOptions, Segment, Symbol, BRK_RESERVE};
+pub use elf::{
+    load, module_symbols, symbolize_in, ElfKind, Image, Interpreter, LoadOptions, ModuleSymbols,
+    Segment, Symbol, BRK_RESERVE,
+};
 pub use error::LoadError;
 pub use script::resolve_script;
 pub use stack::{build_stack, GuestStack, STACK_GUARD, STACK_SIZE};

@@ -1,0 +1,82 @@
+//! Naming guest addresses for the reports: the module that contains them (program,
+//! interpreter, vDSO, libraries) and the function symbol in that module.
+
+use std::path::Path;
+
+use hotpath_loader::{module_symbols, symbolize_in, Symbol};
+use hotpath_monitor::{module_of, ModuleProfile};
+use hotpath_translator::modules::GuestModule;
+
+/// The guest's modules with their symbols, read once when a report is written.
+pub struct ModuleMap {
+    /// In mapping order; index 0 is the program.
+    pub profiles: Vec<ModuleProfile>,
+    /// Function symbols of each module, at guest addresses.
+    symbols: Vec<Vec<Symbol>>,
+}
+
+impl ModuleMap {
+    /// Reads the symbols and build id of every module in `modules` from its file (the
+    /// vDSO's from memory). A file that cannot be read any more (deleted since) gives a
+    /// module without symbols.
+    pub fn read(modules: &[GuestModule]) -> ModuleMap {
+        let mut profiles = Vec::with_capacity(modules.len());
+        let mut symbols = Vec::with_capacity(modules.len());
+        for m in modules {
+            let bytes = if m.path == Path::new("[vdso]") {
+                vdso_bytes(m)
+            } else {
+                std::fs::read(&m.path).ok()
+            };
+            let info = bytes
+                .and_then(|b| module_symbols(&b, m.start))
+                .unwrap_or_default();
+            profiles.push(ModuleProfile {
+                path: m.path.display().to_string(),
+                base: m.start,
+                size: m.end - m.start,
+                build_id: info.build_id,
+                unloaded: m.unloaded,
+            });
+            symbols.push(info.symbols);
+        }
+        ModuleMap { profiles, symbols }
+    }
+
+    /// Names guest address `addr` as `(name, offset)`: in the program, its function symbol;
+    /// in another module, `module!function` with the module's file name, or the module's
+    /// file name and the offset from its start when no symbol covers `addr`. `None` outside
+    /// every module, or in the program where no symbol covers it.
+    pub fn symbolize(&self, addr: u64) -> Option<(String, u64)> {
+        let i = module_of(&self.profiles, addr)?;
+        let sym = symbolize_in(&self.symbols[i], addr);
+        if i == 0 {
+            return sym.map(|(name, off)| (name.to_string(), off));
+        }
+        let m = &self.profiles[i];
+        let file = Path::new(&m.path)
+            .file_name()
+            .map_or(m.path.clone(), |f| f.to_string_lossy().into_owned());
+        Some(match sym {
+            Some((name, off)) => (format!("{file}!{name}"), off),
+            None => (file, addr - m.base),
+        })
+    }
+}
+
+/// The vDSO's bytes, read from this process's memory, where the kernel mapped it.
+fn vdso_bytes(m: &GuestModule) -> Option<Vec<u8>> {
+    let len = (m.end - m.start) as usize;
+    let mut buf = vec![0u8; len];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: m.start as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: the kernel checks the remote range; the local one is our buffer.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == len as isize).then_some(buf)
+}
