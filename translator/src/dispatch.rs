@@ -188,6 +188,7 @@ impl Translator {
             invalidate: Vec::new(),
             signals,
             modules: Default::default(),
+            maps: Default::default(),
         };
         process
             .modules
@@ -278,6 +279,14 @@ impl Translator {
                     Delivery::Continue(rip) => next = Next::Guest(rip),
                     Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
                 }
+            }
+            let written = self.process.signals.protected_pages().take_hits();
+            if !written.is_empty() {
+                // The guest wrote into pages whose code was translated: resume at the guest
+                // address (the host code may be about to go) and discard the translations.
+                next = Next::Guest(self.guest_rip(next));
+                self.process.invalidate.extend(written);
+                self.apply_invalidations();
             }
             self.arm_safe_point();
             self.poll_commands();
@@ -601,7 +610,16 @@ impl Translator {
         // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
         self.area.gpr[thread_area::RCX] = next;
         self.area.gpr[thread_area::R11] = self.area.rflags;
-        let outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
+        let mut outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
+        if matches!(outcome, Outcome::Return(r) if r == -(libc::EFAULT as i64))
+            && self.process.signals.protected_pages().any()
+        {
+            // The kernel may have refused to write into a page hotpath write-protected to
+            // watch its code: give every such page its protection back and call again.
+            let pages = self.process.signals.protected_pages().unprotect_all();
+            self.process.invalidate.extend(pages);
+            outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
+        }
         self.process.signals.refresh_gate();
         match outcome {
             Outcome::Return(syscalls::GATE_REFUSED) => {
@@ -720,9 +738,16 @@ impl Translator {
         Ok(Next::Signal)
     }
 
-    /// Discards translations overlapping ranges the guest unmapped, remapped or reprotected.
+    /// Discards translations overlapping ranges the guest unmapped, remapped, reprotected or
+    /// wrote to (code that writes code).
     fn apply_invalidations(&mut self) {
         let ranges = std::mem::take(&mut self.process.invalidate);
+        if !ranges.is_empty() {
+            self.process.maps.invalidate();
+        }
+        for &(s, e) in &ranges {
+            self.process.signals.protected_pages().forget(s, e);
+        }
         let hit = ranges.iter().any(|&(s, e)| {
             // Blocks are at most a few hundred bytes: look a page back for ones that start before.
             self.spans
@@ -755,6 +780,12 @@ impl Translator {
             return Ok(h);
         }
         let block = decode_block(GuestAddr(pc));
+        // Watch the code's pages for writes if the guest may write them.
+        let maps = &mut self.process.maps;
+        self.process
+            .signals
+            .protected_pages()
+            .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,

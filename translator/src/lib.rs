@@ -26,6 +26,7 @@ pub mod gateway;
 mod guest_mem;
 pub mod modules;
 pub mod signals;
+mod smc;
 pub mod superblock;
 pub mod syscalls;
 pub mod thread_area;

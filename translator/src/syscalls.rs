@@ -187,6 +187,8 @@ pub struct Process {
     pub signals: SignalState,
     /// The ELF images mapped into the guest.
     pub modules: crate::modules::ModuleList,
+    /// The kernel's page protections, for deciding which translated pages to watch.
+    pub maps: crate::smc::MapsCache,
 }
 
 const ENOMEM: i64 = libc::ENOMEM as i64;
@@ -474,6 +476,7 @@ fn sys_brk(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
         }
     }
     p.brk = want;
+    p.maps.invalidate();
     Outcome::Return(want as i64)
 }
 

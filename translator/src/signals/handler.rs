@@ -74,6 +74,23 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
 
     let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
     let synchronous = is_fault_signal(sig) && si_code > 0;
+    const SEGV_ACCERR: i32 = 2;
+    if sig == libc::SIGSEGV && si_code == SEGV_ACCERR && in_cache {
+        let addr = u64::from_le_bytes(info_bytes[16..24].try_into().unwrap());
+        // SAFETY: on the guest thread, for a fault in translated code.
+        if unsafe { shared.smc.catch_write(addr) } {
+            // A store to a page whose code was translated: it runs again now that the page
+            // is writable; the thread leaves the cache at its next block boundary, where
+            // the dispatcher discards the page's translations.
+            if !shared.critical.load(Ordering::SeqCst) {
+                unlink_all(shared, area);
+            }
+            if switched {
+                write_fs(shared.fsgsbase, fs);
+            }
+            return;
+        }
+    }
     if synchronous {
         if in_cache {
             // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.

@@ -155,6 +155,8 @@ pub struct HandlerShared {
     rw_delta: AtomicU64,
     /// Host code start → layout of every block in the cache.
     layouts: UnsafeCell<BTreeMap<u64, HostLayout>>,
+    /// Guest pages write-protected because code was translated from them.
+    smc: crate::smc::ProtectedPages,
 }
 
 mod frame;
@@ -263,6 +265,7 @@ impl SignalState {
             exits_len: AtomicU64::new(0),
             rw_delta: AtomicU64::new(rw_delta),
             layouts: UnsafeCell::new(BTreeMap::new()),
+            smc: Default::default(),
         }));
         SHARED.store(shared, Ordering::Release);
         install_host_altstack()?;
@@ -316,6 +319,11 @@ impl SignalState {
     pub unsafe fn layouts_mut(&mut self) -> &mut BTreeMap<u64, HostLayout> {
         // SAFETY: see the function's contract.
         unsafe { &mut *self.shared.layouts.get() }
+    }
+
+    /// The guest pages write-protected to catch code that writes code (see `smc`).
+    pub fn protected_pages(&self) -> &crate::smc::ProtectedPages {
+        &self.shared.smc
     }
 
     /// The block layouts, to read (same contract as [`layouts_mut`](Self::layouts_mut)).

@@ -1,0 +1,235 @@
+//! Code that writes code: guest pages that are writable when their code is translated are
+//! write-protected, and the first write to one (a JIT emitting into an RWX page) invalidates
+//! the translations before the guest runs code from the page again (DynamoRIO's approach).
+//!
+//! # How a write is caught
+//!
+//! Translating a block from a page the guest may write (its protection has `PROT_WRITE`)
+//! takes `PROT_WRITE` away in the kernel, remembering the guest's protection. A guest store to
+//! the page then faults; hotpath's signal handler recognises the page (SEGV_ACCERR in the
+//! [`ProtectedPages`] set), gives the page its guest protection back, records it for the
+//! dispatcher and sends the thread out of the code cache at its next block boundary (as for
+//! an asynchronous signal), then lets the store run again. The dispatcher discards the
+//! translations before it runs anything else. Programs that never execute writable memory
+//! (nearly all: code pages are read-only) pay nothing.
+//!
+//! A system call that writes into such a page (a `read` into a JIT buffer) fails with EFAULT
+//! in the kernel instead of faulting; the dispatcher then gives every protected page its
+//! protection back and makes the call again.
+//!
+//! Stores into the block that is running take effect at the end of that block (the rest of
+//! the block runs as translated), not at the next instruction as on hardware.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::syscalls::raw_syscall;
+
+const PAGE: u64 = 4096;
+
+/// Most write faults the handler can record between two visits of the dispatcher (a block
+/// can store to few pages; more than this only flushes the cache a second time).
+const MAX_HITS: usize = 16;
+
+/// The write-protected pages and the writes the handler caught.
+///
+/// Who touches what: the dispatcher inserts and removes pages only while no translated code
+/// runs on the thread; the host signal handler reads `pages` (it runs only on faults inside
+/// translated code, when the dispatcher is not touching it) and appends to `hits`, which the
+/// dispatcher drains with every signal blocked.
+pub struct ProtectedPages {
+    /// Page address → the guest's protection (`PROT_*`) of it.
+    pages: std::cell::UnsafeCell<BTreeMap<u64, i32>>,
+    /// Pages whose protection the handler gave back, waiting for the dispatcher.
+    hits: [AtomicU64; MAX_HITS],
+    hit_count: AtomicUsize,
+    /// A write came that `hits` had no room for: discard everything protected.
+    overflow: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: see the type's doc: the map is touched by one thread (the guest thread's dispatcher
+// and its signal handler, never concurrently); the rest is atomic.
+unsafe impl Sync for ProtectedPages {}
+
+impl Default for ProtectedPages {
+    fn default() -> ProtectedPages {
+        ProtectedPages {
+            pages: std::cell::UnsafeCell::new(BTreeMap::new()),
+            hits: std::array::from_fn(|_| AtomicU64::new(0)),
+            hit_count: AtomicUsize::new(0),
+            overflow: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl ProtectedPages {
+    /// In the signal handler, for a write fault (SEGV_ACCERR) at guest address `addr`: if its
+    /// page is one hotpath protected, gives it the guest's protection back, records it and
+    /// returns true (the store can run again).
+    ///
+    /// # Safety
+    /// Only from the host signal handler of the guest thread, for a fault in translated code.
+    pub unsafe fn catch_write(&self, addr: u64) -> bool {
+        let page = addr & !(PAGE - 1);
+        // SAFETY: the dispatcher is not touching the map (see the type's doc).
+        let Some(&prot) = (unsafe { &*self.pages.get() }).get(&page) else {
+            return false;
+        };
+        raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
+        let i = self.hit_count.load(Ordering::Relaxed);
+        if i < MAX_HITS {
+            self.hits[i].store(page, Ordering::Relaxed);
+            self.hit_count.store(i + 1, Ordering::Release);
+        } else {
+            self.overflow.store(true, Ordering::Release);
+        }
+        true
+    }
+
+    /// The page map, for the dispatcher's methods.
+    ///
+    /// # Safety
+    /// Only on the guest thread while it runs no translated code (so the handler, which reads
+    /// the map only for faults in translated code, cannot run), and no other reference to the
+    /// map is alive.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn map(&self) -> &mut BTreeMap<u64, i32> {
+        // SAFETY: see the function's contract.
+        unsafe { &mut *self.pages.get() }
+    }
+
+    /// Write-protects the pages of `[start, end)` that `prot_of` says the guest may write,
+    /// remembering their protection. A page the kernel refuses to protect stays as it is
+    /// (its code is then not watched).
+    pub fn protect(&self, start: u64, end: u64, mut prot_of: impl FnMut(u64) -> Option<i32>) {
+        // SAFETY: the dispatcher's side (see the type's doc).
+        let pages = unsafe { self.map() };
+        let mut page = start & !(PAGE - 1);
+        while page < end {
+            if !pages.contains_key(&page) {
+                if let Some(prot) = prot_of(page).filter(|p| p & libc::PROT_WRITE != 0) {
+                    let r = raw_syscall(
+                        10,
+                        &[page, PAGE, (prot & !libc::PROT_WRITE) as u64, 0, 0, 0],
+                    );
+                    if r == 0 {
+                        pages.insert(page, prot);
+                    }
+                }
+            }
+            page += PAGE;
+        }
+    }
+
+    /// Forgets the pages of `[start, end)` (the guest changed their mapping or protection
+    /// itself; the kernel's protection is now the guest's).
+    pub fn forget(&self, start: u64, end: u64) {
+        // SAFETY: the dispatcher's side (see the type's doc).
+        let pages = unsafe { self.map() };
+        let inside: Vec<u64> = pages
+            .range(start & !(PAGE - 1)..end)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in inside {
+            pages.remove(&p);
+        }
+    }
+
+    /// Takes the writes the handler caught: the page ranges whose translations must go.
+    /// From the dispatcher, between runs of translated code.
+    pub fn take_hits(&self) -> Vec<(u64, u64)> {
+        let n = self.hit_count.swap(0, Ordering::Acquire);
+        let mut out: Vec<(u64, u64)> = self.hits[..n]
+            .iter()
+            .map(|h| {
+                let p = h.load(Ordering::Relaxed);
+                (p, p + PAGE)
+            })
+            .collect();
+        if self.overflow.swap(false, Ordering::Acquire) {
+            out.extend(self.unprotect_all());
+        }
+        for &(s, e) in &out {
+            self.forget(s, e);
+        }
+        out
+    }
+
+    /// True if any page is protected.
+    pub fn any(&self) -> bool {
+        // SAFETY: the dispatcher's side (see the type's doc).
+        !unsafe { self.map() }.is_empty()
+    }
+
+    /// Gives every protected page its guest protection back; returns their ranges (whose
+    /// translations must go).
+    pub fn unprotect_all(&self) -> Vec<(u64, u64)> {
+        // SAFETY: the dispatcher's side (see the type's doc).
+        let pages = std::mem::take(unsafe { self.map() });
+        pages
+            .into_iter()
+            .map(|(page, prot)| {
+                raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
+                (page, page + PAGE)
+            })
+            .collect()
+    }
+}
+
+/// The kernel's protection of guest pages, read from `/proc/self/maps` and read again after
+/// the guest changes its mappings.
+#[derive(Default)]
+pub struct MapsCache {
+    /// `(start, end, PROT_*)`, sorted by start.
+    ranges: Vec<(u64, u64, i32)>,
+    stale: bool,
+}
+
+impl MapsCache {
+    /// Marks the cache out of date (after a guest mmap, munmap, mprotect, mremap or brk).
+    pub fn invalidate(&mut self) {
+        self.stale = true;
+    }
+
+    /// The kernel's protection of the page at `addr`, or `None` if it is not mapped.
+    pub fn prot(&mut self, addr: u64) -> Option<i32> {
+        if self.stale || self.ranges.is_empty() {
+            self.reload();
+        }
+        let i = self.ranges.partition_point(|r| r.0 <= addr);
+        let &(s, e, prot) = self.ranges.get(i.checked_sub(1)?)?;
+        (s <= addr && addr < e).then_some(prot)
+    }
+
+    fn reload(&mut self) {
+        self.stale = false;
+        self.ranges.clear();
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+            return;
+        };
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+                continue;
+            };
+            let Some((a, b)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(s), Ok(e)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+                continue;
+            };
+            let p = perms.as_bytes();
+            let mut prot = 0;
+            if p.first() == Some(&b'r') {
+                prot |= libc::PROT_READ;
+            }
+            if p.get(1) == Some(&b'w') {
+                prot |= libc::PROT_WRITE;
+            }
+            if p.get(2) == Some(&b'x') {
+                prot |= libc::PROT_EXEC;
+            }
+            self.ranges.push((s, e, prot));
+        }
+    }
+}
