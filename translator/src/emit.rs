@@ -834,3 +834,96 @@ fn target_load(inst: &Instruction) -> Result<Instruction, TranslateError> {
     load.set_ip(inst.ip());
     Ok(load)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+
+    /// Decodes `bytes` at `rip` into instructions.
+    fn decode_all(bytes: &[u8], rip: u64) -> Vec<Instruction> {
+        Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE)
+            .into_iter()
+            .collect()
+    }
+
+    /// A guest instruction decoded at guest address `ip`.
+    fn guest(bytes: &[u8], ip: u64) -> Instruction {
+        decode_all(bytes, ip)[0]
+    }
+
+    const GUEST: u64 = 0x7f00_0000_1000;
+    const NEAR: u64 = GUEST + 0x10_0000;
+    const FAR: u64 = 0x5555_0000_0000;
+
+    #[test]
+    fn near_rip_relative_operands_stay_rip_relative() {
+        // mov rax, [rip + 0x100]
+        let i = guest(&[0x48, 0x8b, 0x05, 0x00, 0x01, 0, 0], GUEST);
+        let e = encode_at(&[i], NEAR).unwrap();
+        let out = decode_all(&e.bytes, NEAR);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].is_ip_rel_memory_operand());
+        assert_eq!(out[0].ip_rel_memory_address(), GUEST + 7 + 0x100);
+        assert!(e.borrows.is_empty());
+    }
+
+    #[test]
+    fn far_lea_becomes_a_move_of_the_address() {
+        // lea rdi, [rip + 0x20]; lea esi, [rip - 0x10]
+        let a = guest(&[0x48, 0x8d, 0x3d, 0x20, 0, 0, 0], GUEST);
+        let b = guest(&[0x8d, 0x35, 0xf0, 0xff, 0xff, 0xff], GUEST + 7);
+        let e = encode_at(&[a, b], FAR).unwrap();
+        let out = decode_all(&e.bytes, FAR);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].code(), Code::Mov_r64_imm64);
+        assert_eq!(out[0].op0_register(), Register::RDI);
+        assert_eq!(out[0].immediate64(), GUEST + 7 + 0x20);
+        assert_eq!(out[1].code(), Code::Mov_r32_imm32);
+        assert_eq!(
+            out[1].immediate32() as u64,
+            (GUEST + 13 - 0x10) & 0xffff_ffff
+        );
+        assert_eq!(e.offsets, vec![0, out[0].len() as u64]);
+        assert!(e.borrows.is_empty());
+    }
+
+    #[test]
+    fn far_memory_operand_borrows_a_register_it_does_not_use() {
+        // add [rip + 0x40], eax: uses RAX, so RCX is borrowed.
+        let i = guest(&[0x01, 0x05, 0x40, 0, 0, 0], GUEST);
+        let e = encode_at(&[i], FAR).unwrap();
+        let out = decode_all(&e.bytes, FAR);
+        let names: Vec<Mnemonic> = out.iter().map(|i| i.mnemonic()).collect();
+        assert_eq!(
+            names,
+            [Mnemonic::Mov, Mnemonic::Mov, Mnemonic::Add, Mnemonic::Mov]
+        );
+        // Save RCX to gs:[scratch_far], load the address, the guest's add through [rcx],
+        // give RCX back.
+        assert_eq!(out[0].segment_prefix(), Register::GS);
+        assert_eq!(out[0].memory_displacement64(), off::SCRATCH_FAR as u64);
+        assert_eq!(out[0].op1_register(), Register::RCX);
+        assert_eq!(out[1].immediate64(), GUEST + 6 + 0x40);
+        assert_eq!(out[2].memory_base(), Register::RCX);
+        assert_eq!(out[2].memory_displacement64(), 0);
+        assert_eq!(out[2].op1_register(), Register::EAX);
+        assert_eq!(out[3].op0_register(), Register::RCX);
+        assert_eq!(out[3].segment_prefix(), Register::GS);
+        // The fault point is the add itself, with RCX borrowed there.
+        let add_at = out[2].ip() - FAR;
+        assert_eq!(e.offsets, vec![add_at]);
+        assert_eq!(e.borrows, vec![(add_at, 1)]);
+    }
+
+    #[test]
+    fn implicit_registers_are_never_borrowed() {
+        // rep movsb is not RIP-relative; cmpxchg [rip+8], ecx uses RAX implicitly and RCX.
+        let i = guest(&[0x0f, 0xb1, 0x0d, 0x08, 0, 0, 0], GUEST);
+        let e = encode_at(&[i], FAR).unwrap();
+        let out = decode_all(&e.bytes, FAR);
+        assert_eq!(out[2].mnemonic(), Mnemonic::Cmpxchg);
+        assert_eq!(out[2].memory_base(), Register::RDX);
+        assert_eq!(e.borrows[0].1, 2);
+    }
+}

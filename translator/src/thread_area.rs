@@ -86,9 +86,6 @@ pub struct ThreadArea {
     pub scratch_rax: u64,
     /// Scratch slot: guest RDX while the indirect branch lookup borrows RDX.
     pub scratch_rdx: u64,
-    /// Scratch slot: the guest's value of the register a rewritten instruction borrows to
-    /// address a far RIP-relative operand (see `emit::encode_at`).
-    pub scratch_far: u64,
     /// Why the thread left the code cache: an exit index, or one of the `EXIT_*` codes.
     pub exit_code: u64,
     /// Host address to resume at after a ring refill (the enqueue stub's block entry).
@@ -97,6 +94,9 @@ pub struct ThreadArea {
     pub ibl_target: u64,
     /// Host address `enter` and the lookup hit path jump to.
     pub jump_to: u64,
+    /// Scratch slot: the guest's value of the register a rewritten instruction borrows to
+    /// address a far RIP-relative operand (see `emit::encode_at`).
+    pub scratch_far: u64,
     /// The event ring's control block.
     pub ring: RingControl,
     /// XSAVE image of the guest's extended state, valid outside the code cache.
