@@ -17,7 +17,8 @@
 #   -n RUNS        runs per mode and workload (default 5; env BENCH_RUNS)
 #   -l LINKAGE     static (default) or static-pie (the samples; busybox is what it is)
 #   -s WORKLOADS   space-separated names (default: all bench_* samples, busybox_sort,
-#                  busybox_gzip)
+#                  busybox_gzip, and the dynamically linked python3 (a script), python3_pass
+#                  (`python3 -c pass`: startup), sqlite3 (a recursive CTE) and lua (lua5.4))
 #   --mib N        size of the busybox input in MiB (default 8)
 #   --no-build     do not run cargo build (use HOTPATH_BIN or the existing release binary)
 # Environment: HOTPATH_BIN overrides the hotpath binary; CARGO_TARGET_DIR is honoured;
@@ -28,7 +29,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip python3 python3_pass sqlite3 lua"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -98,6 +99,54 @@ for w in $workloads; do
             case "$w" in
                 busybox_sort) argv[$w]="$busybox sort $input" ;;
                 busybox_gzip) argv[$w]="$busybox gzip -c $input" ;;
+            esac
+            ;;
+        python3|python3_pass|sqlite3|lua)
+            # Dynamically linked programs from Debian (installed by .ci/setup).
+            case "$w" in
+                python3*) prog=python3 ;;
+                sqlite3) prog=sqlite3 ;;
+                lua) prog=lua5.4 ;;
+            esac
+            prog_path=$(command -v "$prog" || true)
+            # A pyenv shim or the like is a script: bench the system's binary.
+            [ -x "/usr/bin/$prog" ] && prog_path="/usr/bin/$prog"
+            if [ -z "$prog_path" ]; then
+                echo "bench/run.sh: $prog not found: skipping $w (run .ci/setup)" >&2
+                continue
+            fi
+            case "$w" in
+                python3)
+                    script="$out_dir/bench.py"
+                    cat >"$script" <<'PY'
+import hashlib, json, zlib
+d = {}
+for i in range(200000):
+    d[str(i)] = i * i % 1009
+s = json.dumps(d)
+print(len(zlib.compress(s.encode())), hashlib.sha256(s.encode()).hexdigest()[:16])
+print(sum(sorted(d.values())[::1000]))
+PY
+                    argv[$w]="$prog_path $script" ;;
+                python3_pass) argv[$w]="$prog_path -c pass" ;;
+                sqlite3)
+                    script="$out_dir/bench.sql"
+                    cat >"$script" <<'SQL'
+WITH RECURSIVE c(x, y) AS (SELECT 1, 1 UNION ALL SELECT x + 1, (y * 31 + x) % 1000003 FROM c WHERE x < 1000000)
+SELECT count(*), sum(y), max(y) FROM c;
+SQL
+                    argv[$w]="$prog_path -init $script :memory: .quit" ;;
+                lua)
+                    script="$out_dir/bench.lua"
+                    cat >"$script" <<'LUA'
+local t = {}
+for i = 1, 2000000 do t[i] = (i * 7919) % 1000003 end
+table.sort(t)
+local s = 0
+for i = 1, #t, 97 do s = s + t[i] end
+print(s)
+LUA
+                    argv[$w]="$prog_path $script" ;;
             esac
             ;;
         *) echo "bench/run.sh: unknown workload $w" >&2; exit 2 ;;

@@ -2,23 +2,48 @@
 
 use std::fmt;
 
-/// How a sample is linked. Every sample is built and tested both ways.
+/// How a sample is linked. Every sample is built and tested statically both ways; C samples
+/// are also built dynamically (see [`Sample::linkages`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Linkage {
     /// `-static`: an ET_EXEC at a fixed address.
     Static,
     /// `-static-pie`: an ET_DYN that relocates itself, loaded at a random base.
     StaticPie,
+    /// Plain `gcc` (Debian's default, a PIE): an ET_DYN with a `PT_INTERP`, so ld.so loads it,
+    /// glibc's shared objects and their ifunc, TLS and lazy-binding machinery.
+    Dynamic,
 }
 
 impl Linkage {
-    pub const ALL: [Linkage; 2] = [Linkage::Static, Linkage::StaticPie];
+    /// The two static linkages, which every sample is built with. The tests of exact counts,
+    /// paths and reports loop over these only: a dynamic build adds ld.so's and the shared
+    /// libraries' blocks to every count. (Named before [`Linkage::Dynamic`] existed; it is the
+    /// same list as [`Linkage::STATIC`].)
+    pub const ALL: [Linkage; 2] = Linkage::STATIC;
 
-    /// The gcc flag, also the suffix of the built file's name.
+    /// The self-contained linkages: nothing but the executable is mapped at start.
+    pub const STATIC: [Linkage; 2] = [Linkage::Static, Linkage::StaticPie];
+
+    /// Every linkage a C sample is built with.
+    pub const WITH_DYNAMIC: [Linkage; 3] = [Linkage::Static, Linkage::StaticPie, Linkage::Dynamic];
+
+    /// The linkage's name: the suffix of the built file's name, and for the static linkages
+    /// also the gcc flag (`-static`, `-static-pie`).
     pub fn flag(self) -> &'static str {
         match self {
             Linkage::Static => "static",
             Linkage::StaticPie => "static-pie",
+            Linkage::Dynamic => "dynamic",
+        }
+    }
+
+    /// The gcc flag that selects the linkage; none for [`Linkage::Dynamic`], gcc's default.
+    pub fn gcc_flag(self) -> Option<&'static str> {
+        match self {
+            Linkage::Static => Some("-static"),
+            Linkage::StaticPie => Some("-static-pie"),
+            Linkage::Dynamic => None,
         }
     }
 }
@@ -57,6 +82,22 @@ pub struct Sample {
     pub checks: &'static str,
     /// What hotpath must do with it: behave as natively, or refuse it (for now) with a message.
     pub under_hotpath: UnderHotpath,
+}
+
+impl Sample {
+    /// The linkages the sample is built and tested with. C samples: static, static-pie and
+    /// dynamic (the same program started by ld.so, with glibc's shared objects; expected files
+    /// are shared). Freestanding `.S` samples only the two static ones: they define `_start`,
+    /// use no library, so ld.so would have nothing to load, and several check the state the
+    /// kernel leaves at entry (zeroed registers, FS base 0) that ld.so changes before jumping
+    /// to `_start`.
+    pub fn linkages(&self) -> &'static [Linkage] {
+        if self.source.ends_with(".S") {
+            &Linkage::STATIC
+        } else {
+            &Linkage::WITH_DYNAMIC
+        }
+    }
 }
 
 /// What a hotpath run of a sample must do.
@@ -200,6 +241,9 @@ pub const SAMPLES: &[Sample] = &[
         "cpuid feature bits and XCR0 as glibc's ifunc resolvers see them"),
     sample("jit_remap", "jit_remap.c", &[], Exit(0),
         "code generated at run time, then replaced (mprotect, munmap+mmap, MAP_FIXED)"),
+    sample("jit_rwx", "jit_rwx.c", &[], Exit(0),
+        "code rewritten in place in an RWX page (no mprotect), data stored into the code page, \
+         and read(2) writing code into it"),
     // Threads (clone with CLONE_VM) are not supported yet: hotpath must say so in one line.
     unsupported("threads", "threads.c", "threads are not supported yet",
         "pthreads: clone, per-thread TLS (FS base), futexes, join"),

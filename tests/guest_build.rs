@@ -1,7 +1,9 @@
 //! Compiling guest samples with the installed gcc into `<target>/guest-samples/`, once.
 //!
 //! A built file is `<target>/guest-samples/<source stem>.<linkage>` (`hello.static`,
-//! `asm_flags.static-pie`); next to it, `<file>.cmd` records the gcc command that made it.
+//! `asm_flags.static-pie`, `hello.dynamic`), or `<source stem>.so` for a shared library a
+//! sample loads (`dlopen_lib.so`); next to it, `<file>.cmd` records the gcc command that made
+//! it.
 //! A file is rebuilt when it is missing, older than its source or any header in
 //! `guest-samples/`, or made by a different command. Builders of the same file take an
 //! exclusive `flock` on `<file>.lock` (threads of one test process and concurrent test
@@ -28,23 +30,38 @@ pub fn build_dir() -> PathBuf {
 }
 
 /// The gcc arguments (without the output and the source) that build `source` with `linkage`.
-/// C samples are linked against static glibc and libm; `.S` samples are freestanding
-/// (`-nostdlib`, entry `_start`, raw syscalls).
+/// C samples are linked against glibc and libm (static, or shared for [`Linkage::Dynamic`],
+/// gcc's default PIE); `.S` samples are freestanding (`-nostdlib`, entry `_start`, raw
+/// syscalls).
 pub fn gcc_args(source: &str, linkage: Linkage) -> Vec<String> {
     let include = format!("-I{}", paths::samples_dir().display());
-    let link = format!("-{}", linkage.flag());
+    let link = linkage.gcc_flag().map(String::from);
     if source.ends_with(".S") {
-        vec!["-nostdlib".into(), link, include]
+        ["-nostdlib".into()]
+            .into_iter()
+            .chain(link)
+            .chain([include])
+            .collect()
     } else {
-        vec![
-            C_OPT.into(),
-            "-Wall".into(),
-            "-Wextra".into(),
-            link,
-            "-pthread".into(),
-            include,
-        ]
+        [C_OPT.into(), "-Wall".into(), "-Wextra".into()]
+            .into_iter()
+            .chain(link)
+            .chain(["-pthread".into(), include])
+            .collect()
     }
+}
+
+/// The gcc arguments (without the output and the source) that build a C sample as a shared
+/// library: position-independent, with the samples' headers.
+pub fn shared_library_gcc_args() -> Vec<String> {
+    vec![
+        C_OPT.into(),
+        "-Wall".into(),
+        "-Wextra".into(),
+        "-shared".into(),
+        "-fPIC".into(),
+        format!("-I{}", paths::samples_dir().display()),
+    ]
 }
 
 /// Libraries named after the source file (gcc wants them last).
@@ -56,10 +73,25 @@ fn gcc_libs(source: &str) -> Vec<String> {
     }
 }
 
+fn stem(source: &str) -> &str {
+    source.rsplit_once('.').map_or(source, |(stem, _)| stem)
+}
+
 /// Where `source` built with `linkage` lives.
 pub fn output_path(source: &str, linkage: Linkage) -> PathBuf {
-    let stem = source.rsplit_once('.').map_or(source, |(stem, _)| stem);
-    build_dir().join(format!("{stem}.{}", linkage.flag()))
+    build_dir().join(format!("{}.{}", stem(source), linkage.flag()))
+}
+
+/// Where `source` built as a shared library lives: `<target>/guest-samples/<stem>.so`.
+pub fn shared_library_path(source: &str) -> PathBuf {
+    build_dir().join(format!("{}.so", stem(source)))
+}
+
+/// `<out><suffix>`: the command record, lock and temporary files beside a built file.
+fn beside(out: &Path, suffix: &str) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 /// The samples' source directory's newest header: a change there rebuilds everything.
@@ -126,19 +158,42 @@ impl FileLock {
 ///
 /// A message with gcc's output when gcc is missing or fails, or an I/O error text.
 pub fn build(source: &str, linkage: Linkage) -> Result<PathBuf, String> {
-    let src = paths::samples_dir().join(source);
     let out = output_path(source, linkage);
-    let cmd_file = out.with_extension(format!("{}.cmd", linkage.flag()));
-    let mut args = gcc_args(source, linkage);
+    compile(source, &out, gcc_args(source, linkage), gcc_libs(source))
+}
+
+/// Builds the C file `source` (in `guest-samples/`) as a shared library,
+/// [`shared_library_path`], unless an up-to-date build exists, and returns its path. A sample
+/// that loads it (`dlopen_twice.c`) is given the path in its arguments.
+///
+/// # Errors
+///
+/// As [`build`].
+pub fn build_shared_library(source: &str) -> Result<PathBuf, String> {
+    let out = shared_library_path(source);
+    compile(source, &out, shared_library_gcc_args(), Vec::new())
+}
+
+/// `gcc ARGS -o OUT guest-samples/SOURCE LIBS`, under the lock of `out`, unless `out` is up to
+/// date.
+fn compile(
+    source: &str,
+    out: &Path,
+    mut args: Vec<String>,
+    libs: Vec<String>,
+) -> Result<PathBuf, String> {
+    let src = paths::samples_dir().join(source);
+    let out = out.to_path_buf();
+    let cmd_file = beside(&out, ".cmd");
     args.push("-o".into());
     args.push(out.display().to_string());
     args.push(src.display().to_string());
-    args.extend(gcc_libs(source));
+    args.extend(libs);
     let command_line = format!("gcc {}", args.join(" "));
 
     fs::create_dir_all(build_dir())
         .map_err(|e| format!("creating {}: {e}", build_dir().display()))?;
-    let lock_path = out.with_extension(format!("{}.lock", linkage.flag()));
+    let lock_path = beside(&out, ".lock");
     let _lock = FileLock::acquire(&lock_path)
         .map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
     let fresh = up_to_date(&out, &cmd_file, &command_line, &src)
@@ -148,12 +203,14 @@ pub fn build(source: &str, linkage: Linkage) -> Result<PathBuf, String> {
     }
 
     // Unique per process and thread: concurrent test processes may build the same file.
-    let tmp = out.with_extension(format!(
-        "{}.tmp-{}-{:?}",
-        linkage.flag(),
-        std::process::id(),
-        std::thread::current().id()
-    ));
+    let tmp = beside(
+        &out,
+        &format!(
+            ".tmp-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ),
+    );
     let mut tmp_args = args.clone();
     let o = tmp_args
         .iter()

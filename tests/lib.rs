@@ -1,7 +1,7 @@
 //! End-to-end test support: building guest samples and running them natively and under hotpath.
 //!
 //! ```text
-//! guest-samples/*.c, *.S ──gcc (static, static-pie)──▶ <target>/guest-samples/<source>.<linkage>
+//! guest-samples/*.c, *.S ──gcc (static, static-pie, dynamic)──▶ <target>/guest-samples/<source>.<linkage>
 //!                                                            │
 //!              native run ◀──────────────────────────────────┼──────────────▶ hotpath run [--no-monitor]
 //!                  │                                                              │
@@ -18,11 +18,16 @@
 //! - [`check_sample`]: the whole check for one sample, as the `samples` test calls it.
 //!
 //! The integration tests (`tests/tests/`) include:
-//! - `samples`: every sample x {static, static-pie} x {`--no-monitor`, monitor on}, native vs
-//!   hotpath (samples that find a known bug are `#[ignore = "bug: ..."]`);
+//! - `samples`: every sample x {static, static-pie, and for C samples dynamic} x
+//!   {`--no-monitor`, monitor on, eager superblocks}, native vs hotpath (samples that find a
+//!   known bug are `#[ignore = "bug: ..."]`);
 //! - `bad_input`: a corpus of files hotpath must reject with one clear line;
 //! - `busybox`: busybox-static's shell and applets on generated inputs, native vs hotpath, and
 //!   Ctrl-C (SIGINT) ending `hotpath run -- busybox sleep 5` as it ends busybox;
+//! - `dynamic`: real dynamically linked programs from Debian (python3, sqlite3, lua5.4,
+//!   luajit, gawk, xz, bzip2, zstd, perl, dash) on generated inputs, a sample that dlopens,
+//!   calls, dlcloses and dlopens a library again, and ld.so failing on a missing library,
+//!   native vs hotpath;
 //! - `report`: the `--report` JSON is written however the guest ends (exit, faults, abort,
 //!   SIGINT to hotpath, forked children's `FILE.<pid>`), is consistent, and does not depend on
 //!   the ring size;
@@ -242,7 +247,8 @@ pub fn compare_with_native(exe: &Path, args: &[&str], cwd: &Path) -> (Outcome, R
     (native, verdict)
 }
 
-/// The whole end-to-end check of one sample: for each linkage, build it, run it natively,
+/// The whole end-to-end check of one sample: for each of its linkages
+/// ([`Sample::linkages`]), build it, run it natively,
 /// compare the native run with the expected files in `guest-samples/expected/` (this catches
 /// a broken or non-deterministic sample, not a hotpath bug), then run it under hotpath with
 /// the monitor off and on and compare each run with the native one (or, for a sample marked
@@ -257,7 +263,7 @@ pub fn check_sample(name: &str) {
     let hotpath = hotpath_bin::hotpath();
     let mut problems = Vec::new();
 
-    for linkage in Linkage::ALL {
+    for &linkage in sample.linkages() {
         let exe = match guest_build::build(sample.source, linkage) {
             Ok(exe) => exe,
             Err(e) => {

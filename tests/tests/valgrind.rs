@@ -22,7 +22,9 @@
 //!    (Checked before rules 1–3: the variants use `rep movsb`/`rep stosb` for large sizes.)
 //! 5. **the auxv loop** — glibc's `_dl_aux_init` loops once per auxiliary-vector entry, and
 //!    valgrind builds the guest's auxv itself (on the CI kernel: 22 entries, some replaced by
-//!    `AT_IGNORE`) as hotpath does (21: it leaves out `AT_SYSINFO_EHDR`). The
+//!    `AT_IGNORE`, the vDSO's among them) as hotpath does with `--no-vdso`, which
+//!    these runs use so that neither guest has a vDSO (21 entries: it leaves out
+//!    `AT_SYSINFO_EHDR`; with a vDSO, static glibc looks its symbols up at start-up). The
 //!    `auxv_count` probe measures both; the rule: a function all of whose differing
 //!    instructions ran exactly n(hotpath) and n(valgrind) times.
 //! 6. **anything else** is bounded by [`OTHER_BOUND`] instructions in total. It is the one
@@ -288,7 +290,7 @@ fn hotpath_report(exe: &Path, args: &[&str], cwd: &Path, env: &[String], file: &
     cmd.arg("-i")
         .args(env)
         .arg(&hotpath)
-        .args(["run", "--quiet", "--report"])
+        .args(["run", "--quiet", "--no-vdso", "--report"])
         .arg(file)
         .arg("--")
         .arg(exe)
@@ -319,7 +321,7 @@ fn auxv_entries(cwd: &Path, env: &[String]) -> (u64, u64) {
             .arg("-i")
             .args(env)
             .arg(&hotpath)
-            .args(["run", "--quiet", "--"])
+            .args(["run", "--quiet", "--no-vdso", "--"])
             .arg(&probe)
             .current_dir(cwd),
     );

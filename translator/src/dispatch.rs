@@ -35,6 +35,8 @@ pub struct Config {
     pub ring_entries: u64,
     /// Build the superblocks the monitor asks for (`--no-superblocks` turns it off).
     pub superblocks: bool,
+    /// The guest was given the vDSO ([`crate::guest_vdso`]; `--no-vdso` turns it off).
+    pub vdso: bool,
 }
 
 /// Counters of the translator's own work.
@@ -198,7 +200,7 @@ impl Translator {
                 .modules
                 .add(interp.path.clone(), interp.range.0, interp.range.1);
         }
-        if let Some((start, end)) = crate::vdso_range() {
+        if let Some((start, end)) = crate::vdso_range().filter(|_| cfg.vdso) {
             process.modules.add("[vdso]".into(), start, end);
         }
         process.add_region(image.image_start, image.brk_limit);

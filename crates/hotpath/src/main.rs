@@ -127,6 +127,9 @@ struct RunArgs {
     /// Run the programs the guest execs natively instead of under hotpath.
     #[arg(long)]
     no_follow_exec: bool,
+    /// Give the guest no vDSO (as valgrind does): its time functions make system calls.
+    #[arg(long)]
+    no_vdso: bool,
     /// The program and its arguments.
     #[arg(
         trailing_var_arg = true,
@@ -317,7 +320,7 @@ fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         &argv,
         &envp,
         &execfn,
-        hotpath_translator::guest_vdso(),
+        hotpath_translator::guest_vdso().filter(|_| !args.no_vdso),
     ) {
         Ok(s) => s,
         Err(e) => {
@@ -331,6 +334,7 @@ fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         enqueue: monitor_on,
         ring_entries: args.ring_entries,
         superblocks: monitor_on && !args.no_superblocks,
+        vdso: !args.no_vdso,
     };
     let mut translator = match Translator::new(&image, &stack, cfg, None) {
         Ok(t) => t,
@@ -502,6 +506,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     if args.no_superblocks {
         opt("--no-superblocks", None);
     }
+    if args.no_vdso {
+        opt("--no-vdso", None);
+    }
     opt(
         "--superblock-threshold",
         Some(args.superblock_threshold.to_string().into()),
@@ -553,6 +560,10 @@ fn finish_report(
     ending: Ending,
     quiet: bool,
 ) {
+    if quiet && monitoring.report.is_none() && args.dot.is_none() && args.flamegraph.is_none() {
+        // Nobody reads the profile: building it would cost more than many short runs take.
+        return;
+    }
     let waits = translator
         .ring_producer()
         .map(|p| p.wait_stats())
