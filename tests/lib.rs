@@ -50,6 +50,7 @@ pub mod catalog;
 pub mod compare;
 pub mod guest_build;
 pub mod hotpath_bin;
+pub mod inputs;
 pub mod paths;
 pub mod report;
 pub mod runner;

@@ -20,28 +20,7 @@ use std::time::{Duration, Instant};
 
 use hotpath_e2e::{busybox, compare_with_native, hotpath_bin, paths, Termination};
 
-/// xorshift64*, as in guest-samples/common.h: the inputs are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-const WORDS: &[&str] = &[
-    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
-    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon",
-];
+use hotpath_e2e::inputs::{Rng, WORDS};
 
 /// Lines of `word number word+suffix filler`: about `bytes` bytes of sortable, awk-able text.
 fn text(rng: &mut Rng, bytes: usize) -> String {

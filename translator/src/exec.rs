@@ -12,7 +12,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::guest_mem;
-use crate::syscalls::{is_proc_self_exe, raw_syscall, Process};
+use crate::syscalls::{exe_path_arg, is_proc_self_exe, raw_syscall, Process};
 
 /// How to run a new program under hotpath: `hotpath` with `args` before the program.
 #[derive(Clone, Debug)]
@@ -44,10 +44,7 @@ pub fn exec(p: &Process, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64; 6]
     }
     let mut a = *args;
     let path_arg = if nr == 59 { 0 } else { 1 };
-    let exe = guest_mem::read_cstr(a[path_arg], 4096)
-        .ok()
-        .filter(|name| is_proc_self_exe(name))
-        .and_then(|_| CString::new(p.exe.as_os_str().as_bytes()).ok());
+    let exe = exe_path_arg(p, a[path_arg]);
     if let Some(exe) = &exe {
         a[path_arg] = exe.as_ptr() as u64;
     }

@@ -23,7 +23,7 @@ mod dispatch;
 pub mod emit;
 mod exec;
 pub mod gateway;
-mod guest_mem;
+pub mod guest_mem;
 pub mod modules;
 pub mod signals;
 mod smc;

@@ -106,14 +106,14 @@ impl ProtectedPages {
         let pages = unsafe { self.map() };
         let mut page = start & !(PAGE - 1);
         while page < end {
-            if !pages.contains_key(&page) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = pages.entry(page) {
                 if let Some(prot) = prot_of(page).filter(|p| p & libc::PROT_WRITE != 0) {
                     let r = raw_syscall(
                         10,
                         &[page, PAGE, (prot & !libc::PROT_WRITE) as u64, 0, 0, 0],
                     );
                     if r == 0 {
-                        pages.insert(page, prot);
+                        slot.insert(prot);
                     }
                 }
             }
@@ -138,6 +138,10 @@ impl ProtectedPages {
     /// Takes the writes the handler caught: the page ranges whose translations must go.
     /// From the dispatcher, between runs of translated code.
     pub fn take_hits(&self) -> Vec<(u64, u64)> {
+        // The dispatcher asks at every entry: a load, no store, when nothing was caught.
+        if self.hit_count.load(Ordering::Acquire) == 0 && !self.overflow.load(Ordering::Acquire) {
+            return Vec::new();
+        }
         let n = self.hit_count.swap(0, Ordering::Acquire);
         let mut out: Vec<(u64, u64)> = self.hits[..n]
             .iter()

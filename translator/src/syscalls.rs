@@ -619,7 +619,7 @@ fn sys_exec(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
 }
 
 /// The guest's path when `path` names `/proc/self/exe`, for calls that take a path.
-fn exe_path_arg(p: &Process, path: u64) -> Option<std::ffi::CString> {
+pub(crate) fn exe_path_arg(p: &Process, path: u64) -> Option<std::ffi::CString> {
     let name = guest_mem::read_cstr(path, 4096).ok()?;
     if is_proc_self_exe(&name) {
         std::ffi::CString::new(p.exe.as_os_str().as_encoded_bytes()).ok()

@@ -66,17 +66,7 @@ impl ModuleMap {
 
 /// The vDSO's bytes, read from this process's memory, where the kernel mapped it.
 fn vdso_bytes(m: &GuestModule) -> Option<Vec<u8>> {
-    let len = (m.end - m.start) as usize;
-    let mut buf = vec![0u8; len];
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: len,
-    };
-    let remote = libc::iovec {
-        iov_base: m.start as *mut libc::c_void,
-        iov_len: len,
-    };
-    // SAFETY: the kernel checks the remote range; the local one is our buffer.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    (n == len as isize).then_some(buf)
+    let mut buf = vec![0u8; (m.end - m.start) as usize];
+    hotpath_translator::guest_mem::read(m.start, &mut buf).ok()?;
+    Some(buf)
 }

@@ -44,8 +44,6 @@ pub struct Interpreter {
     pub entry: u64,
     /// Mapped range `[start, end)`, page-aligned guest addresses.
     pub range: (u64, u64),
-    /// Function symbols, sorted by address.
-    pub symbols: Vec<Symbol>,
 }
 
 /// Caller's requirements for the reservation.
@@ -207,16 +205,14 @@ fn load_interpreter(program: &Path, interp: &Path) -> Result<Interpreter, LoadEr
     let (lo, hi) = checked.span;
     let base = reserve(interp, placement, lo, hi - lo).map_err(|e| err(e.reason()))?;
     let load_bias = base - lo;
-    let mut segments = Vec::new();
     for ph in checked.loads() {
-        segments.push(map_segment(&file, interp, ph, load_bias).map_err(|e| err(e.reason()))?);
+        map_segment(&file, interp, ph, load_bias).map_err(|e| err(e.reason()))?;
     }
     Ok(Interpreter {
         path: interp.to_path_buf(),
         load_bias,
         entry: elf.entry + load_bias,
         range: (base, hi + load_bias),
-        symbols: function_symbols(elf, load_bias, &segments),
     })
 }
 
@@ -566,16 +562,6 @@ impl Image {
     /// linked program, the program's own otherwise.
     pub fn start(&self) -> u64 {
         self.interpreter.as_ref().map_or(self.entry, |i| i.entry)
-    }
-
-    /// The function symbol of the program or its interpreter containing `addr`, and the
-    /// offset of `addr` in it.
-    pub fn symbolize(&self, addr: u64) -> Option<(&str, u64)> {
-        symbolize_in(&self.symbols, addr).or_else(|| {
-            self.interpreter
-                .as_ref()
-                .and_then(|i| symbolize_in(&i.symbols, addr))
-        })
     }
 }
 
