@@ -34,7 +34,7 @@ pub use pathreport::{
 pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
 pub use profile::{
     module_of, BlockProfile, EdgeProfile, IndirectSite, ModuleProfile, Profile, Symbolizer,
-    SyscallProfile, Totals,
+    SyscallProfile, ThreadProfile, Totals, THREAD_HOTTEST,
 };
 pub use tables::{SyscallCount, Tables};
-pub use thread::{spawn, MonitorHandle, MonitorState};
+pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Stream, ThreadState};

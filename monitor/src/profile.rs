@@ -148,6 +148,64 @@ pub struct Profile {
     pub paths: Option<PathProfile>,
     /// The guest's modules in mapping order (see [`Profile::attribute_modules`]).
     pub modules: Vec<ModuleProfile>,
+    /// Per guest thread, in the order they started.
+    pub threads: Vec<ThreadProfile>,
+}
+
+/// Blocks listed per thread in [`ThreadProfile::hottest`].
+pub const THREAD_HOTTEST: usize = 20;
+
+/// One guest thread's share of the profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadProfile {
+    /// Its kernel thread id.
+    pub tid: u32,
+    /// Ring events it produced.
+    pub events: u64,
+    /// Block executions.
+    pub blocks_executed: u64,
+    /// Guest instructions executed.
+    pub guest_instructions: u64,
+    /// Times it found its ring full and waited for the monitor.
+    pub ring_waits: u64,
+    /// Time it waited for the monitor, in nanoseconds.
+    pub ring_wait_ns: u64,
+    /// Its most executed blocks `(guest address, executions)`, at most [`THREAD_HOTTEST`],
+    /// most executed first.
+    pub hottest: Vec<(u64, u64)>,
+}
+
+impl ThreadProfile {
+    /// The profile of the thread `tid` whose events `tables` counted (every id known).
+    pub fn from_tables(
+        tid: u32,
+        tables: &Tables,
+        ring_waits: u64,
+        ring_wait_ns: u64,
+    ) -> ThreadProfile {
+        let counts = tables.block_counts();
+        let mut by_addr: HashMap<u64, u64> = HashMap::new();
+        let (mut blocks_executed, mut guest_instructions) = (0, 0);
+        for (b, &c) in tables.blocks.iter().zip(&counts) {
+            if c == 0 {
+                continue;
+            }
+            blocks_executed += c;
+            guest_instructions += c * b.instructions as u64;
+            *by_addr.entry(b.start.0).or_insert(0) += c;
+        }
+        let mut hottest = sorted_desc(by_addr);
+        hottest.truncate(THREAD_HOTTEST);
+        ThreadProfile {
+            tid,
+            events: tables.events,
+            blocks_executed,
+            guest_instructions,
+            ring_waits,
+            ring_wait_ns,
+            hottest,
+        }
+    }
 }
 
 fn sorted_desc(m: HashMap<u64, u64>) -> Vec<(u64, u64)> {
@@ -323,6 +381,7 @@ impl Profile {
             superblocks,
             paths: None,
             modules: Vec::new(),
+            threads: Vec::new(),
         }
     }
 

@@ -89,6 +89,15 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
             "ring_wait_ns": t.ring_wait_ns,
             "monitor_busy_ns": t.monitor_busy_ns,
         },
+        "threads": profile.threads.iter().map(|th| json!({
+            "tid": th.tid,
+            "events": th.events,
+            "blocks_executed": th.blocks_executed,
+            "guest_instructions": th.guest_instructions,
+            "ring_waits": th.ring_waits,
+            "ring_wait_ns": th.ring_wait_ns,
+            "hottest": th.hottest.iter().map(|&(a, c)| json!({"addr": hex(a), "count": c})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "blocks": profile.blocks.iter().map(|b| json!({
             "addr": hex(b.addr),
             "count": b.count,

@@ -86,6 +86,9 @@ pub struct Tables {
     pub syscalls: HashMap<u32, SyscallCount>,
     /// The previous block event (the source of the next edge).
     prev: u32,
+    /// The last events of other threads' streams merged in (`merge`): like `prev`, each ran
+    /// once more than its out-edges say.
+    tails: Vec<u32>,
     /// Events processed (blocks and system calls).
     pub events: u64,
 }
@@ -103,6 +106,7 @@ impl Default for Tables {
             overflow: FxHashMap::default(),
             syscalls: HashMap::new(),
             prev: NONE,
+            tails: Vec::new(),
             events: 0,
         }
     }
@@ -382,6 +386,36 @@ impl Tables {
         *s.sites.entry(site).or_insert(0) += 1;
     }
 
+    /// The last block event of every stream counted here (this one's and merged ones').
+    fn last_events(&self) -> impl Iterator<Item = u32> + '_ {
+        std::iter::once(self.prev)
+            .chain(self.tails.iter().copied())
+            .filter(|&e| e != NONE)
+    }
+
+    /// Adds the counts of another thread's stream (`other`, over the same ids) to these: its
+    /// edges, system calls and events, and its last event. Metadata is not copied.
+    pub fn merge(&mut self, other: &Tables) {
+        let threshold = std::mem::replace(&mut self.hot_threshold, u64::MAX);
+        for (from, to, c) in other.raw_edges() {
+            let top = from.max(to);
+            if top as usize >= self.successors.len() {
+                self.grow(top);
+            }
+            self.add_edge_n(from, to, c);
+        }
+        self.hot_threshold = threshold;
+        for (&nr, sc) in &other.syscalls {
+            let mine = self.syscalls.entry(nr).or_default();
+            mine.count += sc.count;
+            for (&site, &n) in &sc.sites {
+                *mine.sites.entry(site).or_insert(0) += n;
+            }
+        }
+        self.events += other.events;
+        self.tails.extend(other.last_events());
+    }
+
     /// Takes in block metadata (ids arrive in translation order).
     pub fn learn(&mut self, b: NewBlock) {
         // A re-sent block (after the monitor was replaced) is already known.
@@ -497,10 +531,12 @@ impl Tables {
                 }
             }
         }
-        // The last event: a superblock that was running when the guest ended ran to its end
-        // (a fault inside it would have been followed by its side exit).
-        if let Some(trace) = self.trace(self.prev) {
-            inner(trace, trace.len() - 1, 1);
+        // The last event of each stream: a superblock that was running when the guest ended
+        // ran to its end (a fault inside it would have been followed by its side exit).
+        for last in self.last_events() {
+            if let Some(trace) = self.trace(last) {
+                inner(trace, trace.len() - 1, 1);
+            }
         }
         for (f, t, c) in outer {
             *out.entry((f, t)).or_insert(0) += c;
@@ -516,8 +552,8 @@ impl Tables {
         for (from, _, c) in self.edges() {
             counts[from as usize] += c;
         }
-        if self.prev != NONE {
-            counts[self.last_block(self.prev) as usize] += 1;
+        for last in self.last_events() {
+            counts[self.last_block(last) as usize] += 1;
         }
         counts.truncate(self.blocks.len());
         counts
@@ -543,8 +579,10 @@ impl Tables {
                 }
             }
         }
-        if let Some(r) = runs.get_mut(&self.prev) {
-            r.0 += 1;
+        for last in self.last_events() {
+            if let Some(r) = runs.get_mut(&last) {
+                r.0 += 1;
+            }
         }
         let mut v: Vec<(u32, u64, Vec<u64>)> =
             runs.into_iter().map(|(id, (n, e))| (id, n, e)).collect();

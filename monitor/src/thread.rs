@@ -1,11 +1,13 @@
 //! Spawning, pinning and stopping the monitor thread.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
 use crossbeam::utils::Backoff;
-use hotpath_events::{Command, NewBlock, RingConsumer, MIN_POLL_INTERVAL};
+use hotpath_events::{Command, NewBlock, RingConsumer, MIN_POLL_INTERVAL, SYSCALL_EVENT};
 
 use crate::decisions::Decisions;
 use crate::{PathRecorder, Tables};
@@ -19,6 +21,8 @@ pub struct MonitorState {
     pub decisions: Decisions,
     /// Time spent on events so far, in nanoseconds (see `Totals::monitor_busy_ns`).
     pub busy_ns: u64,
+    /// Position of the thread among the process's threads (0: the first).
+    pub started: usize,
 }
 
 impl MonitorState {
@@ -32,38 +36,73 @@ impl MonitorState {
     }
 }
 
+/// One guest thread's event ring as the monitor gets it: a consumer, the thread's tid, and
+/// where superblock requests for its code cache go (none: the monitor only watches).
+pub struct Stream {
+    /// The guest thread's kernel thread id.
+    pub tid: u32,
+    /// The consumer end of its ring.
+    pub ring: RingConsumer,
+    /// Its translator's superblock requests.
+    pub commands: Option<Sender<Command>>,
+}
+
+/// What the monitor kept for one guest thread.
+pub struct ThreadState {
+    /// The guest thread's kernel thread id.
+    pub tid: u32,
+    /// Its tables, paths and decisions.
+    pub state: MonitorState,
+    /// How often and how long it waited for a full ring.
+    pub waits: hotpath_events::WaitStats,
+}
+
+/// What a monitor kept: per guest thread, in the order the threads started, and every id's
+/// metadata.
+pub struct MonitorResult {
+    pub threads: Vec<ThreadState>,
+    pub catalog: Vec<NewBlock>,
+}
+
 /// A running monitor thread.
 pub struct MonitorHandle {
-    handle: JoinHandle<Result<MonitorState, String>>,
+    handle: JoinHandle<Result<MonitorResult, String>>,
+    /// Set to make the monitor finish once every ring it knows is closed and drained.
+    stop: Arc<AtomicBool>,
     /// The core it was pinned to, if any.
     pub pinned_to: Option<usize>,
 }
 
-/// How long the monitor naps when the ring stays empty after spinning, in microseconds. Short
-/// enough that a producer waiting on a full ring is released quickly; long enough that an idle
-/// guest (blocked in a syscall) does not keep a core busy.
+/// How long the monitor naps when every ring stays empty after spinning, in microseconds.
+/// Short enough that a producer waiting on a full ring is released quickly; long enough that
+/// an idle guest (blocked in a syscall) does not keep a core busy.
 const IDLE_NAP_US: u64 = 50;
 
-/// How long the ring must stay without a batch before the monitor starts napping.
+/// How long the rings must stay without a batch before the monitor starts napping.
 const IDLE_BEFORE_NAP: Duration = Duration::from_micros(200);
 
 /// Events the tables and then the path recorder take at a time, 16 KiB of them.
 const PATHS_PIECE: usize = 4096;
 
-/// Starts the monitor thread on `ring`, learning block metadata from `new_blocks`, pinned to
-/// `core` when given (the caller picks a core other than the guest's), going on from `tables`
-/// (empty for a new guest; the previous monitor's after a failed `execve`). With paths on, an
-/// event whose block id is not yet known waits for its `NewBlock` message. Superblock requests
-/// go to `commands` (none: the monitor only watches).
+/// Starts the monitor thread on `first` (the first guest thread's ring, going on from
+/// `state`: empty for a new guest, the previous monitor's after a failed `execve`) and on the
+/// rings of the threads the guest starts later (from `streams`, each with a copy of
+/// `template`), learning block metadata from `new_blocks`, pinned to `core` when given (the
+/// caller picks a core other than the guest's). With paths on, an event whose block id is
+/// not yet known waits for its `NewBlock` message. It finishes when told to (see
+/// [`MonitorHandle::finish`]) and every ring it knows is closed and drained.
 pub fn spawn(
-    mut ring: RingConsumer,
+    first: Stream,
+    streams: Receiver<Stream>,
     new_blocks: Receiver<NewBlock>,
-    commands: Option<Sender<Command>>,
     core: Option<core_affinity::CoreId>,
     state: MonitorState,
+    template: MonitorState,
 ) -> MonitorHandle {
     let pinned_to = core.map(|c| c.id);
-    // Signals are the guest thread's business: a process-directed signal must reach it (to
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_seen = stop.clone();
+    // Signals are the guest threads' business: a process-directed signal must reach one (to
     // interrupt its system call), never this thread. The new thread inherits the mask it is
     // created with, so block everything around its creation: blocking from inside the thread
     // would leave a window in which it could take a signal meant for the guest.
@@ -80,103 +119,266 @@ pub fn spawn(
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }
+            let mut monitor = Monitor {
+                live: Vec::new(),
+                done: Vec::new(),
+                catalog: Vec::new(),
+                new_blocks,
+                template,
+            };
+            monitor.add(first, state);
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                drain_loop(&mut ring, &new_blocks, commands.as_ref(), state)
+                monitor.drain_loop(&streams, &stop_seen);
             }));
-            run.map_err(|panic| {
-                // A bug in the monitor must not hang the guest on a full ring: keep freeing
-                // room, discarding events, until the guest ends.
-                discard_until_closed(&mut ring);
-                panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into())
-            })
+            match run {
+                Ok(()) => {
+                    let mut threads: Vec<ThreadState> = monitor
+                        .done
+                        .into_iter()
+                        .chain(monitor.live.into_iter().map(|l| l.finish()))
+                        .collect();
+                    threads.sort_by_key(|t| t.state.started);
+                    Ok(MonitorResult {
+                        threads,
+                        catalog: monitor.catalog,
+                    })
+                }
+                Err(panic) => {
+                    // A bug in the monitor must not hang the guest on a full ring: keep
+                    // freeing room, discarding events, until the guest ends.
+                    let mut rings: Vec<RingConsumer> =
+                        monitor.live.into_iter().map(|l| l.ring).collect();
+                    discard_until_closed(&mut rings, &streams, &stop_seen);
+                    Err(panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into()))
+                }
+            }
         })
         .expect("spawning the monitor thread");
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
-    MonitorHandle { handle, pinned_to }
+    MonitorHandle {
+        handle,
+        stop,
+        pinned_to,
+    }
 }
 
-/// The monitor's work: drain the ring in order into the tables (and paths) until the
-/// producer closes it, asking for superblocks as pairs of events become hot.
-fn drain_loop(
-    ring: &mut RingConsumer,
-    new_blocks: &Receiver<NewBlock>,
-    commands: Option<&Sender<Command>>,
-    mut state: MonitorState,
-) -> MonitorState {
-    let mut idle_since: Option<Instant> = None;
-    let replays = std::env::var("HOTPATH_REPLAY")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0);
-    let initial = (replays > 0).then(|| (state.tables.clone(), state.paths.clone()));
-    let mut kept = Vec::new();
-    let MonitorState {
-        tables,
-        paths,
-        decisions,
-        busy_ns,
-    } = &mut state;
-    loop {
-        // Read `closed` before draining: everything written before the close is visible
-        // to this drain.
-        let closed = ring.is_closed();
-        let started = Instant::now();
-        let n = ring.drain(closed, |events| {
-            if replays > 0 {
-                kept.extend_from_slice(events);
-            }
-            record(events, tables, paths.as_mut(), Some(new_blocks));
+/// A ring being drained, with the thread's state.
+struct Live {
+    tid: u32,
+    ring: RingConsumer,
+    commands: Option<Sender<Command>>,
+    state: MonitorState,
+}
+
+impl Live {
+    fn finish(self) -> ThreadState {
+        let waits = self.ring.wait_stats();
+        ThreadState {
+            tid: self.tid,
+            state: self.state,
+            waits,
+        }
+    }
+}
+
+/// The monitor thread's state: the rings it drains, and the metadata of every id.
+struct Monitor {
+    live: Vec<Live>,
+    done: Vec<ThreadState>,
+    /// Every id's metadata, in id order (each thread's tables learn from it).
+    catalog: Vec<NewBlock>,
+    new_blocks: Receiver<NewBlock>,
+    /// A new thread's initial state.
+    template: MonitorState,
+}
+
+impl Monitor {
+    fn add(&mut self, s: Stream, mut state: MonitorState) {
+        state.started = self.live.len() + self.done.len();
+        self.live.push(Live {
+            tid: s.tid,
+            ring: s.ring,
+            commands: s.commands,
+            state,
         });
-        if !tables.hot.is_empty() {
-            tables.learn_all(new_blocks);
-            let requests = decisions.decide(tables);
-            if let Some(tx) = commands {
+    }
+
+    /// Reads every pending `NewBlock` message into the catalog.
+    fn learn(&mut self) {
+        while let Ok(b) = self.new_blocks.try_recv() {
+            self.catalog.push(b);
+        }
+    }
+
+    /// Waits until the catalog knows every id up to `max`.
+    fn learn_up_to(&mut self, max: u32) {
+        while self.catalog.len() <= max as usize {
+            match self.new_blocks.recv() {
+                Ok(b) => self.catalog.push(b),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// The monitor's work: drain every ring in order into its thread's tables (and paths)
+    /// until told to stop and every ring is closed, asking each thread for superblocks as
+    /// pairs of its events become hot.
+    fn drain_loop(&mut self, streams: &Receiver<Stream>, stop: &AtomicBool) {
+        let mut idle_since: Option<Instant> = None;
+        let replays = std::env::var("HOTPATH_REPLAY")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let initial = (replays > 0).then(|| {
+            let s = &self.live[0].state;
+            (s.tables.clone(), s.paths.clone())
+        });
+        let mut kept = Vec::new();
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            while let Ok(s) = streams.try_recv() {
+                let fresh = self.template.clone();
+                self.add(s, fresh);
+            }
+            let started = Instant::now();
+            let mut drained = 0;
+            let mut i = 0;
+            while i < self.live.len() {
+                // Read `closed` before draining: everything written before the close is
+                // visible to this drain.
+                let closed = self.live[i].ring.is_closed();
+                let n = self.drain_one(i, closed, replays > 0 && i == 0, &mut kept);
+                drained += n;
+                if closed && n == 0 {
+                    let l = self.live.swap_remove(i);
+                    let mut t = l.finish_ring();
+                    self.finish_state(&mut t.state);
+                    self.done.push(t);
+                } else {
+                    i += 1;
+                }
+            }
+            if drained > 0 {
+                idle_since = None;
+            } else if stopping && self.live.is_empty() {
+                break;
+            } else if idle_since.get_or_insert(started).elapsed() > IDLE_BEFORE_NAP {
+                self.learn();
+                std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
+            } else {
+                // Less than a batch: look again after MIN_POLL_INTERVAL, not sooner (each look
+                // costs the guest a cache-line transfer).
+                let backoff = Backoff::new();
+                while started.elapsed() < MIN_POLL_INTERVAL {
+                    backoff.spin();
+                }
+            }
+        }
+        self.learn();
+        if let (Some((tables0, paths0)), Some(first)) =
+            (initial, self.done.iter().find(|t| t.state.started == 0))
+        {
+            let mut learned = first.state.tables.clone();
+            sync(&mut learned, &self.catalog);
+            replay(&kept, &learned, tables0, paths0, replays);
+        }
+    }
+
+    /// Drains ring `i` (all of it when `all`) into its thread's state; returns the events.
+    fn drain_one(&mut self, i: usize, all: bool, keep: bool, kept: &mut Vec<u32>) -> u64 {
+        let paths_on = self.live[i].state.paths.is_some();
+        let mut batches: Vec<u32> = Vec::new();
+        let started = Instant::now();
+        let n = {
+            let l = &mut self.live[i];
+            if paths_on {
+                // The path recorder needs every id's metadata: collect, then learn, then record.
+                l.ring
+                    .drain(all, |events| batches.extend_from_slice(events))
+            } else {
+                let tables = &mut l.state.tables;
+                l.ring.drain(all, |events| {
+                    if keep {
+                        kept.extend_from_slice(events);
+                    }
+                    tables.record(events);
+                })
+            }
+        };
+        if paths_on && !batches.is_empty() {
+            if keep {
+                kept.extend_from_slice(&batches);
+            }
+            let max = batches
+                .iter()
+                .filter(|&&e| e & SYSCALL_EVENT == 0)
+                .max()
+                .copied()
+                .unwrap_or(0);
+            self.learn_up_to(max);
+            let catalog = &self.catalog;
+            let l = &mut self.live[i];
+            sync(&mut l.state.tables, catalog);
+            record(&batches, &mut l.state.tables, l.state.paths.as_mut());
+        }
+        let l = &mut self.live[i];
+        if !l.state.tables.hot.is_empty() {
+            self.learn();
+            let l = &mut self.live[i];
+            sync(&mut l.state.tables, &self.catalog);
+            let requests = l.state.decisions.decide(&mut l.state.tables);
+            if let Some(tx) = &l.commands {
                 for c in requests {
                     // A translator that is gone needs no superblocks.
                     let _ = tx.send(c);
                 }
             }
         }
+        let l = &mut self.live[i];
         if n > 0 {
-            *busy_ns += started.elapsed().as_nanos() as u64;
-            idle_since = None;
-        } else if closed {
-            break;
-        } else if idle_since.get_or_insert(started).elapsed() > IDLE_BEFORE_NAP {
-            tables.learn_all(new_blocks);
-            std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
-        } else {
-            // Less than a batch: look again after MIN_POLL_INTERVAL, not sooner (each look
-            // costs the guest a cache-line transfer).
-            let backoff = Backoff::new();
-            while started.elapsed() < MIN_POLL_INTERVAL {
-                backoff.spin();
-            }
+            l.state.busy_ns += started.elapsed().as_nanos() as u64;
+        }
+        n
+    }
+
+    /// Completes a finished thread's state: every id known, paths closed.
+    fn finish_state(&mut self, state: &mut MonitorState) {
+        self.learn();
+        sync(&mut state.tables, &self.catalog);
+        if let Some(p) = state.paths.as_mut() {
+            p.end_of_stream(&state.tables);
         }
     }
-    tables.learn_all(new_blocks);
-    if let Some(p) = paths.as_mut() {
-        p.end_of_stream(tables);
-    }
-    if let Some((tables0, paths0)) = initial {
-        replay(&kept, tables, tables0, paths0, replays);
-    }
-    state
 }
 
-/// Accounts `events` in the tables and, if on, the path recorder, which learns the ids it has
-/// not seen itself from `new_blocks` (waiting for their metadata; none: all are known).
-fn record(
-    events: &[u32],
-    tables: &mut Tables,
-    paths: Option<&mut PathRecorder>,
-    new_blocks: Option<&Receiver<NewBlock>>,
-) {
+impl Live {
+    /// Lets go of the drained ring (its memory may serve a new thread).
+    fn finish_ring(self) -> ThreadState {
+        let waits = self.ring.wait_stats();
+        self.ring.release();
+        ThreadState {
+            tid: self.tid,
+            state: self.state,
+            waits,
+        }
+    }
+}
+
+/// Teaches `tables` the ids of `catalog` it does not know yet.
+fn sync(tables: &mut Tables, catalog: &[NewBlock]) {
+    for b in &catalog[tables.blocks.len().min(catalog.len())..] {
+        tables.learn(b.clone());
+    }
+}
+
+/// Accounts `events` in the tables and, if on, the path recorder (every id of `events` must
+/// be known to `tables`).
+fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>) {
     match paths {
         None => tables.record(events),
         // The tables read each event again after the path recorder, in pieces that stay in
@@ -184,7 +386,7 @@ fn record(
         // runs of one repeated event the recorder found at once.
         Some(p) => {
             for piece in events.chunks(PATHS_PIECE) {
-                p.record(piece, tables, new_blocks);
+                p.record(piece, tables, None);
                 tables.record_with_repeats(piece, p.repeats());
             }
         }
@@ -214,7 +416,7 @@ fn replay(
             });
         }
         let started = Instant::now();
-        record(events, &mut tables, paths.as_mut(), None);
+        record(events, &mut tables, paths.as_mut());
         if let Some(p) = paths.as_mut() {
             p.end_of_stream(&tables);
         }
@@ -230,12 +432,27 @@ fn replay(
     );
 }
 
-/// After a failure: frees ring room without looking at the events, until the ring closes.
-fn discard_until_closed(ring: &mut RingConsumer) {
+/// After a failure: frees ring room without looking at the events, until told to stop and
+/// every ring is closed.
+fn discard_until_closed(
+    rings: &mut Vec<RingConsumer>,
+    streams: &Receiver<Stream>,
+    stop: &AtomicBool,
+) {
     loop {
-        let closed = ring.is_closed();
-        if ring.drain(true, |_| {}) == 0 {
-            if closed {
+        let stopping = stop.load(Ordering::Acquire);
+        while let Ok(s) = streams.try_recv() {
+            rings.push(s.ring);
+        }
+        let mut n = 0;
+        rings.retain_mut(|r| {
+            let closed = r.is_closed();
+            let d = r.drain(true, |_| {});
+            n += d;
+            !(closed && d == 0)
+        });
+        if n == 0 {
+            if stopping && rings.is_empty() {
                 return;
             }
             std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
@@ -244,12 +461,14 @@ fn discard_until_closed(ring: &mut RingConsumer) {
 }
 
 impl MonitorHandle {
-    /// Waits for the monitor to drain the (closed) ring and returns its tables and paths.
+    /// Tells the monitor to finish once every ring is closed (the caller has closed them or
+    /// stopped their threads), waits for it, and returns what it kept.
     ///
     /// # Errors
     /// The panic message, if the monitor failed (a bug in hotpath); the guest went on
     /// unaffected but its profile is lost.
-    pub fn finish(self) -> Result<MonitorState, String> {
+    pub fn finish(self) -> Result<MonitorResult, String> {
+        self.stop.store(true, Ordering::Release);
         match self.handle.join() {
             Ok(result) => result,
             Err(_) => Err("the monitor thread ended abnormally".into()),

@@ -85,6 +85,31 @@ impl CodeCache {
         })
     }
 
+    /// Maps a cache of `size` bytes wherever the kernel finds room (a thread's cache; its
+    /// code reaches far guest operands as `emit` rewrites them).
+    ///
+    /// # Errors
+    /// [`TranslateError::CodeCache`] if the reservation or the cache cannot be mapped.
+    pub fn create_anywhere(size: u64) -> Result<CodeCache, TranslateError> {
+        // SAFETY: a fresh PROT_NONE reservation, replaced by `create`'s executable view.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(TranslateError::CodeCache {
+                reason: format!("reserve: {}", std::io::Error::last_os_error()),
+            });
+        }
+        CodeCache::create(at as u64, size)
+    }
+
     /// Host address where the next inserted code will start.
     pub fn next_addr(&self) -> HostAddr {
         HostAddr(self.rx_base + self.cursor)

@@ -3,6 +3,7 @@
 //! system calls, traps, ring refills).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use crossbeam::channel::{Receiver, Sender};
 use hotpath_events::{
@@ -12,7 +13,7 @@ use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
-use crate::code_cache::CodeCache;
+use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
 use crate::decode::decode_block;
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
 use crate::gateway::{
@@ -20,6 +21,7 @@ use crate::gateway::{
     EXIT_SPECIAL_BASE,
 };
 use crate::guest_mem;
+use crate::process::{lock, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart};
 use crate::signals::{Delivery, HandlerSetup, SignalState};
 use crate::superblock::{emit_superblock, side_exit_id};
 use crate::syscalls::{self, CloneArgs, GuestExit, Outcome, Process};
@@ -60,6 +62,35 @@ pub struct Stats {
     pub superblocks_dropped: u64,
 }
 
+impl Stats {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &Stats) {
+        self.blocks_translated += o.blocks_translated;
+        self.links += o.links;
+        self.ibl_misses += o.ibl_misses;
+        self.syscalls += o.syscalls;
+        self.flushes += o.flushes;
+        self.ring_refills += o.ring_refills;
+        self.superblocks += o.superblocks;
+        self.superblocks_dropped += o.superblocks_dropped;
+    }
+}
+
+/// What a guest thread's translator owns apart from its bookkeeping: its code cache (with
+/// the gateway at its bottom), its thread area and its signal state. Kept for reuse when the
+/// thread ends (a program that starts and joins threads in a loop maps them once).
+pub struct ThreadResources {
+    cache: CodeCache,
+    gateway: Gateway,
+    area: &'static mut ThreadArea,
+    signals: SignalState,
+}
+
+// SAFETY: a thread's resources are used by one host thread at a time: its own while it runs,
+// then handed to the next through the process's pool under its lock. The code cache's raw
+// pointer is its writable view, mapped for the process's life.
+unsafe impl Send for ThreadResources {}
+
 /// Where to go next.
 #[derive(Clone, Copy, Debug)]
 enum Next {
@@ -87,6 +118,9 @@ pub enum Stop {
     /// This is the child of a guest `fork`: give it its own monitor (see
     /// [`Translator::set_block_sender`]), then call `run` again.
     ForkedChild,
+    /// This guest thread ended (`exit`) while others go on: its ring is closed; drop the
+    /// translator and end the host thread.
+    ThreadExit,
 }
 
 /// One guest thread's translator.
@@ -100,11 +134,9 @@ pub struct Translator {
     /// Guest block start → guest end, for invalidation.
     spans: BTreeMap<u64, u64>,
     exits: Vec<Exit>,
-    next_id: u32,
     generation: u64,
     process: Process,
     producer: Option<RingProducer>,
-    new_blocks: Option<Sender<NewBlock>>,
     stats: Stats,
     /// Where `run` goes on.
     next: Next,
@@ -112,8 +144,11 @@ pub struct Translator {
     exec_request: Option<(u64, [u64; 6])>,
     /// How to run an exec'd program under hotpath (`None`: natively).
     exec_wrapper: Option<crate::exec::ExecWrapper>,
-    /// Metadata of every id, for a forked child's new monitor.
-    known: Vec<NewBlock>,
+    /// This thread as the others see it.
+    ctl: Arc<ThreadCtl>,
+    /// How many of the process's published invalidations this thread has applied.
+    invalidations_seen: u64,
+    host: HostFeatures,
     /// The first id of the current code cache generation: older ids were flushed.
     generation_first_id: u32,
     /// Guest addresses whose entry is a superblock (this generation).
@@ -126,6 +161,51 @@ pub struct Translator {
 
 const ARCH_SET_GS: i32 = 0x1001;
 const ARCH_GET_FS: i32 = 0x1003;
+
+/// Makes `area` the calling thread's GS base.
+fn set_gs(area: &ThreadArea) -> Result<(), TranslateError> {
+    let addr = area as *const ThreadArea as u64;
+    // SAFETY: arch_prctl on this thread with valid arguments; Rust does not use GS.
+    let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_GS, addr) };
+    if r != 0 {
+        return Err(TranslateError::Thread {
+            reason: format!(
+                "arch_prctl(ARCH_SET_GS): {}",
+                std::io::Error::last_os_error()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Maps a thread area for `cfg`'s ring and makes it the calling thread's GS base.
+fn map_area(cfg: &Config, gateway: &Gateway) -> Result<&'static mut ThreadArea, TranslateError> {
+    let area = ThreadArea::map(cfg.ring_entries, gateway.ibl_empty.0).map_err(|e| {
+        TranslateError::Thread {
+            reason: format!("mmap: {e}"),
+        }
+    })?;
+    set_gs(area)?;
+    Ok(area)
+}
+
+/// What the host signal handler needs to know about a thread's translator.
+fn handler_setup(
+    area: &mut ThreadArea,
+    cache: &CodeCache,
+    gateway: &Gateway,
+    host: HostFeatures,
+) -> HandlerSetup {
+    HandlerSetup {
+        area: area as *mut ThreadArea,
+        cache: cache.range(),
+        exit_from_signal: gateway.exit_from_signal.0,
+        fsgsbase: host.fsgsbase,
+        rw_delta: cache.rw_delta(),
+        xsave_size: host.xsave_size as usize,
+        xsave_mask: host.xsave_mask,
+    }
+}
 
 impl Translator {
     /// Sets up the code cache (in the image's extra reservation), the gateway and this thread's
@@ -143,75 +223,174 @@ impl Translator {
         new_blocks: Option<Sender<NewBlock>>,
     ) -> Result<Translator, TranslateError> {
         let host = HostFeatures::detect()?;
+        let smc = Arc::new(crate::smc::ProtectedPages::default());
         let mut cache = CodeCache::create(image.extra.0, image.extra.1)?;
         let gateway = emit_gateway(&mut cache, host)?;
-        let area = ThreadArea::map(cfg.ring_entries, gateway.ibl_empty.0).map_err(|e| {
-            TranslateError::Thread {
-                reason: format!("mmap: {e}"),
-            }
-        })?;
-        let area_addr = area as *mut ThreadArea as u64;
-        // SAFETY: arch_prctl on this thread with valid arguments; Rust does not use GS.
-        let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_GS, area_addr) };
-        if r != 0 {
-            return Err(TranslateError::Thread {
-                reason: format!(
-                    "arch_prctl(ARCH_SET_GS): {}",
-                    std::io::Error::last_os_error()
-                ),
-            });
-        }
-        let mut fs = 0u64;
-        // SAFETY: ARCH_GET_FS writes one u64 into `fs`.
-        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) };
-        area.host_fs_base = fs;
+        let area = map_area(&cfg, &gateway)?;
+        let setup = handler_setup(area, &cache, &gateway, host);
+        let signals =
+            SignalState::install(setup, smc.clone()).map_err(|e| TranslateError::Thread {
+                reason: format!("signal stack: {e}"),
+            })?;
         area.gpr = [0; 16];
         area.gpr[thread_area::RSP] = stack.rsp;
         area.fs_base = 0;
 
-        let signals = SignalState::install(HandlerSetup {
-            area: area as *mut ThreadArea,
-            cache: cache.range(),
-            exit_from_signal: gateway.exit_from_signal.0,
-            fsgsbase: host.fsgsbase,
-            rw_delta: cache.rw_delta(),
-            xsave_size: host.xsave_size as usize,
-            xsave_mask: host.xsave_mask,
-        })
-        .map_err(|e| TranslateError::Thread {
-            reason: format!("signal stack: {e}"),
-        })?;
-        let mut process = Process {
-            exe: image.path.clone(),
+        let mut memory = Memory {
             brk_start: image.brk_start,
             brk: image.brk_start,
             brk_limit: image.brk_limit,
             guest_regions: BTreeMap::new(),
-            invalidate: Vec::new(),
-            signals,
             modules: Default::default(),
-            maps: Default::default(),
         };
-        process
+        memory
             .modules
             .add(image.path.clone(), image.image_start, image.brk_start);
         if let Some(interp) = &image.interpreter {
-            process
+            memory
                 .modules
                 .add(interp.path.clone(), interp.range.0, interp.range.1);
         }
         if let Some((start, end)) = crate::vdso_range().filter(|_| cfg.vdso) {
-            process.modules.add("[vdso]".into(), start, end);
+            memory.modules.add("[vdso]".into(), start, end);
         }
-        process.add_region(image.image_start, image.brk_limit);
+        memory.add_region(image.image_start, image.brk_limit);
         if let Some(interp) = &image.interpreter {
-            process.add_region(interp.range.0, interp.range.1);
+            memory.add_region(interp.range.0, interp.range.1);
         }
-        process.add_region(
+        memory.add_region(
             stack.base - hotpath_loader::STACK_GUARD,
             stack.base + stack.size,
         );
+        let shared = Arc::new(ProcessShared::new(
+            image.path.clone(),
+            memory,
+            smc,
+            signals.actions(),
+        ));
+        lock(&shared.registry).sender = new_blocks;
+        let resources = ThreadResources {
+            cache,
+            gateway,
+            area,
+            signals,
+        };
+        let mut t = Translator::assemble(shared, resources, cfg, host);
+        t.next = Next::Guest(image.start());
+        Ok(t)
+    }
 
+    /// The translator of a new guest thread, on the host thread made for it (by the
+    /// embedder's spawner, see [`set_spawner`](Self::set_spawner)): installs its area and
+    /// signal state, stores its tid where the `clone` flags say, and tells the parent. Call
+    /// [`run`](Self::run) next.
+    ///
+    /// # Errors
+    /// [`TranslateError`] if a mapping fails (the parent's `clone` then fails with EAGAIN).
+    pub fn start_thread(start: ThreadStart) -> Result<Translator, TranslateError> {
+        let ThreadStart {
+            process,
+            cfg,
+            gpr,
+            rflags,
+            fs_base,
+            xsave,
+            rip,
+            clone,
+            mask,
+            reply,
+        } = start;
+        let built = (|| {
+            let host = HostFeatures::detect()?;
+            // A thread's memory serves a new one once the monitor has let go of its ring.
+            let pooled = {
+                let mut pool = lock(&process.pool);
+                let free = pool
+                    .iter()
+                    .position(|r| !cfg.enqueue || r.area.ring.is_released());
+                free.map(|i| pool.swap_remove(i))
+            };
+            let resources = match pooled {
+                Some(mut r) => {
+                    set_gs(r.area)?;
+                    r.signals
+                        .reset_for_thread()
+                        .map_err(|e| TranslateError::Thread {
+                            reason: format!("signal stack: {e}"),
+                        })?;
+                    r.area.ring.reset();
+                    r
+                }
+                None => {
+                    let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE)?;
+                    let gateway = emit_gateway(&mut cache, host)?;
+                    let area = map_area(&cfg, &gateway)?;
+                    let setup = handler_setup(area, &cache, &gateway, host);
+                    let signals = SignalState::for_thread(
+                        setup,
+                        process.actions.clone(),
+                        process.smc.clone(),
+                    )
+                    .map_err(|e| TranslateError::Thread {
+                        reason: format!("signal stack: {e}"),
+                    })?;
+                    ThreadResources {
+                        cache,
+                        gateway,
+                        area,
+                        signals,
+                    }
+                }
+            };
+            Ok::<_, TranslateError>((resources, host))
+        })();
+        let (resources, host) = match built {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = reply.send(Err(e.to_string()));
+                return Err(e);
+            }
+        };
+        let mut t = Translator::assemble(process, resources, cfg, host);
+        t.area.gpr = gpr;
+        t.area.rflags = rflags;
+        t.area.fs_base = fs_base;
+        t.area.xsave.0[..xsave.len()].copy_from_slice(&xsave);
+        t.next = Next::Guest(rip);
+        let tid = t.ctl.tid;
+        if clone.flags & libc::CLONE_CHILD_SETTID as u64 != 0 {
+            let _ = guest_mem::write(clone.child_tid, &tid.to_le_bytes());
+        }
+        if clone.flags & libc::CLONE_PARENT_SETTID as u64 != 0 {
+            let _ = guest_mem::write(clone.parent_tid, &tid.to_le_bytes());
+        }
+        if clone.flags & libc::CLONE_CHILD_CLEARTID as u64 != 0 {
+            t.process.clear_child_tid = clone.child_tid;
+        }
+        // The guest's mask from the parent (the host thread was created with all blocked).
+        crate::signals::set_guest_mask(mask);
+        let _ = reply.send(Ok(tid));
+        Ok(t)
+    }
+
+    /// Builds a thread's translator around its resources, on its own host thread, and adds
+    /// it to the process's live threads.
+    fn assemble(
+        shared: Arc<ProcessShared>,
+        resources: ThreadResources,
+        cfg: Config,
+        host: HostFeatures,
+    ) -> Translator {
+        let ThreadResources {
+            cache,
+            gateway,
+            area,
+            signals,
+        } = resources;
+        let mut fs = 0u64;
+        // SAFETY: ARCH_GET_FS writes one u64 into `fs`.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) };
+        area.host_fs_base = fs;
         let producer = if cfg.enqueue {
             // SAFETY: the area (and so the ring control) is never unmapped; this thread is the
             // ring's only producer.
@@ -219,7 +398,26 @@ impl Translator {
         } else {
             None
         };
-        Ok(Translator {
+        let tid = syscalls::raw_syscall(libc::SYS_gettid as u64, &[0; 6]) as u32;
+        // SAFETY: the area is mapped for the process's life; the control block is only read
+        // (closed) through this reference.
+        let ring: &'static hotpath_events::RingControl =
+            unsafe { &*(&area.ring as *const hotpath_events::RingControl) };
+        let ctl = Arc::new(ThreadCtl::new(tid, signals.handler(), ring));
+        lock(&shared.threads).push(ctl.clone());
+        shared
+            .threads_started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let invalidations_seen = shared.invalidation_count();
+        let process = Process {
+            exe: shared.exe.clone(),
+            shared,
+            invalidate: Vec::new(),
+            signals,
+            maps: Default::default(),
+            clear_child_tid: 0,
+        };
+        Translator {
             area,
             cache,
             gateway,
@@ -227,21 +425,21 @@ impl Translator {
             blocks: HashMap::new(),
             spans: BTreeMap::new(),
             exits: Vec::new(),
-            next_id: 0,
             generation: 0,
             process,
             producer,
-            new_blocks,
             stats: Stats::default(),
-            next: Next::Guest(image.start()),
+            next: Next::Guest(0),
             exec_request: None,
             exec_wrapper: None,
-            known: Vec::new(),
+            ctl,
+            invalidations_seen,
+            host,
             generation_first_id: 0,
             superblock_heads: HashSet::new(),
             commands: None,
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
-        })
+        }
     }
 
     /// The consumer end of this thread's event ring, for the monitor thread.
@@ -257,13 +455,46 @@ impl Translator {
     }
 
     /// The ELF images mapped into the guest so far, in mapping order.
-    pub fn modules(&self) -> &[crate::modules::GuestModule] {
-        self.process.modules.all()
+    pub fn modules(&self) -> Vec<crate::modules::GuestModule> {
+        lock(&self.process.shared.memory).modules.all().to_vec()
     }
 
-    /// Counters so far.
+    /// Counters so far, of every thread of the process.
     pub fn stats(&self) -> Stats {
-        self.stats
+        self.publish_stats();
+        self.process.shared.stats()
+    }
+
+    /// This thread's kernel thread id.
+    pub fn tid(&self) -> u32 {
+        self.ctl.tid
+    }
+
+    /// Guest threads started so far, the first included.
+    pub fn threads_started(&self) -> u32 {
+        self.process
+            .shared
+            .threads_started
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Gives the process the function that creates a host thread for each new guest thread
+    /// (it calls [`start_thread`](Self::start_thread) there). Without one, a guest `clone` of
+    /// a thread fails with EAGAIN.
+    pub fn set_spawner(&self, spawner: crate::process::Spawner) {
+        *lock(&self.process.shared.spawner) = Some(spawner);
+    }
+
+    /// Stops every other guest thread before the process ends (see
+    /// [`ProcessShared::stop_others`]), and closes this thread's ring.
+    pub fn stop_other_threads(&self) -> Vec<u32> {
+        let late = self.process.shared.stop_others(self.ctl.tid);
+        self.publish_stats();
+        late
+    }
+
+    fn publish_stats(&self) {
+        *lock(&self.ctl.stats) = self.stats;
     }
 
     /// Runs the guest until it exits, dies, or needs its embedder (exec, fork).
@@ -273,6 +504,16 @@ impl Translator {
     /// instruction cannot be translated.
     pub fn run(&mut self) -> Result<Stop, TranslateError> {
         loop {
+            if self
+                .process
+                .shared
+                .exiting
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                self.park();
+            }
+            self.process.signals.take_kick();
+            self.take_invalidations();
             let mut next = self.next;
             let resuming = matches!(next, Next::Resume(_));
             if matches!(next, Next::Signal) || (!resuming && self.process.signals.deliverable()) {
@@ -300,6 +541,16 @@ impl Translator {
             // From here to the cache a signal's handler may unlink blocks; a signal that came
             // during the critical section is caught by this check instead.
             self.process.signals.set_critical(false, &self.exits);
+            if self.process.signals.kicked() {
+                // Another thread has news for this one (see `run`'s top).
+                self.process.signals.set_critical(true, &self.exits);
+                self.next = if resuming {
+                    next
+                } else {
+                    Next::Guest(self.guest_rip(Next::Host(host)))
+                };
+                continue;
+            }
             if self.process.signals.deliverable() {
                 if resuming {
                     // Run the block to its end, where it leaves the cache unchained.
@@ -317,6 +568,33 @@ impl Translator {
                 Ok(n) => self.next = n,
                 Err(stop) => return Ok(stop),
             }
+        }
+    }
+
+    /// Another thread ends the process: stop here for good (the process's end kills this
+    /// host thread). The ring is closed first, so the monitor can finish.
+    fn park(&mut self) -> ! {
+        self.publish_stats();
+        if let Some(p) = &self.producer {
+            p.close();
+        }
+        crate::signals::block_all();
+        self.ctl.set_place(ThreadPlace::Parked);
+        loop {
+            std::thread::park();
+        }
+    }
+
+    /// Applies the code invalidations other threads published since this one last looked
+    /// (their `munmap`, `mprotect`, code writes...).
+    fn take_invalidations(&mut self) {
+        if let Some((ranges, seen)) = self
+            .process
+            .shared
+            .invalidations_since(self.invalidations_seen)
+        {
+            self.invalidations_seen = seen;
+            self.discard(&ranges);
         }
     }
 
@@ -361,10 +639,11 @@ impl Translator {
     /// Sends every known block's metadata to `tx` and future ones too: a forked child's new
     /// monitor must learn the ids the parent translated.
     pub fn set_block_sender(&mut self, tx: Sender<NewBlock>) {
-        for b in &self.known {
+        let mut registry = lock(&self.process.shared.registry);
+        for b in &registry.known {
             let _ = tx.send(b.clone());
         }
-        if let Some(old) = self.new_blocks.replace(tx) {
+        if let Some(old) = registry.sender.replace(tx) {
             // The old channel's receiver lived in a thread that does not exist in this child;
             // dropping the sender could wait on that thread's lock.
             std::mem::forget(old);
@@ -405,8 +684,10 @@ impl Translator {
             return false;
         }
         let mut blocks = Vec::with_capacity(ids.len());
+        let shared = self.process.shared.clone();
+        let mut registry = lock(&shared.registry);
         for &id in ids {
-            let Some(known) = self.known.get(id.index()) else {
+            let Some(known) = registry.known.get(id.index()) else {
                 return false;
             };
             if id.0 < self.generation_first_id || known.kind != IdKind::Block {
@@ -425,7 +706,7 @@ impl Translator {
         if self.superblock_heads.contains(&head) {
             return false;
         }
-        let sb = BlockId(self.next_id);
+        let sb = BlockId(registry.next_id);
         let first_exit = self.exits.len() as u32;
         let cx = EmitContext {
             enqueue: Some(self.cfg.ring_entries),
@@ -464,13 +745,13 @@ impl Translator {
             layouts.insert(l.code_start, l);
         }
         let trace_ids: std::sync::Arc<[BlockId]> = ids.into();
-        self.announce(NewBlock {
+        registry.announce(NewBlock {
             id: sb,
             summary: blocks[0].summary(),
             kind: IdKind::Superblock { blocks: trace_ids },
         });
         for (i, b) in blocks.iter().enumerate() {
-            self.announce(NewBlock {
+            registry.announce(NewBlock {
                 id: side_exit_id(sb, i),
                 summary: b.summary(),
                 kind: IdKind::SideExit {
@@ -479,7 +760,8 @@ impl Translator {
                 },
             });
         }
-        self.next_id += 1 + blocks.len() as u32;
+        registry.next_id += 1 + blocks.len() as u32;
+        drop(registry);
         // Every way into the head now leads to the superblock: new links and lookups through
         // the map, existing links through a jump over the old block's enqueue stub, the lookup
         // table by its entry.
@@ -492,16 +774,6 @@ impl Translator {
         }
         self.stats.superblocks += 1;
         true
-    }
-
-    /// Records a new id's metadata and sends it to the monitor, before the id can run.
-    fn announce(&mut self, b: NewBlock) {
-        if let Some(tx) = &self.new_blocks {
-            // The monitor may have stopped (it never does before the guest ends); a lost
-            // receiver is not the guest's problem.
-            let _ = tx.send(b.clone());
-        }
-        self.known.push(b);
     }
 
     /// Runs translated code from `area.jump_to` until it exits to the dispatcher.
@@ -612,6 +884,7 @@ impl Translator {
         // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
         self.area.gpr[thread_area::RCX] = next;
         self.area.gpr[thread_area::R11] = self.area.rflags;
+        self.ctl.set_place(ThreadPlace::InSyscall);
         let mut outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
         if matches!(outcome, Outcome::Return(r) if r == -(libc::EFAULT as i64))
             && self.process.signals.protected_pages().any()
@@ -622,6 +895,7 @@ impl Translator {
             self.process.invalidate.extend(pages);
             outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
         }
+        self.ctl.set_place(ThreadPlace::Running);
         self.process.signals.refresh_gate();
         match outcome {
             Outcome::Return(syscalls::GATE_REFUSED) => {
@@ -655,7 +929,111 @@ impl Translator {
                 Ok(Err(Stop::Exec))
             }
             Outcome::Fork(clone) => self.fork(clone, next),
+            Outcome::Thread(clone) => {
+                let ret = self.spawn_thread(clone, next);
+                self.area.gpr[thread_area::RAX] = ret as u64;
+                Ok(Ok(Next::Guest(next)))
+            }
+            Outcome::ThreadExit(code) => Ok(Err(self.exit_thread(code))),
         }
+    }
+
+    /// Starts a guest thread (`clone` with `CLONE_VM | CLONE_THREAD`) that goes on at guest
+    /// `next` on a host thread of its own. Returns its tid, or a negative errno.
+    fn spawn_thread(&mut self, clone: CloneArgs, next: u64) -> i64 {
+        let Some(spawner) = lock(&self.process.shared.spawner).clone() else {
+            return -(libc::EAGAIN as i64);
+        };
+        self.publish_stats();
+        let mut gpr = self.area.gpr;
+        gpr[thread_area::RAX] = 0;
+        if clone.stack != 0 {
+            gpr[thread_area::RSP] = clone.stack;
+        }
+        let fs_base = if clone.flags & libc::CLONE_SETTLS as u64 != 0 {
+            clone.tls
+        } else {
+            self.area.fs_base
+        };
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        let start = ThreadStart {
+            process: self.process.shared.clone(),
+            cfg: self.cfg,
+            gpr,
+            rflags: self.area.rflags,
+            fs_base,
+            xsave: self.area.xsave.0[..self.host.xsave_size as usize].into(),
+            rip: next,
+            clone,
+            mask: crate::signals::guest_mask(),
+            reply: tx,
+        };
+        if let Err(e) = spawner(start) {
+            return -(e.raw_os_error().unwrap_or(libc::EAGAIN) as i64);
+        }
+        match rx.recv() {
+            Ok(Ok(tid)) => tid as i64,
+            Ok(Err(reason)) => {
+                eprintln!("hotpath: cannot start a guest thread: {reason}");
+                -(libc::EAGAIN as i64)
+            }
+            Err(_) => -(libc::EAGAIN as i64),
+        }
+    }
+
+    /// This guest thread calls `exit`: the last thread ends the process with its status;
+    /// any other ends alone, as the kernel ends it (the tid at `CLONE_CHILD_CLEARTID` /
+    /// `set_tid_address` is cleared and woken), its ring closed and its resources kept for
+    /// the next thread.
+    fn exit_thread(&mut self, code: i32) -> Stop {
+        self.publish_stats();
+        let shared = self.process.shared.clone();
+        let last = {
+            let mut threads = lock(&shared.threads);
+            let alone = threads.len() == 1;
+            if !alone {
+                threads.retain(|t| !Arc::ptr_eq(t, &self.ctl));
+                lock(&shared.ended_stats).add(&self.stats);
+            }
+            alone
+        };
+        if last {
+            return Stop::Exit(GuestExit::Exited(code));
+        }
+        let ctid = self.process.clear_child_tid;
+        if ctid != 0 && guest_mem::write(ctid, &0u32.to_le_bytes()).is_ok() {
+            const FUTEX_WAKE: u64 = 1;
+            syscalls::raw_syscall(libc::SYS_futex as u64, &[ctid, FUTEX_WAKE, 1, 0, 0, 0]);
+        }
+        if let Some(p) = &self.producer {
+            p.close();
+        }
+        Stop::ThreadExit
+    }
+
+    /// Gives this thread's resources back to the process for the next thread (after
+    /// [`Stop::ThreadExit`]; the translator is gone).
+    pub fn recycle(self) {
+        crate::signals::block_all();
+        let shared = self.process.shared.clone();
+        let Translator {
+            mut cache,
+            gateway,
+            area,
+            process,
+            ..
+        } = self;
+        cache.flush();
+        area.clear_ibl(gateway.ibl_empty.0);
+        let mut signals = process.signals;
+        // SAFETY: no translated code of this thread runs any more.
+        unsafe { signals.layouts_mut() }.clear();
+        lock(&shared.pool).push(ThreadResources {
+            cache,
+            gateway,
+            area,
+            signals,
+        });
     }
 
     /// Creates a child process that goes on under translation with a copy of everything.
@@ -744,10 +1122,22 @@ impl Translator {
     /// wrote to (code that writes code).
     fn apply_invalidations(&mut self) {
         let ranges = std::mem::take(&mut self.process.invalidate);
+        if ranges.is_empty() {
+            return;
+        }
+        self.process
+            .shared
+            .publish_invalidations(&ranges, self.ctl.tid);
+        // This thread's own ranges are in the log too: skip them there.
+        self.take_invalidations();
+    }
+
+    /// Discards this thread's translations of `ranges`.
+    fn discard(&mut self, ranges: &[(u64, u64)]) {
         if !ranges.is_empty() {
             self.process.maps.invalidate();
         }
-        for &(s, e) in &ranges {
+        for &(s, e) in ranges {
             self.process.signals.protected_pages().forget(s, e);
         }
         let hit = ranges.iter().any(|&(s, e)| {
@@ -771,7 +1161,7 @@ impl Translator {
         // SAFETY: the dispatcher runs; no translated code does.
         unsafe { self.process.signals.layouts_mut() }.clear();
         self.generation += 1;
-        self.generation_first_id = self.next_id;
+        self.generation_first_id = lock(&self.process.shared.registry).next_id;
         self.superblock_heads.clear();
         self.stats.flushes += 1;
     }
@@ -792,9 +1182,11 @@ impl Translator {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,
         };
+        let shared = self.process.shared.clone();
+        let mut registry = lock(&shared.registry);
         let mut flushed = false;
         let emitted = loop {
-            let id = BlockId(self.next_id);
+            let id = BlockId(registry.next_id);
             let first_exit = self.exits.len() as u32;
             let emitted = emit_block(&block, id, self.cache.next_addr(), first_exit, &cx)?;
             let fits = emitted.code.len() as u64 <= self.cache.room()
@@ -807,11 +1199,13 @@ impl Translator {
                     reason: format!("block at {pc:#x} does not fit in an empty cache"),
                 });
             }
+            drop(registry);
             self.flush();
+            registry = lock(&shared.registry);
             flushed = true;
         };
-        let id = BlockId(self.next_id);
-        self.next_id += 1;
+        let id = BlockId(registry.next_id);
+        registry.next_id += 1;
         let at = self.cache.next_addr();
         if self.trace_translation {
             eprintln!(
@@ -829,7 +1223,7 @@ impl Translator {
         self.blocks.insert(pc, emitted.entry);
         self.spans.insert(pc, block.end().0.max(pc + 1));
         self.stats.blocks_translated += 1;
-        self.announce(NewBlock {
+        registry.announce(NewBlock {
             id,
             summary: block.summary(),
             kind: IdKind::Block,

@@ -25,6 +25,7 @@ mod exec;
 pub mod gateway;
 pub mod guest_mem;
 pub mod modules;
+pub mod process;
 pub mod signals;
 mod smc;
 pub mod superblock;
@@ -33,6 +34,7 @@ pub mod thread_area;
 
 pub use dispatch::{Config, Stats, Stop, Translator};
 pub use exec::ExecWrapper;
+pub use process::{Spawner, ThreadStart};
 pub use syscalls::{signal_name, GuestExit};
 
 /// Why translation stopped. `Display` is one line for the user.

@@ -33,11 +33,13 @@ const MAX_HITS: usize = 16;
 
 /// The write-protected pages and the writes the handler caught.
 ///
-/// Who touches what: the dispatcher inserts and removes pages only while no translated code
-/// runs on the thread; the host signal handler reads `pages` (it runs only on faults inside
-/// translated code, when the dispatcher is not touching it) and appends to `hits`, which the
-/// dispatcher drains with every signal blocked.
+/// One per process. Who touches what: dispatchers insert and remove pages, and host signal
+/// handlers read them, under `lock` (a spin lock: a handler runs only on faults inside
+/// translated code, so never on a thread whose dispatcher holds the lock, and another
+/// thread's dispatcher holds it briefly); handlers append to `hits`, which dispatchers drain.
 pub struct ProtectedPages {
+    /// Held while `pages` is read or changed.
+    lock: std::sync::atomic::AtomicBool,
     /// Page address → the guest's protection (`PROT_*`) of it.
     pages: std::cell::UnsafeCell<BTreeMap<u64, i32>>,
     /// Pages whose protection the handler gave back, waiting for the dispatcher.
@@ -47,13 +49,13 @@ pub struct ProtectedPages {
     overflow: std::sync::atomic::AtomicBool,
 }
 
-// SAFETY: see the type's doc: the map is touched by one thread (the guest thread's dispatcher
-// and its signal handler, never concurrently); the rest is atomic.
+// SAFETY: see the type's doc: the map is touched only under `lock`; the rest is atomic.
 unsafe impl Sync for ProtectedPages {}
 
 impl Default for ProtectedPages {
     fn default() -> ProtectedPages {
         ProtectedPages {
+            lock: std::sync::atomic::AtomicBool::new(false),
             pages: std::cell::UnsafeCell::new(BTreeMap::new()),
             hits: std::array::from_fn(|_| AtomicU64::new(0)),
             hit_count: AtomicUsize::new(0),
@@ -68,11 +70,11 @@ impl ProtectedPages {
     /// returns true (the store can run again).
     ///
     /// # Safety
-    /// Only from the host signal handler of the guest thread, for a fault in translated code.
+    /// Only from the host signal handler of a guest thread, for a fault in translated code
+    /// (so that thread's dispatcher does not hold the lock).
     pub unsafe fn catch_write(&self, addr: u64) -> bool {
         let page = addr & !(PAGE - 1);
-        // SAFETY: the dispatcher is not touching the map (see the type's doc).
-        let Some(&prot) = (unsafe { &*self.pages.get() }).get(&page) else {
+        let Some(prot) = self.with_map(|m| m.get(&page).copied()) else {
             return false;
         };
         raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
@@ -86,53 +88,56 @@ impl ProtectedPages {
         true
     }
 
-    /// The page map, for the dispatcher's methods.
-    ///
-    /// # Safety
-    /// Only on the guest thread while it runs no translated code (so the handler, which reads
-    /// the map only for faults in translated code, cannot run), and no other reference to the
-    /// map is alive.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn map(&self) -> &mut BTreeMap<u64, i32> {
-        // SAFETY: see the function's contract.
-        unsafe { &mut *self.pages.get() }
+    /// Runs `f` on the page map under the lock.
+    fn with_map<R>(&self, f: impl FnOnce(&mut BTreeMap<u64, i32>) -> R) -> R {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        // SAFETY: holding the lock; `f` cannot reach the map otherwise.
+        let r = f(unsafe { &mut *self.pages.get() });
+        self.lock.store(false, Ordering::Release);
+        r
     }
 
     /// Write-protects the pages of `[start, end)` that `prot_of` says the guest may write,
     /// remembering their protection. A page the kernel refuses to protect stays as it is
     /// (its code is then not watched).
     pub fn protect(&self, start: u64, end: u64, mut prot_of: impl FnMut(u64) -> Option<i32>) {
-        // SAFETY: the dispatcher's side (see the type's doc).
-        let pages = unsafe { self.map() };
-        let mut page = start & !(PAGE - 1);
-        while page < end {
-            if let std::collections::btree_map::Entry::Vacant(slot) = pages.entry(page) {
-                if let Some(prot) = prot_of(page).filter(|p| p & libc::PROT_WRITE != 0) {
-                    let r = raw_syscall(
-                        10,
-                        &[page, PAGE, (prot & !libc::PROT_WRITE) as u64, 0, 0, 0],
-                    );
-                    if r == 0 {
-                        slot.insert(prot);
+        self.with_map(|pages| {
+            let mut page = start & !(PAGE - 1);
+            while page < end {
+                if let std::collections::btree_map::Entry::Vacant(slot) = pages.entry(page) {
+                    if let Some(prot) = prot_of(page).filter(|p| p & libc::PROT_WRITE != 0) {
+                        let r = raw_syscall(
+                            10,
+                            &[page, PAGE, (prot & !libc::PROT_WRITE) as u64, 0, 0, 0],
+                        );
+                        if r == 0 {
+                            slot.insert(prot);
+                        }
                     }
                 }
+                page += PAGE;
             }
-            page += PAGE;
-        }
+        })
     }
 
     /// Forgets the pages of `[start, end)` (the guest changed their mapping or protection
     /// itself; the kernel's protection is now the guest's).
     pub fn forget(&self, start: u64, end: u64) {
-        // SAFETY: the dispatcher's side (see the type's doc).
-        let pages = unsafe { self.map() };
-        let inside: Vec<u64> = pages
-            .range(start & !(PAGE - 1)..end)
-            .map(|(&p, _)| p)
-            .collect();
-        for p in inside {
-            pages.remove(&p);
-        }
+        self.with_map(|pages| {
+            let inside: Vec<u64> = pages
+                .range(start & !(PAGE - 1)..end)
+                .map(|(&p, _)| p)
+                .collect();
+            for p in inside {
+                pages.remove(&p);
+            }
+        })
     }
 
     /// Takes the writes the handler caught: the page ranges whose translations must go.
@@ -161,15 +166,13 @@ impl ProtectedPages {
 
     /// True if any page is protected.
     pub fn any(&self) -> bool {
-        // SAFETY: the dispatcher's side (see the type's doc).
-        !unsafe { self.map() }.is_empty()
+        self.with_map(|m| !m.is_empty())
     }
 
     /// Gives every protected page its guest protection back; returns their ranges (whose
     /// translations must go).
     pub fn unprotect_all(&self) -> Vec<(u64, u64)> {
-        // SAFETY: the dispatcher's side (see the type's doc).
-        let pages = std::mem::take(unsafe { self.map() });
+        let pages = self.with_map(std::mem::take);
         pages
             .into_iter()
             .map(|(page, prot)| {

@@ -7,9 +7,9 @@
 //! `/proc/self/exe` (the guest's path, not hotpath's), `mmap`/`munmap`/`mprotect`/`mremap`
 //! (never over hotpath's own memory; translated code in the range is invalidated),
 //! `rt_sigaction`/`rt_sigreturn`/`sigaltstack` (see `signals`), `fork`/`vfork`/`clone` (the
-//! child goes on under translation), `execve` (the profile is written first),
-//! `set_tid_address` and `rseq` (they would change the host thread's state). Threads (`clone`
-//! with `CLONE_VM`) are refused with a message until supported.
+//! child process goes on under translation; a thread gets a host thread and translator of its
+//! own), `exit` (one thread) and `exit_group`, `execve` (the profile is written first),
+//! `set_tid_address` and `rseq` (they would change the host thread's state).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -39,13 +39,17 @@ pub enum Outcome {
     Fork(CloneArgs),
     /// Replace the program (`execve`, `execveat`): hotpath writes the profile first.
     Exec,
+    /// Create a thread (`clone` with `CLONE_THREAD`): the dispatcher starts it.
+    Thread(CloneArgs),
+    /// The calling thread ends (`exit`); the process too if it was the last.
+    ThreadExit(i32),
     /// The guest ends.
     Exit(GuestExit),
     /// The guest asked for something hotpath does not support yet: the message says what.
     Unsupported(String),
 }
 
-/// The arguments of a process-creating `clone`.
+/// The arguments of a `clone`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CloneArgs {
     /// `clone` flags (the low byte is the exit signal).
@@ -144,7 +148,7 @@ const TABLE: &[SyscallRow] = &[
     },
     SyscallRow {
         nr: 231,
-        handler: sys_exit,
+        handler: sys_exit_group,
     },
     SyscallRow {
         nr: 257,
@@ -168,27 +172,23 @@ const TABLE: &[SyscallRow] = &[
     },
 ];
 
-/// Guest-process state the emulated calls keep.
+/// What the emulated calls of one guest thread reach: the process's shared state and the
+/// thread's own.
 pub struct Process {
     /// The guest's executable, absolute (what `/proc/self/exe` shows it).
     pub exe: PathBuf,
-    /// Lowest brk value (page-aligned end of the image).
-    pub brk_start: u64,
-    /// Current brk.
-    pub brk: u64,
-    /// Highest brk value the reservation allows.
-    pub brk_limit: u64,
-    /// Address ranges that belong to the guest (image, brk region, stack, its mappings):
-    /// start → end, disjoint and merged.
-    pub guest_regions: BTreeMap<u64, u64>,
-    /// Guest ranges whose translated code must be discarded before the guest goes on.
+    /// What the process's threads share (memory map, dispositions, block ids, threads).
+    pub shared: std::sync::Arc<crate::process::ProcessShared>,
+    /// Guest ranges whose translated code must be discarded before the guest goes on (by
+    /// every thread: the dispatcher publishes them).
     pub invalidate: Vec<(u64, u64)>,
-    /// The guest's signal dispositions and alternate stack.
+    /// The thread's signal state (the process's dispositions inside).
     pub signals: SignalState,
-    /// The ELF images mapped into the guest.
-    pub modules: crate::modules::ModuleList,
     /// The kernel's page protections, for deciding which translated pages to watch.
     pub maps: crate::smc::MapsCache,
+    /// Guest address the kernel would clear and wake when the thread ends
+    /// (`CLONE_CHILD_CLEARTID`, `set_tid_address`); 0 for none.
+    pub clear_child_tid: u64,
 }
 
 const ENOMEM: i64 = libc::ENOMEM as i64;
@@ -210,23 +210,18 @@ pub fn dispatch(process: &mut Process, area: &mut ThreadArea, nr: u64, args: &[u
 /// kernel returns (those are in -4095..-1).
 pub const GATE_REFUSED: i64 = -4097;
 
-/// Nonzero while a signal the guest may receive now is pending. Set by the host signal
-/// handler, recomputed by the dispatcher; read by the syscall gate.
-#[no_mangle]
-pub static HOTPATH_GATE_PENDING: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(0);
-
 // The syscall gate: every guest system call that may block goes through here, so that a signal
 // arriving between the dispatcher's last check and the kernel entering the call cannot be
 // lost (the handler would take it and the call would then block forever). The gate refuses
-// the call if a signal is pending, and the handler redirects a thread it interrupts anywhere
+// the call if a signal is pending (the calling thread's `ThreadArea::gate_pending`, through GS),
+// and the handler redirects a thread it interrupts anywhere
 // from the gate's start up to its `syscall` instruction to the refusal path.
 std::arch::global_asm!(
     ".globl hotpath_gate_syscall",
     ".globl hotpath_gate_syscall_insn",
     ".globl hotpath_gate_syscall_refused",
     "hotpath_gate_syscall:",
-    "    mov rax, qword ptr [rip + {pending}]",
+    "    mov rax, qword ptr gs:[{pending}]",
     "    test rax, rax",
     "    jnz hotpath_gate_syscall_refused",
     "    mov rax, rdi",
@@ -242,7 +237,7 @@ std::arch::global_asm!(
     "hotpath_gate_syscall_refused:",
     "    mov rax, {refused}",
     "    ret",
-    pending = sym HOTPATH_GATE_PENDING,
+    pending = const crate::thread_area::off::GATE_PENDING,
     refused = const GATE_REFUSED,
 );
 
@@ -348,7 +343,7 @@ pub fn signal_name(sig: i32) -> String {
     }
 }
 
-impl Process {
+impl crate::process::Memory {
     /// Marks `[start, end)` as the guest's.
     pub fn add_region(&mut self, start: u64, end: u64) {
         if start >= end {
@@ -435,6 +430,8 @@ fn page_ceil(x: u64) -> u64 {
 }
 
 fn sys_brk(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    p.maps.invalidate();
+    let mut p = crate::process::lock(&p.shared.memory);
     let want = a[0];
     if want < p.brk_start || want > p.brk_limit {
         return Outcome::Return(p.brk as i64);
@@ -476,11 +473,11 @@ fn sys_brk(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
         }
     }
     p.brk = want;
-    p.maps.invalidate();
     Outcome::Return(want as i64)
 }
 
-fn sys_mmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_mmap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut p = crate::process::lock(&thread.shared.memory);
     let (addr, len, flags) = (a[0], a[1], a[3] as i32);
     let fixed = flags & libc::MAP_FIXED != 0 && flags & libc::MAP_FIXED_NOREPLACE == 0;
     if fixed && p.overlaps_hotpath(addr, page_ceil(len)) {
@@ -494,12 +491,13 @@ fn sys_mmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
                 .note_mmap(start, page_ceil(len), a[4] as i32 as i64, a[5]);
         }
         p.add_region(start, start + page_ceil(len));
-        p.invalidate.push((start, start + page_ceil(len)));
+        thread.invalidate.push((start, start + page_ceil(len)));
     }
     Outcome::Return(r)
 }
 
-fn sys_munmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_munmap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut p = crate::process::lock(&thread.shared.memory);
     let (addr, len) = (a[0], page_ceil(a[1]));
     if p.overlaps_hotpath(addr, len) {
         return Outcome::Return(-EINVAL);
@@ -508,24 +506,26 @@ fn sys_munmap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     if !is_error(r) {
         p.modules.note_munmap(addr, addr + len);
         p.remove_region(addr, addr + len);
-        p.invalidate.push((addr, addr + len));
+        thread.invalidate.push((addr, addr + len));
     }
     Outcome::Return(r)
 }
 
-fn sys_mprotect(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_mprotect(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let p = crate::process::lock(&thread.shared.memory);
     let (addr, len) = (a[0], page_ceil(a[1]));
     if p.overlaps_hotpath(addr, len) {
         return Outcome::Return(-ENOMEM);
     }
     let r = raw_syscall(10, a);
     if !is_error(r) {
-        p.invalidate.push((addr, addr + len));
+        thread.invalidate.push((addr, addr + len));
     }
     Outcome::Return(r)
 }
 
-fn sys_mremap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_mremap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut p = crate::process::lock(&thread.shared.memory);
     let (old, old_len, new_len, flags, new_addr) =
         (a[0], page_ceil(a[1]), page_ceil(a[2]), a[3] as i32, a[4]);
     if p.overlaps_hotpath(old, old_len) {
@@ -538,8 +538,8 @@ fn sys_mremap(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     if !is_error(r) {
         p.remove_region(old, old + old_len);
         p.add_region(r as u64, r as u64 + new_len);
-        p.invalidate.push((old, old + old_len));
-        p.invalidate.push((r as u64, r as u64 + new_len));
+        thread.invalidate.push((old, old + old_len));
+        thread.invalidate.push((r as u64, r as u64 + new_len));
     }
     Outcome::Return(r)
 }
@@ -582,24 +582,33 @@ fn sys_sigaltstack(p: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outc
 
 fn sys_clone(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     let flags = a[0];
-    let vm = flags & libc::CLONE_VM as u64 != 0;
-    let vfork = flags & libc::CLONE_VFORK as u64 != 0;
-    let thread_like =
-        (libc::CLONE_THREAD | libc::CLONE_SIGHAND | libc::CLONE_FILES | libc::CLONE_FS) as u64;
-    if (vm && !vfork) || flags & thread_like != 0 {
-        return Outcome::Unsupported(
-            "the guest creates a thread (clone with CLONE_VM): threads are not supported yet"
-                .into(),
-        );
-    }
     // x86-64 clone(flags, stack, parent_tid, child_tid, tls).
-    Outcome::Fork(CloneArgs {
+    let args = CloneArgs {
         flags,
         stack: a[1],
         parent_tid: a[2],
         child_tid: a[3],
         tls: a[4],
-    })
+    };
+    let has = |f: i32| flags & f as u64 != 0;
+    if has(libc::CLONE_VM) && has(libc::CLONE_VFORK) {
+        // vfork-like: run as a fork (the parent waits for nothing, which no caller notices).
+        return Outcome::Fork(args);
+    }
+    if has(libc::CLONE_THREAD) {
+        // A thread, as pthread_create makes one: the kernel requires CLONE_SIGHAND and
+        // CLONE_VM with it.
+        if !has(libc::CLONE_SIGHAND) || !has(libc::CLONE_VM) {
+            return Outcome::Return(-EINVAL);
+        }
+        return Outcome::Thread(args);
+    }
+    if has(libc::CLONE_VM) || has(libc::CLONE_SIGHAND) {
+        return Outcome::Unsupported(format!(
+            "the guest calls clone with flags {flags:#x} (a process sharing memory or signal handlers without being a thread): not supported"
+        ));
+    }
+    Outcome::Fork(args)
 }
 
 fn sys_fork(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
@@ -645,8 +654,12 @@ fn sys_openat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     }
 }
 
-fn sys_exit(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_exit_group(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Exit(GuestExit::Exited((a[0] & 0xff) as i32))
+}
+
+fn sys_exit(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    Outcome::ThreadExit((a[0] & 0xff) as i32)
 }
 
 /// True if `path` names the calling process's executable through /proc.
@@ -709,8 +722,10 @@ fn sys_arch_prctl(_: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outco
     }
 }
 
-fn sys_set_tid_address(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
-    // The host thread's clear_child_tid stays hotpath's; the guest only needs the tid back.
+fn sys_set_tid_address(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    // The host thread's clear_child_tid stays hotpath's: the dispatcher clears and wakes the
+    // guest's when the guest thread exits.
+    p.clear_child_tid = a[0];
     Outcome::Return(raw_syscall(libc::SYS_gettid as u64, &[0; 6]))
 }
 

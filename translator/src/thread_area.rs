@@ -97,6 +97,12 @@ pub struct ThreadArea {
     /// Scratch slot: the guest's value of the register a rewritten instruction borrows to
     /// address a far RIP-relative operand (see `emit::encode_at`).
     pub scratch_far: u64,
+    /// Nonzero while a signal the guest may receive now is pending: set by the host signal
+    /// handler, recomputed by the dispatcher, read by the syscall gate (`syscalls`).
+    pub gate_pending: u64,
+    /// This thread's handler state (`signals::HandlerShared`), for the host signal handler,
+    /// which finds the area through the GS base.
+    pub handler: u64,
     /// The event ring's control block.
     pub ring: RingControl,
     /// XSAVE image of the guest's extended state, valid outside the code cache.
@@ -127,6 +133,7 @@ pub mod off {
     pub const RESUME: i32 = offset_of!(ThreadArea, resume) as i32;
     pub const IBL_TARGET: i32 = offset_of!(ThreadArea, ibl_target) as i32;
     pub const JUMP_TO: i32 = offset_of!(ThreadArea, jump_to) as i32;
+    pub const GATE_PENDING: i32 = offset_of!(ThreadArea, gate_pending) as i32;
     pub const RING_CURSOR: i32 = (offset_of!(ThreadArea, ring) + RingControl::CURSOR_OFFSET) as i32;
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;

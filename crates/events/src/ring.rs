@@ -79,6 +79,9 @@ pub struct ProducerSide {
 pub struct ConsumerSide {
     /// Absolute position of the next event to read (events before it are consumed).
     pub tail: AtomicU64,
+    /// Set to 1 (Release) when the consumer is done with a closed ring for good: the memory
+    /// may then serve another producer.
+    pub released: AtomicU64,
 }
 
 /// Control block of one ring. Shared by one producer thread and one consumer thread.
@@ -118,9 +121,24 @@ impl RingControl {
             },
             consumer: ConsumerSide {
                 tail: AtomicU64::new(0),
+                released: AtomicU64::new(0),
             },
             capacity,
             closed: AtomicU64::new(0),
+        }
+    }
+
+    /// Marks the ring closed: no event will follow (by the producer, or by another thread of
+    /// the process once the producer's thread is stopped for good).
+    pub fn close(&self) {
+        self.closed.store(1, Ordering::Release);
+    }
+
+    /// How long and how often the producer waited for room so far.
+    pub fn wait_stats(&self) -> WaitStats {
+        WaitStats {
+            waits: self.producer.waits.load(Ordering::Relaxed),
+            wait_ns: self.producer.wait_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -131,6 +149,13 @@ impl RingControl {
             .store(self.capacity.wrapping_neg(), Ordering::Relaxed);
         self.producer.laps.store(0, Ordering::Relaxed);
         self.consumer.tail.store(0, Ordering::Relaxed);
+        self.consumer.released.store(0, Ordering::Relaxed);
+        self.closed.store(0, Ordering::Release);
+    }
+
+    /// True once the consumer of this closed ring let it go (see `ConsumerSide::released`).
+    pub fn is_released(&self) -> bool {
+        self.consumer.released.load(Ordering::Acquire) != 0
     }
 
     /// The producer's head position as the consumer may read it: every event before it has
@@ -239,7 +264,7 @@ impl RingProducer {
 
     /// Marks the ring closed: no event will follow. The consumer drains what is left.
     pub fn close(&self) {
-        self.ctrl().closed.store(1, Ordering::Release);
+        self.ctrl().close();
     }
 
     /// Reopens a closed ring (a forked child, whose new consumer starts from the current
@@ -250,11 +275,7 @@ impl RingProducer {
 
     /// Wait statistics so far.
     pub fn wait_stats(&self) -> WaitStats {
-        let p = &self.ctrl().producer;
-        WaitStats {
-            waits: p.waits.load(Ordering::Relaxed),
-            wait_ns: p.wait_ns.load(Ordering::Relaxed),
-        }
+        self.ctrl().wait_stats()
     }
 }
 
@@ -328,6 +349,16 @@ impl RingConsumer {
     /// Fewest waiting events worth a drain: a quarter of the ring, at most [`MAX_BATCH`].
     pub fn batch(&self) -> u64 {
         (self.ctrl().capacity / 4).clamp(1, MAX_BATCH)
+    }
+
+    /// How long and how often the producer waited for room so far.
+    pub fn wait_stats(&self) -> WaitStats {
+        self.ctrl().wait_stats()
+    }
+
+    /// Lets go of a closed, drained ring: its memory may serve another producer.
+    pub fn release(self) {
+        self.ctrl().consumer.released.store(1, Ordering::Release);
     }
 
     /// True once the producer has closed the ring (drain once more after seeing it).

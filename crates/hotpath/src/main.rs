@@ -10,24 +10,26 @@
 //! ```
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 mod modules;
 
 use clap::{Parser, Subcommand};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
-use hotpath_loader::{build_stack, load, resolve_script, Image, LoadError, LoadOptions};
+use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::report::{self, Ending, RunInfo};
 use hotpath_monitor::{
-    FunctionSymbol, MonitorHandle, MonitorState, PathConfig, PathProfile, PathRecorder, Profile,
-    DEFAULT_PAP_THRESHOLD, DEFAULT_SUPERBLOCK_THRESHOLD,
+    FunctionSymbol, MonitorHandle, MonitorResult, MonitorState, PathConfig, PathProfile,
+    PathRecorder, Profile, Stream, Tables, ThreadProfile, DEFAULT_PAP_THRESHOLD,
+    DEFAULT_SUPERBLOCK_THRESHOLD,
 };
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
 use modules::ModuleMap;
 
 use hotpath_translator::{
-    signal_name, Config, ExecWrapper, GuestExit, Stop, TranslateError, Translator,
+    signal_name, Config, ExecWrapper, GuestExit, Stop, ThreadStart, TranslateError, Translator,
 };
 
 /// Rows of each table in the stderr summary.
@@ -228,6 +230,8 @@ fn load_error_status(e: &LoadError) -> u8 {
 /// The monitor side of a run: the thread, where it is pinned, where the report goes.
 struct Monitoring {
     handle: Option<MonitorHandle>,
+    /// Where the rings of new guest threads go to the monitor.
+    streams: Option<crossbeam::channel::Sender<Stream>>,
     /// Path recording for a new monitor (None: `--no-paths`).
     paths: Option<PathConfig>,
     /// The hot threshold for superblocks (None: `--no-superblocks`).
@@ -247,30 +251,55 @@ impl Monitoring {
         state
     }
 
-    /// Starts a monitor on the translator's ring, going on from `state`.
-    fn start(&mut self, translator: &mut Translator, state: MonitorState) {
-        let (tx, rx) = crossbeam::channel::unbounded();
-        translator.set_block_sender(tx);
+    /// The monitor's handle on `translator`'s ring (and its superblock requests).
+    fn stream(&self, translator: &mut Translator) -> Stream {
         let commands = self.superblock_threshold.map(|_| {
             let (tx, rx) = crossbeam::channel::unbounded();
             translator.set_command_receiver(rx);
             tx
         });
-        self.handle = Some(hotpath_monitor::spawn(
-            translator.ring_consumer(),
-            rx,
+        Stream {
+            tid: translator.tid(),
+            ring: translator.ring_consumer(),
             commands,
+        }
+    }
+
+    /// Starts a monitor on the translator's ring, going on from `state`.
+    fn start(&mut self, translator: &mut Translator, state: MonitorState) {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        translator.set_block_sender(tx);
+        let first = self.stream(translator);
+        let (stx, srx) = crossbeam::channel::unbounded();
+        self.streams = Some(stx);
+        self.handle = Some(hotpath_monitor::spawn(
+            first,
+            srx,
+            rx,
             self.core,
             state,
+            self.fresh(),
         ));
     }
 
-    /// Closes the ring and collects the monitor's tables and paths.
-    fn stop(&mut self, translator: &Translator) -> Option<MonitorState> {
+    /// Hands a new guest thread's ring to the monitor.
+    fn add_thread(&self, translator: &mut Translator) {
+        if self.handle.is_some() {
+            let s = self.stream(translator);
+            if let Some(tx) = &self.streams {
+                let _ = tx.send(s);
+            }
+        }
+    }
+
+    /// Closes the ring (the other threads' are closed or stopped) and collects what the
+    /// monitor kept.
+    fn stop(&mut self, translator: &Translator) -> Option<MonitorResult> {
         let handle = self.handle.take()?;
+        self.streams = None;
         translator.ring_producer()?.close();
         match handle.finish() {
-            Ok(state) => Some(state),
+            Ok(result) => Some(result),
             Err(e) => {
                 eprintln!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile");
                 None
@@ -278,6 +307,165 @@ impl Monitoring {
         }
     }
 }
+
+/// What every guest thread's host thread shares: the options, and the monitor.
+struct RunCtx {
+    args: RunArgs,
+    program: PathBuf,
+    monitoring: std::sync::Mutex<Monitoring>,
+}
+
+impl RunCtx {
+    fn monitoring(&self) -> std::sync::MutexGuard<'_, Monitoring> {
+        self.monitoring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs one guest thread until the process ends (which this function then does, from
+    /// whichever thread ends it) or the thread alone ends (it returns).
+    fn guest_thread(self: &Arc<Self>, mut translator: Translator) {
+        loop {
+            match translator.run() {
+                Ok(Stop::Exit(e)) => self.end(&translator, Ok(e)),
+                Err(e) => self.end(&translator, Err(e)),
+                Ok(Stop::ThreadExit) => {
+                    translator.recycle();
+                    return;
+                }
+                Ok(Stop::Exec) => {
+                    // The kernel ends every other thread at an execve.
+                    translator.stop_other_threads();
+                    let mut monitoring = self.monitoring();
+                    if let Some(result) = monitoring.stop(&translator) {
+                        let resume = first_thread_state(&result);
+                        finish_report(
+                            &self.args,
+                            &self.program,
+                            &translator,
+                            &monitoring,
+                            result,
+                            Ending::Exec,
+                            true,
+                        );
+                        translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
+                        translator.exec();
+                        // The exec failed: the guest goes on, and so does its profile.
+                        monitoring.start(&mut translator, resume);
+                    } else {
+                        translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
+                        translator.exec();
+                    }
+                }
+                Ok(Stop::ForkedChild) => {
+                    let mut monitoring = self.monitoring();
+                    if let Some(old) = monitoring.handle.take() {
+                        // The parent's monitor thread does not exist in this child.
+                        std::mem::forget(old);
+                        if let Some(old) = monitoring.streams.take() {
+                            std::mem::forget(old);
+                        }
+                        monitoring.report = monitoring
+                            .report
+                            .take()
+                            .map(|p| with_suffix(&p, &format!(".{}", std::process::id())));
+                        let fresh = monitoring.fresh();
+                        monitoring.start(&mut translator, fresh);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the process from the calling guest thread: stops the others, writes the
+    /// profile, and exits as the guest did.
+    fn end(&self, translator: &Translator, outcome: Result<GuestExit, TranslateError>) -> ! {
+        translator.stop_other_threads();
+        let ending = match &outcome {
+            Ok(GuestExit::Exited(code)) => Ending::Exited(*code),
+            Ok(GuestExit::Signaled(sig)) => Ending::Signaled(*sig, signal_name(*sig)),
+            Err(e) => Ending::Error(e.to_string()),
+        };
+        if let Err(e) = &outcome {
+            eprintln!("hotpath: {}: {e}", self.program.display());
+        }
+        let mut monitoring = self.monitoring();
+        if let Some(result) = monitoring.stop(translator) {
+            finish_report(
+                &self.args,
+                &self.program,
+                translator,
+                &monitoring,
+                result,
+                ending,
+                self.args.quiet,
+            );
+        }
+        if !self.args.quiet {
+            let s = translator.stats();
+            eprintln!(
+                "hotpath: translator: {} blocks translated, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills, {} threads",
+                s.blocks_translated,
+                s.superblocks,
+                s.superblocks_dropped,
+                s.links,
+                s.ibl_misses,
+                s.syscalls,
+                s.flushes,
+                s.ring_refills,
+                translator.threads_started()
+            );
+        }
+        match outcome {
+            Ok(GuestExit::Exited(code)) => std::process::exit(code & 0xff),
+            Ok(GuestExit::Signaled(sig)) => {
+                let _ = die_of(sig);
+                std::process::exit(128 + sig)
+            }
+            Err(_) => std::process::exit(1),
+        }
+    }
+}
+
+/// The state of the process's first thread, for a monitor that goes on after a failed exec.
+fn first_thread_state(result: &MonitorResult) -> MonitorState {
+    result
+        .threads
+        .first()
+        .map(|t| t.state.clone())
+        .unwrap_or_default()
+}
+
+/// Creates a host thread for each new guest thread and runs it there.
+fn spawner(ctx: Arc<RunCtx>) -> hotpath_translator::Spawner {
+    Arc::new(move |start: ThreadStart| {
+        let ctx = ctx.clone();
+        // The host thread starts with every signal blocked (it inherits the mask it is
+        // created with); it takes the guest's mask once it can handle signals.
+        // SAFETY: changing the calling thread's mask and restoring it right after.
+        let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+        }
+        let spawned = std::thread::Builder::new()
+            .name("hotpath-guest".into())
+            .stack_size(GUEST_THREAD_HOST_STACK)
+            .spawn(move || {
+                let Ok(mut translator) = Translator::start_thread(start) else {
+                    return;
+                };
+                ctx.monitoring().add_thread(&mut translator);
+                ctx.guest_thread(translator);
+            });
+        // SAFETY: restoring the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
+        spawned.map(|_| ())
+    })
+}
+
+/// Stack of the host thread that runs a guest thread's dispatcher, in bytes (the guest's own
+/// stack is its own).
+const GUEST_THREAD_HOST_STACK: usize = 8 << 20;
 
 fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let file = search_path(&args.command[0]);
@@ -364,6 +552,7 @@ fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     });
     let mut monitoring = Monitoring {
         handle: None,
+        streams: None,
         paths,
         superblock_threshold: (!args.no_superblocks).then_some(args.superblock_threshold),
         core,
@@ -375,83 +564,23 @@ fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     } else if args.report.is_some() {
         eprintln!("hotpath: no report: --no-monitor collects no profile");
     }
-
-    let outcome: Result<GuestExit, TranslateError> = loop {
-        match translator.run() {
-            Ok(Stop::Exit(e)) => break Ok(e),
-            Err(e) => break Err(e),
-            Ok(Stop::Exec) => {
-                if let Some(tables) = monitoring.stop(&translator) {
-                    finish_report(
-                        &args,
-                        &image,
-                        &translator,
-                        &monitoring,
-                        tables.clone(),
-                        Ending::Exec,
-                        true,
-                    );
-                    translator.set_exec_wrapper(exec_wrapper(&args, &monitoring));
-                    translator.exec();
-                    // The exec failed: the guest goes on, and so does its profile.
-                    monitoring.start(&mut translator, tables);
-                } else {
-                    translator.set_exec_wrapper(exec_wrapper(&args, &monitoring));
-                    translator.exec();
-                }
-            }
-            Ok(Stop::ForkedChild) => {
-                if let Some(old) = monitoring.handle.take() {
-                    // The parent's monitor thread does not exist in this child.
-                    std::mem::forget(old);
-                    monitoring.report = monitoring
-                        .report
-                        .take()
-                        .map(|p| with_suffix(&p, &format!(".{}", std::process::id())));
-                    let fresh = monitoring.fresh();
-                    monitoring.start(&mut translator, fresh);
-                }
-            }
-        }
-    };
-
-    let ending = match &outcome {
-        Ok(GuestExit::Exited(code)) => Ending::Exited(*code),
-        Ok(GuestExit::Signaled(sig)) => Ending::Signaled(*sig, signal_name(*sig)),
-        Err(e) => Ending::Error(e.to_string()),
-    };
-    if let Err(e) = &outcome {
-        eprintln!("hotpath: {}: {e}", image.path.display());
+    let ctx = Arc::new(RunCtx {
+        program: image.path.clone(),
+        args,
+        monitoring: std::sync::Mutex::new(monitoring),
+    });
+    translator.set_spawner(spawner(ctx.clone()));
+    ctx.guest_thread(translator);
+    // The first guest thread ended alone (`exit` while others run): the process ends when
+    // the last one does, from its host thread.
+    // SAFETY: blocking this thread's signals; it runs no guest code any more.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
     }
-    if let Some(tables) = monitoring.stop(&translator) {
-        finish_report(
-            &args,
-            &image,
-            &translator,
-            &monitoring,
-            tables,
-            ending,
-            args.quiet,
-        );
-    }
-    if !args.quiet {
-        let s = translator.stats();
-        eprintln!(
-            "hotpath: translator: {} blocks translated, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills",
-            s.blocks_translated,
-            s.superblocks,
-            s.superblocks_dropped,
-            s.links,
-            s.ibl_misses,
-            s.syscalls,
-            s.flushes,
-            s.ring_refills
-        );
-    }
-    match outcome {
-        Ok(GuestExit::Exited(code)) => ExitCode::from(code as u8),
-        Ok(GuestExit::Signaled(sig)) => die_of(sig),
-        Err(_) => ExitCode::from(1),
+    loop {
+        std::thread::park();
     }
 }
 
@@ -553,10 +682,10 @@ fn search_path(name: &std::ffi::OsStr) -> PathBuf {
 /// Writes the JSON report (if asked) and the stderr summary (unless `quiet`).
 fn finish_report(
     args: &RunArgs,
-    image: &Image,
+    program: &Path,
     translator: &Translator,
     monitoring: &Monitoring,
-    state: MonitorState,
+    result: MonitorResult,
     ending: Ending,
     quiet: bool,
 ) {
@@ -564,21 +693,43 @@ fn finish_report(
         // Nobody reads the profile: building it would cost more than many short runs take.
         return;
     }
-    let waits = translator
-        .ring_producer()
-        .map(|p| p.wait_stats())
-        .unwrap_or_default();
-    let modules = ModuleMap::read(translator.modules());
+    let modules = ModuleMap::read(&translator.modules());
     let symbolize = |addr: u64| modules.symbolize(addr);
-    let MonitorState {
-        tables,
-        paths,
-        busy_ns,
-        ..
-    } = state;
+    // The process's tables: every thread's counts over one id space.
+    let mut tables = Tables::default();
+    for b in &result.catalog {
+        tables.learn(b.clone());
+    }
+    let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, 0);
+    let mut threads = Vec::new();
+    // Path profiles are per thread (each has its shadow stack); the report shows the one of
+    // the thread that ran the most events.
+    let mut paths: Option<(u64, PathRecorder)> = None;
+    for t in result.threads {
+        tables.merge(&t.state.tables);
+        waits += t.waits.waits;
+        wait_ns += t.waits.wait_ns;
+        busy_ns += t.state.busy_ns;
+        threads.push(ThreadProfile::from_tables(
+            t.tid,
+            &t.state.tables,
+            t.waits.waits,
+            t.waits.wait_ns,
+        ));
+        if let Some(rec) = t.state.paths {
+            if paths
+                .as_ref()
+                .is_none_or(|(n, _)| t.state.tables.events > *n)
+            {
+                paths = Some((t.state.tables.events, rec));
+            }
+        }
+    }
+    let paths = paths.map(|(_, rec)| rec);
     let mut profile = Profile::from_tables(&tables, &symbolize);
-    profile.totals.ring_waits = waits.waits;
-    profile.totals.ring_wait_ns = waits.wait_ns;
+    profile.threads = threads;
+    profile.totals.ring_waits = waits;
+    profile.totals.ring_wait_ns = wait_ns;
     profile.totals.monitor_busy_ns = busy_ns;
     profile.read_code();
     profile.attribute_modules(modules.profiles.clone());
@@ -593,7 +744,7 @@ fn finish_report(
     }
     if let Some(path) = &monitoring.report {
         let run = RunInfo {
-            program: image.path.display().to_string(),
+            program: program.display().to_string(),
             argv: args
                 .command
                 .iter()
@@ -607,7 +758,7 @@ fn finish_report(
         }
     }
     let run = RunInfo {
-        program: image.path.display().to_string(),
+        program: program.display().to_string(),
         argv: args
             .command
             .iter()

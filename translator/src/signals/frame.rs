@@ -56,7 +56,7 @@ impl SignalState {
         base: u64,
     ) -> Result<(u64, u64), ()> {
         let mask = saved;
-        let a = self.actions[sig as usize];
+        let a = self.action(sig);
         let rsp = area.gpr[thread_area::RSP];
         let on_alt = self.on_altstack(rsp);
         let mut sp =
@@ -128,8 +128,7 @@ impl SignalState {
             new_mask |= 1 << (sig - 1);
         }
         if a.flags & SA_RESETHAND != 0 {
-            self.actions[sig as usize] = GuestAction::default();
-            self.apply(sig);
+            self.set_action(sig, GuestAction::default());
         }
         let _ = SA_SIGINFO | SA_RESTORER;
         Ok((a.handler, new_mask))

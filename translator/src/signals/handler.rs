@@ -50,12 +50,9 @@ const REG_EFL: usize = 17;
 /// hotpath's handler for every signal the kernel hands it. Runs on hotpath's alternate stack
 /// with every signal blocked. Allocates nothing and takes no lock.
 pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    let shared = SHARED.load(Ordering::Acquire);
-    if shared.is_null() {
+    let Some(shared) = current() else {
         return;
-    }
-    // SAFETY: set once at start-up and never freed.
-    let shared = unsafe { &*shared };
+    };
     // SAFETY: the area is never unmapped; this handler runs on the guest thread, which owns it.
     let area = unsafe { &mut *shared.area };
     // SAFETY: the kernel passes a valid ucontext and siginfo.
@@ -132,7 +129,9 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     unsafe { (*shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
     shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
     // The kernel let the signal through, so the guest's mask does too: it is deliverable.
-    crate::syscalls::HOTPATH_GATE_PENDING.store(1, Ordering::SeqCst);
+    // SAFETY: this thread's own area; the dispatcher it interrupted writes the field only
+    // with every signal blocked.
+    unsafe { std::ptr::write_volatile(&mut area.gate_pending, 1) };
     let (gate, gate_insn, refused) = crate::syscalls::gate_addresses();
     if pc >= gate && pc <= gate_insn {
         // Interrupted on its way into a system call: do not let the call block.
@@ -144,6 +143,32 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     if switched {
         write_fs(shared.fsgsbase, fs);
     }
+}
+
+/// The calling guest thread's handler state, through its GS base (`None` on a thread that
+/// runs no guest: GS base 0, or an area without handler state).
+fn current() -> Option<&'static HandlerShared> {
+    let gs: u64 = if FSGSBASE.load(Ordering::Relaxed) {
+        let v: u64;
+        // SAFETY: FSGSBASE is enabled (checked at start-up).
+        unsafe { std::arch::asm!("rdgsbase {}", out(reg) v, options(nomem, nostack)) };
+        v
+    } else {
+        let mut v = 0u64;
+        raw_syscall(
+            libc::SYS_arch_prctl as u64,
+            &[0x1004, &mut v as *mut u64 as u64, 0, 0, 0, 0],
+        );
+        v
+    };
+    if gs == 0 {
+        return None;
+    }
+    // SAFETY: a non-zero GS base is always a thread area hotpath installed (the guest cannot
+    // set GS), mapped for the process's life; `handler` is 0 or a leaked `HandlerShared`.
+    let h = unsafe { (*(gs as *const ThreadArea)).handler };
+    // SAFETY: see above.
+    (h != 0).then(|| unsafe { &*(h as *const HandlerShared) })
 }
 
 /// Points every chained direct branch back at its exit stub and empties the indirect branch

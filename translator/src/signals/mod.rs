@@ -130,9 +130,10 @@ struct SyncFault {
     trace_exit: Option<u32>,
 }
 
-/// What the host handler shares with the dispatcher. One per process (the guest has one
-/// thread for now). Written by the handler on the guest thread while the dispatcher is
-/// interrupted, and by the dispatcher with every signal blocked: never concurrently.
+/// What the host handler shares with the dispatcher: one per guest thread, found by the
+/// handler through the thread's GS base ([`ThreadArea::handler`]). Written by the handler on
+/// its guest thread while the dispatcher is interrupted, and by the dispatcher with every
+/// signal blocked: never concurrently. Another thread touches only the atomics (`kick`).
 pub struct HandlerShared {
     /// Bit `sig - 1` set: an asynchronous `sig` is pending.
     pending: AtomicU64,
@@ -144,8 +145,10 @@ pub struct HandlerShared {
     cache: (u64, u64),
     exit_from_signal: u64,
     fsgsbase: bool,
-    /// Set by the dispatcher while it changes the exit table or the code cache: the handler
-    /// must not unlink then (the dispatcher checks for pending signals before it enters).
+    /// Held (true) by the dispatcher while it is outside the code cache, where it changes the
+    /// exit table and the code cache: the handler must not unlink then (the dispatcher checks
+    /// for pending signals before it enters). Another thread that unlinks this thread's code
+    /// (`kick`) holds it meanwhile, so the dispatcher waits for it on its way out of the cache.
     critical: std::sync::atomic::AtomicBool,
     /// The dispatcher's exit table (`Exit` array, its length), published outside critical
     /// sections.
@@ -155,8 +158,36 @@ pub struct HandlerShared {
     rw_delta: AtomicU64,
     /// Host code start → layout of every block in the cache.
     layouts: UnsafeCell<BTreeMap<u64, HostLayout>>,
-    /// Guest pages write-protected because code was translated from them.
-    smc: crate::smc::ProtectedPages,
+    /// Guest pages write-protected because code was translated from them (the process's).
+    smc: std::sync::Arc<crate::smc::ProtectedPages>,
+    /// Set by another thread that needs this one out of the code cache (see `kick`).
+    kicked: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: the raw pointers name the owning thread's area (mapped for the process's life); the
+// cells are touched only by the owning thread (see the type's doc); the rest is atomic.
+unsafe impl Sync for HandlerShared {}
+unsafe impl Send for HandlerShared {}
+
+impl HandlerShared {
+    /// From another thread: makes this thread leave the code cache at its next block
+    /// boundary (it then reads the process's news: invalidations, the end of the process).
+    /// If its dispatcher runs, it sees the flag before it enters the cache again; if it is in
+    /// translated code, its links are undone here, as its own handler does for a signal.
+    pub fn kick(&self) {
+        self.kicked.store(true, Ordering::SeqCst);
+        if self
+            .critical
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            // SAFETY: holding `critical`, so the owner's dispatcher is not changing its exits
+            // or code cache; the area lives as long as the process. The owner's translated
+            // code may run meanwhile: the stores are the same the owner's handler would make.
+            unlink_all(self, unsafe { &mut *self.area });
+            self.critical.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 mod frame;
@@ -164,7 +195,12 @@ mod handler;
 
 use handler::{host_handler, unlink_all};
 
-static SHARED: AtomicPtr<HandlerShared> = AtomicPtr::new(std::ptr::null_mut());
+/// `rdgsbase` is usable (the handler reads the GS base with it instead of `arch_prctl`).
+static FSGSBASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The signal dispositions of the guest process, index = signal number (shared by its
+/// threads, as `CLONE_SIGHAND` shares them in the kernel).
+pub type Actions = std::sync::Mutex<[GuestAction; NSIG + 1]>;
 
 /// Signals whose default action is to ignore them.
 fn default_ignores(sig: i32) -> bool {
@@ -195,12 +231,54 @@ fn kernel_sigaction(
     act: Option<&libc::sigaction>,
     old: Option<&mut libc::sigaction>,
 ) -> i64 {
-    let a = act.map_or(0, |a| a as *const _ as u64);
-    let o = old.map_or(0, |o| o as *mut _ as u64);
-    // SAFETY of the pointers: both are ours or null; libc's `sigaction` struct matches the
-    // glibc wrapper, so call the wrapper rather than the raw syscall.
-    // SAFETY: sigaction with valid pointers.
-    unsafe { libc::sigaction(sig, a as *const libc::sigaction, o as *mut libc::sigaction) as i64 }
+    // The raw call, not glibc's wrapper: the wrapper refuses glibc's own signals (SIGCANCEL
+    // and SIGSETXID, 32 and 33), which the guest's glibc uses for its threads.
+    let k = act.map(|a| {
+        // SAFETY: the first 8 bytes of a sigset_t are signals 1-64.
+        let mask = unsafe { *(&a.sa_mask as *const libc::sigset_t as *const u64) };
+        [
+            a.sa_sigaction as u64,
+            a.sa_flags as u64 | SA_RESTORER,
+            hotpath_signal_restorer as *const () as u64,
+            mask,
+        ]
+    });
+    let mut o = [0u64; 4];
+    let r = raw_syscall(
+        libc::SYS_rt_sigaction as u64,
+        &[
+            sig as u64,
+            k.as_ref().map_or(0, |k| k.as_ptr() as u64),
+            if old.is_some() {
+                o.as_mut_ptr() as u64
+            } else {
+                0
+            },
+            8,
+            0,
+            0,
+        ],
+    );
+    if let (Some(old), 0) = (old, r) {
+        old.sa_sigaction = o[0] as usize;
+        old.sa_flags = o[1] as i32;
+        // SAFETY: as above.
+        unsafe { *(&mut old.sa_mask as *mut libc::sigset_t as *mut u64) = o[3] };
+    }
+    r
+}
+
+// The return path of hotpath's host handler (the kernel's `sa_restorer`): `rt_sigreturn`.
+std::arch::global_asm!(
+    ".globl hotpath_signal_restorer",
+    "hotpath_signal_restorer:",
+    "    mov rax, 15",
+    "    syscall",
+    "    ud2",
+);
+
+extern "C" {
+    fn hotpath_signal_restorer();
 }
 
 /// What the host handler needs to know about the translator, given once at start-up.
@@ -221,11 +299,12 @@ pub struct HandlerSetup {
     pub xsave_mask: u64,
 }
 
-/// Per-process signal state of the guest, kept by the dispatcher.
+/// One guest thread's signal state, kept by its dispatcher: the process's dispositions
+/// (shared), the thread's alternate stack and its pending signals (through `shared`).
 pub struct SignalState {
-    /// The guest's dispositions, index = signal number.
-    pub actions: [GuestAction; NSIG + 1],
-    /// The guest's alternate stack.
+    /// The guest's dispositions (the process's).
+    actions: std::sync::Arc<Actions>,
+    /// The thread's alternate stack.
     pub altstack: AltStack,
     /// Set by an interrupted `rt_sigsuspend`: its temporary mask, under which the pending
     /// signals are delivered (their frames restore the guest's normal mask).
@@ -237,12 +316,62 @@ pub struct SignalState {
 }
 
 impl SignalState {
-    /// Installs hotpath's host handler and alternate stack for the calling (guest) thread and
-    /// takes over the dispositions inherited from hotpath's parent as the guest's.
+    /// Installs hotpath's host handler and alternate stack for the calling (first guest)
+    /// thread and takes over the dispositions inherited from hotpath's parent as the guest's.
     ///
     /// # Errors
     /// The OS error when the alternate stack cannot be mapped.
-    pub fn install(setup: HandlerSetup) -> std::io::Result<SignalState> {
+    pub fn install(
+        setup: HandlerSetup,
+        smc: std::sync::Arc<crate::smc::ProtectedPages>,
+    ) -> std::io::Result<SignalState> {
+        let actions =
+            std::sync::Arc::new(std::sync::Mutex::new([GuestAction::default(); NSIG + 1]));
+        let state = SignalState::for_thread(setup, actions, smc)?;
+        for sig in 1..=NSIG as i32 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            // SAFETY: zeroed sigaction is a valid out-parameter.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            if kernel_sigaction(sig, None, Some(&mut old)) != 0 {
+                continue;
+            }
+            let inherited = if old.sa_sigaction == libc::SIG_IGN {
+                SIG_IGN
+            } else {
+                SIG_DFL
+            };
+            // Rust's runtime ignores SIGPIPE before main; the guest must start with the
+            // default a shell gives a new program.
+            let inherited = if sig == libc::SIGPIPE {
+                SIG_DFL
+            } else {
+                inherited
+            };
+            state.set_action(
+                sig,
+                GuestAction {
+                    handler: inherited,
+                    ..GuestAction::default()
+                },
+            );
+        }
+        Ok(state)
+    }
+
+    /// The signal state of a new guest thread of the same process, on the calling (new host)
+    /// thread: its own handler state and alternate stack, the process's dispositions
+    /// (`actions`) and watched code pages (`smc`). The thread's GS base must already be its
+    /// area.
+    ///
+    /// # Errors
+    /// The OS error when the alternate stack cannot be mapped.
+    pub fn for_thread(
+        setup: HandlerSetup,
+        actions: std::sync::Arc<Actions>,
+        smc: std::sync::Arc<crate::smc::ProtectedPages>,
+    ) -> std::io::Result<SignalState> {
         let HandlerSetup {
             area,
             cache,
@@ -265,12 +394,15 @@ impl SignalState {
             exits_len: AtomicU64::new(0),
             rw_delta: AtomicU64::new(rw_delta),
             layouts: UnsafeCell::new(BTreeMap::new()),
-            smc: Default::default(),
+            smc,
+            kicked: std::sync::atomic::AtomicBool::new(false),
         }));
-        SHARED.store(shared, Ordering::Release);
+        FSGSBASE.store(fsgsbase, Ordering::Relaxed);
+        // SAFETY: the area is this thread's, mapped for the process's life.
+        unsafe { (*area).handler = shared as *const HandlerShared as u64 };
         install_host_altstack()?;
-        let mut state = SignalState {
-            actions: [GuestAction::default(); NSIG + 1],
+        let state = SignalState {
+            actions,
             altstack: AltStack {
                 sp: 0,
                 flags: SS_DISABLE,
@@ -281,34 +413,34 @@ impl SignalState {
             xsave_size,
             xsave_mask,
         };
-        for sig in 1..=NSIG as i32 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            // SAFETY: zeroed sigaction is a valid out-parameter.
-            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-            if kernel_sigaction(sig, None, Some(&mut old)) != 0 {
-                continue;
-            }
-            let inherited = if old.sa_sigaction == libc::SIG_IGN {
-                SIG_IGN
-            } else {
-                SIG_DFL
-            };
-            // Rust's runtime ignores SIGPIPE before main; the guest must start with the
-            // default a shell gives a new program.
-            let inherited = if sig == libc::SIGPIPE {
-                SIG_DFL
-            } else {
-                inherited
-            };
-            state.actions[sig as usize] = GuestAction {
-                handler: inherited,
-                ..GuestAction::default()
-            };
-            state.apply(sig);
-        }
         Ok(state)
+    }
+
+    /// Makes this (pooled) state a new thread's, on that thread: nothing pending, no
+    /// alternate stack, hotpath's own alternate stack installed for the host thread.
+    ///
+    /// # Errors
+    /// The OS error when the alternate stack cannot be mapped.
+    pub fn reset_for_thread(&mut self) -> std::io::Result<()> {
+        self.altstack = AltStack {
+            sp: 0,
+            flags: SS_DISABLE,
+            size: 0,
+        };
+        self.suspend_mask = None;
+        self.shared.pending.store(0, Ordering::Release);
+        self.shared.kicked.store(false, Ordering::SeqCst);
+        self.shared.critical.store(true, Ordering::SeqCst);
+        // SAFETY: the thread runs no translated code yet; nothing else reads these.
+        unsafe {
+            *self.shared.sync.get() = None;
+            for q in (*self.shared.infos.get()).iter_mut() {
+                q.len = 0;
+            }
+            (*self.shared.area).handler = self.shared as *const HandlerShared as u64;
+            (*self.shared.area).gate_pending = 0;
+        }
+        install_host_altstack()
     }
 
     /// The host-side record of block layouts, for mapping faults.
@@ -335,9 +467,27 @@ impl SignalState {
         unsafe { &*self.shared.layouts.get() }
     }
 
-    /// Sets the kernel disposition of `sig` from the guest's.
-    fn apply(&self, sig: i32) {
-        let g = self.actions[sig as usize];
+    /// The guest's disposition of `sig` (1..=NSIG).
+    pub fn action(&self, sig: i32) -> GuestAction {
+        self.actions.lock().unwrap_or_else(|e| e.into_inner())[sig as usize]
+    }
+
+    /// The process's dispositions, for a new thread's state.
+    pub fn actions(&self) -> std::sync::Arc<Actions> {
+        self.actions.clone()
+    }
+
+    /// Sets the guest's disposition of `sig` and the kernel's to match.
+    fn set_action(&self, sig: i32, a: GuestAction) {
+        let mut all = self.actions.lock().unwrap_or_else(|e| e.into_inner());
+        all[sig as usize] = a;
+        apply(sig, a);
+    }
+}
+
+/// Sets the kernel disposition of `sig` from the guest's `g`.
+fn apply(sig: i32, g: GuestAction) {
+    {
         // SAFETY: zeroed sigaction, then filled.
         let mut k: libc::sigaction = unsafe { std::mem::zeroed() };
         match g.handler {
@@ -355,7 +505,9 @@ impl SignalState {
         }
         kernel_sigaction(sig, Some(&k), None);
     }
+}
 
+impl SignalState {
     /// `rt_sigaction(sig, act, oact, sigsetsize)` for the guest.
     pub fn sigaction(&mut self, sig: u64, act: u64, oact: u64, setsize: u64) -> i64 {
         if setsize != 8 || sig == 0 || sig > NSIG as u64 {
@@ -381,7 +533,7 @@ impl SignalState {
             None
         };
         if oact != 0 {
-            let o = self.actions[sig as usize];
+            let o = self.action(sig);
             let mut raw = Vec::with_capacity(32);
             for w in [o.handler, o.flags, o.restorer, o.mask] {
                 raw.extend_from_slice(&w.to_le_bytes());
@@ -393,8 +545,7 @@ impl SignalState {
         if let Some(mut a) = new {
             // SIGKILL and SIGSTOP can never be blocked by a handler's mask.
             a.mask &= !((1 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)));
-            self.actions[sig as usize] = a;
-            self.apply(sig);
+            self.set_action(sig, a);
         }
         0
     }
@@ -453,17 +604,43 @@ impl SignalState {
     }
 
     /// Marks the start of a dispatcher section that changes the exit table or the code cache
-    /// (`critical == true`), or its end, publishing the exit table for the handler.
+    /// (`critical == true`; waits while another thread unlinks this one's code), or its end,
+    /// publishing the exit table for the handler and for other threads.
     pub fn set_critical(&self, critical: bool, exits: &[Exit]) {
-        if !critical {
+        if critical {
+            while self
+                .shared
+                .critical
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                std::hint::spin_loop();
+            }
+        } else {
             self.shared
                 .exits
                 .store(exits.as_ptr() as *mut Exit, Ordering::Relaxed);
             self.shared
                 .exits_len
                 .store(exits.len() as u64, Ordering::Relaxed);
+            self.shared.critical.store(false, Ordering::SeqCst);
         }
-        self.shared.critical.store(critical, Ordering::SeqCst);
+    }
+
+    /// True (once) if another thread asked this one to come out of the code cache (`kick`).
+    pub fn take_kick(&self) -> bool {
+        self.shared.kicked.load(Ordering::SeqCst)
+            && self.shared.kicked.swap(false, Ordering::SeqCst)
+    }
+
+    /// True if another thread asked this one to come out of the code cache (not consumed).
+    pub fn kicked(&self) -> bool {
+        self.shared.kicked.load(Ordering::SeqCst)
+    }
+
+    /// This thread's handler state, for other threads to `kick` it.
+    pub fn handler(&self) -> &'static HandlerShared {
+        self.shared
     }
 
     /// Undoes every block link and empties the indirect branch lookup table now, as the
@@ -509,7 +686,8 @@ impl SignalState {
         } else {
             self.deliverable() as u64
         };
-        crate::syscalls::HOTPATH_GATE_PENDING.store(v, Ordering::SeqCst);
+        // SAFETY: the thread's own area; the handler writes the same field only on this thread.
+        unsafe { std::ptr::write_volatile(&mut (*self.shared.area).gate_pending, v) };
     }
 
     /// True if the signal to be delivered next has a handler installed with SA_RESTART (an
@@ -521,7 +699,7 @@ impl SignalState {
             return false;
         }
         let sig = pending.trailing_zeros() as usize + 1;
-        let a = self.actions[sig];
+        let a = self.action(sig as i32);
         a.handler != SIG_DFL && a.handler != SIG_IGN && a.flags & SA_RESTART != 0
     }
 
@@ -538,7 +716,7 @@ impl SignalState {
         // SAFETY: every signal is blocked: the handler cannot run on this thread now.
         if let Some(f) = unsafe { (*self.shared.sync.get()).take() } {
             rip = f.rip;
-            let a = self.actions[f.sig as usize];
+            let a = self.action(f.sig);
             let blocked = base & (1 << (f.sig - 1)) != 0;
             if a.handler == SIG_DFL || a.handler == SIG_IGN || blocked {
                 // The kernel forces the default action of a fault that is ignored or blocked.
@@ -567,7 +745,7 @@ impl SignalState {
                     .pending
                     .fetch_and(!(1u64 << (sig - 1)), Ordering::AcqRel);
             }
-            let a = self.actions[sig as usize];
+            let a = self.action(sig);
             match a.handler {
                 SIG_IGN => continue,
                 SIG_DFL if default_ignores(sig) => continue,
@@ -627,6 +805,21 @@ pub enum Delivery {
     Continue(u64),
     /// The guest dies of this signal (default action).
     Exit(i32),
+}
+
+/// Sets the calling thread's signal mask (the guest's: the kernel mask is the guest's).
+pub fn set_guest_mask(mask: u64) {
+    set_mask(mask);
+}
+
+/// The calling thread's signal mask.
+pub fn guest_mask() -> u64 {
+    get_mask()
+}
+
+/// Blocks every signal on the calling thread (one that will run no more guest code).
+pub fn block_all() {
+    set_mask(!0);
 }
 
 fn set_mask(mask: u64) {

@@ -1,0 +1,281 @@
+//! What the guest's threads share: the memory map, the block id registry, the list of live
+//! threads, code invalidations, and how the process ends. Each guest thread has its own
+//! [`Translator`](crate::Translator) (thread area, event ring, code cache, signal state); this
+//! is the part they reach through an `Arc`.
+//!
+//! # Locks
+//!
+//! Every lock here is taken by dispatchers only (Rust code outside the code cache), never by
+//! the host signal handler, and never while another of them is held, except `registry` inside
+//! nothing else. The write-protected code pages (`smc`) have their own lock, which the handler
+//! may take (see `smc`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crossbeam::channel::Sender;
+use hotpath_events::NewBlock;
+
+use crate::dispatch::{Config, Stats};
+use crate::modules::ModuleList;
+use crate::signals::{Actions, HandlerShared};
+use crate::smc::ProtectedPages;
+
+/// Locks `m`, going on after a panic elsewhere (the data is plain bookkeeping).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The guest's address space as hotpath tracks it.
+pub struct Memory {
+    /// Lowest brk value (page-aligned end of the image).
+    pub brk_start: u64,
+    /// Current brk.
+    pub brk: u64,
+    /// Highest brk value the reservation allows.
+    pub brk_limit: u64,
+    /// Address ranges that belong to the guest (image, brk region, stacks, its mappings):
+    /// start → end, disjoint and merged.
+    pub guest_regions: BTreeMap<u64, u64>,
+    /// The ELF images mapped into the guest.
+    pub modules: ModuleList,
+}
+
+/// Block ids and their metadata: one id space for every thread, so the monitor's tables are
+/// arrays indexed by id. Ids are handed out and announced under the lock, in order.
+pub struct Registry {
+    /// The next free id.
+    pub next_id: u32,
+    /// Where metadata goes (the monitor), if it is on.
+    pub sender: Option<Sender<NewBlock>>,
+    /// Metadata of every id so far, for a forked child's new monitor.
+    pub known: Vec<NewBlock>,
+}
+
+impl Registry {
+    /// Records a new id's metadata and sends it to the monitor, before the id can run.
+    pub fn announce(&mut self, b: NewBlock) {
+        if let Some(tx) = &self.sender {
+            // A monitor that stopped is not the guest's problem.
+            let _ = tx.send(b.clone());
+        }
+        self.known.push(b);
+    }
+}
+
+/// Where a guest thread is, for a thread that must stop the others (`exit_group`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ThreadPlace {
+    /// In its dispatcher or in translated code.
+    Running = 0,
+    /// In a system call made for the guest (it may block; it pushes no event until it is
+    /// back in the dispatcher, which then stops).
+    InSyscall = 1,
+    /// Stopped for good: its ring is closed.
+    Parked = 2,
+}
+
+/// One live guest thread as the others see it.
+pub struct ThreadCtl {
+    /// Its kernel thread id (the guest's `gettid`).
+    pub tid: u32,
+    /// Its handler state (to send it out of the code cache).
+    pub handler: &'static HandlerShared,
+    /// Its event ring's control block (to close it).
+    pub ring: &'static hotpath_events::RingControl,
+    place: AtomicU32,
+    /// Its translator's counters, published at system calls and at its end.
+    pub stats: Mutex<Stats>,
+}
+
+impl ThreadCtl {
+    /// A control record for a thread about to run.
+    pub fn new(
+        tid: u32,
+        handler: &'static HandlerShared,
+        ring: &'static hotpath_events::RingControl,
+    ) -> ThreadCtl {
+        ThreadCtl {
+            tid,
+            handler,
+            ring,
+            place: AtomicU32::new(ThreadPlace::Running as u32),
+            stats: Mutex::new(Stats::default()),
+        }
+    }
+
+    /// Where the thread is.
+    pub fn place(&self) -> ThreadPlace {
+        match self.place.load(Ordering::SeqCst) {
+            1 => ThreadPlace::InSyscall,
+            2 => ThreadPlace::Parked,
+            _ => ThreadPlace::Running,
+        }
+    }
+
+    /// Records where the thread is (by the thread itself).
+    pub fn set_place(&self, p: ThreadPlace) {
+        self.place.store(p as u32, Ordering::SeqCst);
+    }
+}
+
+/// A new guest thread's initial state, handed to the embedder's spawner (which creates the
+/// host thread and calls [`Translator::start_thread`](crate::Translator::start_thread) on it).
+pub struct ThreadStart {
+    pub(crate) process: Arc<ProcessShared>,
+    pub(crate) cfg: Config,
+    /// Guest registers: the parent's, with RAX = 0 and RSP = the new stack.
+    pub(crate) gpr: [u64; 16],
+    pub(crate) rflags: u64,
+    pub(crate) fs_base: u64,
+    /// The parent's XSAVE image (the child starts with its FPU state).
+    pub(crate) xsave: Box<[u8]>,
+    /// Guest address the child starts at (after the `syscall`).
+    pub(crate) rip: u64,
+    /// `clone` flags and the addresses they name.
+    pub(crate) clone: crate::syscalls::CloneArgs,
+    /// The guest's signal mask at the `clone` (the child's initial mask).
+    pub(crate) mask: u64,
+    /// The child sends its tid here once it can run (or the error that stopped it).
+    pub(crate) reply: Sender<Result<u32, String>>,
+}
+
+/// Creates a host thread for a new guest thread (given by the embedder).
+pub type Spawner = Arc<dyn Fn(ThreadStart) -> std::io::Result<()> + Send + Sync>;
+
+/// The part of the guest process every thread reaches.
+pub struct ProcessShared {
+    /// The guest's executable, absolute (what `/proc/self/exe` shows it).
+    pub exe: PathBuf,
+    /// The guest's address space.
+    pub memory: Mutex<Memory>,
+    /// Block ids and metadata.
+    pub registry: Mutex<Registry>,
+    /// Pages write-protected because code was translated from them.
+    pub smc: Arc<ProtectedPages>,
+    /// The signal dispositions.
+    pub actions: Arc<Actions>,
+    /// The live guest threads.
+    pub threads: Mutex<Vec<Arc<ThreadCtl>>>,
+    /// Counters of threads that ended.
+    pub ended_stats: Mutex<Stats>,
+    /// Set when one thread ends the process (`exit_group`, a fatal signal, `execve`): the
+    /// others stop at their next dispatcher entry.
+    pub exiting: AtomicBool,
+    /// Guest ranges whose translations every thread must discard, in order; each thread keeps
+    /// how far it has applied them.
+    invalidations: Mutex<Vec<(u64, u64)>>,
+    invalidation_count: AtomicU64,
+    /// Creates host threads for new guest threads (the embedder's).
+    pub spawner: Mutex<Option<Spawner>>,
+    /// Reusable per-thread resources of threads that ended.
+    pub pool: Mutex<Vec<crate::dispatch::ThreadResources>>,
+    /// Threads started so far (the first included).
+    pub threads_started: AtomicU32,
+}
+
+impl ProcessShared {
+    /// A process with one (not yet registered) thread.
+    pub fn new(
+        exe: PathBuf,
+        memory: Memory,
+        smc: Arc<ProtectedPages>,
+        actions: Arc<Actions>,
+    ) -> ProcessShared {
+        ProcessShared {
+            exe,
+            memory: Mutex::new(memory),
+            registry: Mutex::new(Registry {
+                next_id: 0,
+                sender: None,
+                known: Vec::new(),
+            }),
+            smc,
+            actions,
+            threads: Mutex::new(Vec::new()),
+            ended_stats: Mutex::new(Stats::default()),
+            exiting: AtomicBool::new(false),
+            invalidations: Mutex::new(Vec::new()),
+            invalidation_count: AtomicU64::new(0),
+            spawner: Mutex::new(None),
+            pool: Mutex::new(Vec::new()),
+            threads_started: AtomicU32::new(0),
+        }
+    }
+
+    /// Publishes `ranges` for every thread to discard, and sends the other live threads out
+    /// of the code cache so they do before running more translated code. `me` is the caller.
+    pub fn publish_invalidations(&self, ranges: &[(u64, u64)], me: u32) {
+        if ranges.is_empty() {
+            return;
+        }
+        {
+            let mut log = lock(&self.invalidations);
+            log.extend_from_slice(ranges);
+            self.invalidation_count
+                .store(log.len() as u64, Ordering::SeqCst);
+        }
+        for t in lock(&self.threads).iter().filter(|t| t.tid != me) {
+            t.handler.kick();
+        }
+    }
+
+    /// The invalidations published after the first `seen`, and the new count.
+    pub fn invalidations_since(&self, seen: u64) -> Option<(Vec<(u64, u64)>, u64)> {
+        if self.invalidation_count.load(Ordering::SeqCst) == seen {
+            return None;
+        }
+        let log = lock(&self.invalidations);
+        Some((log[seen as usize..].to_vec(), log.len() as u64))
+    }
+
+    /// The number of invalidations published so far.
+    pub fn invalidation_count(&self) -> u64 {
+        self.invalidation_count.load(Ordering::SeqCst)
+    }
+
+    /// Sum of the translator counters of every thread, ended and live.
+    pub fn stats(&self) -> Stats {
+        let mut s = *lock(&self.ended_stats);
+        for t in lock(&self.threads).iter() {
+            s.add(&lock(&t.stats));
+        }
+        s
+    }
+
+    /// Stops every live thread but `me`: marks the process as ending, sends the threads in
+    /// translated code out of it, and waits (at most `STOP_WAIT`) until each is parked or in
+    /// a system call; then closes every ring but the caller's, so the monitor can finish.
+    /// Returns the tids that did not stop in time (they may still add events).
+    pub fn stop_others(&self, me: u32) -> Vec<u32> {
+        self.exiting.store(true, Ordering::SeqCst);
+        let others: Vec<Arc<ThreadCtl>> = lock(&self.threads)
+            .iter()
+            .filter(|t| t.tid != me)
+            .cloned()
+            .collect();
+        for t in &others {
+            t.handler.kick();
+        }
+        let started = std::time::Instant::now();
+        let mut late = Vec::new();
+        for t in &others {
+            while t.place() == ThreadPlace::Running {
+                if started.elapsed() > STOP_WAIT {
+                    late.push(t.tid);
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            t.ring.close();
+        }
+        late
+    }
+}
+
+/// How long `exit_group` waits for the other threads to reach a stop before it writes the
+/// profile anyway.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
