@@ -397,6 +397,11 @@ fn every_sample_has_consistent_paths() {
     {
         let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         let json = run_report(&exe, &format!("sample-{}", s.name), s.args, &[]);
+        if json["threads"].as_array().is_some_and(|t| t.len() > 1) {
+            // Paths are per thread and the report shows the busiest thread's, while the
+            // block table sums every thread: they add up only per thread (#20).
+            continue;
+        }
         check_consistency(s.name, &json);
     }
 }

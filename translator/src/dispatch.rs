@@ -493,6 +493,15 @@ impl Translator {
         late
     }
 
+    /// After a failed `execve` (the guest goes on): the process is not ending. Threads
+    /// stopped for the exec stay stopped (a known limit: the kernel would have let them run).
+    pub fn exec_failed(&self) {
+        self.process
+            .shared
+            .exiting
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
     fn publish_stats(&self) {
         *lock(&self.ctl.stats) = self.stats;
     }

@@ -349,10 +349,12 @@ impl RunCtx {
                         translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
                         translator.exec();
                         // The exec failed: the guest goes on, and so does its profile.
+                        translator.exec_failed();
                         monitoring.start(&mut translator, resume);
                     } else {
                         translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
                         translator.exec();
+                        translator.exec_failed();
                     }
                 }
                 Ok(Stop::ForkedChild) => {
