@@ -135,7 +135,7 @@ pub fn spawn(
                     let mut threads: Vec<ThreadState> = monitor
                         .done
                         .into_iter()
-                        .chain(monitor.live.into_iter().map(|l| l.finish()))
+                        .chain(monitor.live.into_iter().map(Live::finish_ring))
                         .collect();
                     threads.sort_by_key(|t| t.state.started);
                     Ok(MonitorResult {
@@ -173,17 +173,6 @@ struct Live {
     ring: RingConsumer,
     commands: Option<Sender<Command>>,
     state: MonitorState,
-}
-
-impl Live {
-    fn finish(self) -> ThreadState {
-        let waits = self.ring.wait_stats();
-        ThreadState {
-            tid: self.tid,
-            state: self.state,
-            waits,
-        }
-    }
 }
 
 /// The monitor thread's state: the rings it drains, and the metadata of every id.

@@ -10,19 +10,32 @@ use crate::emit::{ExitKind, HostLayout};
 use crate::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {
+    read_base(fsgsbase, false)
+}
+
+/// The calling thread's FS base (`gs == false`) or GS base: `rdfsbase`/`rdgsbase` when
+/// FSGSBASE is enabled, else `arch_prctl(ARCH_GET_FS / ARCH_GET_GS)`.
+fn read_base(fsgsbase: bool, gs: bool) -> u64 {
+    let v: u64;
     if fsgsbase {
-        let v: u64;
         // SAFETY: FSGSBASE is enabled (checked at start-up).
-        unsafe { std::arch::asm!("rdfsbase {}", out(reg) v, options(nomem, nostack)) };
-        v
+        unsafe {
+            if gs {
+                std::arch::asm!("rdgsbase {}", out(reg) v, options(nomem, nostack));
+            } else {
+                std::arch::asm!("rdfsbase {}", out(reg) v, options(nomem, nostack));
+            }
+        }
     } else {
-        let mut v = 0u64;
+        let mut out = 0u64;
+        let code = if gs { 0x1004 } else { 0x1003 };
         raw_syscall(
             libc::SYS_arch_prctl as u64,
-            &[0x1003, &mut v as *mut u64 as u64, 0, 0, 0, 0],
+            &[code, &mut out as *mut u64 as u64, 0, 0, 0, 0],
         );
-        v
+        v = out;
     }
+    v
 }
 
 fn write_fs(fsgsbase: bool, v: u64) {
@@ -148,19 +161,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
 /// The calling guest thread's handler state, through its GS base (`None` on a thread that
 /// runs no guest: GS base 0, or an area without handler state).
 fn current() -> Option<&'static HandlerShared> {
-    let gs: u64 = if FSGSBASE.load(Ordering::Relaxed) {
-        let v: u64;
-        // SAFETY: FSGSBASE is enabled (checked at start-up).
-        unsafe { std::arch::asm!("rdgsbase {}", out(reg) v, options(nomem, nostack)) };
-        v
-    } else {
-        let mut v = 0u64;
-        raw_syscall(
-            libc::SYS_arch_prctl as u64,
-            &[0x1004, &mut v as *mut u64 as u64, 0, 0, 0, 0],
-        );
-        v
-    };
+    let gs = read_base(FSGSBASE.load(Ordering::Relaxed), true);
     if gs == 0 {
         return None;
     }
