@@ -204,16 +204,6 @@ impl Monitor {
         }
     }
 
-    /// Waits until the catalog knows every id up to `max`.
-    fn learn_up_to(&mut self, max: u32) {
-        while self.catalog.len() <= max as usize {
-            match self.new_blocks.recv() {
-                Ok(b) => self.catalog.push(b),
-                Err(_) => break,
-            }
-        }
-    }
-
     /// The monitor's work: drain every ring in order into its thread's tables (and paths)
     /// until told to stop and every ring is closed, asking each thread for superblocks as
     /// pairs of its events become hot.
@@ -280,41 +270,35 @@ impl Monitor {
 
     /// Drains ring `i` (all of it when `all`) into its thread's state; returns the events.
     fn drain_one(&mut self, i: usize, all: bool, keep: bool, kept: &mut Vec<u32>) -> u64 {
-        let paths_on = self.live[i].state.paths.is_some();
-        let mut batches: Vec<u32> = Vec::new();
         let started = Instant::now();
-        let n = {
-            let l = &mut self.live[i];
-            if paths_on {
-                // The path recorder needs every id's metadata: collect, then learn, then record.
-                l.ring
-                    .drain(all, |events| batches.extend_from_slice(events))
-            } else {
-                let tables = &mut l.state.tables;
-                l.ring.drain(all, |events| {
-                    if keep {
-                        kept.extend_from_slice(events);
-                    }
-                    tables.record(events);
-                })
-            }
-        };
-        if paths_on && !batches.is_empty() {
+        let Monitor {
+            live,
+            catalog,
+            new_blocks,
+            ..
+        } = self;
+        let l = &mut live[i];
+        let state = &mut l.state;
+        // Each piece is recorded before its slots are freed, so a guest at the end of a lap
+        // waits for the recording (the monitor stays close behind it).
+        let n = l.ring.drain(all, |events| {
             if keep {
-                kept.extend_from_slice(&batches);
+                kept.extend_from_slice(events);
             }
-            let max = batches
-                .iter()
-                .filter(|&&e| e & SYSCALL_EVENT == 0)
-                .max()
-                .copied()
-                .unwrap_or(0);
-            self.learn_up_to(max);
-            let catalog = &self.catalog;
-            let l = &mut self.live[i];
-            sync(&mut l.state.tables, catalog);
-            record(&batches, &mut l.state.tables, l.state.paths.as_mut());
-        }
+            if state.paths.is_some() {
+                // The path recorder needs every id's metadata.
+                let max = events
+                    .iter()
+                    .filter(|&&e| e & SYSCALL_EVENT == 0)
+                    .max()
+                    .copied();
+                if let Some(max) = max {
+                    learn_up_to(catalog, new_blocks, max);
+                }
+                sync(&mut state.tables, catalog);
+            }
+            record(events, &mut state.tables, state.paths.as_mut());
+        });
         let l = &mut self.live[i];
         if !l.state.tables.hot.is_empty() {
             self.learn();
@@ -354,6 +338,16 @@ impl Live {
             tid: self.tid,
             state: self.state,
             waits,
+        }
+    }
+}
+
+/// Waits until `catalog` knows every id up to `max`, reading `new_blocks`.
+fn learn_up_to(catalog: &mut Vec<NewBlock>, new_blocks: &Receiver<NewBlock>, max: u32) {
+    while catalog.len() <= max as usize {
+        match new_blocks.recv() {
+            Ok(b) => catalog.push(b),
+            Err(_) => break,
         }
     }
 }
