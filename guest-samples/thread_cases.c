@@ -6,7 +6,17 @@
  *   kill      - pthread_kill(SIGUSR1) reaches the one worker it names, blocked in sigsuspend;
  *   cancel    - pthread_cancel of a worker blocked in pause(), joined as PTHREAD_CANCELED;
  *   many      - 8 rounds of 64 threads created and joined;
- *   exit      - main calls exit(3) while a worker spins in a loop forever. */
+ *   exit      - main calls exit(3) while a worker spins in a loop forever;
+ *   fork      - 10 times, a worker forks while two others take a mutex and malloc in a loop;
+ *               the child (the forking thread alone) starts and joins threads of its own
+ *               and exits 5, and the worker reaps it;
+ *   exec      - a worker's execve of a missing file fails with ENOENT and the other threads
+ *               go on; its execve of this program then ends them all (main is in
+ *               pthread_join, a worker spins) and the new image runs with gettid() == getpid();
+ *   signal    - process-directed signals (kill to the process) reach the one thread that
+ *               does not block them: SIGUSR1 a worker in read() on a pipe (no SA_RESTART:
+ *               read fails with EINTR), SIGUSR2 a worker in pthread_cond_wait (a futex). */
+#include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -14,6 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Runs the block at `spin_loop` (dec; jnz) exactly n times (n >= 1). */
@@ -224,6 +237,211 @@ static int exit_case(void)
     exit(3);
 }
 
+static volatile int stop_churning;
+static pthread_mutex_t churn_lock = PTHREAD_MUTEX_INITIALIZER;
+static long churned;
+
+/* Takes a mutex and the allocator's locks all the time, so a fork may come while they are
+ * held (the child touches neither the mutex nor the other threads' memory). */
+static void *churn(void *arg)
+{
+    (void)arg;
+    while (!stop_churning) {
+        pthread_mutex_lock(&churn_lock);
+        churned++;
+        pthread_mutex_unlock(&churn_lock);
+        free(malloc(64 + churned % 512));
+    }
+    return NULL;
+}
+
+static void *fork_worker(void *arg)
+{
+    int round = (int)(intptr_t)arg;
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0) {
+        long sum = 0;
+        pthread_t t[4];
+        for (int i = 0; i < 4; i++)
+            pthread_create(&t[i], NULL, add_one, (void *)(intptr_t)i);
+        for (int i = 0; i < 4; i++) {
+            void *r;
+            pthread_join(t[i], &r);
+            sum += (intptr_t)r;
+        }
+        char *line = malloc(128);
+        snprintf(line, 128, "fork: child %d started and joined 4 threads, sum %ld", round, sum);
+        puts(line);
+        free(line);
+        exit(5);
+    }
+    int status = 0;
+    if (p < 0 || waitpid(p, &status, 0) != p)
+        return (void *)(intptr_t)-1;
+    return (void *)(intptr_t)(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+static int fork_case(void)
+{
+    pthread_t c[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&c[i], NULL, churn, NULL);
+    int fives = 0;
+    for (int round = 0; round < 10; round++) {
+        pthread_t f;
+        void *status;
+        pthread_create(&f, NULL, fork_worker, (void *)(intptr_t)round);
+        pthread_join(f, &status);
+        fives += (intptr_t)status == 5;
+    }
+    stop_churning = 1;
+    for (int i = 0; i < 2; i++)
+        pthread_join(c[i], NULL);
+    printf("fork: %d of 10 children exited with status 5\n", fives);
+    return 0;
+}
+
+extern char **environ;
+
+/* True once `forever` moves within about two seconds (the spinning worker still runs). */
+static int spinner_runs(void)
+{
+    long before = forever;
+    for (int i = 0; i < 2000; i++) {
+        if (forever != before)
+            return 1;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return 0;
+}
+
+static void *exec_worker(void *arg)
+{
+    (void)arg;
+    char *argv[] = {"thread_cases", "exec-image", NULL};
+    execve("/nonexistent/thread_cases", argv, environ);
+    printf("exec: a failed execve gives %s; the spinning worker %s\n",
+           errno == ENOENT ? "ENOENT" : strerror(errno),
+           spinner_runs() ? "goes on" : "STOPPED");
+    fflush(stdout);
+    execve("/proc/self/exe", argv, environ);
+    printf("exec: execve of /proc/self/exe failed: %s\n", strerror(errno));
+    exit(1);
+}
+
+static int exec_case(void)
+{
+    pthread_t s, e;
+    pthread_create(&s, NULL, spin_forever, NULL);
+    while (forever == 0)
+        ;
+    pthread_create(&e, NULL, exec_worker, NULL);
+    pthread_join(e, NULL);
+    printf("exec: pthread_join returned\n");
+    return 1;
+}
+
+static int exec_image(void)
+{
+    printf("exec: the new image runs, gettid() %s getpid()\n",
+           syscall(SYS_gettid) == getpid() ? "==" : "!=");
+    return 4;
+}
+
+static volatile sig_atomic_t usr2_in[3];
+static volatile int read_interrupted, cond_done;
+static pthread_mutex_t sig_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sig_cond = PTHREAD_COND_INITIALIZER;
+static int pipe_fds[2];
+
+static void on_usr2(int sig)
+{
+    (void)sig;
+    usr2_in[my_index]++;
+}
+
+static void unblock(int sig)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* Worker 1: SIGUSR2 unblocked, waits on a condition variable (a futex wait). */
+static void *cond_waiter(void *arg)
+{
+    (void)arg;
+    my_index = 1;
+    unblock(SIGUSR2);
+    pthread_mutex_lock(&sig_lock);
+    while (!cond_done)
+        pthread_cond_wait(&sig_cond, &sig_lock);
+    pthread_mutex_unlock(&sig_lock);
+    return NULL;
+}
+
+/* Worker 2: SIGUSR1 unblocked, reads an empty pipe until a signal interrupts the read. */
+static void *pipe_reader(void *arg)
+{
+    (void)arg;
+    my_index = 2;
+    unblock(SIGUSR1);
+    char c;
+    ssize_t r = read(pipe_fds[0], &c, 1);
+    read_interrupted = r < 0 && errno == EINTR;
+    return NULL;
+}
+
+static int signal_case(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1; /* no SA_RESTART: the read fails with EINTR */
+    sigaction(SIGUSR1, &sa, NULL);
+    sa.sa_handler = on_usr2;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR2, &sa, NULL);
+    sigset_t both;
+    sigemptyset(&both);
+    sigaddset(&both, SIGUSR1);
+    sigaddset(&both, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &both, NULL);
+    if (pipe(pipe_fds) != 0)
+        return 1;
+    pthread_t waiter, reader;
+    pthread_create(&waiter, NULL, cond_waiter, NULL);
+    pthread_create(&reader, NULL, pipe_reader, NULL);
+    /* A signal that comes before the read starts runs the handler but does not end the read:
+     * send until the reader is out of it. */
+    for (int i = 0; i < 5000 && !read_interrupted; i++) {
+        kill(getpid(), SIGUSR1);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    pthread_join(reader, NULL);
+    printf("signal: SIGUSR1 to the process: the read %s; handler ran in main %s, worker 1 %s, "
+           "worker 2 %s\n",
+           read_interrupted ? "failed with EINTR" : "WAS NOT INTERRUPTED",
+           usr1_in[0] ? "yes" : "no", usr1_in[1] ? "yes" : "no", usr1_in[2] ? "yes" : "no");
+    for (int i = 0; i < 5000 && !usr2_in[1]; i++) {
+        kill(getpid(), SIGUSR2);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    pthread_mutex_lock(&sig_lock);
+    cond_done = 1;
+    pthread_cond_signal(&sig_cond);
+    pthread_mutex_unlock(&sig_lock);
+    pthread_join(waiter, NULL);
+    printf("signal: SIGUSR2 to the process: handler ran in main %s, worker 1 %s, worker 2 %s; "
+           "the condition wait went on\n",
+           usr2_in[0] ? "yes" : "no", usr2_in[1] ? "yes" : "no", usr2_in[2] ? "yes" : "no");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *c = argc > 1 ? argv[1] : "counts";
@@ -241,6 +459,14 @@ int main(int argc, char **argv)
         return many();
     if (!strcmp(c, "exit"))
         return exit_case();
+    if (!strcmp(c, "fork"))
+        return fork_case();
+    if (!strcmp(c, "exec"))
+        return exec_case();
+    if (!strcmp(c, "exec-image"))
+        return exec_image();
+    if (!strcmp(c, "signal"))
+        return signal_case();
     fprintf(stderr, "unknown case %s\n", c);
     return 2;
 }

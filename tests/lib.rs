@@ -14,6 +14,7 @@
 //! - [`hotpath_bin`]: finding (and, in a cargo run, building) the `hotpath` binary;
 //! - [`runner`]: running a command with a timeout and capturing everything it did;
 //! - [`compare`]: comparing two outcomes and explaining the difference with a diff;
+//! - [`debian`]: real programs from Debian as workloads, checked against their native runs;
 //! - [`report`]: running a guest with `--report`, reading the JSON, checking its consistency;
 //! - [`check_sample`]: the whole check for one sample, as the `samples` test calls it.
 //!
@@ -28,6 +29,8 @@
 //!   luajit, gawk, xz, bzip2, zstd, perl, dash) on generated inputs, a sample that dlopens,
 //!   calls, dlcloses and dlopens a library again, and ld.so failing on a missing library,
 //!   native vs hotpath;
+//! - `threads`: exact per-thread counts of a pthread sample, and real threaded programs from
+//!   Debian (zstd -T2, xz -T2, sort --parallel=2, python3 threading) native vs hotpath;
 //! - `report`: the `--report` JSON is written however the guest ends (exit, faults, abort,
 //!   SIGINT to hotpath, forked children's `FILE.<pid>`), is consistent, and does not depend on
 //!   the ring size;
@@ -48,6 +51,7 @@
 
 pub mod catalog;
 pub mod compare;
+pub mod debian;
 pub mod guest_build;
 pub mod hotpath_bin;
 pub mod inputs;

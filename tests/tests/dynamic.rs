@@ -28,17 +28,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use hotpath_e2e::debian::{self, debian, Expect, Program};
 use hotpath_e2e::report::run_with_report;
 use hotpath_e2e::{
     compare, compare_with_native, guest_build, paths, run_timeout, runner, set_guest_environment,
     Linkage, Outcome, Termination,
 };
-
-/// A Debian program the tests run, and the package that installs it.
-struct Program {
-    path: &'static str,
-    package: &'static str,
-}
 
 const PYTHON3: Program = debian("/usr/bin/python3", "python3");
 const SQLITE3: Program = debian("/usr/bin/sqlite3", "sqlite3");
@@ -50,39 +45,6 @@ const BZIP2: Program = debian("/usr/bin/bzip2", "bzip2");
 const ZSTD: Program = debian("/usr/bin/zstd", "zstd");
 const PERL: Program = debian("/usr/bin/perl", "perl");
 const DASH: Program = debian("/usr/bin/dash", "dash");
-
-/// `path`, installed by the Debian package `package`.
-const fn debian(path: &'static str, package: &'static str) -> Program {
-    Program { path, package }
-}
-
-impl Program {
-    /// The program's path.
-    ///
-    /// # Panics
-    ///
-    /// When it is not installed: these tests never skip, `.ci/setup` installs every program.
-    fn installed(&self) -> &'static Path {
-        let path = Path::new(self.path);
-        assert!(
-            path.is_file(),
-            "{} is not installed: run `bash .ci/setup`, which installs the Debian package {} \
-             with every other program these tests run (CI runs it first)",
-            self.path,
-            self.package
-        );
-        path
-    }
-}
-
-/// What the native run of a workload must do (checked before hotpath is compared with it).
-struct Expect<'a> {
-    status: Termination,
-    /// Texts the native stdout must contain.
-    stdout: &'a [&'a str],
-    /// Texts the native stderr must contain.
-    stderr: &'a [&'a str],
-}
 
 use hotpath_e2e::inputs::{Rng, WORDS};
 
@@ -123,61 +85,9 @@ fn script(name: &str, text: &str) {
     write(&scratch().join(name), text.as_bytes());
 }
 
-/// Runs `program args` in the scratch directory: natively twice (the runs must be identical
-/// and end as `expect` says), then under hotpath with the monitor off, on and with eager
-/// superblocks (each must equal the native run). Returns the native outcome.
-///
-/// # Panics
-///
-/// With a report of what differed.
+/// [`debian::check`] in this test process's scratch directory.
 fn check(program: &Program, args: &[&str], expect: Expect) -> Outcome {
-    let exe = program.installed();
-    let dir = scratch();
-    let mut first_cmd = Command::new(exe);
-    first_cmd.args(args);
-    set_guest_environment(&mut first_cmd, dir);
-    let what = format!("{} (in {})", runner::describe(&first_cmd), dir.display());
-    let first = runner::run(&mut first_cmd, run_timeout())
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-
-    let (native, verdict) = compare_with_native(exe, args, dir);
-    if let Err(report) = compare::compare_outcomes(&first, &native) {
-        panic!(
-            "{what}: two NATIVE runs differ (- first, + second): the workload is not \
-             deterministic, fix it (hotpath is not at fault):\n{report}"
-        );
-    }
-    let mut problems = String::new();
-    if native.termination != expect.status {
-        let _ = writeln!(
-            problems,
-            "  status: expected {}, native run {}",
-            expect.status, native.termination
-        );
-    }
-    for (stream, bytes, markers) in [
-        ("stdout", &native.stdout, expect.stdout),
-        ("stderr", &native.stderr, expect.stderr),
-    ] {
-        let text = String::from_utf8_lossy(bytes);
-        for marker in markers {
-            if !text.contains(marker) {
-                let _ = writeln!(problems, "  native {stream} lacks {marker:?}");
-            }
-        }
-    }
-    if !problems.is_empty() {
-        panic!(
-            "{what}: the NATIVE run is not what the workload should do (the workload or the \
-             installed program is at fault, not hotpath):\n{problems}  stdout:\n{}  stderr:\n{}",
-            compare::diff(b"", &native.stdout),
-            compare::diff(b"", &native.stderr)
-        );
-    }
-    if let Err(report) = verdict {
-        panic!("{what}:{report}");
-    }
-    native
+    debian::check(program, args, scratch(), expect)
 }
 
 /// Writes `compressed` to `name` in the scratch directory with its middle byte flipped (xor
@@ -664,8 +574,8 @@ fn check_compressor(c: &Compressor) -> String {
     compressed_name
 }
 
-/// xz (liblzma): compress, decompress, list, and test a corrupted copy (status 1). `-T1`: xz
-/// must not start threads, which hotpath does not support yet.
+/// xz (liblzma): compress, decompress, list, and test a corrupted copy (status 1), single
+/// threaded (`-T1`); threads.rs runs `xz -T2`.
 #[test]
 fn xz_compress_decompress_and_corrupt() {
     let compressed = check_compressor(&Compressor {
@@ -704,9 +614,9 @@ fn bzip2_compress_decompress_and_corrupt() {
     });
 }
 
-/// zstd: compress, decompress, and test a corrupted copy (status 1). zstd 1.5's command line
-/// starts two threads for asynchronous I/O unless given `--no-asyncio`, and compression
-/// workers unless `--single-thread`: hotpath does not support threads yet.
+/// zstd: compress, decompress, and test a corrupted copy (status 1), with no thread at all
+/// (`--single-thread --no-asyncio`: zstd 1.5 otherwise starts I/O threads); threads.rs runs
+/// `zstd -T2`.
 #[test]
 fn zstd_compress_decompress_and_corrupt() {
     check_compressor(&Compressor {

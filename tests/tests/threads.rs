@@ -1,18 +1,62 @@
+//! Threads under hotpath, in two parts.
+//!
 //! Per-thread profiles are exact: `guest-samples/thread_cases.c counts` starts 4 workers, and
 //! worker k runs the two-instruction loop block at `spin_loop` exactly (k + 1) × 100000 times
 //! (it counts a register down to zero). The report's `threads` section must show each
 //! worker's count, the process total must be their sum, and the per-thread totals must add up
 //! to the process's: with the default ring and a 64-entry one (the guest threads wait on the
 //! monitor all the time), superblocks on and off, static and dynamic.
+//!
+//! Real threaded programs from Debian give what they give natively, byte for byte, with the
+//! monitor off, on and with eager superblocks (`debian::check`): `zstd -T2` and `xz -T2`
+//! round trips of a generated 3 MiB text, `sort --parallel=2`, and python3 with
+//! `threading.Thread` workers, a `concurrent.futures` pool and a condition variable. Each
+//! test also reads a report to see that the work was done by more than one thread, so a
+//! program that fell back to one thread cannot pass for a threaded one.
 
-use std::path::PathBuf;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
+use hotpath_e2e::debian::{check, debian, Expect, Program};
+use hotpath_e2e::inputs::{Rng, WORDS};
 use hotpath_e2e::report::{as_u64, run_with_report};
-use hotpath_e2e::{guest_build, paths, Linkage, Termination};
+use hotpath_e2e::{guest_build, paths, Linkage, Outcome, Termination};
 
+/// This test process's scratch directory, with the generated inputs in it: `text.txt` (3 MiB
+/// of word lines) and `numbers.txt` (400000 shuffled numbers, one per line).
 fn scratch() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| paths::scratch_dir("threads")).clone()
+    DIR.get_or_init(|| {
+        let dir = paths::scratch_dir("threads");
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut text = String::with_capacity(TEXT_BYTES + 100);
+        while text.len() < TEXT_BYTES {
+            let _ = writeln!(
+                text,
+                "{} {} {}",
+                WORDS[rng.below(WORDS.len() as u64) as usize],
+                rng.below(1 << 40),
+                WORDS[rng.below(WORDS.len() as u64) as usize],
+            );
+        }
+        write(&dir.join("text.txt"), text.as_bytes());
+        let mut numbers: Vec<u64> = (0..400_000).collect();
+        for i in (1..numbers.len()).rev() {
+            numbers.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let lines: String = numbers.iter().map(|n| format!("{n}\n")).collect();
+        write(&dir.join("numbers.txt"), lines.as_bytes());
+        dir
+    })
+    .clone()
+}
+
+/// Bytes of the generated `text.txt`: big enough that `-T2` compressors split it into jobs
+/// for two workers.
+const TEXT_BYTES: usize = 3 << 20;
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
 /// Iterations of `spin_loop` in worker k (see the sample).
@@ -87,4 +131,169 @@ fn per_thread_counts_follow_the_source() {
         check_counts(linkage, &["--ring-entries", "64"], "ring64");
         check_counts(linkage, &["--no-superblocks"], "nosb");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real threaded programs
+
+const ZSTD: Program = debian("/usr/bin/zstd", "zstd");
+const XZ: Program = debian("/usr/bin/xz", "xz-utils");
+const SORT: Program = debian("/usr/bin/sort", "coreutils");
+const PYTHON3: Program = debian("/usr/bin/python3", "python3");
+
+/// Blocks a thread must execute to count as one that did part of the work.
+const BUSY_BLOCKS: u64 = 100_000;
+
+/// `program args`, checked against its native runs in the scratch directory; it must exit 0
+/// and print `stdout` markers.
+fn check_ok(program: &Program, args: &[&str], stdout: &[&str]) -> Outcome {
+    check(
+        program,
+        args,
+        &scratch(),
+        Expect {
+            status: Termination::Exited(0),
+            stdout,
+            stderr: &[],
+        },
+    )
+}
+
+/// Runs `program args` under hotpath with a report and returns how many threads executed at
+/// least [`BUSY_BLOCKS`] blocks.
+fn busy_threads(program: &Program, args: &[&str], name: &str) -> usize {
+    let run = run_with_report(program.installed(), args, &scratch(), name, &[]);
+    assert_eq!(run.outcome.termination, Termination::Exited(0), "{name}");
+    run.report.json["threads"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{name}: no threads section"))
+        .iter()
+        .filter(|t| as_u64(&t["blocks_executed"]) >= BUSY_BLOCKS)
+        .count()
+}
+
+/// Compresses `text.txt` with `compress`, decompresses the result with `decompress` (it must
+/// give `text.txt` back natively), both as natively; the compression must keep at least two
+/// threads busy under hotpath.
+fn round_trip(program: &Program, compress: &[&str], decompress: &[&str], extension: &str) {
+    let text = std::fs::read(scratch().join("text.txt")).expect("text.txt");
+    let args: Vec<&str> = compress.iter().copied().chain(["text.txt"]).collect();
+    let compressed = check_ok(program, &args, &[]);
+    assert!(
+        compressed.stdout.len() < text.len(),
+        "{} {args:?}: no compressed stream natively",
+        program.path
+    );
+    let busy = busy_threads(program, &args, &format!("compress.{extension}"));
+    assert!(
+        busy >= 2,
+        "{} {args:?}: {busy} busy thread(s) under hotpath, expected the work split over two",
+        program.path
+    );
+    let file = format!("text.txt.{extension}");
+    write(&scratch().join(&file), &compressed.stdout);
+    let args: Vec<&str> = decompress.iter().copied().chain([file.as_str()]).collect();
+    let decompressed = check_ok(program, &args, &[]);
+    assert!(
+        decompressed.stdout == text,
+        "{} {args:?} does not give text.txt back natively",
+        program.path
+    );
+}
+
+/// zstd with two compression workers (`-T2`, 1 MiB jobs), and back.
+#[test]
+fn zstd_two_workers_round_trip() {
+    round_trip(
+        &ZSTD,
+        &["-q", "-c", "-T2", "-B1MiB", "-3"],
+        &["-q", "-dc"],
+        "zst",
+    );
+}
+
+/// xz with two threads both ways (512 KiB blocks, so there is one per thread and more).
+#[test]
+fn xz_two_threads_round_trip() {
+    round_trip(
+        &XZ,
+        &["-c", "-T2", "--block-size=512KiB", "-1"],
+        &["-dc", "-T2"],
+        "xz",
+    );
+}
+
+/// GNU sort with two sorting threads.
+#[test]
+fn sort_parallel_two() {
+    let args = ["--parallel=2", "-S", "64M", "-n", "numbers.txt"];
+    let sorted = check_ok(&SORT, &args, &["0\n1\n2\n"]);
+    let expected: String = (0..400_000).map(|n| format!("{n}\n")).collect();
+    assert!(
+        sorted.stdout == expected.as_bytes(),
+        "sort {args:?}: not sorted natively"
+    );
+    let busy = busy_threads(&SORT, &args, "sort");
+    assert!(
+        busy >= 2,
+        "sort {args:?}: {busy} busy thread(s) under hotpath"
+    );
+}
+
+const PYTHON_THREADS: &str = r#""""hotpath e2e: Python threads (threading, concurrent.futures, a Condition)."""
+import concurrent.futures
+import hashlib
+import threading
+
+digests = [None] * 4
+def work(i):
+    h = hashlib.sha256()
+    for k in range(20000):
+        h.update(str(i * k).encode())
+    digests[i] = h.hexdigest()[:16]
+workers = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+for t in workers:
+    t.start()
+for t in workers:
+    t.join()
+print("threads", digests)
+
+def squares(n):
+    return sum(j * j for j in range(n))
+with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+    print("pool", sum(pool.map(squares, range(0, 30000, 100))))
+
+lock = threading.Lock()
+ready = threading.Condition(lock)
+box = []
+def produce():
+    for i in range(1000):
+        with ready:
+            box.append(i)
+            ready.notify()
+producer = threading.Thread(target=produce)
+producer.start()
+got = 0
+while got < 1000:
+    with ready:
+        while not box:
+            ready.wait()
+        got += sum(1 for _ in box)
+        box.clear()
+producer.join()
+print("condition", got, threading.active_count())
+"#;
+
+/// python3: four `threading.Thread` workers, a `ThreadPoolExecutor` of three, and a
+/// producer handing items to the main thread through a `Condition`.
+#[test]
+fn python3_threading_and_futures() {
+    write(&scratch().join("threads.py"), PYTHON_THREADS.as_bytes());
+    let args = ["-I", "-B", "threads.py"];
+    check_ok(&PYTHON3, &args, &["threads [", "pool ", "condition 1000 1"]);
+    let busy = busy_threads(&PYTHON3, &args, "python3");
+    assert!(
+        busy >= 4,
+        "python3 {args:?}: {busy} busy thread(s) under hotpath"
+    );
 }

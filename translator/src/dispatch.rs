@@ -115,12 +115,23 @@ pub enum Stop {
     /// The guest asked to `execve`: write the profile, then call
     /// [`Translator::exec`]; if that returns, call `run` again.
     Exec,
-    /// This is the child of a guest `fork`: give it its own monitor (see
-    /// [`Translator::set_block_sender`]), then call `run` again.
-    ForkedChild,
+    /// The guest asked to `fork` (or `vfork`, or `clone` without `CLONE_VM`): take the
+    /// embedder's own locks that other threads may hold, call [`Translator::fork`], and
+    /// release them; in the child, give it its own monitor (see
+    /// [`Translator::set_block_sender`]). Then call `run` again, in both.
+    Fork,
     /// This guest thread ended (`exit`) while others go on: its ring is closed; drop the
     /// translator and end the host thread.
     ThreadExit,
+}
+
+/// Which side of a [`Translator::fork`] this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forked {
+    /// The parent (also when the fork failed: the guest gets the error).
+    Parent,
+    /// The new child process, with this thread alone.
+    Child,
 }
 
 /// One guest thread's translator.
@@ -142,6 +153,8 @@ pub struct Translator {
     next: Next,
     /// The pending `execve` arguments (`nr`, args).
     exec_request: Option<(u64, [u64; 6])>,
+    /// The pending `fork`'s `clone` arguments.
+    fork_request: Option<CloneArgs>,
     /// How to run an exec'd program under hotpath (`None`: natively).
     exec_wrapper: Option<crate::exec::ExecWrapper>,
     /// This thread as the others see it.
@@ -431,6 +444,7 @@ impl Translator {
             stats: Stats::default(),
             next: Next::Guest(0),
             exec_request: None,
+            fork_request: None,
             exec_wrapper: None,
             ctl,
             invalidations_seen,
@@ -493,8 +507,10 @@ impl Translator {
         late
     }
 
-    /// After a failed `execve` (the guest goes on): the process is not ending. Threads
-    /// stopped for the exec stay stopped (a known limit: the kernel would have let them run).
+    /// After a failed `execve` (the guest goes on): the process is not ending. An exec the
+    /// kernel surely refuses (a missing or non-executable file) never gets here, and the
+    /// other threads go on; one that fails later (the kernel refuses hotpath's own exec, e.g.
+    /// E2BIG) leaves the threads stopped for it stopped, a known limit.
     pub fn exec_failed(&self) {
         self.process
             .shared
@@ -937,7 +953,11 @@ impl Translator {
                 self.next = Next::Guest(next);
                 Ok(Err(Stop::Exec))
             }
-            Outcome::Fork(clone) => self.fork(clone, next),
+            Outcome::Fork(clone) => {
+                self.fork_request = Some(clone);
+                self.next = Next::Guest(next);
+                Ok(Err(Stop::Fork))
+            }
             Outcome::Thread(clone) => {
                 let ret = self.spawn_thread(clone, next);
                 self.area.gpr[thread_area::RAX] = ret as u64;
@@ -1045,19 +1065,53 @@ impl Translator {
         });
     }
 
-    /// Creates a child process that goes on under translation with a copy of everything.
-    fn fork(&mut self, clone: CloneArgs, next: u64) -> Result<Result<Next, Stop>, TranslateError> {
+    /// Performs the guest's pending `fork` (after [`Stop::Fork`]): the child process goes on
+    /// under translation with a copy of everything, and only this thread, as the kernel
+    /// makes it. Every process lock is held across the fork, so none is copied held by a
+    /// thread the child does not have. If the process is ending meanwhile, this thread stops
+    /// instead.
+    ///
+    /// # Errors
+    /// [`TranslateError::CodeCache`] when the code cache cannot be copied for the child.
+    pub fn fork(&mut self) -> Result<Forked, TranslateError> {
+        let Some(clone) = self.fork_request.take() else {
+            return Ok(Forked::Parent);
+        };
         let exit_signal = clone.flags & 0xff;
         let copy = self.cache.snapshot()?;
-        let pid = if exit_signal == libc::SIGCHLD as u64 {
-            // glibc's fork resets its allocator locks in the child, which another thread
-            // (the monitor) may have held.
-            // SAFETY: fork in a process whose other thread is the monitor; the child only
-            // touches state this thread owns, and replaces the monitor.
-            unsafe { libc::fork() as i64 }
-        } else {
-            syscalls::raw_syscall(libc::SYS_clone as u64, &[exit_signal, 0, 0, 0, 0, 0])
+        let shared = self.process.shared.clone();
+        let pid = {
+            // No handler runs on this thread while it holds the locks (one that came would
+            // find its own lock held); the guest's mask is back after.
+            let _blocked = crate::signals::BlockAll::new();
+            let hold = shared.hold_for_fork();
+            if shared.exiting.load(std::sync::atomic::Ordering::SeqCst) {
+                drop(hold);
+                drop(_blocked);
+                self.park();
+            }
+            let pid = if exit_signal == libc::SIGCHLD as u64 {
+                // glibc's fork resets its allocator's locks in the child, which other host
+                // threads (the monitor, other guest threads) may have held.
+                // SAFETY: every lock of hotpath's that the child uses is held by this thread
+                // (`hold`); the child touches only state this thread owns or holds.
+                unsafe { libc::fork() as i64 }
+            } else {
+                syscalls::raw_syscall(libc::SYS_clone as u64, &[exit_signal, 0, 0, 0, 0, 0])
+            };
+            if pid == 0 {
+                let tid = syscalls::raw_syscall(libc::SYS_gettid as u64, &[0; 6]) as u32;
+                let ctl = Arc::new(ThreadCtl::new(
+                    tid,
+                    self.process.signals.handler(),
+                    self.ctl.ring,
+                ));
+                self.ctl = ctl.clone();
+                shared.after_fork_child(hold, ctl);
+            }
+            pid
         };
+        let next = self.guest_rip(self.next);
         if pid < 0 {
             let err = if pid == -1 {
                 -(std::io::Error::last_os_error()
@@ -1067,19 +1121,18 @@ impl Translator {
                 pid
             };
             self.area.gpr[thread_area::RAX] = err as u64;
-            return Ok(Ok(Next::Guest(next)));
+            return Ok(Forked::Parent);
         }
         if pid > 0 {
             if clone.flags & libc::CLONE_PARENT_SETTID as u64 != 0 {
                 let _ = guest_mem::write(clone.parent_tid, &(pid as u32).to_le_bytes());
             }
             self.area.gpr[thread_area::RAX] = pid as u64;
-            return Ok(Ok(Next::Guest(next)));
+            return Ok(Forked::Parent);
         }
         // The child.
-        let tid = syscalls::raw_syscall(libc::SYS_gettid as u64, &[0; 6]);
         if clone.flags & libc::CLONE_CHILD_SETTID as u64 != 0 {
-            let _ = guest_mem::write(clone.child_tid, &(tid as u32).to_le_bytes());
+            let _ = guest_mem::write(clone.child_tid, &self.ctl.tid.to_le_bytes());
         }
         if clone.flags & libc::CLONE_SETTLS as u64 != 0 {
             self.area.fs_base = clone.tls;
@@ -1097,7 +1150,7 @@ impl Translator {
             p.reopen();
         }
         self.next = Next::Guest(next);
-        Ok(Err(Stop::ForkedChild))
+        Ok(Forked::Child)
     }
 
     fn trap(

@@ -109,6 +109,37 @@ fn exec_translated(p: &Process, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -> Op
     ))
 }
 
+/// True if the kernel will surely refuse the guest's `execve` (`nr` 59) or `execveat` (322)
+/// with `args`: its file does not exist, is not executable by this user, or is not a regular
+/// file (a directory, a FIFO...). Files the kernel might still run through a `binfmt_misc`
+/// handler, and `execveat` relative to a directory descriptor, are not judged here.
+pub fn certainly_refused(nr: u64, args: &[u64; 6]) -> bool {
+    const AT_FDCWD: i64 = -100;
+    let path = match nr {
+        59 => args[0],
+        _ if args[0] as i64 == AT_FDCWD && args[4] == 0 => args[1],
+        _ => return false,
+    };
+    let Ok(name) = guest_mem::read_cstr(path, 4096) else {
+        // The kernel will answer EFAULT.
+        return true;
+    };
+    if is_proc_self_exe(&name) {
+        return false;
+    }
+    let Ok(c) = CString::new(name) else {
+        return true;
+    };
+    // SAFETY: `access` reads a NUL-terminated path we own.
+    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
+        return true;
+    }
+    // SAFETY: `stat` reads the path and writes the buffer we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::stat(c.as_ptr(), &mut st) };
+    r != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG
+}
+
 /// True if `execve(file)` would start a program: a regular file this user may execute that
 /// starts with the ELF magic or `#!` (what the kernel's binfmt handlers accept).
 fn kernel_would_run(file: &std::path::Path) -> bool {

@@ -32,7 +32,7 @@ pub mod superblock;
 pub mod syscalls;
 pub mod thread_area;
 
-pub use dispatch::{Config, Stats, Stop, Translator};
+pub use dispatch::{Config, Forked, Stats, Stop, Translator};
 pub use exec::ExecWrapper;
 pub use process::{Spawner, ThreadStart};
 pub use syscalls::{signal_name, GuestExit};

@@ -28,6 +28,31 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Locks `m` if it is free.
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// Every lock of a [`ProcessShared`], held across a `fork` (see
+/// [`ProcessShared::hold_for_fork`]): the child has only the forking thread, so a lock another
+/// thread held at the fork would stay held in the child forever. Dropping the hold releases
+/// them all, in the parent and in the child alike.
+pub struct ForkHold<'a> {
+    _memory: MutexGuard<'a, Memory>,
+    _registry: MutexGuard<'a, Registry>,
+    _actions: MutexGuard<'a, [crate::signals::GuestAction; crate::signals::NSIG + 1]>,
+    threads: MutexGuard<'a, Vec<Arc<ThreadCtl>>>,
+    _ended_stats: MutexGuard<'a, Stats>,
+    _invalidations: MutexGuard<'a, Vec<(u64, u64)>>,
+    _spawner: MutexGuard<'a, Option<Spawner>>,
+    pool: MutexGuard<'a, Vec<crate::dispatch::ThreadResources>>,
+    _smc: crate::smc::PagesHold<'a>,
+}
+
 /// The guest's address space as hotpath tracks it.
 pub struct Memory {
     /// Lowest brk value (page-aligned end of the image).
@@ -204,6 +229,45 @@ impl ProcessShared {
             pool: Mutex::new(Vec::new()),
             threads_started: AtomicU32::new(0),
         }
+    }
+
+    /// Takes every lock of the process, for a `fork` (the `pthread_atfork` rule). The locks
+    /// are taken all or none, and the attempt is repeated until it succeeds, so the order
+    /// other threads take them in does not matter; none of them is held for long.
+    pub fn hold_for_fork(&self) -> ForkHold<'_> {
+        loop {
+            if let Some(hold) = self.try_hold_for_fork() {
+                return hold;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn try_hold_for_fork(&self) -> Option<ForkHold<'_>> {
+        Some(ForkHold {
+            _memory: try_lock(&self.memory)?,
+            _registry: try_lock(&self.registry)?,
+            _actions: try_lock(&self.actions)?,
+            threads: try_lock(&self.threads)?,
+            _ended_stats: try_lock(&self.ended_stats)?,
+            _invalidations: try_lock(&self.invalidations)?,
+            _spawner: try_lock(&self.spawner)?,
+            pool: try_lock(&self.pool)?,
+            _smc: self.smc.try_hold()?,
+        })
+    }
+
+    /// In the child of a `fork` made under `hold` by the thread `me`, now the child's only
+    /// thread (as the kernel makes it): the other threads are forgotten, and so are the pooled
+    /// resources of ended ones (their code caches are memfds the parent still shares). Then
+    /// every lock is released.
+    pub fn after_fork_child(&self, mut hold: ForkHold<'_>, me: Arc<ThreadCtl>) {
+        *hold.threads = vec![me];
+        // No Drop of theirs unmaps anything: the parent's mappings stay as they are.
+        hold.pool.clear();
+        self.exiting.store(false, Ordering::SeqCst);
+        self.threads_started.store(1, Ordering::SeqCst);
+        drop(hold);
     }
 
     /// Publishes `ranges` for every thread to discard, and sends the other live threads out

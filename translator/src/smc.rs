@@ -27,6 +27,17 @@ use crate::syscalls::raw_syscall;
 
 const PAGE: u64 = 4096;
 
+/// The lock of a [`ProtectedPages`], held (see [`ProtectedPages::try_hold`]).
+pub struct PagesHold<'a> {
+    pages: &'a ProtectedPages,
+}
+
+impl Drop for PagesHold<'_> {
+    fn drop(&mut self) {
+        self.pages.lock.store(false, Ordering::Release);
+    }
+}
+
 /// Most write faults the handler can record between two visits of the dispatcher (a block
 /// can store to few pages; more than this only flushes the cache a second time).
 const MAX_HITS: usize = 16;
@@ -86,6 +97,15 @@ impl ProtectedPages {
             self.overflow.store(true, Ordering::Release);
         }
         true
+    }
+
+    /// Takes the lock if it is free (for a `fork`, which must not copy it held by a thread the
+    /// child will not have); it is released when the hold is dropped.
+    pub fn try_hold(&self) -> Option<PagesHold<'_>> {
+        self.lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| PagesHold { pages: self })
     }
 
     /// Runs `f` on the page map under the lock.

@@ -124,7 +124,7 @@ const TABLE: &[SyscallRow] = &[
     },
     SyscallRow {
         nr: 59,
-        handler: sys_exec,
+        handler: sys_execve,
     },
     SyscallRow {
         nr: 60,
@@ -160,7 +160,7 @@ const TABLE: &[SyscallRow] = &[
     },
     SyscallRow {
         nr: 322,
-        handler: sys_exec,
+        handler: sys_execveat,
     },
     SyscallRow {
         nr: 334,
@@ -623,8 +623,23 @@ fn refuse_clone3(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
     Outcome::Return(-ENOSYS)
 }
 
-fn sys_exec(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
-    Outcome::Exec
+fn sys_execve(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    exec_outcome(p, 59, a)
+}
+
+fn sys_execveat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    exec_outcome(p, 322, a)
+}
+
+/// An exec the kernel will refuse is made here and its error returned: the process goes on
+/// as it was (its threads running, its profile open). Any other ends the process image
+/// through the embedder ([`Outcome::Exec`]).
+fn exec_outcome(p: &Process, nr: u64, a: &[u64; 6]) -> Outcome {
+    if crate::exec::certainly_refused(nr, a) {
+        Outcome::Return(crate::exec::exec(p, None, nr, a))
+    } else {
+        Outcome::Exec
+    }
 }
 
 /// The guest's path when `path` names `/proc/self/exe`, for calls that take a path.

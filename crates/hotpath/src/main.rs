@@ -29,7 +29,8 @@ use hotpath_translator::code_cache::CODE_CACHE_SIZE;
 use modules::ModuleMap;
 
 use hotpath_translator::{
-    signal_name, Config, ExecWrapper, GuestExit, Stop, ThreadStart, TranslateError, Translator,
+    signal_name, Config, ExecWrapper, Forked, GuestExit, Stop, ThreadStart, TranslateError,
+    Translator,
 };
 
 /// Rows of each table in the stderr summary.
@@ -282,6 +283,25 @@ impl Monitoring {
         ));
     }
 
+    /// In a forked child: the parent's monitor thread does not exist here, so a new one
+    /// starts on this (the only) thread's ring, with empty tables, and the report goes to
+    /// `FILE.<pid>`.
+    fn restart_in_child(&mut self, translator: &mut Translator) {
+        if let Some(old) = self.handle.take() {
+            // Dropping them could wait on the parent's monitor thread.
+            std::mem::forget(old);
+            if let Some(old) = self.streams.take() {
+                std::mem::forget(old);
+            }
+            self.report = self
+                .report
+                .take()
+                .map(|p| with_suffix(&p, &format!(".{}", std::process::id())));
+            let fresh = self.fresh();
+            self.start(translator, fresh);
+        }
+    }
+
     /// Hands a new guest thread's ring to the monitor.
     fn add_thread(&self, translator: &mut Translator) {
         if self.handle.is_some() {
@@ -357,20 +377,16 @@ impl RunCtx {
                         translator.exec_failed();
                     }
                 }
-                Ok(Stop::ForkedChild) => {
+                Ok(Stop::Fork) => {
+                    // Held across the fork: another thread may be adding its ring.
                     let mut monitoring = self.monitoring();
-                    if let Some(old) = monitoring.handle.take() {
-                        // The parent's monitor thread does not exist in this child.
-                        std::mem::forget(old);
-                        if let Some(old) = monitoring.streams.take() {
-                            std::mem::forget(old);
+                    match translator.fork() {
+                        Ok(Forked::Parent) => {}
+                        Ok(Forked::Child) => monitoring.restart_in_child(&mut translator),
+                        Err(e) => {
+                            drop(monitoring);
+                            self.end(&translator, Err(e));
                         }
-                        monitoring.report = monitoring
-                            .report
-                            .take()
-                            .map(|p| with_suffix(&p, &format!(".{}", std::process::id())));
-                        let fresh = monitoring.fresh();
-                        monitoring.start(&mut translator, fresh);
                     }
                 }
             }

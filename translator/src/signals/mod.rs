@@ -854,12 +854,12 @@ fn get_mask() -> u64 {
 
 /// Blocks every signal while alive, then sets the guest's mask: the one it had, or the one
 /// a delivered handler runs with (`set_mask`).
-struct BlockAll {
+pub(crate) struct BlockAll {
     mask: std::cell::Cell<u64>,
 }
 
 impl BlockAll {
-    fn new() -> BlockAll {
+    pub(crate) fn new() -> BlockAll {
         let all = !0u64;
         let mut old = 0u64;
         raw_syscall(
