@@ -18,7 +18,8 @@
 #   -l LINKAGE     static (default) or static-pie (the samples; busybox is what it is)
 #   -s WORKLOADS   space-separated names (default: all bench_* samples, busybox_sort,
 #                  busybox_gzip, and the dynamically linked python3 (a script), python3_pass
-#                  (`python3 -c pass`: startup), sqlite3 (a recursive CTE) and lua (lua5.4))
+#                  (`python3 -c pass`: startup), sqlite3 (a recursive CTE), lua (lua5.4) and
+#                  zstd_t2 (`zstd -T2 -5` on 22 MiB of random text: two compression threads))
 #   --mib N        size of the busybox input in MiB (default 8)
 #   --no-build     do not run cargo build (use HOTPATH_BIN or the existing release binary)
 # Environment: HOTPATH_BIN overrides the hotpath binary; CARGO_TARGET_DIR is honoured;
@@ -29,7 +30,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip python3 python3_pass sqlite3 lua"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip python3 python3_pass sqlite3 lua zstd_t2"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -101,12 +102,13 @@ for w in $workloads; do
                 busybox_gzip) argv[$w]="$busybox gzip -c $input" ;;
             esac
             ;;
-        python3|python3_pass|sqlite3|lua)
+        python3|python3_pass|sqlite3|lua|zstd_t2)
             # Dynamically linked programs from Debian (installed by .ci/setup).
             case "$w" in
                 python3*) prog=python3 ;;
                 sqlite3) prog=sqlite3 ;;
                 lua) prog=lua5.4 ;;
+                zstd_t2) prog=zstd ;;
             esac
             prog_path=$(command -v "$prog" || true)
             # A pyenv shim or the like is a script: bench the system's binary.
@@ -147,6 +149,18 @@ for i = 1, #t, 97 do s = s + t[i] end
 print(s)
 LUA
                     argv[$w]="$prog_path $script" ;;
+                zstd_t2)
+                    # Random lines compress to about half: zstd's two workers have work to do.
+                    input="$out_dir/zstd-input.txt"
+                    if [ ! -s "$input" ]; then
+                        echo "generating $input (22 MiB of random text lines)..." >&2
+                        awk 'BEGIN { srand(7); for (i = 0; i < 1000000; i++)
+                            printf "%d %x %s\n", int(rand() * 1e9), int(rand() * 2^31),
+                                substr("abcdefghijklmnopqrstuvwxyz", int(rand() * 20) + 1, int(rand() * 6) + 1) }' \
+                            >"$input.tmp"
+                        mv "$input.tmp" "$input"
+                    fi
+                    argv[$w]="$prog_path -q -c -T2 -5 $input" ;;
             esac
             ;;
         *) echo "bench/run.sh: unknown workload $w" >&2; exit 2 ;;
@@ -179,7 +193,9 @@ run_once() { # mode workload
     timeout --kill-after=5 "$run_timeout" "${cmd[@]}" >"$tmp/out.$mode" 2>"$tmp/err.$mode" </dev/null || status=$?
     end=$(date +%s%N)
     if [ "$mode" = monitor ]; then
-        wait_ns=$(sed -n 's/.*"ring_wait_ns": *\([0-9][0-9]*\).*/\1/p' "$tmp/report.json" 2>/dev/null | head -1)
+        # totals.ring_wait_ns (each thread in `threads` has one too).
+        wait_ns=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["totals"]["ring_wait_ns"])' \
+            "$tmp/report.json" 2>/dev/null || true)
         wait_ns=${wait_ns:--1}
     fi
     echo "$(( (end - start) / 1000 )) $status $wait_ns"

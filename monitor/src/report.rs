@@ -41,6 +41,8 @@ pub struct RunInfo {
     pub ending: Ending,
     /// Blocks the translator translated (re-translations included).
     pub blocks_translated: u64,
+    /// Wall time the translator spent translating them, in nanoseconds (all threads).
+    pub translation_ns: u64,
 }
 
 /// `0x…` for an address.
@@ -84,6 +86,7 @@ pub fn to_json(profile: &Profile, run: &RunInfo) -> Value {
             "guest_instructions": t.guest_instructions,
             "distinct_blocks": t.distinct_blocks,
             "blocks_translated": run.blocks_translated,
+            "translation_ns": run.translation_ns,
             "events": t.events,
             "ring_waits": t.ring_waits,
             "ring_wait_ns": t.ring_wait_ns,
@@ -270,6 +273,7 @@ pub fn summary(profile: &Profile, top: usize) -> String {
         argv: Vec::new(),
         ending: Ending::Exec,
         blocks_translated: 0,
+        translation_ns: 0,
     };
     render_text(&to_json(profile, &run), top)
 }

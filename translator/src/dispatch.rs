@@ -60,6 +60,8 @@ pub struct Stats {
     pub superblocks: u64,
     /// Superblock requests dropped: stale after a flush, or the guest code changed.
     pub superblocks_dropped: u64,
+    /// Wall time spent translating basic blocks (decode, emit, install), in nanoseconds.
+    pub translation_ns: u64,
 }
 
 impl Stats {
@@ -73,6 +75,7 @@ impl Stats {
         self.ring_refills += o.ring_refills;
         self.superblocks += o.superblocks;
         self.superblocks_dropped += o.superblocks_dropped;
+        self.translation_ns += o.translation_ns;
     }
 }
 
@@ -1233,6 +1236,14 @@ impl Translator {
         if let Some(&h) = self.blocks.get(&pc) {
             return Ok(h);
         }
+        let started = std::time::Instant::now();
+        let entry = self.translate(pc);
+        self.stats.translation_ns += started.elapsed().as_nanos() as u64;
+        entry
+    }
+
+    /// Translates the basic block at guest `pc` into the code cache and announces its id.
+    fn translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
         let block = decode_block(GuestAddr(pc));
         // Watch the code's pages for writes if the guest may write them.
         let maps = &mut self.process.maps;

@@ -420,8 +420,9 @@ impl RunCtx {
         if !self.args.quiet {
             let s = translator.stats();
             eprintln!(
-                "hotpath: translator: {} blocks translated, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills, {} threads",
+                "hotpath: translator: {} blocks translated in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills, {} threads",
                 s.blocks_translated,
+                s.translation_ns as f64 / 1e9,
                 s.superblocks,
                 s.superblocks_dropped,
                 s.links,
@@ -770,6 +771,7 @@ fn finish_report(
                 .collect(),
             ending,
             blocks_translated: translator.stats().blocks_translated,
+            translation_ns: translator.stats().translation_ns,
         };
         if let Err(e) = report::write_json(path, &profile, &run) {
             eprintln!("hotpath: cannot write the report {}: {e}", path.display());
@@ -784,6 +786,7 @@ fn finish_report(
             .collect(),
         ending: Ending::Exec,
         blocks_translated: translator.stats().blocks_translated,
+        translation_ns: translator.stats().translation_ns,
     };
     let doc = report::to_json(&profile, &run);
     if !quiet {

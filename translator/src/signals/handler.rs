@@ -125,10 +125,22 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         }
         // A fault in hotpath itself: report it and let it happen again with the default
         // action, which ends the process with the same signal.
-        let msg = b"hotpath: internal error: fault in hotpath's own code\n";
+        let addr = u64::from_le_bytes(info_bytes[16..24].try_into().unwrap());
+        let mut msg = [0u8; 160];
+        let mut len = 0;
+        for (text, value) in [
+            (&b"hotpath: internal error: fault in hotpath's own code (signal "[..], sig as u64),
+            (b", code ", si_code as u64),
+            (b", pc ", pc),
+            (b", address ", addr),
+        ] {
+            len = append(&mut msg, len, text);
+            len = append_hex(&mut msg, len, value);
+        }
+        len = append(&mut msg, len, if in_cache { b", in the code cache)\n" } else { b")\n" });
         raw_syscall(
             libc::SYS_write as u64,
-            &[2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0],
+            &[2, msg.as_ptr() as u64, len as u64, 0, 0, 0],
         );
         // SAFETY: zeroed sigaction with SIG_DFL.
         let mut k: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -156,6 +168,26 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     if switched {
         write_fs(shared.fsgsbase, fs);
     }
+}
+
+/// Copies `text` into `buf` at `at` (as much as fits); returns the new length. For messages
+/// written from the handler, which may not allocate.
+fn append(buf: &mut [u8], at: usize, text: &[u8]) -> usize {
+    let n = text.len().min(buf.len() - at);
+    buf[at..at + n].copy_from_slice(&text[..n]);
+    at + n
+}
+
+/// Appends `v` as `0x` and lowercase hexadecimal digits, without leading zeros.
+fn append_hex(buf: &mut [u8], at: usize, v: u64) -> usize {
+    let mut digits = [0u8; 18];
+    digits[..2].copy_from_slice(b"0x");
+    let width = (16 - v.leading_zeros() as usize / 4).max(1);
+    for i in 0..width {
+        let d = ((v >> (4 * (width - 1 - i))) & 0xf) as u8;
+        digits[2 + i] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
+    }
+    append(buf, at, &digits[..2 + width])
 }
 
 /// The calling guest thread's handler state, through its GS base (`None` on a thread that
@@ -252,4 +284,26 @@ fn capture_fault(
     area.gpr = regs;
     area.rflags = gregs[REG_EFL] as u64;
     Some((rip, l.trace_exit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{append, append_hex};
+
+    #[test]
+    fn hex_without_allocation() {
+        let mut buf = [0u8; 64];
+        let mut n = append(&mut buf, 0, b"pc ");
+        n = append_hex(&mut buf, n, 0x7fff_0000_12ab);
+        n = append(&mut buf, n, b" zero ");
+        n = append_hex(&mut buf, n, 0);
+        n = append(&mut buf, n, b" max ");
+        n = append_hex(&mut buf, n, u64::MAX);
+        assert_eq!(
+            std::str::from_utf8(&buf[..n]).unwrap(),
+            "pc 0x7fff000012ab zero 0x0 max 0xffffffffffffffff"
+        );
+        let mut small = [0u8; 4];
+        assert_eq!(append_hex(&mut small, 0, 0x1234), 4, "truncated to the buffer");
+    }
 }
