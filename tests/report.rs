@@ -378,13 +378,20 @@ pub fn check_consistency(exe: &Path, report: &Report, what: &str) {
 
 /// The parts of a report that describe the guest's execution, not how it was observed:
 /// everything a run's report must share with another run of the same program, without the
-/// timing-dependent `totals.ring_waits`, `ring_wait_ns`, `monitor_busy_ns` and `events` (how
-/// many events there were depends on when superblocks formed) and without `superblocks`.
+/// timing-dependent `totals.ring_waits`, `ring_wait_ns`, `monitor_busy_ns`, `translation_ns`
+/// and `events` (how many events there were depends on when superblocks formed) and without
+/// `superblocks`.
 pub fn execution(report: &Report) -> Value {
     let j = &report.json;
     let mut totals = j["totals"].clone();
     let t = totals.as_object_mut().expect("totals");
-    for timing in ["ring_waits", "ring_wait_ns", "events", "monitor_busy_ns"] {
+    for timing in [
+        "ring_waits",
+        "ring_wait_ns",
+        "events",
+        "monitor_busy_ns",
+        "translation_ns",
+    ] {
         t.remove(timing);
     }
     serde_json::json!({

@@ -4,11 +4,41 @@
 //! Who writes: only the guest thread's dispatcher, while no code of the cache runs on that
 //! thread (it is in Rust). Translated code only executes the RX view.
 
+use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 
 use hotpath_ir::HostAddr;
 
+use crate::emit::HostLayout;
 use crate::TranslateError;
+
+/// Host code start → layout of every block and superblock in one code cache: how host
+/// addresses are mapped back to guest ones, by the dispatcher (where to resume) and by the
+/// host signal handler (what guest state a fault in translated code stands for).
+///
+/// Who touches it: the owning guest thread alone. Its dispatcher writes and reads it through
+/// its [`CodeCache`]; its signal handler only reads it ([`BlockMap::read_in_handler`]), and
+/// only when the interrupted PC is inside translated code, where the dispatcher cannot be in
+/// the middle of a write.
+pub struct BlockMap {
+    map: UnsafeCell<BTreeMap<u64, HostLayout>>,
+}
+
+// SAFETY: see the type's doc: one writer (the owning dispatcher), and a reader on the same
+// thread that never interrupts a write.
+unsafe impl Sync for BlockMap {}
+
+impl BlockMap {
+    /// The map, for the host signal handler.
+    ///
+    /// # Safety
+    /// Only from the owning thread's signal handler, for a PC inside translated code.
+    pub unsafe fn read_in_handler(&self) -> &BTreeMap<u64, HostLayout> {
+        // SAFETY: see the function's contract: the dispatcher is not writing.
+        unsafe { &*self.map.get() }
+    }
+}
 
 /// Size of the code cache in bytes (64 MiB). When it fills, the whole cache is flushed.
 pub const CODE_CACHE_SIZE: u64 = 64 << 20;
@@ -25,6 +55,9 @@ pub struct CodeCache {
     cursor: u64,
     /// Offset below which code survives a flush (the gateway routines).
     floor: u64,
+    /// The layouts of the blocks in the cache (shared with the thread's signal handler, hence
+    /// leaked: a cache lives as long as the process).
+    blocks: &'static BlockMap,
 }
 
 impl CodeCache {
@@ -77,6 +110,9 @@ impl CodeCache {
         // SAFETY: both views keep the memfd alive.
         unsafe { libc::close(fd) };
         Ok(CodeCache {
+            blocks: Box::leak(Box::new(BlockMap {
+                map: UnsafeCell::new(BTreeMap::new()),
+            })),
             rx_base: rx_addr,
             rw_base: rw as *mut u8,
             size,
@@ -258,9 +294,28 @@ impl CodeCache {
         Ok(())
     }
 
-    /// Forgets every block (not the gateway): the next insert reuses the space.
+    /// Forgets every block (not the gateway) and its layout: the next insert reuses the space.
     pub fn flush(&mut self) {
         self.cursor = self.floor;
+        self.layouts_mut().clear();
+    }
+
+    /// The layouts of the blocks in the cache, by host code start.
+    pub fn layouts(&self) -> &BTreeMap<u64, HostLayout> {
+        // SAFETY: the handler only reads the map (`BlockMap`'s doc), and writes need `&mut self`.
+        unsafe { &*self.blocks.map.get() }
+    }
+
+    /// The layouts, to add or remove blocks'.
+    pub fn layouts_mut(&mut self) -> &mut BTreeMap<u64, HostLayout> {
+        // SAFETY: the dispatcher holds `&mut self`, so it runs no translated code of this
+        // thread, where alone the handler reads the map (`BlockMap`'s doc).
+        unsafe { &mut *self.blocks.map.get() }
+    }
+
+    /// The layout map itself, for the thread's signal handler.
+    pub fn block_map(&self) -> &'static BlockMap {
+        self.blocks
     }
 
     /// True if `addr` is inside the executable view.

@@ -21,10 +21,14 @@ use crate::gateway::{
     EXIT_SPECIAL_BASE,
 };
 use crate::guest_mem;
-use crate::process::{lock, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart};
-use crate::signals::{Delivery, HandlerSetup, SignalState};
+use crate::linux::host::{raw_syscall, GATE_REFUSED};
+use crate::linux::process::{
+    lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
+};
+use crate::linux::signals::{Delivery, HandlerSetup, SignalState};
+use crate::linux::syscalls::{self, GuestExit, Outcome};
+use crate::linux::thread::GuestThread;
 use crate::superblock::{emit_superblock, side_exit_id};
-use crate::syscalls::{self, CloneArgs, GuestExit, Outcome, Process};
 use crate::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
 
@@ -149,7 +153,7 @@ pub struct Translator {
     spans: BTreeMap<u64, u64>,
     exits: Vec<Exit>,
     generation: u64,
-    process: Process,
+    process: GuestThread,
     producer: Option<RingProducer>,
     stats: Stats,
     /// Where `run` goes on.
@@ -159,7 +163,7 @@ pub struct Translator {
     /// The pending `fork`'s `clone` arguments.
     fork_request: Option<CloneArgs>,
     /// How to run an exec'd program under hotpath (`None`: natively).
-    exec_wrapper: Option<crate::exec::ExecWrapper>,
+    exec_wrapper: Option<crate::linux::exec::ExecWrapper>,
     /// This thread as the others see it.
     ctl: Arc<ThreadCtl>,
     /// How many of the process's published invalidations this thread has applied.
@@ -218,6 +222,7 @@ fn handler_setup(
         exit_from_signal: gateway.exit_from_signal.0,
         fsgsbase: host.fsgsbase,
         rw_delta: cache.rw_delta(),
+        blocks: cache.block_map(),
         xsave_size: host.xsave_size as usize,
         xsave_mask: host.xsave_mask,
     }
@@ -384,7 +389,7 @@ impl Translator {
             t.process.clear_child_tid = clone.child_tid;
         }
         // The guest's mask from the parent (the host thread was created with all blocked).
-        crate::signals::set_guest_mask(mask);
+        crate::linux::signals::set_guest_mask(mask);
         let _ = reply.send(Ok(tid));
         Ok(t)
     }
@@ -414,7 +419,7 @@ impl Translator {
         } else {
             None
         };
-        let tid = syscalls::raw_syscall(libc::SYS_gettid as u64, &[0; 6]) as u32;
+        let tid = raw_syscall(libc::SYS_gettid as u64, &[0; 6]) as u32;
         // SAFETY: the area is mapped for the process's life; the control block is only read
         // (closed) through this reference.
         let ring: &'static hotpath_events::RingControl =
@@ -425,7 +430,7 @@ impl Translator {
             .threads_started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let invalidations_seen = shared.invalidation_count();
-        let process = Process {
+        let process = GuestThread {
             exe: shared.exe.clone(),
             shared,
             invalidate: Vec::new(),
@@ -498,7 +503,7 @@ impl Translator {
     /// Gives the process the function that creates a host thread for each new guest thread
     /// (it calls [`start_thread`](Self::start_thread) there). Without one, a guest `clone` of
     /// a thread fails with EAGAIN.
-    pub fn set_spawner(&self, spawner: crate::process::Spawner) {
+    pub fn set_spawner(&self, spawner: crate::linux::process::Spawner) {
         *lock(&self.process.shared.spawner) = Some(spawner);
     }
 
@@ -606,7 +611,7 @@ impl Translator {
         if let Some(p) = &self.producer {
             p.close();
         }
-        crate::signals::block_all();
+        crate::linux::signals::block_all();
         self.ctl.set_place(ThreadPlace::Parked);
         loop {
             std::thread::park();
@@ -639,8 +644,9 @@ impl Translator {
         match next {
             Next::Guest(pc) => pc,
             // A resume at a block entry (after a ring refill).
-            // SAFETY: the dispatcher runs; no translated code does.
-            Next::Host(h) | Next::Resume(h) => unsafe { self.process.signals.layouts() }
+            Next::Host(h) | Next::Resume(h) => self
+                .cache
+                .layouts()
                 .range(..=h.0)
                 .next_back()
                 .map(|(_, l)| l.guest_start)
@@ -653,14 +659,15 @@ impl Translator {
     /// failed; the guest then sees the error and `run` goes on.
     pub fn exec(&mut self) {
         if let Some((nr, args)) = self.exec_request.take() {
-            let ret = crate::exec::exec(&self.process, self.exec_wrapper.as_ref(), nr, &args);
+            let ret =
+                crate::linux::exec::exec(&self.process, self.exec_wrapper.as_ref(), nr, &args);
             self.area.gpr[thread_area::RAX] = ret as u64;
         }
     }
 
     /// Runs the programs the guest execs under hotpath as `wrapper` says (`None`, the
     /// default: natively).
-    pub fn set_exec_wrapper(&mut self, wrapper: Option<crate::exec::ExecWrapper>) {
+    pub fn set_exec_wrapper(&mut self, wrapper: Option<crate::linux::exec::ExecWrapper>) {
         self.exec_wrapper = wrapper;
     }
 
@@ -767,8 +774,7 @@ impl Translator {
         }
         self.cache.insert(&trace.code);
         self.exits.extend(trace.exits);
-        // SAFETY: the dispatcher runs; no translated code does.
-        let layouts = unsafe { self.process.signals.layouts_mut() };
+        let layouts = self.cache.layouts_mut();
         for l in trace.layouts {
             layouts.insert(l.code_start, l);
         }
@@ -926,7 +932,7 @@ impl Translator {
         self.ctl.set_place(ThreadPlace::Running);
         self.process.signals.refresh_gate();
         match outcome {
-            Outcome::Return(syscalls::GATE_REFUSED) => {
+            Outcome::Return(GATE_REFUSED) => {
                 // A signal came before the call: deliver it, then make the call again.
                 self.area.gpr[thread_area::RCX] = rcx;
                 self.area.gpr[thread_area::R11] = r11;
@@ -997,7 +1003,7 @@ impl Translator {
             xsave: self.area.xsave.0[..self.host.xsave_size as usize].into(),
             rip: next,
             clone,
-            mask: crate::signals::guest_mask(),
+            mask: crate::linux::signals::guest_mask(),
             reply: tx,
         };
         if let Err(e) = spawner(start) {
@@ -1035,7 +1041,7 @@ impl Translator {
         let ctid = self.process.clear_child_tid;
         if ctid != 0 && guest_mem::write(ctid, &0u32.to_le_bytes()).is_ok() {
             const FUTEX_WAKE: u64 = 1;
-            syscalls::raw_syscall(libc::SYS_futex as u64, &[ctid, FUTEX_WAKE, 1, 0, 0, 0]);
+            raw_syscall(libc::SYS_futex as u64, &[ctid, FUTEX_WAKE, 1, 0, 0, 0]);
         }
         if let Some(p) = &self.producer {
             p.close();
@@ -1046,7 +1052,7 @@ impl Translator {
     /// Gives this thread's resources back to the process for the next thread (after
     /// [`Stop::ThreadExit`]; the translator is gone).
     pub fn recycle(self) {
-        crate::signals::block_all();
+        crate::linux::signals::block_all();
         let shared = self.process.shared.clone();
         let Translator {
             mut cache,
@@ -1057,9 +1063,7 @@ impl Translator {
         } = self;
         cache.flush();
         area.clear_ibl(gateway.ibl_empty.0);
-        let mut signals = process.signals;
-        // SAFETY: no translated code of this thread runs any more.
-        unsafe { signals.layouts_mut() }.clear();
+        let signals = process.signals;
         lock(&shared.pool).push(ThreadResources {
             cache,
             gateway,
@@ -1086,7 +1090,7 @@ impl Translator {
         let pid = {
             // No handler runs on this thread while it holds the locks (one that came would
             // find its own lock held); the guest's mask is back after.
-            let _blocked = crate::signals::BlockAll::new();
+            let _blocked = crate::linux::signals::BlockAll::new();
             let hold = shared.hold_for_fork();
             if shared.exiting.load(std::sync::atomic::Ordering::SeqCst) {
                 drop(hold);
@@ -1100,10 +1104,10 @@ impl Translator {
                 // (`hold`); the child touches only state this thread owns or holds.
                 unsafe { libc::fork() as i64 }
             } else {
-                syscalls::raw_syscall(libc::SYS_clone as u64, &[exit_signal, 0, 0, 0, 0, 0])
+                raw_syscall(libc::SYS_clone as u64, &[exit_signal, 0, 0, 0, 0, 0])
             };
             if pid == 0 {
-                let tid = syscalls::raw_syscall(libc::SYS_gettid as u64, &[0; 6]) as u32;
+                let tid = raw_syscall(libc::SYS_gettid as u64, &[0; 6]) as u32;
                 let ctl = Arc::new(ThreadCtl::new(
                     tid,
                     self.process.signals.handler(),
@@ -1223,8 +1227,6 @@ impl Translator {
         self.spans.clear();
         self.exits.clear();
         self.area.clear_ibl(self.gateway.ibl_empty.0);
-        // SAFETY: the dispatcher runs; no translated code does.
-        unsafe { self.process.signals.layouts_mut() }.clear();
         self.generation += 1;
         self.generation_first_id = lock(&self.process.shared.registry).next_id;
         self.superblock_heads.clear();
@@ -1290,8 +1292,8 @@ impl Translator {
         }
         self.cache.insert(&emitted.code);
         self.exits.extend(emitted.exits);
-        // SAFETY: the dispatcher runs; no translated code does.
-        unsafe { self.process.signals.layouts_mut() }
+        self.cache
+            .layouts_mut()
             .insert(emitted.layout.code_start, emitted.layout);
         self.blocks.insert(pc, emitted.entry);
         self.spans.insert(pc, block.end().0.max(pc + 1));

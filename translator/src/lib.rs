@@ -21,21 +21,18 @@ pub mod code_cache;
 pub mod decode;
 mod dispatch;
 pub mod emit;
-mod exec;
 pub mod gateway;
 pub mod guest_mem;
+pub mod linux;
 pub mod modules;
-pub mod process;
-pub mod signals;
 mod smc;
 pub mod superblock;
-pub mod syscalls;
 pub mod thread_area;
 
 pub use dispatch::{Config, Forked, Stats, Stop, Translator};
-pub use exec::ExecWrapper;
-pub use process::{Spawner, ThreadStart};
-pub use syscalls::{signal_name, GuestExit};
+pub use linux::exec::ExecWrapper;
+pub use linux::process::{Spawner, ThreadStart};
+pub use linux::syscalls::{signal_name, GuestExit};
 
 /// Why translation stopped. `Display` is one line for the user.
 #[derive(Debug, thiserror::Error)]

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::syscalls::raw_syscall;
+use crate::linux::host::raw_syscall;
 
 const PAGE: u64 = 4096;
 

@@ -28,12 +28,11 @@
 //! handler made to it.
 
 use std::cell::UnsafeCell;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crate::emit::{Exit, HostLayout};
+use crate::emit::Exit;
 use crate::guest_mem;
-use crate::syscalls::raw_syscall;
+use crate::linux::host::raw_syscall;
 use crate::thread_area::ThreadArea;
 
 /// Highest signal number.
@@ -156,8 +155,8 @@ pub struct HandlerShared {
     exits_len: AtomicU64,
     /// Executable-view address + `rw_delta` = writable-view address of the same code byte.
     rw_delta: AtomicU64,
-    /// Host code start → layout of every block in the cache.
-    layouts: UnsafeCell<BTreeMap<u64, HostLayout>>,
+    /// The layouts of every block in the thread's code cache.
+    blocks: &'static crate::code_cache::BlockMap,
     /// Guest pages write-protected because code was translated from them (the process's).
     smc: std::sync::Arc<crate::smc::ProtectedPages>,
     /// Set by another thread that needs this one out of the code cache (see `kick`).
@@ -293,6 +292,8 @@ pub struct HandlerSetup {
     pub fsgsbase: bool,
     /// Executable-view address + `rw_delta` = writable-view address of a code byte.
     pub rw_delta: u64,
+    /// The code cache's block layouts.
+    pub blocks: &'static crate::code_cache::BlockMap,
     /// Bytes of the XSAVE image copied into signal frames.
     pub xsave_size: usize,
     /// The XSAVE component mask.
@@ -378,6 +379,7 @@ impl SignalState {
             exit_from_signal,
             fsgsbase,
             rw_delta,
+            blocks,
             xsave_size,
             xsave_mask,
         } = setup;
@@ -393,7 +395,7 @@ impl SignalState {
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
             rw_delta: AtomicU64::new(rw_delta),
-            layouts: UnsafeCell::new(BTreeMap::new()),
+            blocks,
             smc,
             kicked: std::sync::atomic::AtomicBool::new(false),
         }));
@@ -443,28 +445,9 @@ impl SignalState {
         install_host_altstack()
     }
 
-    /// The host-side record of block layouts, for mapping faults.
-    ///
-    /// # Safety
-    /// Only the guest thread's dispatcher may call this, and only while it is not inside
-    /// translated code (the host handler reads the map only for PCs inside the cache).
-    pub unsafe fn layouts_mut(&mut self) -> &mut BTreeMap<u64, HostLayout> {
-        // SAFETY: see the function's contract.
-        unsafe { &mut *self.shared.layouts.get() }
-    }
-
     /// The guest pages write-protected to catch code that writes code (see `smc`).
     pub fn protected_pages(&self) -> &crate::smc::ProtectedPages {
         &self.shared.smc
-    }
-
-    /// The block layouts, to read (same contract as [`layouts_mut`](Self::layouts_mut)).
-    ///
-    /// # Safety
-    /// As for `layouts_mut`.
-    pub unsafe fn layouts(&self) -> &BTreeMap<u64, HostLayout> {
-        // SAFETY: see the function's contract.
-        unsafe { &*self.shared.layouts.get() }
     }
 
     /// The guest's disposition of `sig` (1..=NSIG).

@@ -103,8 +103,8 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     }
     if synchronous {
         if in_cache {
-            // SAFETY: the PC is in translated code, so the dispatcher is not touching the map.
-            let layouts = unsafe { &*shared.layouts.get() };
+            // SAFETY: this thread's handler, for a PC in translated code.
+            let layouts = unsafe { shared.blocks.read_in_handler() };
             if let Some((rip, trace_exit)) = capture_fault(layouts, pc, gregs, area) {
                 area.fs_base = fs;
                 // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
@@ -129,7 +129,10 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         let mut msg = [0u8; 160];
         let mut len = 0;
         for (text, value) in [
-            (&b"hotpath: internal error: fault in hotpath's own code (signal "[..], sig as u64),
+            (
+                &b"hotpath: internal error: fault in hotpath's own code (signal "[..],
+                sig as u64,
+            ),
             (b", code ", si_code as u64),
             (b", pc ", pc),
             (b", address ", addr),
@@ -137,7 +140,15 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
             len = append(&mut msg, len, text);
             len = append_hex(&mut msg, len, value);
         }
-        len = append(&mut msg, len, if in_cache { b", in the code cache)\n" } else { b")\n" });
+        len = append(
+            &mut msg,
+            len,
+            if in_cache {
+                b", in the code cache)\n"
+            } else {
+                b")\n"
+            },
+        );
         raw_syscall(
             libc::SYS_write as u64,
             &[2, msg.as_ptr() as u64, len as u64, 0, 0, 0],
@@ -157,7 +168,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     // SAFETY: this thread's own area; the dispatcher it interrupted writes the field only
     // with every signal blocked.
     unsafe { std::ptr::write_volatile(&mut area.gate_pending, 1) };
-    let (gate, gate_insn, refused) = crate::syscalls::gate_addresses();
+    let (gate, gate_insn, refused) = crate::linux::host::gate_addresses();
     if pc >= gate && pc <= gate_insn {
         // Interrupted on its way into a system call: do not let the call block.
         gregs[REG_RIP] = refused as i64;
@@ -304,6 +315,10 @@ mod tests {
             "pc 0x7fff000012ab zero 0x0 max 0xffffffffffffffff"
         );
         let mut small = [0u8; 4];
-        assert_eq!(append_hex(&mut small, 0, 0x1234), 4, "truncated to the buffer");
+        assert_eq!(
+            append_hex(&mut small, 0, 0x1234),
+            4,
+            "truncated to the buffer"
+        );
     }
 }

@@ -12,10 +12,12 @@
 //! `set_tid_address` and `rseq` (they would change the host thread's state).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use crate::guest_mem;
-use crate::signals::SignalState;
+use crate::linux::exec::{exe_path_arg, is_proc_self_exe};
+use crate::linux::host::{gated_syscall, raw_syscall};
+use crate::linux::process::{lock, CloneArgs, Memory};
+use crate::linux::thread::GuestThread;
 use crate::thread_area::ThreadArea;
 
 /// How the guest ended, as the waiting parent would see it.
@@ -49,22 +51,7 @@ pub enum Outcome {
     Unsupported(String),
 }
 
-/// The arguments of a `clone`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CloneArgs {
-    /// `clone` flags (the low byte is the exit signal).
-    pub flags: u64,
-    /// New stack pointer for the child (0: the parent's).
-    pub stack: u64,
-    /// Where to store the child's tid in the parent (CLONE_PARENT_SETTID).
-    pub parent_tid: u64,
-    /// Where to store the child's tid in the child (CLONE_CHILD_SETTID).
-    pub child_tid: u64,
-    /// The child's FS base (CLONE_SETTLS).
-    pub tls: u64,
-}
-
-type Handler = fn(&mut Process, &mut ThreadArea, &[u64; 6]) -> Outcome;
+type Handler = fn(&mut GuestThread, &mut ThreadArea, &[u64; 6]) -> Outcome;
 
 /// One row of the system-call table.
 struct SyscallRow {
@@ -172,95 +159,22 @@ const TABLE: &[SyscallRow] = &[
     },
 ];
 
-/// What the emulated calls of one guest thread reach: the process's shared state and the
-/// thread's own.
-pub struct Process {
-    /// The guest's executable, absolute (what `/proc/self/exe` shows it).
-    pub exe: PathBuf,
-    /// What the process's threads share (memory map, dispositions, block ids, threads).
-    pub shared: std::sync::Arc<crate::process::ProcessShared>,
-    /// Guest ranges whose translated code must be discarded before the guest goes on (by
-    /// every thread: the dispatcher publishes them).
-    pub invalidate: Vec<(u64, u64)>,
-    /// The thread's signal state (the process's dispositions inside).
-    pub signals: SignalState,
-    /// The kernel's page protections, for deciding which translated pages to watch.
-    pub maps: crate::smc::MapsCache,
-    /// Guest address the kernel would clear and wake when the thread ends
-    /// (`CLONE_CHILD_CLEARTID`, `set_tid_address`); 0 for none.
-    pub clear_child_tid: u64,
-}
-
 const ENOMEM: i64 = libc::ENOMEM as i64;
 const EINVAL: i64 = libc::EINVAL as i64;
 const ENOSYS: i64 = libc::ENOSYS as i64;
 const EPERM: i64 = libc::EPERM as i64;
 
 /// Runs guest system call `nr` with `args` (RDI, RSI, RDX, R10, R8, R9).
-pub fn dispatch(process: &mut Process, area: &mut ThreadArea, nr: u64, args: &[u64; 6]) -> Outcome {
+pub fn dispatch(
+    process: &mut GuestThread,
+    area: &mut ThreadArea,
+    nr: u64,
+    args: &[u64; 6],
+) -> Outcome {
     match TABLE.iter().find(|row| row.nr == nr) {
         Some(row) => (row.handler)(process, area, args),
         None => Outcome::Return(gated_syscall(nr, args)),
     }
-}
-
-/// A pass-through system call's result when it was not made because a signal is waiting:
-/// the dispatcher delivers the signal first and runs the `syscall` instruction again after the
-/// handler, as the CPU would have taken the signal before the instruction. Not an errno the
-/// kernel returns (those are in -4095..-1).
-pub const GATE_REFUSED: i64 = -4097;
-
-// The syscall gate: every guest system call that may block goes through here, so that a signal
-// arriving between the dispatcher's last check and the kernel entering the call cannot be
-// lost (the handler would take it and the call would then block forever). The gate refuses
-// the call if a signal is pending (the calling thread's `ThreadArea::gate_pending`, through GS),
-// and the handler redirects a thread it interrupts anywhere
-// from the gate's start up to its `syscall` instruction to the refusal path.
-std::arch::global_asm!(
-    ".globl hotpath_gate_syscall",
-    ".globl hotpath_gate_syscall_insn",
-    ".globl hotpath_gate_syscall_refused",
-    "hotpath_gate_syscall:",
-    "    mov rax, qword ptr gs:[{pending}]",
-    "    test rax, rax",
-    "    jnz hotpath_gate_syscall_refused",
-    "    mov rax, rdi",
-    "    mov rdi, qword ptr [rsi]",
-    "    mov rdx, qword ptr [rsi + 16]",
-    "    mov r10, qword ptr [rsi + 24]",
-    "    mov r8, qword ptr [rsi + 32]",
-    "    mov r9, qword ptr [rsi + 40]",
-    "    mov rsi, qword ptr [rsi + 8]",
-    "hotpath_gate_syscall_insn:",
-    "    syscall",
-    "    ret",
-    "hotpath_gate_syscall_refused:",
-    "    mov rax, {refused}",
-    "    ret",
-    pending = const crate::thread_area::off::GATE_PENDING,
-    refused = const GATE_REFUSED,
-);
-
-extern "sysv64" {
-    fn hotpath_gate_syscall(nr: u64, args: *const [u64; 6]) -> i64;
-    fn hotpath_gate_syscall_insn();
-    fn hotpath_gate_syscall_refused();
-}
-
-/// The gate's code range `[start, syscall instruction]` and its refusal path, for the handler.
-pub fn gate_addresses() -> (u64, u64, u64) {
-    (
-        hotpath_gate_syscall as *const () as u64,
-        hotpath_gate_syscall_insn as *const () as u64,
-        hotpath_gate_syscall_refused as *const () as u64,
-    )
-}
-
-/// Makes system call `nr` through the gate: the kernel's result, or [`GATE_REFUSED`].
-pub fn gated_syscall(nr: u64, args: &[u64; 6]) -> i64 {
-    // SAFETY: the gate is a plain system call stub (System V ABI: clobbers RAX, RCX, RDX, RSI,
-    // RDI, R8-R11, all caller-saved); the calls that could harm hotpath are in TABLE.
-    unsafe { hotpath_gate_syscall(nr, args) }
 }
 
 /// System calls the kernel restarts after a handler with SA_RESTART (they fail with
@@ -273,25 +187,6 @@ const RESTARTABLE: &[u64] = &[
 /// True if `nr`, interrupted by a signal whose handler has SA_RESTART, is to be made again.
 pub fn is_restartable(nr: u64) -> bool {
     RESTARTABLE.contains(&nr)
-}
-
-/// Performs system call `nr` on the host, returning the kernel's raw result (negative errno on
-/// failure).
-pub fn raw_syscall(nr: u64, a: &[u64; 6]) -> i64 {
-    let ret: i64;
-    // SAFETY: a pass-through system call on the guest's behalf; the calls that could harm
-    // hotpath's own state are in TABLE and never get here.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") nr as i64 => ret,
-            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2],
-            in("r10") a[3], in("r8") a[4], in("r9") a[5],
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack)
-        );
-    }
-    ret
 }
 
 fn is_error(ret: i64) -> bool {
@@ -343,7 +238,7 @@ pub fn signal_name(sig: i32) -> String {
     }
 }
 
-impl crate::process::Memory {
+impl Memory {
     /// Marks `[start, end)` as the guest's.
     pub fn add_region(&mut self, start: u64, end: u64) {
         if start >= end {
@@ -429,9 +324,9 @@ fn page_ceil(x: u64) -> u64 {
     (x + 4095) & !4095
 }
 
-fn sys_brk(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_brk(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     p.maps.invalidate();
-    let mut p = crate::process::lock(&p.shared.memory);
+    let mut p = lock(&p.shared.memory);
     let want = a[0];
     if want < p.brk_start || want > p.brk_limit {
         return Outcome::Return(p.brk as i64);
@@ -476,8 +371,8 @@ fn sys_brk(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Return(want as i64)
 }
 
-fn sys_mmap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    let mut p = crate::process::lock(&thread.shared.memory);
+fn sys_mmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut p = lock(&thread.shared.memory);
     let (addr, len, flags) = (a[0], a[1], a[3] as i32);
     let fixed = flags & libc::MAP_FIXED != 0 && flags & libc::MAP_FIXED_NOREPLACE == 0;
     if fixed && p.overlaps_hotpath(addr, page_ceil(len)) {
@@ -496,8 +391,8 @@ fn sys_mmap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Return(r)
 }
 
-fn sys_munmap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    let mut p = crate::process::lock(&thread.shared.memory);
+fn sys_munmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut p = lock(&thread.shared.memory);
     let (addr, len) = (a[0], page_ceil(a[1]));
     if p.overlaps_hotpath(addr, len) {
         return Outcome::Return(-EINVAL);
@@ -511,8 +406,8 @@ fn sys_munmap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome
     Outcome::Return(r)
 }
 
-fn sys_mprotect(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    let p = crate::process::lock(&thread.shared.memory);
+fn sys_mprotect(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let p = lock(&thread.shared.memory);
     let (addr, len) = (a[0], page_ceil(a[1]));
     if p.overlaps_hotpath(addr, len) {
         return Outcome::Return(-ENOMEM);
@@ -524,8 +419,8 @@ fn sys_mprotect(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outco
     Outcome::Return(r)
 }
 
-fn sys_mremap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    let mut p = crate::process::lock(&thread.shared.memory);
+fn sys_mremap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut p = lock(&thread.shared.memory);
     let (old, old_len, new_len, flags, new_addr) =
         (a[0], page_ceil(a[1]), page_ceil(a[2]), a[3] as i32, a[4]);
     if p.overlaps_hotpath(old, old_len) {
@@ -544,11 +439,11 @@ fn sys_mremap(thread: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome
     Outcome::Return(r)
 }
 
-fn sys_rt_sigaction(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_rt_sigaction(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Return(p.signals.sigaction(a[0], a[1], a[2], a[3]))
 }
 
-fn sys_rt_sigreturn(p: &mut Process, area: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+fn sys_rt_sigreturn(p: &mut GuestThread, area: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
     match p.signals.sigreturn(area) {
         Ok(rip) => Outcome::Resume(rip),
         // An unreadable frame: the kernel kills the process with SIGSEGV.
@@ -556,7 +451,7 @@ fn sys_rt_sigreturn(p: &mut Process, area: &mut ThreadArea, _: &[u64; 6]) -> Out
     }
 }
 
-fn sys_rt_sigsuspend(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_rt_sigsuspend(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     let mut mask = [0u8; 8];
     if a[1] != 8 {
         return Outcome::Return(-(libc::EINVAL as i64));
@@ -573,14 +468,14 @@ fn sys_rt_sigsuspend(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outco
     Outcome::Return(ret)
 }
 
-fn sys_sigaltstack(p: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_sigaltstack(p: &mut GuestThread, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Return(
         p.signals
             .sigaltstack(a[0], a[1], area.gpr[crate::thread_area::RSP]),
     )
 }
 
-fn sys_clone(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_clone(_: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     let flags = a[0];
     // x86-64 clone(flags, stack, parent_tid, child_tid, tls).
     let args = CloneArgs {
@@ -611,55 +506,45 @@ fn sys_clone(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Fork(args)
 }
 
-fn sys_fork(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+fn sys_fork(_: &mut GuestThread, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
     Outcome::Fork(CloneArgs {
         flags: libc::SIGCHLD as u64,
         ..CloneArgs::default()
     })
 }
 
-fn refuse_clone3(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+fn refuse_clone3(_: &mut GuestThread, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
     // glibc falls back to clone when clone3 is unavailable.
     Outcome::Return(-ENOSYS)
 }
 
-fn sys_execve(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_execve(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     exec_outcome(p, 59, a)
 }
 
-fn sys_execveat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_execveat(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     exec_outcome(p, 322, a)
 }
 
 /// An exec the kernel will refuse is made here and its error returned: the process goes on
 /// as it was (its threads running, its profile open). Any other ends the process image
 /// through the embedder ([`Outcome::Exec`]).
-fn exec_outcome(p: &Process, nr: u64, a: &[u64; 6]) -> Outcome {
-    if crate::exec::certainly_refused(nr, a) {
-        Outcome::Return(crate::exec::exec(p, None, nr, a))
+fn exec_outcome(p: &GuestThread, nr: u64, a: &[u64; 6]) -> Outcome {
+    if crate::linux::exec::certainly_refused(nr, a) {
+        Outcome::Return(crate::linux::exec::exec(p, None, nr, a))
     } else {
         Outcome::Exec
     }
 }
 
-/// The guest's path when `path` names `/proc/self/exe`, for calls that take a path.
-pub(crate) fn exe_path_arg(p: &Process, path: u64) -> Option<std::ffi::CString> {
-    let name = guest_mem::read_cstr(path, 4096).ok()?;
-    if is_proc_self_exe(&name) {
-        std::ffi::CString::new(p.exe.as_os_str().as_encoded_bytes()).ok()
-    } else {
-        None
-    }
-}
-
-fn sys_open(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_open(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match exe_path_arg(p, a[0]) {
         Some(exe) => Outcome::Return(raw_syscall(2, &[exe.as_ptr() as u64, a[1], a[2], 0, 0, 0])),
         None => Outcome::Return(raw_syscall(2, a)),
     }
 }
 
-fn sys_openat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_openat(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match exe_path_arg(p, a[1]) {
         Some(exe) => Outcome::Return(raw_syscall(
             257,
@@ -669,21 +554,15 @@ fn sys_openat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     }
 }
 
-fn sys_exit_group(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_exit_group(_: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Exit(GuestExit::Exited((a[0] & 0xff) as i32))
 }
 
-fn sys_exit(_: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_exit(_: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::ThreadExit((a[0] & 0xff) as i32)
 }
 
-/// True if `path` names the calling process's executable through /proc.
-pub(crate) fn is_proc_self_exe(path: &[u8]) -> bool {
-    let own = format!("/proc/{}/exe", std::process::id());
-    path == b"/proc/self/exe" || path == b"/proc/thread-self/exe" || path == own.as_bytes()
-}
-
-fn readlink_exe(p: &Process, buf: u64, size: u64) -> i64 {
+fn readlink_exe(p: &GuestThread, buf: u64, size: u64) -> i64 {
     if (size as i64) <= 0 {
         return -EINVAL;
     }
@@ -695,7 +574,7 @@ fn readlink_exe(p: &Process, buf: u64, size: u64) -> i64 {
     }
 }
 
-fn sys_readlink(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_readlink(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match guest_mem::read_cstr(a[0], 4096) {
         Ok(path) if is_proc_self_exe(&path) => Outcome::Return(readlink_exe(p, a[1], a[2])),
         Ok(_) => Outcome::Return(raw_syscall(89, a)),
@@ -703,7 +582,7 @@ fn sys_readlink(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     }
 }
 
-fn sys_readlinkat(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_readlinkat(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match guest_mem::read_cstr(a[1], 4096) {
         Ok(path) if path.starts_with(b"/") && is_proc_self_exe(&path) => {
             Outcome::Return(readlink_exe(p, a[2], a[3]))
@@ -718,7 +597,7 @@ const ARCH_SET_FS: u64 = 0x1002;
 const ARCH_GET_FS: u64 = 0x1003;
 const ARCH_GET_GS: u64 = 0x1004;
 
-fn sys_arch_prctl(_: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_arch_prctl(_: &mut GuestThread, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     let (code, addr) = (a[0], a[1]);
     match code {
         ARCH_SET_FS => {
@@ -737,14 +616,14 @@ fn sys_arch_prctl(_: &mut Process, area: &mut ThreadArea, a: &[u64; 6]) -> Outco
     }
 }
 
-fn sys_set_tid_address(p: &mut Process, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+fn sys_set_tid_address(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     // The host thread's clear_child_tid stays hotpath's: the dispatcher clears and wakes the
     // guest's when the guest thread exits.
     p.clear_child_tid = a[0];
     Outcome::Return(raw_syscall(libc::SYS_gettid as u64, &[0; 6]))
 }
 
-fn sys_rseq(_: &mut Process, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
+fn sys_rseq(_: &mut GuestThread, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {
     // Registering the guest's rseq area would make the kernel rewrite guest memory and RIP on
     // preemption, with host RIPs: report it unavailable, which glibc handles.
     Outcome::Return(-ENOSYS)

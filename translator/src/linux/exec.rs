@@ -12,7 +12,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::guest_mem;
-use crate::syscalls::{exe_path_arg, is_proc_self_exe, raw_syscall, Process};
+use crate::linux::host::raw_syscall;
+use crate::linux::thread::GuestThread;
 
 /// How to run a new program under hotpath: `hotpath` with `args` before the program.
 #[derive(Clone, Debug)]
@@ -36,7 +37,7 @@ const MAX_ARG_COUNT: usize = 1 << 17;
 /// `wrapper` is given and the file is one the kernel would run, else as the guest asked (with
 /// `/proc/self/exe` meaning the guest's program). Returns only on failure, with the negative
 /// errno.
-pub fn exec(p: &Process, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64; 6]) -> i64 {
+pub fn exec(p: &GuestThread, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64; 6]) -> i64 {
     if let Some(w) = wrapper {
         if let Some(ret) = exec_translated(p, w, nr, args) {
             return ret;
@@ -53,7 +54,7 @@ pub fn exec(p: &Process, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64; 6]
 
 /// Executes hotpath on the guest's program, or returns `None` when the guest's own call
 /// should be made instead (hotpath cannot follow it, or the kernel will refuse it).
-fn exec_translated(p: &Process, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -> Option<i64> {
+fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -> Option<i64> {
     const AT_FDCWD: i64 = -100;
     let (path, argv, envp) = match nr {
         59 => (args[0], args[1], args[2]),
@@ -188,4 +189,20 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
         .map(|s| s.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect()
+}
+
+/// The guest's path when `path` names `/proc/self/exe`, for calls that take a path.
+pub(crate) fn exe_path_arg(p: &GuestThread, path: u64) -> Option<std::ffi::CString> {
+    let name = guest_mem::read_cstr(path, 4096).ok()?;
+    if is_proc_self_exe(&name) {
+        std::ffi::CString::new(p.exe.as_os_str().as_encoded_bytes()).ok()
+    } else {
+        None
+    }
+}
+
+/// True if `path` names the calling process's executable through /proc.
+pub(crate) fn is_proc_self_exe(path: &[u8]) -> bool {
+    let own = format!("/proc/{}/exe", std::process::id());
+    path == b"/proc/self/exe" || path == b"/proc/thread-self/exe" || path == own.as_bytes()
 }

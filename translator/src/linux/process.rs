@@ -1,5 +1,6 @@
 //! What the guest's threads share: the memory map, the block id registry, the list of live
-//! threads, code invalidations, and how the process ends. Each guest thread has its own
+//! threads, code invalidations, how the process ends, and how it makes a thread (`clone`
+//! arguments, the new thread's initial state, the embedder's spawner). Each guest thread has its own
 //! [`Translator`](crate::Translator) (thread area, event ring, code cache, signal state); this
 //! is the part they reach through an `Arc`.
 //!
@@ -19,8 +20,8 @@ use crossbeam::channel::Sender;
 use hotpath_events::NewBlock;
 
 use crate::dispatch::{Config, Stats};
+use crate::linux::signals::{Actions, HandlerShared};
 use crate::modules::ModuleList;
-use crate::signals::{Actions, HandlerShared};
 use crate::smc::ProtectedPages;
 
 /// Locks `m`, going on after a panic elsewhere (the data is plain bookkeeping).
@@ -44,7 +45,7 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 pub struct ForkHold<'a> {
     _memory: MutexGuard<'a, Memory>,
     _registry: MutexGuard<'a, Registry>,
-    _actions: MutexGuard<'a, [crate::signals::GuestAction; crate::signals::NSIG + 1]>,
+    _actions: MutexGuard<'a, [crate::linux::signals::GuestAction; crate::linux::signals::NSIG + 1]>,
     threads: MutexGuard<'a, Vec<Arc<ThreadCtl>>>,
     _ended_stats: MutexGuard<'a, Stats>,
     _invalidations: MutexGuard<'a, Vec<(u64, u64)>>,
@@ -147,6 +148,21 @@ impl ThreadCtl {
     }
 }
 
+/// The arguments of a `clone`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CloneArgs {
+    /// `clone` flags (the low byte is the exit signal).
+    pub flags: u64,
+    /// New stack pointer for the child (0: the parent's).
+    pub stack: u64,
+    /// Where to store the child's tid in the parent (CLONE_PARENT_SETTID).
+    pub parent_tid: u64,
+    /// Where to store the child's tid in the child (CLONE_CHILD_SETTID).
+    pub child_tid: u64,
+    /// The child's FS base (CLONE_SETTLS).
+    pub tls: u64,
+}
+
 /// A new guest thread's initial state, handed to the embedder's spawner (which creates the
 /// host thread and calls [`Translator::start_thread`](crate::Translator::start_thread) on it).
 pub struct ThreadStart {
@@ -161,7 +177,7 @@ pub struct ThreadStart {
     /// Guest address the child starts at (after the `syscall`).
     pub(crate) rip: u64,
     /// `clone` flags and the addresses they name.
-    pub(crate) clone: crate::syscalls::CloneArgs,
+    pub(crate) clone: CloneArgs,
     /// The guest's signal mask at the `clone` (the child's initial mask).
     pub(crate) mask: u64,
     /// The child sends its tid here once it can run (or the error that stopped it).

@@ -1,0 +1,27 @@
+//! The Linux layer: what the guest process and each of its threads are to the kernel, and the
+//! system calls and signals hotpath emulates between them.
+//!
+//! ```text
+//! syscalls ──▶ exec ──▶ thread ──▶ process ──▶ signals ──▶ host
+//!    │                    │                       ▲
+//!    └────────────────────┴───────────────────────┘
+//! ```
+//!
+//! - [`process`]: what every thread shares (memory map, dispositions, block ids, live threads,
+//!   code invalidations, how the process ends), and how it makes threads (`clone` arguments,
+//!   a new thread's initial state, the embedder's spawner);
+//! - [`thread`]: one thread's own state for the emulated calls (signal state, pending
+//!   invalidations, the tid address cleared at its end);
+//! - [`syscalls`]: the table of emulated calls (everything else passes through);
+//! - [`signals`]: guest dispositions, masks and alternate stacks, delivery, the host handler;
+//! - [`exec`]: `execve` under hotpath and `/proc/self/exe`;
+//! - [`host`]: the raw `syscall` instruction and the gate blocking calls go through.
+//!
+//! Arrows point at what a module uses; none uses a module to its left.
+
+pub mod exec;
+pub mod host;
+pub mod process;
+pub mod signals;
+pub mod syscalls;
+pub mod thread;
