@@ -13,9 +13,13 @@
  *   exec      - a worker's execve of a missing file fails with ENOENT and the other threads
  *               go on; its execve of this program then ends them all (main is in
  *               pthread_join, a worker spins) and the new image runs with gettid() == getpid();
+ *   rawclone  - glibc's clone() with CLONE_THREAD and a stack of the caller's (no pthreads):
+ *               the child adds to a shared counter and returns (the thread exits); the parent
+ *               waits on CLONE_CHILD_CLEARTID's futex, 3 times;
  *   signal    - process-directed signals (kill to the process) reach the one thread that
  *               does not block them: SIGUSR1 a worker in read() on a pipe (no SA_RESTART:
  *               read fails with EINTR), SIGUSR2 a worker in pthread_cond_wait (a futex). */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -24,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -350,6 +356,37 @@ static int exec_image(void)
     return 4;
 }
 
+static volatile long raw_sum;
+
+static int raw_child(void *arg)
+{
+    raw_sum += (long)(intptr_t)arg;
+    return 0;
+}
+
+static int rawclone_case(void)
+{
+    const int flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
+                      CLONE_SYSVSEM | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID;
+    size_t size = 1 << 16;
+    char *stack = malloc(size);
+    for (int i = 1; i <= 3; i++) {
+        volatile pid_t tid = 0;
+        pid_t t = clone(raw_child, stack + size, flags, (void *)(intptr_t)(i * 10),
+                        (pid_t *)&tid, NULL, (pid_t *)&tid);
+        if (t < 0) {
+            perror("clone");
+            return 1;
+        }
+        /* The kernel stores 0 into `tid` and wakes it when the thread exits. */
+        while (tid != 0)
+            syscall(SYS_futex, &tid, FUTEX_WAIT, t, NULL, NULL, 0);
+        printf("rawclone: thread %d ended, sum %ld\n", i, raw_sum);
+    }
+    free(stack);
+    return 0;
+}
+
 static volatile sig_atomic_t usr2_in[3];
 static volatile int read_interrupted, cond_done;
 static pthread_mutex_t sig_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -467,6 +504,8 @@ int main(int argc, char **argv)
         return exec_image();
     if (!strcmp(c, "signal"))
         return signal_case();
+    if (!strcmp(c, "rawclone"))
+        return rawclone_case();
     fprintf(stderr, "unknown case %s\n", c);
     return 2;
 }

@@ -265,6 +265,8 @@ pub const SAMPLES: &[Sample] = &[
          starts its own, exits 5"),
     sample("thread_exec", "thread_cases.c", &["exec"], Exit(4),
         "a failed execve from a worker leaves the others running; a good one ends them all"),
+    sample("thread_rawclone", "thread_cases.c", &["rawclone"], Exit(0),
+        "glibc's clone() with CLONE_THREAD on a caller's stack, joined on CLONE_CHILD_CLEARTID"),
     sample("thread_signal", "thread_cases.c", &["signal"], Exit(0),
         "process-directed signals reach the one unblocking thread, in read (EINTR) or a futex"),
     unsupported("clone_vm_process", "clone_vm_process.c",

@@ -74,6 +74,7 @@ sample_tests! {
     thread_fork,
     thread_exec,
     thread_signal,
+    thread_rawclone,
     clone_vm_process,
     asm_flags,
     asm_redzone,
