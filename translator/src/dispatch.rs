@@ -1118,7 +1118,6 @@ impl Translator {
             }
             pid
         };
-        let next = self.guest_rip(self.next);
         if pid < 0 {
             let err = if pid == -1 {
                 -(std::io::Error::last_os_error()
@@ -1156,7 +1155,6 @@ impl Translator {
         if let Some(p) = &self.producer {
             p.reopen();
         }
-        self.next = Next::Guest(next);
         Ok(Forked::Child)
     }
 

@@ -7,7 +7,7 @@
 //! kernel checks it; when it would fail, or hotpath cannot follow it (`execveat` relative to a
 //! directory descriptor), the guest's call is made as it is and the kernel answers.
 
-use std::ffi::{CString, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
@@ -55,13 +55,7 @@ pub fn exec(p: &GuestThread, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64
 /// Executes hotpath on the guest's program, or returns `None` when the guest's own call
 /// should be made instead (hotpath cannot follow it, or the kernel will refuse it).
 fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -> Option<i64> {
-    const AT_FDCWD: i64 = -100;
-    let (path, argv, envp) = match nr {
-        59 => (args[0], args[1], args[2]),
-        // execveat(dirfd, path, argv, envp, flags): only what execve could do.
-        _ if args[0] as i64 == AT_FDCWD && args[4] == 0 => (args[1], args[2], args[3]),
-        _ => return None,
-    };
+    let (path, argv, envp) = exec_args(nr, args)?;
     let name = guest_mem::read_cstr(path, 4096).ok()?;
     let file = if is_proc_self_exe(&name) {
         p.exe.clone()
@@ -115,49 +109,48 @@ fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -
 /// file (a directory, a FIFO...). Files the kernel might still run through a `binfmt_misc`
 /// handler, and `execveat` relative to a directory descriptor, are not judged here.
 pub fn certainly_refused(nr: u64, args: &[u64; 6]) -> bool {
-    const AT_FDCWD: i64 = -100;
-    let path = match nr {
-        59 => args[0],
-        _ if args[0] as i64 == AT_FDCWD && args[4] == 0 => args[1],
-        _ => return false,
+    let Some((path, _, _)) = exec_args(nr, args) else {
+        return false;
     };
     let Ok(name) = guest_mem::read_cstr(path, 4096) else {
         // The kernel will answer EFAULT.
         return true;
     };
-    if is_proc_self_exe(&name) {
-        return false;
+    !is_proc_self_exe(&name) && !executable_file(std::path::Path::new(OsStr::from_bytes(&name)))
+}
+
+/// The path, argv and envp of an `execve` (`nr` 59), or of an `execveat` (322) that does only
+/// what `execve` could (relative to the current directory, no flags); `None` for any other.
+fn exec_args(nr: u64, args: &[u64; 6]) -> Option<(u64, u64, u64)> {
+    const AT_FDCWD: i64 = -100;
+    match nr {
+        59 => Some((args[0], args[1], args[2])),
+        // execveat(dirfd, path, argv, envp, flags)
+        _ if args[0] as i64 == AT_FDCWD && args[4] == 0 => Some((args[1], args[2], args[3])),
+        _ => None,
     }
-    let Ok(c) = CString::new(name) else {
-        return true;
+}
+
+/// True if `file` is a regular file (symbolic links followed) this user may execute.
+fn executable_file(file: &std::path::Path) -> bool {
+    let Ok(c) = CString::new(file.as_os_str().as_bytes()) else {
+        return false;
     };
     // SAFETY: `access` reads a NUL-terminated path we own.
-    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
-        return true;
-    }
-    // SAFETY: `stat` reads the path and writes the buffer we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::stat(c.as_ptr(), &mut st) };
-    r != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG
+    let executable = unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0;
+    executable && std::fs::metadata(file).is_ok_and(|m| m.is_file())
 }
 
 /// True if `execve(file)` would start a program: a regular file this user may execute that
 /// starts with the ELF magic or `#!` (what the kernel's binfmt handlers accept).
 fn kernel_would_run(file: &std::path::Path) -> bool {
     use std::io::Read;
-    let Ok(c) = CString::new(file.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `access` reads a NUL-terminated path we own.
-    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
+    if !executable_file(file) {
         return false;
     }
     let Ok(mut f) = std::fs::File::open(file) else {
         return false;
     };
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
-        return false;
-    }
     let mut magic = [0u8; 4];
     f.read_exact(&mut magic).is_ok() && (&magic == b"\x7fELF" || magic.starts_with(b"#!"))
 }
