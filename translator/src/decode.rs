@@ -24,8 +24,14 @@ const MAX_BLOCK_BYTES: usize = MAX_BLOCK_INSTRUCTIONS * 15;
 /// Never fails: bytes that cannot be read or decoded become a [`Terminator::Trap`] at the
 /// address where they start.
 pub fn decode_block(start: GuestAddr) -> Block {
+    decode_block_from(start, guest_mem::read_partial)
+}
+
+/// [`decode_block`] with the guest's bytes read by `fetch(addr, buf)`, which fills `buf` from
+/// guest address `addr` up to the first unreadable byte and returns how many it read.
+pub fn decode_block_from(start: GuestAddr, fetch: impl FnOnce(u64, &mut [u8]) -> usize) -> Block {
     let mut buf = vec![0u8; MAX_BLOCK_BYTES];
-    let readable = guest_mem::read_partial(start.0, &mut buf);
+    let readable = fetch(start.0, &mut buf);
     buf.truncate(readable);
     let fetch_cut = readable < MAX_BLOCK_BYTES;
 

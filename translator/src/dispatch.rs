@@ -14,7 +14,7 @@ use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
 use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
-use crate::decode::decode_block;
+use crate::decode::{decode_block, decode_block_from};
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
@@ -1137,6 +1137,7 @@ impl Translator {
             return Ok(Forked::Parent);
         }
         // The child.
+        guest_mem::forget_pid();
         if clone.flags & libc::CLONE_CHILD_SETTID as u64 != 0 {
             let _ = guest_mem::write(clone.child_tid, &self.ctl.tid.to_le_bytes());
         }
@@ -1201,10 +1202,8 @@ impl Translator {
 
     /// Discards this thread's translations of `ranges`.
     fn discard(&mut self, ranges: &[(u64, u64)]) {
-        if !ranges.is_empty() {
-            self.process.maps.invalidate();
-        }
         for &(s, e) in ranges {
+            self.process.maps.invalidate_range(s, e);
             self.process.signals.protected_pages().forget(s, e);
         }
         let hit = ranges.iter().any(|&(s, e)| {
@@ -1244,7 +1243,20 @@ impl Translator {
 
     /// Translates the basic block at guest `pc` into the code cache and announces its id.
     fn translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
-        let block = decode_block(GuestAddr(pc));
+        // The bytes are read with a plain copy where the mappings say they are readable (no
+        // system call per block), else through `process_vm_readv`, which stops cleanly at an
+        // unreadable page.
+        let maps = &self.process.maps;
+        let block = decode_block_from(GuestAddr(pc), |addr, buf| {
+            let known = maps
+                .readable_end_if_fresh(addr)
+                .is_some_and(|end| end - addr >= buf.len() as u64);
+            if known && guest_mem::read_mapped(addr, buf) {
+                buf.len()
+            } else {
+                guest_mem::read_partial(addr, buf)
+            }
+        });
         // Watch the code's pages for writes if the guest may write them.
         let maps = &mut self.process.maps;
         self.process

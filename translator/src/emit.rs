@@ -102,9 +102,6 @@ pub struct HostLayout {
     /// From this host address on (to the end), RCX holds a borrowed value; the guest's is in
     /// `scratch_rcx`.
     pub rcx_borrowed_from: Option<u64>,
-    /// In this host range the terminator has moved RSP down 8 bytes to push a return address
-    /// that is not fully stored yet.
-    pub push_window: Option<(u64, u64)>,
     /// `(host address, register number)` of each instruction that runs with a register
     /// borrowed to address a far RIP-relative operand (see [`encode_at`]): at a fault there,
     /// the guest's value of that register is in the thread area's `scratch_far` slot.
@@ -610,30 +607,38 @@ pub(crate) fn rcx_branch(
     Ok(())
 }
 
-/// Pushes the 64-bit guest address `ret` without touching flags: `push imm32` when `ret` is
-/// below 2^31 (a non-PIE program; the push sign-extends, so higher addresses would change),
-/// else `lea` moves RSP and two `mov`s store the halves.
-/// Returns the assembler offsets `(start, end)` of the window in which RSP is 8 below the
-/// guest's and the return address not fully stored (empty for the one-instruction push).
+/// The 8-byte literal a [`push_return_address`] of a 64-bit address reads, which the caller
+/// places with [`ReturnLiteral::place`] where execution never falls through to it (after an
+/// unconditional jump) in the same assembler.
+#[must_use = "the push reads the literal: place it"]
+pub(crate) struct ReturnLiteral(Option<(DynamicLabel, u64)>);
+
+impl ReturnLiteral {
+    /// Emits the literal here.
+    pub(crate) fn place(self, ops: &mut VecAssembler<X64Relocation>) {
+        if let Some((label, value)) = self.0 {
+            dynasm!(ops ; .arch x64 ; =>label ; .u64 value);
+        }
+    }
+}
+
+/// Pushes the 64-bit guest address `ret` in one instruction, without touching flags or a
+/// register: `push imm32` when `ret` is below 2^31 (a non-PIE program; the push sign-extends,
+/// so higher addresses would change), else `push qword [rip + literal]`. One 8-byte store, as
+/// the guest's `call` makes: the `ret` that loads it gets it by store-to-load forwarding. (Two
+/// 4-byte stores cannot forward to one 8-byte load: every return from a short PIE function
+/// waited for them to reach the cache.) A fault leaves RSP unchanged.
 pub(crate) fn push_return_address(
     ops: &mut VecAssembler<X64Relocation>,
     ret: GuestAddr,
-) -> (u64, u64) {
+) -> ReturnLiteral {
     if let Ok(imm) = i32::try_from(ret.0) {
         dynasm!(ops ; .arch x64 ; push imm);
-        let after = ops.offset().0 as u64;
-        return (after, after);
+        return ReturnLiteral(None);
     }
-    let lo = ret.0 as u32 as i32;
-    let hi = (ret.0 >> 32) as u32 as i32;
-    dynasm!(ops ; .arch x64 ; lea rsp, [rsp - 8]);
-    let after_lea = ops.offset().0 as u64;
-    dynasm!(ops
-        ; .arch x64
-        ; mov DWORD [rsp], lo
-        ; mov DWORD [rsp + 4], hi
-    );
-    (after_lea, ops.offset().0 as u64)
+    let label = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; push QWORD [=>label]);
+    ReturnLiteral(Some((label, ret.0)))
 }
 
 pub(crate) fn emit_terminator(
@@ -669,12 +674,12 @@ pub(crate) fn emit_terminator(
             exit_stub(&mut ops, l, index, exit_addr);
         }
         Terminator::Call { target, return_to } => {
-            let (a, b) = push_return_address(&mut ops, return_to);
-            layout.push_window = Some((chunk_base + a, chunk_base + b));
+            let literal = push_return_address(&mut ops, return_to);
             let l = ops.new_dynamic_label();
             dynasm!(ops ; .arch x64 ; jmp =>l);
             let index = direct(exits, target, site_here(&ops));
             exit_stub(&mut ops, l, index, exit_addr);
+            literal.place(&mut ops);
         }
         Terminator::Branch {
             cond,
@@ -764,11 +769,12 @@ pub(crate) fn emit_terminator(
             code.append(encoded.bytes);
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
-            if let Terminator::IndirectCall { return_to } = block.terminator {
-                let (a, b) = push_return_address(&mut tail, return_to);
-                layout.push_window = Some((tail_base + a, tail_base + b));
-            }
+            let literal = match block.terminator {
+                Terminator::IndirectCall { return_to } => push_return_address(&mut tail, return_to),
+                _ => ReturnLiteral(None),
+            };
             emit_ibl(&mut tail, &cx.gateway);
+            literal.place(&mut tail);
             code.append(assembled(tail, "indirect branch")?);
             return Ok(());
         }

@@ -203,33 +203,86 @@ impl ProtectedPages {
     }
 }
 
-/// The kernel's protection of guest pages, read from `/proc/self/maps` and read again after
-/// the guest changes its mappings.
+/// Most stale ranges remembered between two reads of `/proc/self/maps`; more make the whole
+/// cache stale.
+const MAX_STALE_RANGES: usize = 64;
+
+/// The kernel's protection of guest pages, read from `/proc/self/maps` and read again when a
+/// page asked about may have changed: it lies in a range the guest mapped, unmapped,
+/// reprotected, remapped or moved its brk over since (each read costs a few hundred
+/// microseconds, so a change elsewhere does not cause one), or outside every mapping read
+/// (the kernel grew the stack, another thread mapped it).
 #[derive(Default)]
 pub struct MapsCache {
     /// `(start, end, PROT_*)`, sorted by start.
     ranges: Vec<(u64, u64, i32)>,
-    stale: bool,
+    /// Guest ranges `[start, end)` changed since the last read.
+    stale: Vec<(u64, u64)>,
+    /// Everything may have changed since the last read.
+    stale_all: bool,
 }
 
 impl MapsCache {
-    /// Marks the cache out of date (after a guest mmap, munmap, mprotect, mremap or brk).
+    /// Marks the whole cache out of date.
     pub fn invalidate(&mut self) {
-        self.stale = true;
+        self.stale_all = true;
+    }
+
+    /// Marks `[start, end)` out of date (after a guest mmap, munmap, mprotect, mremap or brk
+    /// there).
+    pub fn invalidate_range(&mut self, start: u64, end: u64) {
+        if self.stale.len() >= MAX_STALE_RANGES {
+            self.stale_all = true;
+        } else if start < end {
+            self.stale.push((start, end));
+        }
+    }
+
+    /// Whether the cache's answer for `[start, end)` is current.
+    fn fresh(&self, start: u64, end: u64) -> bool {
+        !self.stale_all
+            && !self.ranges.is_empty()
+            && !self.stale.iter().any(|&(s, e)| s < end && start < e)
+    }
+
+    /// The cached mapping that contains `addr`: `(index, start, end, prot)`.
+    fn find(&self, addr: u64) -> Option<(usize, u64, u64, i32)> {
+        let i = self
+            .ranges
+            .partition_point(|r| r.0 <= addr)
+            .checked_sub(1)?;
+        let (s, e, prot) = self.ranges[i];
+        (s <= addr && addr < e).then_some((i, s, e, prot))
     }
 
     /// The kernel's protection of the page at `addr`, or `None` if it is not mapped.
     pub fn prot(&mut self, addr: u64) -> Option<i32> {
-        if self.stale || self.ranges.is_empty() {
+        if !self.fresh(addr, addr + 1) || self.find(addr).is_none() {
             self.reload();
         }
-        let i = self.ranges.partition_point(|r| r.0 <= addr);
-        let &(s, e, prot) = self.ranges.get(i.checked_sub(1)?)?;
-        (s <= addr && addr < e).then_some(prot)
+        self.find(addr).map(|(_, _, _, prot)| prot)
+    }
+
+    /// The end of the readable memory that starts at or before `addr` and contains it (one or
+    /// more adjacent readable mappings), if the cache says `addr` is readable and is up to
+    /// date there. Never reads `/proc/self/maps`: where the cache is stale it answers `None`.
+    pub fn readable_end_if_fresh(&self, addr: u64) -> Option<u64> {
+        let (i, _, mut end, prot) = self.find(addr)?;
+        if prot & libc::PROT_READ == 0 {
+            return None;
+        }
+        for &(s, e, prot) in &self.ranges[i + 1..] {
+            if s != end || prot & libc::PROT_READ == 0 {
+                break;
+            }
+            end = e;
+        }
+        self.fresh(addr, end).then_some(end)
     }
 
     fn reload(&mut self) {
-        self.stale = false;
+        self.stale_all = false;
+        self.stale.clear();
         self.ranges.clear();
         let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
             return;

@@ -31,9 +31,9 @@ use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
 use crate::emit::{
-    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, push_return_address,
-    rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_, EmitContext, Exit,
-    ExitKind, HostLayout, RcxSave, Slow,
+    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, rcx_branch,
+    resolve_exit_stubs, return_pop, return_through_lookup, Code_, EmitContext, Exit, ExitKind,
+    HostLayout, RcxSave, Slow,
 };
 use crate::gateway::GS;
 use crate::thread_area::off;
@@ -105,6 +105,10 @@ pub fn emit_superblock(
     let mut layouts = Vec::with_capacity(blocks.len() + 4);
     // (offset of a rel32 in `code.bytes` to point at side exit i's stub, i, where it goes)
     let mut side_sites: Vec<(usize, usize, Cold)> = Vec::new();
+    // (offset of a rel32 in `code.bytes` to point at a literal, the literal): the 64-bit return
+    // addresses inlined calls push, placed after the side exits.
+    let mut literals: Vec<(usize, u64)> = Vec::new();
+    let mut literal_sites: Vec<(usize, u64)> = Vec::new();
 
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let ring_entries = cx
@@ -148,8 +152,15 @@ pub fn emit_superblock(
                 Terminator::Jump { target } | Terminator::FallThrough { next: target }
                     if target == next => {}
                 Terminator::Call { target, return_to } if target == next => {
-                    let (a, b) = push_return_address(&mut ops, return_to);
-                    layout.push_window = Some((chunk + a, chunk + b));
+                    match i32::try_from(return_to.0) {
+                        Ok(imm) => dynasm!(ops ; .arch x64 ; push imm),
+                        Err(_) => {
+                            // `push qword [rip + disp32]` from the trace's literal pool, as
+                            // `emit::push_return_address` does within a block.
+                            dynasm!(ops ; .arch x64 ; .u8 0xff ; .u8 0x35 ; .u32 0);
+                            literal_sites.push((ops.offset().0 - 4, return_to.0));
+                        }
+                    }
                 }
                 Terminator::Branch {
                     cond,
@@ -246,6 +257,7 @@ pub fn emit_superblock(
             if let Some((off, cold)) = side_rel32 {
                 side_sites.push((base_len + off, i, cold));
             }
+            literals.extend(literal_sites.drain(..).map(|(off, v)| (base_len + off, v)));
         }
         layout.code_end = code.addr();
         layouts.push(layout);
@@ -314,6 +326,13 @@ pub fn emit_superblock(
             code_end: code.addr(),
             ..HostLayout::default()
         });
+    }
+    for (rel32_off, value) in literals {
+        let at = code.bytes.len();
+        code.bytes.extend(value.to_le_bytes());
+        let rel = i32::try_from(at as i64 - (rel32_off as i64 + 4))
+            .expect("a superblock is smaller than 2 GiB");
+        code.bytes[rel32_off..rel32_off + 4].copy_from_slice(&rel.to_le_bytes());
     }
     resolve_exit_stubs(&mut exits, &code);
     Ok(EmittedTrace {

@@ -324,14 +324,16 @@ fn page_ceil(x: u64) -> u64 {
     (x + 4095) & !4095
 }
 
-fn sys_brk(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    p.maps.invalidate();
-    let mut p = lock(&p.shared.memory);
+fn sys_brk(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    let mut p = lock(&thread.shared.memory);
     let want = a[0];
     if want < p.brk_start || want > p.brk_limit {
         return Outcome::Return(p.brk as i64);
     }
     let (old_end, new_end) = (page_ceil(p.brk), page_ceil(want));
+    thread
+        .maps
+        .invalidate_range(old_end.min(new_end), old_end.max(new_end));
     if new_end > old_end {
         let r = raw_syscall(
             10,

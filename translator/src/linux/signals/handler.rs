@@ -60,9 +60,29 @@ const REG_RSP: usize = 15;
 const REG_RIP: usize = 16;
 const REG_EFL: usize = 17;
 
+/// If `sig` is a fault of `guest_mem::read_mapped`'s copy (it met an unreadable page), sends
+/// the copy to its fixup, which returns what it copied, and says true. For any thread: the
+/// copy needs none of the guest thread's state.
+pub(crate) fn fix_probe_fault(sig: i32, ctx: *mut c_void) -> bool {
+    if sig != libc::SIGSEGV && sig != libc::SIGBUS {
+        return false;
+    }
+    // SAFETY: the kernel passes a valid ucontext.
+    let gregs = unsafe { &mut (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs };
+    let (probe, fixup) = guest_mem::probe_fixup();
+    if gregs[REG_RIP] as u64 != probe {
+        return false;
+    }
+    gregs[REG_RIP] = fixup as i64;
+    true
+}
+
 /// hotpath's handler for every signal the kernel hands it. Runs on hotpath's alternate stack
 /// with every signal blocked. Allocates nothing and takes no lock.
 pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    if fix_probe_fault(sig, ctx) {
+        return;
+    }
     let Some(shared) = current() else {
         return;
     };
@@ -281,9 +301,6 @@ fn capture_fault(
     } else if pc >= l.term_start {
         if l.rcx_borrowed_from.is_some_and(|from| pc >= from) {
             regs[thread_area::RCX] = area.scratch_rcx;
-        }
-        if l.push_window.is_some_and(|(a, b)| pc >= a && pc < b) {
-            regs[thread_area::RSP] += 8;
         }
         l.term_guest
     } else {

@@ -192,6 +192,8 @@ impl HandlerShared {
 mod frame;
 mod handler;
 
+#[cfg(test)]
+pub(crate) use handler::fix_probe_fault;
 use handler::{host_handler, unlink_all};
 
 /// `rdgsbase` is usable (the handler reads the GS base with it instead of `arch_prctl`).
