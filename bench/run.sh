@@ -17,7 +17,10 @@
 #   -n RUNS        runs per mode and workload (default 5; env BENCH_RUNS)
 #   -l LINKAGE     static (default) or static-pie (the samples; busybox is what it is)
 #   -s WORKLOADS   space-separated names (default: all bench_* samples, busybox_sort,
-#                  busybox_gzip, and the dynamically linked python3 (a script), python3_pass
+#                  busybox_gzip, busybox_awk (a field-counting script), busybox_sh (a shell
+#                  loop that forks and execs `busybox expr` 300 times), startup
+#                  (`busybox true`, 100 separate runs: each mode's start-up and exit cost),
+#                  and the dynamically linked python3 (a script), python3_pass
 #                  (`python3 -c pass`: startup), sqlite3 (a recursive CTE), lua (lua5.4) and
 #                  zstd_t2 (`zstd -T2 -5` on 22 MiB of random text: two compression threads))
 #   --mib N        size of the busybox input in MiB (default 8)
@@ -30,7 +33,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip python3 python3_pass sqlite3 lua zstd_t2"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass sqlite3 lua zstd_t2"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -75,7 +78,7 @@ trap 'rm -rf "$tmp"' EXIT
 # 2. The workloads: a command line each (an executable and its arguments).
 out_dir="$target_dir/bench-samples"
 mkdir -p "$out_dir"
-declare -A argv
+declare -A argv reps
 selected=""
 for w in $workloads; do
     case "$w" in
@@ -90,7 +93,7 @@ for w in $workloads; do
             fi
             argv[$w]="$exe"
             ;;
-        busybox_sort|busybox_gzip)
+        busybox_sort|busybox_gzip|busybox_awk|busybox_sh|startup)
             if [ ! -x "$busybox" ]; then
                 echo "bench/run.sh: $busybox not found: skipping $w (install busybox-static)" >&2
                 continue
@@ -100,6 +103,22 @@ for w in $workloads; do
             case "$w" in
                 busybox_sort) argv[$w]="$busybox sort $input" ;;
                 busybox_gzip) argv[$w]="$busybox gzip -c $input" ;;
+                busybox_awk)
+                    script="$out_dir/bench.awk"
+                    cat >"$script" <<'AWK'
+{ n[$1]++; s += $2 % 1000; w[substr($3, 1, 2)] += length($0) }
+END { for (k in n) print k, n[k]; for (k in w) t += w[k]; print s, t }
+AWK
+                    argv[$w]="$busybox awk -f $script $input" ;;
+                busybox_sh)
+                    script="$out_dir/bench.sh"
+                    cat >"$script" <<SH
+i=0
+while [ \$i -lt 300 ]; do i=\$($busybox expr \$i + 1); done
+echo \$i
+SH
+                    argv[$w]="$busybox sh $script" ;;
+                startup) argv[$w]="$busybox true"; reps[$w]=100 ;;
             esac
             ;;
         python3|python3_pass|sqlite3|lua|zstd_t2)
@@ -190,7 +209,9 @@ run_once() { # mode workload
         qemu) cmd=("$qemu" "${cmd[@]}") ;;
     esac
     start=$(date +%s%N)
-    timeout --kill-after=5 "$run_timeout" "${cmd[@]}" >"$tmp/out.$mode" 2>"$tmp/err.$mode" </dev/null || status=$?
+    for ((r = 0; r < ${reps[$w]:-1}; r++)); do
+        timeout --kill-after=5 "$run_timeout" "${cmd[@]}" >"$tmp/out.$mode" 2>"$tmp/err.$mode" </dev/null || status=$?
+    done
     end=$(date +%s%N)
     if [ "$mode" = monitor ]; then
         # totals.ring_wait_ns (each thread in `threads` has one too).
