@@ -1246,12 +1246,9 @@ impl Translator {
         // The bytes are read with a plain copy where the mappings say they are readable (no
         // system call per block), else through `process_vm_readv`, which stops cleanly at an
         // unreadable page.
-        let maps = &self.process.maps;
+        let maps = &mut self.process.maps;
         let block = decode_block_from(GuestAddr(pc), |addr, buf| {
-            let known = maps
-                .readable_end_if_fresh(addr)
-                .is_some_and(|end| end - addr >= buf.len() as u64);
-            if known && guest_mem::read_mapped(addr, buf) {
+            if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
                 buf.len()
             } else {
                 guest_mem::read_partial(addr, buf)

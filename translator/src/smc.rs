@@ -263,21 +263,27 @@ impl MapsCache {
         self.find(addr).map(|(_, _, _, prot)| prot)
     }
 
-    /// The end of the readable memory that starts at or before `addr` and contains it (one or
-    /// more adjacent readable mappings), if the cache says `addr` is readable and is up to
-    /// date there. Never reads `/proc/self/maps`: where the cache is stale it answers `None`.
-    pub fn readable_end_if_fresh(&self, addr: u64) -> Option<u64> {
-        let (i, _, mut end, prot) = self.find(addr)?;
+    /// Whether the `len` bytes at `addr` are mapped readable, by the cache, read again first if
+    /// the guest changed a mapping there since (not if they are merely outside every mapping:
+    /// the answer is then false, and costs no read).
+    pub fn readable(&mut self, addr: u64, len: u64) -> bool {
+        let end = addr.saturating_add(len);
+        if !self.fresh(addr, end) {
+            self.reload();
+        }
+        let Some((i, _, mut run_end, prot)) = self.find(addr) else {
+            return false;
+        };
         if prot & libc::PROT_READ == 0 {
-            return None;
+            return false;
         }
         for &(s, e, prot) in &self.ranges[i + 1..] {
-            if s != end || prot & libc::PROT_READ == 0 {
+            if run_end >= end || s != run_end || prot & libc::PROT_READ == 0 {
                 break;
             }
-            end = e;
+            run_end = e;
         }
-        self.fresh(addr, end).then_some(end)
+        run_end >= end
     }
 
     fn reload(&mut self) {
@@ -310,6 +316,48 @@ impl MapsCache {
                 prot |= libc::PROT_EXEC;
             }
             self.ranges.push((s, e, prot));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_cache_is_read_again_only_where_mappings_changed() {
+        // SAFETY: a mapping of our own, reprotected and unmapped by this test only.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                3 * PAGE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            let a = p as u64;
+            let mut maps = MapsCache::default();
+            assert!(maps.readable(a, 3 * PAGE));
+            // Unchanged by the cache until it is told: the third page becomes unreadable.
+            libc::mprotect(
+                (a + 2 * PAGE) as *mut libc::c_void,
+                PAGE as usize,
+                libc::PROT_NONE,
+            );
+            assert!(
+                maps.readable(a, 3 * PAGE),
+                "no read of /proc/self/maps without a change"
+            );
+            maps.invalidate_range(a + 2 * PAGE, a + 3 * PAGE);
+            assert!(maps.readable(a, 2 * PAGE));
+            assert!(!maps.readable(a, 2 * PAGE + 1));
+            assert_eq!(maps.prot(a + 2 * PAGE), Some(0));
+            libc::munmap(p, 3 * PAGE as usize);
+            maps.invalidate_range(a, a + 3 * PAGE);
+            assert_eq!(maps.prot(a), None);
+            assert!(!maps.readable(a, 1));
         }
     }
 }

@@ -23,14 +23,12 @@ impl ModuleMap {
         let mut profiles = Vec::with_capacity(modules.len());
         let mut symbols = Vec::with_capacity(modules.len());
         for m in modules {
-            let bytes = if m.path == Path::new("[vdso]") {
-                vdso_bytes(m)
+            let info = if m.path == Path::new("[vdso]") {
+                vdso_bytes(m).and_then(|b| module_symbols(&b, m.start))
             } else {
-                std::fs::read(&m.path).ok()
-            };
-            let info = bytes
-                .and_then(|b| module_symbols(&b, m.start))
-                .unwrap_or_default();
+                map_file(&m.path).and_then(|b| module_symbols(&b, m.start))
+            }
+            .unwrap_or_default();
             profiles.push(ModuleProfile {
                 path: m.path.display().to_string(),
                 base: m.start,
@@ -62,6 +60,15 @@ impl ModuleMap {
             None => (file, addr - m.base),
         })
     }
+}
+
+/// A module's file, mapped read-only (reading it would copy all of it, megabytes for a large
+/// library, to look at its headers and symbol table).
+fn map_file(path: &Path) -> Option<memmap2::Mmap> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: a private read-only view of a file the guest mapped to run; hotpath does not
+    // write it. (A file truncated since would fault here, as the guest would have.)
+    unsafe { memmap2::Mmap::map(&file) }.ok()
 }
 
 /// The vDSO's bytes, read from this process's memory, where the kernel mapped it.
