@@ -14,7 +14,7 @@ use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
 use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
-use crate::decode::{decode_block, decode_block_from};
+use crate::decode::decode_block_from;
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
@@ -728,7 +728,7 @@ impl Translator {
             if id.0 < self.generation_first_id || known.kind != IdKind::Block {
                 return false;
             }
-            let block = decode_block(known.summary.start);
+            let block = self.decode(known.summary.start);
             if block.summary() != known.summary {
                 return false;
             }
@@ -1241,19 +1241,23 @@ impl Translator {
         entry
     }
 
-    /// Translates the basic block at guest `pc` into the code cache and announces its id.
-    fn translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
-        // The bytes are read with a plain copy where the mappings say they are readable (no
-        // system call per block), else through `process_vm_readv`, which stops cleanly at an
-        // unreadable page.
+    /// Decodes the guest block at `start`. Its bytes are read with a plain copy where the
+    /// mappings say they are readable (no system call per block), else through
+    /// `process_vm_readv`, which stops cleanly at an unreadable page.
+    fn decode(&mut self, start: GuestAddr) -> hotpath_ir::Block {
         let maps = &mut self.process.maps;
-        let block = decode_block_from(GuestAddr(pc), |addr, buf| {
+        decode_block_from(start, |addr, buf| {
             if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
                 buf.len()
             } else {
                 guest_mem::read_partial(addr, buf)
             }
-        });
+        })
+    }
+
+    /// Translates the basic block at guest `pc` into the code cache and announces its id.
+    fn translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
+        let block = self.decode(GuestAddr(pc));
         // Watch the code's pages for writes if the guest may write them.
         let maps = &mut self.process.maps;
         self.process

@@ -480,29 +480,20 @@ fn far_operand_sequence(
         }
         _ => {}
     }
-    if let Some(dst) = loaded_register(inst) {
-        // A load into a whole register: address through the destination itself, which the
-        // load overwrites, so nothing is restored after it (the reload of a borrowed register
-        // was a store-to-load round trip on its dependency chain, at 3 % of sqlite3's
-        // instructions). Its guest value is kept only for a fault at the load.
-        let slot = scratch_far_slot();
-        seq.push(Instruction::with2(Code::Mov_rm64_r64, slot, dst).map_err(bad)?);
-        seq.push(Instruction::with2(Code::Mov_r64_imm64, dst, target).map_err(bad)?);
-        let mut work = *inst;
-        work.set_memory_base(dst);
-        work.set_memory_index(Register::None);
-        work.set_memory_displacement64(0);
-        work.set_memory_displ_size(0);
-        seq.push(work);
-        return Ok(FarWork {
-            index: 2,
-            borrowed: Some(dst),
-        });
-    }
-    let reg = free_register(inst).ok_or_else(|| TranslateError::Encode {
-        guest: inst.ip(),
-        reason: "no register is free to address a far RIP-relative operand".into(),
-    })?;
+    // A load into a whole register addresses through its own destination, which the load
+    // overwrites, so nothing is restored after it (the reload of a borrowed register is a
+    // store-to-load round trip on its dependency chain: 3 % of sqlite3's instructions). Either
+    // way the register's guest value waits in `scratch_far` for a fault at the access.
+    let (reg, restore) = match loaded_register(inst) {
+        Some(dst) => (dst, false),
+        None => {
+            let free = free_register(inst).ok_or_else(|| TranslateError::Encode {
+                guest: inst.ip(),
+                reason: "no register is free to address a far RIP-relative operand".into(),
+            })?;
+            (free, true)
+        }
+    };
     let slot = scratch_far_slot();
     seq.push(Instruction::with2(Code::Mov_rm64_r64, slot, reg).map_err(bad)?);
     seq.push(Instruction::with2(Code::Mov_r64_imm64, reg, target).map_err(bad)?);
@@ -512,7 +503,9 @@ fn far_operand_sequence(
     work.set_memory_displacement64(0);
     work.set_memory_displ_size(0);
     seq.push(work);
-    seq.push(Instruction::with2(Code::Mov_r64_rm64, reg, slot).map_err(bad)?);
+    if restore {
+        seq.push(Instruction::with2(Code::Mov_r64_rm64, reg, slot).map_err(bad)?);
+    }
     Ok(FarWork {
         index: 2,
         borrowed: Some(reg),

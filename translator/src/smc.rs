@@ -223,11 +223,6 @@ pub struct MapsCache {
 }
 
 impl MapsCache {
-    /// Marks the whole cache out of date.
-    pub fn invalidate(&mut self) {
-        self.stale_all = true;
-    }
-
     /// Marks `[start, end)` out of date (after a guest mmap, munmap, mprotect, mremap or brk
     /// there).
     pub fn invalidate_range(&mut self, start: u64, end: u64) {

@@ -81,21 +81,11 @@ struct SigQueue {
     items: [[u8; 128]; RT_QUEUE],
 }
 
-impl Default for SigQueue {
-    fn default() -> SigQueue {
-        SigQueue {
-            len: 0,
-            items: [[0; 128]; RT_QUEUE],
-        }
-    }
-}
-
 /// One empty queue per signal (512 KiB), allocated zeroed: the pages are the kernel's zero
 /// pages until a signal arrives. (Built on the stack and moved, it cost a tenth of a short
 /// program's start-up.)
 fn empty_queues() -> Box<[SigQueue; NSIG]> {
-    // SAFETY: all-zero bytes are a valid `SigQueue` (`len` 0, zeroed items) — the value
-    // `SigQueue::default()` builds.
+    // SAFETY: all-zero bytes are a valid `SigQueue`: `len` 0, no pending instance.
     unsafe { Box::<[SigQueue; NSIG]>::new_zeroed().assume_init() }
 }
 
