@@ -259,7 +259,7 @@ pub fn nm(exe: &Path) -> HashMap<String, u64> {
 pub fn consistency_problems(exe: &Path, report: &Report) -> Vec<String> {
     let mut problems = Vec::new();
     let json = &report.json;
-    if json["schema"] != "hotpath-report/1" {
+    if json["schema"] != "hotpath-report/2" {
         problems.push(format!("schema is {}", json["schema"]));
     }
     let program = json["program"].as_str().unwrap_or("");
@@ -463,7 +463,7 @@ mod tests {
     fn looping_report() -> Report {
         Report {
             json: json!({
-                "schema": "hotpath-report/1",
+                "schema": "hotpath-report/2",
                 "program": "/proc/self/exe",
                 "totals": {"blocks_executed": 4, "guest_instructions": 7, "distinct_blocks": 2},
                 "blocks": [

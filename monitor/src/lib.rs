@@ -7,7 +7,7 @@
 //!                   paths interned at their ends (paths.rs) ──▶ BL ids, PAP traces, k-paths
 //!                   (pathreport.rs)
 //!        hot back edge ──▶ decisions: trace along the hottest successors ──▶ FormSuperblock
-//! guest ends ──▶ Profile (aggregated by guest address) ──▶ JSON report, text summary
+//! guest ends ──▶ hotpath_report::Report (aggregated by guest address) ──▶ JSON, text, ...
 //! ```
 //!
 //! After the monitor-thread patent (CN101593125, summarised in DESIGN.md): the monitor polls
@@ -22,19 +22,15 @@ mod path_memo;
 mod pathreport;
 mod paths;
 mod profile;
-pub mod report;
 mod tables;
 mod thread;
 
 pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
 pub use pap_runs::PAP_MAX_PATHS;
-pub use pathreport::{
-    FunctionCfg, KPath, PathEntry, PathKind, PathProfile, K_PATHS_TOP, PAP_PATHS_TOP,
-};
+pub use pathreport::{K_PATHS_TOP, PAP_LISTED, PAP_PATHS_TOP};
 pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
 pub use profile::{
-    module_of, BlockProfile, EdgeProfile, IndirectSite, ModuleProfile, Profile, Symbolizer,
-    SyscallProfile, ThreadProfile, Totals, THREAD_HOTTEST,
+    attribute_modules, read_code, report_of, thread_report, RunInfo, Symbolizer, THREAD_HOTTEST,
 };
 pub use tables::{SyscallCount, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Stream, ThreadState};

@@ -268,6 +268,7 @@ mod tests {
             cur: 0,
             len: 1,
             blocks: 0,
+            instructions: 0,
             path_ends: 0,
             last_addr: 0,
             pap,

@@ -126,7 +126,8 @@ impl PathRecorder {
         let bail_on_ends = !PAP && (top.pap != NONE || self.config.k > 0);
         let (func, return_to) = (top.func, top.return_to);
         let (mut last, mut cur) = (last0, top.cur);
-        let (mut blocks, mut ends) = (0u64, 0u64);
+        let (mut blocks, mut instr, mut ends) = (0u64, 0u64, 0u64);
+        let memo_instr = &self.memo.instr;
         let mut rest = None;
         while let Some(&e) = events.get(i) {
             // Inline rather than `event_at`: callgrind counts 8 % more instructions per event
@@ -200,6 +201,7 @@ impl PathRecorder {
             let runs = (next - i - taken + 1) as u64;
             memo.count += runs;
             blocks += runs * memo.blocks as u64;
+            instr += runs * memo_instr[m as usize];
             ends += runs * memo.nends as u64;
             if PAP && memo.nends > 0 {
                 // A hot function's activation: its PAP run takes the ended paths in order.
@@ -221,6 +223,7 @@ impl PathRecorder {
             top.len = l.len;
             top.last_addr = l.last_addr;
             top.blocks += blocks;
+            top.instructions += instr;
             top.path_ends += ends;
             self.prev = l.last;
             self.memo.last = last;
@@ -260,6 +263,8 @@ impl PathRecorder {
         let top = stack.last().expect("an activation");
         let (mut func, mut return_to, mut pap) = (top.func, top.return_to, top.pap != NONE);
         let (mut cur, mut blocks, mut ends, mut by_memo) = (top.cur, 0u64, 0u64, false);
+        let mut instr = 0u64;
+        let memo_instr = &self.memo.instr;
         let (mut prev, mut last) = (self.prev, self.memo.last);
         let mut kind = id_kind[prev as usize];
         // Writes the registers back to the top frame.
@@ -268,6 +273,7 @@ impl PathRecorder {
                 let t = stack.last_mut().expect("an activation");
                 t.cur = cur;
                 t.blocks += blocks;
+                t.instructions += instr;
                 t.path_ends += ends;
                 if by_memo {
                     let l = &memos[last as usize];
@@ -349,6 +355,7 @@ impl PathRecorder {
                         cur: root,
                         len: 1,
                         blocks: 0,
+                        instructions: 0,
                         path_ends: 0,
                         last_addr: id_addr[b],
                         pap: pap_node,
@@ -358,6 +365,7 @@ impl PathRecorder {
                     });
                     (func, return_to, pap) = (f, id_ret[prev as usize], pap_node != NONE);
                     (cur, blocks, ends, by_memo) = (root, 0, 0, false);
+                    instr = 0;
                     // The entry block is stepped alone; the callee's first memo is predicted
                     // from the caller's last one.
                     prev = b as u32;
@@ -412,7 +420,9 @@ impl PathRecorder {
                 let mut a = stack.pop().expect("the callee");
                 let p = cached_exit_path(trie, a.cur);
                 paths[p as usize].count += 1;
-                calltree[a.call_node as usize].blocks += a.blocks + a.len as u64;
+                let node = &mut calltree[a.call_node as usize];
+                node.blocks += a.blocks + a.len as u64;
+                node.instructions += a.instructions + trie[a.cur as usize].instr;
                 funcs[a.func as usize].path_ends += a.path_ends + 1;
                 if a.pap != NONE {
                     pap_runs.push(&mut a, p);
@@ -421,7 +431,7 @@ impl PathRecorder {
                 let t = stack.last().expect("the caller");
                 (func, return_to, pap) = (t.func, t.return_to, t.pap != NONE);
                 // `cur` and `by_memo` are the memo's, below.
-                (blocks, ends) = (0, 0);
+                (blocks, instr, ends) = (0, 0, 0);
                 intra = 0;
             }
             let memo = &mut memos[m as usize];
@@ -443,6 +453,7 @@ impl PathRecorder {
             }
             memo.count += runs;
             blocks += runs * memo.blocks as u64;
+            instr += runs * memo_instr[m as usize];
             ends += runs * memo.nends as u64;
             if pap && memo.nends > 0 {
                 // A hot function's activation: its PAP run takes the ended paths in order.

@@ -196,6 +196,9 @@ pub(crate) struct MemoState {
     /// A superblock event whose extent the next event tells, or [`NONE`].
     pub(crate) pending: u32,
     pub(crate) memos: Vec<Memo>,
+    /// Per memo: guest instructions on the paths it ends (beside `Memo::blocks`; kept out of
+    /// the memo's cache line).
+    pub(crate) instr: Vec<u64>,
     /// Ended paths of every memo, concatenated.
     pub(crate) ends: Vec<u32>,
     /// Direct-mapped cache in front of `map`.
@@ -222,6 +225,7 @@ impl Default for MemoState {
             seq: Vec::new(),
             pending: NONE,
             memos: Vec::new(),
+            instr: Vec::new(),
             ends: Vec::new(),
             cache: vec![EMPTY_SLOT; CACHE_SLOTS].into_boxed_slice(),
             map: FxMap::default(),
@@ -543,6 +547,7 @@ impl PathRecorder {
         top.len = memo.len;
         top.last_addr = memo.last_addr;
         top.blocks += memo.blocks as u64;
+        top.instructions += self.memo.instr[m as usize];
         top.path_ends += memo.nends as u64;
         self.prev = memo.last;
         if memo.nends > 0 && (top.pap != NONE || self.config.k > 0) {
@@ -583,7 +588,7 @@ impl PathRecorder {
     ) -> (u32, u32) {
         let func = self.stack.last().expect("an activation").func;
         let ends = self.memo.ends.len() as u32;
-        let (mut blocks, mut nends) = (0, 0);
+        let (mut blocks, mut instr, mut nends) = (0, 0u64, 0);
         let mut at = pos;
         while at < len {
             let b = self.memo.seq[(start + at) as usize];
@@ -591,13 +596,15 @@ impl PathRecorder {
             if entry != NONE && entry != func {
                 break; // A tail call: the per-block step's business.
             }
-            let path_len = self.stack.last().expect("an activation").len;
+            let top = self.stack.last().expect("an activation");
+            let (path_len, path_instr) = (top.len, self.path_instructions(top.cur));
             self.prev = b;
             let p = self.step_intra(b, tables);
             if p != NONE {
                 self.memo.ends.push(p);
                 nends += 1;
                 blocks += path_len;
+                instr += path_instr;
             }
             at += 1;
             if self.id_kind[b as usize] != K_OTHER {
@@ -611,6 +618,7 @@ impl PathRecorder {
         }
         let top = self.stack.last().expect("an activation");
         let m = self.memo.memos.len() as u32;
+        self.memo.instr.push(instr);
         self.memo.memos.push(Memo {
             count: 0,
             last_addr: top.last_addr,

@@ -14,6 +14,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hotpath_pathprof::{BallLarus, Cfg, EdgeId, NodeId, Pap, PapConfig, PathId};
+use hotpath_report::{
+    Addr, BlRun, Breakpoint, Count, Function, FunctionEdge, KPath, NumberingError, PapRun, PathEnd,
+    PathEntry, PathKind, PathProfile, PathStart, Stack,
+};
 
 use crate::paths::{PathRecorder, Resync, DEEPER, END_EXIT, NONE, START_ENTRY};
 
@@ -27,100 +31,6 @@ pub const PAP_PATHS_TOP: usize = 200;
 /// megabytes a few megabytes too, not 150 (and the monitor's memory while it writes it, not a
 /// gigabyte).
 pub const PAP_LISTED: usize = 1000;
-
-/// `bl` (acyclic Ball-Larus path) or `pap` (a whole activation's cyclic path).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PathKind {
-    Bl,
-    Pap,
-}
-
-impl PathKind {
-    /// `"bl"` or `"pap"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            PathKind::Bl => "bl",
-            PathKind::Pap => "pap",
-        }
-    }
-}
-
-/// One path with its count.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PathEntry {
-    /// Function name (`symbol`, or `sub_<hex>`).
-    pub function: String,
-    /// Guest address of the function's entry.
-    pub function_addr: u64,
-    pub kind: PathKind,
-    /// Ball-Larus id (`bl`), or the PAP register at the exit (`pap`); `None` if the function
-    /// could not be numbered (more than 2^64 paths).
-    pub id: Option<u64>,
-    /// Times the path ran.
-    pub count: u64,
-    /// Guest addresses of its blocks, in order (a PAP run: at most [`PAP_LISTED`]).
-    pub blocks: Vec<u64>,
-    /// Blocks on the path, repeats included (more than `blocks.len()` for a truncated PAP run).
-    pub len: u64,
-    /// `bl`: `entry` or `back_edge`; `pap`: `entry`.
-    pub start: &'static str,
-    /// `bl`: `exit` or `back_edge`; `pap`: `exit`.
-    pub end: &'static str,
-    /// `pap`: PAP breakpoints `(node's block address, register)` where the register would
-    /// have overflowed 64 bits (at most the first [`PAP_LISTED`]).
-    pub breakpoints: Vec<(u64, u64)>,
-    /// `pap`: all its breakpoints (0 for `bl`).
-    pub breakpoints_total: u64,
-    /// `pap`: the run's Ball-Larus paths, run-length encoded as `(bl id, repeats)` (at most
-    /// the first [`PAP_LISTED`] entries).
-    pub bl_runs: Vec<(Option<u64>, u64)>,
-    /// `pap`: Ball-Larus paths in the run, repeats included (0 for `bl`).
-    pub run_paths: u64,
-}
-
-/// A k-iteration path: up to k consecutive Ball-Larus paths of one activation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KPath {
-    pub function: String,
-    /// Ball-Larus ids, in order.
-    pub ids: Vec<Option<u64>>,
-    pub count: u64,
-}
-
-/// A function's observed CFG.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FunctionCfg {
-    pub name: String,
-    pub entry: u64,
-    /// Block addresses with their executions.
-    pub blocks: Vec<(u64, u64)>,
-    /// `(from, to, count, back edge)`.
-    pub edges: Vec<(u64, u64, u64, bool)>,
-    /// Distinct Ball-Larus paths seen, and the function's `N` (None: not numbered).
-    pub paths_seen: u64,
-    pub num_paths: Option<u64>,
-}
-
-/// Everything path profiling adds to the profile.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PathProfile {
-    /// `bl` paths (all of them), then the top `pap` runs.
-    pub paths: Vec<PathEntry>,
-    pub k: usize,
-    pub k_paths: Vec<KPath>,
-    /// By blocks executed, descending.
-    pub functions: Vec<FunctionCfg>,
-    /// Folded stacks `f;g;h` with the blocks executed in the innermost frame.
-    pub stacks: Vec<(String, u64)>,
-    pub resyncs: u64,
-    /// `resyncs` by cause: `(name, count)` for every [`Resync`](crate::paths::Resync).
-    pub resync_kinds: Vec<(&'static str, u64)>,
-    pub pap_abandoned: u64,
-    /// Shadow-stack frames dropped because the stack was full (see `SHADOW_STACK_MAX`).
-    pub dropped_frames: u64,
-    /// Functions whose numbering failed, with the reason.
-    pub numbering_errors: Vec<(String, String)>,
-}
 
 /// DAG edge tags (distinguish parallel edges).
 const TAG_PLAIN: u64 = 0;
@@ -226,34 +136,53 @@ fn pap_steps(
 }
 
 /// `ids` run-length encoded as `(id, repeats)`, the first [`PAP_LISTED`] entries.
-fn run_length(ids: impl Iterator<Item = Option<u64>>) -> Vec<(Option<u64>, u64)> {
-    let mut out: Vec<(Option<u64>, u64)> = Vec::new();
+fn run_length(ids: impl Iterator<Item = Option<u64>>) -> Vec<BlRun> {
+    let mut out: Vec<BlRun> = Vec::new();
     for id in ids {
         let full = out.len() == PAP_LISTED;
         match out.last_mut() {
-            Some((last, n)) if *last == id => *n += 1,
+            Some(last) if last.id == id => last.repeat += 1,
             _ if full => break,
-            _ => out.push((id, 1)),
+            _ => out.push(BlRun { id, repeat: 1 }),
         }
     }
     out
 }
 
-impl PathProfile {
-    /// Derives the reported path profile from a finished recorder (see
-    /// [`PathRecorder::finish`]); `name_of(addr)` names a function entry.
-    pub fn from_recorder(rec: &PathRecorder, name_of: &dyn Fn(u64) -> String) -> PathProfile {
+/// Where a recorded path starts, from its key's start tag.
+fn path_start(tag: u32) -> PathStart {
+    if tag == START_ENTRY {
+        PathStart::Entry
+    } else {
+        PathStart::BackEdge
+    }
+}
+
+/// Where a recorded path ends, from its key's end tag.
+fn path_end(tag: u32) -> PathEnd {
+    if tag == END_EXIT {
+        PathEnd::Exit
+    } else {
+        PathEnd::BackEdge
+    }
+}
+
+impl PathRecorder {
+    /// The reported path profile of a finished recorder (see [`PathRecorder::finish`]);
+    /// `name_of(addr)` names a function entry.
+    pub fn profile(&self, name_of: &dyn Fn(u64) -> String) -> PathProfile {
+        let rec = self;
         let mut out = PathProfile {
             k: rec.config.k,
-            resyncs: rec.resyncs,
-            pap_abandoned: rec.pap_runs.abandoned,
-            dropped_frames: rec.dropped_frames,
-            resync_kinds: Resync::ALL
-                .iter()
-                .map(|&r| (r.name(), rec.resync_kinds[r as usize]))
-                .collect(),
             ..Default::default()
         };
+        out.stats.shadow_stack_resyncs = rec.resyncs;
+        out.stats.pap_abandoned = rec.pap_runs.abandoned;
+        out.stats.shadow_stack_dropped_frames = rec.dropped_frames;
+        out.stats.resyncs_by_cause = Resync::ALL
+            .iter()
+            .map(|&r| (r.name().to_string(), rec.resync_kinds[r as usize]))
+            .collect();
         let names: Vec<String> = rec.funcs.iter().map(|f| name_of(f.entry)).collect();
         let mut by_func: Vec<Vec<u32>> = vec![Vec::new(); rec.funcs.len()];
         for (p, path) in rec.paths.iter().enumerate() {
@@ -327,7 +256,10 @@ impl PathProfile {
                         bl_id[p as usize] = Some(r);
                     }
                 }
-                Err(e) => out.numbering_errors.push((names[f].clone(), e.to_string())),
+                Err(e) => out.stats.numbering_errors.push(NumberingError {
+                    function: names[f].clone(),
+                    error: e.to_string(),
+                }),
             }
             // Edge counts and block counts of the observed CFG.
             let mut edges: BTreeMap<(u64, u64), (u64, bool)> = BTreeMap::new();
@@ -354,13 +286,24 @@ impl PathProfile {
                     e.1 = true;
                 }
             }
-            out.functions.push(FunctionCfg {
+            out.functions.push(Function {
                 name: names[f].clone(),
-                entry: fun.entry,
-                blocks: blocks.into_iter().collect(),
+                entry: Addr(fun.entry),
+                blocks: blocks
+                    .into_iter()
+                    .map(|(a, count)| Count {
+                        addr: Addr(a),
+                        count,
+                    })
+                    .collect(),
                 edges: edges
                     .into_iter()
-                    .map(|((a, b), (c, back))| (a, b, c, back))
+                    .map(|((from, to), (count, back))| FunctionEdge {
+                        from: Addr(from),
+                        to: Addr(to),
+                        count,
+                        back,
+                    })
                     .collect(),
                 paths_seen: paths.len() as u64,
                 num_paths,
@@ -413,39 +356,48 @@ impl PathProfile {
                         .and_then(|pap| pap.encode_walk(&walk).ok());
                     drop(walk);
                     let len = steps.saturating_sub(1).max(1) as u64;
+                    let blocks: Vec<Addr> = blocks.into_iter().map(Addr).collect();
                     pap_entries.push((
                         rank,
                         PathEntry {
                             function: names[f].clone(),
-                            function_addr: fun.entry,
+                            function_addr: Addr(fun.entry),
                             kind: PathKind::Pap,
                             id: trace.as_ref().map(|t| t.last),
                             count,
+                            names: PathEntry::block_names(&names[f], Addr(fun.entry), &blocks),
                             blocks,
                             len,
-                            start: "entry",
-                            end: "exit",
-                            breakpoints: trace
-                                .as_ref()
-                                .map(|t| {
-                                    t.breakpoints
-                                        .iter()
-                                        .take(PAP_LISTED)
-                                        .map(|b| (cg.addrs[b.node.index()], b.r))
-                                        .collect()
-                                })
-                                .unwrap_or_default(),
-                            breakpoints_total: trace
-                                .as_ref()
-                                .map_or(0, |t| t.breakpoints.len() as u64),
-                            bl_runs: run_length(run.iter().map(|&p| bl_id[p as usize])),
-                            run_paths: run.len() as u64,
+                            start: PathStart::Entry,
+                            end: PathEnd::Exit,
+                            pap: Some(PapRun {
+                                breakpoints: trace
+                                    .as_ref()
+                                    .map(|t| {
+                                        t.breakpoints
+                                            .iter()
+                                            .take(PAP_LISTED)
+                                            .map(|b| Breakpoint {
+                                                block: Addr(cg.addrs[b.node.index()]),
+                                                r: b.r,
+                                            })
+                                            .collect()
+                                    })
+                                    .unwrap_or_default(),
+                                breakpoints_total: trace
+                                    .as_ref()
+                                    .map_or(0, |t| t.breakpoints.len() as u64),
+                                bl_runs: run_length(run.iter().map(|&p| bl_id[p as usize])),
+                                run_paths: run.len() as u64,
+                            }),
                         },
                     ));
                 }
                 if let Err(e) = pap {
-                    out.numbering_errors
-                        .push((names[f].clone(), format!("PAP: {e}")));
+                    out.stats.numbering_errors.push(NumberingError {
+                        function: names[f].clone(),
+                        error: format!("PAP: {e}"),
+                    });
                 }
             }
         }
@@ -455,31 +407,22 @@ impl PathProfile {
             let key = &path.key;
             let f = key[0] as usize;
             let fun = &rec.funcs[f];
+            let blocks: Vec<Addr> = key[2..key.len() - 1]
+                .iter()
+                .map(|&n| Addr(fun.node_addr[n as usize]))
+                .collect();
             out.paths.push(PathEntry {
                 function: names[f].clone(),
-                function_addr: fun.entry,
+                function_addr: Addr(fun.entry),
                 kind: PathKind::Bl,
                 id: bl_id[p],
                 count: path.count,
-                blocks: key[2..key.len() - 1]
-                    .iter()
-                    .map(|&n| fun.node_addr[n as usize])
-                    .collect(),
+                names: PathEntry::block_names(&names[f], Addr(fun.entry), &blocks),
+                blocks,
                 len: (key.len() - 3) as u64,
-                start: if key[1] == START_ENTRY {
-                    "entry"
-                } else {
-                    "back_edge"
-                },
-                end: if key[key.len() - 1] == END_EXIT {
-                    "exit"
-                } else {
-                    "back_edge"
-                },
-                breakpoints: Vec::new(),
-                breakpoints_total: 0,
-                bl_runs: Vec::new(),
-                run_paths: 0,
+                start: path_start(key[1]),
+                end: path_end(key[key.len() - 1]),
+                pap: None,
             });
         }
         let weight = |e: &PathEntry| e.count.saturating_mul(e.len);
@@ -513,7 +456,7 @@ impl PathProfile {
         }
 
         // Folded stacks.
-        let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+        let mut stacks: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         for node in rec.calltree.iter() {
             if node.blocks == 0 || node.func == NONE {
                 continue;
@@ -529,12 +472,21 @@ impl PathProfile {
                 n = &rec.calltree[n.parent as usize];
             }
             frames.reverse();
-            *stacks.entry(frames.join(";")).or_insert(0) += node.blocks;
+            let s = stacks.entry(frames.join(";")).or_insert((0, 0));
+            s.0 += node.blocks;
+            s.1 += node.instructions;
         }
-        out.stacks = stacks.into_iter().collect();
+        out.stacks = stacks
+            .into_iter()
+            .map(|(stack, (blocks, instructions))| Stack {
+                stack,
+                blocks,
+                instructions,
+            })
+            .collect();
         out.functions.sort_by(|a, b| {
-            let wa: u64 = a.blocks.iter().map(|b| b.1).sum();
-            let wb: u64 = b.blocks.iter().map(|b| b.1).sum();
+            let wa: u64 = a.blocks.iter().map(|b| b.count).sum();
+            let wb: u64 = b.blocks.iter().map(|b| b.count).sum();
             wb.cmp(&wa).then(a.entry.cmp(&b.entry))
         });
         out

@@ -215,6 +215,8 @@ pub(crate) struct Function {
     pub symbol: Option<usize>,
     /// Node → guest address of the block; node 0 is the entry block.
     pub node_addr: Vec<u64>,
+    /// Node → guest instructions of the block (its latest translation's).
+    pub node_instr: Vec<u32>,
     /// Guest address → node.
     pub nodes: FxMap<u64, u32>,
     /// Static intra-procedural successors of each node, by guest address (from the IR).
@@ -236,6 +238,7 @@ impl Function {
             entry,
             symbol,
             node_addr: Vec::new(),
+            node_instr: Vec::new(),
             nodes: FxMap::default(),
             static_succs: Vec::new(),
             path_ends: 0,
@@ -277,6 +280,8 @@ pub(crate) struct TrieNode {
     /// The path that ended here last: its end tag (or [`NO_END`]) and path number.
     last_end: u32,
     last_end_path: u32,
+    /// Guest instructions of the prefix's blocks (what a path ending here executed).
+    pub(crate) instr: u64,
 }
 
 /// One shadow-stack frame.
@@ -291,6 +296,8 @@ pub(crate) struct Activation {
     pub(crate) len: u32,
     /// Blocks on its finished paths, not yet added to its call-tree node.
     pub(crate) blocks: u64,
+    /// Guest instructions of those blocks.
+    pub(crate) instructions: u64,
     /// Its finished paths, not yet added to its function's `path_ends`.
     pub(crate) path_ends: u64,
     /// Guest address of the last block of its current path.
@@ -316,6 +323,8 @@ pub(crate) struct CallNode {
     /// [`CALL_TREE_MAX_DEPTH`].
     pub func: u32,
     pub blocks: u64,
+    /// Guest instructions of those blocks.
+    pub instructions: u64,
     /// Frames from the root (the root is 0).
     pub depth: u32,
     /// The child entered last: its function and node (a one-entry cache before the map).
@@ -457,6 +466,7 @@ impl PathRecorder {
                 parent: NONE,
                 func: NONE,
                 blocks: 0,
+                instructions: 0,
                 depth: 0,
                 last_func: NONE,
                 last_child: NONE,
@@ -591,6 +601,7 @@ impl PathRecorder {
         if fun.node_addr.is_empty() && addr != fun.entry {
             // The entry block is node 0 even when an activation starts elsewhere.
             fun.node_addr.push(fun.entry);
+            fun.node_instr.push(0);
             fun.nodes.insert(fun.entry, 0);
             fun.static_succs.push(Vec::new());
         }
@@ -599,6 +610,7 @@ impl PathRecorder {
             None => {
                 let n = fun.node_addr.len() as u32;
                 fun.node_addr.push(addr);
+                fun.node_instr.push(0);
                 fun.nodes.insert(addr, n);
                 fun.static_succs.push(Vec::new());
                 n
@@ -618,6 +630,7 @@ impl PathRecorder {
             };
             fun.static_succs[n as usize] = succs;
         }
+        fun.node_instr[n as usize] = tables.blocks[id as usize].instructions;
         self.id_node[id as usize] = (func, n);
         self.id_root[id as usize] = NONE;
         n
@@ -635,7 +648,13 @@ impl PathRecorder {
 
     fn new_trie_node(&mut self, parent: u32, node: u32, func: u32, start_tag: u32) -> u32 {
         let t = self.trie.len() as u32;
+        let before = match parent {
+            NONE => 0,
+            p => self.trie[p as usize].instr,
+        };
+        let instr = before + self.funcs[func as usize].node_instr[node as usize] as u64;
         self.trie.push(TrieNode {
+            instr,
             parent,
             node,
             func,
@@ -752,6 +771,7 @@ impl PathRecorder {
                     parent,
                     func,
                     blocks: 0,
+                    instructions: 0,
                     depth,
                     last_func: NONE,
                     last_child: NONE,
@@ -802,6 +822,7 @@ impl PathRecorder {
             cur: root,
             len: 1,
             blocks: 0,
+            instructions: 0,
             path_ends: 0,
             last_addr: self.id_addr[id as usize],
             pap,
@@ -871,13 +892,21 @@ impl PathRecorder {
     /// function (when it ends, or when its frame is dropped), with its current path's when
     /// `with_current` (counted with `count_path` but not `end_path`).
     fn flush_counts(&mut self, a: &Activation, with_current: bool) {
-        let (len, ends) = if with_current {
-            (a.len as u64, 1)
+        let (len, instr, ends) = if with_current {
+            (a.len as u64, self.path_instructions(a.cur), 1)
         } else {
-            (0, 0)
+            (0, 0, 0)
         };
-        self.calltree[a.call_node as usize].blocks += a.blocks + len;
+        let node = &mut self.calltree[a.call_node as usize];
+        node.blocks += a.blocks + len;
+        node.instructions += a.instructions + instr;
         self.funcs[a.func as usize].path_ends += a.path_ends + ends;
+    }
+
+    /// Guest instructions of the blocks on prefix `t` (0 for [`NONE`]).
+    #[inline]
+    pub(crate) fn path_instructions(&self, t: u32) -> u64 {
+        self.trie.get(t as usize).map_or(0, |n| n.instr)
     }
 
     /// Ends the top activation's current path with `end` (a back edge's head node, or
@@ -886,8 +915,10 @@ impl PathRecorder {
     fn end_path(&mut self, end: u32) -> u32 {
         let a = *self.stack.last().expect("an activation");
         let p = self.count_path(&a, end);
+        let instr = self.path_instructions(a.cur);
         let top = self.stack.last_mut().expect("an activation");
         top.blocks += a.len as u64;
+        top.instructions += instr;
         top.path_ends += 1;
         if top.pap != NONE {
             self.pap_runs.push(top, p);
@@ -901,7 +932,10 @@ impl PathRecorder {
     pub(crate) fn pop_activation(&mut self) {
         let mut a = self.stack.pop().expect("an activation");
         let p = self.count_path(&a, END_EXIT);
-        self.calltree[a.call_node as usize].blocks += a.blocks + a.len as u64;
+        let instr = self.path_instructions(a.cur);
+        let node = &mut self.calltree[a.call_node as usize];
+        node.blocks += a.blocks + a.len as u64;
+        node.instructions += a.instructions + instr;
         self.funcs[a.func as usize].path_ends += a.path_ends + 1;
         if a.pap != NONE {
             self.pap_runs.push(&mut a, p);

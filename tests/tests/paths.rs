@@ -52,7 +52,7 @@ fn addr(v: &Value) -> u64 {
 
 /// Σ count × occurrences over `bl` paths equals every block's count.
 fn check_consistency(what: &str, json: &Value) {
-    let paths = json["paths"]
+    let paths = json["path_profile"]["paths"]
         .as_array()
         .unwrap_or_else(|| panic!("{what}: no paths in the report"));
     let mut from_paths: HashMap<u64, u64> = HashMap::new();
@@ -86,7 +86,7 @@ fn check_consistency(what: &str, json: &Value) {
         );
     }
     // The flame graph's stacks share out every executed block, each to the stack it ran in.
-    let in_stacks: u64 = json["stacks"]
+    let in_stacks: u64 = json["path_profile"]["stacks"]
         .as_array()
         .unwrap_or_else(|| panic!("{what}: no stacks in the report"))
         .iter()
@@ -107,15 +107,18 @@ fn check_consistency(what: &str, json: &Value) {
         "{what}: PAP runs not heaviest first"
     );
     for p in pap {
-        let len = |f: &str| p[f].as_array().unwrap().len() as u64;
-        let runs = p["bl_runs"].as_array().unwrap();
+        let run = &p["pap"];
+        let runs = run["bl_runs"].as_array().unwrap();
         let listed: u64 = runs.iter().map(|r| r["repeat"].as_u64().unwrap()).sum();
-        let run_paths = p["run_paths"].as_u64().unwrap();
+        let run_paths = run["run_paths"].as_u64().unwrap();
         assert!(
-            len("blocks") == p["len"].as_u64().unwrap().min(1000),
+            p["blocks"].as_array().unwrap().len() as u64 == p["len"].as_u64().unwrap().min(1000),
             "{what}: {p}"
         );
-        assert!(len("breakpoints") == p["breakpoints_total"].as_u64().unwrap().min(1000));
+        assert!(
+            run["breakpoints"].as_array().unwrap().len() as u64
+                == run["breakpoints_total"].as_u64().unwrap().min(1000)
+        );
         assert!(runs.len() <= 1000 && listed <= run_paths, "{what}: {p}");
         assert!(
             runs.len() == 1000 || listed == run_paths,
@@ -141,7 +144,7 @@ fn branchy_loop_paths_are_exact() {
             )
         })
         .collect();
-    let bl: Vec<&Value> = json["paths"]
+    let bl: Vec<&Value> = json["path_profile"]["paths"]
         .as_array()
         .unwrap()
         .iter()
@@ -188,7 +191,7 @@ fn branchy_loop_paths_are_exact() {
     assert_eq!(bl.len(), 4, "branchy has exactly four paths");
 
     // PAP: one cyclic path per call, the whole iteration sequence, 10 times.
-    let pap: Vec<&Value> = json["paths"]
+    let pap: Vec<&Value> = json["path_profile"]["paths"]
         .as_array()
         .unwrap()
         .iter()
@@ -200,23 +203,23 @@ fn branchy_loop_paths_are_exact() {
     expected.extend((1..999).map(|i| if i & 3 != 3 { then_id } else { else_id }));
     expected.push(last_id);
     let mut got = Vec::new();
-    for r in pap[0]["bl_runs"].as_array().unwrap() {
+    for r in pap[0]["pap"]["bl_runs"].as_array().unwrap() {
         for _ in 0..r["repeat"].as_u64().unwrap() {
             got.push(r["id"].as_u64().unwrap());
         }
     }
     assert_eq!(got, expected, "PAP run vs the loop's iterations");
     assert!(
-        !pap[0]["breakpoints"].as_array().unwrap().is_empty(),
+        !pap[0]["pap"]["breakpoints"].as_array().unwrap().is_empty(),
         "1000 iterations overflow a 64-bit PAP register"
     );
     // Blocks: the run's length, the first 1000 listed.
     assert_eq!(pap[0]["len"], 1 + 749 * 3 + 249 * 2 + 2 + 3);
     assert_eq!(pap[0]["blocks"].as_array().unwrap().len(), 1000);
-    assert_eq!(pap[0]["run_paths"], 1000);
+    assert_eq!(pap[0]["pap"]["run_paths"], 1000);
 
     // k = 2: the hottest pair is then, then.
-    let k: Vec<&Value> = json["k_paths"]
+    let k: Vec<&Value> = json["path_profile"]["k_paths"]
         .as_array()
         .unwrap()
         .iter()
@@ -236,7 +239,7 @@ fn recursion_paths_are_exact() {
         guest_build::build("paths_recursion.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let json = run_report(&exe, "recursion", &[], &["--pap-threshold", "0"]);
     check_consistency("paths_recursion", &json);
-    let rsum: Vec<&Value> = json["paths"]
+    let rsum: Vec<&Value> = json["path_profile"]["paths"]
         .as_array()
         .unwrap()
         .iter()
@@ -276,11 +279,11 @@ fn recursion_paths_are_exact() {
         .expect("the base-case path");
     assert_eq!(names(base), ["rsum", "rsum+0x13"]);
     assert_eq!(
-        json["path_stats"]["shadow_stack_resyncs"], 0,
+        json["path_profile"]["stats"]["shadow_stack_resyncs"], 0,
         "every return matches its call"
     );
     // The flame graph's deepest stack: _start, then DEPTH + 1 frames of rsum, 2 blocks per call.
-    let deepest = json["stacks"]
+    let deepest = json["path_profile"]["stacks"]
         .as_array()
         .unwrap()
         .iter()
@@ -311,7 +314,7 @@ fn call_stacks_follow_the_source() {
             let what = format!("count_calls ({linkage}, {tag})");
             let json = run_report(&exe, &format!("stacks-{linkage}-{tag}"), &[], extra);
             check_consistency(&what, &json);
-            let below: HashMap<&str, u64> = json["stacks"]
+            let below: HashMap<&str, u64> = json["path_profile"]["stacks"]
                 .as_array()
                 .unwrap()
                 .iter()
@@ -352,7 +355,7 @@ fn c_loops_and_recursion() {
         guest_build::build("paths_loops.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let json = run_report(&exe, "loops", &["400", "5"], &["--pap-threshold", "0"]);
     check_consistency("paths_loops", &json);
-    let paths = json["paths"].as_array().unwrap();
+    let paths = json["path_profile"]["paths"].as_array().unwrap();
     let counts = |f: &str| -> Vec<u64> {
         let mut c: Vec<u64> = paths
             .iter()
@@ -378,7 +381,7 @@ fn c_loops_and_recursion() {
         (nested["start"].as_str(), nested["end"].as_str()),
         (Some("back_edge"), Some("back_edge"))
     );
-    assert!(json["stacks"]
+    assert!(json["path_profile"]["stacks"]
         .as_array()
         .unwrap()
         .iter()
@@ -446,7 +449,7 @@ fn busybox_sort_and_awk() {
         }
         let json = run_report(busybox, &format!("busybox-{tag}"), &args, &extra);
         check_consistency(tag, &json);
-        let paths = json["paths"].as_array().unwrap();
+        let paths = json["path_profile"]["paths"].as_array().unwrap();
         assert!(paths.len() > 10, "{tag}: paths recorded");
         let names = paths[0]["names"].as_array().unwrap();
         assert!(
@@ -479,11 +482,11 @@ fn busybox_sort_and_awk() {
 /// The two fields of the report that a path recorder writes, and its statistics.
 fn path_sections(json: &Value) -> [&Value; 5] {
     [
-        &json["paths"],
-        &json["k_paths"],
-        &json["path_stats"],
-        &json["functions"],
-        &json["stacks"],
+        &json["path_profile"]["paths"],
+        &json["path_profile"]["k_paths"],
+        &json["path_profile"]["stats"],
+        &json["path_profile"]["functions"],
+        &json["path_profile"]["stacks"],
     ]
 }
 

@@ -178,7 +178,7 @@ mod tests {
         // two-page mapping of ours whose second page is made inaccessible.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_fault as usize;
+            sa.sa_sigaction = on_fault as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO;
             libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
             let p = libc::mmap(

@@ -4,13 +4,13 @@
 use std::path::Path;
 
 use hotpath_loader::{module_symbols, symbolize_in, Symbol};
-use hotpath_monitor::{module_of, ModuleProfile};
+use hotpath_report::{module_of, Addr, Module};
 use hotpath_translator::modules::GuestModule;
 
 /// The guest's modules with their symbols, read once when a report is written.
 pub struct ModuleMap {
     /// In mapping order; index 0 is the program.
-    pub profiles: Vec<ModuleProfile>,
+    pub profiles: Vec<Module>,
     /// Function symbols of each module, at guest addresses.
     symbols: Vec<Vec<Symbol>>,
 }
@@ -29,9 +29,9 @@ impl ModuleMap {
                 map_file(&m.path).and_then(|b| module_symbols(&b, m.start))
             }
             .unwrap_or_default();
-            profiles.push(ModuleProfile {
+            profiles.push(Module {
                 path: m.path.display().to_string(),
-                base: m.start,
+                base: Addr(m.start),
                 size: m.end - m.start,
                 build_id: info.build_id,
                 unloaded: m.unloaded,
@@ -46,7 +46,7 @@ impl ModuleMap {
     /// file name and the offset from its start when no symbol covers `addr`. `None` outside
     /// every module, or in the program where no symbol covers it.
     pub fn symbolize(&self, addr: u64) -> Option<(String, u64)> {
-        let i = module_of(&self.profiles, addr)?;
+        let i = module_of(&self.profiles, Addr(addr))?;
         let sym = symbolize_in(&self.symbols[i], addr);
         if i == 0 {
             return sym.map(|(name, off)| (name.to_string(), off));
@@ -57,7 +57,7 @@ impl ModuleMap {
             .map_or(m.path.clone(), |f| f.to_string_lossy().into_owned());
         Some(match sym {
             Some((name, off)) => (format!("{file}!{name}"), off),
-            None => (file, addr - m.base),
+            None => (file, addr - m.base.0),
         })
     }
 }

@@ -1,0 +1,237 @@
+//! The command line: `hotpath run | report | merge | bench`, parsed with clap.
+//!
+//! Options go before the program: the first word that is not an option is the program, and
+//! everything after it is the program's own arguments (`--` may separate them). An unknown
+//! option before the program is an error with a usage line, never a program name.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
+use hotpath_monitor::{DEFAULT_PAP_THRESHOLD, DEFAULT_SUPERBLOCK_THRESHOLD};
+
+/// Rows of each table in the text summary.
+pub const SUMMARY_TOP: usize = 10;
+
+/// `hotpath`'s arguments.
+#[derive(Parser, Debug)]
+#[command(
+    name = "hotpath",
+    version,
+    about = "A dynamic binary translator for x86-64 Linux programs, with exact block and path profiles"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run PROGRAM under translation; it behaves as it does natively.
+    Run(RunArgs),
+    /// Render a saved JSON report as text, DOT files, a flame graph, drcov or callgrind.
+    Report(ReportArgs),
+    /// Sum the JSON reports of several runs of one program into one report.
+    Merge(MergeArgs),
+    /// Time PROGRAM natively, under hotpath in each mode, and under qemu-x86_64 when
+    /// installed; print medians and ratios to native.
+    Bench(BenchArgs),
+}
+
+/// Files rendered from a profile, by `run` and by `report`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OutputArgs {
+    /// Rows of each table in the text summary.
+    #[arg(long, default_value_t = SUMMARY_TOP)]
+    pub top: usize,
+    /// Write a Graphviz file per hot function into DIR (needs path profiles).
+    #[arg(long, value_name = "DIR")]
+    pub dot: Option<PathBuf>,
+    /// Write a flame graph of the shadow call stack to FILE.svg (needs path profiles).
+    #[arg(long, value_name = "FILE.svg")]
+    pub flamegraph: Option<PathBuf>,
+    /// Write block coverage in DynamoRIO's drcov format (Lighthouse, bncov) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub drcov: Option<PathBuf>,
+    /// Write a callgrind profile (callgrind_annotate, KCachegrind) to FILE; with `run`, this
+    /// records the shadow call stack (as `--paths` does) for the calls' inclusive costs.
+    #[arg(long, value_name = "FILE")]
+    pub callgrind: Option<PathBuf>,
+}
+
+impl OutputArgs {
+    /// Whether any file is asked for.
+    pub fn any_file(&self) -> bool {
+        self.dot.is_some()
+            || self.flamegraph.is_some()
+            || self.drcov.is_some()
+            || self.callgrind.is_some()
+    }
+}
+
+/// `hotpath report`.
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// The JSON report (from `run --report` or `merge`).
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub outputs: OutputArgs,
+}
+
+/// `hotpath merge`.
+#[derive(clap::Args, Debug)]
+pub struct MergeArgs {
+    /// The reports to sum: runs of one program.
+    #[arg(required = true, num_args = 1..)]
+    pub reports: Vec<PathBuf>,
+    /// Where to write the merged report.
+    #[arg(short, long, value_name = "OUT.json")]
+    pub output: PathBuf,
+}
+
+/// `hotpath bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Runs of each mode (the median is shown).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Skip qemu-x86_64 even when it is installed.
+    #[arg(long)]
+    pub no_qemu: bool,
+    /// The program and its arguments.
+    #[arg(
+        trailing_var_arg = true,
+        required = true,
+        value_name = "PROGRAM [ARGS]"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// `hotpath run`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Do not emit the enqueue stub and run no monitor (measures the translator alone).
+    #[arg(long)]
+    pub no_monitor: bool,
+    /// Event ring capacity in entries (a power of two).
+    #[arg(long, default_value_t = DEFAULT_RING_ENTRIES, value_parser = parse_ring_entries)]
+    pub ring_entries: u64,
+    /// Pin the monitor thread to this CPU (default: the last CPU this process may use, when
+    /// there are at least two).
+    #[arg(long)]
+    pub monitor_cpu: Option<usize>,
+    /// Print no summary on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Write the profile as JSON (schema hotpath-report/2, docs/report-schema.md) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Record path profiles (functions, shadow stack, Ball-Larus and PAP paths, k-paths).
+    /// Off by default: 1.1-12x the tables-only run's time on the bench samples
+    /// (bench/paths.sh; README "Path profiles").
+    #[arg(long, overrides_with = "no_paths")]
+    pub paths: bool,
+    /// Record tables only: no functions, shadow stack or path profiles (the default).
+    #[arg(long)]
+    pub no_paths: bool,
+    /// Record k-iteration paths: runs of up to N consecutive Ball-Larus paths (0: none).
+    #[arg(long = "k", value_name = "N", default_value_t = 0)]
+    pub k: usize,
+    /// Path ends after which a function is hot and records PAP cyclic paths (0: all).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PAP_THRESHOLD)]
+    pub pap_threshold: u64,
+    /// Record paths one basic block at a time, without memoised transitions: the slower
+    /// reference the default recorder is checked against (same profile).
+    #[arg(long)]
+    pub paths_per_block: bool,
+    /// Build no superblocks: every block enqueues its own event (measures what superblocks
+    /// buy; the profile is the same).
+    #[arg(long)]
+    pub no_superblocks: bool,
+    /// Executions of a loop's back edge after which the monitor asks for a superblock at the
+    /// loop head (the monitor-thread patent's 3000).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SUPERBLOCK_THRESHOLD,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub superblock_threshold: u64,
+    #[command(flatten)]
+    pub outputs: OutputArgs,
+    /// The name the program sees as its argv[0] (default: PROGRAM as given).
+    #[arg(long, value_name = "NAME")]
+    pub argv0: Option<OsString>,
+    /// Run the programs the guest execs natively instead of under hotpath.
+    #[arg(long)]
+    pub no_follow_exec: bool,
+    /// Give the guest no vDSO (as valgrind does): its time functions make system calls.
+    #[arg(long)]
+    pub no_vdso: bool,
+    /// The program and its arguments.
+    #[arg(
+        trailing_var_arg = true,
+        required = true,
+        value_name = "PROGRAM [ARGS]"
+    )]
+    pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// Whether the shadow stack and path profiles are recorded: `--paths`, or `--callgrind`
+    /// (whose calls need the shadow stack), unless `--no-paths` comes last.
+    pub fn records_paths(&self) -> bool {
+        (self.paths || self.outputs.callgrind.is_some()) && !self.no_paths
+    }
+}
+
+fn parse_ring_entries(s: &str) -> Result<u64, String> {
+    let n: u64 = s.parse().map_err(|e| format!("{e}"))?;
+    if !n.is_power_of_two() || !(MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&n) {
+        return Err(format!(
+            "must be a power of two in [{MIN_RING_ENTRIES}, {MAX_RING_ENTRIES}]"
+        ));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("hotpath").chain(args.iter().copied()))
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        match parse(args).expect("parses").command {
+            Command::Run(r) => r,
+            c => panic!("not run: {c:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unknown_option_before_the_program_is_an_error() {
+        let e = parse(&["run", "--drcovv", "f", "--", "/bin/true"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("Usage:"), "{e}");
+        let e = parse(&["run", "--bogus", "/bin/true"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+    }
+
+    #[test]
+    fn the_program_and_its_options_are_the_programs() {
+        let r = run_args(&["run", "--drcov", "cov", "--", "/bin/ls", "-l", "--all"]);
+        assert_eq!(r.outputs.drcov, Some(PathBuf::from("cov")));
+        assert_eq!(r.command, ["/bin/ls", "-l", "--all"]);
+        // Without `--`: the first word that is not an option starts the program.
+        let r = run_args(&["run", "-q", "/bin/ls", "-q", "--report", "x"]);
+        assert!(r.quiet && r.outputs.drcov.is_none() && r.report.is_none());
+        assert_eq!(r.command, ["/bin/ls", "-q", "--report", "x"]);
+    }
+
+    #[test]
+    fn callgrind_records_the_shadow_stack() {
+        assert!(run_args(&["run", "--callgrind", "cg", "p"]).records_paths());
+        assert!(!run_args(&["run", "--callgrind", "cg", "--no-paths", "p"]).records_paths());
+        assert!(!run_args(&["run", "p"]).records_paths());
+    }
+}

@@ -1,0 +1,49 @@
+//! Everything rendered from a finished profile: the JSON report, the text summary, DOT files,
+//! the flame graph, drcov coverage and the callgrind profile.
+
+use std::path::Path;
+
+use hotpath_report::{callgrind, drcov, graph, text, Report, ReportError};
+
+use crate::cli::OutputArgs;
+
+/// Writes the files `outputs` asks for from `report`. Each failure is printed as one
+/// `hotpath:` line; returns whether all were written.
+pub fn write_files(report: &Report, outputs: &OutputArgs) -> bool {
+    let mut ok = true;
+    let mut check = |r: Result<(), ReportError>| {
+        if let Err(e) = r {
+            eprintln!("hotpath: {e}");
+            ok = false;
+        }
+    };
+    if let Some(dir) = &outputs.dot {
+        check(graph::write_dot(report, dir, outputs.top).map(drop));
+    }
+    if let Some(path) = &outputs.flamegraph {
+        check(graph::write_flamegraph(report, path));
+    }
+    if let Some(path) = &outputs.drcov {
+        check(drcov::write(report, path));
+    }
+    if let Some(path) = &outputs.callgrind {
+        check(callgrind::write(report, path));
+    }
+    ok
+}
+
+/// Writes the JSON report to `path`; a failure is printed as one `hotpath:` line.
+pub fn write_json(report: &Report, path: &Path) -> bool {
+    match report.write(path) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("hotpath: cannot write the report: {e}");
+            false
+        }
+    }
+}
+
+/// The text summary of `report`, `top` rows per table.
+pub fn summary(report: &Report, top: usize) -> String {
+    text::render(report, top)
+}

@@ -1,0 +1,646 @@
+//! A guest run's lifecycle: load, translate, monitor, and the reports written however the
+//! process image ends.
+//!
+//! ```text
+//!   load ELF ──▶ stack/auxv ──▶ translator (this thread) ──events──▶ monitor thread (pinned)
+//!   guest ends ──▶ close ring ──▶ monitor drains ──▶ Report ──▶ JSON, text, drcov, ... ──▶ exit like the guest
+//!   guest forks ──▶ the child gets its own ring, monitor and outputs (FILE.<pid>)
+//!   guest execs ──▶ outputs written, then the new program runs under hotpath (FILE.exec)
+//! ```
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
+use hotpath_monitor::{
+    attribute_modules, read_code, report_of, thread_report, FunctionSymbol, MonitorHandle,
+    MonitorResult, MonitorState, PathConfig, PathRecorder, RunInfo, Stream, Tables,
+};
+use hotpath_report::Ending;
+use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use hotpath_translator::{
+    signal_name, Config, ExecWrapper, Forked, GuestExit, Stop, ThreadStart, TranslateError,
+    Translator,
+};
+
+use crate::cli::{OutputArgs, RunArgs};
+use crate::modules::ModuleMap;
+use crate::outputs;
+
+/// Exit status for a program that could not be loaded (as shells use: 127 not found, 126
+/// cannot execute).
+fn load_error_status(e: &LoadError) -> u8 {
+    if e.is_not_found() {
+        127
+    } else {
+        126
+    }
+}
+
+/// The monitor side of a run: the thread, where it is pinned, where the report goes.
+struct Monitoring {
+    handle: Option<MonitorHandle>,
+    /// Where the rings of new guest threads go to the monitor.
+    streams: Option<crossbeam::channel::Sender<Stream>>,
+    /// Path recording for a new monitor (None: `--no-paths`).
+    paths: Option<PathConfig>,
+    /// The hot threshold for superblocks (None: `--no-superblocks`).
+    superblock_threshold: Option<u64>,
+    core: Option<core_affinity::CoreId>,
+    /// Where this process image's JSON report goes.
+    report: Option<PathBuf>,
+    /// The other files it writes (renamed like `report` in a forked child).
+    outputs: OutputArgs,
+}
+
+impl Monitoring {
+    /// A fresh monitor state: empty tables and paths.
+    fn fresh(&self) -> MonitorState {
+        let mut state = MonitorState::new(
+            Default::default(),
+            self.paths.clone().map(PathRecorder::new),
+        );
+        state.tables.hot_threshold = self.superblock_threshold.unwrap_or(u64::MAX);
+        state
+    }
+
+    /// The monitor's handle on `translator`'s ring (and its superblock requests).
+    fn stream(&self, translator: &mut Translator) -> Stream {
+        let commands = self.superblock_threshold.map(|_| {
+            let (tx, rx) = crossbeam::channel::unbounded();
+            translator.set_command_receiver(rx);
+            tx
+        });
+        Stream {
+            tid: translator.tid(),
+            ring: translator.ring_consumer(),
+            commands,
+        }
+    }
+
+    /// Starts a monitor on the translator's ring, going on from `state`.
+    fn start(&mut self, translator: &mut Translator, state: MonitorState) {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        translator.set_block_sender(tx);
+        let first = self.stream(translator);
+        let (stx, srx) = crossbeam::channel::unbounded();
+        self.streams = Some(stx);
+        self.handle = Some(hotpath_monitor::spawn(
+            first,
+            srx,
+            rx,
+            self.core,
+            state,
+            self.fresh(),
+        ));
+    }
+
+    /// In a forked child: the parent's monitor thread does not exist here, so a new one
+    /// starts on this (the only) thread's ring, with empty tables, and the report goes to
+    /// `FILE.<pid>`.
+    fn restart_in_child(&mut self, translator: &mut Translator) {
+        if let Some(old) = self.handle.take() {
+            // Dropping them could wait on the parent's monitor thread.
+            std::mem::forget(old);
+            if let Some(old) = self.streams.take() {
+                std::mem::forget(old);
+            }
+            let suffix = format!(".{}", std::process::id());
+            self.rename_outputs(&suffix);
+            let fresh = self.fresh();
+            self.start(translator, fresh);
+        }
+    }
+
+    /// Adds `suffix` to the name of every file this process image writes.
+    fn rename_outputs(&mut self, suffix: &str) {
+        let o = &mut self.outputs;
+        for p in [
+            &mut self.report,
+            &mut o.dot,
+            &mut o.flamegraph,
+            &mut o.drcov,
+            &mut o.callgrind,
+        ] {
+            if let Some(path) = p.take() {
+                *p = Some(with_suffix(&path, suffix));
+            }
+        }
+    }
+
+    /// Hands a new guest thread's ring to the monitor.
+    fn add_thread(&self, translator: &mut Translator) {
+        if self.handle.is_some() {
+            let s = self.stream(translator);
+            if let Some(tx) = &self.streams {
+                let _ = tx.send(s);
+            }
+        }
+    }
+
+    /// Closes the ring (the other threads' are closed or stopped) and collects what the
+    /// monitor kept.
+    fn stop(&mut self, translator: &Translator) -> Option<MonitorResult> {
+        let handle = self.handle.take()?;
+        self.streams = None;
+        translator.ring_producer()?.close();
+        match handle.finish() {
+            Ok(result) => Some(result),
+            Err(e) => {
+                eprintln!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile");
+                None
+            }
+        }
+    }
+}
+
+/// What every guest thread's host thread shares: the options, and the monitor.
+struct RunCtx {
+    args: RunArgs,
+    program: PathBuf,
+    monitoring: std::sync::Mutex<Monitoring>,
+}
+
+impl RunCtx {
+    fn monitoring(&self) -> std::sync::MutexGuard<'_, Monitoring> {
+        self.monitoring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs one guest thread until the process ends (which this function then does, from
+    /// whichever thread ends it) or the thread alone ends (it returns).
+    fn guest_thread(self: &Arc<Self>, mut translator: Translator) {
+        loop {
+            match translator.run() {
+                Ok(Stop::Exit(e)) => self.end(&translator, Ok(e)),
+                Err(e) => self.end(&translator, Err(e)),
+                Ok(Stop::ThreadExit) => {
+                    translator.recycle();
+                    return;
+                }
+                Ok(Stop::Exec) => {
+                    // The kernel ends every other thread at an execve.
+                    translator.stop_other_threads();
+                    let mut monitoring = self.monitoring();
+                    if let Some(result) = monitoring.stop(&translator) {
+                        let resume = first_thread_state(&result);
+                        finish_report(
+                            &self.args,
+                            &self.program,
+                            &translator,
+                            &monitoring,
+                            result,
+                            Ending::Exec,
+                            true,
+                        );
+                        translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
+                        translator.exec();
+                        // The exec failed: the guest goes on, and so does its profile.
+                        translator.exec_failed();
+                        monitoring.start(&mut translator, resume);
+                    } else {
+                        translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
+                        translator.exec();
+                        translator.exec_failed();
+                    }
+                }
+                Ok(Stop::Fork) => {
+                    // Held across the fork: another thread may be adding its ring.
+                    let mut monitoring = self.monitoring();
+                    match translator.fork() {
+                        Ok(Forked::Parent) => {}
+                        Ok(Forked::Child) => monitoring.restart_in_child(&mut translator),
+                        Err(e) => {
+                            drop(monitoring);
+                            self.end(&translator, Err(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the process from the calling guest thread: stops the others, writes the
+    /// profile, and exits as the guest did.
+    fn end(&self, translator: &Translator, outcome: Result<GuestExit, TranslateError>) -> ! {
+        translator.stop_other_threads();
+        let ending = match &outcome {
+            Ok(GuestExit::Exited(code)) => Ending::Exited { code: *code },
+            Ok(GuestExit::Signaled(sig)) => Ending::Signaled {
+                signal: *sig,
+                name: signal_name(*sig).to_string(),
+            },
+            Err(e) => Ending::Error {
+                message: e.to_string(),
+            },
+        };
+        if let Err(e) = &outcome {
+            eprintln!("hotpath: {}: {e}", self.program.display());
+        }
+        let mut monitoring = self.monitoring();
+        if let Some(result) = monitoring.stop(translator) {
+            finish_report(
+                &self.args,
+                &self.program,
+                translator,
+                &monitoring,
+                result,
+                ending,
+                self.args.quiet,
+            );
+        }
+        if !self.args.quiet {
+            let s = translator.stats();
+            eprintln!(
+                "hotpath: translator: {} blocks translated in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills, {} threads",
+                s.blocks_translated,
+                s.translation_ns as f64 / 1e9,
+                s.superblocks,
+                s.superblocks_dropped,
+                s.links,
+                s.ibl_misses,
+                s.syscalls,
+                s.flushes,
+                s.ring_refills,
+                translator.threads_started()
+            );
+        }
+        match outcome {
+            Ok(GuestExit::Exited(code)) => std::process::exit(code & 0xff),
+            Ok(GuestExit::Signaled(sig)) => {
+                let _ = die_of(sig);
+                std::process::exit(128 + sig)
+            }
+            Err(_) => std::process::exit(1),
+        }
+    }
+}
+
+/// The state of the process's first thread, for a monitor that goes on after a failed exec.
+fn first_thread_state(result: &MonitorResult) -> MonitorState {
+    result
+        .threads
+        .first()
+        .map(|t| t.state.clone())
+        .unwrap_or_default()
+}
+
+/// Creates a host thread for each new guest thread and runs it there.
+fn spawner(ctx: Arc<RunCtx>) -> hotpath_translator::Spawner {
+    Arc::new(move |start: ThreadStart| {
+        let ctx = ctx.clone();
+        // The host thread starts with every signal blocked (it inherits the mask it is
+        // created with); it takes the guest's mask once it can handle signals.
+        // SAFETY: changing the calling thread's mask and restoring it right after.
+        let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+        }
+        let spawned = std::thread::Builder::new()
+            .name("hotpath-guest".into())
+            .stack_size(GUEST_THREAD_HOST_STACK)
+            .spawn(move || {
+                let Ok(mut translator) = Translator::start_thread(start) else {
+                    return;
+                };
+                ctx.monitoring().add_thread(&mut translator);
+                ctx.guest_thread(translator);
+            });
+        // SAFETY: restoring the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
+        spawned.map(|_| ())
+    })
+}
+
+/// Stack of the host thread that runs a guest thread's dispatcher, in bytes (the guest's own
+/// stack is its own).
+const GUEST_THREAD_HOST_STACK: usize = 8 << 20;
+
+/// `hotpath run`: runs the program in `args` until the process ends, which it then ends the
+/// way the guest did (exit status, or death by the same signal). Returns only when the
+/// program cannot be started (with the shell's status: 127 not found, 126 cannot execute).
+/// `cores` are the CPUs this process may use, read before any thread was pinned.
+pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
+    let file = search_path(&args.command[0]);
+    if let Some(name) = args.argv0.take() {
+        // The report shows the argv the guest saw.
+        args.command[0] = name;
+    }
+    let (program, argv) = match resolve_script(&file, &args.command) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("hotpath: {e}");
+            return ExitCode::from(load_error_status(&e));
+        }
+    };
+    let image = match load(
+        &program,
+        LoadOptions {
+            extra_reserve: CODE_CACHE_SIZE,
+        },
+    ) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("hotpath: {e}");
+            return ExitCode::from(load_error_status(&e));
+        }
+    };
+    let envp: Vec<OsString> = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut kv = k;
+            kv.push("=");
+            kv.push(v);
+            kv
+        })
+        .collect();
+    // What execvp passes the kernel as the file name, which AT_EXECFN shows (the script's,
+    // for a #! script).
+    let execfn = file.to_string_lossy().into_owned();
+    let stack = match build_stack(
+        &image,
+        &argv,
+        &envp,
+        &execfn,
+        hotpath_translator::guest_vdso().filter(|_| !args.no_vdso),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hotpath: {e}");
+            return ExitCode::from(126);
+        }
+    };
+
+    let monitor_on = !args.no_monitor;
+    let cfg = Config {
+        enqueue: monitor_on,
+        ring_entries: args.ring_entries,
+        superblocks: monitor_on && !args.no_superblocks,
+        vdso: !args.no_vdso,
+    };
+    let mut translator = match Translator::new(&image, &stack, cfg, None) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("hotpath: {}: {e}", image.path.display());
+            return ExitCode::from(70);
+        }
+    };
+    let core = match args.monitor_cpu {
+        Some(id) => Some(core_affinity::CoreId { id }),
+        None if cores.len() >= 2 => cores.last().copied(),
+        None => None,
+    };
+    let paths = args.records_paths().then(|| PathConfig {
+        pap_threshold: args.pap_threshold,
+        k: args.k,
+        per_block: args.paths_per_block,
+        symbols: image
+            .symbols
+            .iter()
+            .map(|s| FunctionSymbol {
+                name: s.name.clone(),
+                addr: s.addr,
+                size: s.size,
+            })
+            .collect(),
+    });
+    let mut monitoring = Monitoring {
+        handle: None,
+        streams: None,
+        paths,
+        superblock_threshold: (!args.no_superblocks).then_some(args.superblock_threshold),
+        core,
+        report: args.report.clone(),
+        outputs: args.outputs.clone(),
+    };
+    if monitor_on {
+        let fresh = monitoring.fresh();
+        monitoring.start(&mut translator, fresh);
+    } else if args.report.is_some() {
+        eprintln!("hotpath: no report: --no-monitor collects no profile");
+    }
+    let ctx = Arc::new(RunCtx {
+        program: image.path.clone(),
+        args,
+        monitoring: std::sync::Mutex::new(monitoring),
+    });
+    translator.set_spawner(spawner(ctx.clone()));
+    ctx.guest_thread(translator);
+    // The first guest thread ended alone (`exit` while others run): the process ends when
+    // the last one does, from its host thread.
+    // SAFETY: blocking this thread's signals; it runs no guest code any more.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Suffix added to every output file name of a program the guest execs, so that no process
+/// image overwrites another's report (a forked child adds `.<pid>` instead).
+const EXEC_SUFFIX: &str = ".exec";
+
+/// `path` with `suffix` appended to its file name.
+fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// How the guest's `execve` runs the new program: under this hotpath with the same options
+/// and every output file renamed with [`EXEC_SUFFIX`] (after the current image's own name,
+/// which a fork may have changed), or natively with `--no-follow-exec`.
+fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> {
+    if args.no_follow_exec {
+        return None;
+    }
+    let hotpath = std::env::current_exe().ok()?;
+    let mut a: Vec<OsString> = vec!["run".into()];
+    let mut opt = |name: &str, value: Option<OsString>| {
+        a.push(name.into());
+        a.extend(value);
+    };
+    if args.no_monitor {
+        opt("--no-monitor", None);
+    }
+    opt("--ring-entries", Some(args.ring_entries.to_string().into()));
+    if let Some(cpu) = args.monitor_cpu {
+        opt("--monitor-cpu", Some(cpu.to_string().into()));
+    }
+    if args.quiet {
+        opt("--quiet", None);
+    }
+    if let Some(r) = &monitoring.report {
+        opt("--report", Some(with_suffix(r, EXEC_SUFFIX).into()));
+    }
+    if args.records_paths() {
+        opt("--paths", None);
+    }
+    opt("--k", Some(args.k.to_string().into()));
+    opt(
+        "--pap-threshold",
+        Some(args.pap_threshold.to_string().into()),
+    );
+    if args.paths_per_block {
+        opt("--paths-per-block", None);
+    }
+    if args.no_superblocks {
+        opt("--no-superblocks", None);
+    }
+    if args.no_vdso {
+        opt("--no-vdso", None);
+    }
+    opt(
+        "--superblock-threshold",
+        Some(args.superblock_threshold.to_string().into()),
+    );
+    let o = &monitoring.outputs;
+    opt("--top", Some(o.top.to_string().into()));
+    for (name, file) in [
+        ("--dot", &o.dot),
+        ("--flamegraph", &o.flamegraph),
+        ("--drcov", &o.drcov),
+        ("--callgrind", &o.callgrind),
+    ] {
+        if let Some(f) = file {
+            opt(name, Some(with_suffix(f, EXEC_SUFFIX).into()));
+        }
+    }
+    a.push("--argv0".into());
+    Some(ExecWrapper { hotpath, args: a })
+}
+
+/// The file `execvp` would run for `name`: `name` itself when it contains a slash, else the
+/// first executable regular file called `name` in a directory of `PATH` (default
+/// `/usr/local/bin:/usr/bin:/bin`, as glibc's), else `name` (the loader then reports it
+/// missing).
+fn search_path(name: &std::ffi::OsStr) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    if name.as_bytes().contains(&b'/') || name.is_empty() {
+        return PathBuf::from(name);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|dir| {
+            // An empty entry means the current directory.
+            if dir.as_os_str().is_empty() {
+                PathBuf::from(".").join(name)
+            } else {
+                dir.join(name)
+            }
+        })
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Builds the report of `result` and writes every output asked for: the JSON report, the other
+/// files, and the stderr summary (unless `quiet`).
+fn finish_report(
+    args: &RunArgs,
+    program: &Path,
+    translator: &Translator,
+    monitoring: &Monitoring,
+    result: MonitorResult,
+    ending: Ending,
+    quiet: bool,
+) {
+    if quiet && monitoring.report.is_none() && !monitoring.outputs.any_file() {
+        // Nobody reads the profile: building it would cost more than many short runs take.
+        return;
+    }
+    let modules = ModuleMap::read(&translator.modules());
+    let symbolize = |addr: u64| modules.symbolize(addr);
+    // The process's tables: every thread's counts over one id space.
+    let mut tables = Tables::default();
+    for b in &result.catalog {
+        tables.learn(b.clone());
+    }
+    let mut threads = Vec::new();
+    let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, 0);
+    // Path profiles are per thread (each has its shadow stack); the report shows the one of
+    // the thread that ran the most events.
+    let mut paths: Option<(u64, PathRecorder)> = None;
+    for t in result.threads {
+        tables.merge(&t.state.tables);
+        waits += t.waits.waits;
+        wait_ns += t.waits.wait_ns;
+        busy_ns += t.state.busy_ns;
+        threads.push(thread_report(
+            t.tid,
+            &t.state.tables,
+            t.waits.waits,
+            t.waits.wait_ns,
+        ));
+        if let Some(rec) = t.state.paths {
+            if paths
+                .as_ref()
+                .is_none_or(|(n, _)| t.state.tables.events > *n)
+            {
+                paths = Some((t.state.tables.events, rec));
+            }
+        }
+    }
+    let stats = translator.stats();
+    let run = RunInfo {
+        program: program.display().to_string(),
+        argv: args
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        ending,
+        blocks_translated: stats.blocks_translated,
+        translation_ns: stats.translation_ns,
+    };
+    let mut report = report_of(&tables, &symbolize, run);
+    report.threads = threads;
+    report.totals.ring_waits = waits;
+    report.totals.ring_wait_ns = wait_ns;
+    report.totals.monitor_busy_ns = busy_ns;
+    attribute_modules(&mut report, modules.profiles.clone());
+    if let Some((_, mut rec)) = paths {
+        // The hot paths' listing disassembles their blocks.
+        read_code(&mut report);
+        rec.finish();
+        let name_of = |addr: u64| match modules.symbolize(addr) {
+            Some((name, 0)) => name.to_string(),
+            Some((name, off)) => format!("{name}+{off:#x}"),
+            None => format!("sub_{addr:x}"),
+        };
+        report.path_profile = Some(rec.profile(&name_of));
+    }
+    if let Some(path) = &monitoring.report {
+        outputs::write_json(&report, path);
+    }
+    if !quiet {
+        eprint!("{}", outputs::summary(&report, monitoring.outputs.top));
+    }
+    outputs::write_files(&report, &monitoring.outputs);
+}
+
+/// Ends this process by signal `sig` with its default action, as the guest died natively.
+fn die_of(sig: i32) -> ExitCode {
+    // SAFETY: resetting a disposition, unblocking and raising affect only this process, which
+    // is meant to end here.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+    eprintln!(
+        "hotpath: the guest died of {} but the signal did not end hotpath",
+        signal_name(sig)
+    );
+    ExitCode::from(128 + sig as u8)
+}

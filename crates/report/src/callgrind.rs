@@ -1,0 +1,268 @@
+//! The profile in callgrind's format, which callgrind_annotate and KCachegrind read.
+//!
+//! One cost event, `Ir`: guest instructions executed. Positions are guest addresses
+//! (`positions: instr`), one cost line per block (its executions × its instructions, at its
+//! first instruction). Objects (`ob=`) are the guest's modules; functions (`fn=`) are:
+//! - with a path profile (`--paths`): the functions the shadow stack saw, so a block reached
+//!   in two functions is split between them by its count in each;
+//! - otherwise, and for what the path profile does not cover (other threads): the ELF symbol
+//!   covering the block, `???` where none does (as valgrind names them).
+//!
+//! Calls (`cfn=`, `calls=`) need the shadow call stack, so only a report made with `--paths`
+//! has them. A call's count is the caller's exact number of direct and indirect calls to the
+//! callee (from the edge and indirect-branch tables); its inclusive cost is the instructions
+//! executed in every folded stack where the caller directly calls the callee, counted once per
+//! stack (as callgrind counts a recursive cycle's cost once). A function's inclusive cost, as
+//! callgrind_annotate adds it up (self + calls), is then exactly the instructions executed
+//! while it was on the stack, for functions that do not recurse.
+//!
+//! Format: valgrind's "Callgrind Format Specification" (docs/cl-format.html), version 1.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use crate::{Addr, EdgeKind, Report, ReportError, Terminator};
+
+/// Name of the function of code no symbol or shadow-stack function covers.
+pub const UNKNOWN: &str = "???";
+
+/// A function in the output: its object and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Func {
+    ob: String,
+    name: String,
+}
+
+/// `symbol+0xOFF` without the offset, and `module!symbol` without the module when `module` is
+/// the file name of `module_path`.
+fn function_of_symbol(symbol: &str, module_path: Option<&str>) -> String {
+    let base =
+        symbol.rsplit_once('+').map_or(
+            symbol,
+            |(f, off)| {
+                if off.starts_with("0x") {
+                    f
+                } else {
+                    symbol
+                }
+            },
+        );
+    strip_module(base, module_path)
+}
+
+/// `name` without a leading `file!` naming the module it is in.
+fn strip_module(name: &str, module_path: Option<&str>) -> String {
+    let file = module_path.and_then(|p| p.rsplit('/').next());
+    match (name.split_once('!'), file) {
+        (Some((m, f)), Some(file)) if m == file => f.to_string(),
+        _ => name.to_string(),
+    }
+}
+
+/// Renders `r` in callgrind format.
+pub fn render(r: &Report) -> String {
+    let ob_of = |module: Option<usize>| {
+        module
+            .and_then(|m| r.modules.get(m))
+            .map_or(UNKNOWN.to_string(), |m| m.path.clone())
+    };
+    let module_path = |module: Option<usize>| {
+        module
+            .and_then(|m| r.modules.get(m))
+            .map(|m| m.path.as_str())
+    };
+    let blocks: HashMap<Addr, &crate::Block> = r.blocks.iter().map(|b| (b.addr, b)).collect();
+
+    // Self costs: (function, block address) -> instructions executed.
+    let mut costs: BTreeMap<Func, BTreeMap<Addr, u64>> = BTreeMap::new();
+    // The shadow-stack functions by name, and each block's function with the most executions
+    // of it (who called whom is named by the caller's block).
+    let mut by_name: HashMap<&str, Func> = HashMap::new();
+    let mut owner: HashMap<Addr, (u64, Func)> = HashMap::new();
+    let mut covered: HashMap<Addr, u64> = HashMap::new();
+    let pp = r.path_profile.as_ref();
+    for f in pp.iter().flat_map(|p| &p.functions) {
+        let module = r.module_of(f.entry);
+        let func = Func {
+            ob: ob_of(module),
+            name: strip_module(&f.name, module_path(module)),
+        };
+        by_name.insert(f.name.as_str(), func.clone());
+        for c in &f.blocks {
+            let Some(b) = blocks.get(&c.addr) else {
+                continue;
+            };
+            *covered.entry(c.addr).or_insert(0) += c.count;
+            *costs
+                .entry(func.clone())
+                .or_default()
+                .entry(c.addr)
+                .or_insert(0) += c.count * b.instructions as u64;
+            let o = owner.entry(c.addr).or_insert((0, func.clone()));
+            if c.count > o.0 {
+                *o = (c.count, func.clone());
+            }
+        }
+    }
+    // What the path profile does not cover, by symbol.
+    let symbol_func = |b: &crate::Block| Func {
+        ob: ob_of(b.module),
+        name: b.symbol.as_deref().map_or(UNKNOWN.to_string(), |s| {
+            function_of_symbol(s, module_path(b.module))
+        }),
+    };
+    for b in &r.blocks {
+        let rest = b
+            .count
+            .saturating_sub(covered.get(&b.addr).copied().unwrap_or(0));
+        if rest > 0 {
+            *costs
+                .entry(symbol_func(b))
+                .or_default()
+                .entry(b.addr)
+                .or_insert(0) += rest * b.instructions as u64;
+        }
+    }
+
+    // Calls, from the folded stacks: (caller, callee) -> inclusive instructions.
+    let mut inclusive: BTreeMap<(Func, Func), u64> = BTreeMap::new();
+    for s in pp.iter().flat_map(|p| &p.stacks) {
+        let frames: Vec<Func> = s
+            .stack
+            .split(';')
+            .map(|n| {
+                by_name.get(n).cloned().unwrap_or_else(|| Func {
+                    ob: UNKNOWN.to_string(),
+                    name: n.to_string(),
+                })
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for w in frames.windows(2) {
+            if seen.insert((&w[0], &w[1])) {
+                *inclusive.entry((w[0].clone(), w[1].clone())).or_insert(0) += s.instructions;
+            }
+        }
+    }
+    // Call counts and the hottest call site of each (caller, callee).
+    let caller_of = |a: Addr| {
+        owner
+            .get(&a)
+            .map(|o| o.1.clone())
+            .or_else(|| blocks.get(&a).map(|b| symbol_func(b)))
+    };
+    let callee_of = |a: Addr| {
+        pp.iter()
+            .flat_map(|p| &p.functions)
+            .find(|f| f.entry == a)
+            .and_then(|f| by_name.get(f.name.as_str()).cloned())
+            .or_else(|| blocks.get(&a).map(|b| symbol_func(b)))
+    };
+    let mut calls: HashMap<(Func, Func), (u64, Addr, u64)> = HashMap::new();
+    let mut add_call = |from: Addr, to: Addr, count: u64| {
+        if let (Some(caller), Some(callee)) = (caller_of(from), callee_of(to)) {
+            let c = calls.entry((caller, callee)).or_insert((0, from, 0));
+            c.0 += count;
+            if count > c.2 {
+                (c.1, c.2) = (from, count);
+            }
+        }
+    };
+    for e in r.edges.iter().filter(|e| e.kind == EdgeKind::Call) {
+        add_call(e.from, e.to, e.count);
+    }
+    // An indirect call's site is its instruction; the block it ends holds the call.
+    let mut starts: Vec<Addr> = r.blocks.iter().map(|b| b.addr).collect();
+    starts.sort();
+    for s in r
+        .indirect_jumps
+        .iter()
+        .filter(|s| s.kind == Terminator::IndirectCall)
+    {
+        let i = starts.partition_point(|&a| a <= s.site);
+        let Some(&block) = i.checked_sub(1).and_then(|i| starts.get(i)) else {
+            continue;
+        };
+        for t in &s.targets {
+            add_call(block, t.addr, t.count);
+        }
+    }
+
+    let mut out = String::new();
+    let program = r.argv.join(" ");
+    let _ = write!(
+        out,
+        "# callgrind format\nversion: 1\ncreator: hotpath\npid: 0\ncmd: {program}\npart: 1\n\npositions: instr\nevents: Ir\nsummary: {}\n\n",
+        r.totals.guest_instructions
+    );
+    // Name compression: every object, file and function named once, then by number.
+    let mut obs: HashMap<String, usize> = HashMap::new();
+    let mut fns: HashMap<Func, usize> = HashMap::new();
+    let mut ob_ref = |out: &mut String, key: &str, ob: &str| {
+        let n = obs.len() + 1;
+        match obs.get(ob) {
+            Some(i) => {
+                let _ = writeln!(out, "{key}=({i})");
+            }
+            None => {
+                obs.insert(ob.to_string(), n);
+                let _ = writeln!(out, "{key}=({n}) {ob}");
+            }
+        }
+    };
+    let mut fn_ref = |out: &mut String, key: &str, f: &Func| {
+        let n = fns.len() + 1;
+        match fns.get(f) {
+            Some(i) => {
+                let _ = writeln!(out, "{key}=({i})");
+            }
+            None => {
+                fns.insert(f.clone(), n);
+                let _ = writeln!(out, "{key}=({n}) {}", f.name);
+            }
+        }
+    };
+    let mut callers: BTreeMap<&Func, Vec<(&Func, u64)>> = BTreeMap::new();
+    for ((caller, callee), &incl) in &inclusive {
+        callers.entry(caller).or_default().push((callee, incl));
+    }
+    let mut funcs: Vec<&Func> = costs.keys().chain(callers.keys().copied()).collect();
+    funcs.sort();
+    funcs.dedup();
+    for (i, f) in funcs.into_iter().enumerate() {
+        ob_ref(&mut out, "ob", &f.ob);
+        // No source files: every function is in the one unknown file.
+        out.push_str(if i == 0 { "fl=(1) ???\n" } else { "fl=(1)\n" });
+        fn_ref(&mut out, "fn", f);
+        for (a, c) in costs.get(f).into_iter().flatten() {
+            let _ = writeln!(out, "{a} {c}");
+        }
+        for &(callee, incl) in callers.get(f).into_iter().flatten() {
+            let (count, site, _) =
+                calls
+                    .get(&(f.clone(), callee.clone()))
+                    .copied()
+                    .unwrap_or((0, Addr(0), 0));
+            let target = pp
+                .iter()
+                .flat_map(|p| &p.functions)
+                .find(|g| by_name.get(g.name.as_str()) == Some(callee))
+                .map_or(Addr(0), |g| g.entry);
+            ob_ref(&mut out, "cob", &callee.ob);
+            fn_ref(&mut out, "cfn", callee);
+            let _ = writeln!(out, "calls={count} {target}\n{site} {incl}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes `r`'s callgrind file to `path` (atomically, as reports are).
+///
+/// # Errors
+/// [`ReportError::Io`].
+pub fn write(r: &Report, path: &Path) -> Result<(), ReportError> {
+    crate::write_atomically(path, |w| w.write_all(render(r).as_bytes()))
+}
