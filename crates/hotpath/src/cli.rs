@@ -46,10 +46,11 @@ pub struct OutputArgs {
     /// Rows of each table in the text summary.
     #[arg(long, default_value_t = SUMMARY_TOP)]
     pub top: usize,
-    /// Write a Graphviz file per hot function into DIR (needs path profiles).
+    /// Write a Graphviz file per hot function into DIR (with `run`, records path profiles).
     #[arg(long, value_name = "DIR")]
     pub dot: Option<PathBuf>,
-    /// Write a flame graph of the shadow call stack to FILE.svg (needs path profiles).
+    /// Write a flame graph of the shadow call stack to FILE.svg (with `run`, records path
+    /// profiles).
     #[arg(long, value_name = "FILE.svg")]
     pub flamegraph: Option<PathBuf>,
     /// Write block coverage in DynamoRIO's drcov format (Lighthouse, bncov) to FILE.
@@ -176,10 +177,13 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// Whether the shadow stack and path profiles are recorded: `--paths`, or `--callgrind`
-    /// (whose calls need the shadow stack), unless `--no-paths` comes last.
+    /// Whether the shadow stack and path profiles are recorded: `--paths`, or an output that
+    /// needs them (`--callgrind`'s calls, `--dot`'s CFGs, `--flamegraph`'s stacks), unless
+    /// `--no-paths` comes last.
     pub fn records_paths(&self) -> bool {
-        (self.paths || self.outputs.callgrind.is_some()) && !self.no_paths
+        let o = &self.outputs;
+        (self.paths || o.callgrind.is_some() || o.dot.is_some() || o.flamegraph.is_some())
+            && !self.no_paths
     }
 }
 

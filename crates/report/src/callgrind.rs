@@ -36,19 +36,15 @@ struct Func {
 }
 
 /// `symbol+0xOFF` without the offset, and `module!symbol` without the module when `module` is
-/// the file name of `module_path`.
+/// the file name of `module_path`; [`UNKNOWN`] for `module+0xOFF` (no symbol covers it).
 fn function_of_symbol(symbol: &str, module_path: Option<&str>) -> String {
-    let base =
-        symbol.rsplit_once('+').map_or(
-            symbol,
-            |(f, off)| {
-                if off.starts_with("0x") {
-                    f
-                } else {
-                    symbol
-                }
-            },
-        );
+    let base = match symbol.rsplit_once('+') {
+        Some((f, off)) if off.starts_with("0x") => f,
+        _ => symbol,
+    };
+    if module_path.and_then(|p| p.rsplit('/').next()) == Some(base) {
+        return UNKNOWN.to_string();
+    }
     strip_module(base, module_path)
 }
 
@@ -265,4 +261,40 @@ pub fn render(r: &Report) -> String {
 /// [`ReportError::Io`].
 pub fn write(r: &Report, path: &Path) -> Result<(), ReportError> {
     crate::write_atomically(path, |w| w.write_all(render(r).as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::pie_run;
+
+    #[test]
+    fn symbols_name_functions_without_offsets_or_their_own_module() {
+        let libc = Some("/usr/lib/libc.so.6");
+        assert_eq!(function_of_symbol("main+0x14", None), "main");
+        assert_eq!(function_of_symbol("libc.so.6!memcpy+0x40", libc), "memcpy");
+        assert_eq!(function_of_symbol("libc.so.6+0x29d90", libc), UNKNOWN);
+        assert_eq!(function_of_symbol("operator+", None), "operator+");
+        assert_eq!(function_of_symbol("other.so!f", libc), "other.so!f");
+    }
+
+    #[test]
+    fn self_costs_without_a_path_profile_are_by_symbol() {
+        let r = pie_run(0x1000);
+        let text = render(&r);
+        assert!(
+            text.contains("positions: instr\nevents: Ir\nsummary: 21\n"),
+            "{text}"
+        );
+        // main: 2 x 2 + 2 x 3 + 1 x 1 instructions at its three blocks; f: 2 x 5.
+        assert!(text.contains("fn=(1) f\n0x1200 10\n"), "{text}");
+        assert!(
+            text.contains("fn=(2) main\n0x1100 4\n0x1108 6\n0x1114 1\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("calls="),
+            "no calls without the shadow stack: {text}"
+        );
+    }
 }

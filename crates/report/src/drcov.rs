@@ -72,3 +72,30 @@ pub fn render(r: &Report) -> Vec<u8> {
 pub fn write(r: &Report, path: &Path) -> Result<(), ReportError> {
     crate::write_atomically(path, |w| w.write_all(&render(r)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::pie_run;
+    use crate::Addr;
+
+    #[test]
+    fn blocks_are_offsets_in_their_module() {
+        let mut r = pie_run(0x40_0000);
+        // A block in no module (JIT code) is left out.
+        let mut jit = r.blocks[0].clone();
+        (jit.addr, jit.module, jit.offset) = (Addr(0x9000_0000), None, None);
+        r.blocks.push(jit);
+        let out = render(&r);
+        let text_end = out.windows(4).position(|w| w == b"bbs\n").unwrap() + 4;
+        let text = std::str::from_utf8(&out[..text_end]).unwrap();
+        assert!(text.ends_with("Columns: id, base, end, entry, path\n  0, 0x0000000000400000, 0x0000000000401000, 0x0000000000000000, /bin/prog\nBB Table: 4 bbs\n"), "{text}");
+        let bbs = &out[text_end..];
+        assert_eq!(bbs.len(), 4 * 8);
+        assert_eq!(
+            &bbs[..8],
+            &[0x00, 0x01, 0, 0, 8, 0, 0, 0],
+            "offset 0x100, 8 bytes, module 0"
+        );
+    }
+}

@@ -8,15 +8,21 @@ use crate::{Addr, Report, ReportError};
 
 /// Writes one Graphviz file per function among the `top` hottest (`DIR/<n>-<name>.dot`): the
 /// function's observed CFG, blocks labelled `symbol+offset` and count, edges labelled and
-/// weighted (pen width) by count, back edges dashed. Returns the files written (none when the
-/// report has no path profile).
+/// weighted (pen width) by count, back edges dashed. Returns the files written.
 ///
 /// # Errors
-/// [`ReportError::Io`] creating `dir` or a file.
+/// [`ReportError::Render`] when the report has no path profile, [`ReportError::Io`] creating
+/// `dir` or a file.
 pub fn write_dot(r: &Report, dir: &Path, top: usize) -> Result<Vec<PathBuf>, ReportError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ReportError::Io { path, source }
+    };
+    let Some(pp) = &r.path_profile else {
+        return Err(ReportError::Render {
+            path: dir.to_path_buf(),
+            message: "the report has no function CFGs (run with --paths)".into(),
+        });
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let names: HashMap<Addr, &str> = r
@@ -25,8 +31,7 @@ pub fn write_dot(r: &Report, dir: &Path, top: usize) -> Result<Vec<PathBuf>, Rep
         .filter_map(|b| Some((b.addr, b.symbol.as_deref()?)))
         .collect();
     let mut written = Vec::new();
-    let functions = r.path_profile.as_ref().map_or(&[][..], |p| &p.functions);
-    for (i, f) in functions.iter().take(top).enumerate() {
+    for (i, f) in pp.functions.iter().take(top).enumerate() {
         let safe: String = f
             .name
             .chars()

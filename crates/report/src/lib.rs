@@ -17,6 +17,8 @@ pub mod callgrind;
 pub mod drcov;
 pub mod graph;
 pub mod merge;
+#[cfg(test)]
+mod sample;
 mod schema;
 pub mod text;
 

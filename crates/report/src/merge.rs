@@ -498,3 +498,59 @@ impl PathSum {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::pie_run;
+
+    #[test]
+    fn runs_at_other_bases_sum_at_the_first_runs_addresses() {
+        let (a, b) = (pie_run(0x5555_0000_0000), pie_run(0x7777_0000_0000));
+        let m = merge(vec![("a".into(), a.clone()), ("b".into(), b)]).unwrap();
+        assert_eq!(m.modules, a.modules);
+        assert_eq!(m.blocks.len(), a.blocks.len());
+        for (x, y) in m.blocks.iter().zip(&a.blocks) {
+            assert_eq!(
+                (x.addr, x.count, x.module, x.offset),
+                (y.addr, 2 * y.count, y.module, y.offset)
+            );
+        }
+        for (x, y) in m.edges.iter().zip(&a.edges) {
+            assert_eq!(
+                (x.from, x.to, x.kind, x.count),
+                (y.from, y.to, y.kind, 2 * y.count)
+            );
+        }
+        assert_eq!(m.indirect_jumps[0].targets[0].count, 4);
+        assert_eq!(m.indirect_jumps[0].count, 4);
+        assert_eq!(
+            m.syscalls[0].sites[0],
+            Count {
+                addr: a.syscalls[0].sites[0].addr,
+                count: 2
+            }
+        );
+        assert_eq!(m.totals.guest_instructions, 2 * a.totals.guest_instructions);
+        assert_eq!(m.totals.distinct_blocks, 4);
+        assert_eq!(m.threads.len(), 2);
+        assert_eq!(m.threads[1].hottest[0].addr, a.threads[0].hottest[0].addr);
+    }
+
+    #[test]
+    fn other_programs_and_builds_are_refused() {
+        let a = pie_run(0x1000);
+        let mut b = pie_run(0x1000);
+        b.program = "/bin/other".into();
+        let e = merge(vec![("a".into(), a.clone()), ("b".into(), b)]).unwrap_err();
+        assert!(e.to_string().contains("different programs"), "{e}");
+        let mut b = pie_run(0x1000);
+        b.modules[0].build_id = Some("ef01".into());
+        let e = merge(vec![("a".into(), a.clone()), ("b".into(), b)]).unwrap_err();
+        assert!(e.to_string().contains("different builds"), "{e}");
+        let mut b = pie_run(0x1000);
+        b.path_profile = Some(PathProfile::default());
+        let e = merge(vec![("a".into(), a), ("b".into(), b)]).unwrap_err();
+        assert!(e.to_string().contains("--paths"), "{e}");
+    }
+}

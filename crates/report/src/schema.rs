@@ -668,3 +668,66 @@ pub fn write_atomically(
     }
     result.map_err(io)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::pie_run;
+
+    fn json_of(r: &Report) -> serde_json::Value {
+        serde_json::to_value(r).unwrap()
+    }
+
+    fn read(v: &serde_json::Value) -> Result<Report, ReportError> {
+        Report::from_json(v.to_string().as_bytes(), Path::new("r.json"))
+    }
+
+    #[test]
+    fn a_report_reads_back_as_written() {
+        let r = pie_run(0x5555_0000_0000);
+        let v = json_of(&r);
+        assert_eq!(v["blocks"][0]["addr"], "0x555500000100");
+        assert_eq!(v["ending"]["status"], "exited");
+        assert!(v["path_profile"].is_null());
+        assert_eq!(read(&v).unwrap(), r);
+    }
+
+    #[test]
+    fn other_schemas_and_malformed_files_are_refused() {
+        let mut v = json_of(&pie_run(0x1000));
+        v["schema"] = "hotpath-report/1".into();
+        let e = read(&v).unwrap_err().to_string();
+        assert!(
+            e.contains("schema hotpath-report/1") && e.contains(SCHEMA),
+            "{e}"
+        );
+
+        let mut v = json_of(&pie_run(0x1000));
+        v["totals"].as_object_mut().unwrap().remove("events");
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("malformed") && e.contains("`events`"), "{e}");
+
+        let mut v = json_of(&pie_run(0x1000));
+        v["blocks"][1]["addr"] = "4096".into();
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("bad address"), "{e}");
+
+        let e = Report::from_json(b"\x7fELF", Path::new("prog")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("prog: not a hotpath report"),
+            "{e}"
+        );
+        let e = Report::from_json(b"{\"a\": 1}", Path::new("x.json")).unwrap_err();
+        assert!(matches!(e, ReportError::NotAReport { .. }), "{e}");
+    }
+
+    #[test]
+    fn hex_bytes_round_trip() {
+        let b = HexBytes(vec![0, 0x0f, 0xff]);
+        let s = serde_json::to_string(&b).unwrap();
+        assert_eq!(s, "\"000fff\"");
+        assert_eq!(serde_json::from_str::<HexBytes>(&s).unwrap(), b);
+        assert!(serde_json::from_str::<HexBytes>("\"0g\"").is_err());
+        assert!(serde_json::from_str::<HexBytes>("\"abc\"").is_err());
+    }
+}
