@@ -76,6 +76,9 @@ pub fn render(r: &Report) -> String {
     // The shadow-stack functions by name, and each block's function with the most executions
     // of it (who called whom is named by the caller's block).
     let mut by_name: HashMap<&str, Func> = HashMap::new();
+    // Shadow-stack functions by entry, and each one's entry.
+    let mut by_entry: HashMap<Addr, Func> = HashMap::new();
+    let mut entry_of: HashMap<Func, Addr> = HashMap::new();
     let mut owner: HashMap<Addr, (u64, Func)> = HashMap::new();
     let mut covered: HashMap<Addr, u64> = HashMap::new();
     let pp = r.path_profile.as_ref();
@@ -86,6 +89,8 @@ pub fn render(r: &Report) -> String {
             name: strip_module(&f.name, module_path(module)),
         };
         by_name.insert(f.name.as_str(), func.clone());
+        by_entry.insert(f.entry, func.clone());
+        entry_of.insert(func.clone(), f.entry);
         for c in &f.blocks {
             let Some(b) = blocks.get(&c.addr) else {
                 continue;
@@ -150,10 +155,9 @@ pub fn render(r: &Report) -> String {
             .or_else(|| blocks.get(&a).map(|b| symbol_func(b)))
     };
     let callee_of = |a: Addr| {
-        pp.iter()
-            .flat_map(|p| &p.functions)
-            .find(|f| f.entry == a)
-            .and_then(|f| by_name.get(f.name.as_str()).cloned())
+        by_entry
+            .get(&a)
+            .cloned()
             .or_else(|| blocks.get(&a).map(|b| symbol_func(b)))
     };
     let mut calls: HashMap<(Func, Func), (u64, Addr, u64)> = HashMap::new();
@@ -241,11 +245,7 @@ pub fn render(r: &Report) -> String {
                     .get(&(f.clone(), callee.clone()))
                     .copied()
                     .unwrap_or((0, Addr(0), 0));
-            let target = pp
-                .iter()
-                .flat_map(|p| &p.functions)
-                .find(|g| by_name.get(g.name.as_str()) == Some(callee))
-                .map_or(Addr(0), |g| g.entry);
+            let target = entry_of.get(callee).copied().unwrap_or(Addr(0));
             ob_ref(&mut out, "cob", &callee.ob);
             fn_ref(&mut out, "cfn", callee);
             let _ = writeln!(out, "calls={count} {target}\n{site} {incl}");

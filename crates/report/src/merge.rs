@@ -79,6 +79,8 @@ struct Merger {
     indirect: BTreeMap<Addr, (crate::Terminator, HashMap<Addr, u64>)>,
     syscalls: BTreeMap<u32, (String, u64, HashMap<Addr, u64>)>,
     superblocks: Vec<Superblock>,
+    /// Index in `superblocks` by trace.
+    superblock_index: HashMap<Vec<Addr>, usize>,
     paths: Option<PathSum>,
 }
 
@@ -114,6 +116,7 @@ impl Merger {
             indirect: BTreeMap::new(),
             syscalls: BTreeMap::new(),
             superblocks: Vec::new(),
+            superblock_index: HashMap::new(),
             paths: first.path_profile.as_ref().map(|p| PathSum {
                 k: p.k,
                 ..PathSum::default()
@@ -229,8 +232,9 @@ impl Merger {
         }
         for s in r.superblocks {
             let blocks: Vec<Addr> = s.blocks.iter().map(|&a| rb.addr(a)).collect();
-            match self.superblocks.iter_mut().find(|k| k.blocks == blocks) {
-                Some(k) => {
+            match self.superblock_index.get(&blocks) {
+                Some(&i) => {
+                    let k = &mut self.superblocks[i];
                     k.entries += s.entries;
                     k.completed += s.completed;
                     for x in &s.side_exits {
@@ -241,11 +245,15 @@ impl Merger {
                     }
                     k.side_exits.sort_by_key(|x| x.after);
                 }
-                None => self.superblocks.push(Superblock {
-                    head: rb.addr(s.head),
-                    blocks,
-                    ..s
-                }),
+                None => {
+                    self.superblock_index
+                        .insert(blocks.clone(), self.superblocks.len());
+                    self.superblocks.push(Superblock {
+                        head: rb.addr(s.head),
+                        blocks,
+                        ..s
+                    });
+                }
             }
         }
         if let (Some(sum), Some(p)) = (self.paths.as_mut(), r.path_profile) {
