@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use hotpath_ir::{syscall_name, Terminator, TerminatorKind};
 use hotpath_report::{
-    module_of, Addr, Block, Count, Edge, EdgeKind, Ending, IndirectSite, Module, Predictability,
-    Report, SideExit, Superblock, Syscall, Thread, Totals, SCHEMA,
+    most_frequent_first, Addr, Block, Count, Edge, EdgeKind, Ending, IndirectSite, Report,
+    SideExit, Superblock, Syscall, Thread, Totals, SCHEMA,
 };
 
 use crate::Tables;
@@ -49,17 +49,9 @@ fn terminator(kind: TerminatorKind) -> hotpath_report::Terminator {
     }
 }
 
-/// `(address, count)` pairs most frequent first, equal counts by address.
+/// `(guest address, count)` pairs most frequent first, equal counts by address.
 fn sorted_desc(m: HashMap<u64, u64>) -> Vec<Count> {
-    let mut v: Vec<Count> = m
-        .into_iter()
-        .map(|(a, count)| Count {
-            addr: Addr(a),
-            count,
-        })
-        .collect();
-    v.sort_by(|a, b| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr)));
-    v
+    most_frequent_first(m.into_iter().map(|(a, c)| (Addr(a), c)))
 }
 
 /// `symbol` or `symbol+0xOFF` of `addr`, when `symbolize` knows it.
@@ -99,15 +91,6 @@ pub fn thread_report(tid: u32, tables: &Tables, ring_waits: u64, ring_wait_ns: u
         ring_wait_ns,
         hottest,
     }
-}
-
-/// Sets the report's module list and names every block's module and offset from it.
-pub fn attribute_modules(report: &mut Report, modules: Vec<Module>) {
-    for b in &mut report.blocks {
-        b.module = module_of(&modules, b.addr);
-        b.offset = b.module.map(|i| Addr(b.addr.0 - modules[i].base.0));
-    }
-    report.modules = modules;
 }
 
 /// The report of `tables` (every thread's counts over one id space) for `run`: blocks, edges,
@@ -182,15 +165,8 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
     let indirect_jumps = indirect
         .into_iter()
         .map(|(site, (kind, targets))| {
-            let targets = sorted_desc(targets);
-            let count = targets.iter().map(|t| t.count).sum();
-            IndirectSite {
-                site: Addr(site),
-                kind: terminator(kind),
-                count,
-                predictability: Predictability::of(targets.first().map_or(0, |t| t.count), count),
-                targets,
-            }
+            let targets = targets.into_iter().map(|(a, c)| (Addr(a), c));
+            IndirectSite::new(Addr(site), terminator(kind), targets)
         })
         .collect();
 

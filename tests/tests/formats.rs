@@ -350,57 +350,62 @@ fn merging_two_runs_doubles_every_count() {
 /// an unknown option before the program.
 #[test]
 fn refusals_name_the_problem() {
+    // `hotpath ARGS` fails with exit status `code` and names the problem with every one of
+    // `words`; returns its stderr.
+    let refused = |args: &[&str], code: i32, words: &[&str]| -> String {
+        let o = hotpath(args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        for w in words {
+            assert!(err.contains(w), "{args:?}: no {w:?} in {err}");
+        }
+        err
+    };
+    // A saved report changed by `change`, refused by `hotpath report` with `words`.
+    let changed = |json: &Value, name: &str, change: &dyn Fn(&mut Value), words: &[&str]| {
+        let mut v = json.clone();
+        change(&mut v);
+        let file = scratch().join(name);
+        fs::write(&file, v.to_string()).unwrap();
+        refused(&["report", s(&file)], 1, words)
+    };
     let one = build("count_jumptable.S", Linkage::Static);
     let other = build("count_calls.S", Linkage::Static);
     let a = run_with_report(&one, &[], &scratch(), "refuse-a", &[]);
     let b = run_with_report(&other, &[], &scratch(), "refuse-b", &[]);
     let out = scratch().join("refused.json");
-    let o = hotpath(&["merge", s(&a.file), s(&b.file), "-o", s(&out)]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("cannot merge") && err.contains("different programs"),
-        "{err}"
-    );
+    let merge = ["merge", s(&a.file), s(&b.file), "-o", s(&out)];
+    refused(&merge, 1, &["cannot merge", "different programs"]);
     assert!(!out.exists(), "no merged report");
 
-    let mut old: Value = a.report.json.clone();
-    old["schema"] = "hotpath-report/1".into();
-    let old_file = scratch().join("old.json");
-    fs::write(&old_file, old.to_string()).unwrap();
-    let o = hotpath(&["report", s(&old_file)]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("schema hotpath-report/1") && err.contains("hotpath-report/2"),
-        "{err}"
+    let json = &a.report.json;
+    let old = |v: &mut Value| v["schema"] = "hotpath-report/1".into();
+    changed(
+        json,
+        "old.json",
+        &old,
+        &["schema hotpath-report/1", "hotpath-report/2"],
     );
-
-    let mut broken = a.report.json.clone();
-    broken["totals"]
-        .as_object_mut()
-        .unwrap()
-        .remove("guest_instructions");
-    let broken_file = scratch().join("broken.json");
-    fs::write(&broken_file, broken.to_string()).unwrap();
-    let o = hotpath(&["report", s(&broken_file)]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("malformed") && err.contains("guest_instructions"),
-        "{err}"
+    let broken = |v: &mut Value| {
+        v["totals"]
+            .as_object_mut()
+            .unwrap()
+            .remove("guest_instructions");
+    };
+    let err = changed(
+        json,
+        "broken.json",
+        &broken,
+        &["malformed", "guest_instructions"],
     );
     assert_eq!(err.lines().count(), 1, "one line: {err}");
 
-    let o = hotpath(&["report", s(&one)]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("not a hotpath report"), "{err}");
-
-    let o = hotpath(&["run", "--drcovv", "x", "--", s(&one)]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("--drcovv") && err.contains("Usage:"), "{err}");
+    refused(&["report", s(&one)], 1, &["not a hotpath report"]);
+    refused(
+        &["run", "--drcovv", "x", "--", s(&one)],
+        2,
+        &["--drcovv", "Usage:"],
+    );
 }
 
 /// `hotpath bench` times every mode and prints one row each with its ratio to native.

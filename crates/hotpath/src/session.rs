@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::{
-    attribute_modules, read_code, report_of, thread_report, FunctionSymbol, MonitorHandle,
-    MonitorResult, MonitorState, PathConfig, PathRecorder, RunInfo, Stream, Tables,
+    read_code, report_of, thread_report, FunctionSymbol, MonitorHandle, MonitorResult,
+    MonitorState, PathConfig, PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
@@ -605,7 +605,7 @@ fn finish_report(
     report.totals.ring_waits = waits;
     report.totals.ring_wait_ns = wait_ns;
     report.totals.monitor_busy_ns = busy_ns;
-    attribute_modules(&mut report, modules.profiles.clone());
+    report.attribute_modules(modules.profiles.clone());
     if let Some((_, mut rec)) = paths {
         // The hot paths' listing disassembles their blocks.
         read_code(&mut report);

@@ -20,9 +20,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use crate::{
-    module_of, Addr, Block, Count, Edge, EdgeKind, Function, FunctionEdge, IndirectSite, KPath,
-    Module, PathEnd, PathEntry, PathKind, PathProfile, PathStart, Predictability, Report,
-    ReportError, Stack, Superblock, Syscall,
+    most_frequent_first, Addr, Block, Count, Edge, EdgeKind, Function, FunctionEdge, IndirectSite,
+    KPath, Module, PathEnd, PathEntry, PathKind, PathProfile, PathStart, Report, ReportError,
+    Stack, Superblock, Syscall,
 };
 
 /// Moves addresses of one report into the merged report's address space.
@@ -263,12 +263,8 @@ impl Merger {
 
     fn finish(self) -> Report {
         let mut r = self.base;
-        r.modules = self.modules;
         r.blocks = self.blocks.into_values().collect();
-        for b in &mut r.blocks {
-            b.module = module_of(&r.modules, b.addr);
-            b.offset = b.module.map(|i| Addr(b.addr.0 - r.modules[i].base.0));
-        }
+        r.attribute_modules(self.modules);
         r.totals.distinct_blocks = r.blocks.len() as u64;
         r.edges = self
             .edges
@@ -283,20 +279,7 @@ impl Merger {
         r.indirect_jumps = self
             .indirect
             .into_iter()
-            .map(|(site, (kind, targets))| {
-                let targets = by_count(targets);
-                let count = targets.iter().map(|t| t.count).sum();
-                IndirectSite {
-                    site,
-                    kind,
-                    count,
-                    predictability: Predictability::of(
-                        targets.first().map_or(0, |t| t.count),
-                        count,
-                    ),
-                    targets,
-                }
-            })
+            .map(|(site, (kind, targets))| IndirectSite::new(site, kind, targets))
             .collect();
         r.syscalls = self
             .syscalls
@@ -305,7 +288,7 @@ impl Merger {
                 nr,
                 name,
                 count,
-                sites: by_count(sites),
+                sites: most_frequent_first(sites),
             })
             .collect();
         r.superblocks = self.superblocks;
@@ -314,16 +297,6 @@ impl Merger {
         r.path_profile = self.paths.map(PathSum::finish);
         r
     }
-}
-
-/// `{addr, count}` most frequent first, equal counts by address.
-fn by_count(m: HashMap<Addr, u64>) -> Vec<Count> {
-    let mut v: Vec<Count> = m
-        .into_iter()
-        .map(|(addr, count)| Count { addr, count })
-        .collect();
-    v.sort_by(|a, b| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr)));
-    v
 }
 
 impl PathSum {

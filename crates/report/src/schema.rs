@@ -324,6 +324,36 @@ pub struct IndirectSite {
     pub targets: Vec<Count>,
 }
 
+impl IndirectSite {
+    /// The site at `site` of kind `kind` with `targets` (`(address, count)`, any order): its
+    /// count is their sum, its predictability their top share.
+    pub fn new(
+        site: Addr,
+        kind: Terminator,
+        targets: impl IntoIterator<Item = (Addr, u64)>,
+    ) -> IndirectSite {
+        let targets = most_frequent_first(targets);
+        let count = targets.iter().map(|t| t.count).sum();
+        IndirectSite {
+            site,
+            kind,
+            count,
+            predictability: Predictability::of(targets.first().map_or(0, |t| t.count), count),
+            targets,
+        }
+    }
+}
+
+/// `(address, count)` pairs as [`Count`]s, most frequent first, equal counts by address.
+pub fn most_frequent_first(pairs: impl IntoIterator<Item = (Addr, u64)>) -> Vec<Count> {
+    let mut v: Vec<Count> = pairs
+        .into_iter()
+        .map(|(addr, count)| Count { addr, count })
+        .collect();
+    v.sort_by(|a, b| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr)));
+    v
+}
+
 /// One system call number.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Syscall {
@@ -625,6 +655,15 @@ impl Report {
             serde_json::to_writer(&mut *w, self).map_err(std::io::Error::from)?;
             w.write_all(b"\n")
         })
+    }
+
+    /// Sets the module list and names every block's module and offset from it.
+    pub fn attribute_modules(&mut self, modules: Vec<Module>) {
+        for b in &mut self.blocks {
+            b.module = module_of(&modules, b.addr);
+            b.offset = b.module.map(|i| Addr(b.addr.0 - modules[i].base.0));
+        }
+        self.modules = modules;
     }
 
     /// The module containing guest address `a`: the latest mapped there that was still
