@@ -233,7 +233,7 @@ mod tests {
     use std::sync::Arc;
 
     fn block(t: &mut Tables, id: u32, start: u64, instructions: u32, terminator: Terminator) {
-        t.learn(NewBlock {
+        t.learn(&NewBlock {
             id: BlockId(id),
             summary: BlockSummary {
                 start: GuestAddr(start),
@@ -243,6 +243,7 @@ mod tests {
                 terminator,
             },
             kind: IdKind::Block,
+            code: Box::default(),
         });
     }
 
@@ -325,19 +326,21 @@ mod tests {
             },
         );
         let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
-        t.learn(NewBlock {
+        t.learn(&NewBlock {
             id: BlockId(4),
             summary: t.blocks[0],
             kind: IdKind::Superblock { blocks: trace },
+            code: Box::default(),
         });
         for (i, &b) in [0u32, 1].iter().enumerate() {
-            t.learn(NewBlock {
+            t.learn(&NewBlock {
                 id: BlockId(5 + i as u32),
                 summary: t.blocks[b as usize],
                 kind: IdKind::SideExit {
                     superblock: BlockId(4),
                     after: i as u32,
                 },
+                code: Box::default(),
             });
         }
         // Before the superblock: handler → block 0; after: handler → superblock 4, alternating

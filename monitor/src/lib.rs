@@ -29,6 +29,6 @@ pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
 pub use pap_runs::PAP_MAX_PATHS;
 pub use pathreport::{K_PATHS_TOP, PAP_LISTED, PAP_PATHS_TOP};
 pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
-pub use profile::{read_code, report_of, thread_report, RunInfo, Symbolizer, THREAD_HOTTEST};
+pub use profile::{add_code, report_of, thread_report, RunInfo, Symbolizer, THREAD_HOTTEST};
 pub use tables::{SyscallCount, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Stream, ThreadState};

@@ -56,8 +56,7 @@
 //! `PathConfig::per_block` keeps the per-block recorder; tests check both give the same
 //! profile on every guest sample (tests/tests/paths.rs).
 
-use crossbeam::channel::Receiver;
-use hotpath_events::{IdKind, NewBlock, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
+use hotpath_events::{IdKind, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
 
 use crate::pap_runs::PapRuns;
 use crate::paths::{
@@ -287,19 +286,14 @@ impl MemoState {
 }
 
 impl PathRecorder {
-    /// Accounts `events` a whole event at a time, learning ids as they first appear.
-    pub(crate) fn record_events(
-        &mut self,
-        events: &[u32],
-        tables: &mut Tables,
-        new_blocks: Option<&Receiver<NewBlock>>,
-    ) {
+    /// Accounts `events` a whole event at a time, taking in ids as they first appear.
+    pub(crate) fn record_events(&mut self, events: &[u32], tables: &mut Tables) {
         let mut i = 0;
         self.memo.repeats.clear();
         if self.memo.pending != NONE {
             // A superblock from the previous piece: its extent is the first event here.
             let Some(&next) = events.first() else { return };
-            self.learn_event(next, tables, new_blocks);
+            self.learn_event(next, tables);
             let sb = std::mem::replace(&mut self.memo.pending, NONE);
             let exited = self.exits(sb, next);
             i = exited as usize;
@@ -324,7 +318,7 @@ impl PathRecorder {
             }
             let Some(&e) = events.get(i) else { break };
             i += 1;
-            if e & SYSCALL_EVENT != 0 || !self.learn_event(e, tables, new_blocks) {
+            if e & SYSCALL_EVENT != 0 || !self.learn_event(e, tables) {
                 continue;
             }
             let mut run = e;
@@ -333,7 +327,7 @@ impl PathRecorder {
                     self.memo.pending = e;
                     break;
                 };
-                self.learn_event(next, tables, new_blocks);
+                self.learn_event(next, tables);
                 // Branch-free: whether a superblock left early is the guest's own branch,
                 // often unpredictable.
                 let exited = self.exits(e, next);
@@ -350,17 +344,12 @@ impl PathRecorder {
         &self.memo.repeats
     }
 
-    /// Makes sure event id `e` is known (a syscall event is not an id). Returns false if it
-    /// never will be: the translator is gone.
+    /// Makes sure event id `e` is known (a syscall event is not an id). Returns false if
+    /// `tables` do not know it (a bug: ids are catalogued before they run).
     #[inline(always)]
-    fn learn_event(
-        &mut self,
-        e: u32,
-        tables: &mut Tables,
-        new_blocks: Option<&Receiver<NewBlock>>,
-    ) -> bool {
+    fn learn_event(&mut self, e: u32, tables: &Tables) -> bool {
         if e & SYSCALL_EVENT == 0 && e as usize >= self.memo.events.len() {
-            self.learn_up_to(e, tables, new_blocks);
+            self.learn_known(tables);
         }
         (e as usize) < self.memo.events.len()
     }

@@ -57,8 +57,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crossbeam::channel::Receiver;
-use hotpath_events::{NewBlock, SYSCALL_EVENT};
+use hotpath_events::SYSCALL_EVENT;
 use hotpath_ir::Terminator;
 use hotpath_pathprof::{KSlabForest, PathId};
 
@@ -491,22 +490,10 @@ impl PathRecorder {
         (s.size == 0 || addr < s.addr + s.size).then_some(i)
     }
 
-    /// Learns the metadata of every block id up to `id`, waiting for the translator's
-    /// `NewBlock` messages if needed (a block's metadata is sent before it first runs).
+    /// Takes in the recorder's view of the ids `tables` knows and it does not yet (the
+    /// tables learn every id of a piece of events before the recorder sees it).
     #[cold]
-    pub(crate) fn learn_up_to(
-        &mut self,
-        id: u32,
-        tables: &mut Tables,
-        new_blocks: Option<&Receiver<NewBlock>>,
-    ) {
-        while tables.blocks.len() <= id as usize {
-            let Some(rx) = new_blocks else { break };
-            match rx.recv() {
-                Ok(b) => tables.learn(b),
-                Err(_) => break,
-            }
-        }
+    pub(crate) fn learn_known(&mut self, tables: &Tables) {
         for i in self.id_addr.len()..tables.blocks.len() {
             if !self.memo.learn(i as u32, &tables.kinds[i]) {
                 // A superblock or a side exit: its blocks carry the metadata.
@@ -1010,19 +997,13 @@ impl PathRecorder {
     }
 
     /// Accounts a run of events in ring order (block, superblock and side-exit ids, and
-    /// syscall events), learning block metadata from `new_blocks` as ids first appear. A
-    /// superblock event waits for the next event to say how far its trace ran (see
-    /// [`PathRecorder::end_of_stream`]).
-    pub fn record(
-        &mut self,
-        events: &[u32],
-        tables: &mut Tables,
-        new_blocks: Option<&Receiver<NewBlock>>,
-    ) {
+    /// syscall events), every id of which `tables` knows. A superblock event waits for the
+    /// next event to say how far its trace ran (see [`PathRecorder::end_of_stream`]).
+    pub fn record(&mut self, events: &[u32], tables: &mut Tables) {
         if self.config.per_block {
             if let Some(&max) = events.iter().filter(|&&e| e & SYSCALL_EVENT == 0).max() {
                 if max as usize >= self.id_addr.len() {
-                    self.learn_up_to(max, tables, new_blocks);
+                    self.learn_known(tables);
                 }
             }
             let mut expanded = std::mem::take(&mut self.expanded);
@@ -1031,7 +1012,7 @@ impl PathRecorder {
             self.record_blocks(&expanded, tables);
             self.expanded = expanded;
         } else {
-            self.record_events(events, tables, new_blocks);
+            self.record_events(events, tables);
         }
     }
 

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use hotpath_events::{BlockCatalog, IdKind};
 use hotpath_ir::{syscall_name, Terminator, TerminatorKind};
 use hotpath_report::{
     most_frequent_first, Addr, Block, Count, Edge, EdgeKind, Ending, IndirectSite, Report,
@@ -239,28 +240,19 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
     }
 }
 
-/// Reads the guest code bytes of every block from this process's memory, where the guest
-/// image is mapped at its own addresses (so only while the guest's mappings still exist).
-/// Uses `process_vm_readv` on this process, which fails cleanly on unmapped memory. Code
-/// rewritten after it ran (self-modifying, JIT) shows its latest bytes.
-pub fn read_code(report: &mut Report) {
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() };
+/// Gives every block of `report` its guest code bytes as they were last translated at its
+/// address (from `catalog`; a block retranslated after the guest rewrote its code shows the
+/// latest bytes). Nothing is read from the guest's memory, which may be gone by now.
+pub fn add_code(report: &mut Report, catalog: &BlockCatalog) {
+    let mut code: HashMap<u64, &[u8]> = HashMap::new();
+    for b in catalog.iter() {
+        if b.kind == IdKind::Block {
+            code.insert(b.summary.start.0, &b.code);
+        }
+    }
     for b in &mut report.blocks {
-        let mut buf = vec![0u8; b.bytes as usize];
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: b.addr.0 as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which we own; the
-        // remote range is only read, and an unmapped one makes the call fail.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-        if n == buf.len() as isize {
-            b.code = Some(hotpath_report::HexBytes(buf));
+        if let Some(bytes) = code.get(&b.addr.0).filter(|c| c.len() == b.bytes as usize) {
+            b.code = Some(hotpath_report::HexBytes(bytes.to_vec()));
         }
     }
 }

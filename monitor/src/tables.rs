@@ -16,8 +16,7 @@
 
 use std::collections::HashMap;
 
-use crossbeam::channel::Receiver;
-use hotpath_events::{IdKind, NewBlock, SYSCALL_EVENT};
+use hotpath_events::{BlockCatalog, IdKind, NewBlock, SYSCALL_EVENT};
 use hotpath_ir::{BlockId, BlockSummary};
 use rustc_hash::FxHashMap;
 
@@ -416,9 +415,8 @@ impl Tables {
         self.tails.extend(other.last_events());
     }
 
-    /// Takes in block metadata (ids arrive in translation order).
-    pub fn learn(&mut self, b: NewBlock) {
-        // A re-sent block (after the monitor was replaced) is already known.
+    /// Takes in block metadata (ids in translation order; one already known is skipped).
+    pub fn learn(&mut self, b: &NewBlock) {
         if b.id.index() < self.blocks.len() {
             return;
         }
@@ -428,12 +426,12 @@ impl Tables {
             "block ids arrive in translation order"
         );
         self.blocks.push(b.summary);
-        self.kinds.push(b.kind);
+        self.kinds.push(b.kind.clone());
     }
 
-    /// Reads every pending `NewBlock` message.
-    pub fn learn_all(&mut self, new_blocks: &Receiver<NewBlock>) {
-        while let Ok(b) = new_blocks.try_recv() {
+    /// Takes in every id of `catalog` not known yet.
+    pub fn learn_from(&mut self, catalog: &BlockCatalog) {
+        for b in catalog.iter_from(self.blocks.len()) {
             self.learn(b);
         }
     }
@@ -677,7 +675,7 @@ mod tests {
     fn learn(t: &mut Tables, n: u32) {
         for i in 0..n {
             let start = GuestAddr(0x1000 + 0x10 * i as u64);
-            t.learn(NewBlock {
+            t.learn(&NewBlock {
                 id: BlockId(i),
                 summary: BlockSummary {
                     start,
@@ -687,6 +685,7 @@ mod tests {
                     terminator: Terminator::IndirectJump,
                 },
                 kind: IdKind::Block,
+                code: Box::default(),
             });
         }
     }
@@ -817,30 +816,33 @@ mod superblock_tests {
             }
         };
         for i in 0..n {
-            t.learn(NewBlock {
+            t.learn(&NewBlock {
                 id: BlockId(i),
                 summary: summary(i),
                 kind: IdKind::Block,
+                code: Box::default(),
             });
         }
         let mut sb_ids = Vec::new();
         let mut id = n;
         for trace in traces {
             let blocks: Arc<[BlockId]> = trace.iter().map(|&b| BlockId(b)).collect();
-            t.learn(NewBlock {
+            t.learn(&NewBlock {
                 id: BlockId(id),
                 summary: summary(trace[0]),
                 kind: IdKind::Superblock { blocks },
+                code: Box::default(),
             });
             sb_ids.push(id);
             for (pos, &b) in trace.iter().enumerate() {
-                t.learn(NewBlock {
+                t.learn(&NewBlock {
                     id: BlockId(id + 1 + pos as u32),
                     summary: summary(b),
                     kind: IdKind::SideExit {
                         superblock: BlockId(id),
                         after: pos as u32,
                     },
+                    code: Box::default(),
                 });
             }
             id += 1 + trace.len() as u32;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
 use crossbeam::utils::Backoff;
-use hotpath_events::{Command, NewBlock, RingConsumer, MIN_POLL_INTERVAL, SYSCALL_EVENT};
+use hotpath_events::{BlockCatalog, Command, RingConsumer, MIN_POLL_INTERVAL};
 
 use crate::decisions::Decisions;
 use crate::{PathRecorder, Tables};
@@ -61,7 +61,7 @@ pub struct ThreadState {
 /// metadata.
 pub struct MonitorResult {
     pub threads: Vec<ThreadState>,
-    pub catalog: Vec<NewBlock>,
+    pub catalog: Arc<BlockCatalog>,
 }
 
 /// A running monitor thread.
@@ -87,14 +87,14 @@ const PATHS_PIECE: usize = 4096;
 /// Starts the monitor thread on `first` (the first guest thread's ring, going on from
 /// `state`: empty for a new guest, the previous monitor's after a failed `execve`) and on the
 /// rings of the threads the guest starts later (from `streams`, each with a copy of
-/// `template`), learning block metadata from `new_blocks`, pinned to `core` when given (the
-/// caller picks a core other than the guest's). With paths on, an event whose block id is
-/// not yet known waits for its `NewBlock` message. It finishes when told to (see
-/// [`MonitorHandle::finish`]) and every ring it knows is closed and drained.
+/// `template`), resolving ids through `catalog` (where every id is published before it can
+/// be in a ring), pinned to `core` when given (the caller picks a core other than the
+/// guest's). It finishes when told to (see [`MonitorHandle::finish`]) and every ring it knows
+/// is closed and drained.
 pub fn spawn(
     first: Stream,
     streams: Receiver<Stream>,
-    new_blocks: Receiver<NewBlock>,
+    catalog: Arc<BlockCatalog>,
     core: Option<core_affinity::CoreId>,
     state: MonitorState,
     template: MonitorState,
@@ -122,8 +122,7 @@ pub fn spawn(
             let mut monitor = Monitor {
                 live: Vec::new(),
                 done: Vec::new(),
-                catalog: Vec::new(),
-                new_blocks,
+                catalog,
                 template,
             };
             monitor.add(first, state);
@@ -180,8 +179,7 @@ struct Monitor {
     live: Vec<Live>,
     done: Vec<ThreadState>,
     /// Every id's metadata, in id order (each thread's tables learn from it).
-    catalog: Vec<NewBlock>,
-    new_blocks: Receiver<NewBlock>,
+    catalog: Arc<BlockCatalog>,
     /// A new thread's initial state.
     template: MonitorState,
 }
@@ -195,13 +193,6 @@ impl Monitor {
             commands: s.commands,
             state,
         });
-    }
-
-    /// Reads every pending `NewBlock` message into the catalog.
-    fn learn(&mut self) {
-        while let Ok(b) = self.new_blocks.try_recv() {
-            self.catalog.push(b);
-        }
     }
 
     /// The monitor's work: drain every ring in order into its thread's tables (and paths)
@@ -247,7 +238,6 @@ impl Monitor {
             } else if stopping && self.live.is_empty() {
                 break;
             } else if idle_since.get_or_insert(started).elapsed() > IDLE_BEFORE_NAP {
-                self.learn();
                 std::thread::sleep(Duration::from_micros(IDLE_NAP_US));
             } else {
                 // Less than a batch: look again after MIN_POLL_INTERVAL, not sooner (each look
@@ -258,25 +248,15 @@ impl Monitor {
                 }
             }
         }
-        self.learn();
-        if let (Some((tables0, paths0)), Some(first)) =
-            (initial, self.done.iter().find(|t| t.state.started == 0))
-        {
-            let mut learned = first.state.tables.clone();
-            sync(&mut learned, &self.catalog);
-            replay(&kept, &learned, tables0, paths0, replays);
+        if let Some((tables0, paths0)) = initial {
+            replay(&kept, &self.catalog, tables0, paths0, replays);
         }
     }
 
     /// Drains ring `i` (all of it when `all`) into its thread's state; returns the events.
     fn drain_one(&mut self, i: usize, all: bool, keep: bool, kept: &mut Vec<u32>) -> u64 {
         let started = Instant::now();
-        let Monitor {
-            live,
-            catalog,
-            new_blocks,
-            ..
-        } = self;
+        let Monitor { live, catalog, .. } = self;
         let l = &mut live[i];
         let state = &mut l.state;
         // Each piece is recorded before its slots are freed, so a guest at the end of a lap
@@ -286,24 +266,14 @@ impl Monitor {
                 kept.extend_from_slice(events);
             }
             if state.paths.is_some() {
-                // The path recorder needs every id's metadata.
-                let max = events
-                    .iter()
-                    .filter(|&&e| e & SYSCALL_EVENT == 0)
-                    .max()
-                    .copied();
-                if let Some(max) = max {
-                    learn_up_to(catalog, new_blocks, max);
-                }
-                sync(&mut state.tables, catalog);
+                // The path recorder needs every id's metadata; the ids drained are published.
+                state.tables.learn_from(catalog);
             }
             record(events, &mut state.tables, state.paths.as_mut());
         });
         let l = &mut self.live[i];
         if !l.state.tables.hot.is_empty() {
-            self.learn();
-            let l = &mut self.live[i];
-            sync(&mut l.state.tables, &self.catalog);
+            l.state.tables.learn_from(&self.catalog);
             let requests = l.state.decisions.decide(&mut l.state.tables);
             if let Some(tx) = &l.commands {
                 for c in requests {
@@ -321,8 +291,7 @@ impl Monitor {
 
     /// Completes a finished thread's state: every id known, paths closed.
     fn finish_state(&mut self, state: &mut MonitorState) {
-        self.learn();
-        sync(&mut state.tables, &self.catalog);
+        state.tables.learn_from(&self.catalog);
         if let Some(p) = state.paths.as_mut() {
             p.end_of_stream(&state.tables);
         }
@@ -342,23 +311,6 @@ impl Live {
     }
 }
 
-/// Waits until `catalog` knows every id up to `max`, reading `new_blocks`.
-fn learn_up_to(catalog: &mut Vec<NewBlock>, new_blocks: &Receiver<NewBlock>, max: u32) {
-    while catalog.len() <= max as usize {
-        match new_blocks.recv() {
-            Ok(b) => catalog.push(b),
-            Err(_) => break,
-        }
-    }
-}
-
-/// Teaches `tables` the ids of `catalog` it does not know yet.
-fn sync(tables: &mut Tables, catalog: &[NewBlock]) {
-    for b in &catalog[tables.blocks.len().min(catalog.len())..] {
-        tables.learn(b.clone());
-    }
-}
-
 /// Accounts `events` in the tables and, if on, the path recorder (every id of `events` must
 /// be known to `tables`).
 fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>) {
@@ -369,7 +321,7 @@ fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>)
         // runs of one repeated event the recorder found at once.
         Some(p) => {
             for piece in events.chunks(PATHS_PIECE) {
-                p.record(piece, tables, None);
+                p.record(piece, tables);
                 tables.record_with_repeats(piece, p.repeats());
             }
         }
@@ -383,7 +335,7 @@ fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>)
 /// the guest's core). Superblock requests are not sent again.
 fn replay(
     events: &[u32],
-    learned: &Tables,
+    catalog: &BlockCatalog,
     tables0: Tables,
     paths0: Option<PathRecorder>,
     n: usize,
@@ -391,13 +343,7 @@ fn replay(
     let mut times = Vec::new();
     for _ in 0..n {
         let (mut tables, mut paths) = (tables0.clone(), paths0.clone());
-        for (i, b) in learned.blocks.iter().enumerate().skip(tables.blocks.len()) {
-            tables.learn(NewBlock {
-                id: hotpath_ir::BlockId(i as u32),
-                summary: *b,
-                kind: learned.kinds[i].clone(),
-            });
-        }
+        tables.learn_from(catalog);
         let started = Instant::now();
         record(events, &mut tables, paths.as_mut());
         if let Some(p) = paths.as_mut() {

@@ -266,3 +266,42 @@ fn report_does_not_depend_on_the_ring_size() {
         "a 64-entry ring never filled: the test proves nothing"
     );
 }
+
+/// `blocks[].code` (with `--paths`) is what the translator decoded: each block's bytes equal
+/// the program file's bytes at its address (a static program's code is its file's code).
+#[test]
+fn block_code_is_the_programs_own_bytes() {
+    let exe = build("count_calls.S", Linkage::Static);
+    let run = run_with_report(&exe, &[], &scratch(), "block_code", &["--paths"]);
+    assert_eq!(run.outcome.termination, Termination::Exited(0));
+    let file = fs::read(&exe).expect("reading the sample");
+    let u64_at = |o: usize| u64::from_le_bytes(file[o..o + 8].try_into().unwrap());
+    let u16_at = |o: usize| u16::from_le_bytes(file[o..o + 2].try_into().unwrap()) as usize;
+    // (vaddr, file offset, bytes in the file) of each PT_LOAD segment.
+    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    let loads: Vec<(u64, u64, u64)> = (0..phnum)
+        .map(|i| phoff + i * phentsize)
+        .filter(|&p| u32::from_le_bytes(file[p..p + 4].try_into().unwrap()) == 1)
+        .map(|p| (u64_at(p + 16), u64_at(p + 8), u64_at(p + 32)))
+        .collect();
+    let mut checked = 0;
+    for b in run.report.json["blocks"].as_array().expect("blocks") {
+        let addr =
+            u64::from_str_radix(b["addr"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+        let code = b["code"].as_str().unwrap_or_else(|| panic!("no code: {b}"));
+        let bytes: Vec<u8> = (0..code.len() / 2)
+            .map(|i| u8::from_str_radix(&code[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(bytes.len() as u64, as_u64(&b["bytes"]), "{b}");
+        let Some(&(vaddr, offset, _)) = loads
+            .iter()
+            .find(|&&(v, _, size)| addr >= v && addr + bytes.len() as u64 <= v + size)
+        else {
+            continue; // the vDSO
+        };
+        let at = (offset + addr - vaddr) as usize;
+        assert_eq!(bytes, file[at..at + bytes.len()], "block at {addr:#x}");
+        checked += 1;
+    }
+    assert!(checked > 10, "only {checked} blocks checked");
+}

@@ -38,14 +38,18 @@ pub fn decode_block_from(start: GuestAddr, fetch: impl FnOnce(u64, &mut [u8]) ->
     let mut decoder = Decoder::with_ip(64, &buf, start.0, DecoderOptions::NONE);
     let mut body: Vec<Inst> = Vec::new();
     let mut inst = Instruction::default();
-    let finish =
-        |body: Vec<Inst>, term_inst: Option<Inst>, terminator: Terminator, end: u64| Block {
+    let finish = |body: Vec<Inst>, term_inst: Option<Inst>, terminator: Terminator, end: u64| {
+        let len_bytes = (end - start.0) as u32;
+        let code = buf[..len_bytes as usize].to_vec();
+        Block {
             start,
             body,
             term_inst,
             terminator,
-            len_bytes: (end - start.0) as u32,
-        };
+            len_bytes,
+            code,
+        }
+    };
     loop {
         let ip = decoder.ip();
         if body.len() >= MAX_BLOCK_INSTRUCTIONS {
@@ -90,7 +94,14 @@ pub fn decode_block_from(start: GuestAddr, fetch: impl FnOnce(u64, &mut [u8]) ->
         }
         let next = GuestAddr(inst.next_ip());
         match classify(&inst, next) {
-            None => body.push(Inst::new(inst)),
+            None => {
+                let disp = inst
+                    .is_ip_rel_memory_operand()
+                    .then(|| decoder.get_constant_offsets(&inst))
+                    .filter(|o| o.has_displacement() && o.displacement_size() == 4)
+                    .map(|o| o.displacement_offset() as u8);
+                body.push(Inst::new(inst).with_rip_disp_offset(disp))
+            }
             Some(term) => return finish(body, Some(Inst::new(inst)), term, next.0),
         }
     }

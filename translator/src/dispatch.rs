@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use crossbeam::channel::{Receiver, Sender};
+use crossbeam::channel::Receiver;
 use hotpath_events::{
-    Command, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS, SYSCALL_EVENT,
+    BlockCatalog, Command, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS,
+    SYSCALL_EVENT,
 };
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
@@ -231,7 +232,8 @@ fn handler_setup(
 impl Translator {
     /// Sets up the code cache (in the image's extra reservation), the gateway and this thread's
     /// area (installed as the thread's GS base), with the guest about to start at the image's
-    /// entry point on `stack`. Block metadata goes to `new_blocks` when given.
+    /// entry point on `stack`. Block metadata goes to the process's catalog
+    /// ([`Translator::catalog`]).
     ///
     /// Must be called on the thread that will call [`run`](Self::run).
     ///
@@ -241,7 +243,6 @@ impl Translator {
         image: &Image,
         stack: &GuestStack,
         cfg: Config,
-        new_blocks: Option<Sender<NewBlock>>,
     ) -> Result<Translator, TranslateError> {
         let host = HostFeatures::detect()?;
         let smc = Arc::new(crate::smc::ProtectedPages::default());
@@ -289,7 +290,6 @@ impl Translator {
             smc,
             signals.actions(),
         ));
-        lock(&shared.registry).sender = new_blocks;
         let resources = ThreadResources {
             cache,
             gateway,
@@ -671,18 +671,10 @@ impl Translator {
         self.exec_wrapper = wrapper;
     }
 
-    /// Sends every known block's metadata to `tx` and future ones too: a forked child's new
-    /// monitor must learn the ids the parent translated.
-    pub fn set_block_sender(&mut self, tx: Sender<NewBlock>) {
-        let mut registry = lock(&self.process.shared.registry);
-        for b in &registry.known {
-            let _ = tx.send(b.clone());
-        }
-        if let Some(old) = registry.sender.replace(tx) {
-            // The old channel's receiver lived in a thread that does not exist in this child;
-            // dropping the sender could wait on that thread's lock.
-            std::mem::forget(old);
-        }
+    /// The catalog of every id the process's translators handed out (what the monitor reads
+    /// to resolve the ids in the rings; a forked child's new monitor reads the same one).
+    pub fn catalog(&self) -> Arc<BlockCatalog> {
+        lock(&self.process.shared.registry).catalog().clone()
     }
 
     /// Takes the monitor's requests from `rx` (a forked child's new monitor replaces them).
@@ -721,8 +713,9 @@ impl Translator {
         let mut blocks = Vec::with_capacity(ids.len());
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
+        let catalog = registry.catalog().clone();
         for &id in ids {
-            let Some(known) = registry.known.get(id.index()) else {
+            let Some(known) = catalog.get(id) else {
                 return false;
             };
             if id.0 < self.generation_first_id || known.kind != IdKind::Block {
@@ -783,6 +776,7 @@ impl Translator {
             id: sb,
             summary: blocks[0].summary(),
             kind: IdKind::Superblock { blocks: trace_ids },
+            code: Box::default(),
         });
         for (i, b) in blocks.iter().enumerate() {
             registry.announce(NewBlock {
@@ -792,6 +786,7 @@ impl Translator {
                     superblock: sb,
                     after: i as u32,
                 },
+                code: Box::default(),
             });
         }
         registry.next_id += 1 + blocks.len() as u32;
@@ -803,7 +798,7 @@ impl Translator {
         self.superblock_heads.insert(head);
         self.cache.patch_jump(old_entry, trace.entry);
         let slot = &mut self.area.ibl[ThreadArea::ibl_index(head)];
-        if slot.neg_guest == 0u64.wrapping_sub(head) {
+        if slot.holds(head) {
             slot.host = trace.entry.0;
         }
         self.stats.superblocks += 1;
@@ -842,10 +837,7 @@ impl Translator {
                 self.stats.ibl_misses += 1;
                 let target = self.area.ibl_target;
                 let host = self.lookup_or_translate(target)?;
-                self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry {
-                    neg_guest: 0u64.wrapping_sub(target),
-                    host: host.0,
-                };
+                self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry::new(target, host.0);
                 Ok(Ok(Next::Host(host)))
             }
             index => {
@@ -1313,6 +1305,7 @@ impl Translator {
             id,
             summary: block.summary(),
             kind: IdKind::Block,
+            code: block.code.into_boxed_slice(),
         });
         Ok(emitted.entry)
     }

@@ -23,7 +23,7 @@ use iced_x86::{
     Code, Encoder, Instruction, InstructionInfoFactory, MemoryOperand, Mnemonic, OpKind, Register,
 };
 
-use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator, TrapKind};
+use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Inst, Terminator, TrapKind};
 
 use crate::gateway::{emit_ibl, Gateway, EXIT_RING_FULL, GS};
 use crate::thread_area::off;
@@ -327,7 +327,7 @@ pub fn emit_block(
     })
 }
 
-/// Appends `block`'s body, re-encoded at its new address, and records where each instruction
+/// Appends `block`'s body, moved to its new address, and records where each instruction
 /// landed in `layout` (with where the terminator's code will start).
 pub(crate) fn append_body(
     block: &Block,
@@ -335,14 +335,19 @@ pub(crate) fn append_body(
     layout: &mut HostLayout,
 ) -> Result<(), TranslateError> {
     if !block.body.is_empty() {
-        let insts: Vec<Instruction> = block.body.iter().map(|i| i.inst).collect();
-        let encoded = encode_at(&insts, code.addr())?;
         let base = code.addr();
+        let mut mover = Relocator::new(base, block.body.len());
+        for inst in &block.body {
+            let off = inst.inst.ip().wrapping_sub(block.start.0) as usize;
+            let guest = block.code.get(off..off + inst.inst.len());
+            mover.relocate(inst, guest)?;
+        }
+        let encoded = mover.finish();
         layout.body = encoded
             .offsets
             .iter()
-            .zip(&insts)
-            .map(|(&o, i)| (base + o, i.ip()))
+            .zip(&block.body)
+            .map(|(&o, i)| (base + o, i.inst.ip()))
             .collect();
         layout
             .far_borrows
@@ -370,7 +375,7 @@ pub(crate) fn resolve_exit_stubs(exits: &mut [Exit], code: &Code_) {
     }
 }
 
-/// Guest instructions re-encoded for the code cache (see [`encode_at`]).
+/// Guest instructions moved to the code cache (see [`Relocator`]).
 pub(crate) struct Encoded {
     /// The host code.
     pub bytes: Vec<u8>,
@@ -389,12 +394,15 @@ pub(crate) struct Encoded {
 /// length.
 const RIP_REACH: u64 = (1 << 31) - 64;
 
-/// Re-encodes guest instructions one after another from host address `rip`, keeping every
-/// RIP-relative operand pointing at the same absolute guest address.
+/// Moves guest body instructions (no control transfers) one after another to host addresses
+/// from `rip`, keeping every RIP-relative operand pointing at the same absolute guest address.
 ///
-/// Each instruction is encoded on its own: iced's `BlockEncoder` would treat a RIP-relative
-/// operand that happens to address one of the block's own instructions as a reference into the
-/// block and move it along with the code, which is wrong for data accesses (`lea rcx, [rip]`).
+/// An instruction whose guest bytes are at hand is copied as it is: nothing in a body
+/// instruction depends on where it sits but a RIP-relative displacement, which is patched in
+/// the copy. Only the others go through iced's encoder (created on first use: most blocks need
+/// none), each on its own: iced's `BlockEncoder` would treat a RIP-relative operand that
+/// happens to address one of the block's own instructions as a reference into the block and
+/// move it along with the code, which is wrong for data accesses (`lea rcx, [rip]`).
 ///
 /// An operand out of the ±2 GiB a displacement reaches from the code cache (code in a library
 /// far from the cache, the vDSO) is rewritten, as DynamoRIO mangles it: `lea reg, [rip+d]`
@@ -402,40 +410,128 @@ const RIP_REACH: u64 = (1 << 31) - 64;
 /// (its guest value saved in the thread area's `scratch_far` slot, through GS), loads the
 /// address into it, runs with `[reg]` as its operand, and gives the register back. None of
 /// these touch the flags.
-pub(crate) fn encode_at(insts: &[Instruction], rip: u64) -> Result<Encoded, TranslateError> {
-    let mut encoder = Encoder::new(64);
-    let mut at = rip;
-    let mut offsets = Vec::with_capacity(insts.len());
-    let mut borrows = Vec::new();
-    let encode_err = |inst: &Instruction, e: iced_x86::IcedError| TranslateError::Encode {
-        guest: inst.ip(),
-        reason: e.to_string(),
-    };
-    for inst in insts {
+pub(crate) struct Relocator {
+    rip: u64,
+    encoder: Option<Encoder>,
+    out: Encoded,
+}
+
+impl Relocator {
+    /// A relocator for about `count` instructions placed from host address `rip`.
+    pub fn new(rip: u64, count: usize) -> Relocator {
+        Relocator {
+            rip,
+            encoder: None,
+            out: Encoded {
+                bytes: Vec::with_capacity(count * 5),
+                offsets: Vec::with_capacity(count),
+                borrows: Vec::new(),
+            },
+        }
+    }
+
+    /// Host address the next instruction lands at.
+    fn at(&self) -> u64 {
+        self.rip + self.out.bytes.len() as u64
+    }
+
+    /// Places `inst`, copying `guest` (its bytes, when known) where that keeps its meaning.
+    ///
+    /// # Errors
+    /// [`TranslateError::Encode`] if the instruction has to be re-encoded and cannot be.
+    pub fn relocate(&mut self, inst: &Inst, guest: Option<&[u8]>) -> Result<(), TranslateError> {
+        let at = self.at();
+        if let Some(bytes) = guest.filter(|b| b.len() == inst.inst.len()) {
+            match (inst.rip_relative, inst.rip_disp_offset) {
+                (None, _) => {
+                    self.out.offsets.push(at - self.rip);
+                    self.out.bytes.extend_from_slice(bytes);
+                    return Ok(());
+                }
+                (Some(target), Some(disp_at)) => {
+                    let next = at + bytes.len() as u64;
+                    let disp = target.0.wrapping_sub(next) as i64;
+                    if target.0.abs_diff(at) < RIP_REACH && i32::try_from(disp).is_ok() {
+                        self.out.offsets.push(at - self.rip);
+                        let start = self.out.bytes.len();
+                        self.out.bytes.extend_from_slice(bytes);
+                        let d = start + disp_at as usize;
+                        self.out.bytes[d..d + 4].copy_from_slice(&(disp as i32).to_le_bytes());
+                        return Ok(());
+                    }
+                }
+                (Some(_), None) => {}
+            }
+        }
+        self.encode(&inst.inst)
+    }
+
+    /// Places `inst` through iced's encoder, rewriting a far RIP-relative operand.
+    ///
+    /// # Errors
+    /// [`TranslateError::Encode`] if iced cannot encode it at its new address, or a far
+    /// operand has no register to borrow.
+    pub fn encode(&mut self, inst: &Instruction) -> Result<(), TranslateError> {
+        let at = self.at();
         let far = inst.is_ip_rel_memory_operand()
             && inst.ip_rel_memory_address().abs_diff(at) >= RIP_REACH;
         if !far {
-            offsets.push(at - rip);
-            at += encoder.encode(inst, at).map_err(|e| encode_err(inst, e))? as u64;
-            continue;
+            self.out.offsets.push(at - self.rip);
+            return self.encode_one(inst, inst);
         }
         let mut seq = Vec::with_capacity(4);
         let work = far_operand_sequence(inst, &mut seq)?;
         for (i, part) in seq.iter().enumerate() {
             if i == work.index {
-                offsets.push(at - rip);
+                let here = self.at() - self.rip;
+                self.out.offsets.push(here);
                 if let Some(reg) = work.borrowed {
-                    borrows.push((at - rip, gpr(reg)));
+                    self.out.borrows.push((here, gpr(reg)));
                 }
             }
-            at += encoder.encode(part, at).map_err(|e| encode_err(inst, e))? as u64;
+            self.encode_one(part, inst)?;
         }
+        Ok(())
     }
-    Ok(Encoded {
-        bytes: encoder.take_buffer(),
-        offsets,
-        borrows,
-    })
+
+    /// Encodes one host instruction `part` (of guest instruction `guest`) at the end.
+    fn encode_one(
+        &mut self,
+        part: &Instruction,
+        guest: &Instruction,
+    ) -> Result<(), TranslateError> {
+        let at = self.at();
+        let encoder = self.encoder.get_or_insert_with(|| Encoder::new(64));
+        encoder
+            .encode(part, at)
+            .map_err(|e| TranslateError::Encode {
+                guest: guest.ip(),
+                reason: e.to_string(),
+            })?;
+        let mut bytes = encoder.take_buffer();
+        self.out.bytes.extend_from_slice(&bytes);
+        bytes.clear();
+        encoder.set_buffer(bytes);
+        Ok(())
+    }
+
+    /// The host code and where each instruction landed.
+    pub fn finish(self) -> Encoded {
+        self.out
+    }
+}
+
+/// Re-encodes `insts` one after another from host address `rip` through iced's encoder (see
+/// [`Relocator`]).
+///
+/// # Errors
+/// As [`Relocator::encode`].
+pub(crate) fn encode_at(insts: &[Instruction], rip: u64) -> Result<Encoded, TranslateError> {
+    let mut mover = Relocator::new(rip, insts.len());
+    for inst in insts {
+        mover.encode(inst)?;
+    }
+    Ok(mover.finish())
 }
 
 /// Which instruction of a far-operand sequence does the guest instruction's work.
@@ -908,6 +1004,81 @@ mod tests {
         assert!(out[0].is_ip_rel_memory_operand());
         assert_eq!(out[0].ip_rel_memory_address(), GUEST + 7 + 0x100);
         assert!(e.borrows.is_empty());
+    }
+
+    /// A body of `bytes` decoded at `GUEST` as the decoder lifts it (with its guest bytes).
+    fn block_of(bytes: &[u8]) -> Block {
+        let mut d = Decoder::with_ip(64, bytes, GUEST, DecoderOptions::NONE);
+        let mut body = Vec::new();
+        while d.can_decode() {
+            let i = d.decode();
+            let o = d.get_constant_offsets(&i);
+            let disp = o.has_displacement().then(|| o.displacement_offset() as u8);
+            body.push(Inst::new(i).with_rip_disp_offset(disp));
+        }
+        Block {
+            start: GuestAddr(GUEST),
+            body,
+            term_inst: None,
+            terminator: Terminator::FallThrough {
+                next: GuestAddr(GUEST + bytes.len() as u64),
+            },
+            len_bytes: bytes.len() as u32,
+            code: bytes.to_vec(),
+        }
+    }
+
+    #[test]
+    fn body_instructions_are_copied_with_rip_displacements_patched() {
+        // add rax, rbx; 66 nop; cmp dword [rip + 0x40], 0x12345678 (an immediate after the
+        // displacement); vmovdqu ymm0, [rip - 0x20]; mov rcx, [rsp + 8]
+        let bytes = [
+            0x48, 0x01, 0xd8, //
+            0x66, 0x90, //
+            0x81, 0x3d, 0x40, 0, 0, 0, 0x78, 0x56, 0x34, 0x12, //
+            0xc5, 0xfe, 0x6f, 0x05, 0xe0, 0xff, 0xff, 0xff, //
+            0x48, 0x8b, 0x4c, 0x24, 0x08,
+        ];
+        let block = block_of(&bytes);
+        let mut code = Code_ {
+            base: NEAR,
+            bytes: Vec::new(),
+        };
+        let mut layout = HostLayout::default();
+        append_body(&block, &mut code, &mut layout).unwrap();
+        // Same length, same bytes but the two displacements.
+        assert_eq!(code.bytes.len(), bytes.len());
+        assert_eq!(code.bytes[..5], bytes[..5]);
+        assert_eq!(code.bytes[23..], bytes[23..]);
+        let guest_insts = decode_all(&bytes, GUEST);
+        let host_insts = decode_all(&code.bytes, NEAR);
+        for (g, h) in guest_insts.iter().zip(&host_insts) {
+            assert_eq!(g.code(), h.code());
+            assert_eq!(g.is_ip_rel_memory_operand(), h.is_ip_rel_memory_operand());
+            if g.is_ip_rel_memory_operand() {
+                assert_eq!(g.ip_rel_memory_address(), h.ip_rel_memory_address());
+            }
+        }
+        assert_eq!(host_insts[2].immediate32(), 0x1234_5678);
+        let starts: Vec<u64> = layout.body.iter().map(|&(h, _)| h - NEAR).collect();
+        assert_eq!(starts, [0, 3, 5, 15, 23]);
+    }
+
+    #[test]
+    fn far_body_operands_are_rewritten_not_copied() {
+        // mov rax, [rip + 0x100] from a library far from the cache.
+        let block = block_of(&[0x48, 0x8b, 0x05, 0x00, 0x01, 0, 0]);
+        let mut code = Code_ {
+            base: FAR,
+            bytes: Vec::new(),
+        };
+        let mut layout = HostLayout::default();
+        append_body(&block, &mut code, &mut layout).unwrap();
+        let out = decode_all(&code.bytes, FAR);
+        assert!(out.iter().all(|i| !i.is_ip_rel_memory_operand()));
+        assert!(out
+            .iter()
+            .any(|i| i.code() == Code::Mov_r64_imm64 && i.immediate64() == GUEST + 7 + 0x100));
     }
 
     #[test]

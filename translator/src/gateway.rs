@@ -232,7 +232,8 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; mov ecx, EXIT_IBL_MISS as i32
         ; jmp extern exit_addr as usize
     );
-    // An empty slot "matches" only u64::MAX; treat it as a miss on that target.
+    // An empty slot "matches" only u64::MAX (in the last slot); treat it as a miss on that
+    // target.
     let ibl_empty = ops.offset();
     dynasm!(ops
         ; .arch x64
@@ -286,8 +287,8 @@ pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) {
         ; movzx eax, cx
         ; lea rax, [rax + rax]                            // slot * 2, scaled by 8: 16-byte slots
         ; mov rdx, rcx                                    // rdx = guest target
-        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // -(slot's guest address)
-        ; lea rcx, [rcx + rdx]                            // 0 iff the slot holds the target
+        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // !(slot's guest address)
+        ; lea rcx, [rcx + rdx + 1]                        // 0 iff the slot holds the target
         ; jrcxz >hit
         ; jmp extern miss
         ; hit:

@@ -45,16 +45,36 @@ pub const R11: usize = 11;
 
 /// One slot of the indirect branch lookup table.
 ///
-/// `neg_guest` holds the two's complement of the guest address (so emitted code can test for a
-/// match with `lea` + `jrcxz`, which do not touch the flags); an empty slot holds 1, which no
-/// guest target can match but the non-canonical `u64::MAX`, and then points at the miss path.
+/// `tag` holds the bitwise complement of the guest address, `-guest - 1`, so emitted code can
+/// test for a match with `lea rcx, [tag + target + 1]` + `jrcxz`, which do not touch the flags.
+/// A zero slot therefore matches only the non-canonical target `u64::MAX`, whose slot is the
+/// last one: so a fresh, zero-filled table is empty as it is mapped (nothing to write at
+/// start-up) as long as the last slot points at the miss path ([`ThreadArea::map`]).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct IblEntry {
-    /// `0 - guest_target` (wrapping).
-    pub neg_guest: u64,
+    /// `!guest_target`.
+    pub tag: u64,
     /// Host address of the target's translated block entry.
     pub host: u64,
+}
+
+impl IblEntry {
+    /// The slot for guest `target`, translated at host address `host`.
+    pub fn new(target: u64, host: u64) -> IblEntry {
+        IblEntry { tag: !target, host }
+    }
+
+    /// True if the slot holds guest `target`.
+    pub fn holds(&self, target: u64) -> bool {
+        self.tag == !target
+    }
+
+    /// A tag that no lookup reaching slot `index` can match: that of a target whose low 16
+    /// bits index another slot.
+    pub fn dead_tag(index: usize) -> u64 {
+        !((index ^ 1) as u64)
+    }
 }
 
 /// The XSAVE image (64-byte aligned as XSAVE requires).
@@ -149,7 +169,8 @@ pub mod off {
 
 impl ThreadArea {
     /// Maps a zeroed area with room for `ring_entries` events and initialises it: empty ring,
-    /// empty lookup table (every slot pointing at `ibl_miss`), initial FPU state.
+    /// empty lookup table (zero, but for the last slot, which points at `ibl_miss`: see
+    /// [`IblEntry`]), initial FPU state.
     ///
     /// # Errors
     /// The OS error if the mapping fails.
@@ -175,12 +196,7 @@ impl ThreadArea {
         let area = unsafe { &mut *(p as *mut ThreadArea) };
         // SAFETY: writing a valid value into our own mapping.
         unsafe { std::ptr::write(&mut area.ring, RingControl::new(ring_entries)) };
-        for e in area.ibl.iter_mut() {
-            *e = IblEntry {
-                neg_guest: 1,
-                host: ibl_miss,
-            };
-        }
+        area.ibl[IBL_ENTRIES - 1].host = ibl_miss;
         area.rflags = 0x202;
         // Legacy XSAVE region: FCW at 0, MXCSR at 24; XSTATE_BV (header at 512) = 0 means every
         // component is in its initial state, so XRSTOR loads the power-on FPU/SSE/AVX state
@@ -198,12 +214,8 @@ impl ThreadArea {
 
     /// Empties the indirect branch lookup table (after a code cache flush).
     pub fn clear_ibl(&mut self, ibl_miss: u64) {
-        for e in self.ibl.iter_mut() {
-            *e = IblEntry {
-                neg_guest: 1,
-                host: ibl_miss,
-            };
-        }
+        self.ibl.fill(IblEntry { tag: 0, host: 0 });
+        self.ibl[IBL_ENTRIES - 1].host = ibl_miss;
     }
 
     /// Index of `guest` in the lookup table: its low 16 bits (what the emitted `movzx` takes).

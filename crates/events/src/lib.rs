@@ -1,7 +1,9 @@
 //! The event ring between a guest thread's translated code (producer) and the monitor
-//! thread (consumer), and the commands the monitor sends back to the translator.
+//! thread (consumer), the catalog of what each id stands for, and the commands the monitor
+//! sends back to the translator.
 //!
 //! ```text
+//! translator ──append NewBlock (before the block first runs)──▶ [block catalog] ──get(id)──┐
 //! translated block head ──enqueue stub: entries[head++] = block id──▶ [ring] ──drain FIFO──▶ monitor
 //!          ▲                                                                      │
 //!          └──────────── Command::FormSuperblock (crossbeam channel) ◀────────────┘
@@ -10,8 +12,10 @@
 //! The ring's memory belongs to the translator (it lives in the per-thread area the emitted
 //! code addresses through the GS segment); this crate fixes its layout and the protocol on it.
 
+mod catalog;
 mod ring;
 
+pub use catalog::{BlockCatalog, CatalogWriter};
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,
     MIN_POLL_INTERVAL,
@@ -54,8 +58,8 @@ pub enum IdKind {
     SideExit { superblock: BlockId, after: u32 },
 }
 
-/// Metadata of a newly translated id, sent to the monitor before it first appears in the
-/// ring, so every id resolves.
+/// Metadata of a newly translated id, published in the [`BlockCatalog`] before it first
+/// appears in a ring, so every id resolves.
 #[derive(Clone, Debug)]
 pub struct NewBlock {
     /// The id (dense, in translation order).
@@ -65,6 +69,10 @@ pub struct NewBlock {
     pub summary: BlockSummary,
     /// Basic block, superblock, or a superblock's side exit.
     pub kind: IdKind,
+    /// The guest bytes of a basic block as they were translated (`summary.len_bytes` of them
+    /// from `summary.start`); empty for a superblock or a side exit. Reports show them, whatever the guest did to
+    /// that memory later.
+    pub code: Box<[u8]>,
 }
 
 /// Most basic blocks in one superblock's trace, unrolled copies included: the longest

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::{
-    read_code, report_of, thread_report, FunctionSymbol, MonitorHandle, MonitorResult,
-    MonitorState, PathConfig, PathRecorder, RunInfo, Stream, Tables,
+    add_code, report_of, thread_report, FunctionSymbol, MonitorHandle, MonitorResult, MonitorState,
+    PathConfig, PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
@@ -82,15 +82,13 @@ impl Monitoring {
 
     /// Starts a monitor on the translator's ring, going on from `state`.
     fn start(&mut self, translator: &mut Translator, state: MonitorState) {
-        let (tx, rx) = crossbeam::channel::unbounded();
-        translator.set_block_sender(tx);
         let first = self.stream(translator);
         let (stx, srx) = crossbeam::channel::unbounded();
         self.streams = Some(stx);
         self.handle = Some(hotpath_monitor::spawn(
             first,
             srx,
-            rx,
+            translator.catalog(),
             self.core,
             state,
             self.fresh(),
@@ -380,7 +378,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         superblocks: monitor_on && !args.no_superblocks,
         vdso: !args.no_vdso,
     };
-    let mut translator = match Translator::new(&image, &stack, cfg, None) {
+    let mut translator = match Translator::new(&image, &stack, cfg) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("hotpath: {}: {e}", image.path.display());
@@ -560,9 +558,7 @@ fn finish_report(
     let symbolize = |addr: u64| modules.symbolize(addr);
     // The process's tables: every thread's counts over one id space.
     let mut tables = Tables::default();
-    for b in &result.catalog {
-        tables.learn(b.clone());
-    }
+    tables.learn_from(&result.catalog);
     let mut threads = Vec::new();
     let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, 0);
     // Path profiles are per thread (each has its shadow stack); the report shows the one of
@@ -608,7 +604,7 @@ fn finish_report(
     report.attribute_modules(modules.profiles.clone());
     if let Some((_, mut rec)) = paths {
         // The hot paths' listing disassembles their blocks.
-        read_code(&mut report);
+        add_code(&mut report, &result.catalog);
         rec.finish();
         let name_of = |addr: u64| match modules.symbolize(addr) {
             Some((name, 0)) => name.to_string(),

@@ -20,6 +20,10 @@ pub struct Inst {
     /// The absolute guest address of its RIP-relative memory operand, if it has one. The
     /// emitter must keep that operand pointing at the same guest address.
     pub rip_relative: Option<GuestAddr>,
+    /// Where that operand's 32-bit displacement sits in the instruction's bytes (bytes from
+    /// its first byte), when the decoder said; the emitter then copies the guest bytes and
+    /// patches the displacement instead of re-encoding the instruction.
+    pub rip_disp_offset: Option<u8>,
 }
 
 impl Inst {
@@ -34,8 +38,16 @@ impl Inst {
             flags_read: inst.rflags_read(),
             flags_written: inst.rflags_modified(),
             rip_relative,
+            rip_disp_offset: None,
             inst,
         }
+    }
+
+    /// [`Inst::new`] with the offset of the RIP-relative displacement in the instruction's
+    /// bytes, as the decoder reported it (`None` for an instruction without one).
+    pub fn with_rip_disp_offset(mut self, offset: Option<u8>) -> Inst {
+        self.rip_disp_offset = offset.filter(|_| self.rip_relative.is_some());
+        self
     }
 
     /// Guest address of the instruction.
@@ -61,6 +73,10 @@ pub struct Block {
     pub terminator: Terminator,
     /// Length of the guest code covered, in bytes (body plus terminating instruction).
     pub len_bytes: u32,
+    /// The guest bytes the block was decoded from, as read at translation time: `len_bytes`
+    /// of them from `start` (empty for a block built by hand). The emitter copies body
+    /// instructions from them, and the monitor keeps them for reports.
+    pub code: Vec<u8>,
 }
 
 impl Block {

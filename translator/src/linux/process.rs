@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam::channel::Sender;
-use hotpath_events::NewBlock;
+use hotpath_events::{BlockCatalog, CatalogWriter, NewBlock};
 
 use crate::dispatch::{Config, Stats};
 use crate::linux::signals::{Actions, HandlerShared};
@@ -70,24 +70,37 @@ pub struct Memory {
 }
 
 /// Block ids and their metadata: one id space for every thread, so the monitor's tables are
-/// arrays indexed by id. Ids are handed out and announced under the lock, in order.
+/// arrays indexed by id. Ids are handed out and catalogued under the lock, in order.
 pub struct Registry {
     /// The next free id.
     pub next_id: u32,
-    /// Where metadata goes (the monitor), if it is on.
-    pub sender: Option<Sender<NewBlock>>,
-    /// Metadata of every id so far, for a forked child's new monitor.
-    pub known: Vec<NewBlock>,
+    /// Appends to the catalog of every id's metadata, which the monitor reads.
+    catalog: CatalogWriter,
 }
 
 impl Registry {
-    /// Records a new id's metadata and sends it to the monitor, before the id can run.
-    pub fn announce(&mut self, b: NewBlock) {
-        if let Some(tx) = &self.sender {
-            // A monitor that stopped is not the guest's problem.
-            let _ = tx.send(b.clone());
+    /// A registry with no ids yet.
+    pub fn new() -> Registry {
+        Registry {
+            next_id: 0,
+            catalog: BlockCatalog::new().1,
         }
-        self.known.push(b);
+    }
+
+    /// Publishes a new id's metadata, before the id can run.
+    pub fn announce(&mut self, b: NewBlock) {
+        self.catalog.append(b);
+    }
+
+    /// The catalog of every id so far.
+    pub fn catalog(&self) -> &Arc<BlockCatalog> {
+        self.catalog.catalog()
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry::new()
     }
 }
 
@@ -229,11 +242,7 @@ impl ProcessShared {
         ProcessShared {
             exe,
             memory: Mutex::new(memory),
-            registry: Mutex::new(Registry {
-                next_id: 0,
-                sender: None,
-                known: Vec::new(),
-            }),
+            registry: Mutex::new(Registry::new()),
             smc,
             actions,
             threads: Mutex::new(Vec::new()),

@@ -260,8 +260,8 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
     }
     // Only the tags: a lookup this handler interrupted between its tag check and its load of
     // the host address must still load a valid block entry (the blocks themselves stay).
-    for slot in area.ibl.iter_mut() {
-        slot.neg_guest = 1;
+    for (i, slot) in area.ibl.iter_mut().enumerate() {
+        slot.tag = thread_area::IblEntry::dead_tag(i);
     }
 }
 
