@@ -196,7 +196,9 @@ if command -v "$qemu" >/dev/null 2>&1; then
 fi
 
 # 3. Measure. One run: prints "<microseconds> <status> <ring wait ns>" and leaves stdout in
-# $tmp/out.<mode>. The monitor mode writes a JSON report, for the time spent on a full ring.
+# $tmp/out.<mode>. Both monitor modes write a JSON report (as a user of the profile would, so
+# that `sb gain` compares superblocks alone); the monitor mode's gives the time spent on a
+# full ring.
 run_once() { # mode workload
     local mode="$1" w="$2" start end status=0 wait_ns=0
     local -a cmd
@@ -204,7 +206,7 @@ run_once() { # mode workload
     case "$mode" in
         native) ;;
         no-monitor) cmd=("$hotpath" run --quiet --no-monitor -- "${cmd[@]}") ;;
-        no-sb) cmd=("$hotpath" run --quiet --no-superblocks -- "${cmd[@]}") ;;
+        no-sb) cmd=("$hotpath" run --quiet --no-superblocks --report "$tmp/report-no-sb.json" -- "${cmd[@]}") ;;
         monitor) rm -f "$tmp/report.json"; cmd=("$hotpath" run --quiet --report "$tmp/report.json" -- "${cmd[@]}") ;;
         qemu) cmd=("$qemu" "${cmd[@]}") ;;
     esac
