@@ -3,9 +3,9 @@
 //! ```text
 //! ring (block ids + syscall events, FIFO) ──drain──▶ Tables (edge counts by block id)
 //!        NewBlock metadata ──────────────────────────▶ Tables::blocks
-//!        events ──▶ PathRecorder: memoised per event (path_memo.rs), shadow stack, functions,
-//!                   paths interned at their ends (paths.rs) ──▶ BL ids, PAP traces, k-paths
-//!                   (pathreport.rs)
+//!        events ──▶ PathRecorder: memoised per event (paths/memo.rs), shadow stack, functions,
+//!                   paths interned at their ends (paths/trie.rs) ──▶ BL ids, PAP traces, k-paths
+//!                   (paths/report.rs)
 //!        hot back edge ──▶ decisions: trace along the hottest successors ──▶ FormSuperblock
 //! guest ends ──▶ hotpath_report::Report (aggregated by guest address) ──▶ JSON, text, ...
 //! ```
@@ -16,19 +16,16 @@
 //! guest's. Counts are exact: the ring never drops an event.
 
 mod decisions;
-mod pap_runs;
-mod path_fast;
-mod path_memo;
-mod pathreport;
 mod paths;
 mod profile;
 mod tables;
 mod thread;
 
 pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
-pub use pap_runs::PAP_MAX_PATHS;
-pub use pathreport::{K_PATHS_TOP, PAP_LISTED, PAP_PATHS_TOP};
-pub use paths::{FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
+pub use paths::{
+    FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP, PAP_LISTED,
+    PAP_MAX_PATHS, PAP_PATHS_TOP,
+};
 pub use profile::{add_code, report_of, thread_report, RunInfo, Symbolizer, THREAD_HOTTEST};
 pub use tables::{SyscallCount, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Stream, ThreadState};

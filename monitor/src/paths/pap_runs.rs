@@ -8,12 +8,14 @@
 //! cache, then a hash map that holds the children of nodes with more than one), and the
 //! activation's end counts one run at its node. When the profile is taken, the heaviest runs
 //! are spelled (function, path numbers) and encoded with `hotpath_pathprof::Pap` by
-//! `pathreport`.
+//! `report`.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::paths::{cache_slot, Activation, Function, FxMap, NONE};
+use super::function::Function;
+use super::ids::{cache_slot, FxMap, NONE};
+use super::stack::Activation;
 
 /// Longest PAP run kept, in Ball-Larus paths: a longer activation (a main loop) stops
 /// recording its PAP run and counts one abandoned run (`path_stats.pap_abandoned` in the
@@ -258,7 +260,7 @@ impl PapRuns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::paths::Function;
+    use crate::paths::function::Function;
     use proptest::prelude::*;
 
     fn activation(pap: u32) -> Activation {

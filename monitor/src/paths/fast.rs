@@ -1,14 +1,16 @@
 //! The memo recorder's fast loops: the common case of `record_events` with the recorder's
 //! state in registers, one loop for the events that stay in one activation and one that also
-//! takes calls and plain returns (see `path_memo`, "Fast loops").
+//! takes calls and plain returns (see `memo`, "Fast loops").
 
 use hotpath_events::SYSCALL_EVENT;
 
-use crate::path_memo::{memo_key, push_pap_runs, slot_of, EventInfo, NO_KEY};
-use crate::paths::{
-    cached_call_child, cached_exit_path, Activation, PathRecorder, K_CALL, K_INDIRECT, K_OTHER,
-    K_RET, NONE, SHADOW_STACK_MAX,
+use super::ids::NONE;
+use super::memo::{memo_key, push_pap_runs, slot_of, EventInfo, NO_KEY};
+use super::recorder::PathRecorder;
+use super::stack::{
+    cached_call_child, Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET, SHADOW_STACK_MAX,
 };
+use super::trie::cached_exit_path;
 
 /// Events in a row that stay in one activation after which `run_call_loop` hands over to
 /// `run_intra_loop` (a loop between calls), which takes them faster; fewer, and the hand-overs

@@ -19,7 +19,10 @@ use hotpath_report::{
     PathEntry, PathKind, PathProfile, PathStart, Stack,
 };
 
-use crate::paths::{PathRecorder, Resync, DEEPER, END_EXIT, NONE, START_ENTRY};
+use super::ids::NONE;
+use super::recorder::PathRecorder;
+use super::stack::{Resync, DEEPER};
+use super::trie::{END_EXIT, START_ENTRY};
 
 /// k-iteration paths listed per function and length.
 pub const K_PATHS_TOP: usize = 10;

@@ -2,7 +2,7 @@
 //! worked out once per (path prefix, event, position) and then replayed as a few adds.
 //!
 //! The ring carries one event per superblock run, but a path profile is defined over basic
-//! blocks, and stepping every block through the shadow stack and the prefix trie (`paths.rs`)
+//! blocks, and stepping every block through the shadow stack and the prefix trie (`recorder.rs`, `stack.rs`, `trie.rs`)
 //! costs the monitor about as much per *block* as the tables cost per *event*. What makes a
 //! shortcut possible: between blocks that neither call, return nor jump indirectly, the
 //! per-block step is `step_intra`, whose outcome depends only on the current path (its trie
@@ -31,7 +31,7 @@
 //! predicted from the caller's last one, and after a return the caller's next memo from the
 //! one that ended with its call (kept in its frame).
 //!
-//! **Fast loops** (`path_fast`). `PathRecorder::run_fast` is the common case with its state in registers,
+//! **Fast loops** (`fast.rs`). `PathRecorder::run_fast` is the common case with its state in registers,
 //! in two loops that hand over to each other: `run_intra_loop` takes whole events that stay in
 //! one activation (a loop), and `run_call_loop` also takes calls whose callee's function,
 //! trie root and call-tree node are known (what `push_activation` does in its common case)
@@ -58,10 +58,10 @@
 
 use hotpath_events::{IdKind, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
 
-use crate::pap_runs::PapRuns;
-use crate::paths::{
-    cache_slot, Activation, FxMap, PathRecorder, K_CALL, K_INDIRECT, K_OTHER, K_RET, NONE,
-};
+use super::ids::{cache_slot, FxMap, NONE};
+use super::pap_runs::PapRuns;
+use super::recorder::PathRecorder;
+use super::stack::{Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
 use crate::Tables;
 
 /// Appends `runs` repeats of a memo's ended paths `ends` to activation `a`'s PAP run (it
@@ -287,7 +287,7 @@ impl MemoState {
 
 impl PathRecorder {
     /// Accounts `events` a whole event at a time, taking in ids as they first appear.
-    pub(crate) fn record_events(&mut self, events: &[u32], tables: &mut Tables) {
+    pub(crate) fn record_events(&mut self, events: &[u32], tables: &Tables) {
         let mut i = 0;
         self.memo.repeats.clear();
         if self.memo.pending != NONE {

@@ -1,0 +1,207 @@
+//! Functions: their dynamic CFGs (nodes keyed by guest address) and the ELF symbols that name
+//! them.
+
+use hotpath_ir::Terminator;
+use hotpath_pathprof::KSlabForest;
+
+use super::ids::{FxMap, NONE};
+use super::recorder::PathRecorder;
+use super::stack::{K_CALL, K_INDIRECT, K_OTHER, K_RET};
+use crate::Tables;
+
+/// A guest function symbol, as the loader found it (`.symtab`, else `.dynsym`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionSymbol {
+    /// Name.
+    pub name: String,
+    /// Guest address of its first byte.
+    pub addr: u64,
+    /// Size in bytes (0: unknown).
+    pub size: u64,
+}
+
+/// One function's dynamic CFG and counters.
+#[derive(Clone, Debug)]
+pub(crate) struct Function {
+    /// Guest address of the entry block.
+    pub entry: u64,
+    /// The symbol it starts in, if any (index into `PathConfig::symbols`).
+    pub symbol: Option<usize>,
+    /// Node → guest address of the block; node 0 is the entry block.
+    pub node_addr: Vec<u64>,
+    /// Node → guest instructions of the block (its latest translation's).
+    pub node_instr: Vec<u32>,
+    /// Guest address → node.
+    pub nodes: FxMap<u64, u32>,
+    /// Static intra-procedural successors of each node, by guest address (from the IR).
+    pub static_succs: Vec<Vec<u64>>,
+    /// Paths ended in this function.
+    pub path_ends: u64,
+    /// Activations started.
+    pub activations: u64,
+    /// The k-slab forest of its Ball-Larus path stream (labels: path numbers).
+    pub kslab: Option<KSlabForest>,
+    /// Root of its PAP runs in the run trie, or [`NONE`] before its first one.
+    pub(crate) pap_root: u32,
+}
+
+impl Function {
+    /// A function entered at guest address `entry`, with no CFG, counts or runs yet.
+    pub(crate) fn new(entry: u64, symbol: Option<usize>) -> Function {
+        Function {
+            entry,
+            symbol,
+            node_addr: Vec::new(),
+            node_instr: Vec::new(),
+            nodes: FxMap::default(),
+            static_succs: Vec::new(),
+            path_ends: 0,
+            activations: 0,
+            kslab: None,
+            pap_root: NONE,
+        }
+    }
+}
+
+impl PathRecorder {
+    /// The symbol containing `addr`, if any.
+    pub(crate) fn symbol_at(&self, addr: u64) -> Option<usize> {
+        let syms = &self.config.symbols;
+        let i = syms.partition_point(|s| s.addr <= addr).checked_sub(1)?;
+        let s = &syms[i];
+        (s.size == 0 || addr < s.addr + s.size).then_some(i)
+    }
+
+    /// Takes in the recorder's view of the ids `tables` knows and it does not yet (the
+    /// tables learn every id of a piece of events before the recorder sees it).
+    #[cold]
+    pub(crate) fn learn_known(&mut self, tables: &Tables) {
+        for i in self.id_addr.len()..tables.blocks.len() {
+            if !self.memo.learn(i as u32, &tables.kinds[i]) {
+                // A superblock or a side exit: its blocks carry the metadata.
+                self.id_addr.push(0);
+                self.id_kind.push(K_OTHER);
+                self.id_ret.push(0);
+                self.id_node.push((NONE, NONE));
+                self.id_root.push(NONE);
+                self.id_entry.push(NONE);
+                continue;
+            }
+            let b = &tables.blocks[i];
+            let (kind, ret) = match b.terminator {
+                // `call 1f; 1:` (get-pc) pushes an address and goes on: no activation.
+                Terminator::Call { target, return_to } if target == return_to => (K_OTHER, 0),
+                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => {
+                    (K_CALL, return_to.0)
+                }
+                Terminator::Return => (K_RET, 0),
+                Terminator::IndirectJump => (K_INDIRECT, 0),
+                _ => (K_OTHER, 0),
+            };
+            let addr = b.start.0;
+            self.id_addr.push(addr);
+            self.id_kind.push(kind);
+            self.id_ret.push(ret);
+            self.id_node.push((NONE, NONE));
+            self.id_root.push(NONE);
+            let entry = match self.func_by_entry.get(&addr) {
+                Some(&f) => f,
+                None if self
+                    .config
+                    .symbols
+                    .binary_search_by_key(&addr, |s| s.addr)
+                    .is_ok() =>
+                {
+                    self.function_at(addr)
+                }
+                None => NONE,
+            };
+            self.id_entry.push(entry);
+            self.ids_at.entry(addr).or_default().push(i as u32);
+        }
+    }
+
+    /// The function whose entry is `addr`, created if new.
+    pub(crate) fn function_at(&mut self, addr: u64) -> u32 {
+        if let Some(&f) = self.func_by_entry.get(&addr) {
+            return f;
+        }
+        let f = self.funcs.len() as u32;
+        let symbol = self
+            .symbol_at(addr)
+            .filter(|&i| self.config.symbols[i].addr == addr);
+        self.funcs.push(Function::new(addr, symbol));
+        self.func_by_entry.insert(addr, f);
+        if let Some(ids) = self.ids_at.get(&addr) {
+            for &i in ids {
+                self.id_entry[i as usize] = f;
+            }
+            // A block already seen is now a function entry: a jump to it is a tail call, no
+            // longer a step of the current path, so no memoised transition may be trusted.
+            self.memo.invalidate();
+        }
+        f
+    }
+
+    /// The function a block reached without a call belongs to: the one whose symbol contains
+    /// it (entered at the symbol's start), else a new function entered at the block.
+    pub(crate) fn function_containing(&mut self, addr: u64) -> u32 {
+        let entry = self
+            .symbol_at(addr)
+            .map(|i| self.config.symbols[i].addr)
+            .unwrap_or(addr);
+        self.function_at(entry)
+    }
+
+    /// Node of block `id` in function `func`, created (with its static successors) if new.
+    #[inline]
+    pub(crate) fn node_of(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
+        let (f, n) = self.id_node[id as usize];
+        if f == func {
+            return n;
+        }
+        self.node_of_slow(func, id, tables)
+    }
+
+    #[cold]
+    pub(crate) fn node_of_slow(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
+        let addr = self.id_addr[id as usize];
+        let fun = &mut self.funcs[func as usize];
+        if fun.node_addr.is_empty() && addr != fun.entry {
+            // The entry block is node 0 even when an activation starts elsewhere.
+            fun.node_addr.push(fun.entry);
+            fun.node_instr.push(0);
+            fun.nodes.insert(fun.entry, 0);
+            fun.static_succs.push(Vec::new());
+        }
+        let n = match fun.nodes.get(&addr) {
+            Some(&n) => n,
+            None => {
+                let n = fun.node_addr.len() as u32;
+                fun.node_addr.push(addr);
+                fun.node_instr.push(0);
+                fun.nodes.insert(addr, n);
+                fun.static_succs.push(Vec::new());
+                n
+            }
+        };
+        if fun.static_succs[n as usize].is_empty() {
+            let succs = match tables.blocks[id as usize].terminator {
+                Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => {
+                    vec![return_to.0]
+                }
+                t => t
+                    .static_successors()
+                    .into_iter()
+                    .map(|a| a.0)
+                    .filter(|a| !self.func_by_entry.contains_key(a) || *a == fun.entry)
+                    .collect(),
+            };
+            fun.static_succs[n as usize] = succs;
+        }
+        fun.node_instr[n as usize] = tables.blocks[id as usize].instructions;
+        self.id_node[id as usize] = (func, n);
+        self.id_root[id as usize] = NONE;
+        n
+    }
+}

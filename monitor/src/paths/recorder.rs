@@ -1,0 +1,271 @@
+//! The recorder: its configuration, its state, and the per-block step the memoised recorder is
+//! checked against.
+
+use hotpath_events::SYSCALL_EVENT;
+
+use super::function::{Function, FunctionSymbol};
+use super::ids::{FxMap, NONE};
+use super::memo::MemoState;
+use super::pap_runs::PapRuns;
+use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
+use super::trie::{PathRec, TrieNode, START_HEAD};
+use crate::tables::Expander;
+use crate::Tables;
+
+/// Path ends (of any activation) after which a function is hot and its new activations also
+/// record PAP runs. Default; `--pap-threshold` overrides it.
+pub const DEFAULT_PAP_THRESHOLD: u64 = 1000;
+
+/// What to record besides the tables.
+#[derive(Clone, Debug)]
+pub struct PathConfig {
+    /// Path ends after which a function records PAP runs (0: every function).
+    pub pap_threshold: u64,
+    /// Ball-Larus paths per k-iteration path (`--k`); 0 keeps no k-slab forest.
+    pub k: usize,
+    /// Function symbols, sorted by address.
+    pub symbols: Vec<FunctionSymbol>,
+    /// Step the shadow stack and the trie once per basic block, without memoised
+    /// transitions: the reference the memoised recorder is checked against (same profile,
+    /// several times slower; `--paths-per-block`).
+    pub per_block: bool,
+}
+
+impl Default for PathConfig {
+    fn default() -> Self {
+        PathConfig {
+            pap_threshold: DEFAULT_PAP_THRESHOLD,
+            k: 0,
+            symbols: Vec::new(),
+            per_block: false,
+        }
+    }
+}
+
+/// The online path recorder: shadow stack, functions, interned paths.
+#[derive(Clone)]
+pub struct PathRecorder {
+    pub(crate) config: PathConfig,
+    pub(crate) funcs: Vec<Function>,
+    pub(crate) func_by_entry: FxMap<u64, u32>,
+    /// Per block id: guest address, terminator class, return address of calls (placeholders
+    /// for superblock and side-exit ids).
+    pub(crate) id_addr: Vec<u64>,
+    pub(crate) id_kind: Vec<u8>,
+    pub(crate) id_ret: Vec<u64>,
+    /// Per block id: the function whose entry it is, or NONE.
+    pub(crate) id_entry: Vec<u32>,
+    /// Per block id: (function, node) where it was last seen.
+    pub(crate) id_node: Vec<(u32, u32)>,
+    /// Per block id: the trie root of a path of `id_node`'s function starting at it after an
+    /// entry (a call, tail call or resync), or [`NONE`].
+    pub(crate) id_root: Vec<u32>,
+    /// Guest address → block ids with that address (to refresh `id_entry`).
+    pub(crate) ids_at: FxMap<u64, Vec<u32>>,
+    pub(crate) stack: Vec<Activation>,
+    /// The path trie.
+    pub(crate) trie: Vec<TrieNode>,
+    /// Trie roots by `(function, start tag, node)`.
+    pub(crate) roots: FxMap<(u32, u32, u32), u32>,
+    /// Trie children by `(parent, node)` (behind `TrieNode::last_child`).
+    pub(crate) children: FxMap<(u32, u32), u32>,
+    /// Path numbers by `(trie node, end tag)` (behind `TrieNode::last_end`).
+    pub(crate) ends: FxMap<(u32, u32), u32>,
+    pub(crate) paths: Vec<PathRec>,
+    /// The PAP run trie.
+    pub(crate) pap_runs: PapRuns,
+    pub(crate) calltree: Vec<CallNode>,
+    pub(crate) call_child: FxMap<(u32, u32), u32>,
+    /// Direct-mapped cache in front of `call_child`: (parent, function, child).
+    pub(crate) call_cache: Box<[(u32, u32, u32)]>,
+    /// The last basic block stepped.
+    pub(crate) prev: u32,
+    /// Event-level state (see `memo`).
+    pub(crate) memo: MemoState,
+    /// `per_block` mode: superblock events turned back into blocks.
+    pub(crate) expander: Expander,
+    pub(crate) expanded: Vec<u32>,
+    /// Times the shadow stack had to be resynchronised (returns to another frame, unwinding,
+    /// tail calls, returns to no frame).
+    pub resyncs: u64,
+    /// [`PathRecorder::resyncs`] by cause, indexed by [`Resync`].
+    pub resync_kinds: [u64; Resync::ALL.len()],
+    /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
+    pub dropped_frames: u64,
+}
+
+impl PathRecorder {
+    /// An empty recorder.
+    pub fn new(mut config: PathConfig) -> PathRecorder {
+        config.symbols.sort_by_key(|s| s.addr);
+        PathRecorder {
+            config,
+            funcs: Vec::new(),
+            func_by_entry: FxMap::default(),
+            id_addr: Vec::new(),
+            id_kind: Vec::new(),
+            id_ret: Vec::new(),
+            id_entry: Vec::new(),
+            id_node: Vec::new(),
+            id_root: Vec::new(),
+            ids_at: FxMap::default(),
+            stack: Vec::new(),
+            trie: Vec::new(),
+            roots: FxMap::default(),
+            children: FxMap::default(),
+            ends: FxMap::default(),
+            paths: Vec::new(),
+            pap_runs: PapRuns::default(),
+            calltree: vec![CallNode {
+                parent: NONE,
+                func: NONE,
+                blocks: 0,
+                instructions: 0,
+                depth: 0,
+                last_func: NONE,
+                last_child: NONE,
+            }],
+            call_child: FxMap::default(),
+            call_cache: vec![(NONE, NONE, NONE); CALL_CACHE_SLOTS].into_boxed_slice(),
+            prev: NONE,
+            memo: MemoState::default(),
+            expander: Expander::default(),
+            expanded: Vec::new(),
+            resyncs: 0,
+            resync_kinds: [0; Resync::ALL.len()],
+            dropped_frames: 0,
+        }
+    }
+
+    /// Continues the top activation with block `id` (an intra-procedural edge): a back edge
+    /// (to an address not above the last block's) ends the path and starts the next at `id`.
+    /// Returns the number of the path it ended, or [`NONE`].
+    #[inline]
+    pub(crate) fn step_intra(&mut self, id: u32, tables: &Tables) -> u32 {
+        let a = *self.stack.last().expect("an activation");
+        let node = self.node_of(a.func, id, tables);
+        let addr = self.id_addr[id as usize];
+        if addr <= a.last_addr {
+            // A back edge: the path ends here and the next starts at its head, `node`.
+            let p = self.end_path(node);
+            let root = match self.paths[p as usize].next_root {
+                NONE => {
+                    let r = self.root(a.func, START_HEAD, node);
+                    self.paths[p as usize].next_root = r;
+                    r
+                }
+                r => r,
+            };
+            let top = self.stack.last_mut().expect("an activation");
+            top.cur = root;
+            top.len = 1;
+            top.last_addr = addr;
+            p
+        } else {
+            let cur = self.trie_step(a.cur, node);
+            let top = self.stack.last_mut().expect("an activation");
+            top.cur = cur;
+            top.len += 1;
+            top.last_addr = addr;
+            NONE
+        }
+    }
+
+    /// Accounts a run of events in ring order (block, superblock and side-exit ids, and
+    /// syscall events), every id of which `tables` knows. A superblock event waits for the
+    /// next event to say how far its trace ran (see [`PathRecorder::end_of_stream`]).
+    pub fn record(&mut self, events: &[u32], tables: &Tables) {
+        if self.config.per_block {
+            if let Some(&max) = events.iter().filter(|&&e| e & SYSCALL_EVENT == 0).max() {
+                if max as usize >= self.id_addr.len() {
+                    self.learn_known(tables);
+                }
+            }
+            let mut expanded = std::mem::take(&mut self.expanded);
+            expanded.clear();
+            self.expander.expand(tables, events, &mut expanded);
+            self.record_blocks(&expanded, tables);
+            self.expanded = expanded;
+        } else {
+            self.record_events(events, tables);
+        }
+    }
+
+    /// The stream has ended: a superblock still waiting for its next event ran to its end.
+    pub fn end_of_stream(&mut self, tables: &Tables) {
+        if self.config.per_block {
+            let mut expanded = std::mem::take(&mut self.expanded);
+            expanded.clear();
+            self.expander.finish(tables, &mut expanded);
+            self.record_blocks(&expanded, tables);
+        } else {
+            self.flush_pending(tables);
+        }
+    }
+
+    /// Steps every basic block of `blocks` (syscall events are skipped; ids with no
+    /// metadata, which only a translator gone mid-run leaves, too).
+    pub(crate) fn record_blocks(&mut self, blocks: &[u32], tables: &Tables) {
+        for &id in blocks {
+            if id & SYSCALL_EVENT == 0 && (id as usize) < self.id_addr.len() {
+                self.step(id, tables);
+            }
+        }
+    }
+
+    /// Steps basic block `id` through the shadow stack and the current path.
+    #[inline]
+    pub(crate) fn step(&mut self, id: u32, tables: &Tables) {
+        let prev = std::mem::replace(&mut self.prev, id);
+        if prev == NONE || self.stack.is_empty() {
+            let f = self.function_containing(self.id_addr[id as usize]);
+            self.push_activation(f, 0, 0, id, tables);
+            return;
+        }
+        match self.id_kind[prev as usize] {
+            K_CALL => {
+                let f = match self.id_entry[id as usize] {
+                    NONE => self.function_at(self.id_addr[id as usize]),
+                    f => f,
+                };
+                let caller = self.stack.last_mut().expect("an activation");
+                caller.resume = self.memo.last();
+                let parent = caller.call_node;
+                self.push_activation(f, self.id_ret[prev as usize], parent, id, tables);
+            }
+            K_RET => self.step_return(id, tables),
+            kind => {
+                let entry = self.id_entry[id as usize];
+                let top = self.stack.last().expect("an activation");
+                if entry != NONE && entry != top.func {
+                    // A jump to another function's entry: a tail call.
+                    self.resync(Resync::TailCall);
+                    self.replace_activation(entry, id, tables);
+                } else if kind == K_INDIRECT
+                    && (self.id_node[id as usize].0 != top.func
+                        || self.id_addr[id as usize] == top.return_to)
+                {
+                    self.step_indirect(id, tables);
+                } else {
+                    self.step_intra(id, tables);
+                }
+            }
+        }
+    }
+
+    /// Ends every activation (the guest has ended, [`PathRecorder::end_of_stream`] was
+    /// called): every block executed is then on a counted path. Adds the runs of memoised
+    /// transitions to their paths' counts.
+    pub fn finish(&mut self) {
+        while !self.stack.is_empty() {
+            self.pop_activation();
+        }
+        self.prev = NONE;
+        self.settle_memos();
+    }
+
+    /// Distinct paths recorded so far.
+    pub fn path_count(&self) -> usize {
+        self.paths.len()
+    }
+}

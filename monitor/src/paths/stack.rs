@@ -1,0 +1,468 @@
+//! The shadow call stack and the call tree: activations pushed by calls and popped by returns,
+//! the resynchronisation rules for everything else, and the call-tree nodes behind flame graphs.
+
+use hotpath_pathprof::{KSlabForest, PathId};
+
+use super::ids::{cache_slot, NONE};
+use super::recorder::PathRecorder;
+use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
+use crate::Tables;
+
+/// Shadow-stack frames kept (about 48 bytes each: 12 MiB). An 8 MiB guest stack of the
+/// smallest frames (a bare return address) is 1 Mi frames deep, so a real recursion can pass
+/// it, and a guest whose calls never return (`call` used as a jump) passes it in a loop: then
+/// the bottom half of the frames is dropped (their paths end there, counted as exits) and
+/// [`PathRecorder::dropped_frames`] counts them.
+pub const SHADOW_STACK_MAX: usize = 1 << 18;
+
+/// Call-tree depth kept for flame graphs, in frames. Deeper calls (deep recursion) are
+/// folded into one `[deeper]` frame under the last kept one: folded stacks cost their depth
+/// in bytes per distinct stack, and a 100 000-deep recursion would otherwise need
+/// 100 000 stacks averaging 50 000 frames.
+pub const CALL_TREE_MAX_DEPTH: u32 = 128;
+
+/// Slots of the direct-mapped call-tree cache, a power of two (12 bytes each: 48 KiB).
+pub(crate) const CALL_CACHE_SLOTS: usize = 1 << 12;
+
+/// The call-tree child of `parent` for `func` where it is cached: the child entered last under
+/// `parent`, else the direct-mapped cache `call_cache` (a caller that calls several functions in
+/// turn); else [`NONE`] (`PathRecorder::call_child` finds or makes it).
+#[inline]
+pub(crate) fn cached_call_child(
+    calltree: &[CallNode],
+    call_cache: &[(u32, u32, u32)],
+    parent: u32,
+    func: u32,
+) -> u32 {
+    let p = &calltree[parent as usize];
+    // `last_func` is a real function only below CALL_TREE_MAX_DEPTH (see `call_child`).
+    if p.last_func == func {
+        return p.last_child;
+    }
+    let (cp, cf, c) = call_cache[cache_slot(parent, func, call_cache.len())];
+    if cp == parent && cf == func {
+        c
+    } else {
+        NONE
+    }
+}
+
+/// One shadow-stack frame.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Activation {
+    pub(crate) func: u32,
+    /// Guest address its `ret` must go to (0: none known).
+    pub(crate) return_to: u64,
+    /// The trie node of its current path (the blocks so far).
+    pub(crate) cur: u32,
+    /// Blocks on its current path so far.
+    pub(crate) len: u32,
+    /// Blocks on its finished paths, not yet added to its call-tree node.
+    pub(crate) blocks: u64,
+    /// Guest instructions of those blocks.
+    pub(crate) instructions: u64,
+    /// Its finished paths, not yet added to its function's `path_ends`.
+    pub(crate) path_ends: u64,
+    /// Guest address of the last block of its current path.
+    pub(crate) last_addr: u64,
+    /// Its PAP run so far (a node of the run trie), or [`NONE`] when it records none.
+    pub(crate) pap: u32,
+    /// Paths in its PAP run so far.
+    pub(crate) pap_len: u32,
+    /// Its node in the call tree.
+    pub(crate) call_node: u32,
+    /// While it is not the top frame: the memo that ended with its call, whose successors
+    /// predict the memo its path goes on with after the return ([`NONE`]: none; a guess,
+    /// checked before use, see `memo`).
+    pub(crate) resume: u32,
+}
+
+/// A call-tree node (for flame graphs): a function under a parent, with the blocks executed
+/// directly in it.
+#[derive(Clone, Debug)]
+pub(crate) struct CallNode {
+    pub parent: u32,
+    /// The function, [`NONE`] for the root, or [`DEEPER`] for the frames past
+    /// [`CALL_TREE_MAX_DEPTH`].
+    pub func: u32,
+    pub blocks: u64,
+    /// Guest instructions of those blocks.
+    pub instructions: u64,
+    /// Frames from the root (the root is 0).
+    pub depth: u32,
+    /// The child entered last: its function and node (a one-entry cache before the map).
+    pub(crate) last_func: u32,
+    pub(crate) last_child: u32,
+}
+
+/// Call-tree function of the node standing for every frame past [`CALL_TREE_MAX_DEPTH`].
+pub(crate) const DEEPER: u32 = u32::MAX - 1;
+
+/// Why the shadow stack was resynchronised (anything but a `ret` to the top frame's return
+/// address, or a call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resync {
+    /// A jump (direct or indirect) to another function's entry: the top frame is replaced.
+    TailCall,
+    /// A `ret` to the return address of a frame below the top: the frames above it are popped
+    /// (longjmp or exceptions implemented with `ret`, a callee that dropped frames).
+    DeeperReturn,
+    /// A `ret` to an address no frame returns to (a forged return address, `push; ret` used as
+    /// a jump, a stack switch, a frame dropped from a full stack): the top frame is replaced by
+    /// one of the function containing the target.
+    OrphanReturn,
+    /// An indirect jump to a frame's return address (`pop reg; jmp *reg`): a return.
+    JumpReturn,
+    /// An indirect jump into a function deeper in the stack (longjmp): the frames above it
+    /// are popped.
+    Unwind,
+    /// An indirect jump into another function that is not on the stack: the top frame is
+    /// replaced.
+    ForeignJump,
+}
+
+impl Resync {
+    /// Every cause, in index order.
+    pub const ALL: [Resync; 6] = [
+        Resync::TailCall,
+        Resync::DeeperReturn,
+        Resync::OrphanReturn,
+        Resync::JumpReturn,
+        Resync::Unwind,
+        Resync::ForeignJump,
+    ];
+
+    /// Its name in the JSON report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resync::TailCall => "tail_call",
+            Resync::DeeperReturn => "deeper_return",
+            Resync::OrphanReturn => "orphan_return",
+            Resync::JumpReturn => "jump_return",
+            Resync::Unwind => "unwind",
+            Resync::ForeignJump => "foreign_jump",
+        }
+    }
+}
+
+/// Classification of a block's terminator for the shadow stack.
+pub(crate) const K_OTHER: u8 = 0;
+pub(crate) const K_CALL: u8 = 1;
+pub(crate) const K_RET: u8 = 2;
+pub(crate) const K_INDIRECT: u8 = 3;
+
+impl PathRecorder {
+    /// [`PathRecorder::call_child`] where it is cached (see [`cached_call_child`]).
+    #[inline]
+    pub(crate) fn cached_call_child(&self, parent: u32, func: u32) -> u32 {
+        cached_call_child(&self.calltree, &self.call_cache, parent, func)
+    }
+
+    /// The call-tree child of `parent` for `func`; past [`CALL_TREE_MAX_DEPTH`] frames, the
+    /// one [`DEEPER`] node under the last kept frame (its own child).
+    pub(crate) fn call_child(&mut self, parent: u32, func: u32) -> u32 {
+        let c = self.call_child_uncached(parent, func);
+        self.call_cache[cache_slot(parent, func, CALL_CACHE_SLOTS)] = (parent, func, c);
+        c
+    }
+
+    pub(crate) fn call_child_uncached(&mut self, parent: u32, func: u32) -> u32 {
+        let p = &self.calltree[parent as usize];
+        let func = if p.depth >= CALL_TREE_MAX_DEPTH {
+            if p.func == DEEPER {
+                return parent;
+            }
+            DEEPER
+        } else {
+            func
+        };
+        if p.last_func == func {
+            return p.last_child;
+        }
+        let depth = p.depth + 1;
+        let c = match self.call_child.get(&(parent, func)) {
+            Some(&c) => c,
+            None => {
+                let c = self.calltree.len() as u32;
+                self.calltree.push(CallNode {
+                    parent,
+                    func,
+                    blocks: 0,
+                    instructions: 0,
+                    depth,
+                    last_func: NONE,
+                    last_child: NONE,
+                });
+                self.call_child.insert((parent, func), c);
+                c
+            }
+        };
+        let p = &mut self.calltree[parent as usize];
+        p.last_func = func;
+        p.last_child = c;
+        c
+    }
+
+    /// Starts an activation of `func` at block `id`. The common case — the block's node and
+    /// trie root known, the call-tree child cached under `parent_call`, room on the stack, no
+    /// k-slab forest — is a few loads and the frame's store; anything else is prepared by
+    /// [`PathRecorder::prepare_activation`] first.
+    #[inline]
+    pub(crate) fn push_activation(
+        &mut self,
+        func: u32,
+        return_to: u64,
+        parent_call: u32,
+        id: u32,
+        tables: &Tables,
+    ) {
+        let mut root = self.id_root[id as usize];
+        let mut call_node = self.cached_call_child(parent_call, func);
+        if root == NONE
+            || call_node == NONE
+            || self.id_node[id as usize].0 != func
+            || self.stack.len() >= SHADOW_STACK_MAX
+            || self.config.k > 0
+        {
+            (root, call_node) = self.prepare_activation(func, parent_call, id, tables);
+        }
+        let fun = &mut self.funcs[func as usize];
+        fun.activations += 1;
+        let pap = if fun.path_ends >= self.config.pap_threshold {
+            self.pap_runs.root(fun)
+        } else {
+            NONE
+        };
+        self.stack.push(Activation {
+            func,
+            return_to,
+            cur: root,
+            len: 1,
+            blocks: 0,
+            instructions: 0,
+            path_ends: 0,
+            last_addr: self.id_addr[id as usize],
+            pap,
+            pap_len: 0,
+            call_node,
+            resume: NONE,
+        });
+    }
+
+    /// What [`PathRecorder::push_activation`] does outside its common case: makes room on a
+    /// full stack, creates the block's node and trie root and the call-tree child if new, and
+    /// starts the k-slab forest's routine. Returns the trie root and the call-tree node.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn prepare_activation(
+        &mut self,
+        func: u32,
+        parent_call: u32,
+        id: u32,
+        tables: &Tables,
+    ) -> (u32, u32) {
+        if self.stack.len() >= SHADOW_STACK_MAX {
+            self.drop_bottom(SHADOW_STACK_MAX / 2);
+        }
+        let node = self.node_of(func, id, tables);
+        let root = match self.id_root[id as usize] {
+            NONE => {
+                let r = self.root(func, if node == 0 { START_ENTRY } else { START_HEAD }, node);
+                self.id_root[id as usize] = r;
+                r
+            }
+            r => r,
+        };
+        let call_node = self.call_child(parent_call, func);
+        if self.config.k > 0 {
+            let k = self.config.k;
+            self.funcs[func as usize]
+                .kslab
+                .get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1"))
+                .routine_entry();
+        }
+        (root, call_node)
+    }
+
+    /// Counts one run of activation `a`'s current path ended by `end` (a back edge's head
+    /// node, or [`END_EXIT`]): adds the blocks to `a`'s call-tree node and the path to `a`'s
+    /// function. Returns its path number.
+    #[inline]
+    pub(crate) fn count_path(&mut self, a: &Activation, end: u32) -> u32 {
+        let p = self.path_of(a.cur, end);
+        self.paths[p as usize].count += 1;
+        if self.config.k > 0 {
+            self.kslab_push(a.func, p);
+        }
+        p
+    }
+
+    /// Feeds path `p` to function `func`'s k-slab forest (`--k`).
+    #[cold]
+    pub(crate) fn kslab_push(&mut self, func: u32, p: u32) {
+        if let Some(k) = self.funcs[func as usize].kslab.as_mut() {
+            k.push(PathId(p as u64));
+        }
+    }
+
+    /// Adds the blocks and path ends an activation has accumulated to its call-tree node and
+    /// function (when it ends, or when its frame is dropped), with its current path's when
+    /// `with_current` (counted with `count_path` but not `end_path`).
+    pub(crate) fn flush_counts(&mut self, a: &Activation, with_current: bool) {
+        let (len, instr, ends) = if with_current {
+            (a.len as u64, self.path_instructions(a.cur), 1)
+        } else {
+            (0, 0, 0)
+        };
+        let node = &mut self.calltree[a.call_node as usize];
+        node.blocks += a.blocks + len;
+        node.instructions += a.instructions + instr;
+        self.funcs[a.func as usize].path_ends += a.path_ends + ends;
+    }
+
+    /// Ends the top activation's current path with `end` (a back edge's head node, or
+    /// [`END_EXIT`]), counting it. Returns its path number.
+    #[inline]
+    pub(crate) fn end_path(&mut self, end: u32) -> u32 {
+        let a = *self.stack.last().expect("an activation");
+        let p = self.count_path(&a, end);
+        let instr = self.path_instructions(a.cur);
+        let top = self.stack.last_mut().expect("an activation");
+        top.blocks += a.len as u64;
+        top.instructions += instr;
+        top.path_ends += 1;
+        if top.pap != NONE {
+            self.pap_runs.push(top, p);
+        }
+        p
+    }
+
+    /// Ends the top activation (its path ends at the exit) and pops it: `end_path(END_EXIT)`,
+    /// then its counts go to its call-tree node and function and its PAP run is counted.
+    #[inline]
+    pub(crate) fn pop_activation(&mut self) {
+        let mut a = self.stack.pop().expect("an activation");
+        let p = self.count_path(&a, END_EXIT);
+        let instr = self.path_instructions(a.cur);
+        let node = &mut self.calltree[a.call_node as usize];
+        node.blocks += a.blocks + a.len as u64;
+        node.instructions += a.instructions + instr;
+        self.funcs[a.func as usize].path_ends += a.path_ends + 1;
+        if a.pap != NONE {
+            self.pap_runs.push(&mut a, p);
+            self.pap_runs.end(&a);
+        }
+    }
+
+    /// Drops the `n` bottom frames of the shadow stack (it is full): each one's path ends
+    /// there, counted as at an exit, and its PAP run is counted as it stands. A later return
+    /// to one of them finds no frame and resynchronises.
+    #[cold]
+    pub(crate) fn drop_bottom(&mut self, n: usize) {
+        let n = n.min(self.stack.len().saturating_sub(1));
+        for i in 0..n {
+            let mut a = self.stack[i];
+            let p = self.count_path(&a, END_EXIT);
+            self.flush_counts(&a, true);
+            if a.pap != NONE {
+                self.pap_runs.push(&mut a, p);
+                self.pap_runs.end(&a);
+            }
+        }
+        self.stack.drain(..n);
+        self.dropped_frames += n as u64;
+    }
+
+    /// Replaces the top activation (if any) by one of `func` starting at `id`, keeping its
+    /// return address (a tail call, or a resynchronisation).
+    pub(crate) fn replace_activation(&mut self, func: u32, id: u32, tables: &Tables) {
+        let (return_to, parent) = match self.stack.last() {
+            Some(a) => (a.return_to, self.calltree[a.call_node as usize].parent),
+            None => (0, 0),
+        };
+        if !self.stack.is_empty() {
+            self.pop_activation();
+        }
+        self.push_activation(func, return_to, parent, id, tables);
+    }
+
+    /// A `ret` to block `id`: pop the frame that returns there.
+    #[cold]
+    pub(crate) fn step_return(&mut self, id: u32, tables: &Tables) {
+        let target = self.id_addr[id as usize];
+        let depth = self.stack.iter().rposition(|a| a.return_to == target);
+        match depth {
+            Some(i) if i >= 1 => {
+                if i + 1 != self.stack.len() {
+                    self.resync(Resync::DeeperReturn);
+                }
+                while self.stack.len() > i {
+                    self.pop_activation();
+                }
+                self.step_intra(id, tables);
+            }
+            _ => {
+                // A return to no frame on the stack (the guest switched stacks, or returned
+                // from the outermost activation): go on in the function containing it.
+                self.resync(Resync::OrphanReturn);
+                let f = self.function_containing(target);
+                self.replace_activation(f, id, tables);
+            }
+        }
+    }
+
+    /// An indirect jump to a block not yet seen in the current function: a jump table in the
+    /// same function, or a longjmp into a frame deeper in the stack, or a jump elsewhere.
+    #[cold]
+    pub(crate) fn step_indirect(&mut self, id: u32, tables: &Tables) {
+        let addr = self.id_addr[id as usize];
+        // `pop reg; jmp *reg` and friends: a jump to a frame's return address returns there.
+        if let Some(i) = self
+            .stack
+            .iter()
+            .rposition(|a| a.return_to == addr)
+            .filter(|&i| i >= 1)
+        {
+            self.resync(Resync::JumpReturn);
+            while self.stack.len() > i {
+                self.pop_activation();
+            }
+            self.step_intra(id, tables);
+            return;
+        }
+        let owner = |p: &PathRecorder, f: u32| {
+            let fun = &p.funcs[f as usize];
+            fun.nodes.contains_key(&addr)
+                || match fun.symbol {
+                    Some(s) => p.symbol_at(addr) == Some(s),
+                    None => false,
+                }
+        };
+        let top = self.stack.last().expect("an activation").func;
+        if owner(self, top) || self.symbol_at(addr).is_none() {
+            self.step_intra(id, tables);
+            return;
+        }
+        if let Some(i) = (0..self.stack.len() - 1)
+            .rev()
+            .find(|&i| owner(self, self.stack[i].func))
+        {
+            self.resync(Resync::Unwind);
+            while self.stack.len() > i + 1 {
+                self.pop_activation();
+            }
+            self.step_intra(id, tables);
+            return;
+        }
+        self.resync(Resync::ForeignJump);
+        let f = self.function_containing(addr);
+        self.replace_activation(f, id, tables);
+    }
+
+    /// Counts one resynchronisation of the shadow stack.
+    #[inline]
+    pub(crate) fn resync(&mut self, why: Resync) {
+        self.resyncs += 1;
+        self.resync_kinds[why as usize] += 1;
+    }
+}
