@@ -46,6 +46,9 @@ pub struct OutputArgs {
     /// Rows of each table in the text summary.
     #[arg(long, default_value_t = SUMMARY_TOP)]
     pub top: usize,
+    /// List each hot path's blocks with their guest disassembly in the text summary.
+    #[arg(long)]
+    pub disasm: bool,
     /// Write a Graphviz file per hot function into DIR (with `run`, records path profiles).
     #[arg(long, value_name = "DIR")]
     pub dot: Option<PathBuf>,

@@ -30,7 +30,10 @@ pub fn report(args: ReportArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    print!("{}", outputs::summary(&report, args.outputs.top));
+    print!(
+        "{}",
+        outputs::summary(&report, args.outputs.top, args.outputs.disasm)
+    );
     if outputs::write_files(&report, &args.outputs) {
         ExitCode::SUCCESS
     } else {

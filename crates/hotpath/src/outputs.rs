@@ -43,7 +43,8 @@ pub fn write_json(report: &Report, path: &Path) -> bool {
     }
 }
 
-/// The text summary of `report`, `top` rows per table.
-pub fn summary(report: &Report, top: usize) -> String {
-    text::render(report, top)
+/// The text summary of `report`, `top` rows per table, the hot paths' guest disassembly with
+/// `disasm`.
+pub fn summary(report: &Report, top: usize, disasm: bool) -> String {
+    text::render(report, top, disasm)
 }

@@ -617,7 +617,10 @@ fn finish_report(
         outputs::write_json(&report, path);
     }
     if !quiet {
-        eprint!("{}", outputs::summary(&report, monitoring.outputs.top));
+        eprint!(
+            "{}",
+            outputs::summary(&report, monitoring.outputs.top, monitoring.outputs.disasm)
+        );
     }
     outputs::write_files(&report, &monitoring.outputs);
 }

@@ -37,7 +37,7 @@ struct Func {
 
 /// `symbol+0xOFF` without the offset, and `module!symbol` without the module when `module` is
 /// the file name of `module_path`; [`UNKNOWN`] for `module+0xOFF` (no symbol covers it).
-fn function_of_symbol(symbol: &str, module_path: Option<&str>) -> String {
+pub(crate) fn function_of_symbol(symbol: &str, module_path: Option<&str>) -> String {
     let base = match symbol.rsplit_once('+') {
         Some((f, off)) if off.starts_with("0x") => f,
         _ => symbol,

@@ -1,6 +1,7 @@
-//! The human summary of a report: totals, hot paths with guest disassembly, hottest blocks,
-//! busiest indirect branches, system calls and superblocks (`hotpath report FILE.json`, and
-//! what `hotpath run` prints on stderr).
+//! The human summary of a report: totals, where the time goes (functions by their share of
+//! guest instructions), hot paths named by symbol (with guest disassembly on request), hottest
+//! blocks, busiest indirect branches, system calls and superblocks (`hotpath report
+//! FILE.json`, and what `hotpath run` prints on stderr).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -28,11 +29,60 @@ fn weight(p: &PathEntry) -> u64 {
     p.count.saturating_mul(p.len)
 }
 
-/// The human report: totals, the top `top` hot paths (count, share of executed blocks, blocks
-/// as `symbol+offset`, guest disassembly where the report has code), the hottest blocks, the
-/// busiest indirect branches with their targets and predictability, the system calls and the
-/// superblocks.
-pub fn render(r: &Report, top: usize) -> String {
+/// Blocks of a path spelled on its one summary line; a longer path ends in "... (N more)".
+const PATH_NAMES_SHOWN: usize = 12;
+
+/// Functions by guest instructions executed: `(name, self, with callees)`, most self first. With a
+/// path profile the functions are the shadow stack's and "with callees" counts each folded
+/// stack once for every function on it (a recursion once); without one, they are the blocks'
+/// symbols and "with callees" is unknown (`None`).
+pub fn functions_by_share(r: &Report) -> Vec<(String, u64, Option<u64>)> {
+    let mut out: Vec<(String, u64, Option<u64>)> = match &r.path_profile {
+        Some(pp) if !pp.stacks.is_empty() => {
+            let mut by_name: HashMap<&str, (u64, u64)> = HashMap::new();
+            for s in &pp.stacks {
+                let frames: Vec<&str> = s.stack.split(';').collect();
+                let mut seen = HashSet::new();
+                for f in &frames {
+                    if seen.insert(*f) {
+                        by_name.entry(f).or_default().1 += s.instructions;
+                    }
+                }
+                if let Some(last) = frames.last() {
+                    by_name.entry(last).or_default().0 += s.instructions;
+                }
+            }
+            by_name
+                .into_iter()
+                .map(|(n, (own, total))| (n.to_string(), own, Some(total)))
+                .collect()
+        }
+        _ => {
+            let mut by_name: HashMap<String, u64> = HashMap::new();
+            for b in &r.blocks {
+                let path = b
+                    .module
+                    .and_then(|m| r.modules.get(m))
+                    .map(|m| m.path.as_str());
+                let name = b.symbol.as_deref().map_or_else(
+                    || crate::callgrind::UNKNOWN.to_string(),
+                    |s| crate::callgrind::function_of_symbol(s, path),
+                );
+                *by_name.entry(name).or_default() += b.count * b.instructions as u64;
+            }
+            by_name.into_iter().map(|(n, own)| (n, own, None)).collect()
+        }
+    };
+    out.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+/// The human report: totals; where the time goes (the top `top` functions by their share of
+/// guest instructions, self and with callees, most self first); the top hot paths (count, share of executed
+/// blocks, blocks as `symbol+offset`, and with `disasm` each block's guest disassembly where
+/// the report has code); the hottest blocks; the busiest indirect branches with their targets
+/// and predictability; the system calls and the superblocks.
+pub fn render(r: &Report, top: usize, disasm: bool) -> String {
     let t = &r.totals;
     let executed = t.blocks_executed.max(1);
     let share = |n: u64| 100.0 * n as f64 / executed as f64;
@@ -48,6 +98,23 @@ pub fn render(r: &Report, top: usize) -> String {
     let by_addr: HashMap<Addr, &Block> = r.blocks.iter().map(|b| (b.addr, b)).collect();
     let symbol = |a: Addr| by_addr.get(&a).and_then(|b| b.symbol.as_deref());
     let name = |a: Addr| symbol(a).map_or_else(|| a.to_string(), str::to_string);
+
+    let functions = functions_by_share(r);
+    if !functions.is_empty() && t.guest_instructions > 0 {
+        let pct = |n: u64| 100.0 * n as f64 / t.guest_instructions as f64;
+        let inclusive = functions.iter().any(|f| f.2.is_some());
+        out.push_str(if inclusive {
+            "hotpath: where the time goes (share of guest instructions: self, with callees):\n"
+        } else {
+            "hotpath: where the time goes (share of guest instructions, by symbol):\n"
+        });
+        for (f, own, total) in functions.iter().take(top) {
+            let _ = match total {
+                Some(total) => writeln!(out, "  {:5.1}% {:5.1}%  {f}", pct(*own), pct(*total)),
+                None => writeln!(out, "  {:5.1}%  {f}", pct(*own)),
+            };
+        }
+    }
 
     if let Some(pp) = &r.path_profile {
         let mut paths: Vec<&PathEntry> = pp.paths.iter().collect();
@@ -96,6 +163,25 @@ pub fn render(r: &Report, top: usize) -> String {
                     list.join(" ")
                 );
                 let _ = writeln!(out, "      {} PAP breakpoints", pap.breakpoints_total);
+            }
+            let names: Vec<String> = p
+                .blocks
+                .iter()
+                .enumerate()
+                .take(PATH_NAMES_SHOWN)
+                .map(|(i, &a)| {
+                    symbol(a)
+                        .or_else(|| p.names.get(i).map(String::as_str))
+                        .map_or_else(|| a.to_string(), str::to_string)
+                })
+                .collect();
+            let more = match p.blocks.len().saturating_sub(PATH_NAMES_SHOWN) {
+                0 => String::new(),
+                n => format!(" ... ({n} more)"),
+            };
+            let _ = writeln!(out, "      {}{more}", names.join(" -> "));
+            if !disasm {
+                continue;
             }
             // One listing per distinct block, in first-visit order (PAP runs repeat blocks).
             let mut seen = HashSet::new();
@@ -209,4 +295,86 @@ pub fn render(r: &Report, top: usize) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::pie_run;
+    use crate::{HexBytes, PathEnd, PathKind, PathProfile, PathStart, Stack};
+
+    /// The sample with a path profile: `main` calls `f` twice; one path of `main` through all
+    /// three of its blocks, whose first block's code is `push rbp; ret`.
+    fn with_paths() -> Report {
+        let mut r = pie_run(0x1000);
+        r.blocks[0].code = Some(HexBytes(vec![0x55, 0xc3]));
+        let blocks: Vec<Addr> = r.blocks[..3].iter().map(|b| b.addr).collect();
+        r.path_profile = Some(PathProfile {
+            paths: vec![PathEntry {
+                function: "main".into(),
+                function_addr: blocks[0],
+                kind: PathKind::Bl,
+                id: Some(0),
+                count: 1,
+                len: 3,
+                start: PathStart::Entry,
+                end: PathEnd::Exit,
+                names: PathEntry::block_names("main", blocks[0], &blocks),
+                blocks,
+                pap: None,
+            }],
+            stacks: vec![
+                Stack {
+                    stack: "main".into(),
+                    blocks: 5,
+                    instructions: 11,
+                },
+                Stack {
+                    stack: "main;f".into(),
+                    blocks: 2,
+                    instructions: 10,
+                },
+            ],
+            ..PathProfile::default()
+        });
+        r
+    }
+
+    #[test]
+    fn functions_are_ranked_by_their_own_instructions_from_symbols_without_paths() {
+        // main: 2 x 2 + 2 x 3 + 1 x 1 = 11 instructions, f: 2 x 5 = 10.
+        assert_eq!(
+            functions_by_share(&pie_run(0x1000)),
+            vec![("main".to_string(), 11, None), ("f".to_string(), 10, None)]
+        );
+    }
+
+    #[test]
+    fn functions_with_a_path_profile_count_their_callees_from_the_folded_stacks() {
+        assert_eq!(
+            functions_by_share(&with_paths()),
+            vec![
+                ("main".to_string(), 11, Some(21)),
+                ("f".to_string(), 10, Some(10))
+            ]
+        );
+        let text = render(&with_paths(), 10, false);
+        let where_ = text
+            .find("where the time goes")
+            .expect("a functions section");
+        let hot = text.find("hot paths").expect("a hot paths section");
+        assert!(where_ < hot, "functions come first:\n{text}");
+        assert!(text.contains("   52.4% 100.0%  main\n"), "{text}");
+    }
+
+    #[test]
+    fn hot_paths_are_named_by_symbol_and_disassembled_only_on_request() {
+        let names = "      main -> main+0x8 -> main+0x14\n";
+        let plain = render(&with_paths(), 10, false);
+        assert!(plain.contains(names), "{plain}");
+        assert!(!plain.contains("push rbp"), "{plain}");
+        let listed = render(&with_paths(), 10, true);
+        assert!(listed.contains(names), "{listed}");
+        assert!(listed.contains(": push rbp\n"), "{listed}");
+    }
 }
