@@ -1,7 +1,7 @@
 //! Decoding guest bytes with iced-x86 and lifting them to an IR [`Block`].
 //!
 //! A block ends at the first control transfer, `syscall`, trapping instruction, instruction
-//! hotpath must not run (one that uses GS, which hotpath owns), unreadable or undecodable bytes,
+//! hotpath must not run (one that changes GS, which hotpath owns), unreadable or undecodable bytes,
 //! or after [`MAX_BLOCK_INSTRUCTIONS`] instructions.
 
 use iced_x86::{
@@ -111,7 +111,7 @@ pub fn decode_block_from(start: GuestAddr, fetch: impl FnOnce(u64, &mut [u8]) ->
 fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
     let at = GuestAddr(inst.ip());
     let trap = |kind| Some(Terminator::Trap { kind, at });
-    if uses_gs(inst) {
+    if writes_gs(inst) {
         return trap(TrapKind::Unsupported);
     }
     if inst.code() == Code::Syscall {
@@ -189,20 +189,29 @@ fn jcc_cond(cc: ConditionCode) -> Option<Cond> {
     })
 }
 
-/// True if `inst` reads or writes through GS or changes GS: hotpath keeps its per-thread area
-/// there, so such an instruction cannot run as is.
-pub fn uses_gs(inst: &Instruction) -> bool {
-    if matches!(
-        inst.mnemonic(),
-        Mnemonic::Rdgsbase | Mnemonic::Wrgsbase | Mnemonic::Swapgs
-    ) {
-        return true;
+/// True if `inst` changes the GS selector or base (`mov gs, r`, `pop gs`, `lgs`,
+/// `wrgsbase`): hotpath keeps its per-thread area there, so such an instruction cannot run.
+/// (A GS-relative memory operand runs, with the guest's GS base, 0: see
+/// [`crate::emit::Relocator`]; `mov r, gs` and `push gs` read selector 0, as natively;
+/// `swapgs` is undefined in user mode.)
+pub fn writes_gs(inst: &Instruction) -> bool {
+    match inst.mnemonic() {
+        Mnemonic::Wrgsbase | Mnemonic::Lgs => true,
+        Mnemonic::Mov | Mnemonic::Pop => {
+            inst.op_count() > 0
+                && inst.op0_kind() == OpKind::Register
+                && inst.op0_register() == Register::GS
+        }
+        _ => false,
     }
-    if inst.segment_prefix() == Register::GS {
-        return true;
-    }
-    (0..inst.op_count())
-        .any(|i| inst.op_kind(i) == OpKind::Register && inst.op_register(i) == Register::GS)
+}
+
+/// True if `inst` addresses memory through the GS segment (a `gs:` prefix on a memory
+/// operand). The guest's GS base is 0 (hotpath refuses `arch_prctl(ARCH_SET_GS)`), so the
+/// emitter runs it with the prefix turned into a DS prefix, which 64-bit mode ignores.
+pub fn gs_memory(inst: &Instruction) -> bool {
+    inst.segment_prefix() == Register::GS
+        && (0..inst.op_count()).any(|i| inst.op_kind(i) == OpKind::Memory)
 }
 
 #[cfg(test)]
@@ -261,8 +270,9 @@ mod tests {
                 ..
             }
         ));
-        // mov rax, gs:[0]
-        let b = decode_bytes(&[0x65, 0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0]);
+        // mov rax, gs:[0] runs (GS base 0); mov gs, eax is refused
+        let b = decode_bytes(&[0x65, 0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0, 0x8e, 0xe8]);
+        assert_eq!(b.body.len(), 1);
         assert!(matches!(
             b.terminator,
             Terminator::Trap {

@@ -26,9 +26,10 @@ use crate::linux::host::{raw_syscall, GATE_REFUSED};
 use crate::linux::process::{
     lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
 };
-use crate::linux::signals::{Delivery, HandlerSetup, SignalState};
+use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
 use crate::linux::thread::GuestThread;
+use crate::special;
 use crate::superblock::{emit_superblock, side_exit_id};
 use crate::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
@@ -566,6 +567,14 @@ impl Translator {
             }
             self.arm_safe_point();
             self.poll_commands();
+            if let Next::Guest(pc) = next {
+                let last = self.process.signals.last_trap();
+                if let Some(action) = special::vsyscall(pc, &mut self.process.maps, self.area, last)
+                {
+                    self.next = self.act(action)?;
+                    continue;
+                }
+            }
             let host = match next {
                 Next::Guest(pc) => self.lookup_or_translate(pc)?,
                 Next::Host(h) | Next::Resume(h) => h,
@@ -827,6 +836,9 @@ impl Translator {
                 Ok(Ok(Next::Resume(HostAddr(self.area.resume))))
             }
             EXIT_SIGNAL => {
+                if let Some((what, at)) = self.process.signals.take_refusal() {
+                    return Err(TranslateError::UnsupportedGuest { at, what });
+                }
                 // A fault inside a superblock ended its trace early: say where, in order.
                 if let (Some(p), Some(m)) = (&self.producer, self.process.signals.trace_exit()) {
                     p.push(m);
@@ -836,6 +848,16 @@ impl Translator {
             EXIT_IBL_MISS => {
                 self.stats.ibl_misses += 1;
                 let target = self.area.ibl_target;
+                if !special::canonical(target) {
+                    // The CPU faults at the branch, not at its target.
+                    let site = self.branch_at(self.area.ibl_site);
+                    let fault = special::noncanonical_branch(site, target, self.area);
+                    self.process.signals.raise(fault);
+                    return Ok(Ok(Next::Signal));
+                }
+                if target >= special::VSYSCALL_PAGE {
+                    return Ok(Ok(Next::Guest(target)));
+                }
                 let host = self.lookup_or_translate(target)?;
                 self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry::new(target, host.0);
                 Ok(Ok(Next::Host(host)))
@@ -871,6 +893,14 @@ impl Translator {
                         let rsp = self.area.gpr[thread_area::RSP];
                         let mut ret = [0u8; 8];
                         match guest_mem::read(rsp, &mut ret) {
+                            Ok(()) if !special::canonical(u64::from_le_bytes(ret)) => {
+                                let target = u64::from_le_bytes(ret);
+                                let fault = special::noncanonical_branch(None, target, self.area);
+                                // The `ret` itself faults, with nothing popped.
+                                let fault = GuestFault { rip: at.0, ..fault };
+                                self.process.signals.raise(fault);
+                                Ok(Ok(Next::Signal))
+                            }
                             Ok(()) => {
                                 self.area.gpr[thread_area::RSP] = rsp.wrapping_add(pop as u64);
                                 Ok(Ok(Next::Guest(u64::from_le_bytes(ret))))
@@ -910,6 +940,14 @@ impl Translator {
         // As the kernel's `sysret` leaves them: RCX = next RIP, R11 = RFLAGS.
         self.area.gpr[thread_area::RCX] = next;
         self.area.gpr[thread_area::R11] = self.area.rflags;
+        if nr == special::SYS_URETPROBE {
+            // Only the kernel's uretprobe trampoline may make it: from anywhere else the
+            // kernel kills the call with SIGILL (and RAX = -1).
+            self.area.gpr[thread_area::RAX] = u64::MAX;
+            let last = self.process.signals.last_trap();
+            self.process.signals.raise(special::uretprobe(next, last));
+            return Ok(Ok(Next::Signal));
+        }
         self.ctl.set_place(ThreadPlace::InSyscall);
         let mut outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
         if matches!(outcome, Outcome::Return(r) if r == -(libc::EFAULT as i64))
@@ -1157,25 +1195,35 @@ impl Translator {
         at: GuestAddr,
         next: GuestAddr,
     ) -> Result<Next, TranslateError> {
-        const SI_KERNEL: i32 = 0x80;
-        const ILL_ILLOPN: i32 = 2;
-        const SEGV_MAPERR: i32 = 1;
-        // As the CPU and kernel report them: int3 is a trap (RIP after it), the others are
-        // faults at the instruction.
-        let (sig, code, addr, rip) = match kind {
-            TrapKind::Breakpoint => (libc::SIGTRAP, SI_KERNEL, 0, next.0),
-            TrapKind::Undefined => (libc::SIGILL, ILL_ILLOPN, at.0, at.0),
-            TrapKind::Privileged => (libc::SIGSEGV, SI_KERNEL, 0, at.0),
-            TrapKind::FetchFault => (libc::SIGSEGV, SEGV_MAPERR, at.0, at.0),
-            TrapKind::Unsupported => {
-                return Err(TranslateError::UnsupportedInstruction {
-                    at: at.0,
-                    text: disassemble_at(at.0),
-                });
+        let action = special::trap(kind, at.0, next.0, &mut self.process.maps, self.area);
+        if let special::Action::Refuse(text) = action {
+            return Err(TranslateError::UnsupportedInstruction { at: at.0, text });
+        }
+        self.act(action)
+    }
+
+    /// Carries out what [`special`] decided: raise a fault or go on at a guest address.
+    fn act(&mut self, action: special::Action) -> Result<Next, TranslateError> {
+        match action {
+            special::Action::Raise(fault) => {
+                self.process.signals.raise(fault);
+                Ok(Next::Signal)
             }
-        };
-        self.process.signals.raise_trap(sig, code, addr, rip);
-        Ok(Next::Signal)
+            special::Action::Continue(rip) => Ok(Next::Guest(rip)),
+            special::Action::Refuse(text) => Err(TranslateError::UnsupportedInstruction {
+                at: self.guest_rip(self.next),
+                text,
+            }),
+        }
+    }
+
+    /// The guest branch whose translation holds host address `site` (a lookup miss), if any.
+    fn branch_at(&self, site: u64) -> Option<u64> {
+        if site == 0 {
+            return None;
+        }
+        let (_, l) = self.cache.layouts().range(..=site).next_back()?;
+        (site < l.code_end).then_some(l.term_guest)
     }
 
     /// Discards translations overlapping ranges the guest unmapped, remapped, reprotected or
@@ -1239,11 +1287,14 @@ impl Translator {
     fn decode(&mut self, start: GuestAddr) -> hotpath_ir::Block {
         let maps = &mut self.process.maps;
         decode_block_from(start, |addr, buf| {
-            if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
+            let read = if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf)
+            {
                 buf.len()
             } else {
                 guest_mem::read_partial(addr, buf)
-            }
+            };
+            // Code runs only from executable mappings: fetching past one faults there.
+            special::fetchable(addr, read as u64, maps) as usize
         })
     }
 
@@ -1309,18 +1360,6 @@ impl Translator {
         });
         Ok(emitted.entry)
     }
-}
-
-/// The guest instruction at `addr`, disassembled (for messages).
-fn disassemble_at(addr: u64) -> String {
-    let mut bytes = [0u8; 15];
-    let n = crate::guest_mem::read_partial(addr, &mut bytes);
-    let mut decoder =
-        iced_x86::Decoder::with_ip(64, &bytes[..n], addr, iced_x86::DecoderOptions::NONE);
-    let inst = decoder.decode();
-    let mut out = String::new();
-    IntelFormatter::new().format(&inst, &mut out);
-    out
 }
 
 /// Host code `code` at host address `at`, disassembled one instruction per line.

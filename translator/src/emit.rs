@@ -394,6 +394,12 @@ pub(crate) struct Encoded {
 /// length.
 const RIP_REACH: u64 = (1 << 31) - 64;
 
+/// `rdgsbase` and friends run in user mode (the kernel set CR4.FSGSBASE: HWCAP2_FSGSBASE).
+fn host_fsgsbase() -> bool {
+    // SAFETY: getauxval has no preconditions.
+    unsafe { libc::getauxval(libc::AT_HWCAP2) & 2 != 0 }
+}
+
 /// Moves guest body instructions (no control transfers) one after another to host addresses
 /// from `rip`, keeping every RIP-relative operand pointing at the same absolute guest address.
 ///
@@ -440,6 +446,22 @@ impl Relocator {
     /// # Errors
     /// [`TranslateError::Encode`] if the instruction has to be re-encoded and cannot be.
     pub fn relocate(&mut self, inst: &Inst, guest: Option<&[u8]>) -> Result<(), TranslateError> {
+        if crate::decode::gs_memory(&inst.inst) {
+            return self.relocate_gs_memory(inst, guest);
+        }
+        if inst.inst.mnemonic() == iced_x86::Mnemonic::Rdgsbase && host_fsgsbase() {
+            // The guest's GS base is 0 (hotpath refuses ARCH_SET_GS): `mov r32, 0`, which
+            // zero-extends and leaves the flags alone, as `rdgsbase` does.
+            let reg = inst.inst.op0_register().full_register32();
+            let mov = Instruction::with2(Code::Mov_r32_imm32, reg, 0u32).map_err(|e| {
+                TranslateError::Encode {
+                    guest: inst.inst.ip(),
+                    reason: e.to_string(),
+                }
+            })?;
+            self.out.offsets.push(self.at() - self.rip);
+            return self.encode_one(&mov, &inst.inst);
+        }
         let at = self.at();
         if let Some(bytes) = guest.filter(|b| b.len() == inst.inst.len()) {
             match (inst.rip_relative, inst.rip_disp_offset) {
@@ -464,6 +486,31 @@ impl Relocator {
             }
         }
         self.encode(&inst.inst)
+    }
+
+    /// Places an instruction with a GS-relative memory operand. The guest's GS base is 0
+    /// (hotpath's is its thread area): the `gs` prefix becomes `ds`, which 64-bit mode
+    /// ignores, so the operand addresses the same bytes it would natively.
+    fn relocate_gs_memory(
+        &mut self,
+        inst: &Inst,
+        guest: Option<&[u8]>,
+    ) -> Result<(), TranslateError> {
+        let mut plain = inst.clone();
+        plain.inst.set_segment_prefix(Register::DS);
+        let bytes = guest.filter(|b| b.len() == inst.inst.len()).map(|b| {
+            let mut b = b.to_vec();
+            // Legacy prefixes come first; the first other byte is REX, VEX or the opcode.
+            for x in b.iter_mut() {
+                match *x {
+                    0x65 => *x = 0x3e,
+                    0xf0 | 0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 | 0x64 | 0x66 | 0x67 => {}
+                    _ => break,
+                }
+            }
+            b
+        });
+        self.relocate(&plain, bytes.as_deref())
     }
 
     /// Places `inst` through iced's encoder, rewriting a far RIP-relative operand.

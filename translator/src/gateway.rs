@@ -187,7 +187,10 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         // From here on, shared with `exit_from_signal`: the guest's GPRs and RFLAGS are saved
         // and RSP is the host's.
         ; ->host_tail:
-        ; cld
+        // Host code runs with the ABI's flags: the guest may have set DF, EFLAGS.AC (alignment
+        // checks) or TF.
+        ; push 2
+        ; popfq
         ; mov eax, mask_lo
         ; mov edx, mask_hi
         ; .u8 GS ; xsave64 [off::XSAVE]
@@ -240,6 +243,7 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
         ; mov rcx, -1
         ; .u8 GS ; mov QWORD [off::IBL_TARGET], rcx
+        ; .u8 GS ; mov QWORD [off::IBL_SITE], 0
         ; mov ecx, EXIT_IBL_MISS as i32
         ; jmp extern exit_addr as usize
     );
@@ -290,6 +294,11 @@ pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) {
         ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // !(slot's guest address)
         ; lea rcx, [rcx + rdx + 1]                        // 0 iff the slot holds the target
         ; jrcxz >hit
+        // A miss records where it happened (RAX is saved): the dispatcher finds the guest
+        // branch from it when the target cannot be run (a non-canonical address).
+        ; site:
+        ; lea rax, [<site]
+        ; .u8 GS ; mov QWORD [off::IBL_SITE], rax
         ; jmp extern miss
         ; hit:
         ; .u8 GS ; mov rax, QWORD [rax * 8 + off::IBL + 8]

@@ -26,6 +26,7 @@ pub mod guest_mem;
 pub mod linux;
 pub mod modules;
 mod smc;
+mod special;
 pub mod superblock;
 pub mod thread_area;
 
@@ -55,6 +56,9 @@ pub enum TranslateError {
     /// The guest executed an instruction hotpath does not support.
     #[error("the guest executes an unsupported instruction at {at:#x}: {text}")]
     UnsupportedInstruction { at: u64, text: String },
+    /// The guest did something hotpath does not support (`what` says what) at guest `at`.
+    #[error("the guest {what} (at {at:#x})")]
+    UnsupportedGuest { at: u64, what: &'static str },
     /// The guest asked the kernel for something hotpath does not support yet.
     #[error("{message}")]
     UnsupportedSyscall { message: String },

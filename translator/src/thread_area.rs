@@ -112,6 +112,9 @@ pub struct ThreadArea {
     pub resume: u64,
     /// Guest target of an indirect branch that missed the lookup table.
     pub ibl_target: u64,
+    /// Host address of the missed lookup (in the block of the indirect branch), so the
+    /// dispatcher can find the guest branch; 0 when unknown (the empty-slot path).
+    pub ibl_site: u64,
     /// Host address `enter` and the lookup hit path jump to.
     pub jump_to: u64,
     /// Scratch slot: the guest's value of the register a rewritten instruction borrows to
@@ -152,6 +155,7 @@ pub mod off {
     pub const EXIT_CODE: i32 = offset_of!(ThreadArea, exit_code) as i32;
     pub const RESUME: i32 = offset_of!(ThreadArea, resume) as i32;
     pub const IBL_TARGET: i32 = offset_of!(ThreadArea, ibl_target) as i32;
+    pub const IBL_SITE: i32 = offset_of!(ThreadArea, ibl_site) as i32;
     pub const JUMP_TO: i32 = offset_of!(ThreadArea, jump_to) as i32;
     pub const GATE_PENDING: i32 = offset_of!(ThreadArea, gate_pending) as i32;
     pub const RING_CURSOR: i32 = (offset_of!(ThreadArea, ring) + RingControl::CURSOR_OFFSET) as i32;

@@ -22,19 +22,6 @@ const MC_FPSTATE: usize = 184;
 /// `ThreadArea::gpr` (x86 encoding order).
 const SIGCONTEXT_GPR: [usize; 16] = [8, 9, 10, 11, 12, 13, 14, 15, 7, 6, 5, 3, 2, 0, 1, 4];
 
-/// The trap number and error code the kernel reports in `sigcontext` for a signal.
-fn trap_info(sig: i32, info: &[u8; 128]) -> (u64, u64) {
-    let code = i32::from_le_bytes(info[8..12].try_into().unwrap());
-    match sig {
-        libc::SIGTRAP => (3, 0),
-        libc::SIGILL => (6, 0),
-        libc::SIGFPE => (0, 0),
-        libc::SIGSEGV if code == 0x80 => (13, 0),
-        libc::SIGSEGV => (14, 4 | 0x10),
-        _ => (0, 0),
-    }
-}
-
 /// Puts the guest's FPU/SSE/AVX state back to its initial state (what a handler starts with).
 fn reset_xsave(area: &mut ThreadArea) {
     area.xsave.0[..1024].fill(0);
@@ -45,7 +32,9 @@ fn reset_xsave(area: &mut ThreadArea) {
 impl SignalState {
     /// Builds the kernel's `rt_sigframe` for `sig` on the guest's stack and points the guest
     /// at its handler; the frame restores mask `saved`, the handler runs with `base` plus its
-    /// `sa_mask` (and `sig` itself unless SA_NODEFER). Returns the handler's address and mask.
+    /// `sa_mask` (and `sig` itself unless SA_NODEFER); its `sigcontext` shows `trap` (trap
+    /// number, error code, CR2, EFLAGS.RF). Returns the handler's address and mask.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn setup_frame(
         &mut self,
         area: &mut ThreadArea,
@@ -54,6 +43,7 @@ impl SignalState {
         rip: u64,
         saved: u64,
         base: u64,
+        trap: TrapDetails,
     ) -> Result<(u64, u64), ()> {
         let mask = saved;
         let a = self.action(sig);
@@ -99,17 +89,15 @@ impl SignalState {
             put(&mut f, uc + UC_MCONTEXT + 8 * i, area.gpr[slot]);
         }
         put(&mut f, uc + UC_MCONTEXT + MC_RIP, rip);
-        put(&mut f, uc + UC_MCONTEXT + MC_EFLAGS, area.rflags);
+        const RF: u64 = 0x1_0000;
+        let eflags = (area.rflags & !RF) | if trap.rf { RF } else { 0 };
+        put(&mut f, uc + UC_MCONTEXT + MC_EFLAGS, eflags);
         // cs, gs, fs, ss
         put(&mut f, uc + UC_MCONTEXT + MC_CSGSFS, 0x33 | (0x2b << 48));
-        let (trapno, err) = trap_info(sig, info);
-        put(&mut f, uc + UC_MCONTEXT + MC_ERR, err);
-        put(&mut f, uc + UC_MCONTEXT + MC_TRAPNO, trapno);
+        put(&mut f, uc + UC_MCONTEXT + MC_ERR, trap.err);
+        put(&mut f, uc + UC_MCONTEXT + MC_TRAPNO, trap.trapno);
         put(&mut f, uc + UC_MCONTEXT + MC_OLDMASK, mask);
-        let si_addr = u64::from_le_bytes(info[16..24].try_into().unwrap());
-        if sig == libc::SIGSEGV || sig == libc::SIGBUS {
-            put(&mut f, uc + UC_MCONTEXT + MC_CR2, si_addr);
-        }
+        put(&mut f, uc + UC_MCONTEXT + MC_CR2, trap.cr2);
         put(&mut f, uc + UC_MCONTEXT + MC_FPSTATE, fpstate);
         put(&mut f, uc + UC_SIGMASK, mask);
         f[8 + UC_SIZE..].copy_from_slice(info);

@@ -59,6 +59,16 @@ const REG_RCX: usize = 14;
 const REG_RSP: usize = 15;
 const REG_RIP: usize = 16;
 const REG_EFL: usize = 17;
+const REG_ERR: usize = 19;
+const REG_TRAPNO: usize = 20;
+const REG_CR2: usize = 22;
+
+/// `si_code` of a single-step trap (EFLAGS.TF).
+const TRAP_TRACE: i32 = 2;
+/// EFLAGS bits: trap flag, resume flag, alignment check.
+const EFLAGS_TF: i64 = 0x100;
+const EFLAGS_RF: i64 = 0x1_0000;
+const EFLAGS_AC: u64 = 0x4_0000;
 
 /// If `sig` is a fault of `guest_mem::read_mapped`'s copy (it met an unreadable page), sends
 /// the copy to its fixup, which returns what it copied, and says true. For any thread: the
@@ -80,6 +90,17 @@ pub(crate) fn fix_probe_fault(sig: i32, ctx: *mut c_void) -> bool {
 /// hotpath's handler for every signal the kernel hands it. Runs on hotpath's alternate stack
 /// with every signal blocked. Allocates nothing and takes no lock.
 pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // The kernel keeps the interrupted EFLAGS.AC (the guest may have set it): hotpath's own
+    // code must not take alignment faults.
+    // SAFETY: clears one flag bit; the stack is hotpath's alternate stack.
+    unsafe {
+        std::arch::asm!(
+            "pushfq",
+            "and qword ptr [rsp], {mask}",
+            "popfq",
+            mask = in(reg) !EFLAGS_AC,
+        )
+    };
     if fix_probe_fault(sig, ctx) {
         return;
     }
@@ -121,18 +142,58 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
             return;
         }
     }
+    if sig == libc::SIGTRAP && si_code == TRAP_TRACE && in_cache {
+        // The guest set EFLAGS.TF: every host instruction traps, hotpath's stubs included.
+        // Refused: stop stepping and leave the cache; the dispatcher stops with a message.
+        gregs[REG_EFL] &= !EFLAGS_TF;
+        // SAFETY: this thread's handler, for a PC in translated code.
+        let layouts = unsafe { shared.blocks.read_in_handler() };
+        let at = capture_fault(layouts, pc, gregs, area).map_or(0, |(rip, _)| rip);
+        area.fs_base = fs;
+        // SAFETY: the dispatcher is interrupted; only this handler writes `refused` now.
+        unsafe {
+            *shared.refused.get() = Some((
+                "single-steps with EFLAGS.TF (SIGTRAP after every instruction), which hotpath does not support",
+                at,
+            ))
+        };
+        gregs[REG_RIP] = shared.exit_from_signal as i64;
+        if switched {
+            write_fs(shared.fsgsbase, fs);
+        }
+        return;
+    }
     if synchronous {
         if in_cache {
             // SAFETY: this thread's handler, for a PC in translated code.
             let layouts = unsafe { shared.blocks.read_in_handler() };
             if let Some((rip, trace_exit)) = capture_fault(layouts, pc, gregs, area) {
                 area.fs_base = fs;
+                let trapno = gregs[REG_TRAPNO] as u64;
+                let trap = TrapDetails {
+                    trapno,
+                    err: gregs[REG_ERR] as u64,
+                    cr2: if trapno == 14 {
+                        gregs[REG_CR2] as u64
+                    } else {
+                        0
+                    },
+                    rf: gregs[REG_EFL] & EFLAGS_RF != 0,
+                };
+                let mut info = info_bytes;
+                let addr = u64::from_le_bytes(info[16..24].try_into().unwrap());
+                if addr == pc {
+                    // SIGFPE, SIGILL, SIGTRAP: the kernel gives the faulting instruction's
+                    // address, which is the guest's.
+                    info[16..24].copy_from_slice(&rip.to_le_bytes());
+                }
                 // SAFETY: the dispatcher is interrupted; only this handler writes `sync` now.
                 unsafe {
                     *shared.sync.get() = Some(SyncFault {
                         sig,
-                        info: info_bytes,
+                        info,
                         rip,
+                        trap,
                         trace_exit,
                     })
                 };

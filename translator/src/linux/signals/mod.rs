@@ -116,6 +116,38 @@ impl SigQueue {
     }
 }
 
+/// What the kernel records about the last trap besides `siginfo`, and shows in the
+/// `sigcontext` of a signal frame: the trap number, the error code and (page faults) CR2.
+/// A signal that is not a fault shows the thread's last values, as the kernel's do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrapDetails {
+    /// The x86 exception vector (`X86_TRAP_*`: 0 #DE, 1 #DB, 3 #BP, 6 #UD, 13 #GP, 14 #PF...).
+    pub trapno: u64,
+    /// The exception's error code (for #PF: bit 0 present, bit 1 write, bit 2 user, bit 4
+    /// instruction fetch; for #GP: the selector or IDT entry at fault, or 0).
+    pub err: u64,
+    /// The faulting data address of a page fault (guest address).
+    pub cr2: u64,
+    /// EFLAGS.RF in the frame: set for faults (the instruction is restarted), clear for traps.
+    pub rf: bool,
+}
+
+/// A guest fault raised by the dispatcher (not by a host instruction): what the kernel would
+/// deliver for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestFault {
+    /// The signal (SIGSEGV, SIGILL, SIGTRAP...).
+    pub sig: i32,
+    /// `si_code`.
+    pub code: i32,
+    /// `si_addr` (guest address, or 0).
+    pub addr: u64,
+    /// Guest RIP the guest's handler sees: the instruction for a fault, the next one for a trap.
+    pub rip: u64,
+    /// Trap number, error code, CR2 and RF.
+    pub trap: TrapDetails,
+}
+
 /// A fault the host handler mapped to a guest instruction, waiting for the dispatcher.
 #[derive(Clone, Copy)]
 struct SyncFault {
@@ -123,6 +155,8 @@ struct SyncFault {
     info: [u8; 128],
     /// Guest RIP the fault is reported at.
     rip: u64,
+    /// Trap number, error code, CR2 and RF of the fault.
+    trap: TrapDetails,
     /// The side-exit event of the superblock block it happened in (see
     /// [`HostLayout::trace_exit`](crate::emit::HostLayout::trace_exit)).
     trace_exit: Option<u32>,
@@ -160,6 +194,9 @@ pub struct HandlerShared {
     smc: std::sync::Arc<crate::smc::ProtectedPages>,
     /// Set by another thread that needs this one out of the code cache (see `kick`).
     kicked: std::sync::atomic::AtomicBool,
+    /// Set by the handler when the guest did something hotpath refuses (it single-stepped
+    /// with EFLAGS.TF): the dispatcher stops with this message instead of delivering.
+    refused: UnsafeCell<Option<(&'static str, u64)>>,
 }
 
 // SAFETY: the raw pointers name the owning thread's area (mapped for the process's life); the
@@ -315,6 +352,9 @@ pub struct SignalState {
     /// Bytes of XSAVE image copied into frames.
     xsave_size: usize,
     xsave_mask: u64,
+    /// The trap details of the last fault delivered, which the kernel shows in the frames of
+    /// later signals that are not faults (its `thread.trap_nr`, `error_code`, `cr2`).
+    last_trap: TrapDetails,
 }
 
 impl SignalState {
@@ -399,6 +439,7 @@ impl SignalState {
             blocks,
             smc,
             kicked: std::sync::atomic::AtomicBool::new(false),
+            refused: UnsafeCell::new(None),
         }));
         FSGSBASE.store(fsgsbase, Ordering::Relaxed);
         // SAFETY: the area is this thread's, mapped for the process's life.
@@ -415,6 +456,7 @@ impl SignalState {
             shared,
             xsave_size,
             xsave_mask,
+            last_trap: TrapDetails::default(),
         };
         Ok(state)
     }
@@ -706,7 +748,13 @@ impl SignalState {
                 // The kernel forces the default action of a fault that is ignored or blocked.
                 return Delivery::Exit(f.sig);
             }
-            match self.setup_frame(area, f.sig, &f.info, rip, saved, base) {
+            let mut trap = f.trap;
+            if trap.trapno != 14 {
+                // CR2 changes only with page faults: other frames show the last one's.
+                trap.cr2 = self.last_trap.cr2;
+            }
+            self.last_trap = TrapDetails { rf: false, ..trap };
+            match self.setup_frame(area, f.sig, &f.info, rip, saved, base, trap) {
                 Ok((new_rip, new_mask)) => {
                     rip = new_rip;
                     guard.set_mask(new_mask);
@@ -741,7 +789,7 @@ impl SignalState {
                     continue;
                 }
                 SIG_DFL => return Delivery::Exit(sig),
-                _ => match self.setup_frame(area, sig, &info, rip, saved, base) {
+                _ => match self.setup_frame(area, sig, &info, rip, saved, base, self.last_trap) {
                     Ok((new_rip, new_mask)) => {
                         rip = new_rip;
                         guard.set_mask(new_mask);
@@ -756,23 +804,36 @@ impl SignalState {
         Delivery::Continue(rip)
     }
 
-    /// Records a trap raised by a terminating instruction hotpath did not run (int3, ud2, hlt,
-    /// unreadable code) as a synchronous fault at guest `rip`.
-    pub fn raise_trap(&self, sig: i32, code: i32, addr: u64, rip: u64) {
+    /// Records a fault the dispatcher raises for an instruction hotpath did not run (int3,
+    /// ud2, hlt, unreadable code, a jump to a non-canonical address...) as a synchronous fault.
+    pub fn raise(&self, fault: GuestFault) {
         let mut info = [0u8; 128];
-        info[0..4].copy_from_slice(&sig.to_le_bytes());
-        info[8..12].copy_from_slice(&code.to_le_bytes());
-        info[16..24].copy_from_slice(&addr.to_le_bytes());
+        info[0..4].copy_from_slice(&fault.sig.to_le_bytes());
+        info[8..12].copy_from_slice(&fault.code.to_le_bytes());
+        info[16..24].copy_from_slice(&fault.addr.to_le_bytes());
         // SAFETY: on the guest thread, outside translated code; the handler never writes
         // `sync` unless the thread runs translated code.
         unsafe {
             *self.shared.sync.get() = Some(SyncFault {
-                sig,
+                sig: fault.sig,
                 info,
-                rip,
+                rip: fault.rip,
+                trap: fault.trap,
                 trace_exit: None,
             })
         };
+    }
+
+    /// The trap details a signal that is not a fault shows now (the last fault's).
+    pub fn last_trap(&self) -> TrapDetails {
+        self.last_trap
+    }
+
+    /// Takes what the handler refused (the guest single-stepped with EFLAGS.TF) and the
+    /// guest address it happened at (0 if unknown), if it did.
+    pub fn take_refusal(&mut self) -> Option<(&'static str, u64)> {
+        // SAFETY: on the guest thread outside translated code: the handler does not run.
+        unsafe { (*self.shared.refused.get()).take() }
     }
 
     /// Clears what a forked child must not inherit: pending signals (the kernel does not pass

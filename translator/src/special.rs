@@ -1,0 +1,421 @@
+//! Guest instructions the dispatcher handles itself instead of running them translated, and
+//! the faults it raises for them exactly as the kernel reports them: traps and interrupts
+//! (`int3`, `icebp`, `int n`, `hlt`), code that cannot be fetched, control transfers to
+//! non-canonical addresses, the legacy vsyscall page, far returns and `iretq` to the 64-bit
+//! user code segment, and `xbegin`.
+//!
+//! What the kernel gives (Linux `arch/x86/kernel/traps.c`, checked against native runs by
+//! `tests/tests/faults.rs`): a trap (`int3`, `int $3`, `icebp`, `int $4`) reports the address
+//! after the instruction with EFLAGS.RF clear; a fault reports the instruction with RF set.
+//! `int3` is SIGTRAP/SI_KERNEL, trap 3; `icebp` SIGTRAP/TRAP_BRKPT at the next instruction, trap
+//! 1; `int $4` SIGSEGV/SI_KERNEL, trap 4; any other `int n` a #GP whose error code names the
+//! IDT entry (`n << 3 | 2`); `hlt`, `in`, `out`, `cli` a #GP with error code 0.
+
+use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic};
+
+use hotpath_ir::TrapKind;
+
+use crate::guest_mem;
+use crate::linux::host::raw_syscall;
+use crate::linux::signals::{GuestFault, TrapDetails};
+use crate::smc::MapsCache;
+use crate::thread_area::{self, ThreadArea};
+
+/// What the dispatcher does with a trapping or special instruction.
+#[derive(Debug)]
+pub enum Action {
+    /// Deliver this fault to the guest.
+    Raise(GuestFault),
+    /// The instruction was carried out here: go on at this guest address.
+    Continue(u64),
+    /// hotpath does not support it: stop with this reason (the instruction is named).
+    Refuse(String),
+}
+
+const SI_KERNEL: i32 = 0x80;
+const ILL_ILLOPN: i32 = 2;
+const SEGV_MAPERR: i32 = 1;
+const SEGV_ACCERR: i32 = 2;
+const TRAP_BRKPT: i32 = 1;
+
+/// x86 exception vectors (`X86_TRAP_*`).
+const TRAP_DB: u64 = 1;
+const TRAP_BP: u64 = 3;
+const TRAP_OF: u64 = 4;
+const TRAP_UD: u64 = 6;
+const TRAP_GP: u64 = 13;
+const TRAP_PF: u64 = 14;
+
+/// Page-fault error code bits: page present, user mode, instruction fetch.
+const PF_PROT: u64 = 1;
+const PF_USER: u64 = 4;
+const PF_INSTR: u64 = 0x10;
+
+/// The 64-bit user code and stack segment selectors (`__USER_CS`, `__USER_DS`).
+const USER_CS: u64 = 0x33;
+const USER_SS: u64 = 0x2b;
+/// The 32-bit user code segment (`__USER32_CS`): a far transfer there leaves 64-bit mode.
+const USER32_CS: u64 = 0x23;
+
+/// The legacy vsyscall page: its three entries are 1024 bytes apart.
+pub const VSYSCALL_PAGE: u64 = 0xffff_ffff_ff60_0000;
+const VSYSCALL_ENTRIES: [(u64, u64); 3] = [
+    (0x000, libc::SYS_gettimeofday as u64),
+    (0x400, libc::SYS_time as u64),
+    (0x800, libc::SYS_getcpu as u64),
+];
+
+/// True if `addr` is canonical with 48-bit virtual addresses (bits 63..47 all equal).
+pub fn canonical(addr: u64) -> bool {
+    let top = (addr as i64) >> 47;
+    top == 0 || top == -1
+}
+
+/// A fault at guest `rip` (the instruction is restarted: EFLAGS.RF set).
+fn fault(sig: i32, code: i32, addr: u64, rip: u64, trapno: u64, err: u64) -> GuestFault {
+    GuestFault {
+        sig,
+        code,
+        addr,
+        rip,
+        trap: TrapDetails {
+            trapno,
+            err,
+            cr2: 0,
+            rf: true,
+        },
+    }
+}
+
+/// A trap reported at `next`, after the instruction (EFLAGS.RF clear).
+fn trap_after(sig: i32, code: i32, addr: u64, next: u64, trapno: u64) -> GuestFault {
+    GuestFault {
+        sig,
+        code,
+        addr,
+        rip: next,
+        trap: TrapDetails {
+            trapno,
+            err: 0,
+            cr2: 0,
+            rf: false,
+        },
+    }
+}
+
+/// A general-protection fault at `rip` with error code `err`: SIGSEGV, SI_KERNEL, no address.
+fn general_protection(rip: u64, err: u64) -> GuestFault {
+    fault(libc::SIGSEGV, SI_KERNEL, 0, rip, TRAP_GP, err)
+}
+
+/// The guest instruction at `at`, decoded again (`None` if its bytes cannot be read).
+fn decode_at(at: u64) -> Option<Instruction> {
+    let mut bytes = [0u8; 15];
+    let n = guest_mem::read_partial(at, &mut bytes);
+    let inst = Decoder::with_ip(64, &bytes[..n], at, DecoderOptions::NONE).decode();
+    (!inst.is_invalid()).then_some(inst)
+}
+
+/// Decides what a block's trapping terminator (`kind`, the instruction at guest `at`, the
+/// next at `next`) does. `text` disassembles the instruction for a refusal.
+pub fn trap(
+    kind: TrapKind,
+    at: u64,
+    next: u64,
+    maps: &mut MapsCache,
+    area: &mut ThreadArea,
+) -> Action {
+    let inst = decode_at(at);
+    let code = inst.map(|i| i.code());
+    match kind {
+        TrapKind::Breakpoint if code == Some(Code::Int1) => {
+            // An Intel CPU reports `icebp` as a trap after it; the AMD machines measured
+            // report the instruction itself (RF still clear).
+            let rip = if amd() { at } else { next };
+            Action::Raise(trap_after(libc::SIGTRAP, TRAP_BRKPT, rip, rip, TRAP_DB))
+        }
+        TrapKind::Breakpoint => {
+            Action::Raise(trap_after(libc::SIGTRAP, SI_KERNEL, 0, next, TRAP_BP))
+        }
+        TrapKind::Privileged => match inst {
+            // `int $4` is #OF through a gate user mode may use: a trap, SIGSEGV.
+            Some(i) if i.code() == Code::Int_imm8 && i.immediate8() == 4 => {
+                Action::Raise(trap_after(libc::SIGSEGV, SI_KERNEL, 0, next, TRAP_OF))
+            }
+            // Any other gate is the kernel's: #GP naming the IDT entry.
+            Some(i) if i.code() == Code::Int_imm8 => {
+                Action::Raise(general_protection(at, (i.immediate8() as u64) << 3 | 2))
+            }
+            _ => Action::Raise(general_protection(at, 0)),
+        },
+        TrapKind::Undefined => Action::Raise(fault(libc::SIGILL, ILL_ILLOPN, at, at, TRAP_UD, 0)),
+        TrapKind::FetchFault => Action::Raise(fetch_fault(at, maps)),
+        TrapKind::Unsupported => match inst {
+            Some(i) => unsupported(&i, at, area),
+            None => Action::Refuse(format!("unreadable instruction at {at:#x}")),
+        },
+    }
+}
+
+/// The page fault of fetching the instruction at `at`, whose bytes stop being readable and
+/// executable somewhere in its first 15: SIGSEGV at the first byte that cannot be fetched,
+/// SEGV_MAPERR where nothing is mapped, SEGV_ACCERR where the mapping forbids it.
+pub fn fetch_fault(at: u64, maps: &mut MapsCache) -> GuestFault {
+    let mut bytes = [0u8; 15];
+    let readable = guest_mem::read_partial(at, &mut bytes) as u64;
+    let addr = at + fetchable(at, readable, maps);
+    let prot = maps.prot(addr);
+    let (code, present) = match prot {
+        None => (SEGV_MAPERR, 0),
+        Some(p) if p & libc::PROT_READ != 0 => (SEGV_ACCERR, PF_PROT),
+        Some(_) => (SEGV_ACCERR, 0),
+    };
+    let mut f = fault(
+        libc::SIGSEGV,
+        code,
+        addr,
+        at,
+        TRAP_PF,
+        PF_USER | PF_INSTR | present,
+    );
+    f.trap.cr2 = addr;
+    f
+}
+
+/// How many of the `len` bytes at guest `addr` (readable ones) may be executed: up to the
+/// first page whose mapping is not executable.
+pub fn fetchable(addr: u64, len: u64, maps: &mut MapsCache) -> u64 {
+    const PAGE: u64 = 4096;
+    let mut page = addr & !(PAGE - 1);
+    while page < addr + len {
+        if maps.prot(page).is_none_or(|p| p & libc::PROT_EXEC == 0) {
+            return page.saturating_sub(addr);
+        }
+        page += PAGE;
+    }
+    len
+}
+
+/// Instructions hotpath's translator leaves to the dispatcher: emulated when their effect is
+/// plain (a far return or `iretq` to the 64-bit user code segment, `xbegin`), else refused.
+fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
+    let text = || {
+        use iced_x86::Formatter;
+        let mut out = String::new();
+        iced_x86::IntelFormatter::new().format(i, &mut out);
+        out
+    };
+    match i.mnemonic() {
+        Mnemonic::Retf => far_return(i, at, area, &text()),
+        Mnemonic::Iretq => iretq(at, area),
+        Mnemonic::Xbegin if !rtm() => {
+            Action::Raise(fault(libc::SIGILL, ILL_ILLOPN, at, at, TRAP_UD, 0))
+        }
+        // A transaction may always abort: EAX holds the abort status (0: no retry hint)
+        // and execution goes on at the fallback address.
+        Mnemonic::Xbegin => {
+            area.gpr[thread_area::RAX] = 0;
+            Action::Continue(i.near_branch_target())
+        }
+        Mnemonic::Jmp | Mnemonic::Call => Action::Refuse(format!(
+            "{} (a far {} through memory; its operand size differs between Intel and AMD CPUs)",
+            text(),
+            if i.mnemonic() == Mnemonic::Jmp {
+                "jump"
+            } else {
+                "call"
+            }
+        )),
+        Mnemonic::Iret | Mnemonic::Iretd => {
+            Action::Refuse(format!("{} (an iret with a 16- or 32-bit frame)", text()))
+        }
+        Mnemonic::Int if i.immediate8() == 0x80 => Action::Refuse(format!(
+            "{} (a 32-bit system call from 64-bit code)",
+            text()
+        )),
+        _ if crate::decode::writes_gs(i) => Action::Refuse(format!(
+            "{} (it changes GS, where hotpath keeps its per-thread state)",
+            text()
+        )),
+        _ => Action::Refuse(text()),
+    }
+}
+
+/// `lret` / `lretq` (with its `imm16`): pops the return address and the code selector. To
+/// 0x33 it is a plain return; to 0x23 (32-bit code) it is refused; to any other selector the
+/// CPU raises #GP with the selector as its error code.
+fn far_return(i: &Instruction, at: u64, area: &mut ThreadArea, text: &str) -> Action {
+    let size: u64 = match i.code() {
+        Code::Retfq | Code::Retfq_imm16 => 8,
+        Code::Retfd | Code::Retfd_imm16 => 4,
+        _ => return Action::Refuse(format!("{text} (a far return with a 16-bit frame)")),
+    };
+    let imm = match i.code() {
+        Code::Retfq_imm16 | Code::Retfd_imm16 => i.immediate16() as u64,
+        _ => 0,
+    };
+    let rsp = area.gpr[thread_area::RSP];
+    let Some([rip, cs]) = read_stack::<2>(rsp, size) else {
+        return Action::Raise(stack_fault(rsp, at));
+    };
+    match cs & 0xffff {
+        USER_CS => {
+            area.gpr[thread_area::RSP] = rsp.wrapping_add(2 * size + imm);
+            Action::Continue(rip)
+        }
+        USER32_CS => Action::Refuse(format!("{text} (to 32-bit code, selector 0x23)")),
+        sel => Action::Raise(general_protection(at, sel & 0xfffc)),
+    }
+}
+
+/// `iretq`: pops RIP, CS, RFLAGS, RSP and SS. To the 64-bit user segments it returns there
+/// with the flags user code may change; other selectors are refused or #GP as for `lret`.
+fn iretq(at: u64, area: &mut ThreadArea) -> Action {
+    let rsp = area.gpr[thread_area::RSP];
+    let Some([rip, cs, flags, new_rsp, ss]) = read_stack::<5>(rsp, 8) else {
+        return Action::Raise(stack_fault(rsp, at));
+    };
+    match (cs & 0xffff, ss & 0xffff) {
+        (USER_CS, USER_SS) => {
+            // CF PF AF ZF SF TF DF OF, AC, ID, RF: what user mode may change (not IF, IOPL).
+            const USER_FLAGS: u64 = 0x0dd5 | 0x100 | 0x4_0000 | 0x20_0000 | 0x1_0000;
+            area.rflags = (area.rflags & !USER_FLAGS) | (flags & USER_FLAGS) | 2;
+            area.gpr[thread_area::RSP] = new_rsp;
+            Action::Continue(rip)
+        }
+        (USER32_CS, _) => Action::Refuse("iretq (to 32-bit code, selector 0x23)".into()),
+        (USER_CS, sel) | (sel, _) => Action::Raise(general_protection(at, sel & 0xfffc)),
+    }
+}
+
+/// `N` stack slots of `size` bytes (4 or 8) from guest `rsp`, zero-extended.
+fn read_stack<const N: usize>(rsp: u64, size: u64) -> Option<[u64; N]> {
+    let mut out = [0u64; N];
+    let mut buf = [0u8; 8];
+    for (k, slot) in out.iter_mut().enumerate() {
+        guest_mem::read(rsp + k as u64 * size, &mut buf[..size as usize]).ok()?;
+        *slot = u64::from_le_bytes(buf);
+        buf = [0; 8];
+    }
+    Some(out)
+}
+
+/// The fault of reading an unreadable stack at `rsp` for the instruction at `at`.
+fn stack_fault(rsp: u64, at: u64) -> GuestFault {
+    let mut f = fault(libc::SIGSEGV, SEGV_MAPERR, rsp, at, TRAP_PF, PF_USER);
+    f.trap.cr2 = rsp;
+    f
+}
+
+/// The CPU is AMD's (CPUID vendor "AuthenticAMD").
+fn amd() -> bool {
+    let r = std::arch::x86_64::__cpuid(0);
+    (r.ebx, r.edx, r.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+}
+
+/// The CPU has RTM (CPUID.(EAX=7,ECX=0):EBX bit 11); without it `xbegin` is undefined.
+fn rtm() -> bool {
+    let r = std::arch::x86_64::__cpuid_count(7, 0);
+    r.ebx & (1 << 11) != 0
+}
+
+/// A control transfer to the non-canonical `target` by the guest branch at `site`: the CPU
+/// raises #GP at the branch itself (before a `call` pushes or a `ret` pops), so the stack the
+/// translated branch already changed is put back. `site` is `None` when the branch is not
+/// known, and the fault is then reported at the target.
+pub fn noncanonical_branch(site: Option<u64>, target: u64, area: &mut ThreadArea) -> GuestFault {
+    let Some(site) = site else {
+        return general_protection(target, 0);
+    };
+    if let Some(i) = decode_at(site) {
+        let rsp = &mut area.gpr[thread_area::RSP];
+        match i.mnemonic() {
+            Mnemonic::Ret => *rsp = rsp.wrapping_sub(crate::emit::return_pop(&i) as u64),
+            Mnemonic::Call => *rsp = rsp.wrapping_add(8),
+            _ => {}
+        }
+    }
+    general_protection(site, 0)
+}
+
+/// A guest control transfer to `pc` in the vsyscall page, as the kernel handles it when the
+/// page is mapped execute-only (`vsyscall=xonly`, the default) or emulated: the three entries
+/// (`gettimeofday`, `time`, `getcpu`) make the system call and return to the caller; any other
+/// address there is SIGSEGV. `None` when the page is not mapped (`vsyscall=none`): the fetch
+/// then faults like any unmapped address. `last` is the trap details a non-fault frame shows.
+pub fn vsyscall(
+    pc: u64,
+    maps: &mut MapsCache,
+    area: &mut ThreadArea,
+    last: TrapDetails,
+) -> Option<Action> {
+    if !(VSYSCALL_PAGE..VSYSCALL_PAGE + 4096).contains(&pc) {
+        return None;
+    }
+    maps.prot(VSYSCALL_PAGE)
+        .filter(|p| p & libc::PROT_EXEC != 0)?;
+    let Some(&(_, nr)) = VSYSCALL_ENTRIES
+        .iter()
+        .find(|(off, _)| VSYSCALL_PAGE + off == pc)
+    else {
+        // The kernel's emulation refuses a call into the middle of the page: SIGSEGV with
+        // the thread's last trap details.
+        return Some(Action::Raise(GuestFault {
+            sig: libc::SIGSEGV,
+            code: SI_KERNEL,
+            addr: 0,
+            rip: pc,
+            trap: TrapDetails { rf: true, ..last },
+        }));
+    };
+    let g = &area.gpr;
+    let ret = raw_syscall(
+        nr,
+        &[
+            g[thread_area::RDI],
+            g[thread_area::RSI],
+            g[thread_area::RDX],
+            0,
+            0,
+            0,
+        ],
+    );
+    let rsp = area.gpr[thread_area::RSP];
+    let Some([to]) = read_stack::<1>(rsp, 8) else {
+        return Some(Action::Raise(stack_fault(rsp, pc)));
+    };
+    area.gpr[thread_area::RAX] = ret as u64;
+    area.gpr[thread_area::RSP] = rsp.wrapping_add(8);
+    Some(Action::Continue(to))
+}
+
+/// `uretprobe(2)`: the return probe trampoline's system call (x86-64 number 335).
+pub const SYS_URETPROBE: u64 = 335;
+
+/// What the kernel does to a `uretprobe` system call made from anywhere but its trampoline:
+/// SIGILL (SI_KERNEL) reported after the `syscall` instruction at `next`, with the thread's
+/// last trap details (`last`).
+pub fn uretprobe(next: u64, last: TrapDetails) -> GuestFault {
+    GuestFault {
+        sig: libc::SIGILL,
+        code: SI_KERNEL,
+        addr: 0,
+        rip: next,
+        trap: TrapDetails { rf: false, ..last },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_addresses() {
+        assert!(canonical(0));
+        assert!(canonical(0x7fff_ffff_ffff));
+        assert!(!canonical(0x8000_0000_0000));
+        assert!(!canonical(0x8000_0000_0000_0000));
+        assert!(canonical(0xffff_8000_0000_0000));
+        assert!(canonical(VSYSCALL_PAGE));
+    }
+}
