@@ -839,6 +839,7 @@ impl Translator {
                 if let Some((what, at)) = self.process.signals.take_refusal() {
                     return Err(TranslateError::UnsupportedGuest { at, what });
                 }
+                self.fault_in_reserved_memory();
                 // A fault inside a superblock ended its trace early: say where, in order.
                 if let (Some(p), Some(m)) = (&self.producer, self.process.signals.trace_exit()) {
                     p.push(m);
@@ -1215,6 +1216,25 @@ impl Translator {
                 text,
             }),
         }
+    }
+
+    /// A guest access to memory hotpath reserved (the brk reservation above the current
+    /// brk, the code cache) faults with SEGV_ACCERR on the reservation's PROT_NONE or
+    /// read-only pages; natively nothing is mapped there: SEGV_MAPERR.
+    fn fault_in_reserved_memory(&mut self) {
+        const PAGE: u64 = 4096;
+        let (brk, limit) = {
+            let m = lock(&self.process.shared.memory);
+            (m.brk, m.brk_limit)
+        };
+        let cache = self.cache.range();
+        self.process.signals.adjust_fault(|sig, code, addr| {
+            let reserved = (brk.div_ceil(PAGE) * PAGE..limit).contains(&addr)
+                || (cache.0..cache.1).contains(&addr);
+            if sig == libc::SIGSEGV && *code == special::SEGV_ACCERR && reserved {
+                *code = special::SEGV_MAPERR;
+            }
+        });
     }
 
     /// The guest branch whose translation holds host address `site` (a lookup miss), if any.

@@ -34,8 +34,10 @@ pub enum Action {
 
 const SI_KERNEL: i32 = 0x80;
 const ILL_ILLOPN: i32 = 2;
-const SEGV_MAPERR: i32 = 1;
-const SEGV_ACCERR: i32 = 2;
+/// `si_code` of SIGSEGV: nothing mapped at the address.
+pub const SEGV_MAPERR: i32 = 1;
+/// `si_code` of SIGSEGV: the mapping forbids the access.
+pub const SEGV_ACCERR: i32 = 2;
 const TRAP_BRKPT: i32 = 1;
 
 /// x86 exception vectors (`X86_TRAP_*`).

@@ -824,6 +824,18 @@ impl SignalState {
         };
     }
 
+    /// Lets `f` correct the `si_code` of the fault waiting for delivery, given its signal
+    /// and `si_addr` (the handler cannot tell hotpath's reservations from the guest's memory).
+    pub fn adjust_fault(&mut self, f: impl FnOnce(i32, &mut i32, u64)) {
+        // SAFETY: on the guest thread outside translated code: the handler does not run.
+        if let Some(fault) = unsafe { (*self.shared.sync.get()).as_mut() } {
+            let mut code = i32::from_le_bytes(fault.info[8..12].try_into().unwrap());
+            let addr = u64::from_le_bytes(fault.info[16..24].try_into().unwrap());
+            f(fault.sig, &mut code, addr);
+            fault.info[8..12].copy_from_slice(&code.to_le_bytes());
+        }
+    }
+
     /// The trap details a signal that is not a fault shows now (the last fault's).
     pub fn last_trap(&self) -> TrapDetails {
         self.last_trap

@@ -1,0 +1,297 @@
+//! Faults and special instructions look to the guest exactly as they do natively (DESIGN.md
+//! invariant 1): `guest-samples/fault_corpus.c` runs a table of asm snippets (faults, traps,
+//! the vsyscall page, far returns, GS-relative operands, instructions at the end of a
+//! mapping...) and a deterministic set of random instruction sequences, and prints per case
+//! what its signal handler saw: signal, si_code, si_addr, RIP, trap number, error code, CR2,
+//! EFLAGS.RF/TF/AC, arithmetic flags, MXCSR, every general register and a checksum of the data
+//! the case may write. The lines of a native run and of runs under hotpath (without
+//! superblocks, with a superblock at every loop head, without the monitor) must be identical;
+//! the first difference is shown field by field.
+//!
+//! Cases hotpath cannot run as natively are documented refusals ([`REFUSED`]): each is run
+//! alone and must end with hotpath's one-line message and exit status 1, never an internal
+//! error, a panic or a hang.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
+
+use hotpath_e2e::compare::check_refusal;
+use hotpath_e2e::inputs::Rng;
+use hotpath_e2e::{
+    guest_build, hotpath_bin, hotpath_command, native_command, paths, runner, Linkage, MonitorMode,
+    Outcome, Termination,
+};
+
+/// One run of the whole corpus takes well under a second natively; this only stops a hang.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Random instruction sequences in the corpus (each on its own page).
+const RANDOM_CASES: usize = 400;
+
+/// Bytes drawn for one random sequence before it is cut at the first instruction that
+/// cannot be in the corpus.
+const RANDOM_BYTES: usize = 24;
+
+/// Built-in cases hotpath refuses, with a substring of its message and the reason.
+const REFUSED: &[(&str, &str)] = &[
+    // Single-stepping would need a translation that leaves the cache after every guest
+    // instruction; hotpath's own stubs would trap too.
+    ("trap_flag", "single-steps with EFLAGS.TF"),
+    // `rex64 ljmp/lcall *mem` read an m16:64 operand on Intel CPUs and m16:32 on AMD ones.
+    ("ljmp_mem", "a far jump through memory"),
+    ("lcall_mem", "a far call through memory"),
+];
+
+fn scratch() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| paths::scratch_dir("faults")).clone()
+}
+
+/// Why an instruction cannot be in a random sequence, or `None` if it can. The corpus must
+/// be deterministic natively and must not touch what the program needs to go on: no control
+/// transfers (a sequence could loop), no system calls, nothing that reads time, the CPU
+/// number or random numbers, nothing that changes FS or segment registers, EFLAGS.TF or AC,
+/// or protection keys, nothing that reads the FS base (the TLS address varies between runs),
+/// and no x87/XSAVE state images (they hold the address of the last x87 instruction).
+fn excluded(i: &iced_x86::Instruction) -> Option<&'static str> {
+    use Mnemonic as M;
+    if !matches!(i.flow_control(), FlowControl::Next | FlowControl::Exception) {
+        return Some("control transfer");
+    }
+    let bad = matches!(
+        i.mnemonic(),
+        M::Rdtsc
+            | M::Rdtscp
+            | M::Rdrand
+            | M::Rdseed
+            | M::Rdpid
+            | M::Rdpmc
+            | M::Rdpru
+            | M::Cpuid
+            | M::Monitorx
+            | M::Mwaitx
+            | M::Umonitor
+            | M::Umwait
+            | M::Tpause
+            | M::Rdfsbase
+            | M::Wrfsbase
+            | M::Wrgsbase
+            | M::Popf
+            | M::Popfq
+            | M::Wrpkru
+            | M::Fnstenv
+            | M::Fstenv
+            | M::Fnsave
+            | M::Fsave
+            | M::Fxsave
+            | M::Fxsave64
+            | M::Fxrstor
+            | M::Fxrstor64
+            | M::Xsave
+            | M::Xsave64
+            | M::Xsaveopt
+            | M::Xsaveopt64
+            | M::Xsavec
+            | M::Xsavec64
+            | M::Xsaves
+            | M::Xsaves64
+            | M::Xrstor
+            | M::Xrstor64
+            | M::Xrstors
+            | M::Xrstors64
+            | M::Lfs
+            | M::Lgs
+            | M::Lss
+    );
+    if bad {
+        return Some("excluded mnemonic");
+    }
+    if i.segment_prefix() == Register::FS || i.memory_segment() == Register::FS {
+        return Some("FS-relative");
+    }
+    let writes_segment = matches!(i.mnemonic(), M::Mov | M::Pop)
+        && i.op_count() > 0
+        && i.op0_kind() == OpKind::Register
+        && i.op0_register().is_segment_register();
+    if writes_segment {
+        return Some("writes a segment register");
+    }
+    None
+}
+
+/// The deterministic random sequences: `name hexbytes` lines for the guest.
+fn random_cases() -> String {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut out = String::new();
+    let mut made = 0;
+    while made < RANDOM_CASES {
+        let bytes: Vec<u8> = (0..RANDOM_BYTES).map(|_| rng.next() as u8).collect();
+        let mut decoder = Decoder::with_ip(64, &bytes, 0, DecoderOptions::NONE);
+        let mut keep = 0;
+        for inst in &mut decoder {
+            // Undecodable bytes end the sequence too (the table has its own undefined
+            // opcodes): iced and the CPU might disagree on their length.
+            if inst.code() == Code::INVALID || excluded(&inst).is_some() {
+                break;
+            }
+            keep = inst.next_ip() as usize;
+        }
+        if keep == 0 {
+            continue;
+        }
+        let hex: String = bytes[..keep].iter().map(|b| format!("{b:02x}")).collect();
+        let _ = writeln!(out, "random{made:03} {hex}");
+        made += 1;
+    }
+    out
+}
+
+/// The corpus guest, built once, and the file of random cases.
+fn corpus() -> (PathBuf, PathBuf) {
+    static BUILT: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = guest_build::build("fault_corpus.c", Linkage::Static)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let cases = scratch().join("random_cases.txt");
+            std::fs::write(&cases, random_cases())
+                .unwrap_or_else(|e| panic!("writing {}: {e}", cases.display()));
+            (exe, cases)
+        })
+        .clone()
+}
+
+/// The guest's arguments: the random cases and every built-in case but the refused ones.
+fn corpus_args(cases: &Path) -> Vec<String> {
+    let skip: Vec<&str> = REFUSED.iter().map(|&(name, _)| name).collect();
+    vec![cases.display().to_string(), format!("-{}", skip.join(","))]
+}
+
+fn run(mut cmd: std::process::Command) -> Outcome {
+    let what = runner::describe(&cmd);
+    runner::run(&mut cmd, TIMEOUT).unwrap_or_else(|e| panic!("cannot run {what}: {e}"))
+}
+
+/// The first case whose line differs, field by field; `None` if the outputs are identical.
+fn first_difference(native: &str, translated: &str, cases: &str) -> Option<String> {
+    let mut n_lines = native.lines();
+    let mut t_lines = translated.lines();
+    loop {
+        match (n_lines.next(), t_lines.next()) {
+            (None, None) => return None,
+            (Some(n), Some(t)) if n == t => continue,
+            (n, t) => {
+                let n = n.unwrap_or("(no more lines)");
+                let t = t.unwrap_or("(no more lines)");
+                let case = n.split(':').next().unwrap_or("");
+                let mut report = format!("first difference, in case {case}:\n");
+                if let Some(bytes) = cases
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{case} ")))
+                {
+                    let _ = writeln!(report, "  bytes: {bytes}");
+                }
+                for (a, b) in n.split(' ').zip(t.split(' ')) {
+                    if a != b {
+                        let _ = writeln!(report, "  field: native {a}, hotpath {b}");
+                    }
+                }
+                let _ = write!(report, "  native:  {n}\n  hotpath: {t}");
+                return Some(report);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_corpus_runs_as_natively() {
+    let (exe, cases) = corpus();
+    let args = corpus_args(&cases);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let native = run(native_command(&exe, &args));
+    assert_eq!(
+        native.termination,
+        Termination::Exited(0),
+        "the native run of the corpus failed:\n{}",
+        String::from_utf8_lossy(&native.stderr)
+    );
+    let native_out = String::from_utf8_lossy(&native.stdout).into_owned();
+    let last = native_out.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("done: "),
+        "the native run did not finish: {last}"
+    );
+    let random = std::fs::read_to_string(&cases).expect("the random cases");
+    let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    let mut problems = Vec::new();
+    for options in [
+        &["--no-superblocks"][..],
+        &["--superblock-threshold", "1"][..],
+        &["--no-monitor"][..],
+    ] {
+        let label = options.join(" ");
+        let mut cmd = std::process::Command::new(&hotpath);
+        cmd.args(["run", "--quiet"])
+            .args(options)
+            .arg("--")
+            .arg(&exe)
+            .args(&args);
+        hotpath_e2e::set_guest_environment(&mut cmd, &scratch());
+        let translated = run(cmd);
+        let out = String::from_utf8_lossy(&translated.stdout);
+        let err = String::from_utf8_lossy(&translated.stderr);
+        if translated.termination != native.termination || !err.is_empty() {
+            problems.push(format!(
+                "[{label}] hotpath {} (native {}), stderr: {err}",
+                translated.termination, native.termination
+            ));
+        }
+        if let Some(diff) = first_difference(&native_out, &out, &random) {
+            problems.push(format!("[{label}] {diff}"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+#[test]
+fn refused_cases_get_a_clear_message() {
+    let (exe, _) = corpus();
+    let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    let mut problems = Vec::new();
+    for &(case, message) in REFUSED {
+        // Each runs natively (so the case is real), then alone under hotpath.
+        let native = run(native_command(&exe, &["", case]));
+        let native_out = String::from_utf8_lossy(&native.stdout);
+        assert!(
+            native_out.starts_with(&format!("{case}: sig=")),
+            "{case} does not run natively: {native_out}"
+        );
+        let translated = run(hotpath_command(
+            &hotpath,
+            MonitorMode::On,
+            &exe,
+            &["", case],
+        ));
+        if let Err(report) = check_refusal(&translated, message) {
+            problems.push(format!("[{case}]\n{report}"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn random_cases_are_deterministic_and_varied() {
+    let text = random_cases();
+    assert_eq!(
+        text,
+        random_cases(),
+        "the random cases change between calls"
+    );
+    assert_eq!(text.lines().count(), RANDOM_CASES);
+    let distinct: std::collections::HashSet<&str> =
+        text.lines().filter_map(|l| l.split(' ').nth(1)).collect();
+    assert!(distinct.len() > RANDOM_CASES * 9 / 10, "too many repeats");
+}
