@@ -142,6 +142,8 @@ SNIPPET(xtest, "xtest")
 SNIPPET(rdpkru, "xor %ecx, %ecx\n rdpkru")
 SNIPPET(wrpkru_key0_wd, "mov $2, %eax\n xor %ecx, %ecx\n xor %edx, %edx\n wrpkru")
 SNIPPET(uretprobe_syscall, "mov $335, %eax\n syscall")
+/* The 32-bit system call gate, from 64-bit code, with no valid call number. */
+SNIPPET(int_0x80, "mov $-1, %eax\n int $0x80")
 /* Far transfers to the 64-bit user code segment (0x33), iretq. */
 SNIPPET(lret, "lea 1f(%rip), %rax\n push $0x33\n push %rax\n lretq\n ud2\n1: mov $9, %ebx")
 SNIPPET(ljmp_mem, "lea 1f(%rip), %rax\n mov %rax, -16(%rsp)\n movw $0x33, -8(%rsp)\n"
@@ -217,6 +219,7 @@ static struct code_case builtin[] = {
     CASE(rdpkru, AT_START),
     CASE(wrpkru_key0_wd, AT_START),
     CASE(uretprobe_syscall, AT_START),
+    CASE(int_0x80, AT_START),
     CASE(lret, AT_START),
     CASE(ljmp_mem, AT_START),
     CASE(lcall_mem, AT_START),
@@ -246,7 +249,7 @@ static const unsigned char *const builtin_ends[] = {
     case_trap_flag_end, case_vsyscall_gtod_end, case_vsyscall_time_end,
     case_vsyscall_getcpu_end, case_vsyscall_middle_end, case_vsyscall_read_end,
     case_monitor_end, case_mwait_end, case_xbegin_end, case_xabort_end, case_xend_end,
-    case_xtest_end, case_rdpkru_end, case_wrpkru_key0_wd_end, case_uretprobe_syscall_end,
+    case_xtest_end, case_rdpkru_end, case_wrpkru_key0_wd_end, case_uretprobe_syscall_end, case_int_0x80_end,
     case_lret_end, case_ljmp_mem_end, case_lcall_mem_end, case_iretq_end,
     case_lret_bad_cs_end, case_gs_load_abs_end, case_gs_load_reg_end, case_gs_store_reg_end,
     case_gs_rdgsbase_end, case_gs_mov_from_sreg_end, case_end_of_mapping_end,

@@ -8,7 +8,7 @@
 //! superblocks, with a superblock at every loop head, without the monitor) must be identical;
 //! the first difference is shown field by field.
 //!
-//! Cases hotpath cannot run as natively are documented refusals ([`REFUSED`]): each is run
+//! Cases hotpath cannot run as natively are documented refusals ([`refused`]): each is run
 //! alone and must end with hotpath's one-line message and exit status 1, never an internal
 //! error, a panic or a hang.
 
@@ -43,7 +43,19 @@ const REFUSED: &[(&str, &str)] = &[
     // `rex64 ljmp/lcall *mem` read an m16:64 operand on Intel CPUs and m16:32 on AMD ones.
     ("ljmp_mem", "a far jump through memory"),
     ("lcall_mem", "a far call through memory"),
+    // 32-bit system calls from 64-bit code go through another table (ia32 numbers and ABI).
+    ("int_0x80", "a 32-bit system call"),
 ];
+
+/// [`REFUSED`], and on a host with protection keys the `wrpkru` that write-disables key 0
+/// (hotpath's own memory has key 0; without protection keys `wrpkru` is SIGILL both ways).
+fn refused() -> Vec<(&'static str, &'static str)> {
+    let mut all = REFUSED.to_vec();
+    if std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 4) != 0 {
+        all.push(("wrpkru_key0_wd", "protection key 0"));
+    }
+    all
+}
 
 fn scratch() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -166,7 +178,7 @@ fn corpus() -> (PathBuf, PathBuf) {
 
 /// The guest's arguments: the random cases and every built-in case but the refused ones.
 fn corpus_args(cases: &Path) -> Vec<String> {
-    let skip: Vec<&str> = REFUSED.iter().map(|&(name, _)| name).collect();
+    let skip: Vec<&str> = refused().iter().map(|&(name, _)| name).collect();
     vec![cases.display().to_string(), format!("-{}", skip.join(","))]
 }
 
@@ -261,7 +273,7 @@ fn refused_cases_get_a_clear_message() {
     let (exe, _) = corpus();
     let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
     let mut problems = Vec::new();
-    for &(case, message) in REFUSED {
+    for (case, message) in refused() {
         // Each runs natively (so the case is real), then alone under hotpath.
         let native = run(native_command(&exe, &["", case]));
         let native_out = String::from_utf8_lossy(&native.stdout);

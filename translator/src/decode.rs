@@ -120,6 +120,9 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
     match inst.flow_control() {
         FlowControl::Next => match inst.mnemonic() {
             Mnemonic::Hlt => trap(TrapKind::Privileged),
+            // With protection keys, PKRU also governs hotpath's own memory (key 0): the
+            // dispatcher checks the value first (see `special`). Without them it is #UD.
+            Mnemonic::Wrpkru if crate::special::host_pku() => trap(TrapKind::Unsupported),
             Mnemonic::Sysenter | Mnemonic::Sysexit | Mnemonic::Sysret | Mnemonic::Swapgs => {
                 trap(TrapKind::Undefined)
             }

@@ -219,6 +219,7 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
             area.gpr[thread_area::RAX] = 0;
             Action::Continue(i.near_branch_target())
         }
+        Mnemonic::Wrpkru => wrpkru(at, i.next_ip(), area),
         Mnemonic::Jmp | Mnemonic::Call => Action::Refuse(format!(
             "{} (a far {} through memory; its operand size differs between Intel and AMD CPUs)",
             text(),
@@ -241,6 +242,37 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
         )),
         _ => Action::Refuse(text()),
     }
+}
+
+/// The host has protection keys enabled (CPUID.(EAX=7,ECX=0):ECX.OSPKE, bit 4).
+pub fn host_pku() -> bool {
+    std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 4) != 0
+}
+
+/// `wrpkru` on a host with protection keys: hotpath's own memory has key 0 and the guest's
+/// PKRU is live while hotpath runs (it is part of the XSAVE state swapped at each
+/// transition), so a value that denies access or writes to key 0 is refused; any other is
+/// written into the guest's saved PKRU, which the next entry to the cache loads. ECX and EDX
+/// must be 0 (#GP otherwise).
+fn wrpkru(at: u64, next: u64, area: &mut ThreadArea) -> Action {
+    let g = &area.gpr;
+    if g[thread_area::RCX] as u32 != 0 || g[thread_area::RDX] as u32 != 0 {
+        return Action::Raise(general_protection(at, 0));
+    }
+    let pkru = g[thread_area::RAX] as u32;
+    if pkru & 3 != 0 {
+        return Action::Refuse(format!(
+            "wrpkru {pkru:#x} (it denies access or writes to protection key 0, which hotpath's own memory uses)"
+        ));
+    }
+    // XSAVE component 9 (PKRU): its offset in the standard format, and its XSTATE_BV bit.
+    let offset = std::arch::x86_64::__cpuid_count(0xd, 9).ebx as usize;
+    let Some(slot) = area.xsave.0.get_mut(offset..offset + 4) else {
+        return Action::Refuse("wrpkru (no room for PKRU in the saved state)".into());
+    };
+    slot.copy_from_slice(&pkru.to_le_bytes());
+    area.xsave.0[512 + 1] |= 1 << 1; // XSTATE_BV bit 9: byte 513, bit 1
+    Action::Continue(next)
 }
 
 /// `lret` / `lretq` (with its `imm16`): pops the return address and the code selector. To
