@@ -123,6 +123,15 @@ SNIPPET(jmp_noncanon_low, "mov $0x0000800000000000, %rax\n jmp *%rax")
 SNIPPET(align_check, "pushfq\n orl $0x40000, (%rsp)\n popfq\n mov 1(%rsp), %rax")
 /* Single-stepping with EFLAGS.TF: SIGTRAP after each instruction. */
 SNIPPET(trap_flag, "pushfq\n orl $0x100, (%rsp)\n popfq\n mov $1, %eax\n mov $2, %eax")
+/* Stepping through a loop, an indirect call and its return, pushf, a system call
+ * (sched_yield) and the popf that clears TF: the handler of a `step_` case records each
+ * SIGTRAP's RIP and returns, so the kernel steps on. */
+SNIPPET(step_walk, "pushfq\n orl $0x100, (%rsp)\n popfq\n mov $3, %ecx\n"
+                   "1: dec %ecx\n jnz 1b\n lea 2f(%rip), %rax\n call *%rax\n"
+                   " pushfq\n pop %rbx\n mov $24, %eax\n syscall\n"
+                   " pushfq\n andl $~0x100, (%rsp)\n popfq\n nop\n jmp 3f\n"
+                   "2: ret\n"
+                   "3: nop")
 /* The vsyscall page (0xffffffffff600000): gettimeofday(NULL, NULL), time(NULL), getcpu. */
 SNIPPET(vsyscall_gtod, "xor %edi, %edi\n xor %esi, %esi\n mov $0xffffffffff600000, %rax\n"
                        " call *%rax")
@@ -205,6 +214,7 @@ static struct code_case builtin[] = {
     CASE(jmp_noncanon_low, AT_START),
     CASE(align_check, AT_START),
     CASE(trap_flag, AT_START),
+    CASE(step_walk, AT_START),
     CASE(vsyscall_gtod, AT_START),
     CASE(vsyscall_time, AT_START),
     CASE(vsyscall_getcpu, AT_START),
@@ -246,7 +256,7 @@ static const unsigned char *const builtin_ends[] = {
     case_call_hole_end, case_jump_none_end, case_read_null_end, case_read_kernel_end,
     case_read_noncanon_end, case_jmp_noncanon_end, case_call_noncanon_end,
     case_ret_noncanon_end, case_jmp_noncanon_low_end, case_align_check_end,
-    case_trap_flag_end, case_vsyscall_gtod_end, case_vsyscall_time_end,
+    case_trap_flag_end, case_step_walk_end, case_vsyscall_gtod_end, case_vsyscall_time_end,
     case_vsyscall_getcpu_end, case_vsyscall_middle_end, case_vsyscall_read_end,
     case_monitor_end, case_mwait_end, case_xbegin_end, case_xabort_end, case_xend_end,
     case_xtest_end, case_rdpkru_end, case_wrpkru_key0_wd_end, case_uretprobe_syscall_end, case_int_0x80_end,
@@ -313,6 +323,10 @@ static void put_addr(char *out, size_t n, uint64_t a)
         snprintf(out, n, "0x%llx", (unsigned long long)a);
 }
 
+/* The RIPs (relative) of the single-step traps of a `step_` case, as text. */
+static char steps[4096];
+static size_t steps_len;
+
 static void on_signal(int sig, siginfo_t *info, void *ucv)
 {
     /* The kernel leaves EFLAGS.AC as the case set it: clear it before any misaligned access. */
@@ -320,6 +334,13 @@ static void on_signal(int sig, siginfo_t *info, void *ucv)
     ucontext_t *uc = ucv;
     greg_t *g = uc->uc_mcontext.gregs;
     char addr[40], rip[40], cr2[40];
+    if (sig == SIGTRAP && info->si_code == TRAP_TRACE && strncmp(current_name, "step_", 5) == 0) {
+        put_addr(rip, sizeof rip, (uint64_t)g[REG_RIP]);
+        if (steps_len < sizeof steps - 64)
+            steps_len += snprintf(steps + steps_len, sizeof steps - steps_len, "%s%s",
+                                  steps_len ? "," : " steps=", rip);
+        return;
+    }
     put_addr(addr, sizeof addr, (uint64_t)info->si_addr);
     put_addr(rip, sizeof rip, (uint64_t)g[REG_RIP]);
     /* cr2 is the fault address of a page fault; for other traps it is stale. */
@@ -346,11 +367,13 @@ static void on_signal(int sig, siginfo_t *info, void *ucv)
                        (unsigned long long)g[order[i]]);
     dprintf(1,
             "%s: sig=%d code=%d addr=%s rip=%s trapno=%lld err=%#llx cr2=%s rf=%d tf=%d ac=%d "
-            "flags=%#llx mxcsr=%#x xmm0=%llx data=%016llx%s\n",
+            "flags=%#llx mxcsr=%#x xmm0=%llx data=%016llx%s%s\n",
             current_name, sig, info->si_code, addr, rip, (long long)g[REG_TRAPNO],
             (unsigned long long)g[REG_ERR], cr2, (int)(efl >> 16) & 1, (int)(efl >> 8) & 1,
             (int)(efl >> 18) & 1, (unsigned long long)(efl & 0x8d5), mxcsr,
-            (unsigned long long)xmm0, (unsigned long long)data, regs);
+            (unsigned long long)xmm0, (unsigned long long)data, regs, steps);
+    steps_len = 0;
+    steps[0] = 0;
     siglongjmp(back, 1);
 }
 

@@ -37,9 +37,6 @@ const RANDOM_BYTES: usize = 24;
 
 /// Built-in cases hotpath refuses, with a substring of its message and the reason.
 const REFUSED: &[(&str, &str)] = &[
-    // Single-stepping would need a translation that leaves the cache after every guest
-    // instruction; hotpath's own stubs would trap too.
-    ("trap_flag", "single-steps with EFLAGS.TF"),
     // `rex64 ljmp/lcall *mem` read an m16:64 operand on Intel CPUs and m16:32 on AMD ones.
     ("ljmp_mem", "a far jump through memory"),
     ("lcall_mem", "a far call through memory"),

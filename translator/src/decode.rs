@@ -30,6 +30,17 @@ pub fn decode_block(start: GuestAddr) -> Block {
 /// [`decode_block`] with the guest's bytes read by `fetch(addr, buf)`, which fills `buf` from
 /// guest address `addr` up to the first unreadable byte and returns how many it read.
 pub fn decode_block_from(start: GuestAddr, fetch: impl FnOnce(u64, &mut [u8]) -> usize) -> Block {
+    decode_block_limited(start, MAX_BLOCK_INSTRUCTIONS, fetch)
+}
+
+/// [`decode_block_from`] with at most `max` instructions (1..=[`MAX_BLOCK_INSTRUCTIONS`]):
+/// single-stepping translates one guest instruction per block.
+pub fn decode_block_limited(
+    start: GuestAddr,
+    max: usize,
+    fetch: impl FnOnce(u64, &mut [u8]) -> usize,
+) -> Block {
+    let max = max.clamp(1, MAX_BLOCK_INSTRUCTIONS);
     let mut buf = vec![0u8; MAX_BLOCK_BYTES];
     let readable = fetch(start.0, &mut buf);
     buf.truncate(readable);
@@ -52,7 +63,7 @@ pub fn decode_block_from(start: GuestAddr, fetch: impl FnOnce(u64, &mut [u8]) ->
     };
     loop {
         let ip = decoder.ip();
-        if body.len() >= MAX_BLOCK_INSTRUCTIONS {
+        if body.len() >= max {
             return finish(
                 body,
                 None,
@@ -120,6 +131,9 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
     match inst.flow_control() {
         FlowControl::Next => match inst.mnemonic() {
             Mnemonic::Hlt => trap(TrapKind::Privileged),
+            // It may set EFLAGS.TF (single-stepping), which the dispatcher must see before
+            // the next instruction runs: it pops the flags itself (see `special`).
+            Mnemonic::Popf | Mnemonic::Popfq => trap(TrapKind::Unsupported),
             // With protection keys, PKRU also governs hotpath's own memory (key 0): the
             // dispatcher checks the value first (see `special`). Without them it is #UD.
             Mnemonic::Wrpkru if crate::special::host_pku() => trap(TrapKind::Unsupported),

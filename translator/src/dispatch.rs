@@ -15,7 +15,7 @@ use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
 use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
-use crate::decode::decode_block_from;
+use crate::decode::{decode_block_limited, MAX_BLOCK_INSTRUCTIONS};
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
@@ -175,6 +175,13 @@ pub struct Translator {
     generation_first_id: u32,
     /// Guest addresses whose entry is a superblock (this generation).
     superblock_heads: HashSet<u64>,
+    /// Single-instruction blocks for single-stepping (EFLAGS.TF): guest address → host entry
+    /// (this generation).
+    step_blocks: HashMap<u64, HostAddr>,
+    /// The code about to run, or that just ran, is one single-stepped instruction.
+    stepping: bool,
+    /// That instruction ends in a single-step trap (not `syscall`).
+    step_traps: bool,
     /// The monitor's requests.
     commands: Option<Receiver<Command>>,
     /// Print every translated block's host code (environment `HOTPATH_TRACE_TRANSLATION=1`).
@@ -460,6 +467,9 @@ impl Translator {
             host,
             generation_first_id: 0,
             superblock_heads: HashSet::new(),
+            step_blocks: HashMap::new(),
+            stepping: false,
+            step_traps: false,
             commands: None,
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
         }
@@ -575,7 +585,17 @@ impl Translator {
                     continue;
                 }
             }
+            let tf = self.area.rflags & special::EFLAGS_TF != 0;
+            self.stepping = tf;
             let host = match next {
+                // EFLAGS.TF: one guest instruction at a time, a SIGTRAP after each.
+                Next::Guest(_) | Next::Host(_) if tf => match self.step_entry(next)? {
+                    Ok(h) => h,
+                    Err(n) => {
+                        self.next = n;
+                        continue;
+                    }
+                },
                 Next::Guest(pc) => self.lookup_or_translate(pc)?,
                 Next::Host(h) | Next::Resume(h) => h,
                 Next::Signal => unreachable!("delivery always yields a guest address"),
@@ -604,10 +624,27 @@ impl Translator {
                 }
             }
             self.area.jump_to = host.0;
+            if self.stepping {
+                // The host does not trap: the dispatcher raises the guest's trap afterwards.
+                self.area.rflags &= !special::EFLAGS_TF;
+            }
             self.enter();
+            if self.stepping {
+                self.area.rflags |= special::EFLAGS_TF;
+            }
             self.process.signals.set_critical(true, &self.exits);
-            match self.handle_exit()? {
-                Ok(n) => self.next = n,
+            let exit = self.handle_exit();
+            let stepped = std::mem::take(&mut self.stepping);
+            match exit? {
+                Ok(n) => {
+                    self.next = n;
+                    // The instruction ran (a fault or a ring refill stopped it short otherwise).
+                    if stepped && self.step_traps && !matches!(n, Next::Signal | Next::Resume(_)) {
+                        let rip = self.guest_rip(n);
+                        self.process.signals.raise(special::single_step(rip));
+                        self.next = Next::Signal;
+                    }
+                }
                 Err(stop) => return Ok(stop),
             }
         }
@@ -730,7 +767,7 @@ impl Translator {
             if id.0 < self.generation_first_id || known.kind != IdKind::Block {
                 return false;
             }
-            let block = self.decode(known.summary.start);
+            let block = self.decode(known.summary.start, MAX_BLOCK_INSTRUCTIONS);
             if block.summary() != known.summary {
                 return false;
             }
@@ -869,7 +906,8 @@ impl Translator {
                     ExitKind::Direct { target, site, .. } => {
                         let generation = self.generation;
                         let host = self.lookup_or_translate(target.0)?;
-                        if generation == self.generation {
+                        // A single-step block always comes back here.
+                        if generation == self.generation && !self.stepping {
                             self.cache.patch_rel32(site, host);
                             self.stats.links += 1;
                         }
@@ -1237,6 +1275,25 @@ impl Translator {
         });
     }
 
+    /// Where one single-stepped guest instruction at `next`'s guest address runs: its own
+    /// one-instruction block, entered with nothing linked to it so that it comes back to the
+    /// dispatcher. `Err` when the dispatcher carried the instruction out itself (`pushf`).
+    fn step_entry(&mut self, next: Next) -> Result<Result<HostAddr, Next>, TranslateError> {
+        let pc = self.guest_rip(next);
+        if let Some(action) = special::step_here(pc, self.area) {
+            return self.act(action).map(Err);
+        }
+        self.step_traps = special::traps_after_step(pc);
+        if special::is_indirect(pc) {
+            // Its lookup must miss, whatever the table holds.
+            self.area.clear_ibl(self.gateway.ibl_empty.0);
+        }
+        if let Some(&h) = self.step_blocks.get(&pc) {
+            return Ok(Ok(h));
+        }
+        self.translate_limited(pc, 1).map(Ok)
+    }
+
     /// The guest branch whose translation holds host address `site` (a lookup miss), if any.
     fn branch_at(&self, site: u64) -> Option<u64> {
         if site == 0 {
@@ -1287,6 +1344,7 @@ impl Translator {
         self.generation += 1;
         self.generation_first_id = lock(&self.process.shared.registry).next_id;
         self.superblock_heads.clear();
+        self.step_blocks.clear();
         self.stats.flushes += 1;
     }
 
@@ -1304,9 +1362,9 @@ impl Translator {
     /// Decodes the guest block at `start`. Its bytes are read with a plain copy where the
     /// mappings say they are readable (no system call per block), else through
     /// `process_vm_readv`, which stops cleanly at an unreadable page.
-    fn decode(&mut self, start: GuestAddr) -> hotpath_ir::Block {
+    fn decode(&mut self, start: GuestAddr, max: usize) -> hotpath_ir::Block {
         let maps = &mut self.process.maps;
-        decode_block_from(start, |addr, buf| {
+        decode_block_limited(start, max, |addr, buf| {
             let read = if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf)
             {
                 buf.len()
@@ -1320,7 +1378,13 @@ impl Translator {
 
     /// Translates the basic block at guest `pc` into the code cache and announces its id.
     fn translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
-        let block = self.decode(GuestAddr(pc));
+        self.translate_limited(pc, MAX_BLOCK_INSTRUCTIONS)
+    }
+
+    /// [`Self::translate`] with at most `max` instructions; a block of fewer than the usual
+    /// most is a single-step block, kept apart from the lookup map.
+    fn translate_limited(&mut self, pc: u64, max: usize) -> Result<HostAddr, TranslateError> {
+        let block = self.decode(GuestAddr(pc), max);
         // Watch the code's pages for writes if the guest may write them.
         let maps = &mut self.process.maps;
         self.process
@@ -1369,8 +1433,14 @@ impl Translator {
         self.cache
             .layouts_mut()
             .insert(emitted.layout.code_start, emitted.layout);
-        self.blocks.insert(pc, emitted.entry);
-        self.spans.insert(pc, block.end().0.max(pc + 1));
+        if max < MAX_BLOCK_INSTRUCTIONS {
+            self.step_blocks.insert(pc, emitted.entry);
+        } else {
+            self.blocks.insert(pc, emitted.entry);
+        }
+        let end = block.end().0.max(pc + 1);
+        let span = self.spans.entry(pc).or_insert(end);
+        *span = (*span).max(end);
         self.stats.blocks_translated += 1;
         registry.announce(NewBlock {
             id,

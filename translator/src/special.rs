@@ -2,7 +2,7 @@
 //! the faults it raises for them exactly as the kernel reports them: traps and interrupts
 //! (`int3`, `icebp`, `int n`, `hlt`), code that cannot be fetched, control transfers to
 //! non-canonical addresses, the legacy vsyscall page, far returns and `iretq` to the 64-bit
-//! user code segment, and `xbegin`.
+//! user code segment, `popf` and single-stepping (EFLAGS.TF), and `xbegin`.
 //!
 //! What the kernel gives (Linux `arch/x86/kernel/traps.c`, checked against native runs by
 //! `tests/tests/faults.rs`): a trap (`int3`, `int $3`, `icebp`, `int $4`) reports the address
@@ -11,7 +11,7 @@
 //! 1; `int $4` SIGSEGV/SI_KERNEL, trap 4; any other `int n` a #GP whose error code names the
 //! IDT entry (`n << 3 | 2`); `hlt`, `in`, `out`, `cli` a #GP with error code 0.
 
-use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic};
 
 use hotpath_ir::TrapKind;
 
@@ -220,6 +220,7 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
             Action::Continue(i.near_branch_target())
         }
         Mnemonic::Wrpkru => wrpkru(at, i.next_ip(), area),
+        Mnemonic::Popf | Mnemonic::Popfq => popf(i, at, area),
         Mnemonic::Jmp | Mnemonic::Call => Action::Refuse(format!(
             "{} (a far {} through memory; its operand size differs between Intel and AMD CPUs)",
             text(),
@@ -242,6 +243,77 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
         )),
         _ => Action::Refuse(text()),
     }
+}
+
+/// EFLAGS.TF: single-step (a #DB trap after each instruction).
+pub const EFLAGS_TF: u64 = 0x100;
+/// EFLAGS.RF and VM: `pushf` stores them clear.
+const EFLAGS_RF_VM: u64 = 0x1_0000 | 0x2_0000;
+
+/// `popf` / `popfq`: the flags user code may change (CF PF AF ZF SF TF DF OF, NT, AC, ID; not
+/// IF or IOPL) from the stack. Run here so that a TF it sets is seen before the next
+/// instruction (the dispatcher then single-steps).
+fn popf(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
+    let (size, mask): (u64, u64) = if i.code() == Code::Popfw {
+        (2, 0x4dd5 | EFLAGS_TF)
+    } else {
+        (8, 0x4dd5 | EFLAGS_TF | 0x4_0000 | 0x20_0000)
+    };
+    let rsp = area.gpr[thread_area::RSP];
+    let mut buf = [0u8; 8];
+    if guest_mem::read(rsp, &mut buf[..size as usize]).is_err() {
+        return Action::Raise(stack_fault(rsp, at));
+    }
+    let flags = u64::from_le_bytes(buf);
+    area.rflags = (area.rflags & !mask) | (flags & mask) | 2;
+    area.gpr[thread_area::RSP] = rsp.wrapping_add(size);
+    Action::Continue(i.next_ip())
+}
+
+/// One single-step while EFLAGS.TF is set, for the instruction at `pc`, if the dispatcher
+/// carries it out itself: `pushf` must store TF set (the translated instruction runs with the
+/// host's TF clear). Returns the fault it raises (`None`: translate and run the instruction).
+pub fn step_here(pc: u64, area: &mut ThreadArea) -> Option<Action> {
+    let i = decode_at(pc)?;
+    let size: u64 = match i.code() {
+        Code::Pushfq => 8,
+        Code::Pushfw => 2,
+        _ => return None,
+    };
+    let rsp = area.gpr[thread_area::RSP].wrapping_sub(size);
+    let image = (area.rflags & !EFLAGS_RF_VM).to_le_bytes();
+    if guest_mem::write(rsp, &image[..size as usize]).is_err() {
+        let mut f = fault(libc::SIGSEGV, SEGV_MAPERR, rsp, pc, TRAP_PF, PF_USER | 2);
+        f.trap.cr2 = rsp;
+        return Some(Action::Raise(f));
+    }
+    area.gpr[thread_area::RSP] = rsp;
+    Some(Action::Raise(single_step(i.next_ip())))
+}
+
+/// The trap after a single-stepped instruction, reported at `next`: SIGTRAP, TRAP_TRACE,
+/// trap 1.
+pub fn single_step(next: u64) -> GuestFault {
+    const TRAP_TRACE: i32 = 2;
+    trap_after(libc::SIGTRAP, TRAP_TRACE, next, next, TRAP_DB)
+}
+
+/// True if single-stepping the instruction at `pc` ends in a trap after it: not after
+/// `syscall` (the kernel's return to user mode does not report one; the next instruction's
+/// trap comes as usual).
+pub fn traps_after_step(pc: u64) -> bool {
+    decode_at(pc).is_none_or(|i| i.code() != Code::Syscall)
+}
+
+/// True if the instruction at `pc` leaves through the indirect branch lookup (a single-step
+/// block of it must not find another block there).
+pub fn is_indirect(pc: u64) -> bool {
+    decode_at(pc).is_some_and(|i| {
+        matches!(
+            i.flow_control(),
+            FlowControl::IndirectBranch | FlowControl::IndirectCall | FlowControl::Return
+        )
+    })
 }
 
 /// The host has protection keys enabled (CPUID.(EAX=7,ECX=0):ECX.OSPKE, bit 4).

@@ -83,8 +83,10 @@ pub enum TrapKind {
     Privileged,
     /// The instruction's bytes cannot be read (unmapped or unreadable page): SIGSEGV.
     FetchFault,
-    /// An instruction hotpath does not support (e.g. it writes the GS segment, which hotpath
-    /// owns). The translator stops with a message naming the instruction.
+    /// An instruction the translator does not run in the code cache: the dispatcher carries
+    /// it out itself (`popf`, a far return or `iretq` to 64-bit code, `xbegin`, `wrpkru` where
+    /// protection keys are on) or, when hotpath does not support it (e.g. it writes the GS
+    /// segment, which hotpath owns), stops with a message naming the instruction.
     Unsupported,
 }
 
