@@ -168,6 +168,11 @@ SNIPPET(gs_load_reg, "mov %gs:8(%rbx), %rax")
 SNIPPET(gs_store_reg, "mov %rcx, %gs:16(%rbx)\n mov 16(%rbx), %rax")
 SNIPPET(gs_rdgsbase, "rdgsbase %rax")
 SNIPPET(gs_mov_from_sreg, "mov %gs, %eax")
+SNIPPET(gs_push, "push %gs\n pop %rax")
+SNIPPET(gs_mov_to_sreg, "xor %eax, %eax\n mov %eax, %gs")
+SNIPPET(gs_wrgsbase, "xor %eax, %eax\n wrgsbase %rax")
+SNIPPET(gs_mov_to_sreg_user, "mov $0x2b, %eax\n mov %eax, %gs")
+SNIPPET(gs_wrgsbase_nonzero, "mov $0x500100008000, %rax\n wrgsbase %rax")
 /* Instructions at the very end of a mapping. */
 SNIPPET(end_of_mapping, "nop\n nop")
 SNIPPET(straddle_hole, "nop\n mov %ebx, %eax")
@@ -240,6 +245,11 @@ static struct code_case builtin[] = {
     CASE(gs_store_reg, AT_START),
     CASE(gs_rdgsbase, AT_START),
     CASE(gs_mov_from_sreg, AT_START),
+    CASE(gs_push, AT_START),
+    CASE(gs_mov_to_sreg, AT_START),
+    CASE(gs_wrgsbase, AT_START),
+    CASE(gs_mov_to_sreg_user, AT_START),
+    CASE(gs_wrgsbase_nonzero, AT_START),
     CASE(end_of_mapping, END_UNMAPPED),
     CASE(straddle_hole, STRADDLE_HOLE),
     CASE(straddle_none, STRADDLE_NONE),
@@ -262,7 +272,8 @@ static const unsigned char *const builtin_ends[] = {
     case_xtest_end, case_rdpkru_end, case_wrpkru_key0_wd_end, case_uretprobe_syscall_end, case_int_0x80_end,
     case_lret_end, case_ljmp_mem_end, case_lcall_mem_end, case_iretq_end,
     case_lret_bad_cs_end, case_gs_load_abs_end, case_gs_load_reg_end, case_gs_store_reg_end,
-    case_gs_rdgsbase_end, case_gs_mov_from_sreg_end, case_end_of_mapping_end,
+    case_gs_rdgsbase_end, case_gs_mov_from_sreg_end, case_gs_push_end, case_gs_mov_to_sreg_end,
+    case_gs_wrgsbase_end, case_gs_mov_to_sreg_user_end, case_gs_wrgsbase_nonzero_end, case_end_of_mapping_end,
     case_straddle_hole_end, case_straddle_none_end,
 };
 _Static_assert(sizeof builtin_ends / sizeof builtin_ends[0] == NBUILTIN, "one end per case");

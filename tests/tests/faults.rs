@@ -40,6 +40,9 @@ const REFUSED: &[(&str, &str)] = &[
     // `rex64 ljmp/lcall *mem` read an m16:64 operand on Intel CPUs and m16:32 on AMD ones.
     ("ljmp_mem", "a far jump through memory"),
     ("lcall_mem", "a far call through memory"),
+    // hotpath's per-thread area is at the GS base; the guest's stays 0.
+    ("gs_mov_to_sreg_user", "it changes GS"),
+    ("gs_wrgsbase_nonzero", "it changes GS"),
     // 32-bit system calls from 64-bit code go through another table (ia32 numbers and ABI).
     ("int_0x80", "a 32-bit system call"),
 ];

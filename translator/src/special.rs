@@ -237,6 +237,10 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
             "{} (a 32-bit system call from 64-bit code)",
             text()
         )),
+        // Writing what is already there (selector 0, base 0) changes nothing.
+        _ if crate::decode::writes_gs(i) && writes_zero_to_gs(i, area) => {
+            Action::Continue(i.next_ip())
+        }
         _ if crate::decode::writes_gs(i) => Action::Refuse(format!(
             "{} (it changes GS, where hotpath keeps its per-thread state)",
             text()
@@ -345,6 +349,23 @@ fn wrpkru(at: u64, next: u64, area: &mut ThreadArea) -> Action {
     slot.copy_from_slice(&pkru.to_le_bytes());
     area.xsave.0[512 + 1] |= 1 << 1; // XSTATE_BV bit 9: byte 513, bit 1
     Action::Continue(next)
+}
+
+/// True if `i` (which writes GS) writes the null selector or base 0 from a register: the
+/// guest's GS is then what it was (selector 0, base 0), natively too.
+fn writes_zero_to_gs(i: &Instruction, area: &ThreadArea) -> bool {
+    use iced_x86::{OpKind, Register};
+    let src = match i.mnemonic() {
+        Mnemonic::Wrgsbase => 0,
+        Mnemonic::Mov => 1,
+        _ => return false,
+    };
+    if i.op_kind(src) != OpKind::Register {
+        return false;
+    }
+    let reg = i.op_register(src).full_register();
+    let index = reg as usize - Register::RAX as usize;
+    index < 16 && area.gpr[index] as u32 as u16 == 0 && (src == 1 || area.gpr[index] == 0)
 }
 
 /// `lret` / `lretq` (with its `imm16`): pops the return address and the code selector. To
