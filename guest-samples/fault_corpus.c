@@ -106,6 +106,10 @@ SNIPPET(read_none, "mov $0x500300001010, %rax\n mov (%rax), %rbx")
 SNIPPET(write_none, "mov $0x500300001010, %rax\n movl $1, (%rax)")
 SNIPPET(read_ro, "mov $0x500300000010, %rax\n mov (%rax), %rbx")
 SNIPPET(write_ro, "mov $0x500300000010, %rax\n movl $1, (%rax)")
+/* A signal that is not a fault (kill(0, SIGUSR1): main makes the program its own group)
+ * right after a page fault: its frame shows the last fault's trap number, error code and CR2,
+ * as the kernel keeps them per thread. */
+SNIPPET(async_signal, "xor %edi, %edi\n mov $10, %esi\n mov $62, %eax\n syscall")
 SNIPPET(rmw_ro, "mov $0x500300000010, %rax\n addl $1, (%rax)")
 SNIPPET(push_ro, "mov $0x500300000010, %rsp\n push %rax")
 SNIPPET(jump_nx, "mov $0x500300003010, %rax\n jmp *%rax")
@@ -205,6 +209,7 @@ static struct code_case builtin[] = {
     CASE(write_none, AT_START),
     CASE(read_ro, AT_START),
     CASE(write_ro, AT_START),
+    CASE(async_signal, AT_START),
     CASE(rmw_ro, AT_START),
     CASE(push_ro, AT_START),
     CASE(jump_nx, AT_START),
@@ -262,7 +267,7 @@ static const unsigned char *const builtin_ends[] = {
     case_int_3_long_end, case_icebp_end, case_int_4_end, case_int_0x21_end, case_into_end,
     case_ud2_end, case_hlt_end, case_in_dx_end, case_cli_end, case_bad_opcode_end,
     case_read_hole_end, case_write_hole_end, case_read_none_end, case_write_none_end,
-    case_read_ro_end, case_write_ro_end, case_rmw_ro_end, case_push_ro_end, case_jump_nx_end,
+    case_read_ro_end, case_write_ro_end, case_async_signal_end, case_rmw_ro_end, case_push_ro_end, case_jump_nx_end,
     case_call_hole_end, case_jump_none_end, case_read_null_end, case_read_kernel_end,
     case_read_noncanon_end, case_jmp_noncanon_end, case_call_noncanon_end,
     case_ret_noncanon_end, case_jmp_noncanon_low_end, case_align_check_end,
@@ -352,7 +357,11 @@ static void on_signal(int sig, siginfo_t *info, void *ucv)
                                   steps_len ? "," : " steps=", rip);
         return;
     }
-    put_addr(addr, sizeof addr, (uint64_t)info->si_addr);
+    /* A signal sent by a process carries its pid and uid where a fault has si_addr. */
+    if (info->si_code <= 0)
+        snprintf(addr, sizeof addr, "-");
+    else
+        put_addr(addr, sizeof addr, (uint64_t)info->si_addr);
     put_addr(rip, sizeof rip, (uint64_t)g[REG_RIP]);
     /* cr2 is the fault address of a page fault; for other traps it is stale. */
     if (g[REG_TRAPNO] == 14)
@@ -506,6 +515,8 @@ int main(int argc, char **argv)
         if (cases[i].place == STRADDLE_NONE)
             map_fixed((base[i] + PAGE) & ~(PAGE - 1), PAGE, PROT_NONE);
 
+    /* The async_signal case signals its process group (kill(0, ...)): be alone in it. */
+    setpgid(0, 0);
     static char altstack[64 * 1024];
     stack_t ss = {.ss_sp = altstack, .ss_size = sizeof altstack, .ss_flags = 0};
     sigaltstack(&ss, NULL);
