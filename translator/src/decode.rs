@@ -223,12 +223,11 @@ pub fn writes_gs(inst: &Instruction) -> bool {
     }
 }
 
-/// True if `inst` addresses memory through the GS segment (a `gs:` prefix on a memory
-/// operand). The guest's GS base is 0 (hotpath refuses `arch_prctl(ARCH_SET_GS)`), so the
+/// True if `inst` has a `gs:` prefix (on a memory operand, a string instruction's source, or
+/// nothing). The guest's GS base is 0 (hotpath refuses `arch_prctl(ARCH_SET_GS)`), so the
 /// emitter runs it with the prefix turned into a DS prefix, which 64-bit mode ignores.
 pub fn gs_memory(inst: &Instruction) -> bool {
     inst.segment_prefix() == Register::GS
-        && (0..inst.op_count()).any(|i| inst.op_kind(i) == OpKind::Memory)
 }
 
 #[cfg(test)]

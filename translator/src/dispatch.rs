@@ -876,7 +876,7 @@ impl Translator {
                 if let Some((what, at)) = self.process.signals.take_refusal() {
                     return Err(TranslateError::UnsupportedGuest { at, what });
                 }
-                self.fault_in_reserved_memory();
+                self.correct_fault();
                 // A fault inside a superblock ended its trace early: say where, in order.
                 if let (Some(p), Some(m)) = (&self.producer, self.process.signals.trace_exit()) {
                     p.push(m);
@@ -1256,21 +1256,42 @@ impl Translator {
         }
     }
 
-    /// A guest access to memory hotpath reserved (the brk reservation above the current
-    /// brk, the code cache) faults with SEGV_ACCERR on the reservation's PROT_NONE or
-    /// read-only pages; natively nothing is mapped there: SEGV_MAPERR.
-    fn fault_in_reserved_memory(&mut self) {
+    /// Corrects what the host fault says where the guest's instruction differs from what ran:
+    ///
+    /// * A guest access to memory hotpath reserved (the brk reservation above the current
+    ///   brk, the code cache) faults with SEGV_ACCERR on the reservation's PROT_NONE or
+    ///   read-only pages; natively nothing is mapped there: SEGV_MAPERR.
+    /// * A GS-relative operand runs with a DS prefix, which 64-bit mode ignores, so a
+    ///   non-canonical address based on RSP or RBP is a stack-segment fault (#SS, SIGBUS)
+    ///   where the guest's GS-relative access is a #GP (SIGSEGV).
+    fn correct_fault(&mut self) {
         const PAGE: u64 = 4096;
         let (brk, limit) = {
             let m = lock(&self.process.shared.memory);
             (m.brk, m.brk_limit)
         };
         let cache = self.cache.range();
-        self.process.signals.adjust_fault(|sig, code, addr| {
-            let reserved = (brk.div_ceil(PAGE) * PAGE..limit).contains(&addr)
-                || (cache.0..cache.1).contains(&addr);
-            if sig == libc::SIGSEGV && *code == special::SEGV_ACCERR && reserved {
-                *code = special::SEGV_MAPERR;
+        self.process.signals.adjust_fault(|f| {
+            let reserved = (brk.div_ceil(PAGE) * PAGE..limit).contains(&f.addr)
+                || (cache.0..cache.1).contains(&f.addr);
+            if f.sig == libc::SIGSEGV && f.code == special::SEGV_ACCERR && reserved {
+                f.code = special::SEGV_MAPERR;
+            }
+            if f.sig == libc::SIGBUS
+                && f.trap.trapno == special::TRAP_SS
+                && special::gs_relative(f.rip)
+            {
+                *f = GuestFault {
+                    sig: libc::SIGSEGV,
+                    code: special::SI_KERNEL,
+                    addr: 0,
+                    trap: special::TrapDetails {
+                        trapno: special::TRAP_GP,
+                        err: 0,
+                        ..f.trap
+                    },
+                    ..*f
+                };
             }
         });
     }

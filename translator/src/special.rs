@@ -17,7 +17,7 @@ use hotpath_ir::TrapKind;
 
 use crate::guest_mem;
 use crate::linux::host::raw_syscall;
-use crate::linux::signals::{GuestFault, TrapDetails};
+pub use crate::linux::signals::{GuestFault, TrapDetails};
 use crate::smc::MapsCache;
 use crate::thread_area::{self, ThreadArea};
 
@@ -32,7 +32,8 @@ pub enum Action {
     Refuse(String),
 }
 
-const SI_KERNEL: i32 = 0x80;
+/// `si_code` of a signal the kernel raised for a trap without an address (#GP, int3).
+pub const SI_KERNEL: i32 = 0x80;
 const ILL_ILLOPN: i32 = 2;
 /// `si_code` of SIGSEGV: nothing mapped at the address.
 pub const SEGV_MAPERR: i32 = 1;
@@ -45,7 +46,10 @@ const TRAP_DB: u64 = 1;
 const TRAP_BP: u64 = 3;
 const TRAP_OF: u64 = 4;
 const TRAP_UD: u64 = 6;
-const TRAP_GP: u64 = 13;
+/// #SS, the stack-segment fault.
+pub const TRAP_SS: u64 = 12;
+/// #GP, the general-protection fault.
+pub const TRAP_GP: u64 = 13;
 const TRAP_PF: u64 = 14;
 
 /// Page-fault error code bits: page present, user mode, instruction fetch.
@@ -300,6 +304,11 @@ pub fn step_here(pc: u64, area: &mut ThreadArea) -> Option<Action> {
 pub fn single_step(next: u64) -> GuestFault {
     const TRAP_TRACE: i32 = 2;
     trap_after(libc::SIGTRAP, TRAP_TRACE, next, next, TRAP_DB)
+}
+
+/// True if the guest instruction at `pc` has a GS-relative memory operand.
+pub fn gs_relative(pc: u64) -> bool {
+    decode_at(pc).is_some_and(|i| crate::decode::gs_memory(&i))
 }
 
 /// True if single-stepping the instruction at `pc` ends in a trap after it: not after

@@ -824,15 +824,24 @@ impl SignalState {
         };
     }
 
-    /// Lets `f` correct the `si_code` of the fault waiting for delivery, given its signal
-    /// and `si_addr` (the handler cannot tell hotpath's reservations from the guest's memory).
-    pub fn adjust_fault(&mut self, f: impl FnOnce(i32, &mut i32, u64)) {
+    /// Lets `f` correct the fault waiting for delivery (what the handler could not tell:
+    /// hotpath's reservations from the guest's memory, a rewritten segment prefix).
+    pub fn adjust_fault(&mut self, f: impl FnOnce(&mut GuestFault)) {
         // SAFETY: on the guest thread outside translated code: the handler does not run.
         if let Some(fault) = unsafe { (*self.shared.sync.get()).as_mut() } {
-            let mut code = i32::from_le_bytes(fault.info[8..12].try_into().unwrap());
-            let addr = u64::from_le_bytes(fault.info[16..24].try_into().unwrap());
-            f(fault.sig, &mut code, addr);
-            fault.info[8..12].copy_from_slice(&code.to_le_bytes());
+            let mut g = GuestFault {
+                sig: fault.sig,
+                code: i32::from_le_bytes(fault.info[8..12].try_into().unwrap()),
+                addr: u64::from_le_bytes(fault.info[16..24].try_into().unwrap()),
+                rip: fault.rip,
+                trap: fault.trap,
+            };
+            f(&mut g);
+            fault.sig = g.sig;
+            fault.info[0..4].copy_from_slice(&g.sig.to_le_bytes());
+            fault.info[8..12].copy_from_slice(&g.code.to_le_bytes());
+            fault.info[16..24].copy_from_slice(&g.addr.to_le_bytes());
+            fault.trap = g.trap;
         }
     }
 
