@@ -16,7 +16,12 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
+use std::collections::HashSet;
+
+use iced_x86::{
+    Code, Decoder, DecoderOptions, FlowControl, InstructionInfo, InstructionInfoFactory, Mnemonic,
+    OpAccess, OpKind, Register,
+};
 
 use hotpath_e2e::compare::check_refusal;
 use hotpath_e2e::inputs::Rng;
@@ -134,6 +139,66 @@ fn excluded(i: &iced_x86::Instruction) -> Option<&'static str> {
     None
 }
 
+/// The registers every case starts with, as `fault_corpus.c`'s `start_regs` sets them (x86
+/// encoding order: RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8..R15).
+const START_REGS: [u64; 16] = [
+    0x1111_1111_1111_1111,
+    4,
+    3,
+    0x5001_0000_8000,
+    0x5002_0000_8000,
+    0x5001_0000_8200,
+    0x5001_0000_8100,
+    0x5001_0000_7f00,
+    0x8888_8888_8888_8888,
+    0x5001_0000_8300,
+    0xa,
+    0x7fff_ffff,
+    0xcccc_cccc_cccc_cccc,
+    0x5001_0000_7e00,
+    0xeeee_eeee_eeee_eeee,
+    0xffff_ffff_ffff_ffff,
+];
+
+/// The guest's static image starts here, and hotpath reserves its brk heap and code cache
+/// right after it: a guest access there may find hotpath's memory where natively nothing is
+/// mapped (a documented limit), so random accesses must not go there.
+const RESERVED_AROUND_IMAGE: std::ops::Range<u64> = 0x40_0000..0x1_0000_0000;
+
+/// The value of 64-bit register `r` at a case's start, if it is a general register.
+fn start_value(r: Register) -> Option<u64> {
+    let i = (r.full_register() as usize).checked_sub(Register::RAX as usize)?;
+    START_REGS.get(i).copied()
+}
+
+/// Why the memory accesses of an instruction (`info`) could reach hotpath's memory near the
+/// image, given the registers earlier instructions of the sequence wrote (`written`, values
+/// unknown): an address from a written register, or one in [`RESERVED_AROUND_IMAGE`].
+fn may_reach_hotpath(info: &InstructionInfo, written: &HashSet<Register>) -> Option<&'static str> {
+    for m in info.used_memory() {
+        if m.base() == Register::RIP {
+            continue; // near the case's page, far from the image
+        }
+        let mut addr = m.displacement();
+        for (reg, scale) in [(m.base(), 1u64), (m.index(), m.scale() as u64)] {
+            if reg == Register::None {
+                continue;
+            }
+            if written.contains(&reg.full_register()) {
+                return Some("an address from a register the sequence wrote");
+            }
+            let Some(v) = start_value(reg) else {
+                return Some("an address from a register that is not a general one");
+            };
+            addr = addr.wrapping_add(v.wrapping_mul(scale));
+        }
+        if RESERVED_AROUND_IMAGE.contains(&addr) {
+            return Some("an address near the image");
+        }
+    }
+    None
+}
+
 /// The deterministic random sequences: `name hexbytes` lines for the guest.
 fn random_cases() -> String {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -142,12 +207,23 @@ fn random_cases() -> String {
     while made < RANDOM_CASES {
         let bytes: Vec<u8> = (0..RANDOM_BYTES).map(|_| rng.next() as u8).collect();
         let mut decoder = Decoder::with_ip(64, &bytes, 0, DecoderOptions::NONE);
+        let mut infos = InstructionInfoFactory::new();
+        let mut written = HashSet::new();
         let mut keep = 0;
         for inst in &mut decoder {
             // Undecodable bytes end the sequence too (the table has its own undefined
             // opcodes): iced and the CPU might disagree on their length.
             if inst.code() == Code::INVALID || excluded(&inst).is_some() {
                 break;
+            }
+            let info = infos.info(&inst);
+            if may_reach_hotpath(info, &written).is_some() {
+                break;
+            }
+            for r in info.used_registers() {
+                if !matches!(r.access(), OpAccess::Read | OpAccess::CondRead) {
+                    written.insert(r.register().full_register());
+                }
             }
             keep = inst.next_ip() as usize;
         }
