@@ -173,6 +173,8 @@ SNIPPET(gs_store_reg, "mov %rcx, %gs:16(%rbx)\n mov 16(%rbx), %rax")
 SNIPPET(gs_rdgsbase, "rdgsbase %rax")
 SNIPPET(gs_mov_from_sreg, "mov %gs, %eax")
 SNIPPET(gs_push, "push %gs\n pop %rax")
+/* A REX byte before the gs prefix (ignored: it is not next to the opcode). */
+SNIPPET(gs_after_rex, ".byte 0x42, 0x65, 0x29, 0x23")
 SNIPPET(gs_string, "movsq %gs:(%rsi), %es:(%rdi)\n cmpsb %es:(%rdi), %gs:(%rsi)")
 SNIPPET(gs_mov_to_sreg, "xor %eax, %eax\n mov %eax, %gs")
 SNIPPET(gs_wrgsbase, "xor %eax, %eax\n wrgsbase %rax")
@@ -252,6 +254,7 @@ static struct code_case builtin[] = {
     CASE(gs_rdgsbase, AT_START),
     CASE(gs_mov_from_sreg, AT_START),
     CASE(gs_push, AT_START),
+    CASE(gs_after_rex, AT_START),
     CASE(gs_string, AT_START),
     CASE(gs_mov_to_sreg, AT_START),
     CASE(gs_wrgsbase, AT_START),
@@ -279,7 +282,7 @@ static const unsigned char *const builtin_ends[] = {
     case_xtest_end, case_rdpkru_end, case_wrpkru_key0_wd_end, case_uretprobe_syscall_end, case_int_0x80_end,
     case_lret_end, case_ljmp_mem_end, case_lcall_mem_end, case_iretq_end,
     case_lret_bad_cs_end, case_gs_load_abs_end, case_gs_load_reg_end, case_gs_store_reg_end,
-    case_gs_rdgsbase_end, case_gs_mov_from_sreg_end, case_gs_push_end, case_gs_string_end, case_gs_mov_to_sreg_end,
+    case_gs_rdgsbase_end, case_gs_mov_from_sreg_end, case_gs_push_end, case_gs_after_rex_end, case_gs_string_end, case_gs_mov_to_sreg_end,
     case_gs_wrgsbase_end, case_gs_mov_to_sreg_user_end, case_gs_wrgsbase_nonzero_end, case_end_of_mapping_end,
     case_straddle_hole_end, case_straddle_none_end,
 };

@@ -34,7 +34,7 @@ use hotpath_e2e::{
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Random instruction sequences in the corpus (each on its own page).
-const RANDOM_CASES: usize = 400;
+const RANDOM_CASES: usize = 900;
 
 /// Bytes drawn for one random sequence before it is cut at the first instruction that
 /// cannot be in the corpus.

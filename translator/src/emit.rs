@@ -500,11 +500,13 @@ impl Relocator {
         plain.inst.set_segment_prefix(Register::DS);
         let bytes = guest.filter(|b| b.len() == inst.inst.len()).map(|b| {
             let mut b = b.to_vec();
-            // Legacy prefixes come first; the first other byte is REX, VEX or the opcode.
+            // Prefixes come first: legacy ones and REX (one not right before the opcode is
+            // ignored, but it may come before a legacy prefix); then VEX/EVEX or the opcode.
             for x in b.iter_mut() {
                 match *x {
                     0x65 => *x = 0x3e,
                     0xf0 | 0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 | 0x64 | 0x66 | 0x67 => {}
+                    0x40..=0x4f => {}
                     _ => break,
                 }
             }
