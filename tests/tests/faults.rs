@@ -70,8 +70,7 @@ fn scratch() -> PathBuf {
 /// Why an instruction cannot be in a random sequence, or `None` if it can. The corpus must
 /// be deterministic natively and must not touch what the program needs to go on: no control
 /// transfers (a sequence could loop), no system calls, nothing that reads time, the CPU
-/// number or random numbers, nothing that changes FS or segment registers, EFLAGS.TF or AC,
-/// or protection keys, nothing that reads the FS base (the TLS address varies between runs),
+/// number or random numbers, nothing that changes FS or segment registers or protection keys, nothing that reads the FS base (the TLS address varies between runs),
 /// and no x87/XSAVE state images (they hold the address of the last x87 instruction).
 fn excluded(i: &iced_x86::Instruction) -> Option<&'static str> {
     use Mnemonic as M;
@@ -96,8 +95,6 @@ fn excluded(i: &iced_x86::Instruction) -> Option<&'static str> {
             | M::Rdfsbase
             | M::Wrfsbase
             | M::Wrgsbase
-            | M::Popf
-            | M::Popfq
             | M::Wrpkru
             | M::Fnstenv
             | M::Fstenv

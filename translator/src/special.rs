@@ -7,8 +7,8 @@
 //! What the kernel gives (Linux `arch/x86/kernel/traps.c`, checked against native runs by
 //! `tests/tests/faults.rs`): a trap (`int3`, `int $3`, `icebp`, `int $4`) reports the address
 //! after the instruction with EFLAGS.RF clear; a fault reports the instruction with RF set.
-//! `int3` is SIGTRAP/SI_KERNEL, trap 3; `icebp` SIGTRAP/TRAP_BRKPT at the next instruction, trap
-//! 1; `int $4` SIGSEGV/SI_KERNEL, trap 4; any other `int n` a #GP whose error code names the
+//! `int3` is SIGTRAP/SI_KERNEL, trap 3; `icebp` SIGTRAP/TRAP_BRKPT, trap 1 (at the next
+//! instruction on Intel, at itself on the AMD machines measured); `int $4` SIGSEGV/SI_KERNEL, trap 4; any other `int n` a #GP whose error code names the
 //! IDT entry (`n << 3 | 2`); `hlt`, `in`, `out`, `cli` a #GP with error code 0.
 
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic};
@@ -123,7 +123,7 @@ fn decode_at(at: u64) -> Option<Instruction> {
 }
 
 /// Decides what a block's trapping terminator (`kind`, the instruction at guest `at`, the
-/// next at `next`) does. `text` disassembles the instruction for a refusal.
+/// next at `next`) does.
 pub fn trap(
     kind: TrapKind,
     at: u64,
