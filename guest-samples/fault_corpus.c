@@ -376,8 +376,16 @@ static void on_signal(int sig, siginfo_t *info, void *ucv)
     uint64_t efl = (uint64_t)g[REG_EFL];
     uint32_t mxcsr = uc->uc_mcontext.fpregs ? uc->uc_mcontext.fpregs->mxcsr : 0;
     uint64_t xmm0 = 0;
-    if (uc->uc_mcontext.fpregs)
+    char fip[40] = "-";
+    if (uc->uc_mcontext.fpregs) {
         memcpy(&xmm0, &uc->uc_mcontext.fpregs->_xmm[0], 8);
+        /* The last x87 instruction's address, when the x87 state is saved (XSTATE_BV bit 0
+         * in the XSAVE header after the 512-byte legacy region). */
+        uint64_t xstate_bv;
+        memcpy(&xstate_bv, (const char *)uc->uc_mcontext.fpregs + 512, 8);
+        if (xstate_bv & 1)
+            put_addr(fip, sizeof fip, uc->uc_mcontext.fpregs->rip);
+    }
     uint64_t data = fnv_bytes(FNV_OFFSET, (const void *)SCRATCH, SCRATCH_SIZE);
     static const int order[16] = {REG_RAX, REG_RBX, REG_RCX, REG_RDX, REG_RSI, REG_RDI,
                                   REG_RBP, REG_RSP, REG_R8,  REG_R9,  REG_R10, REG_R11,
@@ -392,10 +400,10 @@ static void on_signal(int sig, siginfo_t *info, void *ucv)
                        (unsigned long long)g[order[i]]);
     dprintf(1,
             "%s: sig=%d code=%d addr=%s rip=%s trapno=%lld err=%#llx cr2=%s rf=%d tf=%d ac=%d "
-            "flags=%#llx mxcsr=%#x xmm0=%llx data=%016llx%s%s\n",
+            "flags=%#llx mxcsr=%#x fip=%s xmm0=%llx data=%016llx%s%s\n",
             current_name, sig, info->si_code, addr, rip, (long long)g[REG_TRAPNO],
             (unsigned long long)g[REG_ERR], cr2, (int)(efl >> 16) & 1, (int)(efl >> 8) & 1,
-            (int)(efl >> 18) & 1, (unsigned long long)(efl & 0x8d5), mxcsr,
+            (int)(efl >> 18) & 1, (unsigned long long)(efl & 0x8d5), mxcsr, fip,
             (unsigned long long)xmm0, (unsigned long long)data, regs, steps);
     steps_len = 0;
     steps[0] = 0;

@@ -562,6 +562,7 @@ impl Translator {
             let resuming = matches!(next, Next::Resume(_));
             if matches!(next, Next::Signal) || (!resuming && self.process.signals.deliverable()) {
                 let rip = self.guest_rip(next);
+                self.guest_fpu_ip();
                 match self.process.signals.deliver(self.area, rip) {
                     Delivery::Continue(rip) => next = Next::Guest(rip),
                     Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
@@ -1253,6 +1254,29 @@ impl Translator {
                 at: self.guest_rip(self.next),
                 text,
             }),
+        }
+    }
+
+    /// Puts the guest address of the last x87 instruction into the saved FPU state's FIP,
+    /// where the CPU stored the host address of its translation (a signal frame shows it;
+    /// the x87 exception handler of a guest reads it).
+    fn guest_fpu_ip(&mut self) {
+        const FIP: usize = 8; // 64-bit FIP in the XSAVE legacy region (XSAVE64 format)
+        let fip = u64::from_le_bytes(self.area.xsave.0[FIP..FIP + 8].try_into().unwrap());
+        if !self.cache.contains(HostAddr(fip)) {
+            return;
+        }
+        let guest = self
+            .cache
+            .layouts()
+            .range(..=fip)
+            .next_back()
+            .and_then(|(_, l)| {
+                let i = l.body.partition_point(|&(h, _)| h <= fip).checked_sub(1)?;
+                Some(l.body[i].1)
+            });
+        if let Some(g) = guest {
+            self.area.xsave.0[FIP..FIP + 8].copy_from_slice(&g.to_le_bytes());
         }
     }
 

@@ -61,6 +61,14 @@ impl SignalState {
         sp &= !63;
         let fpstate = sp;
         let mut fp = area.xsave.0[..xsize].to_vec();
+        if fp[512] & 1 == 0 {
+            // x87 state in its init configuration: XSAVE left its bytes as they were; the
+            // kernel's frame shows the init values (FCW 0x37f, everything else 0).
+            fp[0..24].fill(0);
+            fp[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
+            fp[32..160].fill(0);
+            fp[512] |= 1;
+        }
         fp[464..468].copy_from_slice(&0x4650_5853u32.to_le_bytes()); // FP_XSTATE_MAGIC1
         fp[468..472].copy_from_slice(&((xsize + 4) as u32).to_le_bytes()); // extended_size
         fp[472..480].copy_from_slice(&self.xsave_mask.to_le_bytes()); // xfeatures
