@@ -143,8 +143,10 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         }
     }
     if sig == libc::SIGTRAP && si_code == TRAP_TRACE && in_cache {
-        // The guest set EFLAGS.TF: every host instruction traps, hotpath's stubs included.
-        // Refused: stop stepping and leave the cache; the dispatcher stops with a message.
+        // EFLAGS.TF reached translated code, where every host instruction would trap,
+        // hotpath's stubs included. Single-stepping goes through the dispatcher (`popf` and
+        // `iretq` are carried out there, stepped code runs with TF clear), so this is a bug in
+        // hotpath: stop stepping and leave the cache; the dispatcher stops with a message.
         gregs[REG_EFL] &= !EFLAGS_TF;
         // SAFETY: this thread's handler, for a PC in translated code.
         let layouts = unsafe { shared.blocks.read_in_handler() };
@@ -153,7 +155,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         // SAFETY: the dispatcher is interrupted; only this handler writes `refused` now.
         unsafe {
             *shared.refused.get() = Some((
-                "single-steps with EFLAGS.TF (SIGTRAP after every instruction), which hotpath does not support",
+                "set EFLAGS.TF in a way hotpath did not follow (internal error, a bug in hotpath)",
                 at,
             ))
         };
