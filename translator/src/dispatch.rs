@@ -1160,13 +1160,44 @@ impl Translator {
         const SI_KERNEL: i32 = 0x80;
         const ILL_ILLOPN: i32 = 2;
         const SEGV_MAPERR: i32 = 1;
+        const SEGV_ACCERR: i32 = 2;
+        const BUS_ADRERR: i32 = 2;
         // As the CPU and kernel report them: int3 is a trap (RIP after it), the others are
         // faults at the instruction.
         let (sig, code, addr, rip) = match kind {
             TrapKind::Breakpoint => (libc::SIGTRAP, SI_KERNEL, 0, next.0),
             TrapKind::Undefined => (libc::SIGILL, ILL_ILLOPN, at.0, at.0),
             TrapKind::Privileged => (libc::SIGSEGV, SI_KERNEL, 0, at.0),
-            TrapKind::FetchFault => (libc::SIGSEGV, SEGV_MAPERR, at.0, at.0),
+            // The fetch stopped at the first byte the CPU cannot fetch: `at` itself, or the
+            // start of the next page when the instruction at `at` runs into it. The kernel says
+            // SIGBUS for a file's page past its end, SEGV_ACCERR where a mapping is (not
+            // executable, or not readable), SEGV_MAPERR where none is.
+            TrapKind::FetchFault => {
+                let maps = &mut self.process.maps;
+                maps.refresh();
+                let mut fetchable = |a: u64| {
+                    maps.executable_len(a, 1) == 1 && guest_mem::read_partial(a, &mut [0]) == 1
+                };
+                let addr = if fetchable(at.0) {
+                    hotpath_loader::page_floor(at.0) + hotpath_loader::PAGE_SIZE
+                } else {
+                    at.0
+                };
+                if fetchable(addr) {
+                    // The cache was out of date when the block was decoded: the page is
+                    // executable now. The block ending here goes, and the guest goes on at
+                    // `at` (the state is that of `at`), translated again.
+                    self.flush();
+                    return Ok(Next::Guest(at.0));
+                }
+                let maps = &mut self.process.maps;
+                let (sig, code) = match maps.prot(addr) {
+                    Some(prot) if prot & libc::PROT_EXEC != 0 => (libc::SIGBUS, BUS_ADRERR),
+                    Some(_) => (libc::SIGSEGV, SEGV_ACCERR),
+                    None => (libc::SIGSEGV, SEGV_MAPERR),
+                };
+                (sig, code, addr, at.0)
+            }
             TrapKind::Unsupported => {
                 return Err(TranslateError::UnsupportedInstruction {
                     at: at.0,
@@ -1233,12 +1264,16 @@ impl Translator {
         entry
     }
 
-    /// Decodes the guest block at `start`. Its bytes are read with a plain copy where the
-    /// mappings say they are readable (no system call per block), else through
-    /// `process_vm_readv`, which stops cleanly at an unreadable page.
+    /// Decodes the guest block at `start`, from executable pages only: the CPU fetches nothing
+    /// else, so the block ends where they end, with a fetch fault if an instruction is cut
+    /// there (the mappings' protections come from the thread's `MapsCache`: no system call per
+    /// block). Its bytes are read with a plain copy where the mappings say they are readable,
+    /// else through `process_vm_readv`, which stops cleanly at an unreadable page.
     fn decode(&mut self, start: GuestAddr) -> hotpath_ir::Block {
         let maps = &mut self.process.maps;
         decode_block_from(start, |addr, buf| {
+            let executable = maps.executable_len(addr, buf.len() as u64) as usize;
+            let buf = &mut buf[..executable];
             if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
                 buf.len()
             } else {

@@ -343,6 +343,11 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         Ok(i) => i,
         Err(e) => {
             eprintln!("hotpath: {e}");
+            if e.kills_the_process() {
+                // As natively: execve succeeded, then the new process died before its first
+                // instruction.
+                return die_of(libc::SIGSEGV);
+            }
             return ExitCode::from(load_error_status(&e));
         }
     };

@@ -13,6 +13,7 @@
 
 mod elf;
 mod error;
+mod headers;
 mod script;
 mod stack;
 

@@ -117,7 +117,8 @@ pub fn build_stack(
         libc::mprotect(
             base as *mut c_void,
             STACK_SIZE as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
+            // Executable only where the program asks for it (PT_GNU_STACK), as natively.
+            libc::PROT_READ | libc::PROT_WRITE | if image.exec_stack { libc::PROT_EXEC } else { 0 },
         )
     } != 0
     {
