@@ -1285,12 +1285,21 @@ impl Translator {
     /// Translates the basic block at guest `pc` into the code cache and announces its id.
     fn translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
         let block = self.decode(GuestAddr(pc));
-        // Watch the code's pages for writes if the guest may write them.
-        let maps = &mut self.process.maps;
-        self.process
-            .signals
-            .protected_pages()
-            .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
+        // Watch the code's pages for writes if the guest may write them (undecodable bytes
+        // too: code written there later must replace the trap). Not when nothing could be
+        // fetched at `pc` (a page that is not executable, such as the stack or the heap): its
+        // bytes are no code, and hotpath itself writes signal frames on the stack.
+        let fetched_nothing = matches!(
+            block.terminator,
+            hotpath_ir::Terminator::Trap { kind: TrapKind::FetchFault, at } if at.0 == pc
+        );
+        if !fetched_nothing {
+            let maps = &mut self.process.maps;
+            self.process
+                .signals
+                .protected_pages()
+                .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
+        }
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,
