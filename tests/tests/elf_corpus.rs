@@ -125,6 +125,24 @@ fn run_hotpath(path: &Path) -> Outcome {
     outcome
 }
 
+/// `Ok` when `exec_arg.c`, which execs `path` and prints the errno if that fails, does the
+/// same natively and under hotpath.
+fn check_guest_exec(path: &Path) -> Result<(), String> {
+    static EXEC_ARG: OnceLock<PathBuf> = OnceLock::new();
+    let exec_arg = EXEC_ARG.get_or_init(|| {
+        guest_build::build("exec_arg.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"))
+    });
+    let arg = path.to_str().expect("a UTF-8 scratch path");
+    let mut native = hotpath_e2e::native_command(exec_arg, &[arg]);
+    let native = runner::run(&mut native, TIMEOUT).map_err(|e| e.to_string())?;
+    let hotpath =
+        hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
+    let mut translated =
+        hotpath_e2e::hotpath_command(&hotpath, hotpath_e2e::MonitorMode::Off, exec_arg, &[arg]);
+    let translated = runner::run(&mut translated, TIMEOUT).map_err(|e| e.to_string())?;
+    compare::compare_outcomes(&native, &translated)
+}
+
 /// `Ok` when hotpath's run of `path` matches the kernel's verdict.
 fn check_case(path: &Path, native: &Native, hotpath: &Outcome) -> Result<(), String> {
     let stderr = String::from_utf8_lossy(&hotpath.stderr);
@@ -618,6 +636,12 @@ fn run_corpus(name: &str, cases: Vec<(String, Vec<u8>)>) -> String {
         }
         if let Err(e) = check_case(&path, &native, &hotpath) {
             let _ = writeln!(problems, "{name} case {i} ({case}): {e}");
+        }
+        if let Native::Refused(_) = native {
+            // A translated guest's execve of it must fail with the kernel's errno.
+            if let Err(e) = check_guest_exec(&path) {
+                let _ = writeln!(problems, "{name} case {i} ({case}), exec'd by a guest: {e}");
+            }
         }
         let _ = fs::remove_file(&path);
     }

@@ -199,6 +199,34 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     })
 }
 
+/// What the kernel's `execve` of the ELF file `path` would fail with before its point of no
+/// return, as [`load`] checks it (the file, its headers, its interpreter), without mapping
+/// anything: `None` when the kernel would go on (it may still kill the new process, which a
+/// `load` of it then reports), or when the file is not for this check (no ELF magic, or an
+/// i386 program, which the kernel runs through its compat loader and hotpath refuses).
+/// The guest's `execve` uses it to let the kernel answer the calls it refuses.
+pub fn kernel_refusal(path: &Path) -> Option<LoadError> {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let (_file, bytes) = match open_checked(path, &abs) {
+        Ok(opened) => opened,
+        Err(e) => return Some(e),
+    };
+    let i386 = bytes.get(header::EI_CLASS) == Some(&header::ELFCLASS32)
+        && Ehdr::parse(&bytes).e_machine == EM_386;
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" || i386 {
+        return None;
+    }
+    let exe = match parse_checked(&bytes, &abs) {
+        Ok(exe) => exe,
+        Err(e) => return Some(e),
+    };
+    match interp_path(&bytes, &exe.phdrs, &abs) {
+        Ok(Some(interp)) => open_interpreter(&abs, &interp).err(),
+        Ok(None) => None,
+        Err(e) => Some(e),
+    }
+}
+
 /// First byte above user space on x86-64 (`TASK_SIZE`): an address at or above it is the
 /// kernel's `BAD_ADDR`.
 const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
