@@ -841,3 +841,32 @@ fn segments_shorter_than_a_page() {
     }
     assert!(problems.is_empty(), "{problems}");
 }
+
+/// A program whose `PT_GNU_STACK` asks for an executable stack (`-z execstack`) runs code on
+/// its stack natively, so it must under hotpath too (`nonexec.c`'s "stack call" returns
+/// instead of faulting; its other cases still fault).
+#[test]
+fn executable_stack_runs_stack_code() {
+    for linkage in [Linkage::Static, Linkage::Dynamic] {
+        let exe = corpus_dir().join(format!("nonexec-execstack.{linkage}"));
+        let out = Command::new("gcc")
+            .args(guest_build::gcc_args("nonexec.c", linkage))
+            .args(["-z", "execstack", "-o"])
+            .arg(&exe)
+            .arg(paths::samples_dir().join("nonexec.c"))
+            .output()
+            .expect("gcc runs");
+        assert!(
+            out.status.success(),
+            "gcc -z execstack failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (native, verdict) = hotpath_e2e::compare_with_native(&exe, &[], corpus_dir());
+        let stdout = String::from_utf8_lossy(&native.stdout);
+        assert!(
+            stdout.contains("stack call: no fault") && stdout.contains("heap call: sig=11"),
+            "the native run is not what this test is for:\n{stdout}"
+        );
+        verdict.unwrap_or_else(|e| panic!("{linkage}: {e}"));
+    }
+}
