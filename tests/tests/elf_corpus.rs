@@ -591,6 +591,13 @@ fn interp_mutants(base: &[u8]) -> Vec<(String, Vec<u8>)> {
     with("directory", &|b| set_path(b, b"/tmp"));
     with("text-file", &|b| set_path(b, b"/etc/passwd"));
     with("empty-path", &|b| set_path(b, b""));
+    // Other executables as the interpreter (relative to the current directory, where
+    // `dynamic_mutants_match_the_kernel` puts copies): the kernel loads any ELF executable
+    // there and starts at its entry, without looking at its own PT_INTERP.
+    with("static-program", &|b| set_path(b, b"i-static"));
+    with("static-pie-program", &|b| set_path(b, b"i-static-pie"));
+    with("dynamic-program", &|b| set_path(b, b"i-dynamic"));
+    with("current-directory", &|b| set_path(b, b"."));
     with("no-nul", &|b| b[off + filesz - 1] = b'x');
     with("filesz=0", &|b| put(b, ph + 32, 8, 0));
     with("filesz=1", &|b| put(b, ph + 32, 8, 1));
@@ -667,6 +674,13 @@ fn static_mutants_match_the_kernel() {
 #[test]
 fn dynamic_mutants_match_the_kernel() {
     let base = base_bytes(Linkage::Dynamic);
+    for (name, linkage) in [
+        ("i-static", Linkage::Static),
+        ("i-static-pie", Linkage::StaticPie),
+        ("i-dynamic", Linkage::Dynamic),
+    ] {
+        write_exe(&corpus_dir().join(name), &base_bytes(linkage));
+    }
     let mut cases = interp_mutants(&base);
     cases.extend(mutants(&base, SEED ^ 1, 1));
     let problems = run_corpus("dynamic", cases);
