@@ -1162,6 +1162,7 @@ impl Translator {
         const SEGV_MAPERR: i32 = 1;
         const SEGV_ACCERR: i32 = 2;
         const BUS_ADRERR: i32 = 2;
+        const USER_SPACE_END: u64 = 1 << 47;
         // As the CPU and kernel report them: int3 is a trap (RIP after it), the others are
         // faults at the instruction.
         let (sig, code, addr, rip) = match kind {
@@ -1192,7 +1193,10 @@ impl Translator {
                 }
                 let maps = &mut self.process.maps;
                 let (sig, code) = match maps.prot(addr) {
-                    Some(prot) if prot & libc::PROT_EXEC != 0 => (libc::SIGBUS, BUS_ADRERR),
+                    // (Not the kernel's execute-only [vsyscall] page, above user space.)
+                    Some(prot) if prot & libc::PROT_EXEC != 0 && addr < USER_SPACE_END => {
+                        (libc::SIGBUS, BUS_ADRERR)
+                    }
                     Some(_) => (libc::SIGSEGV, SEGV_ACCERR),
                     None => (libc::SIGSEGV, SEGV_MAPERR),
                 };

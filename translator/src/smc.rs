@@ -389,6 +389,20 @@ mod tests {
             assert!(maps.readable(a, 2 * PAGE));
             assert!(!maps.readable(a, 2 * PAGE + 1));
             assert_eq!(maps.prot(a + 2 * PAGE), Some(0));
+            // Executable bytes: the first page is made executable, the cache told.
+            assert_eq!(maps.executable_len(a, 100), 0);
+            libc::mprotect(p, PAGE as usize, libc::PROT_READ | libc::PROT_EXEC);
+            maps.invalidate_range(a, a + PAGE);
+            assert_eq!(maps.executable_len(a + 10, 100), 100);
+            assert_eq!(maps.executable_len(a + PAGE - 10, 100), 10);
+            assert_eq!(maps.executable_len(a + PAGE, 100), 0);
+            // Not told, but a first byte the cache says is not executable is read again.
+            libc::mprotect(
+                (a + PAGE) as *mut libc::c_void,
+                PAGE as usize,
+                libc::PROT_READ | libc::PROT_EXEC,
+            );
+            assert_eq!(maps.executable_len(a + PAGE, 100), 100);
             libc::munmap(p, 3 * PAGE as usize);
             maps.invalidate_range(a, a + 3 * PAGE);
             assert_eq!(maps.prot(a), None);
