@@ -402,6 +402,9 @@ const SHDR_FIELDS: &[Field] = &[
 const PT_LOAD: u64 = 1;
 const PT_INTERP: u64 = 3;
 const PF_X: u64 = 1;
+const PT_PHDR: u64 = 6;
+const PT_GNU_STACK: u64 = 0x6474_e551;
+const PT_GNU_PROPERTY: u64 = 0x6474_e553;
 
 /// Values worth trying in a field that holds `orig` in a file of `len` bytes.
 fn interesting(rng: &mut Rng, orig: u64, width: usize, len: u64) -> Vec<u64> {
@@ -441,15 +444,55 @@ fn pick(rng: &mut Rng, mut values: Vec<u64>, n: usize) -> Vec<u64> {
     values
 }
 
-/// The mutants of `base`: `(name, bytes)`, the same for the same seed.
-fn mutants(base: &[u8], seed: u64, per_field: usize) -> Vec<(String, Vec<u8>)> {
+/// One mutant: how it differs from the file it was made from. Only the differences are kept
+/// (every native run forks the test process, whose page tables would otherwise hold a copy
+/// of the program per mutant).
+struct Mutant {
+    name: String,
+    /// Its length in bytes.
+    len: usize,
+    /// `(offset, bytes)` where it differs from the base.
+    changes: Vec<(usize, Vec<u8>)>,
+}
+
+impl Mutant {
+    fn new(name: String, base: &[u8], bytes: &[u8]) -> Mutant {
+        let mut changes: Vec<(usize, Vec<u8>)> = Vec::new();
+        for (i, &byte) in bytes.iter().enumerate() {
+            if base.get(i) == Some(&byte) {
+                continue;
+            }
+            match changes.last_mut() {
+                Some((start, run)) if *start + run.len() == i => run.push(byte),
+                _ => changes.push((i, vec![byte])),
+            }
+        }
+        Mutant {
+            name,
+            len: bytes.len(),
+            changes,
+        }
+    }
+
+    fn bytes(&self, base: &[u8]) -> Vec<u8> {
+        let mut b = base.to_vec();
+        b.resize(self.len, 0);
+        for (start, run) in &self.changes {
+            b[*start..start + run.len()].copy_from_slice(run);
+        }
+        b
+    }
+}
+
+/// The mutants of `base`, the same for the same seed.
+fn mutants(base: &[u8], seed: u64, per_field: usize) -> Vec<Mutant> {
     let mut rng = Rng(seed);
     let len = base.len() as u64;
     let mut out = Vec::new();
     let mut with = |name: String, f: &dyn Fn(&mut Vec<u8>)| {
         let mut b = base.to_vec();
         f(&mut b);
-        out.push((name, b));
+        out.push(Mutant::new(name, base, &b));
     };
     // The ELF header: named values first, then values from the generic list.
     let named: &[(&str, &[u64])] = &[
@@ -490,6 +533,27 @@ fn mutants(base: &[u8], seed: u64, per_field: usize) -> Vec<(String, Vec<u8>)> {
             with(format!("e_entry=phdr{i}.p_vaddr"), &|b| {
                 put(b, 24, 8, vaddr)
             });
+        }
+    }
+    // Headers the kernel may read beyond PT_LOAD and PT_INTERP: GNU_PROPERTY (x86 notes),
+    // GNU_STACK (the stack's protection), PHDR.
+    for i in 0..phnum {
+        let ph = phoff + i * PHDR_SIZE;
+        let named: &[(&str, usize, usize, &[u64])] = match get(base, ph, 4) {
+            PT_GNU_PROPERTY => &[
+                ("p_filesz", 32, 8, &[0, 2000, 0x10_0000]),
+                ("p_offset", 8, 8, &[0, u64::MAX]),
+            ],
+            PT_GNU_STACK => &[("p_flags", 4, 4, &[0, 1, 7])],
+            PT_PHDR => &[("p_vaddr", 16, 8, &[0, 0x1000_0000])],
+            _ => &[],
+        };
+        for (field, off, width, values) in named {
+            for &value in *values {
+                with(format!("phdr{i}.{field}={value:#x}"), &|b| {
+                    put(b, ph + off, *width, value)
+                });
+            }
         }
     }
     // Program headers.
@@ -565,7 +629,7 @@ fn mutants(base: &[u8], seed: u64, per_field: usize) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The PT_INTERP mutants of a dynamic executable `base`: the path's contents and its header.
-fn interp_mutants(base: &[u8]) -> Vec<(String, Vec<u8>)> {
+fn interp_mutants(base: &[u8]) -> Vec<Mutant> {
     let phoff = get(base, 32, 8) as usize;
     let phnum = get(base, 56, 2) as usize;
     let ph = (0..phnum)
@@ -579,7 +643,7 @@ fn interp_mutants(base: &[u8]) -> Vec<(String, Vec<u8>)> {
     let mut with = |name: &str, f: &dyn Fn(&mut Vec<u8>)| {
         let mut b = base.to_vec();
         f(&mut b);
-        out.push((format!("interp-{name}"), b));
+        out.push(Mutant::new(format!("interp-{name}"), base, &b));
     };
     let set_path = |b: &mut Vec<u8>, path: &[u8]| {
         assert!(path.len() < filesz);
@@ -627,14 +691,15 @@ fn interp_mutants(base: &[u8]) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Runs every case natively and under hotpath; returns the report of the mismatches.
-fn run_corpus(name: &str, cases: Vec<(String, Vec<u8>)>) -> String {
+fn run_corpus(name: &str, base: &[u8], cases: Vec<Mutant>) -> String {
     let mut problems = String::new();
     let mut refused = 0;
     let mut ran = 0;
     let total = cases.len();
-    for (i, (case, bytes)) in cases.into_iter().enumerate() {
+    for (i, mutant) in cases.into_iter().enumerate() {
+        let case = &mutant.name;
         let path = corpus_dir().join(format!("{name}-{i:03}"));
-        write_exe(&path, &bytes);
+        write_exe(&path, &mutant.bytes(base));
         let native = run_native(&path);
         let hotpath = run_hotpath(&path);
         match &native {
@@ -664,7 +729,7 @@ fn base_bytes(linkage: Linkage) -> Vec<u8> {
 #[test]
 fn static_mutants_match_the_kernel() {
     let base = base_bytes(Linkage::Static);
-    let problems = run_corpus("static", mutants(&base, SEED, 2));
+    let problems = run_corpus("static", &base, mutants(&base, SEED, 2));
     assert!(
         problems.is_empty(),
         "hotpath differs from the kernel:\n{problems}"
@@ -683,7 +748,7 @@ fn dynamic_mutants_match_the_kernel() {
     }
     let mut cases = interp_mutants(&base);
     cases.extend(mutants(&base, SEED ^ 1, 1));
-    let problems = run_corpus("dynamic", cases);
+    let problems = run_corpus("dynamic", &base, cases);
     assert!(
         problems.is_empty(),
         "hotpath differs from the kernel:\n{problems}"
