@@ -949,3 +949,31 @@ fn executable_stack_runs_stack_code() {
         verdict.unwrap_or_else(|e| panic!("{linkage}: {e}"));
     }
 }
+
+/// A position-independent program whose segments ask for 4 MiB alignment is loaded at a
+/// multiple of it, natively and under hotpath (static-pie and dynamic).
+#[test]
+fn load_bias_follows_p_align() {
+    for linkage in [Linkage::StaticPie, Linkage::Dynamic] {
+        let exe = corpus_dir().join(format!("load_align.{linkage}"));
+        let out = Command::new("gcc")
+            .args(guest_build::gcc_args("load_align.c", linkage))
+            .args(["-Wl,-z,max-page-size=0x400000", "-o"])
+            .arg(&exe)
+            .arg(paths::samples_dir().join("load_align.c"))
+            .output()
+            .expect("gcc runs");
+        assert!(
+            out.status.success(),
+            "gcc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (native, verdict) = hotpath_e2e::compare_with_native(&exe, &[], corpus_dir());
+        assert_eq!(
+            String::from_utf8_lossy(&native.stdout),
+            "base aligned to 4 MiB: yes\n",
+            "the native run is not what this test is for"
+        );
+        verdict.unwrap_or_else(|e| panic!("{linkage}: {e}"));
+    }
+}

@@ -161,7 +161,7 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     };
     let (lo, hi) = plan.span;
     let total = hi - lo + BRK_RESERVE + page_ceil(opts.extra_reserve);
-    let base = reserve(&abs, placement, lo, total)?;
+    let base = reserve(&abs, placement, lo, total, maximum_alignment(&exe))?;
     let load_bias = base.wrapping_sub(lo);
     let mut segments = Vec::new();
     for ph in exe.loads() {
@@ -345,7 +345,9 @@ fn load_interpreter(program: &Path, opened: OpenedInterpreter) -> Result<Interpr
         ElfKind::StaticPie => Placement::Anywhere,
     };
     let (lo, hi) = plan.span;
-    let base = reserve(&opened.path, placement, lo, hi - lo).map_err(|e| killed(e.reason()))?;
+    // The kernel does not align an interpreter to its p_align.
+    let base =
+        reserve(&opened.path, placement, lo, hi - lo, PAGE_SIZE).map_err(|e| killed(e.reason()))?;
     let load_bias = base.wrapping_sub(lo);
     for ph in interp.loads() {
         map_segment(&opened.file, opened.bytes.len() as u64, ph, load_bias).map_err(&killed)?;
@@ -563,13 +565,37 @@ enum Placement {
     Anywhere,
 }
 
+/// The largest power-of-two `p_align` of `elf`'s PT_LOAD segments, at least a page: where
+/// the kernel puts an `ET_DYN` program, its load bias is a multiple of it
+/// (`maximum_alignment` in `fs/binfmt_elf.c`), and a program may rely on it (a section
+/// aligned to 2 MiB for huge pages, `__ehdr_start` on a boundary).
+fn maximum_alignment(elf: &CheckedElf) -> u64 {
+    elf.loads()
+        .map(|p| p.p_align)
+        .filter(|a| a.is_power_of_two())
+        .fold(PAGE_SIZE, u64::max)
+}
+
 /// Reserves `total` bytes of address space for an image whose lowest ELF address is `lo`,
-/// placed as `placement` says. Returns the start.
+/// placed as `placement` says, with a load bias (start - `lo`) that is a multiple of `align`
+/// bytes (a power of two; not for [`Placement::Fixed`]). Returns the start.
 ///
 /// # Errors
 /// [`LoadError::Killed`] where the kernel could not map there either (below
 /// `vm.mmap_min_addr`), [`LoadError::Map`] where hotpath's own mappings are in the way.
-fn reserve(path: &Path, placement: Placement, lo: u64, total: u64) -> Result<u64, LoadError> {
+fn reserve(
+    path: &Path,
+    placement: Placement,
+    lo: u64,
+    total: u64,
+    align: u64,
+) -> Result<u64, LoadError> {
+    if placement != Placement::Fixed && align > PAGE_SIZE {
+        if let Some(start) = reserve_aligned(placement, lo, total, align) {
+            return Ok(start);
+        }
+        // No room for the alignment's slack (an absurd p_align): unaligned, as before.
+    }
     let (hint, flags) = match placement {
         Placement::Fixed => (lo, libc::MAP_FIXED_NOREPLACE),
         Placement::Hint(h) => (h, 0),
@@ -608,6 +634,44 @@ fn reserve(path: &Path, placement: Placement, lo: u64, total: u64) -> Result<u64
         });
     }
     Ok(p as u64)
+}
+
+/// Reserves `total` bytes whose start is congruent to `lo` modulo `align` (so the load bias is
+/// a multiple of `align`): `align` bytes more are reserved, and the slack on both sides is
+/// given back. `None` if that much address space is not to be had.
+fn reserve_aligned(placement: Placement, lo: u64, total: u64, align: u64) -> Option<u64> {
+    let hint = match placement {
+        Placement::Hint(h) => h & !(align - 1),
+        _ => 0,
+    };
+    let len = total.checked_add(align)?;
+    // SAFETY: an anonymous PROT_NONE reservation at an address of the kernel's choosing.
+    let p = unsafe {
+        libc::mmap(
+            hint as *mut c_void,
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let p = p as u64;
+    let start = p + (lo % align + align - p % align) % align;
+    // SAFETY: both ranges are parts of the reservation just made, outside [start, start+total).
+    unsafe {
+        if start > p {
+            libc::munmap(p as *mut c_void, (start - p) as usize);
+        }
+        let end = start + total;
+        if p + len > end {
+            libc::munmap(end as *mut c_void, (p + len - end) as usize);
+        }
+    }
+    Some(start)
 }
 
 fn prot_of(flags: u32) -> i32 {
