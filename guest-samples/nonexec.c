@@ -2,11 +2,12 @@
  * faults with SIGSEGV, si_code SEGV_ACCERR and si_addr the address the CPU could not fetch,
  * with the registers of that moment (REG_RIP the target, RSP after the call's push). Cases:
  * code in a segment without PF_X (.rodata, .data), on the heap, on the stack, in a page made
- * PROT_READ with mprotect after it ran, a fall-through off the end of an executable page, and
+ * PROT_READ with mprotect after it ran (by this thread or another), a fall-through off the end of an executable page, and
  * an instruction that runs into a non-executable page.
  *
  * Only comparisons ("yes"/"no") and offsets from the target are printed, never addresses. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -88,6 +89,13 @@ static void expect_fault(const char *name, const void *target, int call, uintptr
     printf("\n");
 }
 
+/* Makes the page at `arg` read-only, from another thread. */
+static void *make_read_only(void *arg)
+{
+    mprotect(arg, (size_t)sysconf(_SC_PAGESIZE), PROT_READ);
+    return NULL;
+}
+
 static const unsigned char rodata_code[] = {0xc3}; /* ret, in a PT_LOAD without PF_X */
 static unsigned char data_code[] = {0xc3};         /* ret, in the RW data segment */
 
@@ -132,6 +140,16 @@ int main(void)
                  (uintptr_t)(p + 16));
     mprotect(p, page, PROT_NONE);
     expect_fault("mprotect none", p + 16, 1, (uintptr_t)(p + 16), (uintptr_t)(p + 16));
+
+    /* The same, with another thread's mprotect: this thread's translation must go too. */
+    mprotect(p, page, PROT_READ | PROT_EXEC);
+    for (int i = 0; i < 3; i++)
+        call_into(p + 16);
+    pthread_t t;
+    pthread_create(&t, NULL, make_read_only, p);
+    pthread_join(t, NULL);
+    expect_fault("mprotect by another thread", p + 16, 1, (uintptr_t)(p + 16),
+                 (uintptr_t)(p + 16));
 
     /* Falling off the end of an executable page into a read-only one: nops up to the end. */
     mprotect(p, 2 * page, PROT_READ | PROT_WRITE);

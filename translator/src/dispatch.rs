@@ -627,6 +627,11 @@ impl Translator {
             .invalidations_since(self.invalidations_seen)
         {
             self.invalidations_seen = seen;
+            // A host address to go on at (a block just linked or looked up) may be in code the
+            // discard flushes: go on at its guest address instead, as after a caught write.
+            if !matches!(self.next, Next::Signal) {
+                self.next = Next::Guest(self.guest_rip(self.next));
+            }
             self.discard(&ranges);
         }
     }
