@@ -249,11 +249,13 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
         for e in exits {
             if let ExitKind::Direct { site, stub, .. } = e.kind {
                 let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
-                // SAFETY: the site is a rel32 inside the code cache's writable view; a 4-byte
-                // store, and the interrupted code reads it only after the handler returns.
+                // SAFETY: the site is a 4-byte aligned rel32 (`emit::patchable_jmp`) inside
+                // the code cache's writable view. One atomic store: the owner may be running
+                // this very branch when another thread kicks it, and must fetch either the
+                // old or the new displacement, never a mix.
                 unsafe {
-                    ((site.0.wrapping_add(delta)) as *mut [u8; 4])
-                        .write_unaligned(rel.to_le_bytes())
+                    std::sync::atomic::AtomicU32::from_ptr(site.0.wrapping_add(delta) as *mut u32)
+                        .store(rel as u32, Ordering::Relaxed)
                 };
             }
         }
