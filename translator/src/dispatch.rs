@@ -437,6 +437,7 @@ impl Translator {
             signals,
             maps: Default::default(),
             clear_child_tid: 0,
+            seccomp_strict: false,
         };
         Translator {
             area,

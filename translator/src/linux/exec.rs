@@ -12,7 +12,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::guest_mem;
-use crate::linux::host::raw_syscall;
+use crate::linux::host::guest_syscall;
 use crate::linux::thread::GuestThread;
 
 /// How to run a new program under hotpath: `hotpath` with `args` before the program.
@@ -49,7 +49,7 @@ pub fn exec(p: &GuestThread, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64
     if let Some(exe) = &exe {
         a[path_arg] = exe.as_ptr() as u64;
     }
-    raw_syscall(nr, &a)
+    guest_syscall(nr, &a)
 }
 
 /// Executes hotpath on the guest's program, or returns `None` when the guest's own call
@@ -91,7 +91,7 @@ fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -
     let argv_ptrs = null_terminated(&new_argv);
     let envp_ptrs = null_terminated(&envp);
     let hotpath = CString::new(w.hotpath.as_os_str().as_bytes()).ok()?;
-    Some(raw_syscall(
+    Some(guest_syscall(
         59,
         &[
             hotpath.as_ptr() as u64,

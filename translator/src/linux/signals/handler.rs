@@ -103,6 +103,28 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     }
 
     let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
+    if !in_cache
+        && (is_fault_signal(sig) || sig == libc::SIGSYS)
+        && crate::linux::host::guest_syscall_returns().contains(&pc)
+    {
+        // The kernel forced this signal on the guest's system call (`uretprobe` called from
+        // outside its trampoline raises SIGILL, a seccomp filter's SECCOMP_RET_TRAP raises
+        // SIGSYS): the guest's, delivered as the kernel would, right after the call, even if
+        // blocked or ignored.
+        // SAFETY: the dispatcher is inside the guest's system call; it reads `sync` after.
+        unsafe {
+            *shared.sync.get() = Some(SyncFault {
+                sig,
+                info: info_bytes,
+                rip: SyncFault::AFTER_SYSCALL,
+                trace_exit: None,
+            })
+        };
+        if switched {
+            write_fs(shared.fsgsbase, fs);
+        }
+        return;
+    }
     let synchronous = is_fault_signal(sig) && si_code > 0;
     const SEGV_ACCERR: i32 = 2;
     if sig == libc::SIGSEGV && si_code == SEGV_ACCERR && in_cache {

@@ -128,6 +128,16 @@ struct SyncFault {
     trace_exit: Option<u32>,
 }
 
+impl SyncFault {
+    /// `rip` of a signal the kernel forced during the guest's system call: it is reported
+    /// where the guest goes on after the call.
+    const AFTER_SYSCALL: u64 = u64::MAX;
+}
+
+/// `si_code` of a seccomp filter's SIGSYS (`SYS_SECCOMP`), whose `si_call_addr` (bytes 16..24
+/// of the siginfo) is the address after the `syscall` instruction.
+const SYS_SECCOMP: i32 = 1;
+
 /// What the host handler shares with the dispatcher: one per guest thread, found by the
 /// handler through the thread's GS base ([`ThreadArea::handler`]). Written by the handler on
 /// its guest thread while the dispatcher is interrupted, and by the dispatcher with every
@@ -698,8 +708,15 @@ impl SignalState {
         let mut saved = guard.mask();
         let mut base = self.suspend_mask.take().unwrap_or(saved);
         // SAFETY: every signal is blocked: the handler cannot run on this thread now.
-        if let Some(f) = unsafe { (*self.shared.sync.get()).take() } {
-            rip = f.rip;
+        if let Some(mut f) = unsafe { (*self.shared.sync.get()).take() } {
+            if f.rip != SyncFault::AFTER_SYSCALL {
+                rip = f.rip;
+            } else if f.sig == libc::SIGSYS
+                && i32::from_le_bytes(f.info[8..12].try_into().unwrap()) == SYS_SECCOMP
+            {
+                // The call's address is the guest's `syscall`, not hotpath's.
+                f.info[16..24].copy_from_slice(&rip.to_le_bytes());
+            }
             let a = self.action(f.sig);
             let blocked = base & (1 << (f.sig - 1)) != 0;
             if a.handler == SIG_DFL || a.handler == SIG_IGN || blocked {
