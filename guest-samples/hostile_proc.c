@@ -310,6 +310,12 @@ int main(int argc, char **argv)
         return case_uretprobe(1);
     if (!strcmp(c, "uretprobe-default"))
         return case_uretprobe(0);
+    if (!strcmp(c, "chdir") && argc > 2) {
+        /* A guest that moves: hotpath's relative output paths are its starting directory's. */
+        if (chdir(argv[2]) != 0)
+            return 3;
+        return work_after_filter();
+    }
     if (!strcmp(c, "seccomp") && argc > 2)
         return case_seccomp(argv[2]);
     fprintf(stderr, "unknown case %s\n", c);

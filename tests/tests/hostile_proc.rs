@@ -7,8 +7,13 @@
 
 use hotpath_e2e::catalog::Linkage;
 use hotpath_e2e::{
-    compare, guest_build, hotpath_bin, hotpath_command, native_command, runner, MonitorMode,
+    compare, guest_build, hotpath_bin, hotpath_command, native_command, paths, runner,
+    set_guest_environment, MonitorMode, Termination,
 };
+use std::ffi::CString;
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 const SOURCE: &str = "hostile_proc.c";
@@ -63,4 +68,134 @@ fn compare_cases(cases: &[&[&str]], modes: &[MonitorMode]) -> Vec<String> {
 fn cases_match_native() {
     let problems = compare_cases(SAME_AS_NATIVE, &MonitorMode::ALL);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Runs the `chdir` case (the guest moves to `moves_to`) in `dir` under hotpath with
+/// `outputs` (hotpath options naming output files); returns hotpath's stderr.
+fn run_with_outputs(dir: &Path, moves_to: &Path, outputs: &[&str]) -> String {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let exe = guest_build::build(SOURCE, Linkage::Static).expect("sample builds");
+    let mut cmd = Command::new(&hotpath);
+    cmd.args(["run", "--quiet"])
+        .args(outputs)
+        .arg("--")
+        .arg(&exe);
+    cmd.arg("chdir").arg(moves_to);
+    set_guest_environment(&mut cmd, dir);
+    let out = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath runs");
+    assert_eq!(
+        out.termination,
+        Termination::Exited(0),
+        "{}",
+        runner::describe(&cmd)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn is_json_report(path: &Path) -> bool {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| {
+            v["schema"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("hotpath-report/"))
+        })
+}
+
+#[test]
+fn output_paths_are_written_through_as_a_user_expects() {
+    let dir = paths::scratch_dir("hostile-proc-outputs");
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+
+    // Relative paths name files in hotpath's starting directory, though the guest moved.
+    let stderr = run_with_outputs(
+        &dir,
+        &elsewhere,
+        &[
+            "--report",
+            "r.json",
+            "--drcov",
+            "cov.drcov",
+            "--paths",
+            "--dot",
+            "dots",
+        ],
+    );
+    assert!(stderr.is_empty(), "{stderr}");
+    assert!(
+        is_json_report(&dir.join("r.json")),
+        "r.json in the starting directory"
+    );
+    assert!(dir.join("cov.drcov").is_file() && dir.join("dots").is_dir());
+    assert!(
+        std::fs::read_dir(&elsewhere).unwrap().next().is_none(),
+        "nothing written where the guest moved"
+    );
+
+    // A symlink's target is written; the link stays a link (also one to a file not there yet).
+    let target = dir.join("target.json");
+    std::fs::write(&target, "old").unwrap();
+    std::os::unix::fs::symlink("target.json", dir.join("link.json")).unwrap();
+    std::os::unix::fs::symlink("new-target.drcov", dir.join("link.drcov")).unwrap();
+    run_with_outputs(
+        &dir,
+        &elsewhere,
+        &["--report", "link.json", "--drcov", "link.drcov"],
+    );
+    let link_meta = std::fs::symlink_metadata(dir.join("link.json")).unwrap();
+    assert!(
+        link_meta.file_type().is_symlink(),
+        "the link was replaced by a file"
+    );
+    assert!(
+        is_json_report(&target),
+        "the link's target holds the report"
+    );
+    assert!(std::fs::symlink_metadata(dir.join("link.drcov"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(dir.join("new-target.drcov").is_file());
+
+    // A device is written to, not replaced: a private null device (1, 3), so that a broken
+    // hotpath cannot replace the machine's /dev/null; making one needs root (CI is).
+    let null = dir.join("null");
+    let c = CString::new(null.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mknod with a valid NUL-terminated path.
+    let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    if made == 0 {
+        run_with_outputs(
+            &dir,
+            &elsewhere,
+            &["--report", "null", "--paths", "--flamegraph", "null"],
+        );
+        let meta = std::fs::metadata(&null).unwrap();
+        assert!(
+            meta.file_type().is_char_device(),
+            "the device was replaced by a file"
+        );
+    } else {
+        eprintln!("SKIPPED (not a pass): the device case needs root to mknod a null device");
+    }
+
+    // A FIFO is written to (a reader gets the report), not replaced.
+    let fifo = dir.join("report.fifo");
+    let c = CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).expect("read the FIFO"))
+    };
+    run_with_outputs(&dir, &elsewhere, &["--report", "report.fifo"]);
+    let got = reader.join().unwrap();
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&got).is_ok(),
+        "the FIFO's reader got the JSON report ({} bytes)",
+        got.len()
+    );
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    let _ = std::fs::remove_dir_all(&dir);
 }

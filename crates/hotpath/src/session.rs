@@ -322,6 +322,7 @@ const GUEST_THREAD_HOST_STACK: usize = 8 << 20;
 /// program cannot be started (with the shell's status: 127 not found, 126 cannot execute).
 /// `cores` are the CPUs this process may use, read before any thread was pinned.
 pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
+    absolutize_outputs(&mut args);
     let file = search_path(&args.command[0]);
     if let Some(name) = args.argv0.take() {
         // The report shows the argv the guest saw.
@@ -448,8 +449,32 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
 /// image overwrites another's report (a forked child adds `.<pid>` instead).
 const EXEC_SUFFIX: &str = ".exec";
 
-/// `path` with `suffix` appended to its file name.
+/// Makes every output path absolute against hotpath's starting directory, once: the guest
+/// may `chdir` before its report is written, and an exec'd image gets the same paths.
+fn absolutize_outputs(args: &mut RunArgs) {
+    let o = &mut args.outputs;
+    for p in [
+        &mut args.report,
+        &mut o.dot,
+        &mut o.flamegraph,
+        &mut o.drcov,
+        &mut o.callgrind,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Ok(abs) = std::path::absolute(&*p) {
+            *p = abs;
+        }
+    }
+}
+
+/// `path` with `suffix` appended to its file name; a character device or FIFO
+/// (`--report /dev/null`, a named pipe) keeps its name: every process image writes to it.
 fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
+    if hotpath_report::is_stream_file(path) {
+        return path.to_path_buf();
+    }
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
