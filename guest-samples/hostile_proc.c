@@ -111,8 +111,8 @@ static int case_auxv(void)
     }
     long r = prctl(PR_GET_AUXV, prctl_auxv, sizeof prctl_auxv, 0, 0);
     printf("auxv: %d entries, /proc/self/auxv agrees with getauxval: %d\n", entries, agree);
-    printf("PR_GET_AUXV: returns the file's size %d, same bytes %d\n", r == n,
-           r == n && memcmp(prctl_auxv, file, n) == 0);
+    printf("PR_GET_AUXV: %d, same bytes as the file %d\n", r > 0,
+           n > 0 && memcmp(prctl_auxv, file, n) == 0);
     return 0;
 }
 

@@ -23,6 +23,9 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The cases whose hotpath run must equal the native run.
 const SAME_AS_NATIVE: &[&[&str]] = &[
+    &["comm"],
+    &["cmdline"],
+    &["auxv"],
     &["unknown-syscalls"],
     &["uretprobe"],
     &["uretprobe-default"],
@@ -38,18 +41,41 @@ const SAME_AS_NATIVE: &[&[&str]] = &[
     &["seccomp", "tsync-getpid"],
 ];
 
-/// Runs each case natively and under hotpath in every mode and linkage; returns the
-/// differences.
-fn compare_cases(cases: &[&[&str]], modes: &[MonitorMode]) -> Vec<String> {
+/// The cases that show the process's identity, run again as an unprivileged user.
+const IDENTITY: &[&[&str]] = &[&["comm"], &["cmdline"], &["auxv"]];
+
+/// `cmd` run by `setpriv` as user nobody (same program, arguments, environment, directory).
+fn as_nobody(cmd: &Command) -> Command {
+    let mut wrapped = Command::new("setpriv");
+    wrapped
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    wrapped.env_clear();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            wrapped.env(k, v);
+        }
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
+
+/// Runs each case natively and under hotpath in every mode and linkage (as user nobody when
+/// `nobody`); returns the differences.
+fn compare_cases(cases: &[&[&str]], modes: &[MonitorMode], nobody: bool) -> Vec<String> {
+    let wrap = |cmd: Command| if nobody { as_nobody(&cmd) } else { cmd };
     let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
     let mut problems = Vec::new();
     for linkage in Linkage::WITH_DYNAMIC {
         let exe = guest_build::build(SOURCE, linkage).expect("sample builds");
         for &args in cases {
-            let native =
-                runner::run(&mut native_command(&exe, args), CASE_TIMEOUT).expect("native run");
+            let native = runner::run(&mut wrap(native_command(&exe, args)), CASE_TIMEOUT)
+                .expect("native run");
             for &mode in modes {
-                let mut cmd = hotpath_command(&hotpath, mode, &exe, args);
+                let mut cmd = wrap(hotpath_command(&hotpath, mode, &exe, args));
                 let translated = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
                 if let Err(e) = compare::compare_outcomes(&native, &translated) {
                     problems.push(format!(
@@ -66,8 +92,37 @@ fn compare_cases(cases: &[&[&str]], modes: &[MonitorMode]) -> Vec<String> {
 
 #[test]
 fn cases_match_native() {
-    let problems = compare_cases(SAME_AS_NATIVE, &MonitorMode::ALL);
+    let problems = compare_cases(SAME_AS_NATIVE, &MonitorMode::ALL, false);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// `PR_SET_MM_MAP` needs no capability: an unprivileged guest sees its own command line,
+/// name and auxv too.
+#[test]
+fn identity_matches_native_as_an_unprivileged_user() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Already unprivileged: `cases_match_native` is this test.
+        return;
+    }
+    let problems = compare_cases(IDENTITY, &[MonitorMode::On], true);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Documented difference (README, limits): the monitor thread makes the process
+/// multi-threaded, and the kernel refuses `unshare(CLONE_NEWUSER)` to a multi-threaded
+/// process with EINVAL (natively the single-threaded guest gets its user namespace).
+#[test]
+fn unshare_newuser_is_refused_as_documented() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let exe = guest_build::build(SOURCE, Linkage::Static).expect("sample builds");
+    let mut cmd = hotpath_command(&hotpath, MonitorMode::On, &exe, &["unshare"]);
+    let out = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
+    assert_eq!(out.termination, Termination::Exited(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "unshare(CLONE_NEWUSER): -1 Invalid argument\n"
+    );
 }
 
 /// Runs the `chdir` case (the guest moves to `moves_to`) in `dir` under hotpath with

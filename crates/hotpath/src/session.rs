@@ -26,6 +26,7 @@ use hotpath_translator::{
 };
 
 use crate::cli::{OutputArgs, RunArgs};
+use crate::identity;
 use crate::modules::ModuleMap;
 use crate::outputs;
 
@@ -297,8 +298,9 @@ fn spawner(ctx: Arc<RunCtx>) -> hotpath_translator::Spawner {
             libc::sigfillset(&mut all);
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
         }
+        // Unnamed: the host thread keeps the name the kernel copies from the thread that
+        // makes it (the guest's, as a native thread would).
         let spawned = std::thread::Builder::new()
-            .name("hotpath-guest".into())
             .stack_size(GUEST_THREAD_HOST_STACK)
             .spawn(move || {
                 let Ok(mut translator) = Translator::start_thread(start) else {
@@ -376,6 +378,11 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
             return ExitCode::from(126);
         }
     };
+
+    // The guest's name, command line, environment and auxv in /proc, before any other
+    // thread starts (threads inherit the name).
+    identity::set_name(&file);
+    let _ = identity::show_guest_args(&stack);
 
     let monitor_on = !args.no_monitor;
     let cfg = Config {
