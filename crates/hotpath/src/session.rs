@@ -400,8 +400,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     };
     let core = match args.monitor_cpu {
         Some(id) => Some(core_affinity::CoreId { id }),
-        None if cores.len() >= 2 => cores.last().copied(),
-        None => None,
+        None => monitor_core(cores),
     };
     let paths = args.records_paths().then(|| PathConfig {
         pap_threshold: args.pap_threshold,
@@ -450,6 +449,51 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     loop {
         std::thread::park();
     }
+}
+
+/// The CPU to pin the monitor to, among `cores` (the CPUs this process may use), or `None`
+/// to leave it to the scheduler.
+///
+/// The rule: a CPU other than the one the guest's thread is on now, chosen among the others
+/// by pid, so that concurrent runs (a shell script, `make -j` under hotpath) spread their
+/// monitors as the scheduler would spread native processes; and no pinning at all on a
+/// machine with fewer than two such CPUs, or where more threads are runnable than this
+/// process has CPUs (pinned monitors would then queue behind each other while their guests
+/// wait for them: 20 concurrent runs with `--ring-entries 64` took 5x their sequential time
+/// with every monitor on the last CPU).
+fn monitor_core(cores: &[core_affinity::CoreId]) -> Option<core_affinity::CoreId> {
+    // SAFETY: sched_getcpu has no preconditions.
+    let here = unsafe { libc::sched_getcpu() };
+    let ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+    let id = choose_monitor_cpu(
+        &ids,
+        usize::try_from(here).ok(),
+        runnable_threads(),
+        std::process::id(),
+    )?;
+    Some(core_affinity::CoreId { id })
+}
+
+/// [`monitor_core`]'s rule on plain numbers: `cpus` this process may use, the CPU the guest's
+/// thread is on (`here`), the machine's runnable threads, this process's `pid`.
+fn choose_monitor_cpu(
+    cpus: &[usize],
+    here: Option<usize>,
+    runnable: Option<usize>,
+    pid: u32,
+) -> Option<usize> {
+    if cpus.len() < 2 || runnable.is_some_and(|n| n > cpus.len()) {
+        return None;
+    }
+    let others: Vec<usize> = cpus.iter().copied().filter(|&c| Some(c) != here).collect();
+    (!others.is_empty()).then(|| others[pid as usize % others.len()])
+}
+
+/// Threads runnable on the machine now (`procs_running` of `/proc/stat`, this one included).
+fn runnable_threads() -> Option<usize> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("procs_running "))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Suffix added to every output file name of a program the guest execs, so that no process
@@ -679,4 +723,26 @@ fn die_of(sig: i32) -> ExitCode {
         signal_name(sig)
     );
     ExitCode::from(128 + sig as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose_monitor_cpu;
+
+    #[test]
+    fn the_monitor_goes_beside_the_guest_and_concurrent_runs_spread() {
+        // One CPU, or a busy machine: the scheduler places the monitor.
+        assert_eq!(choose_monitor_cpu(&[0], Some(0), Some(1), 7), None);
+        assert_eq!(choose_monitor_cpu(&[0, 1], Some(0), Some(3), 7), None);
+        // Never the guest's CPU.
+        for pid in 0..8 {
+            assert_eq!(choose_monitor_cpu(&[0, 1], Some(0), Some(1), pid), Some(1));
+            assert_eq!(choose_monitor_cpu(&[0, 1], Some(1), Some(2), pid), Some(0));
+        }
+        // Runs with different pids use different CPUs, not all the last one.
+        let chosen: std::collections::BTreeSet<usize> = (100..104)
+            .filter_map(|pid| choose_monitor_cpu(&[0, 1, 2, 3], Some(0), Some(1), pid))
+            .collect();
+        assert_eq!(chosen.into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+    }
 }
