@@ -271,6 +271,14 @@ static int case_seccomp(const char *mode)
         syscall(SYS_getppid);
         return 12;
     }
+    if (!strcmp(mode, "kill-getppid-handled")) {
+        /* A kill ignores the guest's SIGSYS handler. */
+        handle(SIGSYS);
+        install_filter(SYS_getppid, SECCOMP_RET_KILL_PROCESS, 0);
+        fflush(stdout);
+        syscall(SYS_getppid);
+        return 12;
+    }
     if (!strcmp(mode, "trap-getppid")) {
         handle(SIGSYS);
         install_filter(SYS_getppid, SECCOMP_RET_TRAP | 42, 0);

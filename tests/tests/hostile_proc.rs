@@ -37,6 +37,7 @@ const SAME_AS_NATIVE: &[&[&str]] = &[
     &["seccomp", "kill-futex-exit"],
     &["seccomp", "tsync-kill-futex-exit"],
     &["seccomp", "kill-thread-getppid"],
+    &["seccomp", "kill-getppid-handled"],
     &["seccomp", "trap-getppid"],
     &["seccomp", "tsync-getpid"],
 ];
@@ -252,5 +253,18 @@ fn output_paths_are_written_through_as_a_user_expects() {
         got.len()
     );
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A filter's kill ends the guest by SIGSYS as natively, and hotpath still writes the report
+/// (the kill is made a trap that hotpath turns into the guest's end).
+#[test]
+fn a_seccomp_kill_leaves_a_report() {
+    let dir = paths::scratch_dir("hostile-proc-kill");
+    let exe = guest_build::build(SOURCE, Linkage::Static).expect("sample builds");
+    let run =
+        hotpath_e2e::report::run_with_report(&exe, &["seccomp", "kill-futex"], &dir, "kill", &[]);
+    assert_eq!(run.outcome.termination, Termination::Signaled(libc::SIGSYS));
+    assert!(run.report.total("blocks_executed") > 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -14,10 +14,12 @@
 //! otherwise                       → the guest's filter     (e.g. after execve: fail closed)
 //! ```
 //!
-//! followed by the guest's program, whose `SECCOMP_RET_KILL_THREAD` constants become
-//! `SECCOMP_RET_KILL_PROCESS`: the monitor thread makes a single-threaded guest's process
-//! multi-threaded, and killing only the guest's thread would leave hotpath without it (the
-//! kernel ends a single-threaded process in both cases).
+//! followed by the guest's program, whose kill constants (`SECCOMP_RET_KILL_THREAD`,
+//! `SECCOMP_RET_KILL_PROCESS`) become `SECCOMP_RET_TRAP` with hotpath's data
+//! ([`SECCOMP_KILL_DATA`]): the call is not made, and the SIGSYS it raises ends the guest by
+//! SIGSYS after hotpath has written its report. Killing only the guest's thread would leave
+//! hotpath waiting for it (the monitor thread makes a single-threaded guest's process
+//! multi-threaded; the kernel ends a single-threaded process in both cases).
 //!
 //! Strict mode (`SECCOMP_SET_MODE_STRICT`, `PR_SET_SECCOMP` with `SECCOMP_MODE_STRICT`) allows
 //! nothing but `read`, `write`, `exit` and `rt_sigreturn`, which hotpath itself could not live
@@ -27,11 +29,12 @@
 //! What differs from native: the filter sees hotpath's address as `instruction_pointer`, not
 //! the guest's; calls hotpath emulates without making them (`brk`, `rt_sigaction`,
 //! `arch_prctl`, `exit_group`, ...) are not judged; `SECCOMP_RET_KILL_THREAD` ends the whole
-//! process.
+//! process; a kill from a filter whose own traps use hotpath's data ends it without a report.
 
 use crate::guest_mem;
 use crate::linux::host::{guest_syscall, guest_syscall_returns, raw_syscall};
 use crate::linux::process::lock;
+use crate::linux::signals::SECCOMP_KILL_DATA;
 use crate::linux::thread::GuestThread;
 
 /// `seccomp(2)` operations and `prctl(PR_SET_SECCOMP)` modes.
@@ -62,6 +65,7 @@ const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
 const SECCOMP_RET_ACTION_FULL: u32 = 0xffff_0000;
 const SECCOMP_RET_KILL_THREAD: u32 = 0;
+const SECCOMP_RET_TRAP: u32 = 0x0003_0000;
 
 /// Offsets in `struct seccomp_data` of `instruction_pointer`'s low and high 32 bits.
 const IP_LO: u32 = 8;
@@ -253,14 +257,23 @@ fn wrap(guest: &[Insn], sites: &[u64], host_code: &[(u64, u64)]) -> Vec<Insn> {
     }
     // The guest's program starts with A = 0, as the kernel's would.
     p.push(Insn::new(BPF_LD_IMM, 0, 0, 0));
+    let kill_data = SECCOMP_RET_TRAP | SECCOMP_KILL_DATA as u32;
+    // The guest's own trap with hotpath's data would read as a kill: keep its kills then.
+    let trap_for_kill = !guest
+        .iter()
+        .any(|i| i.code == BPF_RET_K && i.k == kill_data);
     p.extend(guest.iter().map(|&i| {
-        if i.code == BPF_RET_K && i.k & SECCOMP_RET_ACTION_FULL == SECCOMP_RET_KILL_THREAD {
+        let action = i.k & SECCOMP_RET_ACTION_FULL;
+        let kill = action == SECCOMP_RET_KILL_THREAD || action == SECCOMP_RET_KILL_PROCESS;
+        if i.code != BPF_RET_K || !kill {
+            i
+        } else if trap_for_kill {
+            Insn { k: kill_data, ..i }
+        } else {
             Insn {
-                k: SECCOMP_RET_KILL_PROCESS | (i.k & !SECCOMP_RET_ACTION_FULL),
+                k: SECCOMP_RET_KILL_PROCESS,
                 ..i
             }
-        } else {
-            i
         }
     }));
     p
@@ -303,6 +316,9 @@ mod tests {
         Insn::new(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
     ];
 
+    /// What a guest's kill becomes.
+    const KILL: u32 = SECCOMP_RET_TRAP | SECCOMP_KILL_DATA as u32;
+
     #[test]
     fn guest_sites_are_judged_and_hotpath_code_is_not() {
         let sites = [0x5555_0000_1234, 0x5555_0000_2000];
@@ -313,7 +329,7 @@ mod tests {
         ];
         let p = wrap(&DENY_GETPID, &sites, &code);
         for site in sites {
-            assert_eq!(run(&p, site, 39), SECCOMP_RET_KILL_PROCESS, "{site:#x}");
+            assert_eq!(run(&p, site, 39), KILL, "{site:#x}");
             assert_eq!(run(&p, site, 1), SECCOMP_RET_ALLOW);
         }
         for ip in [
@@ -332,7 +348,7 @@ mod tests {
             0x7fff_ffff_efff,
             0x8000_0000_1000,
         ] {
-            assert_eq!(run(&p, ip, 39), SECCOMP_RET_KILL_PROCESS, "{ip:#x}");
+            assert_eq!(run(&p, ip, 39), KILL, "{ip:#x}");
         }
     }
 

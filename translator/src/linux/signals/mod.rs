@@ -138,6 +138,11 @@ impl SyncFault {
 /// of the siginfo) is the address after the `syscall` instruction.
 const SYS_SECCOMP: i32 = 1;
 
+/// The `SECCOMP_RET_DATA` (SIGSYS's `si_errno`) of the `SECCOMP_RET_TRAP` that stands for a
+/// guest filter's kill action (`seccomp.rs`): the guest then ends by SIGSYS, whatever its
+/// disposition, after hotpath has written its report.
+pub const SECCOMP_KILL_DATA: u16 = 0xdead;
+
 /// What the host handler shares with the dispatcher: one per guest thread, found by the
 /// handler through the thread's GS base ([`ThreadArea::handler`]). Written by the handler on
 /// its guest thread while the dispatcher is interrupted, and by the dispatcher with every
@@ -709,6 +714,16 @@ impl SignalState {
         let mut base = self.suspend_mask.take().unwrap_or(saved);
         // SAFETY: every signal is blocked: the handler cannot run on this thread now.
         if let Some(mut f) = unsafe { (*self.shared.sync.get()).take() } {
+            let si_errno = i32::from_le_bytes(f.info[4..8].try_into().unwrap());
+            let si_code = i32::from_le_bytes(f.info[8..12].try_into().unwrap());
+            if f.rip == SyncFault::AFTER_SYSCALL
+                && f.sig == libc::SIGSYS
+                && si_code == SYS_SECCOMP
+                && si_errno == SECCOMP_KILL_DATA as i32
+            {
+                // The guest's filter said kill: the kernel would end the process by SIGSYS.
+                return Delivery::Exit(libc::SIGSYS);
+            }
             if f.rip != SyncFault::AFTER_SYSCALL {
                 rip = f.rip;
             } else if f.sig == libc::SIGSYS
