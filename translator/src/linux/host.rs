@@ -62,7 +62,7 @@ pub fn gated_syscall(nr: u64, args: &[u64; 6]) -> i64 {
 }
 
 // The guest's site: every system call hotpath makes *for* the guest outside the gate (the
-// emulated calls' own `mmap`, `openat`, `execve`, ... and the fork's `clone`) is made by this
+// emulated calls' own `mmap`, `openat`, `execve`, `prctl`, `seccomp`, ...) is made by this
 // one `syscall` instruction, so that the kernel can tell the guest's calls from hotpath's:
 // a guest's seccomp filter judges only calls from here and the gate (`seccomp.rs`), and a
 // signal the kernel forces during one of them (`uretprobe`'s SIGILL, seccomp's SIGSYS)

@@ -726,9 +726,7 @@ impl SignalState {
             }
             if f.rip != SyncFault::AFTER_SYSCALL {
                 rip = f.rip;
-            } else if f.sig == libc::SIGSYS
-                && i32::from_le_bytes(f.info[8..12].try_into().unwrap()) == SYS_SECCOMP
-            {
+            } else if f.sig == libc::SIGSYS && si_code == SYS_SECCOMP {
                 // The call's address is the guest's `syscall`, not hotpath's.
                 f.info[16..24].copy_from_slice(&rip.to_le_bytes());
             }
