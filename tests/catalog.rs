@@ -220,6 +220,11 @@ pub const SAMPLES: &[Sample] = &[
     sample("signal_fault", "signal_fault.c", &[], Exit(0),
         "SIGSEGV/SIGILL/SIGFPE/SIGTRAP at the guest instruction: si_addr, si_code, REG_RIP; \
          handlers that siglongjmp or edit the ucontext and return"),
+    sample("nonexec", "nonexec.c", &[], Exit(0),
+        "only executable code runs: a call, jump or fall-through into .rodata, .data, the heap, \
+         the stack, a page made PROT_READ/PROT_NONE after it ran, or an instruction running \
+         into a read-only page faults with SEGV_ACCERR at the fetch address, REG_RIP, RSP and \
+         the pushed return address as natively"),
     sample("signal_overflow", "signal_fault.c", &["overflow"], Exit(0),
         "a stack overflow caught by an SA_ONSTACK handler on the alternate stack"),
     sample("stack_overflow", "signal_fault.c", &["overflow-uncaught"], Signal(libc::SIGSEGV),

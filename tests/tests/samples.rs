@@ -52,6 +52,7 @@ sample_tests! {
     signal_restart,
     signal_dead_regs,
     signal_fault,
+    nonexec,
     signal_overflow,
     stack_overflow,
     sigterm_self,

@@ -445,6 +445,7 @@ impl Translator {
             signals,
             maps: Default::default(),
             clear_child_tid: 0,
+            seccomp_strict: false,
         };
         Translator {
             area,
@@ -674,6 +675,11 @@ impl Translator {
             .invalidations_since(self.invalidations_seen)
         {
             self.invalidations_seen = seen;
+            // A host address to go on at (a block just linked or looked up) may be in code the
+            // discard flushes: go on at its guest address instead, as after a caught write.
+            if !matches!(self.next, Next::Signal) {
+                self.next = Next::Guest(self.guest_rip(self.next));
+            }
             self.discard(&ranges);
         }
     }
@@ -1235,11 +1241,35 @@ impl Translator {
         at: GuestAddr,
         next: GuestAddr,
     ) -> Result<Next, TranslateError> {
+        if kind == TrapKind::FetchFault && self.fetchable_now(at.0) {
+            // The cache was out of date when the block was decoded: the page is executable
+            // now. The block ending here goes, and the guest goes on at `at` (the state is
+            // that of `at`), translated again.
+            self.flush();
+            return Ok(Next::Guest(at.0));
+        }
         let action = special::trap(kind, at.0, next.0, &mut self.process.maps, self.area);
         if let special::Action::Refuse(text) = action {
             return Err(TranslateError::UnsupportedInstruction { at: at.0, text });
         }
         self.act(action)
+    }
+
+    /// True if the instruction at guest `at`, whose block ended in a fetch fault, can be
+    /// fetched after all (its page was made executable since the thread's `MapsCache` was
+    /// read): the first byte that could not be fetched (`at`, or the start of the next page
+    /// when the instruction runs into it) is fetchable under fresh mappings.
+    fn fetchable_now(&mut self, at: u64) -> bool {
+        let maps = &mut self.process.maps;
+        maps.refresh();
+        let mut fetchable =
+            |a: u64| maps.executable_len(a, 1) == 1 && guest_mem::read_partial(a, &mut [0]) == 1;
+        let first_cut = if fetchable(at) {
+            hotpath_loader::page_floor(at) + hotpath_loader::PAGE_SIZE
+        } else {
+            at
+        };
+        fetchable(first_cut)
     }
 
     /// Carries out what [`special`] decided: raise a fault or go on at a guest address.
@@ -1404,20 +1434,22 @@ impl Translator {
         entry
     }
 
-    /// Decodes the guest block at `start`. Its bytes are read with a plain copy where the
-    /// mappings say they are readable (no system call per block), else through
-    /// `process_vm_readv`, which stops cleanly at an unreadable page.
+    /// Decodes the guest block at `start` (at most `max` instructions), from executable pages
+    /// only: the CPU fetches nothing else, so the block ends where they end, with a fetch
+    /// fault if an instruction is cut there (the mappings' protections come from the thread's
+    /// `MapsCache`: no system call per block). Its bytes are read with a plain copy where the
+    /// mappings say they are readable, else through `process_vm_readv`, which stops cleanly at
+    /// an unreadable page.
     fn decode(&mut self, start: GuestAddr, max: usize) -> hotpath_ir::Block {
         let maps = &mut self.process.maps;
         decode_block_limited(start, max, |addr, buf| {
-            let read = if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf)
-            {
+            let executable = maps.executable_len(addr, buf.len() as u64) as usize;
+            let buf = &mut buf[..executable];
+            if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
                 buf.len()
             } else {
                 guest_mem::read_partial(addr, buf)
-            };
-            // Code runs only from executable mappings: fetching past one faults there.
-            special::fetchable(addr, read as u64, maps) as usize
+            }
         })
     }
 
@@ -1430,12 +1462,21 @@ impl Translator {
     /// most is a single-step block, kept apart from the lookup map.
     fn translate_limited(&mut self, pc: u64, max: usize) -> Result<HostAddr, TranslateError> {
         let block = self.decode(GuestAddr(pc), max);
-        // Watch the code's pages for writes if the guest may write them.
-        let maps = &mut self.process.maps;
-        self.process
-            .signals
-            .protected_pages()
-            .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
+        // Watch the code's pages for writes if the guest may write them (undecodable bytes
+        // too: code written there later must replace the trap). Not when nothing could be
+        // fetched at `pc` (a page that is not executable, such as the stack or the heap): its
+        // bytes are no code, and hotpath itself writes signal frames on the stack.
+        let fetched_nothing = matches!(
+            block.terminator,
+            hotpath_ir::Terminator::Trap { kind: TrapKind::FetchFault, at } if at.0 == pc
+        );
+        if !fetched_nothing {
+            let maps = &mut self.process.maps;
+            self.process
+                .signals
+                .protected_pages()
+                .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
+        }
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,

@@ -742,6 +742,54 @@ pub(crate) fn exit_stub(
 }
 
 /// Emits `jcc rel32` with condition nibble `cc` to `label`.
+/// Emits `jmp rel32` to `label` in code assembled for host address `base`, with its
+/// displacement 4-byte aligned (see [`align_patchable`]), and returns the displacement's host
+/// address: the site of a chainable direct exit.
+pub(crate) fn patchable_jmp(
+    ops: &mut VecAssembler<X64Relocation>,
+    base: u64,
+    label: DynamicLabel,
+) -> HostAddr {
+    align_patchable(ops, base, 1);
+    dynasm!(ops ; .arch x64 ; jmp =>label);
+    patch_site(ops, base)
+}
+
+/// Emits `jcc rel32` (condition code `cc`) to `label` like [`patchable_jmp`].
+pub(crate) fn patchable_jcc(
+    ops: &mut VecAssembler<X64Relocation>,
+    base: u64,
+    cc: u8,
+    label: DynamicLabel,
+) -> HostAddr {
+    align_patchable(ops, base, 2);
+    jcc(ops, cc, label);
+    patch_site(ops, base)
+}
+
+/// Pads with one NOP of 0–3 bytes so that the rel32 of a branch whose opcode (`opcode_len`
+/// bytes) comes next starts at a multiple of 4 bytes. Another thread may unlink the branch
+/// while this thread runs it (`kick` → `unlink_all`): an aligned 4-byte store is seen whole by
+/// a concurrent instruction fetch, but one that crosses a cache line can be fetched half old,
+/// half new. (Seen: a linked self-loop, rel32 `bf ff ff ff`, fetched with the unlinked high
+/// byte `00`, jumped 16 MiB into the cache.) DynamoRIO pads its patchable exits the same way.
+fn align_patchable(ops: &mut VecAssembler<X64Relocation>, base: u64, opcode_len: u64) {
+    let at = base + ops.offset().0 as u64 + opcode_len;
+    match (4 - at % 4) % 4 {
+        0 => {}
+        1 => dynasm!(ops ; .arch x64 ; nop),
+        2 => dynasm!(ops ; .arch x64 ; .u8 0x66 ; nop),
+        _ => dynasm!(ops ; .arch x64 ; .u8 0x0f ; .u8 0x1f ; .u8 0x00),
+    }
+}
+
+/// The host address of the rel32 just emitted (the last 4 bytes), checked to be aligned.
+fn patch_site(ops: &VecAssembler<X64Relocation>, base: u64) -> HostAddr {
+    let site = base + ops.offset().0 as u64 - 4;
+    debug_assert_eq!(site % 4, 0, "a patchable rel32 at {site:#x} is not aligned");
+    HostAddr(site)
+}
+
 pub(crate) fn jcc(ops: &mut VecAssembler<X64Relocation>, cc: u8, label: DynamicLabel) {
     match cc {
         0 => dynasm!(ops ; .arch x64 ; jo =>label),
@@ -834,8 +882,6 @@ pub(crate) fn emit_terminator(
     let exit_addr = cx.gateway.exit.0 as usize;
     let chunk_base = code.addr();
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
-    let site_here =
-        |ops: &VecAssembler<X64Relocation>| HostAddr(chunk_base + ops.offset().0 as u64 - 4);
     let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr| {
         exits.push(Exit {
             block: id,
@@ -850,15 +896,15 @@ pub(crate) fn emit_terminator(
     match block.terminator {
         Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
             let l = ops.new_dynamic_label();
-            dynasm!(ops ; .arch x64 ; jmp =>l);
-            let index = direct(exits, target, site_here(&ops));
+            let site = patchable_jmp(&mut ops, chunk_base, l);
+            let index = direct(exits, target, site);
             exit_stub(&mut ops, l, index, exit_addr);
         }
         Terminator::Call { target, return_to } => {
             let literal = push_return_address(&mut ops, return_to);
             let l = ops.new_dynamic_label();
-            dynasm!(ops ; .arch x64 ; jmp =>l);
-            let index = direct(exits, target, site_here(&ops));
+            let site = patchable_jmp(&mut ops, chunk_base, l);
+            let index = direct(exits, target, site);
             exit_stub(&mut ops, l, index, exit_addr);
             literal.place(&mut ops);
         }
@@ -871,10 +917,10 @@ pub(crate) fn emit_terminator(
             let ln = ops.new_dynamic_label();
             let (it, in_) = match cond.cc() {
                 Some(cc) => {
-                    jcc(&mut ops, cc, lt);
-                    let it = direct(exits, taken, site_here(&ops));
-                    dynasm!(ops ; .arch x64 ; jmp =>ln);
-                    let in_ = direct(exits, not_taken, site_here(&ops));
+                    let site = patchable_jcc(&mut ops, chunk_base, cc, lt);
+                    let it = direct(exits, taken, site);
+                    let site = patchable_jmp(&mut ops, chunk_base, ln);
+                    let in_ = direct(exits, not_taken, site);
                     (it, in_)
                 }
                 None => {
@@ -887,10 +933,11 @@ pub(crate) fn emit_terminator(
                     debug_assert!(matches!(cond, Cond::Loop | Cond::RcxZero));
                     let short_taken = ops.new_dynamic_label();
                     rcx_branch(&mut ops, inst, short_taken)?;
-                    dynasm!(ops ; .arch x64 ; jmp =>ln);
-                    let in_ = direct(exits, not_taken, site_here(&ops));
-                    dynasm!(ops ; .arch x64 ; =>short_taken ; jmp =>lt);
-                    let it = direct(exits, taken, site_here(&ops));
+                    let site = patchable_jmp(&mut ops, chunk_base, ln);
+                    let in_ = direct(exits, not_taken, site);
+                    dynasm!(ops ; .arch x64 ; =>short_taken);
+                    let site = patchable_jmp(&mut ops, chunk_base, lt);
+                    let it = direct(exits, taken, site);
                     (it, in_)
                 }
             };

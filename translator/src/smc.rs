@@ -281,6 +281,46 @@ impl MapsCache {
         run_end >= end
     }
 
+    /// Reads `/proc/self/maps` again now (before a fault is reported from what the cache said).
+    pub fn refresh(&mut self) {
+        self.reload();
+    }
+
+    /// How many of the `len` bytes at `addr` lie in consecutive mappings the kernel lets the
+    /// CPU fetch instructions from (`PROT_EXEC`), by the cache, read again first if the guest
+    /// changed a mapping there since. When the first byte is not executable by the cache, it is
+    /// read again anyway before answering 0 (the guest's next instruction then faults, so the
+    /// answer must be current; it costs a read only on that path).
+    pub fn executable_len(&mut self, addr: u64, len: u64) -> u64 {
+        let end = addr.saturating_add(len);
+        if !self.fresh(addr, end) {
+            self.reload();
+        }
+        let mut n = self.executable_run(addr, end);
+        if n == 0 && !self.ranges.is_empty() {
+            self.reload();
+            n = self.executable_run(addr, end);
+        }
+        n
+    }
+
+    /// Bytes from `addr` up to `end` covered by consecutive executable cached mappings.
+    fn executable_run(&self, addr: u64, end: u64) -> u64 {
+        let Some((i, _, mut run_end, prot)) = self.find(addr) else {
+            return 0;
+        };
+        if prot & libc::PROT_EXEC == 0 {
+            return 0;
+        }
+        for &(s, e, prot) in &self.ranges[i + 1..] {
+            if run_end >= end || s != run_end || prot & libc::PROT_EXEC == 0 {
+                break;
+            }
+            run_end = e;
+        }
+        run_end.min(end) - addr
+    }
+
     fn reload(&mut self) {
         self.stale_all = false;
         self.stale.clear();
@@ -349,6 +389,20 @@ mod tests {
             assert!(maps.readable(a, 2 * PAGE));
             assert!(!maps.readable(a, 2 * PAGE + 1));
             assert_eq!(maps.prot(a + 2 * PAGE), Some(0));
+            // Executable bytes: the first page is made executable, the cache told.
+            assert_eq!(maps.executable_len(a, 100), 0);
+            libc::mprotect(p, PAGE as usize, libc::PROT_READ | libc::PROT_EXEC);
+            maps.invalidate_range(a, a + PAGE);
+            assert_eq!(maps.executable_len(a + 10, 100), 100);
+            assert_eq!(maps.executable_len(a + PAGE - 10, 100), 10);
+            assert_eq!(maps.executable_len(a + PAGE, 100), 0);
+            // Not told, but a first byte the cache says is not executable is read again.
+            libc::mprotect(
+                (a + PAGE) as *mut libc::c_void,
+                PAGE as usize,
+                libc::PROT_READ | libc::PROT_EXEC,
+            );
+            assert_eq!(maps.executable_len(a + PAGE, 100), 100);
             libc::munmap(p, 3 * PAGE as usize);
             maps.invalidate_range(a, a + 3 * PAGE);
             assert_eq!(maps.prot(a), None);

@@ -39,6 +39,8 @@ const ILL_ILLOPN: i32 = 2;
 pub const SEGV_MAPERR: i32 = 1;
 /// `si_code` of SIGSEGV: the mapping forbids the access.
 pub const SEGV_ACCERR: i32 = 2;
+/// SIGBUS code: a nonexistent physical address (a file page past the end of the file).
+const BUS_ADRERR: i32 = 2;
 const TRAP_BRKPT: i32 = 1;
 
 /// x86 exception vectors (`X86_TRAP_*`).
@@ -171,6 +173,23 @@ pub fn fetch_fault(at: u64, maps: &mut MapsCache) -> GuestFault {
     let readable = guest_mem::read_partial(at, &mut bytes) as u64;
     let addr = at + fetchable(at, readable, maps);
     let prot = maps.prot(addr);
+    // The kernel says SIGBUS for a page of a file past its end (mapped executable and
+    // readable, yet unreadable), not the kernel's execute-only [vsyscall] page above user space.
+    const USER_SPACE_END: u64 = 1 << 47;
+    if prot.is_some_and(|p| p & libc::PROT_EXEC != 0 && p & libc::PROT_READ != 0)
+        && addr < USER_SPACE_END
+    {
+        let mut f = fault(
+            libc::SIGBUS,
+            BUS_ADRERR,
+            addr,
+            at,
+            TRAP_PF,
+            PF_USER | PF_INSTR,
+        );
+        f.trap.cr2 = addr;
+        return f;
+    }
     let (code, present) = match prot {
         None => (SEGV_MAPERR, 0),
         Some(p) if p & libc::PROT_READ != 0 => (SEGV_ACCERR, PF_PROT),

@@ -31,9 +31,9 @@ use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
 use crate::emit::{
-    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, rcx_branch,
-    resolve_exit_stubs, return_pop, return_through_lookup, Code_, EmitContext, Exit, ExitKind,
-    HostLayout, RcxSave, Slow,
+    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, patchable_jmp,
+    rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_, EmitContext, Exit,
+    ExitKind, HostLayout, RcxSave, Slow,
 };
 use crate::gateway::GS;
 use crate::thread_area::off;
@@ -292,8 +292,7 @@ pub fn emit_superblock(
         let guest = match cold {
             Cold::Direct(target) => {
                 let l = ops.new_dynamic_label();
-                dynasm!(ops ; .arch x64 ; jmp =>l);
-                let site = HostAddr(start + ops.offset().0 as u64 - 4);
+                let site = patchable_jmp(&mut ops, start, l);
                 exits.push(Exit {
                     block: sb,
                     kind: ExitKind::Direct {

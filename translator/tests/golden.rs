@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use hotpath_ir::{BlockId, GuestAddr, HostAddr};
 use hotpath_translator::decode::decode_block;
-use hotpath_translator::emit::{emit_block, EmitContext};
+use hotpath_translator::emit::{emit_block, EmitContext, Exit, ExitKind};
 use hotpath_translator::gateway::Gateway;
 use hotpath_translator::superblock::emit_superblock;
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
@@ -274,4 +274,82 @@ fn calls_and_returns_above_2_gib_use_64_bit_constants() {
         "superblock_call_high",
         render_trace("superblock_call_high", &code, GUEST_HIGH, &[0, 0x20, 0x0a]),
     );
+}
+
+/// Asserts that every chainable direct exit of `exits` (code emitted for host address `base`)
+/// has its rel32 4-byte aligned right after a `jmp` (`e9`) or `jcc` (`0f 8x`) opcode.
+fn assert_patch_sites_aligned(what: &str, code: &[u8], base: u64, exits: &[Exit]) {
+    for x in exits {
+        if let ExitKind::Direct { site, .. } = x.kind {
+            assert_eq!(
+                site.0 % 4,
+                0,
+                "{what} at {base:#x}: rel32 at {site} not aligned"
+            );
+            let off = (site.0 - base) as usize;
+            let is_jmp = code[off - 1] == 0xe9;
+            let is_jcc = code[off - 2] == 0x0f && code[off - 1] & 0xf0 == 0x80;
+            assert!(
+                is_jmp || is_jcc,
+                "{what}: {site} does not follow a branch opcode"
+            );
+        }
+    }
+}
+
+#[test]
+fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
+    // Another thread unlinks a thread's direct exits while that thread may be running them
+    // (`kick`): a displacement that crossed a cache line could be fetched half patched. Each
+    // case (a block, and a superblock over the guest offsets given) is emitted at the four
+    // host addresses modulo 4.
+    let cases: [(&str, Vec<u8>, u64, &[u64]); 4] = [
+        (
+            "jcc",
+            vec![0x48, 0x83, 0xc0, 0x01, 0x48, 0x39, 0xf8, 0x72, 0xf7],
+            GUEST,
+            &[0, 0, 0],
+        ),
+        (
+            "call",
+            vec![0xbf, 0x05, 0, 0, 0, 0xe8, 0x00, 0x01, 0, 0],
+            GUEST,
+            &[],
+        ),
+        ("loop", vec![0x48, 0xff, 0xca, 0xe2, 0xfb], GUEST, &[]),
+        (
+            "call_high",
+            call_and_return_code(),
+            GUEST_HIGH,
+            &[0, 0x20, 0x0a],
+        ),
+    ];
+    let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for (name, bytes, guest, trace) in &cases {
+        let page = guest_page(*guest);
+        page.fill(0xcc);
+        page[..bytes.len()].copy_from_slice(bytes);
+        for skew in 0..4u64 {
+            let base = HOST + skew;
+            for enqueue in [Some(RING_ENTRIES), None] {
+                let cx = EmitContext {
+                    enqueue,
+                    gateway: GATEWAY,
+                };
+                let block = decode_block(GuestAddr(*guest));
+                let e = emit_block(&block, BlockId(7), HostAddr(base), 0, &cx).expect("emits");
+                assert_patch_sites_aligned(name, &e.code, base, &e.exits);
+                if trace.is_empty() || enqueue.is_none() {
+                    continue;
+                }
+                let blocks: Vec<_> = trace
+                    .iter()
+                    .map(|&o| decode_block(GuestAddr(*guest + o)))
+                    .collect();
+                let sb =
+                    emit_superblock(&blocks, BlockId(7), HostAddr(base), 0, &cx).expect("emits");
+                assert_patch_sites_aligned(name, &sb.code, base, &sb.exits);
+            }
+        }
+    }
 }

@@ -240,11 +240,13 @@ impl RingProducer {
             while !consumed() {
                 // The consumer runs on another core and frees room within microseconds; a
                 // sleep would oversleep by tens of them, so spin first and sleep only when the
-                // consumer seems stalled.
+                // consumer seems stalled. Past the first spins, yield: on a machine with more
+                // runnable threads than cores (many hotpath runs at once) the consumer may be
+                // waiting for this very core, and spinning would keep it off for a whole slice.
                 if !backoff.is_completed() {
                     backoff.snooze();
                 } else if started.elapsed() < SPIN_BEFORE_SLEEP {
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                 } else {
                     std::thread::sleep(Duration::from_micros(50));
                 }

@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod identity;
 pub mod modules;
 pub mod outputs;
 pub mod session;

@@ -26,6 +26,7 @@ use hotpath_translator::{
 };
 
 use crate::cli::{OutputArgs, RunArgs};
+use crate::identity;
 use crate::modules::ModuleMap;
 use crate::outputs;
 
@@ -297,8 +298,9 @@ fn spawner(ctx: Arc<RunCtx>) -> hotpath_translator::Spawner {
             libc::sigfillset(&mut all);
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
         }
+        // Unnamed: the host thread keeps the name the kernel copies from the thread that
+        // makes it (the guest's, as a native thread would).
         let spawned = std::thread::Builder::new()
-            .name("hotpath-guest".into())
             .stack_size(GUEST_THREAD_HOST_STACK)
             .spawn(move || {
                 let Ok(mut translator) = Translator::start_thread(start) else {
@@ -322,6 +324,7 @@ const GUEST_THREAD_HOST_STACK: usize = 8 << 20;
 /// program cannot be started (with the shell's status: 127 not found, 126 cannot execute).
 /// `cores` are the CPUs this process may use, read before any thread was pinned.
 pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
+    absolutize_outputs(&mut args);
     let file = search_path(&args.command[0]);
     if let Some(name) = args.argv0.take() {
         // The report shows the argv the guest saw.
@@ -343,6 +346,11 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         Ok(i) => i,
         Err(e) => {
             eprintln!("hotpath: {e}");
+            if e.kills_the_process() {
+                // As natively: execve succeeded, then the new process died before its first
+                // instruction.
+                return die_of(libc::SIGSEGV);
+            }
             return ExitCode::from(load_error_status(&e));
         }
     };
@@ -371,6 +379,11 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         }
     };
 
+    // The guest's name, command line, environment and auxv in /proc, before any other
+    // thread starts (threads inherit the name).
+    identity::set_name(&file);
+    let _ = identity::show_guest_args(&stack);
+
     let monitor_on = !args.no_monitor;
     let cfg = Config {
         enqueue: monitor_on,
@@ -387,8 +400,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     };
     let core = match args.monitor_cpu {
         Some(id) => Some(core_affinity::CoreId { id }),
-        None if cores.len() >= 2 => cores.last().copied(),
-        None => None,
+        None => monitor_core(cores),
     };
     let paths = args.records_paths().then(|| PathConfig {
         pap_threshold: args.pap_threshold,
@@ -439,12 +451,81 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     }
 }
 
+/// The CPU to pin the monitor to, among `cores` (the CPUs this process may use), or `None`
+/// to leave it to the scheduler.
+///
+/// The rule: a CPU other than the one the guest's thread is on now, chosen among the others
+/// by pid, so that concurrent runs (a shell script, `make -j` under hotpath) spread their
+/// monitors as the scheduler would spread native processes; and no pinning at all on a
+/// machine with fewer than two such CPUs, or where more threads are runnable than this
+/// process has CPUs (pinned monitors would then queue behind each other while their guests
+/// wait for them: 20 concurrent runs with `--ring-entries 64` took 5x their sequential time
+/// with every monitor on the last CPU).
+fn monitor_core(cores: &[core_affinity::CoreId]) -> Option<core_affinity::CoreId> {
+    // SAFETY: sched_getcpu has no preconditions.
+    let here = unsafe { libc::sched_getcpu() };
+    let ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+    let id = choose_monitor_cpu(
+        &ids,
+        usize::try_from(here).ok(),
+        runnable_threads(),
+        std::process::id(),
+    )?;
+    Some(core_affinity::CoreId { id })
+}
+
+/// [`monitor_core`]'s rule on plain numbers: `cpus` this process may use, the CPU the guest's
+/// thread is on (`here`), the machine's runnable threads, this process's `pid`.
+fn choose_monitor_cpu(
+    cpus: &[usize],
+    here: Option<usize>,
+    runnable: Option<usize>,
+    pid: u32,
+) -> Option<usize> {
+    if cpus.len() < 2 || runnable.is_some_and(|n| n > cpus.len()) {
+        return None;
+    }
+    let others: Vec<usize> = cpus.iter().copied().filter(|&c| Some(c) != here).collect();
+    (!others.is_empty()).then(|| others[pid as usize % others.len()])
+}
+
+/// Threads runnable on the machine now (`procs_running` of `/proc/stat`, this one included).
+fn runnable_threads() -> Option<usize> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("procs_running "))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Suffix added to every output file name of a program the guest execs, so that no process
 /// image overwrites another's report (a forked child adds `.<pid>` instead).
 const EXEC_SUFFIX: &str = ".exec";
 
-/// `path` with `suffix` appended to its file name.
+/// Makes every output path absolute against hotpath's starting directory, once: the guest
+/// may `chdir` before its report is written, and an exec'd image gets the same paths.
+fn absolutize_outputs(args: &mut RunArgs) {
+    let o = &mut args.outputs;
+    for p in [
+        &mut args.report,
+        &mut o.dot,
+        &mut o.flamegraph,
+        &mut o.drcov,
+        &mut o.callgrind,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Ok(abs) = std::path::absolute(&*p) {
+            *p = abs;
+        }
+    }
+}
+
+/// `path` with `suffix` appended to its file name; a character device or FIFO
+/// (`--report /dev/null`, a named pipe) keeps its name: every process image writes to it.
 fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
+    if hotpath_report::is_stream_file(path) {
+        return path.to_path_buf();
+    }
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
@@ -642,4 +723,26 @@ fn die_of(sig: i32) -> ExitCode {
         signal_name(sig)
     );
     ExitCode::from(128 + sig as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose_monitor_cpu;
+
+    #[test]
+    fn the_monitor_goes_beside_the_guest_and_concurrent_runs_spread() {
+        // One CPU, or a busy machine: the scheduler places the monitor.
+        assert_eq!(choose_monitor_cpu(&[0], Some(0), Some(1), 7), None);
+        assert_eq!(choose_monitor_cpu(&[0, 1], Some(0), Some(3), 7), None);
+        // Never the guest's CPU.
+        for pid in 0..8 {
+            assert_eq!(choose_monitor_cpu(&[0, 1], Some(0), Some(1), pid), Some(1));
+            assert_eq!(choose_monitor_cpu(&[0, 1], Some(1), Some(2), pid), Some(0));
+        }
+        // Runs with different pids use different CPUs, not all the last one.
+        let chosen: std::collections::BTreeSet<usize> = (100..104)
+            .filter_map(|pid| choose_monitor_cpu(&[0, 1, 2, 3], Some(0), Some(1), pid))
+            .collect();
+        assert_eq!(chosen.into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+    }
 }

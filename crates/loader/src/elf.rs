@@ -9,15 +9,16 @@ use std::path::{Path, PathBuf};
 use goblin::elf::{header, program_header, sym, Elf};
 use memmap2::Mmap;
 
+use crate::headers::{
+    parse_phdrs, Ehdr, Phdr, EHDR_SIZE, EM_386, EM_X86_64, ET_DYN, ET_EXEC, PF_R, PF_W, PF_X,
+    PT_GNU_STACK, PT_INTERP, PT_LOAD,
+};
 use crate::{page_ceil, page_floor, LoadError, PAGE_SIZE};
 
 /// Address space reserved after the image for the guest's brk heap, in bytes (1 GiB).
 /// Reserved up front (PROT_NONE) so that nothing of hotpath's can land where the guest's
 /// heap must grow.
 pub const BRK_RESERVE: u64 = 1 << 30;
-
-/// Size of an ELF64 file header in bytes.
-const ELF64_EHDR_SIZE: usize = 64;
 
 /// What kind of ELF executable the guest is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,90 +104,192 @@ pub struct Image {
     pub brk_limit: u64,
     /// The caller's extra reservation `(start, len)`, PROT_NONE, right after `brk_limit`.
     pub extra: (u64, u64),
-    /// Function symbols, sorted by address.
+    /// Function symbols, sorted by address (none when goblin cannot read the section headers:
+    /// the kernel does not need them, so neither does loading).
     pub symbols: Vec<Symbol>,
+    /// Whether the stack is executable (`PT_GNU_STACK` with `PF_X`; without one it is not, on
+    /// x86-64).
+    pub exec_stack: bool,
     /// The program interpreter, for a dynamically linked program.
     pub interpreter: Option<Interpreter>,
 }
 
 /// Loads the executable at `path` into this process at its guest addresses, and its
-/// interpreter when it names one (`PT_INTERP`), as the kernel's `execve` does: the program at
-/// its fixed addresses (`ET_EXEC`) or at a base like the kernel's (`ET_DYN`), the interpreter
-/// wherever there is room.
+/// interpreter when it names one (`PT_INTERP`), as the kernel's `execve` does
+/// (`load_elf_binary`, with its checks in its order): the program at its fixed addresses
+/// (`ET_EXEC`) or at a base like the kernel's (`ET_DYN`), the interpreter wherever there is
+/// room. Only the ELF header and program headers are read; section headers may be anything.
 ///
 /// # Errors
-/// [`LoadError`] naming the file when it is missing, unreadable, not executable, not an ELF,
-/// not a 64-bit x86-64 executable, malformed, or when its addresses are not free;
-/// [`LoadError::Interpreter`] when its interpreter is missing or cannot be loaded.
+/// A [`LoadError`] naming the file. Before the kernel's point of no return (what `execve`
+/// would refuse with an errno): missing, unreadable or not executable ([`LoadError::Io`],
+/// [`LoadError::NotExecutable`]), not an ELF or not an x86-64 executable
+/// ([`LoadError::NotElf`], [`LoadError::UnsupportedElf`]), a bad `PT_INTERP` or interpreter
+/// ([`LoadError::Interpreter`]). After it (where the kernel kills the new process with
+/// SIGSEGV): [`LoadError::Killed`]. Where hotpath itself cannot place the image (an image over
+/// 4 GiB, addresses hotpath uses): [`LoadError::UnsupportedElf`] or [`LoadError::Map`].
 pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let (file, bytes) = open_checked(path, &abs)?;
-    let checked = parse_checked(&bytes, &abs)?;
-    let elf = &checked.elf;
-    let unsupported = |reason: String| LoadError::UnsupportedElf {
+    let exe = parse_checked(&bytes, &abs)?;
+    let interp = match interp_path(&bytes, &exe.phdrs, &abs)? {
+        Some(interp) => Some(open_interpreter(&abs, &interp)?),
+        None => None,
+    };
+    let exec_stack = exe
+        .phdrs
+        .iter()
+        .rfind(|p| p.p_type == PT_GNU_STACK)
+        .is_some_and(|p| p.p_flags & PF_X != 0);
+
+    // The kernel's point of no return: from here on, what it cannot do kills the process.
+    let killed = |reason: String| LoadError::Killed {
         path: abs.clone(),
         reason,
     };
-    if checked.kind == ElfKind::StaticPie && elf.entry == 0 {
-        return Err(unsupported(
-            "a shared library, not an executable (entry point 0)".into(),
-        ));
-    }
-    let placement = match (checked.kind, elf.interpreter) {
+    let plan = plan_layout(&exe).map_err(killed)?;
+    check_span(plan.span).map_err(|reason| LoadError::UnsupportedElf {
+        path: abs.clone(),
+        reason,
+    })?;
+    let kind = exe.kind();
+    let placement = match (kind, &interp) {
         (ElfKind::Static, _) => Placement::Fixed,
         (ElfKind::StaticPie, Some(_)) => Placement::Hint(ELF_ET_DYN_BASE),
         // A static-pie goes where the kernel finds room, like ASLR would put it.
         (ElfKind::StaticPie, None) => Placement::Anywhere,
     };
-    let (lo, hi) = checked.span;
+    let (lo, hi) = plan.span;
     let total = hi - lo + BRK_RESERVE + page_ceil(opts.extra_reserve);
-    let base = reserve(&abs, placement, lo, total)?;
-    let load_bias = base - lo;
-
+    let base = reserve(&abs, placement, lo, total, maximum_alignment(&exe))?;
+    let load_bias = base.wrapping_sub(lo);
     let mut segments = Vec::new();
-    for ph in checked.loads() {
-        segments.push(map_segment(&file, &abs, ph, load_bias)?);
+    for ph in exe.loads() {
+        segments.extend(map_segment(&file, bytes.len() as u64, ph, load_bias).map_err(killed)?);
     }
-
-    let phdr = match elf
-        .program_headers
-        .iter()
-        .find(|p| p.p_type == program_header::PT_PHDR)
-    {
-        Some(p) => p.p_vaddr + load_bias,
-        // Static glibc has no PT_PHDR: the headers sit in the LOAD that maps file offset 0.
-        None => checked
-            .loads()
-            .find(|p| p.p_offset == 0)
-            .map(|p| p.p_vaddr + elf.header.e_phoff + load_bias)
-            .unwrap_or(0),
-    };
-    let interpreter = match elf.interpreter {
-        Some(interp) => Some(load_interpreter(&abs, Path::new(interp))?),
+    let entry = exe.ehdr.e_entry.wrapping_add(load_bias);
+    if interp.is_none() && entry >= TASK_SIZE {
+        return Err(killed(format!("entry point {entry:#x} outside user space")));
+    }
+    let interpreter = match interp {
+        Some(opened) => Some(load_interpreter(&abs, opened)?),
         None => None,
     };
-    let brk_start = hi + load_bias;
+    let brk_start = hi.wrapping_add(load_bias);
     let brk_limit = brk_start + BRK_RESERVE;
+    let symbols = Elf::parse(&bytes)
+        .map(|elf| function_symbols(&elf, load_bias, &segments))
+        .unwrap_or_default();
     Ok(Image {
         path: abs,
-        kind: checked.kind,
+        kind,
         load_bias,
-        entry: elf.entry + load_bias,
-        phdr,
-        phent: elf.header.e_phentsize as u64,
-        phnum: elf.header.e_phnum as u64,
+        entry,
+        phdr: plan.phdr.wrapping_add(load_bias),
+        phent: exe.ehdr.e_phentsize as u64,
+        phnum: exe.ehdr.e_phnum as u64,
         image_start: base,
         brk_start,
         brk_limit,
         extra: (brk_limit, page_ceil(opts.extra_reserve)),
-        symbols: function_symbols(elf, load_bias, &segments),
+        symbols,
         segments,
+        exec_stack,
         interpreter,
     })
 }
 
-/// Loads the program interpreter `interp` named by `program`, wherever there is room.
-fn load_interpreter(program: &Path, interp: &Path) -> Result<Interpreter, LoadError> {
+/// What the kernel's `execve` of the ELF file `path` would fail with before its point of no
+/// return, as [`load`] checks it (the file, its headers, its interpreter), without mapping
+/// anything: `None` when the kernel would go on (it may still kill the new process, which a
+/// `load` of it then reports), or when the file is not for this check (no ELF magic, or an
+/// i386 program, which the kernel runs through its compat loader and hotpath refuses).
+/// The guest's `execve` uses it to let the kernel answer the calls it refuses.
+pub fn kernel_refusal(path: &Path) -> Option<LoadError> {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let (_file, bytes) = match open_checked(path, &abs) {
+        Ok(opened) => opened,
+        Err(e) => return Some(e),
+    };
+    let i386 = bytes.get(header::EI_CLASS) == Some(&header::ELFCLASS32)
+        && Ehdr::parse(&bytes).e_machine == EM_386;
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" || i386 {
+        return None;
+    }
+    let exe = match parse_checked(&bytes, &abs) {
+        Ok(exe) => exe,
+        Err(e) => return Some(e),
+    };
+    match interp_path(&bytes, &exe.phdrs, &abs) {
+        Ok(Some(interp)) => open_interpreter(&abs, &interp).err(),
+        Ok(None) => None,
+        Err(e) => Some(e),
+    }
+}
+
+/// First byte above user space on x86-64 (`TASK_SIZE`): an address at or above it is the
+/// kernel's `BAD_ADDR`.
+const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
+
+/// Longest interpreter path the kernel reads from `PT_INTERP`, NUL included (`PATH_MAX`).
+const PATH_MAX: u64 = 4096;
+
+/// The interpreter's path named by the first `PT_INTERP` of `bytes`, if any, with the
+/// kernel's checks: 2 to 4096 bytes in the file, ending with a NUL; the path is the string
+/// up to its first NUL.
+fn interp_path(bytes: &[u8], phdrs: &[Phdr], abs: &Path) -> Result<Option<PathBuf>, LoadError> {
+    let Some(ph) = phdrs.iter().find(|p| p.p_type == PT_INTERP) else {
+        return Ok(None);
+    };
+    let unsupported = |reason: String| LoadError::UnsupportedElf {
+        path: abs.to_path_buf(),
+        reason,
+    };
+    if ph.p_filesz > PATH_MAX || ph.p_filesz < 2 {
+        return Err(unsupported(format!(
+            "interpreter path of {} bytes (PT_INTERP): 2 to {PATH_MAX} are accepted",
+            ph.p_filesz
+        )));
+    }
+    let text = usize::try_from(ph.p_offset)
+        .ok()
+        .and_then(|start| bytes.get(start..start.checked_add(ph.p_filesz as usize)?))
+        .ok_or_else(|| {
+            unsupported("the interpreter path (PT_INTERP) is past the end of the file".into())
+        })?;
+    let Some((&0, _)) = text.split_last() else {
+        return Err(unsupported(
+            "the interpreter path (PT_INTERP) does not end with a NUL byte".into(),
+        ));
+    };
+    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+    if end == 0 {
+        // The kernel's open of an empty path fails with EACCES.
+        return Err(LoadError::Interpreter {
+            path: abs.to_path_buf(),
+            interp: PathBuf::new(),
+            reason: "empty interpreter path (PT_INTERP)".into(),
+        });
+    }
+    use std::os::unix::ffi::OsStrExt;
+    Ok(Some(PathBuf::from(std::ffi::OsStr::from_bytes(
+        &text[..end],
+    ))))
+}
+
+/// The interpreter as opened and checked before the point of no return.
+struct OpenedInterpreter {
+    path: PathBuf,
+    file: File,
+    bytes: Mmap,
+    ehdr: Ehdr,
+    phdrs: Vec<Phdr>,
+}
+
+/// Opens the interpreter `interp` named by `program` and checks what the kernel checks before
+/// its point of no return: an executable regular file of at least a file header's size, with
+/// the ELF magic, x86-64 and readable program headers (else ELIBBAD).
+fn open_interpreter(program: &Path, interp: &Path) -> Result<OpenedInterpreter, LoadError> {
     let err = |reason: String| LoadError::Interpreter {
         path: program.to_path_buf(),
         interp: interp.to_path_buf(),
@@ -194,43 +297,90 @@ fn load_interpreter(program: &Path, interp: &Path) -> Result<Interpreter, LoadEr
     };
     // The kernel's own rule: the interpreter must be an executable regular file.
     let (file, bytes) = open_checked(interp, interp).map_err(|e| err(e.reason()))?;
-    let checked = parse_checked(&bytes, interp).map_err(|e| err(e.reason()))?;
-    let elf = &checked.elf;
-    if elf.interpreter.is_some() {
-        return Err(err("the interpreter itself names an interpreter".into()));
+    if bytes.len() < EHDR_SIZE {
+        return Err(err("truncated ELF header".into()));
     }
-    let placement = match checked.kind {
-        ElfKind::Static => Placement::Fixed,
-        ElfKind::StaticPie => Placement::Anywhere,
-    };
-    let (lo, hi) = checked.span;
-    let base = reserve(interp, placement, lo, hi - lo).map_err(|e| err(e.reason()))?;
-    let load_bias = base - lo;
-    for ph in checked.loads() {
-        map_segment(&file, interp, ph, load_bias).map_err(|e| err(e.reason()))?;
+    if &bytes[..4] != b"\x7fELF" {
+        return Err(err("not an ELF file".into()));
     }
-    Ok(Interpreter {
+    let ehdr = Ehdr::parse(&bytes);
+    if ehdr.e_machine != EM_X86_64 {
+        return Err(err(format!("ELF machine {}, not x86-64", ehdr.e_machine)));
+    }
+    let phdrs = parse_phdrs(&bytes, &ehdr).map_err(|e| err(e.to_string()))?;
+    Ok(OpenedInterpreter {
         path: interp.to_path_buf(),
-        load_bias,
-        entry: elf.entry + load_bias,
-        range: (base, hi + load_bias),
+        file,
+        bytes,
+        ehdr,
+        phdrs,
     })
 }
 
-/// An ELF file that passed the checks every executable must pass.
-struct CheckedElf<'a> {
-    elf: Elf<'a>,
-    kind: ElfKind,
-    /// Page-aligned ELF virtual address range of the PT_LOAD segments, `(lo, hi)`.
-    span: (u64, u64),
+/// Loads the interpreter opened by [`open_interpreter`] wherever there is room (past the
+/// kernel's point of no return: a failure kills the process).
+fn load_interpreter(program: &Path, opened: OpenedInterpreter) -> Result<Interpreter, LoadError> {
+    let killed = |reason: String| LoadError::Killed {
+        path: program.to_path_buf(),
+        reason: format!("interpreter {}: {reason}", opened.path.display()),
+    };
+    let interp = CheckedElf {
+        ehdr: opened.ehdr,
+        phdrs: opened.phdrs.clone(),
+    };
+    if interp.ehdr.e_type != ET_EXEC && interp.ehdr.e_type != ET_DYN {
+        return Err(killed(format!(
+            "ELF type {}, not an executable",
+            interp.ehdr.e_type
+        )));
+    }
+    let plan = plan_layout(&interp).map_err(&killed)?;
+    check_span(plan.span).map_err(|reason| LoadError::Interpreter {
+        path: program.to_path_buf(),
+        interp: opened.path.clone(),
+        reason,
+    })?;
+    let placement = match interp.kind() {
+        ElfKind::Static => Placement::Fixed,
+        ElfKind::StaticPie => Placement::Anywhere,
+    };
+    let (lo, hi) = plan.span;
+    // The kernel does not align an interpreter to its p_align.
+    let base =
+        reserve(&opened.path, placement, lo, hi - lo, PAGE_SIZE).map_err(|e| killed(e.reason()))?;
+    let load_bias = base.wrapping_sub(lo);
+    for ph in interp.loads() {
+        map_segment(&opened.file, opened.bytes.len() as u64, ph, load_bias).map_err(&killed)?;
+    }
+    let entry = interp.ehdr.e_entry.wrapping_add(load_bias);
+    if entry >= TASK_SIZE {
+        return Err(killed(format!("entry point {entry:#x} outside user space")));
+    }
+    Ok(Interpreter {
+        path: opened.path,
+        load_bias,
+        entry,
+        range: (base, hi.wrapping_add(load_bias)),
+    })
 }
 
-impl CheckedElf<'_> {
-    fn loads(&self) -> impl Iterator<Item = &program_header::ProgramHeader> {
-        self.elf
-            .program_headers
-            .iter()
-            .filter(|p| p.p_type == program_header::PT_LOAD)
+/// An ELF file that passed the checks the kernel makes before its point of no return.
+struct CheckedElf {
+    ehdr: Ehdr,
+    phdrs: Vec<Phdr>,
+}
+
+impl CheckedElf {
+    fn loads(&self) -> impl Iterator<Item = &Phdr> {
+        self.phdrs.iter().filter(|p| p.p_type == PT_LOAD)
+    }
+
+    fn kind(&self) -> ElfKind {
+        if self.ehdr.e_type == ET_EXEC {
+            ElfKind::Static
+        } else {
+            ElfKind::StaticPie
+        }
     }
 }
 
@@ -238,12 +388,25 @@ impl CheckedElf<'_> {
 /// it read-only (a read would copy all of it, a few megabytes for a large program, where the
 /// loader looks at its headers: a tenth of `busybox true`'s start-up went there).
 fn open_checked(path: &Path, abs: &Path) -> Result<(File, Mmap), LoadError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let io = |e: std::io::Error| LoadError::Io {
         path: abs.to_path_buf(),
         reason: io_reason(&e),
     };
-    let file = File::open(path).map_err(io)?;
+    // Not blocking: opening a FIFO to read waits for a writer (the kernel refuses to execute
+    // anything but a regular file, which `check_executable` checks next).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
     check_executable(&file, abs)?;
+    if file.metadata().map_err(io)?.len() == 0 {
+        // An empty file cannot be mapped; the kernel finds no format for it.
+        return Err(LoadError::NotElf {
+            path: abs.to_path_buf(),
+        });
+    }
     // SAFETY: a private read-only view of the program file, as the kernel maps it to run it;
     // hotpath does not write it. (Truncating the file while hotpath starts would fault here,
     // as it would fault the program natively.)
@@ -251,9 +414,10 @@ fn open_checked(path: &Path, abs: &Path) -> Result<(File, Mmap), LoadError> {
     Ok((file, bytes))
 }
 
-/// Checks `bytes` are a well-formed 64-bit little-endian x86-64 executable (`ET_EXEC` or
-/// `ET_DYN`) whose PT_LOAD segments lie in the file and span at most 4 GiB.
-fn parse_checked<'a>(bytes: &'a [u8], abs: &Path) -> Result<CheckedElf<'a>, LoadError> {
+/// Checks `bytes` as the kernel does before its point of no return: the ELF magic, `ET_EXEC`
+/// or `ET_DYN`, x86-64, and program headers it can read. The class, byte order and version in
+/// `e_ident` and the section headers are not looked at (the kernel does not either).
+fn parse_checked(bytes: &[u8], abs: &Path) -> Result<CheckedElf, LoadError> {
     let unsupported = |reason: String| LoadError::UnsupportedElf {
         path: abs.to_path_buf(),
         reason,
@@ -263,94 +427,93 @@ fn parse_checked<'a>(bytes: &'a [u8], abs: &Path) -> Result<CheckedElf<'a>, Load
             path: abs.to_path_buf(),
         });
     }
-    if bytes.len() < header::SIZEOF_IDENT + 2 {
-        return Err(unsupported("truncated ELF header".into()));
+    let ehdr = Ehdr::parse(bytes);
+    if ehdr.e_type != ET_EXEC && ehdr.e_type != ET_DYN {
+        let what = match ehdr.e_type {
+            1 => "a relocatable object (ET_REL)".to_string(),
+            4 => "a core dump (ET_CORE)".to_string(),
+            t => format!("ELF type {t}"),
+        };
+        return Err(unsupported(format!("not an executable: {what}")));
     }
-    match bytes[header::EI_CLASS] {
-        header::ELFCLASS64 => {}
-        header::ELFCLASS32 => {
-            return Err(unsupported(
-                "32-bit ELF (ELFCLASS32): hotpath runs x86-64 programs only".into(),
-            ))
+    if ehdr.e_machine != EM_X86_64 {
+        let class = match bytes.get(header::EI_CLASS) {
+            Some(&header::ELFCLASS32) if ehdr.e_machine == EM_386 => {
+                "32-bit ELF (ELFCLASS32): ".to_string()
+            }
+            _ => String::new(),
+        };
+        return Err(unsupported(format!(
+            "{class}ELF machine is {} ({}), not x86-64: hotpath runs x86-64 programs only",
+            header::machine_to_str(ehdr.e_machine),
+            ehdr.e_machine
+        )));
+    }
+    let phdrs = parse_phdrs(bytes, &ehdr).map_err(|e| unsupported(e.to_string()))?;
+    Ok(CheckedElf { ehdr, phdrs })
+}
+
+/// Where an image's segments go, worked out before anything is mapped.
+struct Layout {
+    /// Page-aligned ELF virtual address range of the PT_LOAD segments, `(lo, hi)`.
+    span: (u64, u64),
+    /// ELF virtual address of the program headers (AT_PHDR before the load bias): in the
+    /// PT_LOAD whose file bytes hold them (the last such), else 0, as the kernel finds it.
+    phdr: u64,
+}
+
+/// The kernel's checks of the PT_LOAD segments (made past its point of no return, so a
+/// failure, returned as the reason, kills the process), and the span hotpath reserves.
+fn plan_layout(elf: &CheckedElf) -> Result<Layout, String> {
+    let mut lo = u64::MAX;
+    let mut hi = 0u64;
+    let mut phdr = 0;
+    for ph in elf.loads() {
+        if ph.p_vaddr >= TASK_SIZE
+            || ph.p_filesz > ph.p_memsz
+            || ph.p_memsz > TASK_SIZE
+            || TASK_SIZE - ph.p_memsz < ph.p_vaddr
+        {
+            return Err(format!(
+                "PT_LOAD at {:#x} ({:#x} bytes in the file, {:#x} in memory) does not fit in user space",
+                ph.p_vaddr, ph.p_filesz, ph.p_memsz
+            ));
         }
-        c => return Err(unsupported(format!("bad ELF class {c}"))),
+        if ph.p_filesz > 0 && ph.p_offset % PAGE_SIZE != ph.p_vaddr % PAGE_SIZE {
+            return Err(format!(
+                "PT_LOAD at {:#x}: file offset {:#x} is not at the same place in its page",
+                ph.p_vaddr, ph.p_offset
+            ));
+        }
+        if ph.p_offset <= elf.ehdr.e_phoff
+            && elf.ehdr.e_phoff < ph.p_offset.wrapping_add(ph.p_filesz)
+        {
+            phdr = (elf.ehdr.e_phoff - ph.p_offset).wrapping_add(ph.p_vaddr);
+        }
+        lo = lo.min(page_floor(ph.p_vaddr));
+        hi = hi.max(page_ceil(ph.p_vaddr + ph.p_memsz));
     }
-    if bytes[header::EI_DATA] != header::ELFDATA2LSB {
-        return Err(unsupported(
-            "big-endian ELF: hotpath runs x86-64 programs only".into(),
+    if lo >= hi {
+        return Err("no PT_LOAD segment with bytes in memory".into());
+    }
+    Ok(Layout {
+        span: (lo, hi),
+        phdr,
+    })
+}
+
+/// Largest span of an image's PT_LOAD segments hotpath reserves, in bytes (4 GiB).
+const MAX_SPAN: u64 = 1 << 32;
+
+/// Refuses a span `(lo, hi)` of PT_LOAD segments over [`MAX_SPAN`]: not the kernel's limit
+/// but hotpath's (its code cache must be within ±2 GiB of the guest's code).
+fn check_span((lo, hi): (u64, u64)) -> Result<(), String> {
+    if hi - lo > MAX_SPAN {
+        return Err(format!(
+            "image span {lo:#x}..{hi:#x} is over 4 GiB: hotpath cannot place it"
         ));
     }
-    if bytes.len() < ELF64_EHDR_SIZE {
-        return Err(unsupported(format!(
-            "truncated ELF header ({} bytes, need {})",
-            bytes.len(),
-            ELF64_EHDR_SIZE
-        )));
-    }
-    let machine = u16::from_le_bytes([bytes[18], bytes[19]]);
-    if machine != header::EM_X86_64 {
-        return Err(unsupported(format!(
-            "ELF machine is {} ({machine}), not x86-64: hotpath runs x86-64 programs only",
-            header::machine_to_str(machine)
-        )));
-    }
-    let elf = Elf::parse(bytes).map_err(|e| unsupported(format!("malformed ELF: {e}")))?;
-    let kind = match elf.header.e_type {
-        header::ET_EXEC => ElfKind::Static,
-        header::ET_DYN => ElfKind::StaticPie,
-        t => {
-            return Err(unsupported(format!(
-                "not an executable (ELF type {})",
-                header::et_to_str(t)
-            )))
-        }
-    };
-    let loads: Vec<&program_header::ProgramHeader> = elf
-        .program_headers
-        .iter()
-        .filter(|p| p.p_type == program_header::PT_LOAD)
-        .collect();
-    if loads.is_empty() {
-        return Err(unsupported("no PT_LOAD segment".into()));
-    }
-    for ph in &loads {
-        if ph
-            .p_offset
-            .checked_add(ph.p_filesz)
-            .is_none_or(|end| end > bytes.len() as u64)
-        {
-            return Err(unsupported(format!(
-                "truncated: segment at offset {:#x} needs {:#x} bytes past the end of the file",
-                ph.p_offset, ph.p_filesz
-            )));
-        }
-        if ph.p_filesz > ph.p_memsz || (ph.p_vaddr % PAGE_SIZE) != (ph.p_offset % PAGE_SIZE) {
-            return Err(unsupported(format!(
-                "malformed PT_LOAD at vaddr {:#x}",
-                ph.p_vaddr
-            )));
-        }
-    }
-    let lo = loads
-        .iter()
-        .map(|p| page_floor(p.p_vaddr))
-        .min()
-        .unwrap_or(0);
-    let hi = loads
-        .iter()
-        .map(|p| page_ceil(p.p_vaddr.saturating_add(p.p_memsz)))
-        .max()
-        .unwrap_or(0);
-    if hi <= lo || hi - lo > (1 << 32) {
-        return Err(unsupported(format!(
-            "image span {lo:#x}..{hi:#x} is empty or over 4 GiB"
-        )));
-    }
-    Ok(CheckedElf {
-        elf,
-        kind,
-        span: (lo, hi),
-    })
+    Ok(())
 }
 
 fn io_reason(e: &std::io::Error) -> String {
@@ -402,9 +565,37 @@ enum Placement {
     Anywhere,
 }
 
+/// The largest power-of-two `p_align` of `elf`'s PT_LOAD segments, at least a page: where
+/// the kernel puts an `ET_DYN` program, its load bias is a multiple of it
+/// (`maximum_alignment` in `fs/binfmt_elf.c`), and a program may rely on it (a section
+/// aligned to 2 MiB for huge pages, `__ehdr_start` on a boundary).
+fn maximum_alignment(elf: &CheckedElf) -> u64 {
+    elf.loads()
+        .map(|p| p.p_align)
+        .filter(|a| a.is_power_of_two())
+        .fold(PAGE_SIZE, u64::max)
+}
+
 /// Reserves `total` bytes of address space for an image whose lowest ELF address is `lo`,
-/// placed as `placement` says. Returns the start.
-fn reserve(path: &Path, placement: Placement, lo: u64, total: u64) -> Result<u64, LoadError> {
+/// placed as `placement` says, with a load bias (start - `lo`) that is a multiple of `align`
+/// bytes (a power of two; not for [`Placement::Fixed`]). Returns the start.
+///
+/// # Errors
+/// [`LoadError::Killed`] where the kernel could not map there either (below
+/// `vm.mmap_min_addr`), [`LoadError::Map`] where hotpath's own mappings are in the way.
+fn reserve(
+    path: &Path,
+    placement: Placement,
+    lo: u64,
+    total: u64,
+    align: u64,
+) -> Result<u64, LoadError> {
+    if placement != Placement::Fixed && align > PAGE_SIZE {
+        if let Some(start) = reserve_aligned(placement, lo, total, align) {
+            return Ok(start);
+        }
+        // No room for the alignment's slack (an absurd p_align): unaligned, as before.
+    }
     let (hint, flags) = match placement {
         Placement::Fixed => (lo, libc::MAP_FIXED_NOREPLACE),
         Placement::Hint(h) => (h, 0),
@@ -422,8 +613,16 @@ fn reserve(path: &Path, placement: Placement, lo: u64, total: u64) -> Result<u64
         )
     };
     if p == libc::MAP_FAILED || (placement == Placement::Fixed && p as u64 != lo) {
+        let err = std::io::Error::last_os_error();
+        if p == libc::MAP_FAILED && matches!(err.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+            // Below vm.mmap_min_addr: the kernel's own mapping of the segment fails too.
+            return Err(LoadError::Killed {
+                path: path.to_path_buf(),
+                reason: format!("cannot map the image at {lo:#x}: {err}"),
+            });
+        }
         let reason = if p == libc::MAP_FAILED {
-            std::io::Error::last_os_error().to_string()
+            err.to_string()
         } else {
             "address already in use".to_string()
         };
@@ -437,89 +636,156 @@ fn reserve(path: &Path, placement: Placement, lo: u64, total: u64) -> Result<u64
     Ok(p as u64)
 }
 
+/// Reserves `total` bytes whose start is congruent to `lo` modulo `align` (so the load bias is
+/// a multiple of `align`): `align` bytes more are reserved, and the slack on both sides is
+/// given back. `None` if that much address space is not to be had.
+fn reserve_aligned(placement: Placement, lo: u64, total: u64, align: u64) -> Option<u64> {
+    let hint = match placement {
+        Placement::Hint(h) => h & !(align - 1),
+        _ => 0,
+    };
+    let len = total.checked_add(align)?;
+    // SAFETY: an anonymous PROT_NONE reservation at an address of the kernel's choosing.
+    let p = unsafe {
+        libc::mmap(
+            hint as *mut c_void,
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let p = p as u64;
+    let start = p + (lo % align + align - p % align) % align;
+    // SAFETY: both ranges are parts of the reservation just made, outside [start, start+total).
+    unsafe {
+        if start > p {
+            libc::munmap(p as *mut c_void, (start - p) as usize);
+        }
+        let end = start + total;
+        if p + len > end {
+            libc::munmap(end as *mut c_void, (p + len - end) as usize);
+        }
+    }
+    Some(start)
+}
+
 fn prot_of(flags: u32) -> i32 {
     let mut prot = 0;
-    if flags & program_header::PF_R != 0 {
+    if flags & PF_R != 0 {
         prot |= libc::PROT_READ;
     }
-    if flags & program_header::PF_W != 0 {
+    if flags & PF_W != 0 {
         prot |= libc::PROT_WRITE;
     }
-    if flags & program_header::PF_X != 0 {
+    if flags & PF_X != 0 {
         prot |= libc::PROT_EXEC;
     }
     prot
 }
 
-/// Maps one PT_LOAD: file pages, zeroed tail of the last file page, anonymous bss pages.
-fn map_segment(
-    file: &File,
-    path: &Path,
-    ph: &program_header::ProgramHeader,
-    bias: u64,
-) -> Result<Segment, LoadError> {
+/// Maps one PT_LOAD as the kernel's `elf_load` does: the file's pages with the segment's
+/// protection; if the segment is longer in memory, the rest of the last file page zeroed when
+/// the segment is writable (the kernel ignores its failure to zero a read-only page), and
+/// anonymous pages after it, readable and writable (and executable if the segment is), as
+/// `vm_brk_flags` makes them. Returns the page-aligned ranges mapped.
+///
+/// # Errors
+/// The reason, when the kernel's mapping would fail too (it then kills the process).
+fn map_segment(file: &File, file_len: u64, ph: &Phdr, bias: u64) -> Result<Vec<Segment>, String> {
     let prot = prot_of(ph.p_flags);
-    let vaddr = ph.p_vaddr + bias;
+    let vaddr = ph.p_vaddr.wrapping_add(bias);
     let start = page_floor(vaddr);
     let file_end = vaddr + ph.p_filesz;
-    let mem_end = page_ceil(vaddr + ph.p_memsz);
-    let map_err = |addr: u64, len: u64| LoadError::Map {
-        path: path.to_path_buf(),
-        addr,
-        len,
-        reason: std::io::Error::last_os_error().to_string(),
+    let mem_end = vaddr + ph.p_memsz;
+    let map_err = |what: &str, addr: u64, len: u64| {
+        format!(
+            "cannot map {what} of the PT_LOAD at {:#x} ({len:#x} bytes at {addr:#x}): {}",
+            ph.p_vaddr,
+            std::io::Error::last_os_error()
+        )
     };
-    let file_map_end = page_ceil(file_end);
+    let mut out = Vec::new();
+    let mut anon_start = start;
     if ph.p_filesz > 0 {
+        let file_map_end = page_ceil(file_end);
         let len = file_map_end - start;
-        // SAFETY: MAP_FIXED inside our own PROT_NONE reservation; the range belongs to the guest.
+        let offset = ph.p_offset - vaddr % PAGE_SIZE;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(format!(
+                "PT_LOAD at {:#x}: file offset {:#x} too large",
+                ph.p_vaddr, ph.p_offset
+            ));
+        }
+        // SAFETY: MAP_FIXED inside our own reservation; the range belongs to the guest.
         let p = unsafe {
             libc::mmap(
                 start as *mut c_void,
                 len as usize,
-                prot | libc::PROT_WRITE,
+                prot,
                 libc::MAP_PRIVATE | libc::MAP_FIXED,
                 file.as_raw_fd(),
-                page_floor(ph.p_offset) as i64,
+                offset as i64,
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(map_err(start, len));
+            return Err(map_err("the file", start, len));
         }
-        if ph.p_memsz > ph.p_filesz {
-            // SAFETY: the range [file_end, page end) is inside the writable mapping just made.
+        out.push(Segment {
+            start,
+            end: file_map_end,
+            prot,
+        });
+        if ph.p_memsz > ph.p_filesz && file_end % PAGE_SIZE != 0 && prot & libc::PROT_WRITE != 0 {
+            // The page holding the file's last byte: past the end of the file, the kernel's
+            // write to it fails (a fault it turns into EFAULT).
+            let page_offset = offset + (page_floor(file_end) - start);
+            if page_offset >= file_len {
+                return Err(format!(
+                    "PT_LOAD at {:#x}: its last file page is past the end of the file",
+                    ph.p_vaddr
+                ));
+            }
+            // SAFETY: [file_end, page end) is inside the writable file mapping just made, and
+            // that page holds bytes of the file (checked above), so it does not fault.
             unsafe {
                 std::ptr::write_bytes(file_end as *mut u8, 0, (file_map_end - file_end) as usize)
             };
         }
-        // SAFETY: our own mapping.
-        if unsafe { libc::mprotect(start as *mut c_void, len as usize, prot) } != 0 {
-            return Err(map_err(start, len));
-        }
+        anon_start = file_map_end;
     }
-    let anon_start = if ph.p_filesz > 0 { file_map_end } else { start };
-    if mem_end > anon_start {
-        let len = mem_end - anon_start;
+    let anon_end = page_ceil(mem_end);
+    if ph.p_memsz > ph.p_filesz && anon_end > anon_start {
+        let len = anon_end - anon_start;
+        let anon_prot = libc::PROT_READ | libc::PROT_WRITE | (prot & libc::PROT_EXEC);
         // SAFETY: MAP_FIXED inside our own reservation, for the guest's bss.
         let p = unsafe {
             libc::mmap(
                 anon_start as *mut c_void,
                 len as usize,
-                prot,
+                anon_prot,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                 -1,
                 0,
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(map_err(anon_start, len));
+            return Err(map_err("the zeroed part", anon_start, len));
         }
+        out.push(Segment {
+            start: anon_start,
+            end: anon_end,
+            prot: anon_prot,
+        });
     }
-    Ok(Segment {
-        start,
-        end: mem_end,
-        prot,
-    })
+    Ok(out)
 }
 
 /// The function symbols of `elf` (`.symtab`, else `.dynsym`), sorted by address. A symbol of

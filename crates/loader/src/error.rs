@@ -25,6 +25,11 @@ pub enum LoadError {
         interp: PathBuf,
         reason: String,
     },
+    /// The kernel would accept the file but fail to set it up past its point of no return
+    /// (a segment it cannot map, an entry point outside user space): natively the new
+    /// process dies by SIGSEGV before its first instruction, and so does `hotpath run`.
+    #[error("{}: {reason}: the kernel kills the process here (SIGSEGV)", path.display())]
+    Killed { path: PathBuf, reason: String },
     /// An address range the guest needs could not be mapped.
     #[error("{}: cannot map the guest image at {addr:#x} ({len} bytes): {reason}", path.display())]
     Map {
@@ -43,12 +48,19 @@ impl LoadError {
             LoadError::Io { reason, .. }
             | LoadError::NotExecutable { reason, .. }
             | LoadError::UnsupportedElf { reason, .. }
-            | LoadError::Interpreter { reason, .. } => reason.clone(),
+            | LoadError::Interpreter { reason, .. }
+            | LoadError::Killed { reason, .. } => reason.clone(),
             LoadError::NotElf { .. } => "not an ELF file".into(),
             LoadError::Map {
                 addr, len, reason, ..
             } => format!("cannot map {len} bytes at {addr:#x}: {reason}"),
         }
+    }
+
+    /// True when the kernel would let the `execve` succeed and then kill the new process with
+    /// SIGSEGV ([`LoadError::Killed`]): hotpath then dies of SIGSEGV too.
+    pub fn kills_the_process(&self) -> bool {
+        matches!(self, LoadError::Killed { .. })
     }
 
     /// True when the file (or the interpreter it names) does not exist: a shell reports such

@@ -13,12 +13,13 @@
 
 mod elf;
 mod error;
+mod headers;
 mod script;
 mod stack;
 
 pub use elf::{
-    load, module_symbols, symbolize_in, ElfKind, Image, Interpreter, LoadOptions, ModuleSymbols,
-    Segment, Symbol, BRK_RESERVE,
+    kernel_refusal, load, module_symbols, symbolize_in, ElfKind, Image, Interpreter, LoadOptions,
+    ModuleSymbols, Segment, Symbol, BRK_RESERVE,
 };
 pub use error::LoadError;
 pub use script::resolve_script;

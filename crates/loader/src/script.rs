@@ -50,6 +50,11 @@ pub fn resolve_script(
 /// The interpreter and optional argument of `path`'s `#!` line, or `None` when the file does
 /// not start with `#!` (or cannot be opened: the ELF loader reports that).
 fn shebang(path: &Path) -> Result<Option<(PathBuf, Option<OsString>)>, LoadError> {
+    // Only a regular file can be a script (the kernel refuses to execute anything else, which
+    // the ELF loader reports); opening a FIFO to read would wait for a writer.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(None);
+    }
     let Ok(file) = std::fs::File::open(path) else {
         return Ok(None);
     };

@@ -22,6 +22,14 @@ pub struct GuestStack {
     pub size: u64,
     /// Initial RSP: points at argc, 16-byte aligned.
     pub rsp: u64,
+    /// Guest address range `[start, end)` of the argv strings (what `/proc/self/cmdline`
+    /// shows: the kernel's `arg_start`/`arg_end`).
+    pub args: (u64, u64),
+    /// Guest address range `[start, end)` of the environment strings (`env_start`/`env_end`).
+    pub env: (u64, u64),
+    /// Guest address range `[start, end)` of the auxiliary vector, AT_NULL pair included
+    /// (what `/proc/self/auxv` and `PR_GET_AUXV` show).
+    pub auxv: (u64, u64),
 }
 
 // Auxiliary vector keys (linux/auxvec.h).
@@ -117,7 +125,8 @@ pub fn build_stack(
         libc::mprotect(
             base as *mut c_void,
             STACK_SIZE as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
+            // Executable only where the program asks for it (PT_GNU_STACK), as natively.
+            libc::PROT_READ | libc::PROT_WRITE | if image.exec_stack { libc::PROT_EXEC } else { 0 },
         )
     } != 0
     {
@@ -139,6 +148,8 @@ pub fn build_stack(
         .map(|s| w.push_cstr(s.as_encoded_bytes()))
         .collect();
     arg_addrs.reverse();
+    let args_start = w.sp;
+    let env_start = env_addrs.first().copied().unwrap_or(execfn_addr);
     let platform = w.push_cstr(b"x86_64");
     let mut random = [0u8; 16];
     // SAFETY: getrandom writes at most 16 bytes into our buffer.
@@ -149,8 +160,23 @@ pub fn build_stack(
     let random_addr = w.push_bytes(&random);
     w.sp &= !15;
 
-    // SAFETY: getauxval and the id getters have no preconditions.
-    let host = |key: u64| unsafe { libc::getauxval(key) };
+    // The kernel's values, from hotpath's own auxv: glibc's getauxval(AT_HWCAP) on x86-64 is
+    // not the kernel's word but glibc's own HWCAP_X86_* bits.
+    let kernel_auxv = std::fs::read("/proc/self/auxv").unwrap_or_default();
+    let host = |key: u64| {
+        let pairs = kernel_auxv.chunks_exact(16).map(|p| {
+            let word = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
+            (word(0), word(8))
+        });
+        let mut pairs = pairs.take_while(|&(k, _)| k != AT_NULL);
+        match pairs.find(|&(k, _)| k == key) {
+            Some((_, v)) => v,
+            // SAFETY: getauxval has no preconditions.
+            None if kernel_auxv.is_empty() => unsafe { libc::getauxval(key) },
+            None => 0,
+        }
+    };
+    // SAFETY: the id getters have no preconditions.
     let (uid, euid, gid, egid) = unsafe {
         (
             libc::getuid(),
@@ -201,6 +227,7 @@ pub fn build_stack(
     }
     auxv.push((AT_NULL, 0));
 
+    let auxv_bytes = 16 * auxv.len() as u64;
     let words = 1 + arg_addrs.len() + 1 + env_addrs.len() + 1 + 2 * auxv.len();
     let mut table: Vec<u64> = Vec::with_capacity(words);
     table.push(argv.len() as u64);
@@ -214,6 +241,7 @@ pub fn build_stack(
     }
     let mut rsp = (w.sp - 8 * table.len() as u64) & !15;
     let start = rsp;
+    let auxv_start = start + 8 * (table.len() as u64 - 2 * (auxv_bytes / 16));
     for word in table {
         // SAFETY: inside the stack mapping, below the strings.
         unsafe { (rsp as *mut u64).write(word) };
@@ -223,5 +251,8 @@ pub fn build_stack(
         base,
         size: STACK_SIZE,
         rsp: start,
+        args: (args_start, env_start),
+        env: (env_start, execfn_addr),
+        auxv: (auxv_start, auxv_start + auxv_bytes),
     })
 }

@@ -82,7 +82,7 @@ pub fn write_dot(r: &Report, dir: &Path, top: usize) -> Result<Vec<PathBuf>, Rep
 ///
 /// # Errors
 /// [`ReportError::Render`] when the report has no call stacks or inferno fails,
-/// [`ReportError::Io`] when the file cannot be created.
+/// [`ReportError::Io`] when the file cannot be written (as [`crate::write_atomically`]).
 pub fn write_flamegraph(r: &Report, path: &Path) -> Result<(), ReportError> {
     let lines: Vec<String> = r
         .path_profile
@@ -99,17 +99,11 @@ pub fn write_flamegraph(r: &Report, path: &Path) -> Result<(), ReportError> {
             "the report has no call stacks (run with --paths)".into(),
         ));
     }
-    let file = std::fs::File::create(path).map_err(|source| ReportError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = "hotpath: guest blocks executed by call stack".into();
     opts.count_name = "blocks".into();
-    inferno::flamegraph::from_lines(
-        &mut opts,
-        lines.iter().map(String::as_str),
-        std::io::BufWriter::new(file),
-    )
-    .map_err(|e| render(e.to_string()))
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
+        .map_err(|e| render(e.to_string()))?;
+    crate::write_atomically(path, |w| std::io::Write::write_all(w, &svg))
 }

@@ -680,8 +680,11 @@ pub fn module_of(modules: &[Module], a: Addr) -> Option<usize> {
     mapped.or_else(|| modules.iter().rposition(|m| m.contains(a)))
 }
 
-/// Writes a file through `write`: into `path.tmp.<pid>`, renamed to `path` once complete (no
-/// fsync: the rename keeps readers from a partial file, which is what matters here).
+/// Writes a file through `write` as a user expects of an output path: a symlink's target is
+/// written (followed to the end), a character device or FIFO (`/dev/null`, `/dev/stdout`, a
+/// named pipe) is opened and written to, and anything else is written into
+/// `<target>.tmp.<pid>` beside it and renamed over it once complete, so readers never see a
+/// partial file (no fsync: the rename is what matters here).
 ///
 /// # Errors
 /// [`ReportError::Io`] naming `path`.
@@ -693,19 +696,61 @@ pub fn write_atomically(
         path: path.to_path_buf(),
         source,
     };
-    let mut tmp = path.as_os_str().to_owned();
+    let target = follow_symlinks(path);
+    if is_stream_file(&target) {
+        let result = (|| {
+            let file = std::fs::OpenOptions::new().write(true).open(&target)?;
+            let mut f = std::io::BufWriter::new(file);
+            write(&mut f)?;
+            f.into_inner().map_err(|e| e.into_error()).map(drop)
+        })();
+        return result.map_err(io);
+    }
+    let mut tmp = target.as_os_str().to_owned();
     tmp.push(format!(".tmp.{}", std::process::id()));
     let tmp = PathBuf::from(tmp);
     let result = (|| {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         write(&mut f)?;
         f.into_inner().map_err(|e| e.into_error())?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, &target)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result.map_err(io)
+}
+
+/// Symbolic links followed by [`follow_symlinks`] before it gives up (the kernel's limit).
+const MAX_SYMLINKS: usize = 40;
+
+/// `path` with every symbolic link at its end replaced by its target (relative targets taken
+/// from the link's directory), so that a link to a file that does not exist yet still names
+/// the file to create. Stops after [`MAX_SYMLINKS`] links (a loop: the write then fails
+/// where the kernel would).
+pub fn follow_symlinks(path: &Path) -> PathBuf {
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_SYMLINKS {
+        match std::fs::read_link(&p) {
+            Ok(target) => {
+                p = match p.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    p
+}
+
+/// True if `path` (symlinks followed) is a character device or a FIFO: an output there is
+/// written to, never replaced, and every process writes to the same one.
+pub fn is_stream_file(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path)
+        .map(|m| m.file_type().is_char_device() || m.file_type().is_fifo())
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

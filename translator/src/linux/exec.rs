@@ -12,7 +12,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::guest_mem;
-use crate::linux::host::raw_syscall;
+use crate::linux::host::guest_syscall;
 use crate::linux::thread::GuestThread;
 
 /// How to run a new program under hotpath: `hotpath` with `args` before the program.
@@ -49,7 +49,7 @@ pub fn exec(p: &GuestThread, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64
     if let Some(exe) = &exe {
         a[path_arg] = exe.as_ptr() as u64;
     }
-    raw_syscall(nr, &a)
+    guest_syscall(nr, &a)
 }
 
 /// Executes hotpath on the guest's program, or returns `None` when the guest's own call
@@ -91,7 +91,7 @@ fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -
     let argv_ptrs = null_terminated(&new_argv);
     let envp_ptrs = null_terminated(&envp);
     let hotpath = CString::new(w.hotpath.as_os_str().as_bytes()).ok()?;
-    Some(raw_syscall(
+    Some(guest_syscall(
         59,
         &[
             hotpath.as_ptr() as u64,
@@ -142,7 +142,10 @@ fn executable_file(file: &std::path::Path) -> bool {
 }
 
 /// True if `execve(file)` would start a program: a regular file this user may execute that
-/// starts with the ELF magic or `#!` (what the kernel's binfmt handlers accept).
+/// starts with the ELF magic or `#!` (what the kernel's binfmt handlers accept), and for an
+/// ELF file, one whose headers and interpreter pass the kernel's checks
+/// (`hotpath_loader::kernel_refusal`: else the guest's call gets the kernel's errno, such as
+/// ENOEXEC for a bad `e_phentsize`, not a hotpath that starts and exits with status 126).
 fn kernel_would_run(file: &std::path::Path) -> bool {
     use std::io::Read;
     if !executable_file(file) {
@@ -152,7 +155,13 @@ fn kernel_would_run(file: &std::path::Path) -> bool {
         return false;
     };
     let mut magic = [0u8; 4];
-    f.read_exact(&mut magic).is_ok() && (&magic == b"\x7fELF" || magic.starts_with(b"#!"))
+    if f.read_exact(&mut magic).is_err() {
+        return false;
+    }
+    if &magic == b"\x7fELF" {
+        return hotpath_loader::kernel_refusal(file).is_none();
+    }
+    magic.starts_with(b"#!")
 }
 
 /// Reads a guest NULL-terminated array of C strings (argv or envp); a null array is empty.

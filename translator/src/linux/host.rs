@@ -61,6 +61,52 @@ pub fn gated_syscall(nr: u64, args: &[u64; 6]) -> i64 {
     unsafe { hotpath_gate_syscall(nr, args) }
 }
 
+// The guest's site: every system call hotpath makes *for* the guest outside the gate (the
+// emulated calls' own `mmap`, `openat`, `execve`, `prctl`, `seccomp`, ...) is made by this
+// one `syscall` instruction, so that the kernel can tell the guest's calls from hotpath's:
+// a guest's seccomp filter judges only calls from here and the gate (`seccomp.rs`), and a
+// signal the kernel forces during one of them (`uretprobe`'s SIGILL, seccomp's SIGSYS)
+// belongs to the guest.
+std::arch::global_asm!(
+    ".globl hotpath_guest_syscall",
+    ".globl hotpath_guest_syscall_insn",
+    "hotpath_guest_syscall:",
+    "    mov rax, rdi",
+    "    mov rdi, qword ptr [rsi]",
+    "    mov rdx, qword ptr [rsi + 16]",
+    "    mov r10, qword ptr [rsi + 24]",
+    "    mov r8, qword ptr [rsi + 32]",
+    "    mov r9, qword ptr [rsi + 40]",
+    "    mov rsi, qword ptr [rsi + 8]",
+    "hotpath_guest_syscall_insn:",
+    "    syscall",
+    "    ret",
+);
+
+extern "sysv64" {
+    fn hotpath_guest_syscall(nr: u64, args: *const [u64; 6]) -> i64;
+    fn hotpath_guest_syscall_insn();
+}
+
+/// Makes system call `nr` on the guest's behalf from the guest's site (see above): the
+/// kernel's raw result (negative errno on failure). Never refused for a pending signal.
+pub fn guest_syscall(nr: u64, args: &[u64; 6]) -> i64 {
+    // SAFETY: a plain system call stub (System V ABI: clobbers only caller-saved registers);
+    // the calls that could harm hotpath are emulated in TABLE before they get here.
+    unsafe { hotpath_guest_syscall(nr, args) }
+}
+
+/// The host addresses a guest's system call returns to (the instruction after the gate's
+/// `syscall` and after the guest site's): a signal the kernel forces at one of these during
+/// a call is the guest's, and a seccomp filter sees one of these as the instruction pointer.
+pub fn guest_syscall_returns() -> [u64; 2] {
+    const SYSCALL_LEN: u64 = 2;
+    [
+        hotpath_gate_syscall_insn as *const () as u64 + SYSCALL_LEN,
+        hotpath_guest_syscall_insn as *const () as u64 + SYSCALL_LEN,
+    ]
+}
+
 /// Performs system call `nr` on the host, returning the kernel's raw result (negative errno on
 /// failure).
 pub fn raw_syscall(nr: u64, a: &[u64; 6]) -> i64 {

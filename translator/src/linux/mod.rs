@@ -15,6 +15,8 @@
 //! - [`syscalls`]: the table of emulated calls (everything else passes through);
 //! - [`signals`]: guest dispositions, masks and alternate stacks, delivery, the host handler;
 //! - [`exec`]: `execve` under hotpath and `/proc/self/exe`;
+//! - [`seccomp`]: the guest's seccomp strict mode (emulated) and filters (hotpath's own calls
+//!   let through);
 //! - [`host`]: the raw `syscall` instruction and the gate blocking calls go through.
 //!
 //! Arrows point at what a module uses; none uses a module to its left.
@@ -22,6 +24,7 @@
 pub mod exec;
 pub mod host;
 pub mod process;
+pub mod seccomp;
 pub mod signals;
 pub mod syscalls;
 pub mod thread;

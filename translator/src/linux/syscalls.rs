@@ -9,14 +9,16 @@
 //! `rt_sigaction`/`rt_sigreturn`/`sigaltstack` (see `signals`), `fork`/`vfork`/`clone` (the
 //! child process goes on under translation; a thread gets a host thread and translator of its
 //! own), `exit` (one thread) and `exit_group`, `execve` (the profile is written first),
-//! `set_tid_address` and `rseq` (they would change the host thread's state).
+//! `set_tid_address` and `rseq` (they would change the host thread's state), `seccomp` and
+//! `prctl(PR_SET_SECCOMP)` (see `seccomp`).
 
 use std::collections::BTreeMap;
 
 use crate::guest_mem;
 use crate::linux::exec::{exe_path_arg, is_proc_self_exe};
-use crate::linux::host::{gated_syscall, raw_syscall};
+use crate::linux::host::{gated_syscall, guest_syscall, raw_syscall};
 use crate::linux::process::{lock, CloneArgs, Memory};
+use crate::linux::seccomp;
 use crate::linux::thread::GuestThread;
 use crate::thread_area::ThreadArea;
 
@@ -150,6 +152,14 @@ const TABLE: &[SyscallRow] = &[
         handler: sys_execveat,
     },
     SyscallRow {
+        nr: 157,
+        handler: sys_prctl,
+    },
+    SyscallRow {
+        nr: 317,
+        handler: sys_seccomp,
+    },
+    SyscallRow {
         nr: 334,
         handler: sys_rseq,
     },
@@ -171,6 +181,10 @@ pub fn dispatch(
     nr: u64,
     args: &[u64; 6],
 ) -> Outcome {
+    if seccomp::strict_forbids(process, nr) {
+        // Seccomp strict mode: the kernel kills the thread with SIGKILL.
+        return Outcome::Exit(GuestExit::Signaled(libc::SIGKILL));
+    }
     match TABLE.iter().find(|row| row.nr == nr) {
         Some(row) => (row.handler)(process, area, args),
         None => Outcome::Return(gated_syscall(nr, args)),
@@ -278,6 +292,14 @@ impl Memory {
         }
     }
 
+    /// True if `[start, end)` overlaps one of the guest's regions.
+    pub fn overlaps_guest(&self, start: u64, end: u64) -> bool {
+        self.guest_regions
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &re)| re > start)
+    }
+
     /// True if `[addr, addr+len)` overlaps memory that is mapped but not the guest's, i.e.
     /// hotpath's own (code cache, heap, stacks, the thread area, hotpath's binary).
     pub fn overlaps_hotpath(&self, addr: u64, len: u64) -> bool {
@@ -380,7 +402,7 @@ fn sys_mmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outco
     if fixed && p.overlaps_hotpath(addr, page_ceil(len)) {
         return Outcome::Return(-ENOMEM);
     }
-    let r = raw_syscall(9, a);
+    let r = guest_syscall(9, a);
     if !is_error(r) {
         let start = r as u64;
         if flags & libc::MAP_ANONYMOUS == 0 {
@@ -399,7 +421,7 @@ fn sys_munmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Out
     if p.overlaps_hotpath(addr, len) {
         return Outcome::Return(-EINVAL);
     }
-    let r = raw_syscall(11, a);
+    let r = guest_syscall(11, a);
     if !is_error(r) {
         p.modules.note_munmap(addr, addr + len);
         p.remove_region(addr, addr + len);
@@ -414,7 +436,7 @@ fn sys_mprotect(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> O
     if p.overlaps_hotpath(addr, len) {
         return Outcome::Return(-ENOMEM);
     }
-    let r = raw_syscall(10, a);
+    let r = guest_syscall(10, a);
     if !is_error(r) {
         thread.invalidate.push((addr, addr + len));
     }
@@ -431,7 +453,7 @@ fn sys_mremap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Out
     if flags & libc::MREMAP_FIXED != 0 && p.overlaps_hotpath(new_addr, new_len) {
         return Outcome::Return(-EINVAL);
     }
-    let r = raw_syscall(25, a);
+    let r = guest_syscall(25, a);
     if !is_error(r) {
         p.remove_region(old, old + old_len);
         p.add_region(r as u64, r as u64 + new_len);
@@ -541,18 +563,21 @@ fn exec_outcome(p: &GuestThread, nr: u64, a: &[u64; 6]) -> Outcome {
 
 fn sys_open(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match exe_path_arg(p, a[0]) {
-        Some(exe) => Outcome::Return(raw_syscall(2, &[exe.as_ptr() as u64, a[1], a[2], 0, 0, 0])),
-        None => Outcome::Return(raw_syscall(2, a)),
+        Some(exe) => Outcome::Return(guest_syscall(
+            2,
+            &[exe.as_ptr() as u64, a[1], a[2], 0, 0, 0],
+        )),
+        None => Outcome::Return(guest_syscall(2, a)),
     }
 }
 
 fn sys_openat(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match exe_path_arg(p, a[1]) {
-        Some(exe) => Outcome::Return(raw_syscall(
+        Some(exe) => Outcome::Return(guest_syscall(
             257,
             &[a[0], exe.as_ptr() as u64, a[2], a[3], 0, 0],
         )),
-        None => Outcome::Return(raw_syscall(257, a)),
+        None => Outcome::Return(guest_syscall(257, a)),
     }
 }
 
@@ -579,7 +604,7 @@ fn readlink_exe(p: &GuestThread, buf: u64, size: u64) -> i64 {
 fn sys_readlink(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     match guest_mem::read_cstr(a[0], 4096) {
         Ok(path) if is_proc_self_exe(&path) => Outcome::Return(readlink_exe(p, a[1], a[2])),
-        Ok(_) => Outcome::Return(raw_syscall(89, a)),
+        Ok(_) => Outcome::Return(guest_syscall(89, a)),
         Err(e) => Outcome::Return(e),
     }
 }
@@ -589,7 +614,7 @@ fn sys_readlinkat(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outc
         Ok(path) if path.starts_with(b"/") && is_proc_self_exe(&path) => {
             Outcome::Return(readlink_exe(p, a[2], a[3]))
         }
-        Ok(_) => Outcome::Return(raw_syscall(267, a)),
+        Ok(_) => Outcome::Return(guest_syscall(267, a)),
         Err(e) => Outcome::Return(e),
     }
 }
@@ -614,7 +639,7 @@ fn sys_arch_prctl(_: &mut GuestThread, area: &mut ThreadArea, a: &[u64; 6]) -> O
         ARCH_SET_GS => Outcome::Unsupported(
             "the guest sets its GS base (arch_prctl ARCH_SET_GS): hotpath keeps its per-thread state in GS".into(),
         ),
-        _ => Outcome::Return(raw_syscall(158, a)),
+        _ => Outcome::Return(guest_syscall(158, a)),
     }
 }
 
@@ -623,6 +648,17 @@ fn sys_set_tid_address(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) ->
     // guest's when the guest thread exits.
     p.clear_child_tid = a[0];
     Outcome::Return(raw_syscall(libc::SYS_gettid as u64, &[0; 6]))
+}
+
+fn sys_seccomp(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    Outcome::Return(seccomp::seccomp(p, a))
+}
+
+fn sys_prctl(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    match a[0] {
+        seccomp::PR_SET_SECCOMP => Outcome::Return(seccomp::prctl_set_seccomp(p, a)),
+        _ => Outcome::Return(guest_syscall(157, a)),
+    }
 }
 
 fn sys_rseq(_: &mut GuestThread, _: &mut ThreadArea, _: &[u64; 6]) -> Outcome {

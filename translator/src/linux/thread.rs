@@ -25,4 +25,6 @@ pub struct GuestThread {
     /// Guest address the kernel would clear and wake when the thread ends
     /// (`CLONE_CHILD_CLEARTID`, `set_tid_address`); 0 for none.
     pub clear_child_tid: u64,
+    /// The thread is in seccomp strict mode, which hotpath emulates (`seccomp.rs`).
+    pub seccomp_strict: bool,
 }

@@ -124,6 +124,30 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     }
 
     let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
+    if !in_cache
+        && (is_fault_signal(sig) || sig == libc::SIGSYS)
+        && crate::linux::host::guest_syscall_returns().contains(&pc)
+    {
+        // The kernel forced this signal on the guest's system call (`uretprobe` called from
+        // outside its trampoline raises SIGILL, a seccomp filter's SECCOMP_RET_TRAP raises
+        // SIGSYS): the guest's, delivered as the kernel would, right after the call, even if
+        // blocked or ignored.
+        // SAFETY: the dispatcher is inside the guest's system call; it reads `sync` after.
+        unsafe {
+            *shared.sync.get() = Some(SyncFault {
+                sig,
+                info: info_bytes,
+                rip: SyncFault::AFTER_SYSCALL,
+                // Not a fault: the frame shows the thread's last trap details (`deliver`).
+                trap: TrapDetails::default(),
+                trace_exit: None,
+            })
+        };
+        if switched {
+            write_fs(shared.fsgsbase, fs);
+        }
+        return;
+    }
     let synchronous = is_fault_signal(sig) && si_code > 0;
     const SEGV_ACCERR: i32 = 2;
     if sig == libc::SIGSEGV && si_code == SEGV_ACCERR && in_cache {
@@ -312,11 +336,13 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
         for e in exits {
             if let ExitKind::Direct { site, stub, .. } = e.kind {
                 let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
-                // SAFETY: the site is a rel32 inside the code cache's writable view; a 4-byte
-                // store, and the interrupted code reads it only after the handler returns.
+                // SAFETY: the site is a 4-byte aligned rel32 (`emit::patchable_jmp`) inside
+                // the code cache's writable view. One atomic store: the owner may be running
+                // this very branch when another thread kicks it, and must fetch either the
+                // old or the new displacement, never a mix.
                 unsafe {
-                    ((site.0.wrapping_add(delta)) as *mut [u8; 4])
-                        .write_unaligned(rel.to_le_bytes())
+                    std::sync::atomic::AtomicU32::from_ptr(site.0.wrapping_add(delta) as *mut u32)
+                        .store(rel as u32, Ordering::Relaxed)
                 };
             }
         }

@@ -162,6 +162,21 @@ struct SyncFault {
     trace_exit: Option<u32>,
 }
 
+impl SyncFault {
+    /// `rip` of a signal the kernel forced during the guest's system call: it is reported
+    /// where the guest goes on after the call.
+    const AFTER_SYSCALL: u64 = u64::MAX;
+}
+
+/// `si_code` of a seccomp filter's SIGSYS (`SYS_SECCOMP`), whose `si_call_addr` (bytes 16..24
+/// of the siginfo) is the address after the `syscall` instruction.
+const SYS_SECCOMP: i32 = 1;
+
+/// The `SECCOMP_RET_DATA` (SIGSYS's `si_errno`) of the `SECCOMP_RET_TRAP` that stands for a
+/// guest filter's kill action (`seccomp.rs`): the guest then ends by SIGSYS, whatever its
+/// disposition, after hotpath has written its report.
+pub const SECCOMP_KILL_DATA: u16 = 0xdead;
+
 /// What the host handler shares with the dispatcher: one per guest thread, found by the
 /// handler through the thread's GS base ([`ThreadArea::handler`]). Written by the handler on
 /// its guest thread while the dispatcher is interrupted, and by the dispatcher with every
@@ -740,15 +755,36 @@ impl SignalState {
         let mut saved = guard.mask();
         let mut base = self.suspend_mask.take().unwrap_or(saved);
         // SAFETY: every signal is blocked: the handler cannot run on this thread now.
-        if let Some(f) = unsafe { (*self.shared.sync.get()).take() } {
-            rip = f.rip;
+        if let Some(mut f) = unsafe { (*self.shared.sync.get()).take() } {
+            let si_errno = i32::from_le_bytes(f.info[4..8].try_into().unwrap());
+            let si_code = i32::from_le_bytes(f.info[8..12].try_into().unwrap());
+            if f.rip == SyncFault::AFTER_SYSCALL
+                && f.sig == libc::SIGSYS
+                && si_code == SYS_SECCOMP
+                && si_errno == SECCOMP_KILL_DATA as i32
+            {
+                // The guest's filter said kill: the kernel would end the process by SIGSYS.
+                return Delivery::Exit(libc::SIGSYS);
+            }
+            if f.rip != SyncFault::AFTER_SYSCALL {
+                rip = f.rip;
+            } else if f.sig == libc::SIGSYS && si_code == SYS_SECCOMP {
+                // The call's address is the guest's `syscall`, not hotpath's.
+                f.info[16..24].copy_from_slice(&rip.to_le_bytes());
+            }
             let a = self.action(f.sig);
             let blocked = base & (1 << (f.sig - 1)) != 0;
             if a.handler == SIG_DFL || a.handler == SIG_IGN || blocked {
                 // The kernel forces the default action of a fault that is ignored or blocked.
                 return Delivery::Exit(f.sig);
             }
-            let mut trap = f.trap;
+            let mut trap = if f.rip == SyncFault::AFTER_SYSCALL {
+                // A signal the kernel forced at a system call is no fault: its frame shows the
+                // last fault's details, as a signal sent to the thread does.
+                self.last_trap
+            } else {
+                f.trap
+            };
             if trap.trapno != 14 {
                 // CR2 changes only with page faults: other frames show the last one's.
                 trap.cr2 = self.last_trap.cr2;

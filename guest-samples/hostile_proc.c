@@ -1,0 +1,331 @@
+/* Guests that look at the process from the kernel's side: system calls hotpath has no row for,
+ * /proc/self/{comm,cmdline,auxv}, prctl(PR_GET_NAME/PR_GET_AUXV), unshare, and seccomp in
+ * strict and filter mode. One case per run, named by argv[1]; every case prints what it saw
+ * (never addresses, which differ from run to run) so a run under hotpath is compared with the
+ * native run byte for byte. Used by tests/tests/hostile_proc.rs. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef PR_GET_AUXV
+#define PR_GET_AUXV 0x41555856
+#endif
+
+/* Reads a whole (small) file into buf; returns its length or -errno. */
+static long slurp(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -errno;
+    long total = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + total, size - total);
+        if (n <= 0)
+            break;
+        total += n;
+    }
+    close(fd);
+    return total;
+}
+
+/* Prints a NUL-separated buffer with '|' for each NUL. */
+static void print_nul_separated(const char *what, const char *buf, long n)
+{
+    printf("%s (%ld bytes): ", what, n);
+    for (long i = 0; i < n; i++)
+        putchar(buf[i] ? buf[i] : '|');
+    putchar('\n');
+}
+
+static void print_comm(const char *when)
+{
+    char buf[256], name[32] = {0}, path[64];
+    long n = slurp("/proc/self/comm", buf, sizeof buf);
+    printf("%s: /proc/self/comm %.*s", when, (int)(n > 0 ? n : 0), buf);
+    snprintf(path, sizeof path, "/proc/self/task/%ld/comm", (long)syscall(SYS_gettid));
+    n = slurp(path, buf, sizeof buf);
+    printf("%s: task comm %.*s", when, (int)(n > 0 ? n : 0), buf);
+    prctl(PR_GET_NAME, name);
+    printf("%s: PR_GET_NAME %s\n", when, name);
+}
+
+static void *comm_thread(void *arg)
+{
+    (void)arg;
+    print_comm("thread");
+    return NULL;
+}
+
+static int case_comm(void)
+{
+    print_comm("main");
+    pthread_t t;
+    pthread_create(&t, NULL, comm_thread, NULL);
+    pthread_join(t, NULL);
+    prctl(PR_SET_NAME, "renamed-by-guest-long");
+    print_comm("renamed");
+    return 0;
+}
+
+static int case_cmdline(void)
+{
+    char buf[4096], path[64];
+    long n = slurp("/proc/self/cmdline", buf, sizeof buf);
+    print_nul_separated("/proc/self/cmdline", buf, n);
+    snprintf(path, sizeof path, "/proc/%ld/cmdline", (long)getpid());
+    n = slurp(path, buf, sizeof buf);
+    print_nul_separated("/proc/<pid>/cmdline", buf, n);
+    n = slurp("/proc/thread-self/cmdline", buf, sizeof buf);
+    print_nul_separated("/proc/thread-self/cmdline", buf, n);
+    return 0;
+}
+
+static int case_auxv(void)
+{
+    unsigned long file[128], prctl_auxv[128];
+    long n = slurp("/proc/self/auxv", (char *)file, sizeof file);
+    int agree = n > 0;
+    int entries = 0;
+    for (long i = 0; i + 1 < n / 8; i += 2, entries++) {
+        if (file[i] == AT_NULL)
+            break;
+        /* getauxval does not know the tags it does not keep (AT_MINSIGSTKSZ on older glibc). */
+        if (file[i] != AT_MINSIGSTKSZ && getauxval(file[i]) != file[i + 1]) {
+            agree = 0;
+            printf("tag %lu: /proc/self/auxv and getauxval differ\n", file[i]);
+        }
+    }
+    long r = prctl(PR_GET_AUXV, prctl_auxv, sizeof prctl_auxv, 0, 0);
+    printf("auxv: %d entries, /proc/self/auxv agrees with getauxval: %d\n", entries, agree);
+    printf("PR_GET_AUXV: %d, same bytes as the file %d\n", r > 0,
+           n > 0 && memcmp(prctl_auxv, file, n) == 0);
+    return 0;
+}
+
+static int case_unshare(void)
+{
+    long r = unshare(CLONE_NEWUSER);
+    printf("unshare(CLONE_NEWUSER): %ld %s\n", r, r ? strerror(errno) : "ok");
+    return 0;
+}
+
+static void print_syscall(long nr)
+{
+    errno = 0;
+    long r = syscall(nr, 0, 0, 0, 0, 0, 0);
+    printf("syscall %ld: %ld errno %d\n", nr, r, r == -1 ? errno : 0);
+}
+
+static void on_signal(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    printf("signal %d: si_code %d si_errno %d", sig, si->si_code, si->si_errno);
+    if (sig == SIGSYS)
+        printf(" si_syscall %d si_arch %#x call addr set %d", si->si_syscall, si->si_arch,
+               si->si_call_addr != NULL);
+    printf("\n");
+}
+
+static void handle(int sig)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(sig, &sa, NULL);
+}
+
+static int case_unknown_syscalls(void)
+{
+    /* Numbers beyond the table, negative, and calls of newer kernels (uprobe, mseal,
+     * setxattrat, ...): each returns what this kernel returns. */
+    static const long nrs[] = {336, 400, 462, 463, 470, 512, 547, 600, 1000, 100000, -1};
+    for (unsigned i = 0; i < sizeof nrs / sizeof *nrs; i++)
+        print_syscall(nrs[i]);
+    return 0;
+}
+
+static int case_uretprobe(int with_handler)
+{
+    /* uretprobe called from outside its trampoline: the kernel raises SIGILL. */
+    if (with_handler)
+        handle(SIGILL);
+    print_syscall(335);
+    fflush(stdout);
+    return 0;
+}
+
+/* Work that needs new translations and a report after the filter is in place. */
+static int work_after_filter(void)
+{
+    char *p = malloc(1 << 20);
+    unsigned long sum = 0;
+    for (int i = 0; i < (1 << 20); i++) {
+        p[i] = (char)(i * 7);
+        sum += (unsigned char)p[i];
+    }
+    free(p);
+    printf("work: %lu\n", sum);
+    return 0;
+}
+
+/* Installs a filter: `nr` gets `action`, everything else is allowed. */
+static long install_filter(long nr, unsigned action, unsigned flags)
+{
+    struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, action),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog fprog = {.len = sizeof prog / sizeof *prog, .filter = prog};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -errno;
+    long r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &fprog);
+    printf("seccomp filter on %ld: %ld\n", nr, r == -1 ? -errno : r);
+    return r;
+}
+
+static void *getpid_thread(void *arg)
+{
+    (void)arg;
+    errno = 0;
+    long r = syscall(SYS_getpid);
+    printf("thread getpid: %d errno %d\n", r == -1 ? -1 : 1, errno);
+    return NULL;
+}
+
+static int case_seccomp(const char *mode)
+{
+    if (!strcmp(mode, "strict")) {
+        /* Only read, write, exit and rt_sigreturn are allowed; exit (not exit_group) ends. */
+        static const char msg[] = "in strict mode\n";
+        fflush(stdout);
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT, 0, 0, 0) != 0)
+            return 10;
+        write(1, msg, sizeof msg - 1);
+        syscall(SYS_exit, 3);
+        return 11;
+    }
+    if (!strcmp(mode, "strict-kill")) {
+        /* Any other call kills the process with SIGKILL. */
+        fflush(stdout);
+        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_STRICT, 0, NULL) != 0)
+            return 10;
+        write(1, "before\n", 7);
+        syscall(SYS_getpid);
+        write(1, "after\n", 6);
+        syscall(SYS_exit, 4);
+        return 11;
+    }
+    if (!strcmp(mode, "deny-getpid")) {
+        install_filter(SYS_getpid, SECCOMP_RET_ERRNO | EPERM, 0);
+        errno = 0;
+        long r = syscall(SYS_getpid);
+        printf("getpid: %ld errno %d\n", r, errno);
+        return work_after_filter();
+    }
+    if (!strcmp(mode, "deny-process_vm_readv")) {
+        install_filter(SYS_process_vm_readv, SECCOMP_RET_ERRNO | EACCES, 0);
+        char a[4] = "abc", b[4] = {0};
+        struct iovec local = {b, 4}, remote = {a, 4};
+        errno = 0;
+        long r = syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1, 0);
+        printf("process_vm_readv: %ld errno %d\n", r, errno);
+        return work_after_filter();
+    }
+    if (!strcmp(mode, "kill-futex")) {
+        install_filter(SYS_futex, SECCOMP_RET_KILL_PROCESS, 0);
+        work_after_filter();
+        fflush(stdout);
+        syscall(SYS_futex, NULL, 0, 0, NULL, NULL, 0);
+        return 12;
+    }
+    if (!strcmp(mode, "kill-futex-exit") || !strcmp(mode, "tsync-kill-futex-exit")) {
+        /* The guest never calls futex; hotpath's threads do (parking, joining the monitor). */
+        unsigned flags = mode[0] == 't' ? SECCOMP_FILTER_FLAG_TSYNC : 0;
+        install_filter(SYS_futex, SECCOMP_RET_KILL_PROCESS, flags);
+        return work_after_filter();
+    }
+    if (!strcmp(mode, "kill-thread-getppid")) {
+        /* SECCOMP_RET_KILL_THREAD in a single-threaded process ends the process. */
+        install_filter(SYS_getppid, SECCOMP_RET_KILL_THREAD, 0);
+        fflush(stdout);
+        syscall(SYS_getppid);
+        return 12;
+    }
+    if (!strcmp(mode, "kill-getppid-handled")) {
+        /* A kill ignores the guest's SIGSYS handler. */
+        handle(SIGSYS);
+        install_filter(SYS_getppid, SECCOMP_RET_KILL_PROCESS, 0);
+        fflush(stdout);
+        syscall(SYS_getppid);
+        return 12;
+    }
+    if (!strcmp(mode, "trap-getppid")) {
+        handle(SIGSYS);
+        install_filter(SYS_getppid, SECCOMP_RET_TRAP | 42, 0);
+        long r = syscall(SYS_getppid);
+        printf("getppid after the trap: %ld\n", r);
+        return work_after_filter();
+    }
+    if (!strcmp(mode, "tsync-getpid")) {
+        install_filter(SYS_getpid, SECCOMP_RET_ERRNO | EPERM, SECCOMP_FILTER_FLAG_TSYNC);
+        pthread_t t;
+        pthread_create(&t, NULL, getpid_thread, NULL);
+        pthread_join(t, NULL);
+        return work_after_filter();
+    }
+    fprintf(stderr, "unknown seccomp mode %s\n", mode);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: hostile_proc CASE [ARGS]\n");
+        return 2;
+    }
+    const char *c = argv[1];
+    if (!strcmp(c, "comm"))
+        return case_comm();
+    if (!strcmp(c, "cmdline"))
+        return case_cmdline();
+    if (!strcmp(c, "auxv"))
+        return case_auxv();
+    if (!strcmp(c, "unshare"))
+        return case_unshare();
+    if (!strcmp(c, "unknown-syscalls"))
+        return case_unknown_syscalls();
+    if (!strcmp(c, "uretprobe"))
+        return case_uretprobe(1);
+    if (!strcmp(c, "uretprobe-default"))
+        return case_uretprobe(0);
+    if (!strcmp(c, "chdir") && argc > 2) {
+        /* A guest that moves: hotpath's relative output paths are its starting directory's. */
+        if (chdir(argv[2]) != 0)
+            return 3;
+        return work_after_filter();
+    }
+    if (!strcmp(c, "seccomp") && argc > 2)
+        return case_seccomp(argv[2]);
+    fprintf(stderr, "unknown case %s\n", c);
+    return 2;
+}
