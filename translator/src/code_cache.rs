@@ -332,4 +332,18 @@ impl CodeCache {
     pub fn range(&self) -> (u64, u64) {
         (self.rx_base, self.rx_base + self.size)
     }
+
+    /// Unmaps both views, giving their address ranges back (to the guest). The layout map
+    /// stays allocated (the signal handler held a `&'static` to it).
+    ///
+    /// # Safety
+    /// No code of this cache may run again on any thread, and nothing may jump to it: the
+    /// caller's thread has left it and pointed its handler elsewhere.
+    pub unsafe fn release(self) {
+        // SAFETY: see the function's contract; both mappings are this cache's own.
+        unsafe {
+            libc::munmap(self.rx_base as *mut c_void, self.size as usize);
+            libc::munmap(self.rw_base as *mut c_void, self.size as usize);
+        }
+    }
 }

@@ -60,6 +60,8 @@ pub struct Stats {
     pub syscalls: u64,
     /// Code cache flushes.
     pub flushes: u64,
+    /// Times a code cache moved out of the guest's way (see `Translator::move_cache`).
+    pub cache_moves: u64,
     /// Exits at the end of a ring lap (to wait for the monitor and start the next lap).
     pub ring_refills: u64,
     /// Superblocks built (re-built ones after a flush included).
@@ -78,6 +80,7 @@ impl Stats {
         self.ibl_misses += o.ibl_misses;
         self.syscalls += o.syscalls;
         self.flushes += o.flushes;
+        self.cache_moves += o.cache_moves;
         self.ring_refills += o.ring_refills;
         self.superblocks += o.superblocks;
         self.superblocks_dropped += o.superblocks_dropped;
@@ -269,13 +272,12 @@ impl Translator {
         let mut memory = Memory {
             brk_start: image.brk_start,
             brk: image.brk_start,
-            brk_limit: image.brk_limit,
             guest_regions: BTreeMap::new(),
             modules: Default::default(),
         };
         memory
             .modules
-            .add(image.path.clone(), image.image_start, image.brk_start);
+            .add(image.path.clone(), image.image_start, image.image_end);
         if let Some(interp) = &image.interpreter {
             memory
                 .modules
@@ -284,7 +286,7 @@ impl Translator {
         if let Some((start, end)) = crate::vdso_range().filter(|_| cfg.vdso) {
             memory.modules.add("[vdso]".into(), start, end);
         }
-        memory.add_region(image.image_start, image.brk_limit);
+        memory.add_region(image.image_start, image.image_end);
         if let Some(interp) = &image.interpreter {
             memory.add_region(interp.range.0, interp.range.1);
         }
@@ -1005,6 +1007,12 @@ impl Translator {
             self.process.invalidate.extend(pages);
             outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
         }
+        if self.cache_in_the_way(nr, &args, &outcome) {
+            // The guest asked for memory where this thread's code cache is: the cache moves
+            // away (the guest's memory is the guest's), and the call is made again.
+            self.move_cache()?;
+            outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
+        }
         self.ctl.set_place(ThreadPlace::Running);
         self.process.signals.refresh_gate();
         match outcome {
@@ -1312,22 +1320,16 @@ impl Translator {
 
     /// Corrects what the host fault says where the guest's instruction differs from what ran:
     ///
-    /// * A guest access to memory hotpath reserved (the brk reservation above the current
-    ///   brk, the code cache) faults with SEGV_ACCERR on the reservation's PROT_NONE or
-    ///   read-only pages; natively nothing is mapped there: SEGV_MAPERR.
+    /// * A guest access to memory hotpath reserved (the code cache) faults with SEGV_ACCERR
+    ///   on the reservation's PROT_NONE or read-only pages; natively nothing is mapped
+    ///   there: SEGV_MAPERR.
     /// * A GS-relative operand runs with a DS prefix, which 64-bit mode ignores, so a
     ///   non-canonical address based on RSP or RBP is a stack-segment fault (#SS, SIGBUS)
     ///   where the guest's GS-relative access is a #GP (SIGSEGV).
     fn correct_fault(&mut self) {
-        const PAGE: u64 = 4096;
-        let (brk, limit) = {
-            let m = lock(&self.process.shared.memory);
-            (m.brk, m.brk_limit)
-        };
         let cache = self.cache.range();
         self.process.signals.adjust_fault(|f| {
-            let reserved = (brk.div_ceil(PAGE) * PAGE..limit).contains(&f.addr)
-                || (cache.0..cache.1).contains(&f.addr);
+            let reserved = (cache.0..cache.1).contains(&f.addr);
             if f.sig == libc::SIGSEGV && f.code == special::SEGV_ACCERR && reserved {
                 f.code = special::SEGV_MAPERR;
             }
@@ -1410,6 +1412,60 @@ impl Translator {
     }
 
     /// Empties the code cache: every block will be translated again (with new ids).
+    /// True if the guest's `mmap` (`nr` 9) or `brk` (12) with `args` did not get memory
+    /// it would have natively, because this thread's code cache is in the requested range:
+    /// `brk` growing into it, or `mmap` at a hint or a fixed address overlapping it.
+    fn cache_in_the_way(&self, nr: u64, args: &[u64; 6], outcome: &Outcome) -> bool {
+        const PAGE: u64 = hotpath_loader::PAGE_SIZE;
+        let (lo, hi) = self.cache.range();
+        let overlaps = |start: u64, end: u64| start < hi && end > lo;
+        let &Outcome::Return(ret) = outcome else {
+            return false;
+        };
+        match nr {
+            12 => {
+                let brk = lock(&self.process.shared.memory).brk;
+                let want = args[0];
+                // Failed growth; the kernel also keeps a page free after the new end.
+                ret as u64 != want
+                    && want > brk
+                    && overlaps(brk.div_ceil(PAGE) * PAGE, want.div_ceil(PAGE) * PAGE + PAGE)
+            }
+            9 => {
+                let (addr, len) = (args[0], args[1].div_ceil(PAGE) * PAGE);
+                addr != 0 && ret as u64 != addr && overlaps(addr, addr.saturating_add(len))
+            }
+            _ => false,
+        }
+    }
+
+    /// Moves this thread's code cache to wherever the kernel finds room, flushing every
+    /// translation (the guest goes on at the guest address it was going to): a new cache and
+    /// gateway, the handler pointed at them, the old views unmapped. Far from the guest's
+    /// image, translated code reaches its RIP-relative operands through a register
+    /// (`emit::encode_at`), as other threads' caches do.
+    ///
+    /// # Errors
+    /// [`TranslateError::CodeCache`] when the new cache cannot be mapped.
+    fn move_cache(&mut self) -> Result<(), TranslateError> {
+        let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE)?;
+        let gateway = emit_gateway(&mut cache, self.host)?;
+        if !matches!(self.next, Next::Signal) {
+            self.next = Next::Guest(self.guest_rip(self.next));
+        }
+        // The dispatcher holds `critical` here: no other thread unlinks this one's code.
+        let setup = handler_setup(self.area, &cache, &gateway, self.host);
+        self.process.signals.move_cache(&setup);
+        let old = std::mem::replace(&mut self.cache, cache);
+        self.gateway = gateway;
+        self.flush();
+        // SAFETY: this thread is in the dispatcher, its handler and lookup table point at the
+        // new cache, and no other thread runs or links into a thread's cache.
+        unsafe { old.release() };
+        self.stats.cache_moves += 1;
+        Ok(())
+    }
+
     fn flush(&mut self) {
         self.cache.flush();
         self.blocks.clear();

@@ -252,7 +252,7 @@ impl RunCtx {
         if !self.args.quiet {
             let s = translator.stats();
             eprintln!(
-                "hotpath: translator: {} blocks translated in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes, {} ring refills, {} threads",
+                "hotpath: translator: {} blocks translated in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes ({} moving the cache out of the guest's way), {} ring refills, {} threads",
                 s.blocks_translated,
                 s.translation_ns as f64 / 1e9,
                 s.superblocks,
@@ -261,6 +261,7 @@ impl RunCtx {
                 s.ibl_misses,
                 s.syscalls,
                 s.flushes,
+                s.cache_moves,
                 s.ring_refills,
                 translator.threads_started()
             );

@@ -15,10 +15,14 @@ use crate::headers::{
 };
 use crate::{page_ceil, page_floor, LoadError, PAGE_SIZE};
 
-/// Address space reserved after the image for the guest's brk heap, in bytes (1 GiB).
-/// Reserved up front (PROT_NONE) so that nothing of hotpath's can land where the guest's
-/// heap must grow.
-pub const BRK_RESERVE: u64 = 1 << 30;
+/// How far a RIP-relative operand reaches, in bytes (2 GiB): hotpath's own reservation near
+/// the image ([`Image::extra`]) is placed within it so translated code keeps the guest's
+/// RIP-relative operands as they are.
+const RIP_REACH: u64 = 1 << 31;
+
+/// Bytes left free between the image and hotpath's reservation near it (16 MiB): room for
+/// the guest's own mappings next to its image.
+const EXTRA_GAP: u64 = 16 << 20;
 
 /// What kind of ELF executable the guest is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +55,8 @@ pub struct Interpreter {
 /// Caller's requirements for the reservation.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LoadOptions {
-    /// Bytes to reserve (PROT_NONE) after the brk region for the caller's own use.
+    /// Bytes to reserve (PROT_NONE) near the image for the caller's own use (see
+    /// [`Image::extra`]).
     pub extra_reserve: u64,
 }
 
@@ -98,11 +103,18 @@ pub struct Image {
     pub segments: Vec<Segment>,
     /// Lowest mapped guest address of the image (page-aligned).
     pub image_start: u64,
-    /// One past the highest mapped byte of the image (page-aligned): the initial brk.
+    /// One past the highest mapped byte of the image (page-aligned).
+    pub image_end: u64,
+    /// The initial brk, where the kernel puts it: the image's end, or for a static-pie
+    /// started without an interpreter `ELF_ET_DYN_BASE` (Linux 5.18 on), away from the
+    /// image that the kernel placed among the mmap'd libraries. Nothing is reserved there:
+    /// the heap grows as far as the kernel would let it, up to the next mapping.
     pub brk_start: u64,
-    /// End of the address range reserved for the brk heap.
-    pub brk_limit: u64,
-    /// The caller's extra reservation `(start, len)`, PROT_NONE, right after `brk_limit`.
+    /// The caller's extra reservation `(start, len)`, PROT_NONE, within [`RIP_REACH`] of the
+    /// image but out of the ranges the kernel gives the guest: below the image when it lies
+    /// high (mmap allocates top-down from far above, brk grows up from the image), else at
+    /// the top of the image's reach (a program linked low, whose brk grows toward it), else
+    /// wherever the kernel finds room.
     pub extra: (u64, u64),
     /// Function symbols, sorted by address (none when goblin cannot read the section headers:
     /// the kernel does not need them, so neither does loading).
@@ -160,7 +172,7 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         (ElfKind::StaticPie, None) => Placement::Anywhere,
     };
     let (lo, hi) = plan.span;
-    let total = hi - lo + BRK_RESERVE + page_ceil(opts.extra_reserve);
+    let total = hi - lo;
     let base = reserve(&abs, placement, lo, total, maximum_alignment(&exe))?;
     let load_bias = base.wrapping_sub(lo);
     let mut segments = Vec::new();
@@ -175,8 +187,13 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         Some(opened) => Some(load_interpreter(&abs, opened)?),
         None => None,
     };
-    let brk_start = hi.wrapping_add(load_bias);
-    let brk_limit = brk_start + BRK_RESERVE;
+    let image_end = hi.wrapping_add(load_bias);
+    let brk_start = match (kind, &interpreter) {
+        (ElfKind::StaticPie, None) if page_is_free(ELF_ET_DYN_BASE) => ELF_ET_DYN_BASE,
+        _ => image_end,
+    };
+    let extra_len = page_ceil(opts.extra_reserve);
+    let extra = (reserve_near(base, image_end, extra_len), extra_len);
     let symbols = Elf::parse(&bytes)
         .map(|elf| function_symbols(&elf, load_bias, &segments))
         .unwrap_or_default();
@@ -189,9 +206,9 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         phent: exe.ehdr.e_phentsize as u64,
         phnum: exe.ehdr.e_phnum as u64,
         image_start: base,
+        image_end,
         brk_start,
-        brk_limit,
-        extra: (brk_limit, page_ceil(opts.extra_reserve)),
+        extra,
         symbols,
         segments,
         exec_stack,
@@ -634,6 +651,65 @@ fn reserve(
         });
     }
     Ok(p as u64)
+}
+
+/// Reserves `len` bytes (PROT_NONE) for hotpath near the image `[start, end)` as
+/// [`Image::extra`] says, and returns where; 0 when `len` is 0.
+fn reserve_near(start: u64, end: u64, len: u64) -> u64 {
+    if len == 0 {
+        return 0;
+    }
+    let mut candidates = Vec::new();
+    // Below the image, where it lies high enough that no low address is taken.
+    if start >= (1 << 32) + EXTRA_GAP + len {
+        candidates.push(start - EXTRA_GAP - len);
+    }
+    // The top of the image's reach, then down toward its end one reservation at a time.
+    let top = page_floor((start + RIP_REACH).saturating_sub(len + EXTRA_GAP));
+    let mut at = top;
+    while at >= end + EXTRA_GAP && candidates.len() < 16 {
+        candidates.push(at);
+        at -= len;
+    }
+    for at in candidates {
+        if let Some(p) = map_reservation(at, len, libc::MAP_FIXED_NOREPLACE) {
+            if p == at {
+                return p;
+            }
+            // An old kernel took FIXED_NOREPLACE as a hint.
+            // SAFETY: the reservation just made, elsewhere.
+            unsafe { libc::munmap(p as *mut c_void, len as usize) };
+        }
+    }
+    map_reservation(0, len, 0).unwrap_or(0)
+}
+
+/// A PROT_NONE, MAP_NORESERVE anonymous mapping of `len` bytes at `at` with `flags`.
+fn map_reservation(at: u64, len: u64, flags: i32) -> Option<u64> {
+    // SAFETY: an anonymous PROT_NONE reservation; FIXED_NOREPLACE never replaces a mapping.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut c_void,
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | flags,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p as u64)
+}
+
+/// True if nothing is mapped at the page at `addr`.
+fn page_is_free(addr: u64) -> bool {
+    match map_reservation(addr, PAGE_SIZE, libc::MAP_FIXED_NOREPLACE) {
+        Some(p) => {
+            // SAFETY: the probe page just mapped.
+            unsafe { libc::munmap(p as *mut c_void, PAGE_SIZE as usize) };
+            p == addr
+        }
+        None => false,
+    }
 }
 
 /// Reserves `total` bytes whose start is congruent to `lo` modulo `align` (so the load bias is

@@ -19,11 +19,11 @@ mod stack;
 
 pub use elf::{
     kernel_refusal, load, module_symbols, symbolize_in, ElfKind, Image, Interpreter, LoadOptions,
-    ModuleSymbols, Segment, Symbol, BRK_RESERVE,
+    ModuleSymbols, Segment, Symbol,
 };
 pub use error::LoadError;
 pub use script::resolve_script;
-pub use stack::{build_stack, GuestStack, STACK_GUARD, STACK_SIZE};
+pub use stack::{build_stack, stack_size, GuestStack, STACK_GUARD, STACK_SIZE};
 
 /// Guest page size in bytes.
 pub const PAGE_SIZE: u64 = 4096;

@@ -5,8 +5,33 @@ use std::ffi::{c_void, OsString};
 
 use crate::{Image, LoadError};
 
-/// Size of the guest's stack mapping in bytes (8 MiB, the usual RLIMIT_STACK).
+/// Size of the guest's stack mapping in bytes when RLIMIT_STACK cannot be read (8 MiB, the
+/// usual limit).
 pub const STACK_SIZE: u64 = 8 << 20;
+
+/// Largest stack mapping in bytes (1 GiB), for an unlimited or larger RLIMIT_STACK: the
+/// mapping is made whole up front (MAP_NORESERVE, pages come as they are touched), where the
+/// kernel grows the stack a page at a time until it meets another mapping.
+const STACK_MAX: u64 = 1 << 30;
+
+/// Smallest stack mapping in bytes (128 KiB, the kernel's floor for the argument strings'
+/// room).
+const STACK_MIN: u64 = 128 << 10;
+
+/// Size of the guest's stack mapping in bytes: the soft RLIMIT_STACK hotpath was started
+/// with (what bounds the stack's growth natively), page-rounded and kept within
+/// [`STACK_MIN`]..=[`STACK_MAX`].
+pub fn stack_size() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut r) } != 0 {
+        return STACK_SIZE;
+    }
+    crate::page_ceil(r.rlim_cur.clamp(STACK_MIN, STACK_MAX))
+}
 
 /// Inaccessible bytes below the stack (1 MiB, the kernel's default stack guard gap), so a
 /// guest that overflows its stack faults as it would natively instead of writing into
@@ -66,7 +91,7 @@ impl StackWriter {
     fn push_bytes(&mut self, bytes: &[u8]) -> u64 {
         self.sp -= bytes.len() as u64;
         // SAFETY: `sp` stays inside the freshly mapped, writable stack (sizes are checked by
-        // the caller against STACK_SIZE).
+        // the caller against the stack's size).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.sp as *mut u8, bytes.len()) };
         self.sp
     }
@@ -94,22 +119,23 @@ pub fn build_stack(
     execfn: &str,
     vdso: Option<u64>,
 ) -> Result<GuestStack, LoadError> {
+    let size = stack_size();
     let map_err = |reason: String| LoadError::Map {
         path: image.path.clone(),
         addr: 0,
-        len: STACK_SIZE,
+        len: size,
         reason,
     };
     let strings: usize =
         argv.iter().chain(envp).map(|s| s.len() + 1).sum::<usize>() + execfn.len() + 64;
-    if strings as u64 > STACK_SIZE / 4 {
+    if strings as u64 > size / 4 {
         return Err(map_err("argument list too long".into()));
     }
     // SAFETY: a fresh anonymous mapping owned by the guest: a guard gap, then the stack.
     let guard = unsafe {
         libc::mmap(
             std::ptr::null_mut::<c_void>(),
-            (STACK_GUARD + STACK_SIZE) as usize,
+            (STACK_GUARD + size) as usize,
             libc::PROT_NONE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
@@ -124,7 +150,7 @@ pub fn build_stack(
     if unsafe {
         libc::mprotect(
             base as *mut c_void,
-            STACK_SIZE as usize,
+            size as usize,
             // Executable only where the program asks for it (PT_GNU_STACK), as natively.
             libc::PROT_READ | libc::PROT_WRITE | if image.exec_stack { libc::PROT_EXEC } else { 0 },
         )
@@ -133,7 +159,7 @@ pub fn build_stack(
         return Err(map_err(std::io::Error::last_os_error().to_string()));
     }
     let mut w = StackWriter {
-        sp: base + STACK_SIZE - 8,
+        sp: base + size - 8,
     };
     let execfn_addr = w.push_cstr(execfn.as_bytes());
     let mut env_addrs: Vec<u64> = envp
@@ -249,7 +275,7 @@ pub fn build_stack(
     }
     Ok(GuestStack {
         base,
-        size: STACK_SIZE,
+        size,
         rsp: start,
         args: (args_start, env_start),
         env: (env_start, execfn_addr),

@@ -56,12 +56,10 @@ pub struct ForkHold<'a> {
 
 /// The guest's address space as hotpath tracks it.
 pub struct Memory {
-    /// Lowest brk value (page-aligned end of the image).
+    /// Lowest brk value (see `hotpath_loader::Image::brk_start`).
     pub brk_start: u64,
     /// Current brk.
     pub brk: u64,
-    /// Highest brk value the reservation allows.
-    pub brk_limit: u64,
     /// Address ranges that belong to the guest (image, brk region, stacks, its mappings):
     /// start → end, disjoint and merged.
     pub guest_regions: BTreeMap<u64, u64>,

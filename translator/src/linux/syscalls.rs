@@ -346,53 +346,65 @@ fn page_ceil(x: u64) -> u64 {
     (x + 4095) & !4095
 }
 
+/// `brk`, as the kernel's: the heap is the anonymous memory from the initial brk to the
+/// current one (page-rounded). Growing maps the new pages where nothing is mapped, and fails
+/// (returning the old brk) where a mapping is in the way, within a page of the new end (the
+/// kernel's gap), or past `RLIMIT_DATA`; shrinking unmaps, so a later brk gets zeroed pages.
+/// Nothing is reserved for the heap: another mapping above it limits it, as natively.
 fn sys_brk(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
+    const PAGE: u64 = hotpath_loader::PAGE_SIZE;
     let mut p = lock(&thread.shared.memory);
     let want = a[0];
-    if want < p.brk_start || want > p.brk_limit {
-        return Outcome::Return(p.brk as i64);
+    let old = Outcome::Return(p.brk as i64);
+    if want < p.brk_start {
+        return old;
     }
     let (old_end, new_end) = (page_ceil(p.brk), page_ceil(want));
+    if new_end > old_end {
+        if want - p.brk_start > data_limit() {
+            return old;
+        }
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        // The new pages and the one after them must be free; the last is given back.
+        let len = new_end - old_end + PAGE;
+        let r = raw_syscall(9, &[old_end, len, prot, flags, u64::MAX, 0]);
+        if is_error(r) {
+            return old;
+        }
+        if r as u64 != old_end {
+            // A kernel without FIXED_NOREPLACE took the address as a hint.
+            raw_syscall(11, &[r as u64, len, 0, 0, 0, 0]);
+            return old;
+        }
+        raw_syscall(11, &[new_end, PAGE, 0, 0, 0, 0]);
+        p.add_region(old_end, new_end);
+    } else if new_end < old_end {
+        let r = raw_syscall(11, &[new_end, old_end - new_end, 0, 0, 0, 0]);
+        if is_error(r) {
+            return old;
+        }
+        p.remove_region(new_end, old_end);
+        thread.invalidate.push((new_end, old_end));
+    }
     thread
         .maps
         .invalidate_range(old_end.min(new_end), old_end.max(new_end));
-    if new_end > old_end {
-        let r = raw_syscall(
-            10,
-            &[
-                old_end,
-                new_end - old_end,
-                (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                0,
-                0,
-                0,
-            ],
-        );
-        if is_error(r) {
-            return Outcome::Return(p.brk as i64);
-        }
-    } else if new_end < old_end {
-        // Give the pages back, as the kernel does: a later brk gets zeroed memory.
-        let flags =
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE)
-                as u64;
-        let r = raw_syscall(
-            9,
-            &[
-                new_end,
-                old_end - new_end,
-                libc::PROT_NONE as u64,
-                flags,
-                u64::MAX,
-                0,
-            ],
-        );
-        if is_error(r) {
-            return Outcome::Return(p.brk as i64);
-        }
-    }
     p.brk = want;
     Outcome::Return(want as i64)
+}
+
+/// The soft `RLIMIT_DATA` in bytes, which bounds the heap (`u64::MAX` when unlimited).
+fn data_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut r) } != 0 {
+        return u64::MAX;
+    }
+    r.rlim_cur
 }
 
 fn sys_mmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {

@@ -114,7 +114,9 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     let info_bytes: [u8; 128] = unsafe { std::ptr::read(info as *const [u8; 128]) };
     let gregs = &mut uc.uc_mcontext.gregs;
     let pc = gregs[REG_RIP] as u64;
-    let in_cache = pc >= shared.cache.0 && pc < shared.cache.1;
+    // SAFETY: this thread's handler.
+    let view = unsafe { shared.view() };
+    let in_cache = pc >= view.range.0 && pc < view.range.1;
 
     // Rust's thread-locals live behind the host FS base; translated code runs with the guest's.
     let fs = read_fs(shared.fsgsbase);
@@ -173,7 +175,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         // hotpath: stop stepping and leave the cache; the dispatcher stops with a message.
         gregs[REG_EFL] &= !EFLAGS_TF;
         // SAFETY: this thread's handler, for a PC in translated code.
-        let layouts = unsafe { shared.blocks.read_in_handler() };
+        let layouts = unsafe { view.blocks.read_in_handler() };
         let at = capture_fault(layouts, pc, gregs, area).map_or(0, |(rip, _)| rip);
         area.fs_base = fs;
         // SAFETY: the dispatcher is interrupted; only this handler writes `refused` now.
@@ -183,7 +185,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
                 at,
             ))
         };
-        gregs[REG_RIP] = shared.exit_from_signal as i64;
+        gregs[REG_RIP] = view.exit_from_signal as i64;
         if switched {
             write_fs(shared.fsgsbase, fs);
         }
@@ -192,7 +194,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     if synchronous {
         if in_cache {
             // SAFETY: this thread's handler, for a PC in translated code.
-            let layouts = unsafe { shared.blocks.read_in_handler() };
+            let layouts = unsafe { view.blocks.read_in_handler() };
             if let Some((rip, trace_exit)) = capture_fault(layouts, pc, gregs, area) {
                 area.fs_base = fs;
                 let trapno = gregs[REG_TRAPNO] as u64;
@@ -223,7 +225,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
                         trace_exit,
                     })
                 };
-                gregs[REG_RIP] = shared.exit_from_signal as i64;
+                gregs[REG_RIP] = view.exit_from_signal as i64;
                 if switched {
                     write_fs(shared.fsgsbase, fs);
                 }

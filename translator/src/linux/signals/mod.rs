@@ -189,8 +189,9 @@ pub struct HandlerShared {
     infos: UnsafeCell<Box<[SigQueue; NSIG]>>,
     sync: UnsafeCell<Option<SyncFault>>,
     area: *mut ThreadArea,
-    cache: (u64, u64),
-    exit_from_signal: u64,
+    /// The thread's code cache as the handler sees it; replaced only by the dispatcher, with
+    /// every signal blocked, when the cache moves ([`SignalState::move_cache`]).
+    view: UnsafeCell<CacheView>,
     fsgsbase: bool,
     /// Held (true) by the dispatcher while it is outside the code cache, where it changes the
     /// exit table and the code cache: the handler must not unlink then (the dispatcher checks
@@ -203,8 +204,6 @@ pub struct HandlerShared {
     exits_len: AtomicU64,
     /// Executable-view address + `rw_delta` = writable-view address of the same code byte.
     rw_delta: AtomicU64,
-    /// The layouts of every block in the thread's code cache.
-    blocks: &'static crate::code_cache::BlockMap,
     /// Guest pages write-protected because code was translated from them (the process's).
     smc: std::sync::Arc<crate::smc::ProtectedPages>,
     /// Set by another thread that needs this one out of the code cache (see `kick`).
@@ -219,7 +218,28 @@ pub struct HandlerShared {
 unsafe impl Sync for HandlerShared {}
 unsafe impl Send for HandlerShared {}
 
+/// What the handler needs to know of its thread's code cache.
+#[derive(Clone, Copy)]
+pub(super) struct CacheView {
+    /// The executable view's host range `[start, end)`.
+    pub(super) range: (u64, u64),
+    /// The gateway's `exit_from_signal` routine (host address).
+    pub(super) exit_from_signal: u64,
+    /// The layouts of every block in the cache.
+    pub(super) blocks: &'static crate::code_cache::BlockMap,
+}
+
 impl HandlerShared {
+    /// The code cache as it is now.
+    ///
+    /// # Safety
+    /// On the owning thread: from its handler, or from its dispatcher.
+    pub(super) unsafe fn view(&self) -> CacheView {
+        // SAFETY: see the function's contract: the dispatcher writes it with every signal
+        // blocked, so no read on this thread overlaps a write.
+        unsafe { *self.view.get() }
+    }
+
     /// From another thread: makes this thread leave the code cache at its next block
     /// boundary (it then reads the process's news: invalidations, the end of the process).
     /// If its dispatcher runs, it sees the flag before it enters the cache again; if it is in
@@ -444,14 +464,16 @@ impl SignalState {
             infos: UnsafeCell::new(empty_queues()),
             sync: UnsafeCell::new(None),
             area,
-            cache,
-            exit_from_signal,
+            view: UnsafeCell::new(CacheView {
+                range: cache,
+                exit_from_signal,
+                blocks,
+            }),
             fsgsbase,
             critical: std::sync::atomic::AtomicBool::new(true),
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
             rw_delta: AtomicU64::new(rw_delta),
-            blocks,
             smc,
             kicked: std::sync::atomic::AtomicBool::new(false),
             refused: UnsafeCell::new(None),
@@ -690,6 +712,25 @@ impl SignalState {
     /// section (the exit table it reads is the one published by `set_critical(false, ..)`).
     pub fn unlink_now(&self, area: &mut ThreadArea) {
         unlink_all(self.shared, area);
+    }
+
+    /// Points the handler at the thread's new code cache (`setup`'s cache fields; its area
+    /// and host features stay), after the dispatcher moved the cache out of the guest's way.
+    /// Call with no translated code of the old cache running on this thread.
+    pub fn move_cache(&self, setup: &HandlerSetup) {
+        let _blocked = BlockAll::new();
+        // SAFETY: every signal is blocked, so this thread's handler cannot be reading it, and
+        // no other thread reads it.
+        unsafe {
+            *self.shared.view.get() = CacheView {
+                range: setup.cache,
+                exit_from_signal: setup.exit_from_signal,
+                blocks: setup.blocks,
+            }
+        };
+        self.shared
+            .rw_delta
+            .store(setup.rw_delta, Ordering::Relaxed);
     }
 
     /// Updates the writable view's offset (after a forked child adopted its own cache copy).

@@ -1,0 +1,129 @@
+/* The guest's address space is the guest's: what it asks of the kernel for its own memory
+ * (mmap hints, brk, the stack's growth) it gets under hotpath as natively.
+ *
+ *   hints      - mmap with a hint and with MAP_FIXED_NOREPLACE at 0x10000000..0x40000000
+ *                (where a program linked at 0x400000 has nothing natively);
+ *   brk        - sbrk of 1.5 GiB (its last byte written), then back; mprotect of an unmapped
+ *                page past brk fails with ENOMEM;
+ *   brk-3g     - sbrk of 3 GiB, then back;
+ *   brk-blocked - a mapping placed 64 MiB above brk stops brk there, as natively;
+ *   fixed      - MAP_FIXED over 0x60000000..0x80000000 (within 2 GiB of a program linked at
+ *                0x400000, where hotpath would like its code cache), written, then unmapped;
+ *   stack KIB  - recursion KIB KiB deep (1 KiB frames): past RLIMIT_STACK it dies of SIGSEGV. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+static int hints(void)
+{
+    static const unsigned long at[] = {0x10000000, 0x20000000, 0x30000000, 0x40000000};
+    for (int i = 0; i < 4; i++) {
+        void *want = (void *)at[i];
+        void *p = mmap(want, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        printf("hint %#lx: %s\n", at[i], p == want ? "got it" : "elsewhere");
+        if (p != MAP_FAILED)
+            munmap(p, 4096);
+        p = mmap(want, 4096, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        printf("noreplace %#lx: %s\n", at[i], p == want ? "got it" : strerror(errno));
+        if (p != MAP_FAILED)
+            munmap(p, 4096);
+    }
+    return 0;
+}
+
+/* sbrk(len), its last byte written, then sbrk(-len); prints what happened. */
+static void grow_and_back(const char *what, long len)
+{
+    void *before = sbrk(0);
+    char *p = sbrk(len);
+    if (p == (void *)-1) {
+        printf("sbrk %s: %s\n", what, strerror(errno));
+        return;
+    }
+    p[len - 1] = 1;
+    sbrk(-len);
+    printf("sbrk %s: ok, back %s\n", what, sbrk(0) == before ? "where it was" : "ELSEWHERE");
+}
+
+static int brk_case(void)
+{
+    grow_and_back("1.5 GiB", 3L << 29);
+    unsigned long past = ((unsigned long)sbrk(0) + (1 << 20)) & ~0xfffUL;
+    int r = mprotect((void *)past, 4096, PROT_READ);
+    printf("mprotect 1 MiB past brk: %s\n", r ? strerror(errno) : "ok");
+    return 0;
+}
+
+static int brk_blocked(void)
+{
+    unsigned long end = ((unsigned long)sbrk(0) + 0xfff) & ~0xfffUL;
+    void *wall = (void *)(end + (64 << 20));
+    void *p = mmap(wall, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    printf("mapping 64 MiB above brk: %s\n", p == wall ? "placed" : strerror(errno));
+    grow_and_back("32 MiB", 32L << 20);
+    grow_and_back("128 MiB", 128L << 20);
+    return 0;
+}
+
+static int fixed(void)
+{
+    size_t len = 512UL << 20;
+    char *want = (char *)0x60000000UL;
+    char *p = mmap(want, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p != want) {
+        printf("MAP_FIXED at %p: %s\n", (void *)want, strerror(errno));
+        return 1;
+    }
+    for (size_t i = 0; i < len; i += 1 << 20)
+        p[i] = (char)i;
+    long sum = 0;
+    for (size_t i = 0; i < len; i += 1 << 20)
+        sum += p[i];
+    printf("MAP_FIXED at %p: mapped and written (%ld)\n", (void *)want, sum);
+    munmap(p, len);
+    return 0;
+}
+
+static long depth(long n)
+{
+    volatile char frame[1000];
+    frame[0] = (char)n;
+    if (n == 0)
+        return 0;
+    return depth(n - 1) + frame[0];
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    const char *c = argc > 1 ? argv[1] : "";
+    if (!strcmp(c, "hints"))
+        return hints();
+    if (!strcmp(c, "brk"))
+        return brk_case();
+    if (!strcmp(c, "brk-3g")) {
+        grow_and_back("3 GiB", 3L << 30);
+        return 0;
+    }
+    if (!strcmp(c, "brk-blocked"))
+        return brk_blocked();
+    if (!strcmp(c, "fixed"))
+        return fixed();
+    if (!strcmp(c, "stack") && argc > 2) {
+        long kib = atol(argv[2]);
+        printf("recursing %ld KiB deep\n", kib);
+        printf("came back (%ld)\n", depth(kib) & 1);
+        return 0;
+    }
+    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|stack KIB\n");
+    return 2;
+}

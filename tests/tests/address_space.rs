@@ -1,0 +1,127 @@
+//! The guest's address space is the guest's (`guest-samples/address_space.c`): mmap hints
+//! at low addresses, brk growing by gigabytes and stopping at a mapping, mprotect past brk,
+//! the stack bounded by RLIMIT_STACK, and hotpath starting under RLIMIT_AS. Each case runs
+//! natively and under hotpath (monitor off, on, eager superblocks; static, static-pie and
+//! dynamic builds) with the same resource limits, and the runs are compared.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use hotpath_e2e::catalog::Linkage;
+use hotpath_e2e::{
+    compare, guest_build, hotpath_bin, hotpath_command, native_command, runner, MonitorMode,
+};
+
+const SOURCE: &str = "address_space.c";
+
+/// Seconds one run may take: every case ends in well under a second natively.
+const CASE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A case: its arguments, and the soft limits `(resource, bytes)` both runs start with.
+struct Case {
+    args: &'static [&'static str],
+    limits: &'static [(libc::__rlimit_resource_t, u64)],
+}
+
+const MIB: u64 = 1 << 20;
+
+const CASES: &[Case] = &[
+    Case {
+        args: &["hints"],
+        limits: &[],
+    },
+    Case {
+        args: &["brk"],
+        limits: &[],
+    },
+    Case {
+        args: &["brk-3g"],
+        limits: &[],
+    },
+    Case {
+        args: &["fixed"],
+        limits: &[],
+    },
+    Case {
+        args: &["brk-blocked"],
+        limits: &[],
+    },
+    // 20 MiB of frames: within a 32 MiB stack limit, past an 8 MiB one.
+    Case {
+        args: &["stack", "20000"],
+        limits: &[(libc::RLIMIT_STACK, 32 * MIB)],
+    },
+    Case {
+        args: &["stack", "20000"],
+        limits: &[(libc::RLIMIT_STACK, 8 * MIB)],
+    },
+    Case {
+        args: &["stack", "3000"],
+        limits: &[(libc::RLIMIT_STACK, 4 * MIB)],
+    },
+    Case {
+        args: &["stack", "6000"],
+        limits: &[(libc::RLIMIT_STACK, 4 * MIB)],
+    },
+    // `ulimit -v 1048576`: hotpath's own memory must fit beside the guest's.
+    Case {
+        args: &["hints"],
+        limits: &[(libc::RLIMIT_AS, 1024 * MIB)],
+    },
+    // brk counts against RLIMIT_DATA.
+    Case {
+        args: &["brk"],
+        limits: &[(libc::RLIMIT_DATA, 1024 * MIB)],
+    },
+];
+
+/// Makes `cmd` start with the soft `limits` (hard limits unchanged).
+fn with_limits(cmd: &mut Command, limits: &'static [(libc::__rlimit_resource_t, u64)]) {
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // getrlimit/setrlimit, which are async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &(resource, bytes) in limits {
+                let mut r = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(resource, &mut r);
+                r.rlim_cur = bytes.min(r.rlim_max);
+                if libc::setrlimit(resource, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn cases_match_native() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let mut problems = Vec::new();
+    for linkage in Linkage::WITH_DYNAMIC {
+        let exe = guest_build::build(SOURCE, linkage).expect("sample builds");
+        for case in CASES {
+            let mut native = native_command(&exe, case.args);
+            with_limits(&mut native, case.limits);
+            let native = runner::run(&mut native, CASE_TIMEOUT).expect("native run");
+            for mode in MonitorMode::ALL {
+                let mut cmd = hotpath_command(&hotpath, mode, &exe, case.args);
+                with_limits(&mut cmd, case.limits);
+                let translated = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
+                if let Err(e) = compare::compare_outcomes(&native, &translated) {
+                    problems.push(format!(
+                        "{} with limits {:?} [{linkage}, {}]:\n{e}",
+                        case.args.join(" "),
+                        case.limits,
+                        mode.label()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
