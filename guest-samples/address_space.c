@@ -9,9 +9,14 @@
  *   brk-blocked - a mapping placed 64 MiB above brk stops brk there, as natively;
  *   fixed      - MAP_FIXED over 0x60000000..0x80000000 (within 2 GiB of a program linked at
  *                0x400000, where hotpath would like its code cache), written, then unmapped;
- *   stack KIB  - recursion KIB KiB deep (1 KiB frames): past RLIMIT_STACK it dies of SIGSEGV. */
+ *   stack KIB  - recursion KIB KiB deep (1 KiB frames): past RLIMIT_STACK it dies of SIGSEGV;
+ *   hole       - in the gap between two PT_LOAD segments (built with 2 MiB segment alignment
+ *                to have one): a load faults with SEGV_MAPERR, and the guest may map there. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <link.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +98,62 @@ static int fixed(void)
     return 0;
 }
 
+static sigjmp_buf hole_jump;
+static volatile int hole_code;
+
+static void hole_handler(int sig, siginfo_t *info, void *ctx)
+{
+    (void)sig;
+    (void)ctx;
+    hole_code = info->si_code;
+    siglongjmp(hole_jump, 1);
+}
+
+/* The first page-aligned gap of at least a page between the program's PT_LOAD segments. */
+static int find_hole(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    unsigned long prev_end = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD)
+            continue;
+        unsigned long start = (info->dlpi_addr + ph->p_vaddr) & ~0xfffUL;
+        if (prev_end && start >= prev_end + 4096) {
+            *(unsigned long *)data = prev_end;
+            return 1;
+        }
+        prev_end = (info->dlpi_addr + ph->p_vaddr + ph->p_memsz + 0xfff) & ~0xfffUL;
+    }
+    return 1; /* only the program itself */
+}
+
+static int hole(void)
+{
+    unsigned long at = 0;
+    dl_iterate_phdr(find_hole, &at);
+    if (!at) {
+        printf("no gap between the program's segments\n");
+        return 0;
+    }
+    struct sigaction sa = {0};
+    sa.sa_sigaction = hole_handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    if (!sigsetjmp(hole_jump, 1)) {
+        volatile char c = *(volatile char *)at;
+        (void)c;
+        printf("a load in the gap: no fault\n");
+    } else {
+        printf("a load in the gap: SIGSEGV, %s\n",
+               hole_code == SEGV_MAPERR ? "SEGV_MAPERR" : hole_code == SEGV_ACCERR ? "SEGV_ACCERR" : "other");
+    }
+    void *p = mmap((void *)at, 4096, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    printf("mapping in the gap: %s\n", p == (void *)at ? "placed" : strerror(errno));
+    return 0;
+}
+
 static long depth(long n)
 {
     volatile char frame[1000];
@@ -118,12 +179,14 @@ int main(int argc, char **argv)
         return brk_blocked();
     if (!strcmp(c, "fixed"))
         return fixed();
+    if (!strcmp(c, "hole"))
+        return hole();
     if (!strcmp(c, "stack") && argc > 2) {
         long kib = atol(argv[2]);
         printf("recursing %ld KiB deep\n", kib);
         printf("came back (%ld)\n", depth(kib) & 1);
         return 0;
     }
-    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|stack KIB\n");
+    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|stack KIB\n");
     return 2;
 }

@@ -125,3 +125,50 @@ fn cases_match_native() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The sample built with 2 MiB segment alignment (`-z max-page-size=0x200000 -z
+/// separate-code`), which leaves gaps between its PT_LOAD segments, for `linkage`.
+fn build_with_gaps(linkage: Linkage) -> std::path::PathBuf {
+    let out = guest_build::build_dir().join(format!("address_space_gaps.{}", linkage.flag()));
+    std::fs::create_dir_all(guest_build::build_dir()).expect("build dir");
+    let status = Command::new("gcc")
+        .args(guest_build::gcc_args(SOURCE, linkage))
+        .args([
+            "-Wl,-z,max-page-size=0x200000",
+            "-Wl,-z,separate-code",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(hotpath_e2e::paths::samples_dir().join(SOURCE))
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed on {SOURCE} for {linkage}");
+    out
+}
+
+/// Natively nothing is mapped between an image's segments: a load there is SEGV_MAPERR, and
+/// the guest may map there (hotpath gives back what its reservation of the image's span did
+/// not use).
+#[test]
+fn gaps_between_segments_are_unmapped_as_natively() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let mut problems = Vec::new();
+    for linkage in Linkage::WITH_DYNAMIC {
+        let exe = build_with_gaps(linkage);
+        let native =
+            runner::run(&mut native_command(&exe, &["hole"]), CASE_TIMEOUT).expect("native run");
+        assert!(
+            String::from_utf8_lossy(&native.stdout).contains("SEGV_MAPERR"),
+            "the {linkage} build has no gap between its segments:\n{}",
+            String::from_utf8_lossy(&native.stdout)
+        );
+        for mode in MonitorMode::ALL {
+            let mut cmd = hotpath_command(&hotpath, mode, &exe, &["hole"]);
+            let translated = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
+            if let Err(e) = compare::compare_outcomes(&native, &translated) {
+                problems.push(format!("hole [{linkage}, {}]:\n{e}", mode.label()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -39,6 +39,24 @@ pub enum ElfKind {
 /// kernel picks another base, as it would for `mmap`.
 const ELF_ET_DYN_BASE: u64 = 0x5555_5555_4000;
 
+/// Room in bytes (64 GiB) a guest heap placed at [`ELF_ET_DYN_BASE`] gets before hotpath's own
+/// binary, which the kernel put at `ELF_ET_DYN_BASE` plus a random offset of up to 1 TiB.
+const DYN_BASE_ROOM: u64 = 64 << 30;
+
+/// Where a PIE with an interpreter goes (and a static-pie's brk starts): at
+/// [`ELF_ET_DYN_BASE`] as natively, unless hotpath's own binary lies less than
+/// [`DYN_BASE_ROOM`] above it, where the guest's brk heap would soon meet it (natively nothing
+/// is there): then that much lower.
+fn dyn_base() -> u64 {
+    // An address inside hotpath's text, which its binary's first segments precede by a few MiB.
+    let own = (dyn_base as *const () as u64).saturating_sub(64 << 20);
+    if own.wrapping_sub(ELF_ET_DYN_BASE) < DYN_BASE_ROOM {
+        ELF_ET_DYN_BASE - DYN_BASE_ROOM
+    } else {
+        ELF_ET_DYN_BASE
+    }
+}
+
 /// The program interpreter (`PT_INTERP`, normally ld-linux-x86-64.so.2) as loaded.
 #[derive(Clone, Debug)]
 pub struct Interpreter {
@@ -167,7 +185,7 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     let kind = exe.kind();
     let placement = match (kind, &interp) {
         (ElfKind::Static, _) => Placement::Fixed,
-        (ElfKind::StaticPie, Some(_)) => Placement::Hint(ELF_ET_DYN_BASE),
+        (ElfKind::StaticPie, Some(_)) => Placement::Hint(dyn_base()),
         // A static-pie goes where the kernel finds room, like ASLR would put it.
         (ElfKind::StaticPie, None) => Placement::Anywhere,
     };
@@ -179,6 +197,7 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     for ph in exe.loads() {
         segments.extend(map_segment(&file, bytes.len() as u64, ph, load_bias).map_err(killed)?);
     }
+    unmap_holes(base, hi.wrapping_add(load_bias), &segments);
     let entry = exe.ehdr.e_entry.wrapping_add(load_bias);
     if interp.is_none() && entry >= TASK_SIZE {
         return Err(killed(format!("entry point {entry:#x} outside user space")));
@@ -189,7 +208,7 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     };
     let image_end = hi.wrapping_add(load_bias);
     let brk_start = match (kind, &interpreter) {
-        (ElfKind::StaticPie, None) if page_is_free(ELF_ET_DYN_BASE) => ELF_ET_DYN_BASE,
+        (ElfKind::StaticPie, None) if page_is_free(dyn_base()) => dyn_base(),
         _ => image_end,
     };
     let extra_len = page_ceil(opts.extra_reserve);
@@ -366,9 +385,13 @@ fn load_interpreter(program: &Path, opened: OpenedInterpreter) -> Result<Interpr
     let base =
         reserve(&opened.path, placement, lo, hi - lo, PAGE_SIZE).map_err(|e| killed(e.reason()))?;
     let load_bias = base.wrapping_sub(lo);
+    let mut segments = Vec::new();
     for ph in interp.loads() {
-        map_segment(&opened.file, opened.bytes.len() as u64, ph, load_bias).map_err(&killed)?;
+        segments.extend(
+            map_segment(&opened.file, opened.bytes.len() as u64, ph, load_bias).map_err(&killed)?,
+        );
     }
+    unmap_holes(base, hi.wrapping_add(load_bias), &segments);
     let entry = interp.ehdr.e_entry.wrapping_add(load_bias);
     if entry >= TASK_SIZE {
         return Err(killed(format!("entry point {entry:#x} outside user space")));
@@ -651,6 +674,26 @@ fn reserve(
         });
     }
     Ok(p as u64)
+}
+
+/// Gives back the parts of an image's reservation `[start, end)` that no segment of
+/// `segments` covers: between segments nothing is mapped natively (the kernel maps the first
+/// segment with the image's whole size and unmaps the rest before mapping the others), so a
+/// guest access there is SEGV_MAPERR and the guest may map there.
+fn unmap_holes(start: u64, end: u64, segments: &[Segment]) {
+    let mut covered: Vec<(u64, u64)> = segments.iter().map(|s| (s.start, s.end)).collect();
+    covered.sort_unstable();
+    let mut at = start;
+    for (s, e) in covered.into_iter().chain(std::iter::once((end, end))) {
+        if s > at {
+            // SAFETY: a part of the image's own PROT_NONE reservation that no segment took.
+            unsafe { libc::munmap(at as *mut c_void, (s.min(end) - at) as usize) };
+        }
+        at = at.max(e);
+        if at >= end {
+            break;
+        }
+    }
 }
 
 /// Reserves `len` bytes (PROT_NONE) for hotpath near the image `[start, end)` as
