@@ -977,3 +977,47 @@ fn load_bias_follows_p_align() {
         verdict.unwrap_or_else(|e| panic!("{linkage}: {e}"));
     }
 }
+
+/// A `#!` script is refused as its interpreter is: a guest's execve of a script whose
+/// interpreter the kernel refuses (a bad `e_phentsize`: ENOEXEC), is missing (ENOENT) or is
+/// six levels of scripts deep (ELOOP) fails with the kernel's errno under hotpath too, instead
+/// of starting a hotpath that exits 126; a script whose interpreter runs, runs.
+#[test]
+fn scripts_are_refused_as_their_interpreters_are() {
+    let mut bad = base_bytes(Linkage::Static);
+    put(&mut bad, 0x36, 2, 0); // e_phentsize
+    let bad_path = corpus_dir().join("script-interp-bad-phentsize");
+    write_exe(&bad_path, &bad);
+    let good_path = corpus_dir().join("script-interp-good");
+    write_exe(&good_path, &base_bytes(Linkage::Static));
+    let script = |name: &str, interp: &Path| {
+        let path = corpus_dir().join(name);
+        write_exe(&path, format!("#!{}\n", interp.display()).as_bytes());
+        path
+    };
+    let mut cases = vec![
+        script("script-bad-interp", &bad_path),
+        script(
+            "script-missing-interp",
+            &corpus_dir().join("no-such-interpreter"),
+        ),
+        script("script-good-interp", &good_path),
+    ];
+    // The kernel follows five levels of scripts; a sixth is ELOOP.
+    let mut chain = good_path.clone();
+    for level in 1..=6 {
+        chain = script(&format!("script-chain-{level}"), &chain);
+        if level >= 5 {
+            cases.push(chain.clone());
+        }
+    }
+    let problems: Vec<String> = cases
+        .iter()
+        .filter_map(|p| {
+            check_guest_exec(p)
+                .err()
+                .map(|e| format!("{}: {e}", p.display()))
+        })
+        .collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

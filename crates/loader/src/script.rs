@@ -11,9 +11,9 @@ use crate::LoadError;
 /// Bytes of a file's start the kernel looks at for `#!` (BINPRM_BUF_SIZE).
 const SCRIPT_HEADER_BYTES: usize = 256;
 
-/// How many `#!` interpreters may name another `#!` script before the kernel gives up with
-/// ELOOP (its binfmt recursion limit).
-const MAX_SCRIPT_DEPTH: usize = 4;
+/// How many levels of `#!` scripts the kernel follows before it gives up with ELOOP
+/// (`exec_binprm`: binfmt handler depths 0..=5, the last one the ELF program's).
+const MAX_SCRIPT_DEPTH: usize = 5;
 
 /// The ELF program to load for `path` run with `argv`, and the argv it gets: `path` itself
 /// when it is not a `#!` script, else its interpreter (through any number of script levels,

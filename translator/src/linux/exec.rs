@@ -142,8 +142,9 @@ fn executable_file(file: &std::path::Path) -> bool {
 }
 
 /// True if `execve(file)` would start a program: a regular file this user may execute that
-/// starts with the ELF magic or `#!` (what the kernel's binfmt handlers accept), and for an
-/// ELF file, one whose headers and interpreter pass the kernel's checks
+/// starts with the ELF magic or `#!` (what the kernel's binfmt handlers accept; for `#!`, the
+/// program its interpreter lines lead to), and for an ELF file, one whose headers and
+/// interpreter pass the kernel's checks
 /// (`hotpath_loader::kernel_refusal`: else the guest's call gets the kernel's errno, such as
 /// ENOEXEC for a bad `e_phentsize`, not a hotpath that starts and exits with status 126).
 fn kernel_would_run(file: &std::path::Path) -> bool {
@@ -161,7 +162,15 @@ fn kernel_would_run(file: &std::path::Path) -> bool {
     if &magic == b"\x7fELF" {
         return hotpath_loader::kernel_refusal(file).is_none();
     }
-    magic.starts_with(b"#!")
+    if !magic.starts_with(b"#!") {
+        return false;
+    }
+    // The kernel runs the program the `#!` lines lead to: a refusal of it (a missing or
+    // malformed interpreter, too many levels) is the script's execve's error.
+    match hotpath_loader::resolve_script(file, &[file.as_os_str().to_owned()]) {
+        Ok((program, _)) => program != file && kernel_would_run(&program),
+        Err(_) => false,
+    }
 }
 
 /// Reads a guest NULL-terminated array of C strings (argv or envp); a null array is empty.
