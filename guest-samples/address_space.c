@@ -10,6 +10,8 @@
  *   fixed      - MAP_FIXED over 0x60000000..0x80000000 (within 2 GiB of a program linked at
  *                0x400000, where hotpath would like its code cache), written, then unmapped;
  *   stack KIB  - recursion KIB KiB deep (1 KiB frames): past RLIMIT_STACK it dies of SIGSEGV;
+ *   exec-only  - code written to a page made PROT_EXEC alone runs (whether the page can also
+ *                be read depends on the CPU: with protection keys it cannot);
  *   hole       - in the gap between two PT_LOAD segments (built with 2 MiB segment alignment
  *                to have one): a load faults with SEGV_MAPERR, and the guest may map there. */
 #define _GNU_SOURCE
@@ -154,6 +156,27 @@ static int hole(void)
     return 0;
 }
 
+static int exec_only(void)
+{
+    static const unsigned char code[] = {0xb8, 42, 0, 0, 0, 0xc3}; /* mov eax, 42 ; ret */
+    unsigned char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memcpy(p, code, sizeof code);
+    if (mprotect(p, 4096, PROT_EXEC)) {
+        printf("mprotect PROT_EXEC: %s\n", strerror(errno));
+        return 1;
+    }
+    printf("a call into the execute-only page returns %d\n", ((int (*)(void))p)());
+    struct sigaction sa = {0};
+    sa.sa_sigaction = hole_handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    if (!sigsetjmp(hole_jump, 1))
+        printf("a load from it: %d\n", *(volatile unsigned char *)p);
+    else
+        printf("a load from it: SIGSEGV\n");
+    return 0;
+}
+
 static long depth(long n)
 {
     volatile char frame[1000];
@@ -181,12 +204,14 @@ int main(int argc, char **argv)
         return fixed();
     if (!strcmp(c, "hole"))
         return hole();
+    if (!strcmp(c, "exec-only"))
+        return exec_only();
     if (!strcmp(c, "stack") && argc > 2) {
         long kib = atol(argv[2]);
         printf("recursing %ld KiB deep\n", kib);
         printf("came back (%ld)\n", depth(kib) & 1);
         return 0;
     }
-    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|stack KIB\n");
+    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|stack KIB\n");
     return 2;
 }

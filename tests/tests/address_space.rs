@@ -1,5 +1,6 @@
 //! The guest's address space is the guest's (`guest-samples/address_space.c`): mmap hints
-//! at low addresses, brk growing by gigabytes and stopping at a mapping, mprotect past brk,
+//! at low addresses, MAP_FIXED where hotpath's code cache was, execute-only code, gaps between
+//! segments, brk growing by gigabytes and stopping at a mapping, mprotect past brk,
 //! the stack bounded by RLIMIT_STACK, and hotpath starting under RLIMIT_AS. Each case runs
 //! natively and under hotpath (monitor off, on, eager superblocks; static, static-pie and
 //! dynamic builds) with the same resource limits, and the runs are compared.
@@ -41,6 +42,10 @@ const CASES: &[Case] = &[
     },
     Case {
         args: &["fixed"],
+        limits: &[],
+    },
+    Case {
+        args: &["exec-only"],
         limits: &[],
     },
     Case {

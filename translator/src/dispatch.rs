@@ -1495,7 +1495,8 @@ impl Translator {
     /// fault if an instruction is cut there (the mappings' protections come from the thread's
     /// `MapsCache`: no system call per block). Its bytes are read with a plain copy where the
     /// mappings say they are readable, else through `process_vm_readv`, which stops cleanly at
-    /// an unreadable page.
+    /// an unreadable page, and `/proc/self/mem` for execute-only pages
+    /// ([`guest_mem::read_code`]).
     fn decode(&mut self, start: GuestAddr, max: usize) -> hotpath_ir::Block {
         let maps = &mut self.process.maps;
         decode_block_limited(start, max, |addr, buf| {
@@ -1504,7 +1505,7 @@ impl Translator {
             if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
                 buf.len()
             } else {
-                guest_mem::read_partial(addr, buf)
+                guest_mem::read_code(addr, buf)
             }
         })
     }

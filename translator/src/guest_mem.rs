@@ -99,6 +99,31 @@ pub fn read_partial(addr: u64, buf: &mut [u8]) -> usize {
     done
 }
 
+/// Reads guest code at `addr` whose pages the caller knows to be executable but that may not
+/// be readable (`PROT_EXEC` alone): `process_vm_readv` honours the mapping's missing
+/// `PROT_READ` where the CPU still fetches (and, without protection keys, reads) the bytes,
+/// so what it leaves is read through `/proc/self/mem`, which reads as a debugger does.
+/// Returns the number of bytes read, up to the first byte neither can read.
+pub fn read_code(addr: u64, buf: &mut [u8]) -> usize {
+    use std::os::unix::fs::FileExt;
+    let n = read_partial(addr, buf);
+    if n == buf.len() {
+        return n;
+    }
+    // Opened each time: rare (execute-only code), and a forked child needs its own.
+    let Ok(mem) = std::fs::File::open("/proc/self/mem") else {
+        return n;
+    };
+    let mut done = n;
+    while done < buf.len() {
+        match mem.read_at(&mut buf[done..], addr + done as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => done += k,
+        }
+    }
+    done
+}
+
 /// Reads exactly `buf.len()` bytes from guest address `addr`.
 ///
 /// # Errors
