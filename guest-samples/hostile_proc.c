@@ -293,6 +293,24 @@ static int case_seccomp(const char *mode)
         pthread_join(t, NULL);
         return work_after_filter();
     }
+    if (!strcmp(mode, "exec-deny-getpid") || !strcmp(mode, "exec-kill-futex")) {
+        /* The filter stays across execve: the new image runs under it. */
+        if (mode[5] == 'd')
+            install_filter(SYS_getpid, SECCOMP_RET_ERRNO | EPERM, 0);
+        else
+            install_filter(SYS_futex, SECCOMP_RET_KILL_PROCESS, 0);
+        fflush(stdout);
+        char *args[] = {"hostile_proc", "seccomp", "after-exec", NULL};
+        execv("/proc/self/exe", args);
+        printf("execv: %s\n", strerror(errno));
+        return 13;
+    }
+    if (!strcmp(mode, "after-exec")) {
+        errno = 0;
+        long r = syscall(SYS_getpid);
+        printf("after exec, getpid: %d errno %d\n", r == -1 ? -1 : 1, errno);
+        return work_after_filter();
+    }
     fprintf(stderr, "unknown seccomp mode %s\n", mode);
     return 2;
 }

@@ -40,6 +40,8 @@ const SAME_AS_NATIVE: &[&[&str]] = &[
     &["seccomp", "kill-getppid-handled"],
     &["seccomp", "trap-getppid"],
     &["seccomp", "tsync-getpid"],
+    &["seccomp", "exec-deny-getpid"],
+    &["seccomp", "exec-kill-futex"],
 ];
 
 /// The cases that show the process's identity, run again as an unprivileged user.

@@ -34,10 +34,14 @@ const MAX_ARG_BYTES: usize = 2 << 20;
 const MAX_ARG_COUNT: usize = 1 << 17;
 
 /// Performs the guest's `execve` (`nr` 59) or `execveat` (322) with `args`, under hotpath when
-/// `wrapper` is given and the file is one the kernel would run, else as the guest asked (with
+/// `wrapper` is given, the guest has installed no seccomp filter, and the file is one the
+/// kernel would run, else as the guest asked (with
 /// `/proc/self/exe` meaning the guest's program). Returns only on failure, with the negative
 /// errno.
 pub fn exec(p: &GuestThread, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64; 6]) -> i64 {
+    // Under the guest's own seccomp filter a new hotpath could not run: the program runs
+    // untranslated (`seccomp::guest_filter_installed`).
+    let wrapper = wrapper.filter(|_| !crate::linux::seccomp::guest_filter_installed());
     if let Some(w) = wrapper {
         if let Some(ret) = exec_translated(p, w, nr, args) {
             return ret;

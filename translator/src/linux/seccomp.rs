@@ -142,6 +142,17 @@ fn enter_strict(thread: &mut GuestThread) -> i64 {
     0
 }
 
+/// Set once a guest filter is in the kernel (a forked child inherits it with the memory).
+static GUEST_FILTER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// True if the guest installed a seccomp filter in this process. A program it execs then runs
+/// untranslated (`linux::exec`): the filter stays with the process across `execve`, and its
+/// prologue knows only this hotpath's code addresses, so it would judge every system call of
+/// a new hotpath (its futexes, mappings, reads of `/proc`) as the guest's.
+pub fn guest_filter_installed() -> bool {
+    GUEST_FILTER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Installs the guest's filter (the `struct sock_fprog` pointer is `a[prog_arg]` of call
 /// `nr`) behind hotpath's prologue, with the guest's call.
 fn install_filter(thread: &mut GuestThread, nr: u64, a: &[u64; 6], prog_arg: usize) -> i64 {
@@ -170,12 +181,17 @@ fn install_filter(thread: &mut GuestThread, nr: u64, a: &[u64; 6], prog_arg: usi
         }
     };
     let program = wrap(&guest, &guest_syscall_returns(), &host_code);
-    if program.len() > BPF_MAXINSNS {
+    let ret = if program.len() > BPF_MAXINSNS {
         // Too long with the prologue: judge hotpath's calls too rather than refuse a filter
         // the kernel would take.
-        return pass_filter(nr, a, prog_arg, &guest);
+        pass_filter(nr, a, prog_arg, &guest)
+    } else {
+        pass_filter(nr, a, prog_arg, &program)
+    };
+    if ret >= 0 {
+        GUEST_FILTER.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    pass_filter(nr, a, prog_arg, &program)
+    ret
 }
 
 /// Makes the guest's call with `program` in place of its filter.
