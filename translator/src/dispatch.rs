@@ -23,6 +23,7 @@ use crate::gateway::{
 };
 use crate::guest_mem;
 use crate::linux::host::{raw_syscall, GATE_REFUSED};
+use crate::linux::kernel_writes;
 use crate::linux::process::{
     lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
 };
@@ -997,12 +998,17 @@ impl Translator {
             return Ok(Ok(Next::Signal));
         }
         self.ctl.set_place(ThreadPlace::InSyscall);
+        // Memory the call changes without a store the write fault sees (buffers in protected
+        // code pages, /proc/self/mem, madvise): as the guest left it, its code discarded.
+        kernel_writes::before_call(&mut self.process, nr, &args);
         let mut outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
         if matches!(outcome, Outcome::Return(r) if r == -(libc::EFAULT as i64))
             && self.process.signals.protected_pages().any()
         {
-            // The kernel may have refused to write into a page hotpath write-protected to
-            // watch its code: give every such page its protection back and call again.
+            // The fallback for calls `kernel_writes` does not know (see its module doc: a call
+            // that consumed input before the copy failed loses it): the kernel may have
+            // refused to write into a page hotpath write-protected to watch its code, so every
+            // such page gets its protection back and the call is made again.
             let pages = self.process.signals.protected_pages().unprotect_all();
             self.process.invalidate.extend(pages);
             outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
@@ -1012,6 +1018,9 @@ impl Translator {
             // away (the guest's memory is the guest's), and the call is made again.
             self.move_cache()?;
             outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
+        }
+        if let Outcome::Return(ret) = outcome {
+            kernel_writes::after_call(&mut self.process, nr, &args, ret);
         }
         self.ctl.set_place(ThreadPlace::Running);
         self.process.signals.refresh_gate();

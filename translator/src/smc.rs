@@ -184,6 +184,32 @@ impl ProtectedPages {
         out
     }
 
+    /// Gives the protected pages of `[start, end)` (guest addresses, bytes) their guest
+    /// protection back and forgets them; returns their page ranges, whose translations must
+    /// go. For a system call that will change their contents without a store the write fault
+    /// could catch (the kernel writes into a buffer there, zaps the pages): the call then
+    /// finds them as the guest left them, and their code is translated (and the pages
+    /// protected) again afterwards. A range outside every protected page costs the lock only.
+    pub fn unprotect_range(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let taken: Vec<(u64, i32)> = self.with_map(|pages| {
+            let inside: Vec<(u64, i32)> = pages
+                .range(start & !(PAGE - 1)..end)
+                .map(|(&p, &prot)| (p, prot))
+                .collect();
+            for &(p, _) in &inside {
+                pages.remove(&p);
+            }
+            inside
+        });
+        taken
+            .into_iter()
+            .map(|(page, prot)| {
+                raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
+                (page, page + PAGE)
+            })
+            .collect()
+    }
+
     /// True if any page is protected.
     pub fn any(&self) -> bool {
         self.with_map(|m| !m.is_empty())

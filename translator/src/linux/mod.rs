@@ -13,16 +13,21 @@
 //! - [`thread`]: one thread's own state for the emulated calls (signal state, pending
 //!   invalidations, the tid address cleared at its end);
 //! - [`syscalls`]: the table of emulated calls (everything else passes through);
+//! - [`kernel_writes`]: guest memory a call changes without a store the write fault sees
+//!   (buffers in write-protected code pages, `/proc/self/mem`, `process_vm_writev`,
+//!   `madvise`): protection given back, translations discarded;
 //! - [`signals`]: guest dispositions, masks and alternate stacks, delivery, the host handler;
 //! - [`exec`]: `execve` under hotpath and `/proc/self/exe`;
 //! - [`seccomp`]: the guest's seccomp strict mode (emulated) and filters (hotpath's own calls
 //!   let through);
 //! - [`host`]: the raw `syscall` instruction and the gate blocking calls go through.
 //!
-//! Arrows point at what a module uses; none uses a module to its left.
+//! Arrows point at what a module uses; none uses a module to its left. [`kernel_writes`]
+//! stands beside `syscalls` (it uses `thread`, `process` and `host`).
 
 pub mod exec;
 pub mod host;
+pub mod kernel_writes;
 pub mod process;
 pub mod seccomp;
 pub mod signals;

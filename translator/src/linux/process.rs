@@ -51,6 +51,7 @@ pub struct ForkHold<'a> {
     _invalidations: MutexGuard<'a, Vec<(u64, u64)>>,
     _spawner: MutexGuard<'a, Option<Spawner>>,
     pool: MutexGuard<'a, Vec<crate::dispatch::ThreadResources>>,
+    mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
     _smc: crate::smc::PagesHold<'a>,
 }
 
@@ -227,6 +228,10 @@ pub struct ProcessShared {
     pub pool: Mutex<Vec<crate::dispatch::ThreadResources>>,
     /// Threads started so far (the first included).
     pub threads_started: AtomicU32,
+    /// The guest's file descriptors open on its own memory file (`/proc/self/mem` and its
+    /// other names), through which a write changes code without a fault; kept by
+    /// `kernel_writes` (threads share their descriptor table).
+    pub mem_fds: Mutex<std::collections::BTreeSet<i32>>,
 }
 
 impl ProcessShared {
@@ -251,6 +256,7 @@ impl ProcessShared {
             spawner: Mutex::new(None),
             pool: Mutex::new(Vec::new()),
             threads_started: AtomicU32::new(0),
+            mem_fds: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -276,6 +282,7 @@ impl ProcessShared {
             _invalidations: try_lock(&self.invalidations)?,
             _spawner: try_lock(&self.spawner)?,
             pool: try_lock(&self.pool)?,
+            mem_fds: try_lock(&self.mem_fds)?,
             _smc: self.smc.try_hold()?,
         })
     }
@@ -288,6 +295,8 @@ impl ProcessShared {
         *hold.threads = vec![me];
         // No Drop of theirs unmaps anything: the parent's mappings stay as they are.
         hold.pool.clear();
+        // The child's descriptors on `/proc/self/mem` show its parent's memory, not its own.
+        hold.mem_fds.clear();
         self.exiting.store(false, Ordering::SeqCst);
         self.threads_started.store(1, Ordering::SeqCst);
         drop(hold);
