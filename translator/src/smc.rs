@@ -13,9 +13,11 @@
 //! translations before it runs anything else. Programs that never execute writable memory
 //! (nearly all: code pages are read-only) pay nothing.
 //!
-//! A system call that writes into such a page (a `read` into a JIT buffer) fails with EFAULT
-//! in the kernel instead of faulting; the dispatcher then gives every protected page its
-//! protection back and makes the call again.
+//! A system call that writes into such a page (a `read` into a JIT buffer) would fail with
+//! EFAULT in the kernel instead of faulting: `linux::kernel_writes` gives the pages of the
+//! buffers such calls fill their protection back before the call (and handles writes through
+//! `/proc/self/mem` and `madvise`); for calls it does not know, the dispatcher gives every
+//! protected page its protection back after an EFAULT and makes the call again.
 //!
 //! Stores into the block that is running take effect at the end of that block (the rest of
 //! the block runs as translated), not at the next instruction as on hardware.

@@ -11,6 +11,11 @@
 //! own), `exit` (one thread) and `exit_group`, `execve` (the profile is written first),
 //! `set_tid_address` and `rseq` (they would change the host thread's state), `seccomp` and
 //! `prctl(PR_SET_SECCOMP)` (see `seccomp`).
+//!
+//! Some passed-through calls are also looked at around the call by `kernel_writes` (memory
+//! the kernel changes without a store the write fault sees): the calls that fill buffers,
+//! writes to `/proc/self/mem`, `madvise`, and `open`/`dup`/`close` to know which descriptors
+//! are open on `/proc/self/mem`.
 
 use std::collections::BTreeMap;
 
