@@ -332,6 +332,21 @@ impl MapsCache {
         n
     }
 
+    /// Whether any of `[start, end)` may hold code: true if the cache, current there, shows
+    /// an executable mapping overlapping it, or if the cache is not current there (no read of
+    /// `/proc/self/maps`: a cheap, conservative answer). Code is translated only from
+    /// executable pages, and making a page executable discards its translations anyway.
+    pub fn may_hold_code(&self, start: u64, end: u64) -> bool {
+        if !self.fresh(start, end) {
+            return true;
+        }
+        let first = self.ranges.partition_point(|r| r.1 <= start);
+        self.ranges[first..]
+            .iter()
+            .take_while(|r| r.0 < end)
+            .any(|r| r.2 & libc::PROT_EXEC != 0)
+    }
+
     /// Bytes from `addr` up to `end` covered by consecutive executable cached mappings.
     fn executable_run(&self, addr: u64, end: u64) -> u64 {
         let Some((i, _, mut run_end, prot)) = self.find(addr) else {
@@ -431,6 +446,13 @@ mod tests {
                 libc::PROT_READ | libc::PROT_EXEC,
             );
             assert_eq!(maps.executable_len(a + PAGE, 100), 100);
+            assert!(maps.may_hold_code(a, a + 1));
+            assert!(!maps.may_hold_code(a + 2 * PAGE, a + 3 * PAGE));
+            maps.invalidate_range(a + 2 * PAGE, a + 3 * PAGE);
+            assert!(
+                maps.may_hold_code(a + 2 * PAGE, a + 3 * PAGE),
+                "stale: maybe"
+            );
             libc::munmap(p, 3 * PAGE as usize);
             maps.invalidate_range(a, a + 3 * PAGE);
             assert_eq!(maps.prot(a), None);

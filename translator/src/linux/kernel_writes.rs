@@ -28,7 +28,10 @@
 //! - **`madvise`** with `MADV_DONTNEED`, `MADV_DONTNEED_LOCKED`, `MADV_FREE` or `MADV_REMOVE`:
 //!   the range reads as zeros (anonymous memory) or as the file again (a private file
 //!   mapping) afterwards, so its translations are discarded, and protected pages there get
-//!   the guest's protection back first (a store after it must not fault).
+//!   the guest's protection back first (a store after it must not fault). Only where the
+//!   thread's cached `/proc/self/maps` shows executable memory (or is not current): malloc
+//!   gives memory back with `MADV_DONTNEED`/`MADV_FREE` often, and a discard sends every
+//!   other thread out of the code cache.
 //!
 //! # The fallback, and why it is a fallback
 //!
@@ -169,10 +172,15 @@ pub fn before_call(thread: &mut GuestThread, nr: u64, a: &[u64; 6]) {
             libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE | MADV_DONTNEED_LOCKED
         ) =>
         {
-            changed.push((
+            let range = (
                 a[0],
                 a[0].saturating_add(a[1]).saturating_add(PAGE - 1) & !(PAGE - 1),
-            ));
+            );
+            // Allocators give memory back this way all the time: only a range that may hold
+            // code is discarded (which sends every other thread out of the code cache).
+            if thread.maps.may_hold_code(range.0, range.1) {
+                changed.push(range);
+            }
         }
         _ => {}
     }
