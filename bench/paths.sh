@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# bench/paths.sh — what path profiles cost: wall time of each bench_* sample under hotpath in
-# three modes, interleaved run by run (--no-monitor; the monitor with tables only, --no-paths;
-# the monitor with paths, --paths), with the medians, the ratios paths / tables and
-# tables / --no-monitor, the median times the guest waited for a full event ring in each
-# monitored mode (totals.ring_waits of the JSON report), and what each ring event cost the
-# monitor thread in each (totals.monitor_busy_ns / totals.events, medians; steadier than wall
-# time on a noisy machine). Target: paths <= 1.15 x tables. Besides the samples, two real
+# bench/paths.sh — what path profiles cost: wall time of each workload natively and under
+# hotpath in three modes, interleaved run by run (--no-monitor; the monitor with tables only,
+# --no-paths; the monitor with paths, --paths), with the medians, the ratios paths / native,
+# tables / native and paths / tables, the median times the guest waited for a full event ring
+# in each monitored mode (totals.ring_waits of the JSON report), and what each ring event cost
+# the monitor thread in each (totals.monitor_busy_ns / totals.events, medians; steadier than
+# wall time on a noisy machine). The last line is the geometric mean of each ratio. Target
+# (#21): paths / native <= 2 geomean and <= 4 on every workload. Besides the samples, two real
 # programs: busybox_sort and busybox_gzip (sort / gzip -c of an 8 MiB text file, as in
 # bench/run.sh; skipped without /bin/busybox).
 #
@@ -37,7 +38,8 @@ fi
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 now() { date +%s.%N; }
-printf "%-14s %10s %10s %10s %13s %13s %12s %12s %11s %11s\n" sample no-monitor tables paths paths/tables tables/nomon "waits(tab)" "waits(paths)" "ns/ev(tab)" "ns/ev(pth)"
+printf "%-14s %9s %10s %10s %10s %12s %13s %13s %12s %12s %11s %11s\n" sample native no-monitor tables paths paths/native tables/native paths/tables "waits(tab)" "waits(paths)" "ns/ev(tab)" "ns/ev(pth)"
+: >"$work/ratios"
 for spec in $samples; do
     name="${spec%%:*}"; arg="${spec#*:}"; [ "$arg" = "$spec" ] && arg=""
     case "$name" in
@@ -60,8 +62,9 @@ for spec in $samples; do
             ;;
     esac
     for i in $(seq "$runs"); do
-        for mode in nomon tables paths; do
+        for mode in native nomon tables paths; do
             case $mode in
+                native) t0=$(now); "$exe" $arg >/dev/null; t1=$(now); echo "$t1 - $t0" | bc >>"$work/$name.$mode"; continue ;;
                 nomon) flags=(--no-monitor) ;; tables) flags=(--no-paths --report "$work/r.json") ;; paths) flags=(--paths --report "$work/r.json") ;;
             esac
             t0=$(now); "$hotpath" run --quiet "${flags[@]}" -- "$exe" $arg >/dev/null; t1=$(now)
@@ -73,9 +76,13 @@ for spec in $samples; do
             fi
         done
     done
-    n=$(median <"$work/$name.nomon"); t=$(median <"$work/$name.tables"); p=$(median <"$work/$name.paths")
-    printf "%-14s %9.3fs %9.3fs %9.3fs %12.2fx %12.2fx %12s %12s %11s %11s\n" "$name" "$n" "$t" "$p" \
-        "$(echo "$p / $t" | bc -l)" "$(echo "$t / $n" | bc -l)" \
+    x=$(median <"$work/$name.native"); n=$(median <"$work/$name.nomon"); t=$(median <"$work/$name.tables"); p=$(median <"$work/$name.paths")
+    echo "$(echo "$p / $x" | bc -l) $(echo "$t / $x" | bc -l) $(echo "$p / $t" | bc -l)" >>"$work/ratios"
+    printf "%-14s %8.3fs %9.3fs %9.3fs %9.3fs %11.2fx %12.2fx %12.2fx %12s %12s %11s %11s\n" "$name" "$x" "$n" "$t" "$p" \
+        "$(echo "$p / $x" | bc -l)" "$(echo "$t / $x" | bc -l)" "$(echo "$p / $t" | bc -l)" \
         "$(median <"$work/$name.tables.waits")" "$(median <"$work/$name.paths.waits")" \
         "$(median <"$work/$name.tables.nsev")" "$(median <"$work/$name.paths.nsev")"
 done
+if [ -s "$work/ratios" ]; then
+    awk '{for (i = 1; i <= 3; i++) g[i] += log($i)} END {printf "%-14s %9s %10s %10s %10s %11.2fx %12.2fx %12.2fx\n", "geomean", "", "", "", "", exp(g[1]/NR), exp(g[2]/NR), exp(g[3]/NR)}' "$work/ratios"
+fi
