@@ -1,0 +1,288 @@
+//! Context nodes: an arena of 64-byte nodes that never moves (emitted code holds their host
+//! addresses), written by the guest thread, and the read-only view the monitor resolves ids with.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Contexts per thread (64 bytes each: 32 MiB of address space, touched as they are made).
+/// Past it a new context is its parent ([`crate::Contexts::contexts_folded`] counts them).
+pub const CONTEXTS_MAX: usize = 1 << 19;
+
+/// Levels of the tree below the root. A call from a context at this depth goes to the one
+/// [`DEEPER`] context under it, whose calls stay in it: deep recursion is one `[deeper]` frame,
+/// as in the monitor's call tree (a 100 000-deep recursion would otherwise be 100 000
+/// contexts, and flame graphs' folded stacks cost their depth per stack).
+pub const MAX_DEPTH: u32 = 128;
+
+/// Function of the context standing for every frame past [`MAX_DEPTH`] (not a guest address:
+/// non-canonical).
+pub const DEEPER: u64 = 0xdeef_0000_0000_0000;
+
+/// A context: a dense index into the thread's arena, in creation order. The root is 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContextId(pub u32);
+
+impl ContextId {
+    /// The root: the thread before its first function (its function is 0).
+    pub const ROOT: ContextId = ContextId(0);
+}
+
+/// One context node (a cache line). The cache fields change as the thread runs; the others are
+/// written once, before the node's id is published.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Node {
+    /// `!entry` of the function of the child stepped to last (0: none; no entry is `u64::MAX`),
+    /// so that translated code compares it flag-free: `lea rcx, [rcx + entry + 1]` is 0 iff
+    /// they match.
+    pub cache_key: u64,
+    /// Host address of that child's node.
+    pub cache_child: u64,
+    /// Host address of the parent's node (0 for the root).
+    pub parent: u64,
+    /// Guest address of the function's entry (0 for the root, [`DEEPER`]).
+    pub function: u64,
+    /// Its id.
+    pub id: u32,
+    /// Levels below the root (the root is 0).
+    pub depth: u32,
+    /// The parent's id (the root's is its own).
+    pub parent_id: u32,
+    _reserved: [u32; 5],
+}
+
+impl Node {
+    /// Offset of [`Node::cache_key`], bytes.
+    pub const CACHE_KEY: usize = offset_of!(Node, cache_key);
+    /// Offset of [`Node::cache_child`], bytes.
+    pub const CACHE_CHILD: usize = offset_of!(Node, cache_child);
+    /// Offset of [`Node::id`], bytes.
+    pub const ID: usize = offset_of!(Node, id);
+}
+
+/// What the monitor needs of a context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Its caller's context ([`ContextId::ROOT`] for the root itself).
+    pub parent: ContextId,
+    /// Guest address of its function's entry (0: the root; [`DEEPER`]).
+    pub function: u64,
+    /// Levels below the root.
+    pub depth: u32,
+}
+
+/// The arena's mapping, shared by the writer ([`Arena`]) and readers ([`ContextView`]).
+struct Mapping {
+    base: *mut Node,
+    /// Nodes written and published (Release after each node is complete).
+    published: AtomicU32,
+}
+
+// SAFETY: the mapping is plain memory; its writer is one thread (the owner of `Arena`), and
+// readers only read the fields written before `published` covered them (see `ContextView`).
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base` is the start of a mapping of `CONTEXTS_MAX` nodes made in `Arena::new`,
+        // unmapped once, when its last user (writer or view) is gone.
+        unsafe { libc::munmap(self.base.cast(), CONTEXTS_MAX * size_of::<Node>()) };
+    }
+}
+
+/// The nodes of one thread's tree, appended by that thread. Node addresses never change.
+pub(crate) struct Arena {
+    map: Arc<Mapping>,
+    len: u32,
+}
+
+impl Arena {
+    /// An arena holding only the root.
+    ///
+    /// # Errors
+    /// The OS error if the address space cannot be reserved.
+    pub(crate) fn new() -> std::io::Result<Arena> {
+        let bytes = CONTEXTS_MAX * size_of::<Node>();
+        // SAFETY: a fresh private anonymous mapping; the kernel gives zeroed pages.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut arena = Arena {
+            map: Arc::new(Mapping {
+                base: p.cast(),
+                published: AtomicU32::new(0),
+            }),
+            len: 0,
+        };
+        arena.push(0, None);
+        Ok(arena)
+    }
+
+    /// Nodes made so far.
+    pub(crate) fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True when no node can be added.
+    pub(crate) fn is_full(&self) -> bool {
+        self.len as usize >= CONTEXTS_MAX
+    }
+
+    /// Host address of node `id`.
+    pub(crate) fn addr(&self, id: ContextId) -> u64 {
+        debug_assert!(id.0 < self.len);
+        self.map.base as u64 + id.0 as u64 * size_of::<Node>() as u64
+    }
+
+    /// Index of the node at host address `addr`, which must be one of this arena's nodes.
+    fn index_of(&self, addr: u64) -> usize {
+        let offset = addr.wrapping_sub(self.map.base as u64);
+        let i = offset / size_of::<Node>() as u64;
+        assert!(
+            offset.is_multiple_of(size_of::<Node>() as u64) && i < self.len as u64,
+            "a context address outside the arena (a bug in hotpath)"
+        );
+        i as usize
+    }
+
+    /// The node at host address `addr` (one of this arena's).
+    pub(crate) fn at(&self, addr: u64) -> &Node {
+        let i = self.index_of(addr);
+        // SAFETY: `i` indexes a node written by `push` (`index_of` checks), and the only writer
+        // is the caller's thread, which holds `&self`.
+        unsafe { &*self.map.base.add(i) }
+    }
+
+    /// The node at host address `addr`, to refill its cache.
+    pub(crate) fn at_mut(&mut self, addr: u64) -> &mut Node {
+        let i = self.index_of(addr);
+        // SAFETY: as in `at`; `&mut self` makes this the only reference the writer holds.
+        // Readers (`ContextView`) read only `function`, `depth` and `parent_id`, which are
+        // never written after `push`.
+        unsafe { &mut *self.map.base.add(i) }
+    }
+
+    /// Appends a node for `function` under `parent` (`None`: the root) and publishes it.
+    pub(crate) fn push(&mut self, function: u64, parent: Option<ContextId>) -> ContextId {
+        assert!(
+            !self.is_full(),
+            "the context arena is full (a bug in hotpath)"
+        );
+        let id = ContextId(self.len);
+        let (parent_addr, parent_id, depth) = match parent {
+            Some(p) => {
+                let n = self.at(self.addr(p));
+                (self.addr(p), p.0, n.depth + 1)
+            }
+            None => (0, id.0, 0),
+        };
+        // SAFETY: `id` is below CONTEXTS_MAX (checked), in the mapping, and not yet published:
+        // no reader looks at it.
+        unsafe {
+            self.map.base.add(id.0 as usize).write(Node {
+                cache_key: 0,
+                cache_child: 0,
+                parent: parent_addr,
+                function,
+                id: id.0,
+                depth,
+                parent_id,
+                _reserved: [0; 5],
+            })
+        };
+        self.len += 1;
+        self.map.published.store(self.len, Ordering::Release);
+        id
+    }
+
+    /// A read-only view for another thread.
+    pub(crate) fn view(&self) -> ContextView {
+        ContextView {
+            map: Arc::clone(&self.map),
+        }
+    }
+}
+
+/// Read-only access to a thread's contexts from another thread (the monitor). Resolves the
+/// ids the ring carries: a context is published before its id is enqueued.
+#[derive(Clone)]
+pub struct ContextView {
+    map: Arc<Mapping>,
+}
+
+impl ContextView {
+    /// Contexts published so far.
+    pub fn len(&self) -> usize {
+        self.map.published.load(Ordering::Acquire) as usize
+    }
+
+    /// True if only the root exists (it always does).
+    pub fn is_empty(&self) -> bool {
+        self.len() <= 1
+    }
+
+    /// Function, parent and depth of context `id`, or `None` if it is not published (an id
+    /// that did not come from this thread's ring).
+    pub fn node(&self, id: ContextId) -> Option<NodeInfo> {
+        if id.0 as usize >= self.len() {
+            return None;
+        }
+        // SAFETY: `id` is published (Acquire above pairs with the writer's Release), so its
+        // `function`, `depth` and `parent_id` are written and never change; the cache fields,
+        // which the writer changes, are not read. Each field is read on its own, through raw
+        // pointers, so no reference to the racing fields is made.
+        unsafe {
+            let n = self.map.base.add(id.0 as usize);
+            Some(NodeInfo {
+                parent: ContextId(std::ptr::addr_of!((*n).parent_id).read()),
+                function: std::ptr::addr_of!((*n).function).read(),
+                depth: std::ptr::addr_of!((*n).depth).read(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_layout_is_what_emitted_code_assumes() {
+        assert_eq!(size_of::<Node>(), 64);
+        assert_eq!(Node::CACHE_KEY, 0);
+        assert_eq!(Node::CACHE_CHILD, 8);
+        assert_eq!(Node::ID, 32);
+    }
+
+    #[test]
+    fn the_view_sees_published_nodes_only() {
+        let mut a = Arena::new().unwrap();
+        let v = a.view();
+        assert_eq!(v.len(), 1);
+        assert_eq!(v.node(ContextId(1)), None);
+        let c = a.push(0x401000, Some(ContextId::ROOT));
+        assert_eq!(
+            v.node(c),
+            Some(NodeInfo {
+                parent: ContextId::ROOT,
+                function: 0x401000,
+                depth: 1
+            })
+        );
+        drop(a);
+        assert_eq!(v.node(c).map(|n| n.function), Some(0x401000));
+    }
+}
