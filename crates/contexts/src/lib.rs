@@ -51,4 +51,6 @@ mod tree;
 
 pub use area::{ContextArea, Frame, FRAMES_MAX, SENTINEL_RETURN};
 pub use rules::{Contexts, Functions, Resync};
-pub use tree::{ContextId, ContextView, Node, NodeInfo, CONTEXTS_MAX, DEEPER, MAX_DEPTH};
+pub use tree::{
+    CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER, MAX_DEPTH,
+};

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use crate::area::{ContextArea, Frame, FRAMES_MAX};
-use crate::tree::{Arena, ContextId, ContextView, DEEPER, MAX_DEPTH};
+use crate::tree::{Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, MAX_DEPTH};
 
 /// Where the runtime finds the function a guest address belongs to, for the rules that replace
 /// a context without a call (an orphan return).
@@ -171,25 +171,35 @@ impl Contexts {
         self.arena.view()
     }
 
-    /// Rule 1, a `call` of the function entered at `callee` that returns to `return_to`, as
-    /// translated code does it: frames full → [`Contexts::call_slow`]; push the frame; the
-    /// node's cache holds `callee` → its child, else [`Contexts::child_slow`].
+    /// Rule 1, a direct `call` of the function entered at `callee` that returns to
+    /// `return_to`, as translated code does it: frames full → [`Contexts::call_slow`]; push the
+    /// frame; the node's cache entry for `callee` ([`Node::cache_slot`]) holds it → its
+    /// child, else [`Contexts::child_slow`].
     pub fn call(&mut self, callee: u64, return_to: u64) -> ContextId {
-        if self.area().frame_top as usize == ContextArea::FRAMES_END {
-            return self.call_slow(callee, return_to);
-        }
-        self.push_frame(return_to);
-        let node = self.arena.at(self.area().ctx);
-        if node.cache_key == !callee {
-            let child = node.cache_child;
-            self.area_mut().ctx = child;
-            return self.current();
-        }
-        self.child_slow(callee)
+        self.call_through(Node::cache_slot(callee), callee, return_to)
     }
 
-    /// A call found the frame stack full: drops its bottom half, then makes the call.
-    pub fn call_slow(&mut self, callee: u64, return_to: u64) -> ContextId {
+    /// [`Contexts::call`] for an indirect `call` (cache entry 0).
+    pub fn call_indirect(&mut self, callee: u64, return_to: u64) -> ContextId {
+        self.call_through(0, callee, return_to)
+    }
+
+    fn call_through(&mut self, slot: usize, callee: u64, return_to: u64) -> ContextId {
+        if self.area().frame_top as usize == ContextArea::FRAMES_END {
+            return self.call_slow(slot, callee, return_to);
+        }
+        self.push_frame(return_to);
+        let entry = self.arena.at(self.area().ctx).cache[slot];
+        if entry.key == !callee {
+            self.area_mut().ctx = entry.child;
+            return self.current();
+        }
+        self.child_slow(slot, callee)
+    }
+
+    /// A call found the frame stack full: drops its bottom half, then makes the call (through
+    /// cache entry `slot`).
+    pub fn call_slow(&mut self, slot: usize, callee: u64, return_to: u64) -> ContextId {
         let drop = FRAMES_MAX / 2;
         let area = self.area_mut();
         let depth = area.depth();
@@ -200,18 +210,20 @@ impl Contexts {
             s.0 = s.0.saturating_sub(drop);
         }
         self.push_frame(return_to);
-        self.child_slow(callee)
+        self.child_slow(slot, callee)
     }
 
-    /// A call's frame is pushed and the node's cache did not hold `callee`: steps to the
-    /// child (found or made) and refills the cache.
-    pub fn child_slow(&mut self, callee: u64) -> ContextId {
+    /// A call's frame is pushed and the node's cache entry `slot` did not hold `callee`: steps
+    /// to the child (found or made) and refills the entry.
+    pub fn child_slow(&mut self, slot: usize, callee: u64) -> ContextId {
         let parent = self.current();
         let child = self.child(parent, callee);
         let child_addr = self.arena.addr(child);
         let node = self.arena.at_mut(self.arena.addr(parent));
-        node.cache_key = !callee;
-        node.cache_child = child_addr;
+        node.cache[slot] = CacheEntry {
+            key: !callee,
+            child: child_addr,
+        };
         self.area_mut().ctx = child_addr;
         child
     }

@@ -5,7 +5,7 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-/// Contexts per thread (64 bytes each: 32 MiB of address space, touched as they are made).
+/// Contexts per thread (128 bytes each: 64 MiB of address space, touched as they are made).
 /// Past it a new context is its parent ([`crate::Contexts::contexts_folded`] counts them).
 pub const CONTEXTS_MAX: usize = 1 << 19;
 
@@ -28,17 +28,29 @@ impl ContextId {
     pub const ROOT: ContextId = ContextId(0);
 }
 
-/// One context node (a cache line). The cache fields change as the thread runs; the others are
-/// written once, before the node's id is published.
-#[repr(C, align(64))]
+/// Entries of a node's child cache. A direct call's entry is fixed when it is translated
+/// ([`Node::cache_slot`] of the callee), so a caller that calls several functions in turn keeps
+/// each in its own entry; an indirect call uses entry 0.
+pub const CACHE_ENTRIES: usize = 4;
+
+/// One entry of a node's child cache.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheEntry {
+    /// `!entry` of the callee's function (0: empty; no entry is `u64::MAX`), so that
+    /// translated code compares it flag-free: `lea rcx, [rcx + entry + 1]` is 0 iff they match.
+    pub key: u64,
+    /// Host address of the child context's node.
+    pub child: u64,
+}
+
+/// One context node (two cache lines). The cache changes as the thread runs; the other fields
+/// are written once, before the node's id is published.
+#[repr(C, align(128))]
 #[derive(Debug)]
 pub struct Node {
-    /// `!entry` of the function of the child stepped to last (0: none; no entry is `u64::MAX`),
-    /// so that translated code compares it flag-free: `lea rcx, [rcx + entry + 1]` is 0 iff
-    /// they match.
-    pub cache_key: u64,
-    /// Host address of that child's node.
-    pub cache_child: u64,
+    /// The child cache, in front of the thread's map of children.
+    pub cache: [CacheEntry; CACHE_ENTRIES],
     /// Host address of the parent's node (0 for the root).
     pub parent: u64,
     /// Guest address of the function's entry (0 for the root, [`DEEPER`]).
@@ -49,16 +61,25 @@ pub struct Node {
     pub depth: u32,
     /// The parent's id (the root's is its own).
     pub parent_id: u32,
-    _reserved: [u32; 5],
+    _reserved: [u32; 9],
 }
 
 impl Node {
-    /// Offset of [`Node::cache_key`], bytes.
-    pub const CACHE_KEY: usize = offset_of!(Node, cache_key);
-    /// Offset of [`Node::cache_child`], bytes.
-    pub const CACHE_CHILD: usize = offset_of!(Node, cache_child);
+    /// Offset of the child cache, bytes.
+    pub const CACHE: usize = offset_of!(Node, cache);
     /// Offset of [`Node::id`], bytes.
     pub const ID: usize = offset_of!(Node, id);
+
+    /// The cache entry calls of the function entered at `callee` use when the callee is known
+    /// at translation time.
+    pub fn cache_slot(callee: u64) -> usize {
+        ((callee ^ (callee >> 6)) & (CACHE_ENTRIES as u64 - 1)) as usize
+    }
+
+    /// Byte offset in the node of entry `slot`'s key (its child follows, 8 bytes on).
+    pub fn cache_key_offset(slot: usize) -> usize {
+        Self::CACHE + slot * size_of::<CacheEntry>()
+    }
 }
 
 /// What the monitor needs of a context.
@@ -193,14 +214,13 @@ impl Arena {
         // no reader looks at it.
         unsafe {
             self.map.base.add(id.0 as usize).write(Node {
-                cache_key: 0,
-                cache_child: 0,
+                cache: [CacheEntry::default(); CACHE_ENTRIES],
                 parent: parent_addr,
                 function,
                 id: id.0,
                 depth,
                 parent_id,
-                _reserved: [0; 5],
+                _reserved: [0; 9],
             })
         };
         self.len += 1;
@@ -261,10 +281,10 @@ mod tests {
 
     #[test]
     fn node_layout_is_what_emitted_code_assumes() {
-        assert_eq!(size_of::<Node>(), 64);
-        assert_eq!(Node::CACHE_KEY, 0);
-        assert_eq!(Node::CACHE_CHILD, 8);
-        assert_eq!(Node::ID, 32);
+        assert_eq!(size_of::<Node>(), 128);
+        assert_eq!(Node::CACHE, 0);
+        assert_eq!(Node::cache_key_offset(3), 48);
+        assert_eq!(Node::ID, 80);
     }
 
     #[test]

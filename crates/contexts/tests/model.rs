@@ -117,6 +117,7 @@ impl Model {
 #[derive(Clone, Debug)]
 enum Op {
     Call(u64, u64),
+    CallIndirect(u64, u64),
     Calls(u64, u32),
     RetTop,
     RetFrame(usize),
@@ -139,6 +140,7 @@ fn address() -> impl Strategy<Value = u64> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (function(), address()).prop_map(|(f, r)| Op::Call(f, r)),
+        2 => (function(), address()).prop_map(|(f, r)| Op::CallIndirect(f, r)),
         1 => (function(), 1u32..200).prop_map(|(f, n)| Op::Calls(f, n)),
         6 => Just(Op::RetTop),
         1 => any::<usize>().prop_map(Op::RetFrame),
@@ -170,6 +172,7 @@ proptest! {
         for op in &ops {
             match *op {
                 Op::Call(f, r) => { c.call(f, r); m.call(f, r); }
+                Op::CallIndirect(f, r) => { c.call_indirect(f, r); m.call(f, r); }
                 Op::Calls(f, n) => {
                     for k in 0..n as u64 {
                         c.call(f, 0x8000 + 8 * k);
