@@ -80,6 +80,10 @@ pub enum MonitorMode {
     /// loop head as soon as its back edge is taken once, so the samples' short loops run in
     /// superblocks too (with their side exits, faults and signals).
     EagerSuperblocks,
+    /// `--guest-contexts --superblock-threshold 1`: eager superblocks, and every translated
+    /// call and return keeps the thread's calling contexts (#21 stage 1). Samples only
+    /// ([`check_sample`]), not in [`MonitorMode::ALL`].
+    GuestContexts,
 }
 
 impl MonitorMode {
@@ -94,6 +98,7 @@ impl MonitorMode {
             MonitorMode::Off => "--no-monitor",
             MonitorMode::On => "monitor on",
             MonitorMode::EagerSuperblocks => "--superblock-threshold 1",
+            MonitorMode::GuestContexts => "--guest-contexts --superblock-threshold 1",
         }
     }
 }
@@ -195,6 +200,9 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
         MonitorMode::On => {}
         MonitorMode::EagerSuperblocks => {
             cmd.args(["--superblock-threshold", "1"]);
+        }
+        MonitorMode::GuestContexts => {
+            cmd.args(["--guest-contexts", "--superblock-threshold", "1"]);
         }
     }
     cmd.arg("--").arg(exe).args(args);
@@ -303,7 +311,10 @@ pub fn check_sample(name: &str) {
                 continue;
             }
         };
-        for mode in MonitorMode::ALL {
+        for mode in MonitorMode::ALL
+            .into_iter()
+            .chain([MonitorMode::GuestContexts])
+        {
             let mut cmd = hotpath_command(hotpath, mode, &exe, sample.args);
             let label = format!("{linkage}, {}", mode.label());
             match runner::run(&mut cmd, hang_timeout(native.elapsed)) {

@@ -3,14 +3,16 @@
 //! system calls, traps, ring refills).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crossbeam::channel::Receiver;
+use hotpath_contexts::Contexts;
 use hotpath_events::{
     BlockCatalog, Command, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS,
     SYSCALL_EVENT,
 };
-use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
+use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
@@ -25,7 +27,7 @@ use crate::guest_mem;
 use crate::linux::host::{raw_syscall, GATE_REFUSED};
 use crate::linux::kernel_writes;
 use crate::linux::process::{
-    lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
+    lock, CloneArgs, FunctionMap, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
 };
 use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
@@ -46,6 +48,9 @@ pub struct Config {
     pub superblocks: bool,
     /// The guest was given the vDSO ([`crate::guest_vdso`]; `--no-vdso` turns it off).
     pub vdso: bool,
+    /// Keep each thread's calling contexts in its translated calls and returns
+    /// (`hotpath_contexts`; docs/paths-design.md, stage 1).
+    pub contexts: bool,
 }
 
 /// Counters of the translator's own work.
@@ -71,6 +76,13 @@ pub struct Stats {
     pub superblocks_dropped: u64,
     /// Wall time spent translating basic blocks (decode, emit, install), in nanoseconds.
     pub translation_ns: u64,
+    /// Calling contexts made (with [`Config::contexts`]).
+    pub contexts: u64,
+    /// Calls and returns whose context step went to the runtime (a new context, a cache
+    /// entry that held another callee, a full frame stack, a return to another frame).
+    pub context_exits: u64,
+    /// Context resynchronisations (deeper and orphan returns, tail calls, jump returns).
+    pub context_resyncs: u64,
 }
 
 impl Stats {
@@ -86,6 +98,9 @@ impl Stats {
         self.superblocks += o.superblocks;
         self.superblocks_dropped += o.superblocks_dropped;
         self.translation_ns += o.translation_ns;
+        self.contexts += o.contexts;
+        self.context_exits += o.context_exits;
+        self.context_resyncs += o.context_resyncs;
     }
 }
 
@@ -190,6 +205,8 @@ pub struct Translator {
     commands: Option<Receiver<Command>>,
     /// Print every translated block's host code (environment `HOTPATH_TRACE_TRANSLATION=1`).
     trace_translation: bool,
+    /// The thread's calling contexts (with [`Config::contexts`]).
+    contexts: Option<Contexts>,
 }
 
 const ARCH_SET_GS: i32 = 0x1001;
@@ -441,6 +458,20 @@ impl Translator {
             .threads_started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let invalidations_seen = shared.invalidation_count();
+        let contexts = if cfg.contexts {
+            // SAFETY: the area is mapped for the process's life and used by this thread alone;
+            // its context part is written only by this thread's translated code and the
+            // `Contexts` made here.
+            match unsafe { Contexts::new(NonNull::from(&mut area.contexts)) } {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    eprintln!("hotpath: calling contexts: {e}: not kept for this thread");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let process = GuestThread {
             exe: shared.exe.clone(),
             shared,
@@ -476,6 +507,7 @@ impl Translator {
             step_traps: false,
             commands: None,
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
+            contexts,
         }
     }
 
@@ -542,7 +574,19 @@ impl Translator {
     }
 
     fn publish_stats(&self) {
-        *lock(&self.ctl.stats) = self.stats;
+        let mut stats = self.stats;
+        if let Some(c) = &self.contexts {
+            stats.contexts = c.len() as u64 - 1;
+            stats.context_resyncs = c.resyncs.iter().sum();
+        }
+        *lock(&self.ctl.stats) = stats;
+    }
+
+    /// Gives the process the guest's function symbols: (entry, size in bytes, 0 when unknown),
+    /// by which calling contexts resynchronise. Only the first call counts.
+    pub fn set_function_symbols(&self, mut symbols: Vec<(u64, u64)>) {
+        symbols.sort_unstable();
+        let _ = self.process.shared.function_symbols.set(symbols.into());
     }
 
     /// Runs the guest until it exits, dies, or needs its embedder (exec, fork).
@@ -568,7 +612,16 @@ impl Translator {
                 let rip = self.guest_rip(next);
                 self.guest_fpu_ip();
                 match self.process.signals.deliver(self.area, rip) {
-                    Delivery::Continue(rip) => next = Next::Guest(rip),
+                    Delivery::Continue(to) => {
+                        if let (true, Some(c)) = (to != rip, &mut self.contexts) {
+                            // Contexts rule 5: the handler runs under the interrupted context,
+                            // returning to the restorer its frame starts with.
+                            let mut ret = [0u8; 8];
+                            let _ = guest_mem::read(self.area.gpr[thread_area::RSP], &mut ret);
+                            c.signal_enter(to, u64::from_le_bytes(ret));
+                        }
+                        next = Next::Guest(to)
+                    }
                     Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
                 }
             }
@@ -783,6 +836,21 @@ impl Translator {
             }
             blocks.push(block);
         }
+        let mut ids = ids;
+        if self.contexts.is_some() {
+            // A trace does not inline calls and returns while contexts are kept (their steps
+            // are a basic block's terminator's): it ends at the first.
+            let stop = blocks.iter().position(|b| {
+                matches!(
+                    b.terminator,
+                    Terminator::Call { .. } | Terminator::IndirectCall { .. } | Terminator::Return
+                )
+            });
+            if let Some(i) = stop {
+                blocks.truncate(i + 1);
+                ids = &ids[..=i];
+            }
+        }
         let head = blocks[0].start.0;
         let Some(&old_entry) = self.blocks.get(&head) else {
             return false;
@@ -795,6 +863,7 @@ impl Translator {
         let cx = EmitContext {
             enqueue: Some(self.cfg.ring_entries),
             gateway: self.gateway,
+            contexts: self.contexts.is_some(),
         };
         let trace = match emit_superblock(&blocks, sb, self.cache.next_addr(), first_exit, &cx) {
             Ok(t) => t,
@@ -895,20 +964,7 @@ impl Translator {
             }
             EXIT_IBL_MISS => {
                 self.stats.ibl_misses += 1;
-                let target = self.area.ibl_target;
-                if !special::canonical(target) {
-                    // The CPU faults at the branch, not at its target.
-                    let site = self.branch_at(self.area.ibl_site);
-                    let fault = special::noncanonical_branch(site, target, self.area);
-                    self.process.signals.raise(fault);
-                    return Ok(Ok(Next::Signal));
-                }
-                if target >= special::VSYSCALL_PAGE {
-                    return Ok(Ok(Next::Guest(target)));
-                }
-                let host = self.lookup_or_translate(target)?;
-                self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry::new(target, host.0);
-                Ok(Ok(Next::Host(host)))
+                self.lookup_miss(self.area.ibl_target)
             }
             index => {
                 let exit = self.exits[index as usize];
@@ -959,9 +1015,68 @@ impl Translator {
                             Err(_) => Ok(Ok(Next::Guest(at.0))),
                         }
                     }
+                    ExitKind::ContextCall { callee, full } => self.context_call(callee, full),
+                    ExitKind::ContextReturn => {
+                        let target = self.area.ibl_target;
+                        if let Some(c) = &mut self.contexts {
+                            self.stats.context_exits += 1;
+                            let functions = FunctionMap(self.process.shared.function_symbols());
+                            c.ret_slow(target, &functions);
+                        }
+                        self.lookup_miss(target)
+                    }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
             }
+        }
+    }
+
+    /// An indirect branch to `target` that the lookup table does not hold: fault at a
+    /// non-canonical target (at the branch, as the CPU does), else translate it and fill the
+    /// table's slot.
+    fn lookup_miss(&mut self, target: u64) -> Result<Result<Next, Stop>, TranslateError> {
+        if !special::canonical(target) {
+            // A `ret` that matched the contexts' sentinel frame popped it.
+            if let Some(c) = &mut self.contexts {
+                c.repair();
+            }
+            // The CPU faults at the branch, not at its target.
+            let site = self.branch_at(self.area.ibl_site);
+            let fault = special::noncanonical_branch(site, target, self.area);
+            self.process.signals.raise(fault);
+            return Ok(Ok(Next::Signal));
+        }
+        if target >= special::VSYSCALL_PAGE {
+            return Ok(Ok(Next::Guest(target)));
+        }
+        let host = self.lookup_or_translate(target)?;
+        self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry::new(target, host.0);
+        Ok(Ok(Next::Host(host)))
+    }
+
+    /// A call's context step that needs the runtime (see `context_steps`): the frame stack is
+    /// `full`, or the node's cache did not hold the callee (`None`: an indirect call's, in
+    /// `ibl_target`). Then the call goes on to the callee.
+    fn context_call(
+        &mut self,
+        callee: Option<GuestAddr>,
+        full: bool,
+    ) -> Result<Result<Next, Stop>, TranslateError> {
+        let target = callee.map_or(self.area.ibl_target, |c| c.0);
+        if let Some(c) = &mut self.contexts {
+            self.stats.context_exits += 1;
+            if full {
+                let mut ret = [0u8; 8];
+                // The call's own push wrote it: readable.
+                let _ = guest_mem::read(self.area.gpr[thread_area::RSP], &mut ret);
+                c.call_slow(callee.is_none(), target, u64::from_le_bytes(ret));
+            } else {
+                c.child_slow(callee.is_none(), target);
+            }
+        }
+        match callee {
+            Some(c) => Ok(Ok(Next::Guest(c.0))),
+            None => self.lookup_miss(target),
         }
     }
 
@@ -1021,6 +1136,12 @@ impl Translator {
         }
         if let Outcome::Return(ret) = outcome {
             kernel_writes::after_call(&mut self.process, nr, &args, ret);
+        }
+        if let (Outcome::Resume(_), Some(c)) = (&outcome, &mut self.contexts) {
+            if nr == libc::SYS_rt_sigreturn as u64 {
+                // Contexts rule 5: back to the context the handler interrupted.
+                c.signal_return();
+            }
         }
         self.ctl.set_place(ThreadPlace::Running);
         self.process.signals.refresh_gate();
@@ -1546,6 +1667,7 @@ impl Translator {
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,
+            contexts: self.contexts.is_some(),
         };
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);

@@ -25,6 +25,7 @@ use iced_x86::{
 
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Inst, Terminator, TrapKind};
 
+use crate::context_steps;
 use crate::gateway::{emit_ibl, Gateway, EXIT_RING_FULL, GS};
 use crate::thread_area::off;
 use crate::TranslateError;
@@ -52,6 +53,16 @@ pub enum ExitKind {
         at: GuestAddr,
         pop: u32,
     },
+    /// A call's context step needs the runtime (`context_steps`): the frame stack is `full`
+    /// (nothing pushed yet), or the node's cache did not hold the callee. The callee is
+    /// `callee`, or for an indirect call (`None`) in `ibl_target`.
+    ContextCall {
+        callee: Option<GuestAddr>,
+        full: bool,
+    },
+    /// A `ret`'s target (in `ibl_target`) is not the top frame's return address: the runtime
+    /// resynchronises the contexts, then the return goes on through the lookup.
+    ContextReturn,
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
     Trap {
         kind: TrapKind,
@@ -119,6 +130,9 @@ pub struct EmitContext {
     pub enqueue: Option<u64>,
     /// The gateway routines' addresses.
     pub gateway: Gateway,
+    /// Keep the thread's calling contexts in `call` and `ret` translations
+    /// (`context_steps`).
+    pub contexts: bool,
 }
 
 /// A growing run of machine code assembled for consecutive host addresses.
@@ -902,6 +916,12 @@ pub(crate) fn emit_terminator(
         }
         Terminator::Call { target, return_to } => {
             let literal = push_return_address(&mut ops, return_to);
+            // A call to the next instruction (`call 1f; 1: pop reg`, get-pc) is no call: it
+            // has no return.
+            if cx.contexts && target != return_to {
+                let calls = call_exits(exits, id, Some(target), first_exit);
+                context_steps::direct_call(&mut ops, target, calls, exit_addr);
+            }
             let l = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, chunk_base, l);
             let index = direct(exits, target, site);
@@ -975,7 +995,14 @@ pub(crate) fn emit_terminator(
                 .as_ref()
                 .expect("a return has its instruction")
                 .inst;
-            let borrowed = return_through_lookup(&mut ops, return_pop(inst), &cx.gateway);
+            let mismatch = cx.contexts.then(|| {
+                exits.push(Exit {
+                    block: id,
+                    kind: ExitKind::ContextReturn,
+                });
+                first_exit + exits.len() as u32 - 1
+            });
+            let borrowed = return_through_lookup(&mut ops, return_pop(inst), &cx.gateway, mismatch);
             layout.rcx_borrowed_from = Some(chunk_base + borrowed);
         }
         Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
@@ -998,7 +1025,14 @@ pub(crate) fn emit_terminator(
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
             let literal = match block.terminator {
-                Terminator::IndirectCall { return_to } => push_return_address(&mut tail, return_to),
+                Terminator::IndirectCall { return_to } => {
+                    let literal = push_return_address(&mut tail, return_to);
+                    if cx.contexts {
+                        let calls = call_exits(exits, id, None, first_exit);
+                        context_steps::indirect_call(&mut tail, calls, exit_addr);
+                    }
+                    literal
+                }
                 _ => ReturnLiteral(None),
             };
             emit_ibl(&mut tail, &cx.gateway);
@@ -1020,13 +1054,15 @@ pub(crate) fn return_pop(inst: &Instruction) -> i32 {
     }
 }
 
-/// Appends a `ret` popping `pop` bytes, as a jump through the indirect branch lookup. Returns
-/// the assembler offset from which RCX holds the borrowed target (the guest's is in
-/// `scratch_rcx`).
+/// Appends a `ret` popping `pop` bytes, as a jump through the indirect branch lookup; with
+/// `Some(exit index)`, the return's context step comes first (`context_steps`), exiting there
+/// when the target is not the top frame's. Returns the assembler offset from which RCX holds
+/// the borrowed target (the guest's is in `scratch_rcx`).
 pub(crate) fn return_through_lookup(
     ops: &mut VecAssembler<X64Relocation>,
     pop: i32,
     gateway: &Gateway,
+    context_mismatch: Option<u32>,
 ) -> u64 {
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
     let borrowed = ops.offset().0 as u64;
@@ -1035,8 +1071,31 @@ pub(crate) fn return_through_lookup(
         ; mov rcx, QWORD [rsp]
         ; lea rsp, [rsp + pop]
     );
-    emit_ibl(ops, gateway);
+    match context_mismatch {
+        Some(index) => context_steps::return_and_lookup(ops, index, gateway),
+        None => emit_ibl(ops, gateway),
+    }
     borrowed
+}
+
+/// Pushes the two exits of a call's context step (`callee`: `None` for an indirect call) and
+/// returns their indices.
+fn call_exits(
+    exits: &mut Vec<Exit>,
+    block: BlockId,
+    callee: Option<GuestAddr>,
+    first_exit: u32,
+) -> context_steps::CallExits {
+    let mut push = |full| {
+        exits.push(Exit {
+            block,
+            kind: ExitKind::ContextCall { callee, full },
+        });
+        first_exit + exits.len() as u32 - 1
+    };
+    let full = push(true);
+    let miss = push(false);
+    context_steps::CallExits { full, miss }
 }
 
 /// `mov rcx, <operand of the indirect jmp/call>`, as an iced instruction at the guest's address

@@ -283,14 +283,23 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
 /// miss, goes to the gateway's miss routine. Flags are never written: `movzx`, `lea`, `mov`
 /// and `jrcxz` leave them alone.
 pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) {
-    let miss = gateway.ibl_miss.0 as usize;
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
         ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-        ; movzx eax, cx
-        ; lea rax, [rax + rax]                            // slot * 2, scaled by 8: 16-byte slots
         ; mov rdx, rcx                                    // rdx = guest target
+    );
+    emit_ibl_lookup(ops, gateway);
+}
+
+/// The lookup of [`emit_ibl`] after its first step: the guest target in RDX, the guest's RAX,
+/// RCX and RDX in their scratch slots, RAX and RCX free.
+pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) {
+    let miss = gateway.ibl_miss.0 as usize;
+    dynasm!(ops
+        ; .arch x64
+        ; movzx eax, dx
+        ; lea rax, [rax + rax]                            // slot * 2, scaled by 8: 16-byte slots
         ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // !(slot's guest address)
         ; lea rcx, [rcx + rdx + 1]                        // 0 iff the slot holds the target
         ; jrcxz >hit

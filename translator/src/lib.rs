@@ -18,6 +18,7 @@
 //! reaches through GS.
 
 pub mod code_cache;
+mod context_steps;
 pub mod decode;
 mod dispatch;
 pub mod emit;

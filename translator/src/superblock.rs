@@ -306,7 +306,7 @@ pub fn emit_superblock(
             }
             Cold::Return { at, pop } => {
                 // The `ret`, as a basic block's terminator does it ([rsp] was just readable).
-                return_through_lookup(&mut ops, pop, &cx.gateway);
+                return_through_lookup(&mut ops, pop, &cx.gateway, None);
                 at.0
             }
         };

@@ -13,6 +13,7 @@
 
 use std::mem::{offset_of, size_of};
 
+use hotpath_contexts::ContextArea;
 use hotpath_events::RingControl;
 
 /// Number of entries in the indirect branch lookup table: indexed by the low 16 bits of the
@@ -132,6 +133,9 @@ pub struct ThreadArea {
     pub xsave: XsaveArea,
     /// The indirect branch lookup table.
     pub ibl: [IblEntry; IBL_ENTRIES],
+    /// The guest thread's calling contexts (frames and current context), kept by translated
+    /// `call`s and `ret`s when contexts are on (`hotpath_contexts`); untouched otherwise.
+    pub contexts: ContextArea,
 }
 
 /// Offset of ring entries (`u32` block ids) from the area's base, in bytes.
@@ -161,6 +165,12 @@ pub mod off {
     pub const RING_CURSOR: i32 = (offset_of!(ThreadArea, ring) + RingControl::CURSOR_OFFSET) as i32;
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
+    /// The current context's node (host address).
+    pub const CTX: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::CTX) as i32;
+    /// The frame stack's top, as a byte offset from the context area's start.
+    pub const FRAME_TOP: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::FRAME_TOP) as i32;
+    /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 16 k`.
+    pub const CONTEXTS: i32 = offset_of!(ThreadArea, contexts) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
 
     /// GS offset of the end of a ring of `ring_entries` entries (the stub stores at

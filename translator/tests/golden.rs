@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use hotpath_ir::{BlockId, GuestAddr, HostAddr};
+use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
 use hotpath_translator::decode::decode_block;
 use hotpath_translator::emit::{emit_block, EmitContext, Exit, ExitKind};
 use hotpath_translator::gateway::Gateway;
@@ -81,16 +81,28 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         block.body.len(),
         block.len_bytes
     );
-    for enqueue in [Some(RING_ENTRIES), None] {
+    // Calls and returns also keep calling contexts with `--guest-contexts`.
+    let steps_contexts = matches!(
+        block.terminator,
+        Terminator::Call { .. } | Terminator::IndirectCall { .. } | Terminator::Return
+    );
+    let modes = [
+        (Some(RING_ENTRIES), false),
+        (None, false),
+        (Some(RING_ENTRIES), true),
+    ];
+    for (enqueue, contexts) in modes.into_iter().filter(|m| !m.1 || steps_contexts) {
         let cx = EmitContext {
             enqueue,
             gateway: GATEWAY,
+            contexts,
         };
         let e = emit_block(&block, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
             out,
-            "\n## monitor {} (entry {:#x}, {} exits)",
+            "\n## monitor {}{} (entry {:#x}, {} exits)",
             if enqueue.is_some() { "on" } else { "off" },
+            if contexts { ", calling contexts" } else { "" },
             e.entry.0,
             e.exits.len()
         )
@@ -121,6 +133,7 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
     let cx = EmitContext {
         enqueue: Some(RING_ENTRIES),
         gateway: GATEWAY,
+        contexts: false,
     };
     let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
     writeln!(
@@ -335,6 +348,7 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
                 let cx = EmitContext {
                     enqueue,
                     gateway: GATEWAY,
+                    contexts: false,
                 };
                 let block = decode_block(GuestAddr(*guest));
                 let e = emit_block(&block, BlockId(7), HostAddr(base), 0, &cx).expect("emits");

@@ -52,5 +52,6 @@ mod tree;
 pub use area::{ContextArea, Frame, FRAMES_MAX, SENTINEL_RETURN};
 pub use rules::{Contexts, Functions, Resync};
 pub use tree::{
-    CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER, MAX_DEPTH,
+    CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER,
+    DIRECT_ENTRIES, DIRECT_PROBES, INDIRECT_SLOT, MAX_DEPTH,
 };

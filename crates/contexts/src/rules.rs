@@ -8,7 +8,10 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use crate::area::{ContextArea, Frame, FRAMES_MAX};
-use crate::tree::{Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, MAX_DEPTH};
+use crate::tree::{
+    Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, DIRECT_PROBES, INDIRECT_SLOT,
+    MAX_DEPTH,
+};
 
 /// Where the runtime finds the function a guest address belongs to, for the rules that replace
 /// a context without a call (an orphan return).
@@ -173,33 +176,37 @@ impl Contexts {
 
     /// Rule 1, a direct `call` of the function entered at `callee` that returns to
     /// `return_to`, as translated code does it: frames full → [`Contexts::call_slow`]; push the
-    /// frame; the node's cache entry for `callee` ([`Node::cache_slot`]) holds it → its
-    /// child, else [`Contexts::child_slow`].
+    /// frame; a cache entry of [`Node::direct_probes`]`(callee)` holds `callee` → its child,
+    /// else [`Contexts::child_slow`].
     pub fn call(&mut self, callee: u64, return_to: u64) -> ContextId {
-        self.call_through(Node::cache_slot(callee), callee, return_to)
+        self.call_through(false, callee, return_to)
     }
 
-    /// [`Contexts::call`] for an indirect `call` (cache entry 0).
+    /// [`Contexts::call`] for an indirect `call` (cache entry [`INDIRECT_SLOT`] alone).
     pub fn call_indirect(&mut self, callee: u64, return_to: u64) -> ContextId {
-        self.call_through(0, callee, return_to)
+        self.call_through(true, callee, return_to)
     }
 
-    fn call_through(&mut self, slot: usize, callee: u64, return_to: u64) -> ContextId {
+    fn call_through(&mut self, indirect: bool, callee: u64, return_to: u64) -> ContextId {
         if self.area().frame_top as usize == ContextArea::FRAMES_END {
-            return self.call_slow(slot, callee, return_to);
+            return self.call_slow(indirect, callee, return_to);
         }
         self.push_frame(return_to);
-        let entry = self.arena.at(self.area().ctx).cache[slot];
-        if entry.key == !callee {
-            self.area_mut().ctx = entry.child;
+        let node = self.arena.at(self.area().ctx);
+        if let Some(e) = probes(indirect, callee)
+            .iter()
+            .map(|&i| node.cache[i])
+            .find(|e| e.key == !callee)
+        {
+            self.area_mut().ctx = e.child;
             return self.current();
         }
-        self.child_slow(slot, callee)
+        self.child_slow(indirect, callee)
     }
 
-    /// A call found the frame stack full: drops its bottom half, then makes the call (through
-    /// cache entry `slot`).
-    pub fn call_slow(&mut self, slot: usize, callee: u64, return_to: u64) -> ContextId {
+    /// A call (`indirect` or not) found the frame stack full: drops its bottom half, then
+    /// makes the call.
+    pub fn call_slow(&mut self, indirect: bool, callee: u64, return_to: u64) -> ContextId {
         let drop = FRAMES_MAX / 2;
         let area = self.area_mut();
         let depth = area.depth();
@@ -210,16 +217,23 @@ impl Contexts {
             s.0 = s.0.saturating_sub(drop);
         }
         self.push_frame(return_to);
-        self.child_slow(slot, callee)
+        self.child_slow(indirect, callee)
     }
 
-    /// A call's frame is pushed and the node's cache entry `slot` did not hold `callee`: steps
-    /// to the child (found or made) and refills the entry.
-    pub fn child_slow(&mut self, slot: usize, callee: u64) -> ContextId {
+    /// A call's frame is pushed and the node's cache did not hold `callee` where the call
+    /// (`indirect` or not) probes: steps to the child (found or made) and caches it in the
+    /// first empty entry the call probes, else the first.
+    pub fn child_slow(&mut self, indirect: bool, callee: u64) -> ContextId {
         let parent = self.current();
         let child = self.child(parent, callee);
         let child_addr = self.arena.addr(child);
         let node = self.arena.at_mut(self.arena.addr(parent));
+        let probes = probes(indirect, callee);
+        let slot = probes
+            .iter()
+            .copied()
+            .find(|&i| node.cache[i].key == 0)
+            .unwrap_or(probes[0]);
         node.cache[slot] = CacheEntry {
             key: !callee,
             child: child_addr,
@@ -380,6 +394,25 @@ impl Contexts {
 
     fn count(&mut self, why: Resync) {
         self.resyncs[why as usize] += 1;
+    }
+}
+
+/// The cache entries a call probes, in order.
+fn probes(indirect: bool, callee: u64) -> Probes {
+    if indirect {
+        Probes([INDIRECT_SLOT; DIRECT_PROBES], 1)
+    } else {
+        Probes(Node::direct_probes(callee), DIRECT_PROBES)
+    }
+}
+
+/// The first `.1` of `.0`.
+struct Probes([usize; DIRECT_PROBES], usize);
+
+impl std::ops::Deref for Probes {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        &self.0[..self.1]
     }
 }
 

@@ -1,13 +1,13 @@
-//! Context nodes: an arena of 64-byte nodes that never moves (emitted code holds their host
+//! Context nodes: an arena of 192-byte nodes that never moves (emitted code holds their host
 //! addresses), written by the guest thread, and the read-only view the monitor resolves ids with.
 
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-/// Contexts per thread (128 bytes each: 64 MiB of address space, touched as they are made).
+/// Contexts per thread (192 bytes each: 48 MiB of address space, touched as they are made).
 /// Past it a new context is its parent ([`crate::Contexts::contexts_folded`] counts them).
-pub const CONTEXTS_MAX: usize = 1 << 19;
+pub const CONTEXTS_MAX: usize = 1 << 18;
 
 /// Levels of the tree below the root. A call from a context at this depth goes to the one
 /// [`DEEPER`] context under it, whose calls stay in it: deep recursion is one `[deeper]` frame,
@@ -28,10 +28,22 @@ impl ContextId {
     pub const ROOT: ContextId = ContextId(0);
 }
 
-/// Entries of a node's child cache. A direct call's entry is fixed when it is translated
-/// ([`Node::cache_slot`] of the callee), so a caller that calls several functions in turn keeps
-/// each in its own entry; an indirect call uses entry 0.
-pub const CACHE_ENTRIES: usize = 4;
+/// Entries of a node's child cache: [`DIRECT_ENTRIES`] for direct calls, in groups of
+/// [`DIRECT_PROBES`]; a direct call probes its callee's group ([`Node::direct_probes`], fixed
+/// when it is translated), so a caller that calls several functions in turn (busybox sort's
+/// comparison calls five) keeps them; then one for indirect calls ([`INDIRECT_SLOT`]), so that
+/// a callback called from a loop that also calls directly (a sort calling its comparison)
+/// neither evicts the direct calls nor is evicted by them.
+pub const CACHE_ENTRIES: usize = DIRECT_ENTRIES + 1;
+
+/// Cache entries shared by direct calls (a power of two).
+pub const DIRECT_ENTRIES: usize = 8;
+
+/// Entries a direct call probes (a power of two, at most [`DIRECT_ENTRIES`]).
+pub const DIRECT_PROBES: usize = 4;
+
+/// The cache entry of indirect calls.
+pub const INDIRECT_SLOT: usize = DIRECT_ENTRIES;
 
 /// One entry of a node's child cache.
 #[repr(C)]
@@ -44,9 +56,9 @@ pub struct CacheEntry {
     pub child: u64,
 }
 
-/// One context node (two cache lines). The cache changes as the thread runs; the other fields
+/// One context node (three cache lines). The cache changes as the thread runs; the other fields
 /// are written once, before the node's id is published.
-#[repr(C, align(128))]
+#[repr(C, align(64))]
 #[derive(Debug)]
 pub struct Node {
     /// The child cache, in front of the thread's map of children.
@@ -61,7 +73,7 @@ pub struct Node {
     pub depth: u32,
     /// The parent's id (the root's is its own).
     pub parent_id: u32,
-    _reserved: [u32; 9],
+    _reserved: [u32; 1],
 }
 
 impl Node {
@@ -70,10 +82,12 @@ impl Node {
     /// Offset of [`Node::id`], bytes.
     pub const ID: usize = offset_of!(Node, id);
 
-    /// The cache entry calls of the function entered at `callee` use when the callee is known
-    /// at translation time.
-    pub fn cache_slot(callee: u64) -> usize {
-        ((callee ^ (callee >> 6)) & (CACHE_ENTRIES as u64 - 1)) as usize
+    /// The cache entries direct calls of the function entered at `callee` probe, in order:
+    /// the group of [`DIRECT_PROBES`] its hash picks, from the entry it hashes to (bits 4 up:
+    /// entries are mostly 16-byte aligned). A miss fills the first empty one, else the first.
+    pub fn direct_probes(callee: u64) -> [usize; DIRECT_PROBES] {
+        let h = ((callee >> 4 ^ callee >> 7 ^ callee >> 10) & (DIRECT_ENTRIES as u64 - 1)) as usize;
+        std::array::from_fn(|i| h ^ i)
     }
 
     /// Byte offset in the node of entry `slot`'s key (its child follows, 8 bytes on).
@@ -220,7 +234,7 @@ impl Arena {
                 id: id.0,
                 depth,
                 parent_id,
-                _reserved: [0; 9],
+                _reserved: [0; 1],
             })
         };
         self.len += 1;
@@ -281,10 +295,14 @@ mod tests {
 
     #[test]
     fn node_layout_is_what_emitted_code_assumes() {
-        assert_eq!(size_of::<Node>(), 128);
+        assert_eq!(size_of::<Node>(), 192);
         assert_eq!(Node::CACHE, 0);
         assert_eq!(Node::cache_key_offset(3), 48);
-        assert_eq!(Node::ID, 80);
+        let mut p = Node::direct_probes(0x401158);
+        p.sort_unstable();
+        assert!(p == [0, 1, 2, 3] || p == [4, 5, 6, 7]);
+        assert_eq!(Node::cache_key_offset(INDIRECT_SLOT), 128);
+        assert_eq!(Node::ID, 160);
     }
 
     #[test]

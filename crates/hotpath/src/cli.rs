@@ -150,6 +150,10 @@ pub struct RunArgs {
     /// reference the default recorder is checked against (same profile).
     #[arg(long)]
     pub paths_per_block: bool,
+    /// Keep each thread's calling contexts in translated calls and returns (#21 stage 1, not
+    /// yet read by the monitor: the summary line counts them). For development.
+    #[arg(long, hide = true)]
+    pub guest_contexts: bool,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
     /// buy; the profile is the same).
     #[arg(long)]

@@ -265,6 +265,12 @@ impl RunCtx {
                 s.ring_refills,
                 translator.threads_started()
             );
+            if self.args.guest_contexts {
+                eprintln!(
+                    "hotpath: calling contexts: {} made, {} context steps through the runtime, {} resynchronisations",
+                    s.contexts, s.context_exits, s.context_resyncs
+                );
+            }
         }
         match outcome {
             Ok(GuestExit::Exited(code)) => std::process::exit(code & 0xff),
@@ -391,6 +397,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         ring_entries: args.ring_entries,
         superblocks: monitor_on && !args.no_superblocks,
         vdso: !args.no_vdso,
+        contexts: args.guest_contexts,
     };
     let mut translator = match Translator::new(&image, &stack, cfg) {
         Ok(t) => t,
@@ -399,6 +406,9 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
             return ExitCode::from(70);
         }
     };
+    if args.guest_contexts {
+        translator.set_function_symbols(image.symbols.iter().map(|s| (s.addr, s.size)).collect());
+    }
     let core = match args.monitor_cpu {
         Some(id) => Some(core_affinity::CoreId { id }),
         None => monitor_core(cores),
@@ -568,6 +578,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     );
     if args.paths_per_block {
         opt("--paths-per-block", None);
+    }
+    if args.guest_contexts {
+        opt("--guest-contexts", None);
     }
     if args.no_superblocks {
         opt("--no-superblocks", None);

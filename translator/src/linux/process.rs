@@ -232,6 +232,9 @@ pub struct ProcessShared {
     /// other names), through which a write changes code without a fault; kept by
     /// `kernel_writes` (threads share their descriptor table).
     pub mem_fds: Mutex<std::collections::BTreeSet<i32>>,
+    /// The guest's function symbols, sorted by address: (entry, size in bytes, 0 when
+    /// unknown), set once by the embedder; what calling contexts resynchronise by.
+    pub function_symbols: std::sync::OnceLock<Arc<[(u64, u64)]>>,
 }
 
 impl ProcessShared {
@@ -257,6 +260,7 @@ impl ProcessShared {
             pool: Mutex::new(Vec::new()),
             threads_started: AtomicU32::new(0),
             mem_fds: Mutex::new(std::collections::BTreeSet::new()),
+            function_symbols: std::sync::OnceLock::new(),
         }
     }
 
@@ -375,3 +379,27 @@ impl ProcessShared {
 /// How long `exit_group` waits for the other threads to reach a stop before it writes the
 /// profile anyway.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The function a guest address belongs to, for the calling contexts' orphan returns: the
+/// symbol containing it (entered at the symbol's start), else a function entered there.
+pub(crate) struct FunctionMap(pub Arc<[(u64, u64)]>);
+
+impl hotpath_contexts::Functions for FunctionMap {
+    fn containing(&self, addr: u64) -> u64 {
+        let i = self.0.partition_point(|&(a, _)| a <= addr);
+        match i.checked_sub(1).map(|i| self.0[i]) {
+            Some((a, size)) if size == 0 || addr < a + size => a,
+            _ => addr,
+        }
+    }
+}
+
+impl ProcessShared {
+    /// The guest's function symbols (empty until the embedder gives them).
+    pub fn function_symbols(&self) -> Arc<[(u64, u64)]> {
+        self.function_symbols
+            .get()
+            .cloned()
+            .unwrap_or_else(|| Arc::from(Vec::new()))
+    }
+}

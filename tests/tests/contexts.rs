@@ -1,0 +1,123 @@
+//! Calling contexts kept by translated code (`--guest-contexts`, #21 stage 1): the counts the
+//! summary line gives, derived by hand from guest samples' sources. (That every sample behaves
+//! as natively with contexts on is `samples.rs`'s `--guest-contexts` mode.)
+
+use std::path::Path;
+use std::process::Command;
+
+use hotpath_contexts::{Contexts, Functions};
+use hotpath_e2e::{guest_build, hotpath_bin, runner, Linkage};
+
+/// `(contexts made, context steps through the runtime, resynchronisations)` from the summary
+/// line of `hotpath run --guest-contexts extra... -- exe`, which must exit 0.
+fn contexts_line(exe: &Path, extra: &[&str]) -> (u64, u64, u64) {
+    let hotpath =
+        hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
+    let mut cmd = Command::new(&hotpath);
+    cmd.arg("run")
+        .arg("--guest-contexts")
+        .args(extra)
+        .arg("--")
+        .arg(exe);
+    hotpath_e2e::set_guest_environment(&mut cmd, exe.parent().unwrap_or(Path::new("/")));
+    let what = runner::describe(&cmd);
+    let outcome =
+        runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let stderr = String::from_utf8_lossy(&outcome.stderr);
+    assert!(
+        matches!(outcome.termination, runner::Termination::Exited(0)),
+        "{what}: {:?}\n{stderr}",
+        outcome.termination
+    );
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("hotpath: calling contexts: "))
+        .unwrap_or_else(|| panic!("{what}: no contexts line in\n{stderr}"));
+    let n: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    assert_eq!(n.len(), 3, "{what}: {line}");
+    (n[0], n[1], n[2])
+}
+
+/// count_calls.S: `_start` (the root context: nothing called it) calls f_one, f_two and f_three
+/// indirectly, 600 times in the order 1 2 1 3 1 2, and each calls `leaf`: six contexts (three
+/// under the root, one `leaf` under each). The root's one indirect-call cache entry holds the
+/// last callee, and no two consecutive calls of the order (nor its wrap-around, 2 then 1) call
+/// the same function: all 600 indirect calls miss it; each f's first call of `leaf` misses
+/// too: 603 steps through the runtime. Every `ret` returns to its frame: no resynchronisation.
+#[test]
+fn count_calls_contexts_are_counted_by_hand() {
+    for linkage in [Linkage::Static, Linkage::StaticPie] {
+        let exe = guest_build::build("count_calls.S", linkage)
+            .unwrap_or_else(|e| panic!("building count_calls.S: {e}"));
+        for extra in [&["--no-monitor"][..], &["--superblock-threshold", "1"][..]] {
+            assert_eq!(
+                contexts_line(&exe, extra),
+                (6, 603, 0),
+                "{linkage:?} {extra:?}"
+            );
+        }
+    }
+}
+
+/// No ELF function symbols (asm_retaddr.S's labels are not `STT_FUNC`): a function is entered
+/// where it is reached.
+struct NoSymbols;
+impl Functions for NoSymbols {
+    fn containing(&self, addr: u64) -> u64 {
+        addr
+    }
+}
+
+/// asm_retaddr.S, 3000 rounds of eight return-address checks from `_start`, replayed on the
+/// calling-context runtime (`hotpath_contexts`, itself checked against a reference model of
+/// the rules): translated code must end with as many contexts and resynchronisations. Per
+/// round, two `ret`s go where no frame returns — check 3's callee overwrites its return
+/// address, check 4 is `push; ret` used as a jump — orphan returns, which keep the frames:
+/// 6000 resynchronisations. The get-pc `call` of check 2 is no call (no frame, no context);
+/// check 5's `pop; jmp *reg` return is an indirect jump, which does not step contexts yet
+/// (rule 4 is not wired to translated code), so its frame stays and each round starts two
+/// levels deeper than the last, until the 1000-deep recursion of check 8 and then everything
+/// folds into the `[deeper]` context.
+#[test]
+fn asm_retaddr_contexts_match_the_runtime_replaying_its_calls() {
+    let mut c = Contexts::new_owned().expect("contexts");
+    let (rra, rr, l3, l4, pj, sum, rec) = (1u64, 2, 3, 4, 5, 6, 7);
+    let (after_1, jmp_fail, after_5, after_6a, after_6b, after_7, after_8, after_rec) =
+        (11u64, 12, 15, 16, 17, 18, 19, 20);
+    for _ in 0..3000 {
+        c.call(rra, after_1);
+        c.ret(after_1, &NoSymbols);
+        c.call(rr, jmp_fail);
+        c.ret(l3, &NoSymbols);
+        c.ret(l4, &NoSymbols);
+        c.call(pj, after_5);
+        c.call_indirect(rra, after_6a);
+        c.ret(after_6a, &NoSymbols);
+        c.call_indirect(rra, after_6b);
+        c.ret(after_6b, &NoSymbols);
+        c.call(sum, after_7);
+        c.ret(after_7, &NoSymbols);
+        c.call(rec, after_8);
+        for _ in 0..1000 {
+            c.call(rec, after_rec);
+        }
+        for _ in 0..1000 {
+            c.ret(after_rec, &NoSymbols);
+        }
+        c.ret(after_8, &NoSymbols);
+    }
+    let expected = (c.len() as u64 - 1, c.resyncs.iter().sum::<u64>());
+    assert_eq!(expected.1, 6000);
+    for linkage in [Linkage::Static, Linkage::StaticPie] {
+        let exe = guest_build::build("asm_retaddr.S", linkage)
+            .unwrap_or_else(|e| panic!("building asm_retaddr.S: {e}"));
+        for extra in [&["--no-monitor"][..], &["--superblock-threshold", "1"][..]] {
+            let (made, _, resyncs) = contexts_line(&exe, extra);
+            assert_eq!((made, resyncs), expected, "{linkage:?} {extra:?}");
+        }
+    }
+}

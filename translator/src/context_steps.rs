@@ -1,0 +1,204 @@
+//! Emitting the calling-context steps of `call` and `ret` translations (`hotpath_contexts`,
+//! rules 1 and 2; docs/paths-design.md, "Stage 1 as it will be built").
+//!
+//! A call, after the guest's push of its return address:
+//!
+//! ```text
+//! borrow RCX, RAX (and RDX: an indirect call's callee, or a callee past ±2 GiB)
+//! frame_top == FRAMES_END ? ──────────────────────────────────────────▶ exit "frames full"
+//! frames[top] = { [rsp] (the return address just pushed), ctx }; top += 1
+//! node(ctx).cache[probes].key == !callee ? ctx = .child : ───────────▶ exit "cache miss"
+//! give the registers back; go on to the callee (the chained jump, or the lookup)
+//! ```
+//!
+//! A return, merged with its lookup (one save of RAX and RDX for both, measured cheaper than
+//! two sequences): the top frame's return address is the target → pop it and restore its
+//! context, else exit "not the top frame"; then the lookup. An empty stack's top frame is the
+//! sentinel, whose non-canonical return address no `ret` that goes on can have.
+//!
+//! Every compare is `lea`/`jrcxz`: the guest's flags are live across calls and returns. The
+//! exits leave the guest's registers as at the end of the guest instruction (RCX in its scratch
+//! slot, as every exit stub does) and the target in `ibl_target` where the dispatcher cannot
+//! know it; the dispatcher runs the rule's slow path (`hotpath_contexts::Contexts`) and goes on
+//! at the target. Nothing here can fault: the guest stack slot was just written by the push,
+//! the frames are in the thread area, the nodes in the context arena.
+
+use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
+use hotpath_contexts::{ContextArea, Node, INDIRECT_SLOT};
+use hotpath_ir::GuestAddr;
+
+use crate::gateway::{emit_ibl_lookup, Gateway, GS};
+use crate::thread_area::off;
+
+/// GS offset of `frames[top]` when `frame_top` is in RAX: `CONTEXTS + RAX`.
+const FRAME: i32 = off::CONTEXTS;
+
+/// `frame_top` of a full stack.
+const FRAMES_END: i32 = ContextArea::FRAMES_END as i32;
+
+/// Exit indices of one call's slow paths.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallExits {
+    /// The frame stack is full (nothing pushed yet).
+    pub full: u32,
+    /// The frame is pushed; the node's cache entry did not hold the callee.
+    pub miss: u32,
+}
+
+/// Appends a direct call's context step for the function entered at `callee`, which probes
+/// the cache entries [`Node::direct_probes`]`(callee)` in order.
+pub(crate) fn direct_call(
+    ops: &mut VecAssembler<X64Relocation>,
+    callee: GuestAddr,
+    exits: CallExits,
+    exit_addr: usize,
+) {
+    // `!key + callee + 1 == 0` iff the key is the callee's: an immediate when it fits, else
+    // the callee in RDX.
+    let near = i32::try_from(callee.0.wrapping_add(1) as i64).ok();
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+    );
+    if near.is_none() {
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+            ; mov rdx, QWORD callee.0 as i64
+        );
+    }
+    let restore_rdx = |ops: &mut VecAssembler<X64Relocation>| {
+        if near.is_none() {
+            dynasm!(ops ; .arch x64 ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]);
+        }
+    };
+    push_frame(ops);
+    let probes = Node::direct_probes(callee.0)
+        .map(|slot| (Node::cache_key_offset(slot) as i32, ops.new_dynamic_label()));
+    for &(key, hit) in &probes {
+        dynasm!(ops ; .arch x64 ; mov rcx, QWORD [rax + key]);
+        match near {
+            Some(imm) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + imm]),
+            None => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + rdx + 1]),
+        }
+        dynasm!(ops ; .arch x64 ; jrcxz =>hit);
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; mov ecx, exits.miss as i32
+        ; jmp >leave
+        ; full:
+        ; mov ecx, exits.full as i32
+        ; leave:
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+    );
+    restore_rdx(ops);
+    dynasm!(ops ; .arch x64 ; jmp extern exit_addr);
+    // The hits, last probe first, each loading its entry's child and falling or jumping to
+    // the store.
+    let store = ops.new_dynamic_label();
+    for (i, &(key, hit)) in probes.iter().enumerate().rev() {
+        dynasm!(ops ; .arch x64 ; =>hit ; mov rcx, QWORD [rax + key + 8]);
+        if i != 0 {
+            dynasm!(ops ; .arch x64 ; jmp =>store);
+        }
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; =>store
+        ; .u8 GS ; mov QWORD [off::CTX], rcx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+    );
+    restore_rdx(ops);
+}
+
+/// Appends an indirect call's context step (cache entry [`INDIRECT_SLOT`]): the callee in RCX, the guest's
+/// RCX in its scratch slot, both as they are after it.
+pub(crate) fn indirect_call(
+    ops: &mut VecAssembler<X64Relocation>,
+    exits: CallExits,
+    exit_addr: usize,
+) {
+    let key = Node::cache_key_offset(INDIRECT_SLOT) as i32;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; mov rdx, rcx
+    );
+    push_frame(ops);
+    dynasm!(ops
+        ; .arch x64
+        ; mov rcx, QWORD [rax + key]
+        ; lea rcx, [rcx + rdx + 1]
+        ; jrcxz >hit
+        ; mov ecx, exits.miss as i32
+        ; jmp >leave
+        ; full:
+        ; mov ecx, exits.full as i32
+        ; leave:
+        ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; jmp extern exit_addr
+        ; hit:
+        ; mov rcx, QWORD [rax + key + 8]
+        ; .u8 GS ; mov QWORD [off::CTX], rcx
+        ; mov rcx, rdx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+    );
+}
+
+/// The frame push shared by both calls: RAX and RCX borrowed; jumps to the local label
+/// `full` when the stack is full; leaves the current node's host address in RAX.
+fn push_frame(ops: &mut VecAssembler<X64Relocation>) {
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
+        ; lea rcx, [rax - FRAMES_END]
+        ; jrcxz >full
+        ; mov rcx, QWORD [rsp]
+        ; .u8 GS ; mov QWORD [rax + FRAME], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::CTX]
+        ; .u8 GS ; mov QWORD [rax + FRAME + 8], rcx
+        ; lea rax, [rax + 16]
+        ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
+        ; mov rax, rcx
+    );
+}
+
+/// Appends a return's frame check and pop merged with its lookup: the target in RCX (the
+/// guest's RCX in its scratch slot, RSP already past the return address). A target that is
+/// not the top frame's return address exits with index `mismatch` (target in `ibl_target`).
+pub(crate) fn return_and_lookup(
+    ops: &mut VecAssembler<X64Relocation>,
+    mismatch: u32,
+    gateway: &Gateway,
+) {
+    let exit_addr = gateway.exit.0 as usize;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; mov rdx, rcx
+        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 16]
+        ; not rcx
+        ; lea rcx, [rcx + rdx + 1]
+        ; jrcxz >pop
+        ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; mov ecx, mismatch as i32
+        ; jmp extern exit_addr
+        ; pop:
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 8]
+        ; .u8 GS ; mov QWORD [off::CTX], rcx
+        ; lea rax, [rax - 16]
+        ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
+    );
+    emit_ibl_lookup(ops, gateway);
+}
