@@ -11,6 +11,9 @@
 //! give the registers back; go on to the callee (the chained jump, or the lookup)
 //! ```
 //!
+//! An indirect jump checks the top frame the same way, merged with its lookup: its return
+//! address is the target → exit "jump return" (rule 4, `pop; jmp *reg`).
+//!
 //! A return, merged with its lookup (one save of RAX and RDX for both, measured cheaper than
 //! two sequences): the top frame's return address is the target → pop it and restore its
 //! context, else exit "not the top frame"; then the lookup. An empty stack's top frame is the
@@ -179,15 +182,9 @@ pub(crate) fn return_and_lookup(
     gateway: &Gateway,
 ) {
     let exit_addr = gateway.exit.0 as usize;
+    compare_top_frame(ops);
     dynasm!(ops
         ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-        ; mov rdx, rcx
-        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
-        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 16]
-        ; not rcx
-        ; lea rcx, [rcx + rdx + 1]
         ; jrcxz >pop
         ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
@@ -201,4 +198,45 @@ pub(crate) fn return_and_lookup(
         ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
     );
     emit_ibl_lookup(ops, gateway);
+}
+
+/// Appends an indirect jump's check for rule 4 merged with its lookup: the target in RCX (the
+/// guest's RCX in its scratch slot). A target that is the top frame's return address (`pop;
+/// jmp *reg` returning for a `ret`) exits with index `jump_return` (target in `ibl_target`),
+/// for the runtime to pop to it; any other goes on through the lookup.
+pub(crate) fn jump_and_lookup(
+    ops: &mut VecAssembler<X64Relocation>,
+    jump_return: u32,
+    gateway: &Gateway,
+) {
+    let exit_addr = gateway.exit.0 as usize;
+    compare_top_frame(ops);
+    dynasm!(ops
+        ; .arch x64
+        ; jrcxz >ret
+        ; jmp >lookup
+        ; ret:
+        ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; mov ecx, jump_return as i32
+        ; jmp extern exit_addr
+        ; lookup:
+    );
+    emit_ibl_lookup(ops, gateway);
+}
+
+/// Saves RAX and RDX, moves the target from RCX to RDX, loads `frame_top` into RAX and leaves
+/// RCX zero iff the top frame's return address is the target.
+fn compare_top_frame(ops: &mut VecAssembler<X64Relocation>) {
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; mov rdx, rcx
+        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 16]
+        ; not rcx
+        ; lea rcx, [rcx + rdx + 1]
+    );
 }

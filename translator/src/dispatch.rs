@@ -1025,6 +1025,14 @@ impl Translator {
                         }
                         self.lookup_miss(target)
                     }
+                    ExitKind::ContextJumpReturn => {
+                        let target = self.area.ibl_target;
+                        if let Some(c) = &mut self.contexts {
+                            self.stats.context_exits += 1;
+                            c.jump(target);
+                        }
+                        self.lookup_miss(target)
+                    }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
             }

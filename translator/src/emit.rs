@@ -63,6 +63,9 @@ pub enum ExitKind {
     /// A `ret`'s target (in `ibl_target`) is not the top frame's return address: the runtime
     /// resynchronises the contexts, then the return goes on through the lookup.
     ContextReturn,
+    /// An indirect jump's target (in `ibl_target`) is the top frame's return address: the
+    /// runtime pops to it (a jump return), then the jump goes on through the lookup.
+    ContextJumpReturn,
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
     Trap {
         kind: TrapKind,
@@ -1035,7 +1038,16 @@ pub(crate) fn emit_terminator(
                 }
                 _ => ReturnLiteral(None),
             };
-            emit_ibl(&mut tail, &cx.gateway);
+            if cx.contexts && matches!(block.terminator, Terminator::IndirectJump) {
+                exits.push(Exit {
+                    block: id,
+                    kind: ExitKind::ContextJumpReturn,
+                });
+                let index = first_exit + exits.len() as u32 - 1;
+                context_steps::jump_and_lookup(&mut tail, index, &cx.gateway);
+            } else {
+                emit_ibl(&mut tail, &cx.gateway);
+            }
             literal.place(&mut tail);
             code.append(assembled(tail, "indirect branch")?);
             return Ok(());

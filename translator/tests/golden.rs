@@ -84,7 +84,10 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
     // Calls and returns also keep calling contexts with `--guest-contexts`.
     let steps_contexts = matches!(
         block.terminator,
-        Terminator::Call { .. } | Terminator::IndirectCall { .. } | Terminator::Return
+        Terminator::Call { .. }
+            | Terminator::IndirectCall { .. }
+            | Terminator::IndirectJump
+            | Terminator::Return
     );
     let modes = [
         (Some(RING_ENTRIES), false),
@@ -209,6 +212,12 @@ fn direct_call_pushes_guest_return_address() {
 fn return_goes_through_the_lookup() {
     // pop rbx ; ret 16
     check("ret_imm", &[0x5b, 0xc2, 0x10, 0x00]);
+}
+
+#[test]
+fn indirect_jump_goes_through_the_lookup() {
+    // pop rcx ; jmp rcx (a `ret` by hand: with calling contexts, checked against the top frame)
+    check("jmp_reg", &[0x59, 0xff, 0xe1]);
 }
 
 #[test]
