@@ -11,6 +11,11 @@ use hotpath_e2e::{guest_build, hotpath_bin, runner, Linkage};
 /// `(contexts made, context steps through the runtime, resynchronisations)` from the summary
 /// line of `hotpath run --guest-contexts extra... -- exe`, which must exit 0.
 fn contexts_line(exe: &Path, extra: &[&str]) -> (u64, u64, u64) {
+    contexts_line_of(exe, &[], extra)
+}
+
+/// [`contexts_line`] for `exe args`.
+fn contexts_line_of(exe: &Path, args: &[&str], extra: &[&str]) -> (u64, u64, u64) {
     let hotpath =
         hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
     let mut cmd = Command::new(&hotpath);
@@ -18,7 +23,8 @@ fn contexts_line(exe: &Path, extra: &[&str]) -> (u64, u64, u64) {
         .arg("--guest-contexts")
         .args(extra)
         .arg("--")
-        .arg(exe);
+        .arg(exe)
+        .args(args);
     hotpath_e2e::set_guest_environment(&mut cmd, exe.parent().unwrap_or(Path::new("/")));
     let what = runner::describe(&cmd);
     let outcome =
@@ -119,6 +125,57 @@ fn asm_retaddr_contexts_match_the_runtime_replaying_its_calls() {
         for extra in [&["--no-monitor"][..], &["--superblock-threshold", "1"][..]] {
             let (made, _, resyncs) = contexts_line(&exe, extra);
             assert_eq!((made, resyncs), expected, "{linkage:?} {extra:?}");
+        }
+    }
+}
+
+/// The guest's contexts resynchronise exactly where the monitor's shadow stack does, on real
+/// programs whose only resynchronisations are tail calls (busybox sort's and md5sum's: a
+/// `jmp` to a function other code calls, rule 3) and plain returns: the summary line's count
+/// equals the path profile's, with superblocks (which end at function entries while contexts
+/// are kept) and without.
+#[test]
+fn busybox_tail_calls_match_the_monitors_shadow_stack() {
+    use std::fmt::Write as _;
+    let Some(busybox) = hotpath_e2e::busybox() else {
+        return;
+    };
+    let dir = hotpath_e2e::paths::scratch_dir("contexts");
+    let mut rng = hotpath_e2e::inputs::Rng(0x5eed_c0de_0000_0021);
+    let mut text = String::new();
+    while text.len() < 200_000 {
+        let w = hotpath_e2e::inputs::WORDS;
+        let _ = writeln!(
+            text,
+            "{} {} {}",
+            w[rng.below(w.len() as u64) as usize],
+            rng.below(1_000_000),
+            w[rng.below(w.len() as u64) as usize]
+        );
+    }
+    let input = dir.join("words.txt");
+    std::fs::write(&input, &text).expect("writing the input");
+    let input = input.to_str().expect("a UTF-8 path");
+    for applet in [&["sort", input][..], &["md5sum", input][..]] {
+        for extra in [&["--no-superblocks"][..], &[][..]] {
+            let report = dir.join(format!("{}.json", applet[0]));
+            let report_arg = report.to_str().expect("a UTF-8 path");
+            let mut all = vec!["--paths", "--report", report_arg];
+            all.extend_from_slice(extra);
+            let (_, _, resyncs) = contexts_line_of(busybox, applet, &all);
+            let json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&report).expect("the report"))
+                    .expect("JSON");
+            let stats = &json["path_profile"]["stats"];
+            let by_cause = &stats["resyncs_by_cause"];
+            let monitor = stats["shadow_stack_resyncs"].as_u64().expect("resyncs");
+            assert_eq!(
+                by_cause["tail_call"].as_u64(),
+                Some(monitor),
+                "{applet:?}: the monitor resynchronised for more than tail calls: {stats}"
+            );
+            assert!(monitor > 0, "{applet:?} {extra:?}: no tail call seen");
+            assert_eq!(resyncs, monitor, "{applet:?} {extra:?}");
         }
     }
 }

@@ -26,9 +26,9 @@
 //! at the target. Nothing here can fault: the guest stack slot was just written by the push,
 //! the frames are in the thread area, the nodes in the context arena.
 
-use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
-use hotpath_contexts::{ContextArea, Node, INDIRECT_SLOT};
-use hotpath_ir::GuestAddr;
+use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+use hotpath_contexts::{ContextArea, Node, INDIRECT_SLOT, MAX_DEPTH};
+use hotpath_ir::{GuestAddr, HostAddr};
 
 use crate::gateway::{emit_ibl_lookup, Gateway, GS};
 use crate::thread_area::off;
@@ -71,50 +71,31 @@ pub(crate) fn direct_call(
             ; mov rdx, QWORD callee.0 as i64
         );
     }
-    let restore_rdx = |ops: &mut VecAssembler<X64Relocation>| {
-        if near.is_none() {
-            dynasm!(ops ; .arch x64 ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]);
-        }
-    };
-    push_frame(ops);
-    let probes = Node::direct_probes(callee.0)
-        .map(|slot| (Node::cache_key_offset(slot) as i32, ops.new_dynamic_label()));
-    for &(key, hit) in &probes {
-        dynasm!(ops ; .arch x64 ; mov rcx, QWORD [rax + key]);
-        match near {
-            Some(imm) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + imm]),
-            None => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + rdx + 1]),
-        }
-        dynasm!(ops ; .arch x64 ; jrcxz =>hit);
-    }
+    let full = ops.new_dynamic_label();
+    push_frame(ops, full);
+    let miss = ops.new_dynamic_label();
+    let store = ops.new_dynamic_label();
+    probe_cache(ops, &Node::direct_probes(callee.0), near, miss, store);
     dynasm!(ops
         ; .arch x64
+        ; =>miss
         ; mov ecx, exits.miss as i32
         ; jmp >leave
-        ; full:
+        ; =>full
         ; mov ecx, exits.full as i32
         ; leave:
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
     );
-    restore_rdx(ops);
-    dynasm!(ops ; .arch x64 ; jmp extern exit_addr);
-    // The hits, last probe first, each loading its entry's child and falling or jumping to
-    // the store.
-    let store = ops.new_dynamic_label();
-    for (i, &(key, hit)) in probes.iter().enumerate().rev() {
-        dynasm!(ops ; .arch x64 ; =>hit ; mov rcx, QWORD [rax + key + 8]);
-        if i != 0 {
-            dynasm!(ops ; .arch x64 ; jmp =>store);
-        }
-    }
+    restore_rdx(ops, near.is_none());
     dynasm!(ops
         ; .arch x64
+        ; jmp extern exit_addr
         ; =>store
         ; .u8 GS ; mov QWORD [off::CTX], rcx
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
     );
-    restore_rdx(ops);
+    restore_rdx(ops, near.is_none());
 }
 
 /// Appends an indirect call's context step (cache entry [`INDIRECT_SLOT`]): the callee in RCX, the guest's
@@ -131,7 +112,8 @@ pub(crate) fn indirect_call(
         ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
         ; mov rdx, rcx
     );
-    push_frame(ops);
+    let full = ops.new_dynamic_label();
+    push_frame(ops, full);
     dynasm!(ops
         ; .arch x64
         ; mov rcx, QWORD [rax + key]
@@ -139,7 +121,7 @@ pub(crate) fn indirect_call(
         ; jrcxz >hit
         ; mov ecx, exits.miss as i32
         ; jmp >leave
-        ; full:
+        ; =>full
         ; mov ecx, exits.full as i32
         ; leave:
         ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
@@ -155,14 +137,18 @@ pub(crate) fn indirect_call(
     );
 }
 
-/// The frame push shared by both calls: RAX and RCX borrowed; jumps to the local label
-/// `full` when the stack is full; leaves the current node's host address in RAX.
-fn push_frame(ops: &mut VecAssembler<X64Relocation>) {
+/// The frame push shared by both calls: RAX and RCX borrowed; jumps to `full` when the stack
+/// is full; leaves the current node's host address in RAX.
+fn push_frame(ops: &mut VecAssembler<X64Relocation>, full: DynamicLabel) {
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
         ; lea rcx, [rax - FRAMES_END]
-        ; jrcxz >full
+        ; jrcxz >full_hop
+        ; jmp >room
+        ; full_hop:
+        ; jmp =>full
+        ; room:
         ; mov rcx, QWORD [rsp]
         ; .u8 GS ; mov QWORD [rax + FRAME], rcx
         ; .u8 GS ; mov rcx, QWORD [off::CTX]
@@ -239,4 +225,134 @@ fn compare_top_frame(ops: &mut VecAssembler<X64Relocation>) {
         ; not rcx
         ; lea rcx, [rcx + rdx + 1]
     );
+}
+
+/// Emits the *jump entry* of the function entered at `entry` (rule 3), whose block is at
+/// `block`: jumps (not calls) to the entry go through it. The current context's function is
+/// `entry` (a loop through the entry, or a call that went through the lookup), or the context
+/// is the `[deeper]` one (frames past `MAX_DEPTH` are not told apart) → on to the block. Else
+/// a tail call: the parent's child cache holds `entry` → that sibling becomes the context
+/// (counted in the area's `tail_calls`); else exit with index `tail_call` (the guest's
+/// registers as at the jump, RCX in its scratch slot), for the runtime to make it.
+pub(crate) fn jump_entry(
+    ops: &mut VecAssembler<X64Relocation>,
+    entry: GuestAddr,
+    block: HostAddr,
+    tail_call: u32,
+    exit_addr: usize,
+) {
+    let function = Node::FUNCTION as i32;
+    let depth = Node::DEPTH as i32;
+    let parent = Node::PARENT as i32;
+    let deeper = MAX_DEPTH as i32 + 1;
+    // `entry` and `entry + 1` as immediates, when both fit.
+    let near = i32::try_from(entry.0 as i64 + 1)
+        .ok()
+        .map(|plus1| (plus1 - 1, plus1));
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+    );
+    if near.is_none() {
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+            ; mov rdx, QWORD entry.0 as i64
+        );
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rax, QWORD [off::CTX]
+        ; mov rcx, QWORD [rax + function]
+        ; not rcx
+    );
+    // RCX = entry - function: 0 iff the context's function is the entry.
+    match near {
+        Some((_, plus1)) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + plus1]),
+        None => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + rdx + 1]),
+    }
+    let same = ops.new_dynamic_label();
+    let slow = ops.new_dynamic_label();
+    let store = ops.new_dynamic_label();
+    dynasm!(ops
+        ; .arch x64
+        ; jrcxz >same_hop
+        ; mov ecx, DWORD [rax + depth]
+        ; lea ecx, [rcx - deeper]
+        ; jrcxz >same_hop
+        ; mov rax, QWORD [rax + parent]
+        ; mov rcx, rax
+        ; jrcxz >slow_hop
+        ; jmp >probe
+        ; same_hop:
+        ; jmp =>same
+        ; slow_hop:
+        ; jmp =>slow
+        ; probe:
+    );
+    probe_cache(
+        ops,
+        &Node::direct_probes(entry.0),
+        near.map(|n| n.1),
+        slow,
+        store,
+    );
+    dynasm!(ops
+        ; .arch x64
+        ; =>slow
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+    );
+    restore_rdx(ops, near.is_none());
+    dynasm!(ops
+        ; .arch x64
+        ; mov ecx, tail_call as i32
+        ; jmp extern exit_addr
+        ; =>store
+        ; .u8 GS ; mov QWORD [off::CTX], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::TAIL_CALLS]
+        ; lea rcx, [rcx + 1]
+        ; .u8 GS ; mov QWORD [off::TAIL_CALLS], rcx
+        ; =>same
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+    );
+    restore_rdx(ops, near.is_none());
+    dynasm!(ops ; .arch x64 ; jmp extern block.0 as usize);
+}
+
+/// Probes the child cache entries `slots` of the node in RAX for the callee whose `entry + 1`
+/// is `plus1` (or, with `None`, whose entry is in RDX): on a hit, loads the entry's child into
+/// RCX and jumps to `store`; else jumps to `miss`. Clobbers RCX. (`jrcxz` reaches 127 bytes:
+/// each hit's load sits right after the probes.)
+fn probe_cache(
+    ops: &mut VecAssembler<X64Relocation>,
+    slots: &[usize],
+    plus1: Option<i32>,
+    miss: DynamicLabel,
+    store: DynamicLabel,
+) {
+    let hits: Vec<(i32, DynamicLabel)> = slots
+        .iter()
+        .map(|&slot| (Node::cache_key_offset(slot) as i32, ops.new_dynamic_label()))
+        .collect();
+    for &(key, hit) in &hits {
+        dynasm!(ops ; .arch x64 ; mov rcx, QWORD [rax + key]);
+        match plus1 {
+            Some(imm) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + imm]),
+            None => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + rdx + 1]),
+        }
+        dynasm!(ops ; .arch x64 ; jrcxz =>hit);
+    }
+    dynasm!(ops ; .arch x64 ; jmp =>miss);
+    for &(key, hit) in &hits {
+        dynasm!(ops ; .arch x64 ; =>hit ; mov rcx, QWORD [rax + key + 8] ; jmp =>store);
+    }
+}
+
+/// Gives RDX back when it was borrowed.
+fn restore_rdx(ops: &mut VecAssembler<X64Relocation>, borrowed: bool) {
+    if borrowed {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]);
+    }
 }

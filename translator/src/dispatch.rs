@@ -2,6 +2,8 @@
 //! and acts on every exit (chaining direct branches, filling the indirect branch lookup table,
 //! system calls, traps, ring refills).
 
+mod contexts;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use crate::guest_mem;
 use crate::linux::host::{raw_syscall, GATE_REFUSED};
 use crate::linux::kernel_writes;
 use crate::linux::process::{
-    lock, CloneArgs, FunctionMap, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
+    lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
 };
 use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
@@ -207,6 +209,8 @@ pub struct Translator {
     trace_translation: bool,
     /// The thread's calling contexts (with [`Config::contexts`]).
     contexts: Option<Contexts>,
+    /// Jump entries and what they are linked from (`contexts`).
+    links: contexts::ContextLinks,
 }
 
 const ARCH_SET_GS: i32 = 0x1001;
@@ -508,6 +512,7 @@ impl Translator {
             commands: None,
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
             contexts,
+            links: Default::default(),
         }
     }
 
@@ -577,7 +582,7 @@ impl Translator {
         let mut stats = self.stats;
         if let Some(c) = &self.contexts {
             stats.contexts = c.len() as u64 - 1;
-            stats.context_resyncs = c.resyncs.iter().sum();
+            stats.context_resyncs = c.resync_counts().iter().sum();
         }
         *lock(&self.ctl.stats) = stats;
     }
@@ -840,16 +845,26 @@ impl Translator {
         if self.contexts.is_some() {
             // A trace does not inline calls and returns while contexts are kept (their steps
             // are a basic block's terminator's): it ends at the first.
+            // Nor does it run a function entry inline (a jump there may be a tail call).
+            let entry_at = blocks
+                .iter()
+                .skip(1)
+                .position(|b| self.is_function_entry(b.start.0))
+                .map(|i| i + 1);
             let stop = blocks.iter().position(|b| {
                 matches!(
                     b.terminator,
                     Terminator::Call { .. } | Terminator::IndirectCall { .. } | Terminator::Return
                 )
             });
-            if let Some(i) = stop {
-                blocks.truncate(i + 1);
-                ids = &ids[..=i];
-            }
+            let keep = match (entry_at, stop) {
+                (Some(e), Some(s)) => e.min(s + 1),
+                (Some(e), None) => e,
+                (None, Some(s)) => s + 1,
+                (None, None) => blocks.len(),
+            };
+            blocks.truncate(keep);
+            ids = &ids[..keep];
         }
         let head = blocks[0].start.0;
         let Some(&old_entry) = self.blocks.get(&head) else {
@@ -891,7 +906,10 @@ impl Translator {
             );
         }
         self.cache.insert(&trace.code);
+        let first = self.exits.len();
         self.exits.extend(trace.exits);
+        self.note_exits(first);
+        self.note_inlined(&blocks);
         let layouts = self.cache.layouts_mut();
         for l in trace.layouts {
             layouts.insert(l.code_start, l);
@@ -969,9 +987,22 @@ impl Translator {
             index => {
                 let exit = self.exits[index as usize];
                 match exit.kind {
-                    ExitKind::Direct { target, site, .. } => {
+                    ExitKind::Direct {
+                        target, site, call, ..
+                    } => {
                         let generation = self.generation;
-                        let host = self.lookup_or_translate(target.0)?;
+                        let host = if call {
+                            self.lookup_or_translate(target.0)?
+                        } else {
+                            match self.jump_target(target.0)? {
+                                Some(h) => h,
+                                None => {
+                                    // No room for a jump entry: check here, do not link.
+                                    self.context_tail_call(target.0);
+                                    return Ok(Ok(Next::Guest(target.0)));
+                                }
+                            }
+                        };
                         // A single-step block always comes back here.
                         if generation == self.generation && !self.stepping {
                             self.cache.patch_rel32(site, host);
@@ -1016,22 +1047,11 @@ impl Translator {
                         }
                     }
                     ExitKind::ContextCall { callee, full } => self.context_call(callee, full),
-                    ExitKind::ContextReturn => {
-                        let target = self.area.ibl_target;
-                        if let Some(c) = &mut self.contexts {
-                            self.stats.context_exits += 1;
-                            let functions = FunctionMap(self.process.shared.function_symbols());
-                            c.ret_slow(target, &functions);
-                        }
-                        self.lookup_miss(target)
-                    }
-                    ExitKind::ContextJumpReturn => {
-                        let target = self.area.ibl_target;
-                        if let Some(c) = &mut self.contexts {
-                            self.stats.context_exits += 1;
-                            c.jump(target);
-                        }
-                        self.lookup_miss(target)
+                    ExitKind::ContextReturn => self.context_return(),
+                    ExitKind::ContextJumpReturn => self.context_jump_return(),
+                    ExitKind::ContextTailCall { entry } => {
+                        self.context_tail_call(entry.0);
+                        Ok(Ok(Next::Guest(entry.0)))
                     }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
@@ -1057,35 +1077,13 @@ impl Translator {
         if target >= special::VSYSCALL_PAGE {
             return Ok(Ok(Next::Guest(target)));
         }
-        let host = self.lookup_or_translate(target)?;
+        let Some(host) = self.jump_target(target)? else {
+            // A function entry without room for its jump entry: check here, do not cache.
+            self.context_tail_call(target);
+            return Ok(Ok(Next::Guest(target)));
+        };
         self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry::new(target, host.0);
         Ok(Ok(Next::Host(host)))
-    }
-
-    /// A call's context step that needs the runtime (see `context_steps`): the frame stack is
-    /// `full`, or the node's cache did not hold the callee (`None`: an indirect call's, in
-    /// `ibl_target`). Then the call goes on to the callee.
-    fn context_call(
-        &mut self,
-        callee: Option<GuestAddr>,
-        full: bool,
-    ) -> Result<Result<Next, Stop>, TranslateError> {
-        let target = callee.map_or(self.area.ibl_target, |c| c.0);
-        if let Some(c) = &mut self.contexts {
-            self.stats.context_exits += 1;
-            if full {
-                let mut ret = [0u8; 8];
-                // The call's own push wrote it: readable.
-                let _ = guest_mem::read(self.area.gpr[thread_area::RSP], &mut ret);
-                c.call_slow(callee.is_none(), target, u64::from_le_bytes(ret));
-            } else {
-                c.child_slow(callee.is_none(), target);
-            }
-        }
-        match callee {
-            Some(c) => Ok(Ok(Next::Guest(c.0))),
-            None => self.lookup_miss(target),
-        }
     }
 
     fn syscall(&mut self, next: u64) -> Result<Result<Next, Stop>, TranslateError> {
@@ -1614,6 +1612,7 @@ impl Translator {
         self.generation_first_id = lock(&self.process.shared.registry).next_id;
         self.superblock_heads.clear();
         self.step_blocks.clear();
+        self.links.clear();
         self.stats.flushes += 1;
     }
 
@@ -1711,7 +1710,9 @@ impl Translator {
             );
         }
         self.cache.insert(&emitted.code);
+        let first = self.exits.len();
         self.exits.extend(emitted.exits);
+        self.note_exits(first);
         self.cache
             .layouts_mut()
             .insert(emitted.layout.code_start, emitted.layout);
@@ -1724,12 +1725,20 @@ impl Translator {
         let span = self.spans.entry(pc).or_insert(end);
         *span = (*span).max(end);
         self.stats.blocks_translated += 1;
+        let terminator = block.terminator;
         registry.announce(NewBlock {
             id,
             summary: block.summary(),
             kind: IdKind::Block,
             code: block.code.into_boxed_slice(),
         });
+        drop(registry);
+        let generation = self.generation;
+        self.note_translated(&terminator)?;
+        if generation != self.generation {
+            // Making the callee an entry flushed the cache (a superblock ran it inline).
+            return self.lookup_or_translate(pc);
+        }
         Ok(emitted.entry)
     }
 }

@@ -35,10 +35,13 @@ use crate::TranslateError;
 pub enum ExitKind {
     /// A direct branch not yet chained: translate `target`, patch the rel32 at `site`.
     /// `stub` is the exit stub the rel32 points at until then (and again after an unlink).
+    /// `call`: the jump of a `call` to its callee (with calling contexts, jumps to a function's
+    /// entry that are not calls are tail calls, linked through the entry's jump entry).
     Direct {
         target: GuestAddr,
         site: HostAddr,
         stub: HostAddr,
+        call: bool,
     },
     /// The guest executed `syscall` at `at`; it resumes at `next`.
     Syscall { at: GuestAddr, next: GuestAddr },
@@ -66,6 +69,9 @@ pub enum ExitKind {
     /// An indirect jump's target (in `ibl_target`) is the top frame's return address: the
     /// runtime pops to it (a jump return), then the jump goes on through the lookup.
     ContextJumpReturn,
+    /// A jump reached the entry of function `entry` (through its jump entry, see
+    /// `context_steps::jump_entry`) from another function's context: a tail call.
+    ContextTailCall { entry: GuestAddr },
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
     Trap {
         kind: TrapKind,
@@ -900,12 +906,14 @@ pub(crate) fn emit_terminator(
     let chunk_base = code.addr();
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
     let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr| {
+        let call = matches!(block.terminator, Terminator::Call { .. });
         exits.push(Exit {
             block: id,
             kind: ExitKind::Direct {
                 target,
                 site,
                 stub: HostAddr(0),
+                call,
             },
         });
         first_exit + exits.len() as u32 - 1

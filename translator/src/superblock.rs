@@ -299,6 +299,7 @@ pub fn emit_superblock(
                         target,
                         site,
                         stub: HostAddr(0),
+                        call: false,
                     },
                 });
                 exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);

@@ -169,6 +169,8 @@ pub mod off {
     pub const CTX: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::CTX) as i32;
     /// The frame stack's top, as a byte offset from the context area's start.
     pub const FRAME_TOP: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::FRAME_TOP) as i32;
+    /// Tail calls made by translated code.
+    pub const TAIL_CALLS: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::TAIL_CALLS) as i32;
     /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 16 k`.
     pub const CONTEXTS: i32 = offset_of!(ThreadArea, contexts) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;

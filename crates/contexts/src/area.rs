@@ -38,7 +38,10 @@ pub struct ContextArea {
     /// Offset in bytes from the area's start of the next free frame: in
     /// `FRAMES + 16 ..= FRAMES_END`.
     pub frame_top: u64,
-    _pad: [u64; 6],
+    /// Tail calls translated code made without the runtime (see
+    /// [`crate::Contexts::resync_counts`]).
+    pub tail_calls: u64,
+    _pad: [u64; 5],
     /// The frame stack, `frames[0]` the sentinel.
     pub frames: [Frame; FRAMES_MAX + 1],
 }
@@ -48,6 +51,8 @@ impl ContextArea {
     pub const CTX: usize = offset_of!(ContextArea, ctx);
     /// Offset of [`ContextArea::frame_top`], bytes.
     pub const FRAME_TOP: usize = offset_of!(ContextArea, frame_top);
+    /// Offset of [`ContextArea::tail_calls`], bytes.
+    pub const TAIL_CALLS: usize = offset_of!(ContextArea, tail_calls);
     /// Offset of `frames[0]` (the sentinel), bytes.
     pub const FRAMES: usize = offset_of!(ContextArea, frames);
     /// `frame_top` of an empty stack (the sentinel alone), bytes.
@@ -59,6 +64,7 @@ impl ContextArea {
     /// address).
     pub fn init(&mut self, ctx: u64) {
         self.ctx = ctx;
+        self.tail_calls = 0;
         self.frame_top = Self::FRAMES_EMPTY as u64;
         self.frames[0] = Frame {
             return_to: SENTINEL_RETURN,

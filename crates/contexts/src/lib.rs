@@ -27,7 +27,8 @@
 //!    no frame's return address replaces the current context by a sibling for the function
 //!    containing the target (an *orphan return*) ([`Contexts::ret`]);
 //! 3. a jump to another function's entry replaces the current context by a sibling for it (a
-//!    *tail call*, [`Contexts::tail_call`]);
+//!    *tail call*, [`Contexts::tail_call`]); translated code reaches a function's entry by
+//!    jumps through its *jump entry*, which checks the current context's function;
 //! 4. an indirect jump to the return address of a live frame is a return to it (a *jump
 //!    return*, [`Contexts::jump`]);
 //! 5. a signal handler runs as an activation under the interrupted context

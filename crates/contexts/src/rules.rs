@@ -268,14 +268,32 @@ impl Contexts {
     }
 
     /// Rule 3: a jump to the entry of function `entry` from the current context. A jump to
-    /// the current function's own entry (a loop through it) changes nothing; any other is a
+    /// the current function's own entry (a loop through it) changes nothing, nor does one from
+    /// the [`DEEPER`] context (frames past [`MAX_DEPTH`] are not told apart); any other is a
     /// tail call.
     pub fn tail_call(&mut self, entry: u64) -> ContextId {
-        if self.arena.at(self.area().ctx).function == entry {
+        let f = self.arena.at(self.area().ctx).function;
+        if f == entry || f == DEEPER {
             return self.current();
         }
         self.count(Resync::TailCall);
-        self.replace(entry)
+        let c = self.replace(entry);
+        // Translated code finds the next tail call from a sibling in the parent's cache, as a
+        // call from the parent would.
+        let cur = self.arena.at(self.area().ctx);
+        let parent = self.arena.addr(ContextId(cur.parent_id));
+        let probes = Node::direct_probes(entry);
+        let node = self.arena.at_mut(parent);
+        if !probes.iter().any(|&i| node.cache[i].key == !entry) {
+            let slot = probes
+                .iter()
+                .copied()
+                .find(|&i| node.cache[i].key == 0)
+                .unwrap_or(probes[0]);
+            let child = self.arena.addr(c);
+            self.arena.at_mut(parent).cache[slot] = CacheEntry { key: !entry, child };
+        }
+        c
     }
 
     /// Rule 4: an indirect jump to `target`. Returns true if it went to a live frame's return
@@ -312,6 +330,14 @@ impl Contexts {
             area.ctx = addr;
         }
         self.current()
+    }
+
+    /// Resynchronisations by cause, indexed as [`Resync::ALL`]: [`Contexts::resyncs`] and the
+    /// tail calls translated code made itself.
+    pub fn resync_counts(&self) -> [u64; Resync::ALL.len()] {
+        let mut r = self.resyncs;
+        r[Resync::TailCall as usize] += self.area().tail_calls;
+        r
     }
 
     /// Puts the area back in a valid state after a `ret` that matched the sentinel frame (a

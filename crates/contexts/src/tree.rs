@@ -81,6 +81,12 @@ impl Node {
     pub const CACHE: usize = offset_of!(Node, cache);
     /// Offset of [`Node::id`], bytes.
     pub const ID: usize = offset_of!(Node, id);
+    /// Offset of [`Node::function`], bytes.
+    pub const FUNCTION: usize = offset_of!(Node, function);
+    /// Offset of [`Node::depth`], bytes.
+    pub const DEPTH: usize = offset_of!(Node, depth);
+    /// Offset of [`Node::parent`], bytes.
+    pub const PARENT: usize = offset_of!(Node, parent);
 
     /// The cache entries direct calls of the function entered at `callee` probe, in order:
     /// the group of [`DIRECT_PROBES`] its hash picks, from the entry it hashes to (bits 4 up:

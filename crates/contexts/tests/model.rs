@@ -84,7 +84,8 @@ impl Model {
     }
 
     fn tail_call(&mut self, e: u64) {
-        if self.nodes[self.cur].1 != e {
+        let f = self.nodes[self.cur].1;
+        if f != e && f != DEEPER {
             self.resyncs[Resync::TailCall as usize] += 1;
             self.replace(e);
         }

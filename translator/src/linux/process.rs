@@ -235,6 +235,9 @@ pub struct ProcessShared {
     /// The guest's function symbols, sorted by address: (entry, size in bytes, 0 when
     /// unknown), set once by the embedder; what calling contexts resynchronise by.
     pub function_symbols: std::sync::OnceLock<Arc<[(u64, u64)]>>,
+    /// Guest addresses that calls translated or made so far went to (with calling contexts:
+    /// a jump there is a tail call).
+    pub function_entries: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl ProcessShared {
@@ -261,6 +264,7 @@ impl ProcessShared {
             threads_started: AtomicU32::new(0),
             mem_fds: Mutex::new(std::collections::BTreeSet::new()),
             function_symbols: std::sync::OnceLock::new(),
+            function_entries: Mutex::new(std::collections::HashSet::new()),
         }
     }
 

@@ -1,0 +1,230 @@
+//! The dispatcher's side of calling contexts (`--guest-contexts`; `crate::context_steps` is
+//! the translated side): the runtime steps behind the exits of calls, returns and jumps, the
+//! function entries that make a jump a tail call, and their jump entries.
+
+use hotpath_ir::{GuestAddr, HostAddr, Terminator};
+
+use super::{Next, Stop, Translator};
+use crate::context_steps;
+use crate::emit::{Exit, ExitKind};
+use crate::gateway::EXIT_SPECIAL_BASE;
+use crate::guest_mem;
+use crate::linux::process::{lock, FunctionMap};
+use crate::thread_area::{self, IblEntry, ThreadArea};
+use crate::TranslateError;
+
+/// Bytes a jump entry takes at most (`context_steps::jump_entry`).
+const JUMP_ENTRY_MAX: u64 = 512;
+
+/// Per-thread state of the dispatcher's context work.
+#[derive(Default)]
+pub(super) struct ContextLinks {
+    /// Function entry → its jump entry (this cache generation).
+    jump_entries: std::collections::HashMap<u64, HostAddr>,
+    /// Target → this generation's direct exits to it that are not calls, to link through
+    /// the target's jump entry once it becomes a function entry.
+    jumps_to: std::collections::HashMap<u64, Vec<u32>>,
+    /// Guest addresses of the blocks superblocks run inline past their head (this generation):
+    /// one that becomes a function entry needs the superblock gone.
+    inlined: std::collections::HashSet<u64>,
+}
+
+impl ContextLinks {
+    /// Forgets the code cache's contents (a flush).
+    pub(super) fn clear(&mut self) {
+        self.jump_entries.clear();
+        self.jumps_to.clear();
+        self.inlined.clear();
+    }
+}
+
+impl Translator {
+    /// True if `addr` is a function entry: the target of a call translated or made in this
+    /// process. (Not every function symbol's start: assembly gives block labels function
+    /// symbols, and gcc gives a function's cold part one, which jumps reach.)
+    pub(super) fn is_function_entry(&self, addr: u64) -> bool {
+        lock(&self.process.shared.function_entries).contains(&addr)
+    }
+
+    /// Records `entry` as a function entry (a call to it was translated or made). The first
+    /// time, jumps to it that this thread linked straight to its block go through its jump
+    /// entry from then on, and a superblock that runs it inline is dropped with the cache.
+    pub(super) fn add_function_entry(&mut self, entry: u64) -> Result<(), TranslateError> {
+        if self.contexts.is_none() || !lock(&self.process.shared.function_entries).insert(entry) {
+            return Ok(());
+        }
+        if self.links.inlined.contains(&entry) {
+            self.flush();
+            return Ok(());
+        }
+        let jumps = self.links.jumps_to.get(&entry).cloned().unwrap_or_default();
+        let slot = ThreadArea::ibl_index(entry);
+        if jumps.is_empty() && !self.area.ibl[slot].holds(entry) {
+            return Ok(());
+        }
+        let generation = self.generation;
+        let Some(host) = self.jump_entry(entry)? else {
+            return Ok(());
+        };
+        if generation != self.generation {
+            return Ok(());
+        }
+        for index in jumps {
+            if let ExitKind::Direct { site, .. } = self.exits[index as usize].kind {
+                self.cache.patch_rel32(site, host);
+            }
+        }
+        if self.area.ibl[slot].holds(entry) {
+            self.area.ibl[slot] = IblEntry::new(entry, host.0);
+        }
+        Ok(())
+    }
+
+    /// Notes what a newly emitted block or superblock's exits and blocks mean for contexts.
+    pub(super) fn note_exits(&mut self, first: usize) {
+        if self.contexts.is_none() {
+            return;
+        }
+        for (i, e) in self.exits.iter().enumerate().skip(first) {
+            if let ExitKind::Direct {
+                target,
+                call: false,
+                ..
+            } = e.kind
+            {
+                self.links
+                    .jumps_to
+                    .entry(target.0)
+                    .or_default()
+                    .push(i as u32);
+            }
+        }
+    }
+
+    /// Notes the blocks a superblock runs inline past its head.
+    pub(super) fn note_inlined(&mut self, blocks: &[hotpath_ir::Block]) {
+        if self.contexts.is_some() {
+            self.links
+                .inlined
+                .extend(blocks.iter().skip(1).map(|b| b.start.0));
+        }
+    }
+
+    /// Where a jump (not a call) to `target` goes: with contexts kept and `target` a function
+    /// entry, its jump entry (`None` when the cache has no room for one: then the dispatcher
+    /// checks for a tail call itself and does not link); else the block.
+    pub(super) fn jump_target(&mut self, target: u64) -> Result<Option<HostAddr>, TranslateError> {
+        if self.contexts.is_some() && self.is_function_entry(target) {
+            return self.jump_entry(target);
+        }
+        self.lookup_or_translate(target).map(Some)
+    }
+
+    /// The jump entry of function entry `entry`, emitted the first time (this generation).
+    fn jump_entry(&mut self, entry: u64) -> Result<Option<HostAddr>, TranslateError> {
+        if let Some(&h) = self.links.jump_entries.get(&entry) {
+            return Ok(Some(h));
+        }
+        let block = self.lookup_or_translate(entry)?;
+        if self.cache.room() < JUMP_ENTRY_MAX || self.exits.len() + 1 >= EXIT_SPECIAL_BASE as usize
+        {
+            return Ok(None);
+        }
+        let index = self.exits.len() as u32;
+        let at = self.cache.next_addr();
+        let mut ops = dynasmrt::VecAssembler::new(at.0 as usize);
+        context_steps::jump_entry(
+            &mut ops,
+            GuestAddr(entry),
+            block,
+            index,
+            self.gateway.exit.0 as usize,
+        );
+        let code = ops.finalize().map_err(|e| TranslateError::CodeCache {
+            reason: format!("jump entry: {e:?}"),
+        })?;
+        debug_assert!(code.len() as u64 <= JUMP_ENTRY_MAX);
+        self.exits.push(Exit {
+            block: hotpath_ir::BlockId(u32::MAX),
+            kind: ExitKind::ContextTailCall {
+                entry: GuestAddr(entry),
+            },
+        });
+        let host = self.cache.insert(&code);
+        self.links.jump_entries.insert(entry, host);
+        Ok(Some(host))
+    }
+
+    /// A jump reached function entry `entry` from another function's context (its jump entry
+    /// said so, or the dispatcher found it): rule 3, a tail call.
+    pub(super) fn context_tail_call(&mut self, entry: u64) {
+        if let Some(c) = &mut self.contexts {
+            self.stats.context_exits += 1;
+            c.tail_call(entry);
+        }
+    }
+
+    /// A call's context step that needs the runtime (see `context_steps`): the frame stack is
+    /// `full`, or the node's cache did not hold the callee (`None`: an indirect call's, in
+    /// `ibl_target`). Then the call goes on to the callee.
+    pub(super) fn context_call(
+        &mut self,
+        callee: Option<GuestAddr>,
+        full: bool,
+    ) -> Result<Result<Next, Stop>, TranslateError> {
+        let target = callee.map_or(self.area.ibl_target, |c| c.0);
+        let rsp = self.area.gpr[thread_area::RSP];
+        if let Some(c) = &mut self.contexts {
+            self.stats.context_exits += 1;
+            if full {
+                let mut ret = [0u8; 8];
+                // The call's own push wrote it: readable.
+                let _ = guest_mem::read(rsp, &mut ret);
+                c.call_slow(callee.is_none(), target, u64::from_le_bytes(ret));
+            } else {
+                c.child_slow(callee.is_none(), target);
+            }
+        }
+        match callee {
+            Some(c) => Ok(Ok(Next::Guest(c.0))),
+            None => {
+                self.add_function_entry(target)?;
+                self.lookup_miss(target)
+            }
+        }
+    }
+
+    /// A `ret` whose target (in `ibl_target`) is not the top frame's return address.
+    pub(super) fn context_return(&mut self) -> Result<Result<Next, Stop>, TranslateError> {
+        let target = self.area.ibl_target;
+        if let Some(c) = &mut self.contexts {
+            self.stats.context_exits += 1;
+            let functions = FunctionMap(self.process.shared.function_symbols());
+            c.ret_slow(target, &functions);
+        }
+        self.lookup_miss(target)
+    }
+
+    /// An indirect jump to the top frame's return address (in `ibl_target`): rule 4.
+    pub(super) fn context_jump_return(&mut self) -> Result<Result<Next, Stop>, TranslateError> {
+        let target = self.area.ibl_target;
+        if let Some(c) = &mut self.contexts {
+            self.stats.context_exits += 1;
+            c.jump(target);
+        }
+        self.lookup_miss(target)
+    }
+
+    /// Called for each block translated: a direct call's target becomes a function entry.
+    pub(super) fn note_translated(
+        &mut self,
+        terminator: &Terminator,
+    ) -> Result<(), TranslateError> {
+        match *terminator {
+            Terminator::Call { target, return_to } if target != return_to => {
+                self.add_function_entry(target.0)
+            }
+            _ => Ok(()),
+        }
+    }
+}
