@@ -212,6 +212,42 @@ pub(crate) fn jump_and_lookup(
     emit_ibl_lookup(ops, gateway);
 }
 
+/// The context step of a `ret` inlined in a superblock, whose return address (at [rsp]) was
+/// found to be the next block's, whose negation is `minus_next`: the guest's RCX in its
+/// scratch slot, RCX borrowed. Leaves RCX zero iff the top frame returns there too, and then
+/// has popped it (and restored its context); RAX (and RDX) are given back either way.
+pub(crate) fn inline_return(ops: &mut VecAssembler<X64Relocation>, minus_next: i64) {
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 16]
+    );
+    match i32::try_from(minus_next) {
+        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
+        Err(_) => dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+            ; mov rdx, QWORD minus_next
+            ; lea rcx, [rcx + rdx]
+            ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ),
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; jrcxz >pop
+        ; jmp >done
+        ; pop:
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 8]
+        ; .u8 GS ; mov QWORD [off::CTX], rcx
+        ; lea rax, [rax - 16]
+        ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
+        ; mov ecx, 0
+        ; done:
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+    );
+}
+
 /// Saves RAX and RDX, moves the target from RCX to RDX, loads `frame_top` into RAX and leaves
 /// RCX zero iff the top frame's return address is the target.
 fn compare_top_frame(ops: &mut VecAssembler<X64Relocation>) {

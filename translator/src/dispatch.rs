@@ -843,28 +843,20 @@ impl Translator {
         }
         let mut ids = ids;
         if self.contexts.is_some() {
-            // A trace does not inline calls and returns while contexts are kept (their steps
-            // are a basic block's terminator's): it ends at the first.
-            // Nor does it run a function entry inline (a jump there may be a tail call).
-            let entry_at = blocks
-                .iter()
-                .skip(1)
-                .position(|b| self.is_function_entry(b.start.0))
-                .map(|i| i + 1);
-            let stop = blocks.iter().position(|b| {
-                matches!(
-                    b.terminator,
-                    Terminator::Call { .. } | Terminator::IndirectCall { .. } | Terminator::Return
-                )
+            // While contexts are kept, a trace does not run a function entry inline unless a
+            // call of the block before enters it (a jump there may be a tail call: that is
+            // the entry's jump entry's to tell).
+            let stop = blocks.iter().enumerate().skip(1).position(|(i, b)| {
+                let called = matches!(
+                    blocks[i - 1].terminator,
+                    Terminator::Call { target, .. } if target == b.start
+                );
+                !called && self.is_function_entry(b.start.0)
             });
-            let keep = match (entry_at, stop) {
-                (Some(e), Some(s)) => e.min(s + 1),
-                (Some(e), None) => e,
-                (None, Some(s)) => s + 1,
-                (None, None) => blocks.len(),
-            };
-            blocks.truncate(keep);
-            ids = &ids[..keep];
+            if let Some(k) = stop {
+                blocks.truncate(k + 1);
+                ids = &ids[..=k];
+            }
         }
         let head = blocks[0].start.0;
         let Some(&old_entry) = self.blocks.get(&head) else {
@@ -1046,7 +1038,16 @@ impl Translator {
                             Err(_) => Ok(Ok(Next::Guest(at.0))),
                         }
                     }
-                    ExitKind::ContextCall { callee, full } => self.context_call(callee, full),
+                    ExitKind::ContextCall {
+                        callee,
+                        full,
+                        marker,
+                    } => {
+                        if let (Some(p), Some(m)) = (&self.producer, marker) {
+                            p.push(m.0);
+                        }
+                        self.context_call(callee, full)
+                    }
                     ExitKind::ContextReturn => self.context_return(),
                     ExitKind::ContextJumpReturn => self.context_jump_return(),
                     ExitKind::ContextTailCall { entry } => {

@@ -58,10 +58,12 @@ pub enum ExitKind {
     },
     /// A call's context step needs the runtime (`context_steps`): the frame stack is `full`
     /// (nothing pushed yet), or the node's cache did not hold the callee. The callee is
-    /// `callee`, or for an indirect call (`None`) in `ibl_target`.
+    /// `callee`, or for an indirect call (`None`) in `ibl_target`. In a superblock, `marker` is
+    /// the side-exit event that says where the trace ended (enqueued first).
     ContextCall {
         callee: Option<GuestAddr>,
         full: bool,
+        marker: Option<BlockId>,
     },
     /// A `ret`'s target (in `ibl_target`) is not the top frame's return address: the runtime
     /// resynchronises the contexts, then the return goes on through the lookup.
@@ -930,7 +932,7 @@ pub(crate) fn emit_terminator(
             // A call to the next instruction (`call 1f; 1: pop reg`, get-pc) is no call: it
             // has no return.
             if cx.contexts && target != return_to {
-                let calls = call_exits(exits, id, Some(target), first_exit);
+                let calls = call_exits(exits, id, Some(target), None, first_exit);
                 context_steps::direct_call(&mut ops, target, calls, exit_addr);
             }
             let l = ops.new_dynamic_label();
@@ -1039,7 +1041,7 @@ pub(crate) fn emit_terminator(
                 Terminator::IndirectCall { return_to } => {
                     let literal = push_return_address(&mut tail, return_to);
                     if cx.contexts {
-                        let calls = call_exits(exits, id, None, first_exit);
+                        let calls = call_exits(exits, id, None, None, first_exit);
                         context_steps::indirect_call(&mut tail, calls, exit_addr);
                     }
                     literal
@@ -1098,18 +1100,23 @@ pub(crate) fn return_through_lookup(
     borrowed
 }
 
-/// Pushes the two exits of a call's context step (`callee`: `None` for an indirect call) and
-/// returns their indices.
-fn call_exits(
+/// Pushes the two exits of a call's context step (`callee`: `None` for an indirect call;
+/// `marker`: the side-exit event of a call inlined in a superblock) and returns their indices.
+pub(crate) fn call_exits(
     exits: &mut Vec<Exit>,
     block: BlockId,
     callee: Option<GuestAddr>,
+    marker: Option<BlockId>,
     first_exit: u32,
 ) -> context_steps::CallExits {
     let mut push = |full| {
         exits.push(Exit {
             block,
-            kind: ExitKind::ContextCall { callee, full },
+            kind: ExitKind::ContextCall {
+                callee,
+                full,
+                marker,
+            },
         });
         first_exit + exits.len() as u32 - 1
     };

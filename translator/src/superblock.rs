@@ -30,10 +30,11 @@ use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembl
 use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
+use crate::context_steps;
 use crate::emit::{
-    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, jcc, patchable_jmp,
-    rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_, EmitContext, Exit,
-    ExitKind, HostLayout, RcxSave, Slow,
+    append_body, assembled, call_exits, emit_terminator, enqueue_stub, exit_stub, jcc,
+    patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_,
+    EmitContext, Exit, ExitKind, HostLayout, RcxSave, Slow,
 };
 use crate::gateway::GS;
 use crate::thread_area::off;
@@ -161,6 +162,14 @@ pub fn emit_superblock(
                             literal_sites.push((ops.offset().0 - 4, return_to.0));
                         }
                     }
+                    if cx.contexts && target != return_to {
+                        // The call's context step; a miss leaves the trace after this block
+                        // (the dispatcher enqueues the side-exit event, then goes on at the
+                        // callee).
+                        let marker = Some(side_exit_id(sb, i));
+                        let calls = call_exits(&mut exits, sb, Some(target), marker, first_exit);
+                        context_steps::direct_call(&mut ops, target, calls, exit_addr);
+                    }
                 }
                 Terminator::Branch {
                     cond,
@@ -232,6 +241,7 @@ pub fn emit_superblock(
                     dynasm!(ops
                         ; .arch x64
                         ; jrcxz >hit
+                        ; cold:
                         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
                         ; jmp =>l
                     );
@@ -242,10 +252,15 @@ pub fn emit_superblock(
                             pop,
                         },
                     ));
+                    dynasm!(ops ; .arch x64 ; =>l ; hit:);
+                    if cx.contexts {
+                        // The return's context step: the top frame returns to the next block
+                        // too → pop it; else the side exit returns (and resynchronises).
+                        context_steps::inline_return(&mut ops, minus_next);
+                        dynasm!(ops ; .arch x64 ; jrcxz >popped ; jmp <cold ; popped:);
+                    }
                     dynasm!(ops
                         ; .arch x64
-                        ; =>l
-                        ; hit:
                         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
                         ; lea rsp, [rsp + pop]
                     );
@@ -307,7 +322,14 @@ pub fn emit_superblock(
             }
             Cold::Return { at, pop } => {
                 // The `ret`, as a basic block's terminator does it ([rsp] was just readable).
-                return_through_lookup(&mut ops, pop, &cx.gateway, None);
+                let mismatch = cx.contexts.then(|| {
+                    exits.push(Exit {
+                        block: sb,
+                        kind: ExitKind::ContextReturn,
+                    });
+                    first_exit + exits.len() as u32 - 1
+                });
+                return_through_lookup(&mut ops, pop, &cx.gateway, mismatch);
                 at.0
             }
         };

@@ -133,37 +133,44 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
     for b in &blocks {
         writeln!(out, "block {}: {:?}", b.start, b.terminator).unwrap();
     }
-    let cx = EmitContext {
-        enqueue: Some(RING_ENTRIES),
-        gateway: GATEWAY,
-        contexts: false,
-    };
-    let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
-    writeln!(
-        out,
-        "
-## superblock 7 (entry {:#x}, {} exits, {} layouts)",
-        e.entry.0,
-        e.exits.len(),
-        e.layouts.len()
-    )
-    .unwrap();
-    for x in &e.exits {
-        writeln!(out, "exit: {:?}", x.kind).unwrap();
-    }
-    for l in &e.layouts {
+    // A trace that inlines a call or a return also keeps calling contexts with
+    // `--guest-contexts`.
+    let steps_contexts = blocks
+        .iter()
+        .any(|b| matches!(b.terminator, Terminator::Call { .. } | Terminator::Return));
+    for contexts in [false, true].into_iter().filter(|&c| !c || steps_contexts) {
+        let cx = EmitContext {
+            enqueue: Some(RING_ENTRIES),
+            gateway: GATEWAY,
+            contexts,
+        };
+        let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
             out,
-            "layout: host {:#x}..{:#x} guest {:#x}, {} body instructions, side exit {:?}",
-            l.code_start,
-            l.code_end,
-            l.guest_start,
-            l.body.len(),
-            l.trace_exit
+            "\n## superblock 7{} (entry {:#x}, {} exits, {} layouts)",
+            if contexts { ", calling contexts" } else { "" },
+            e.entry.0,
+            e.exits.len(),
+            e.layouts.len()
         )
         .unwrap();
+        for x in &e.exits {
+            writeln!(out, "exit: {:?}", x.kind).unwrap();
+        }
+        for l in &e.layouts {
+            writeln!(
+                out,
+                "layout: host {:#x}..{:#x} guest {:#x}, {} body instructions, side exit {:?}",
+                l.code_start,
+                l.code_end,
+                l.guest_start,
+                l.body.len(),
+                l.trace_exit
+            )
+            .unwrap();
+        }
+        out.push_str(&disassemble(&e.code, HOST));
     }
-    out.push_str(&disassemble(&e.code, HOST));
     out
 }
 

@@ -6,7 +6,7 @@ use hotpath_ir::{GuestAddr, HostAddr, Terminator};
 
 use super::{Next, Stop, Translator};
 use crate::context_steps;
-use crate::emit::{Exit, ExitKind};
+use crate::emit::{Exit, ExitKind, HostLayout};
 use crate::gateway::EXIT_SPECIAL_BASE;
 use crate::guest_mem;
 use crate::linux::process::{lock, FunctionMap};
@@ -151,6 +151,23 @@ impl Translator {
             },
         });
         let host = self.cache.insert(&code);
+        // A layout, so that the host address maps back to the guest's: the dispatcher goes on
+        // at a jump entry (`Next::Host`) and may have to turn it into the guest address first
+        // (a signal or another thread's news before it enters the cache). Nothing in the stub
+        // faults; its registers are borrowed from the start.
+        self.cache.layouts_mut().insert(
+            host.0,
+            HostLayout {
+                code_start: host.0,
+                entry: host.0,
+                guest_start: entry,
+                code_end: host.0 + code.len() as u64,
+                term_start: host.0,
+                term_guest: entry,
+                rcx_borrowed_from: Some(host.0),
+                ..HostLayout::default()
+            },
+        );
         self.links.jump_entries.insert(entry, host);
         Ok(Some(host))
     }
