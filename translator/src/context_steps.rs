@@ -56,21 +56,7 @@ pub(crate) fn direct_call(
     exits: CallExits,
     exit_addr: usize,
 ) {
-    // `!key + callee + 1 == 0` iff the key is the callee's: an immediate when it fits, else
-    // the callee in RDX.
-    let near = i32::try_from(callee.0.wrapping_add(1) as i64).ok();
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-    );
-    if near.is_none() {
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-            ; mov rdx, QWORD callee.0 as i64
-        );
-    }
+    let near = borrow_registers(ops, callee.0);
     let full = ops.new_dynamic_label();
     push_frame(ops, full);
     let miss = ops.new_dynamic_label();
@@ -281,22 +267,7 @@ pub(crate) fn jump_entry(
     let depth = Node::DEPTH as i32;
     let parent = Node::PARENT as i32;
     let deeper = MAX_DEPTH as i32 + 1;
-    // `entry` and `entry + 1` as immediates, when both fit.
-    let near = i32::try_from(entry.0 as i64 + 1)
-        .ok()
-        .map(|plus1| (plus1 - 1, plus1));
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-    );
-    if near.is_none() {
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-            ; mov rdx, QWORD entry.0 as i64
-        );
-    }
+    let near = borrow_registers(ops, entry.0);
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov rax, QWORD [off::CTX]
@@ -305,7 +276,7 @@ pub(crate) fn jump_entry(
     );
     // RCX = entry - function: 0 iff the context's function is the entry.
     match near {
-        Some((_, plus1)) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + plus1]),
+        Some(plus1) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + plus1]),
         None => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + rdx + 1]),
     }
     let same = ops.new_dynamic_label();
@@ -327,13 +298,7 @@ pub(crate) fn jump_entry(
         ; jmp =>slow
         ; probe:
     );
-    probe_cache(
-        ops,
-        &Node::direct_probes(entry.0),
-        near.map(|n| n.1),
-        slow,
-        store,
-    );
+    probe_cache(ops, &Node::direct_probes(entry.0), near, slow, store);
     dynasm!(ops
         ; .arch x64
         ; =>slow
@@ -384,6 +349,26 @@ fn probe_cache(
     for &(key, hit) in &hits {
         dynasm!(ops ; .arch x64 ; =>hit ; mov rcx, QWORD [rax + key + 8] ; jmp =>store);
     }
+}
+
+/// Borrows RCX and RAX (into their scratch slots) for a step that compares with the function
+/// entry `entry`. Returns `entry + 1` when it fits an immediate (`!key + entry + 1 == 0` iff
+/// the key is `entry`'s); else RDX is borrowed too and holds `entry`, and `None` is returned.
+fn borrow_registers(ops: &mut VecAssembler<X64Relocation>, entry: u64) -> Option<i32> {
+    let plus1 = i32::try_from(entry.wrapping_add(1) as i64).ok();
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+    );
+    if plus1.is_none() {
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+            ; mov rdx, QWORD entry as i64
+        );
+    }
+    plus1
 }
 
 /// Gives RDX back when it was borrowed.
