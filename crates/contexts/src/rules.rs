@@ -145,11 +145,6 @@ impl Contexts {
         ContextId(self.arena.at(self.area().ctx).id)
     }
 
-    /// Host address of the area (what the translator places in its thread area).
-    pub fn area_addr(&self) -> u64 {
-        self.area.as_ptr() as u64
-    }
-
     /// The frames, bottom first: (guest return address, caller's context).
     pub fn frames(&self) -> Vec<(u64, ContextId)> {
         self.area()
