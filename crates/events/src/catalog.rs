@@ -141,12 +141,16 @@ impl CatalogWriter {
     ///
     /// # Panics
     /// If `b.id` is not the next id: ids are handed out in order under the registry lock, so
-    /// anything else is a bug in hotpath.
+    /// anything else is a bug in hotpath. If it reaches [`crate::MAX_EVENT_ID`].
     pub fn append(&mut self, b: NewBlock) {
         let c = &*self.catalog;
         // Only this writer stores `len`.
         let index = c.len.load(Ordering::Relaxed);
         assert_eq!(b.id.index(), index, "block ids are catalogued in order");
+        assert!(
+            b.id.0 < crate::MAX_EVENT_ID,
+            "block ids run out at 2^30 (the ring's tag bits)"
+        );
         let (k, at) = locate(index);
         let mut chunk = c.chunks[k].load(Ordering::Relaxed);
         if chunk.is_null() {

@@ -13,9 +13,14 @@
 //! code addresses through the GS segment); this crate fixes its layout and the protocol on it.
 
 mod catalog;
+mod context;
 mod ring;
 
 pub use catalog::{BlockCatalog, CatalogWriter};
+pub use context::{
+    is_context, is_id, ContextChange, ContextDecoder, ContextEvent, CONTEXT_EVENT, MAX_EVENT_ID,
+    TAG_MASK,
+};
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,
     MIN_POLL_INTERVAL,
@@ -23,7 +28,7 @@ pub use ring::{
 
 /// Events with this bit set are not block ids but guest system calls: the low 31 bits are the
 /// system call number. The dispatcher enqueues one after the block that ends in `syscall`, in
-/// stream order. Block ids therefore stay below 2^31.
+/// stream order. Block ids stay below 2^30 ([`MAX_EVENT_ID`]: bit 30 tags context events).
 pub const SYSCALL_EVENT: u32 = 1 << 31;
 
 /// Largest ring capacity accepted, in entries (`u32` block ids): 2^26 entries = 256 MiB.
