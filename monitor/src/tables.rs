@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use hotpath_events::{BlockCatalog, IdKind, NewBlock, SYSCALL_EVENT};
+use hotpath_events::{is_id, BlockCatalog, IdKind, NewBlock, SYSCALL_EVENT};
 use hotpath_ir::{BlockId, BlockSummary};
 use rustc_hash::FxHashMap;
 
@@ -194,8 +194,11 @@ impl Tables {
             i += done;
             let Some(&ev) = events.get(i) else { break };
             i += 1;
-            if ev & SYSCALL_EVENT != 0 {
-                self.record_syscall(ev & !SYSCALL_EVENT, prev);
+            if !is_id(ev) {
+                // Context events say nothing the tables count.
+                if ev & SYSCALL_EVENT != 0 {
+                    self.record_syscall(ev & !SYSCALL_EVENT, prev);
+                }
                 continue;
             }
             if ev as usize >= self.successors.len() {
@@ -649,7 +652,7 @@ impl Expander {
                     None => out.extend(trace.iter().map(|b| b.0)),
                 }
             }
-            if ev & SYSCALL_EVENT == 0 && tables.trace(ev).is_some() {
+            if is_id(ev) && tables.trace(ev).is_some() {
                 self.pending = Some(ev);
             } else {
                 out.push(ev);

@@ -28,8 +28,10 @@
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_contexts::{ContextArea, Node, INDIRECT_SLOT, MAX_DEPTH};
+use hotpath_events::ContextEvent;
 use hotpath_ir::{GuestAddr, HostAddr};
 
+use crate::emit;
 use crate::gateway::{emit_ibl_lookup, Gateway, GS};
 use crate::thread_area::off;
 
@@ -255,12 +257,15 @@ fn compare_top_frame(ops: &mut VecAssembler<X64Relocation>) {
 /// is the `[deeper]` one (frames past `MAX_DEPTH` are not told apart) → on to the block. Else
 /// a tail call: the parent's child cache holds `entry` → that sibling becomes the context
 /// (counted in the area's `tail_calls`); else exit with index `tail_call` (the guest's
-/// registers as at the jump, RCX in its scratch slot), for the runtime to make it.
+/// registers as at the jump, RCX in its scratch slot), for the runtime to make it. With
+/// `ring_entries` (the monitor is on), a tail call made here writes its context event
+/// ([`ContextEvent::TAIL_CALL_WORD`]) before the block's own event.
 pub(crate) fn jump_entry(
     ops: &mut VecAssembler<X64Relocation>,
     entry: GuestAddr,
     block: HostAddr,
     tail_call: u32,
+    ring_entries: Option<u64>,
     exit_addr: usize,
 ) {
     let function = Node::FUNCTION as i32;
@@ -314,6 +319,30 @@ pub(crate) fn jump_entry(
         ; .u8 GS ; mov rcx, QWORD [off::TAIL_CALLS]
         ; lea rcx, [rcx + 1]
         ; .u8 GS ; mov QWORD [off::TAIL_CALLS], rcx
+    );
+    if let Some(ring_entries) = ring_entries {
+        // Every guest register back, then the event, as a block's head writes its own.
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        );
+        restore_rdx(ops, near.is_none());
+        let stub = ops.new_dynamic_label();
+        dynasm!(ops ; .arch x64 ; jmp =>stub);
+        emit::enqueue_stub_at(
+            ops,
+            stub,
+            ContextEvent::TAIL_CALL_WORD,
+            ring_entries,
+            emit::Slow::Resume,
+            emit::RcxSave::Scratch,
+            exit_addr,
+        );
+        dynasm!(ops ; .arch x64 ; jmp extern block.0 as usize);
+    }
+    dynasm!(ops
+        ; .arch x64
         ; =>same
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]

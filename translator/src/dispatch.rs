@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crossbeam::channel::Receiver;
 use hotpath_contexts::Contexts;
 use hotpath_events::{
-    BlockCatalog, Command, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS,
+    BlockCatalog, Command, ContextChange, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS,
     SYSCALL_EVENT,
 };
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator, TrapKind};
@@ -624,6 +624,7 @@ impl Translator {
                             let mut ret = [0u8; 8];
                             let _ = guest_mem::read(self.area.gpr[thread_area::RSP], &mut ret);
                             c.signal_enter(to, u64::from_le_bytes(ret));
+                            self.push_context_event(ContextChange::SignalEnter, 0);
                         }
                         next = Next::Guest(to)
                     }
@@ -1067,7 +1068,9 @@ impl Translator {
         if !special::canonical(target) {
             // A `ret` that matched the contexts' sentinel frame popped it.
             if let Some(c) = &mut self.contexts {
-                c.repair();
+                if c.repair() {
+                    self.push_context_event(ContextChange::Reset, 0);
+                }
             }
             // The CPU faults at the branch, not at its target.
             let site = self.branch_at(self.area.ibl_site);
@@ -1147,7 +1150,10 @@ impl Translator {
         if let (Outcome::Resume(_), Some(c)) = (&outcome, &mut self.contexts) {
             if nr == libc::SYS_rt_sigreturn as u64 {
                 // Contexts rule 5: back to the context the handler interrupted.
-                c.signal_return();
+                let before = (c.current(), c.depth());
+                if (c.signal_return(), c.depth()) != before {
+                    self.push_context_event(ContextChange::SignalReturn, 0);
+                }
             }
         }
         self.ctl.set_place(ThreadPlace::Running);

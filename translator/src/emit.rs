@@ -230,6 +230,20 @@ pub(crate) fn enqueue_stub(
     exit_addr: usize,
 ) -> u64 {
     let entry_label = ops.new_dynamic_label();
+    enqueue_stub_at(ops, entry_label, event, ring_entries, slow, save, exit_addr)
+}
+
+/// [`enqueue_stub`] with its entry at `entry_label`, for code that jumps over its slow path.
+#[allow(clippy::useless_conversion)]
+pub(crate) fn enqueue_stub_at(
+    ops: &mut VecAssembler<X64Relocation>,
+    entry_label: DynamicLabel,
+    event: u32,
+    ring_entries: u64,
+    slow: Slow,
+    save: RcxSave,
+    exit_addr: usize,
+) -> u64 {
     let slow_label = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; =>slow_label);
     match slow {

@@ -154,6 +154,11 @@ impl Contexts {
             .collect()
     }
 
+    /// Frames on the stack (the sentinel not counted).
+    pub fn depth(&self) -> usize {
+        self.area().depth()
+    }
+
     /// Contexts made so far, the root included.
     pub fn len(&self) -> usize {
         self.arena.len()
@@ -336,13 +341,16 @@ impl Contexts {
     }
 
     /// Puts the area back in a valid state after a `ret` that matched the sentinel frame (a
-    /// `ret` to a non-canonical address, which faults): no frames, the root's child for the
-    /// current function.
-    pub fn repair(&mut self) {
+    /// `ret` to a non-canonical address, which faults): no frames, the current context kept.
+    /// Returns true if it had to.
+    pub fn repair(&mut self) -> bool {
         if (self.area().frame_top as usize) < ContextArea::FRAMES_EMPTY {
-            let ctx = self.area().ctx;
+            let (ctx, tail_calls) = (self.area().ctx, self.area().tail_calls);
             self.area_mut().init(ctx);
+            self.area_mut().tail_calls = tail_calls;
+            return true;
         }
+        false
     }
 
     /// The frame at byte offset `offset` of the area (`frames[0]`, the sentinel, or above).

@@ -417,6 +417,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         pap_threshold: args.pap_threshold,
         k: args.k,
         per_block: args.paths_per_block,
+        guest_contexts: args.guest_contexts,
         symbols: image
             .symbols
             .iter()

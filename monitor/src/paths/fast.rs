@@ -2,13 +2,13 @@
 //! state in registers, one loop for the events that stay in one activation and one that also
 //! takes calls and plain returns (see `memo`, "Fast loops").
 
-use hotpath_events::SYSCALL_EVENT;
+use hotpath_events::is_id;
 
-use super::ids::NONE;
+use super::ids::{NONE, SETTLED};
 use super::memo::{memo_key, push_pap_runs, slot_of, EventInfo, NO_KEY};
 use super::recorder::PathRecorder;
 use super::stack::{
-    cached_call_child, Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET, SHADOW_STACK_MAX,
+    cached_call_child, Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET,
 };
 use super::trie::cached_exit_path;
 
@@ -32,7 +32,7 @@ fn event_at(events: &[u32], i: usize, infos: &[EventInfo]) -> Option<(u32, Event
     let next = *events.get(i + 1)?;
     let exited = match infos.get(next as usize) {
         Some(n) => n.superblock == e,
-        None if next & SYSCALL_EVENT != 0 => false,
+        None if !is_id(next) => false,
         None => return None,
     };
     // Branch-free: whether a superblock left early is the guest's own branch.
@@ -68,7 +68,7 @@ impl PathRecorder {
     pub(crate) fn run_fast(&mut self, events: &[u32], mut i: usize) -> (usize, Option<(u32, u32)>) {
         loop {
             let (j, rest) = self.run_fast_intra(events, i);
-            if self.stack.is_empty() || self.prev == NONE {
+            if self.stack.is_empty() || self.prev == NONE || self.prev == SETTLED {
                 return (j, rest);
             }
             let (k, rest, handed_over) = self.run_call_loop(events, j, rest);
@@ -144,7 +144,7 @@ impl PathRecorder {
                 };
                 let exited = match infos.get(next as usize) {
                     Some(n) => n.superblock == e,
-                    None if next & SYSCALL_EVENT != 0 => false,
+                    None if !is_id(next) => false,
                     None => break,
                 };
                 // Branch-free: whether a superblock left early is the guest's own branch.
@@ -250,6 +250,7 @@ impl PathRecorder {
         mut i: usize,
         rest: Option<(u32, u32)>,
     ) -> (usize, Option<(u32, u32)>, bool) {
+        let stack_cap = self.stack_cap();
         let memos = &mut self.memo.memos;
         let (infos, seq, epoch) = (&self.memo.events, &self.memo.seq, self.memo.epoch);
         let (cache, memo_ends) = (&self.memo.cache, &self.memo.ends);
@@ -333,7 +334,7 @@ impl PathRecorder {
                     // A call: the callee's activation starts with `b`, as `push_activation`'s
                     // common case (no k-slab forest to tell of a routine entry).
                     let f = id_entry[b];
-                    if f == NONE || k > 0 || stack.len() >= SHADOW_STACK_MAX {
+                    if f == NONE || k > 0 || stack.len() >= stack_cap {
                         break;
                     }
                     let root = id_root[b];
@@ -385,6 +386,7 @@ impl PathRecorder {
                     let caller = &stack[n - 2];
                     let entry = id_entry[b];
                     if (entry != NONE && entry != caller.func)
+                        || caller.cur == NONE
                         || cached_exit_path(trie, cur) == NONE
                     {
                         break;

@@ -56,9 +56,9 @@
 //! `PathConfig::per_block` keeps the per-block recorder; tests check both give the same
 //! profile on every guest sample (tests/tests/paths.rs).
 
-use hotpath_events::{IdKind, MAX_TRACE_BLOCKS, SYSCALL_EVENT};
+use hotpath_events::{is_context, is_id, IdKind, MAX_TRACE_BLOCKS};
 
-use super::ids::{cache_slot, FxMap, NONE};
+use super::ids::{cache_slot, FxMap, NONE, SETTLED};
 use super::pap_runs::PapRuns;
 use super::recorder::PathRecorder;
 use super::stack::{Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
@@ -318,7 +318,11 @@ impl PathRecorder {
             }
             let Some(&e) = events.get(i) else { break };
             i += 1;
-            if e & SYSCALL_EVENT != 0 || !self.learn_event(e, tables) {
+            if is_context(e) {
+                self.context_word(e);
+                continue;
+            }
+            if !is_id(e) || !self.learn_event(e, tables) {
                 continue;
             }
             let mut run = e;
@@ -348,7 +352,7 @@ impl PathRecorder {
     /// `tables` do not know it (a bug: ids are catalogued before they run).
     #[inline(always)]
     fn learn_event(&mut self, e: u32, tables: &Tables) -> bool {
-        if e & SYSCALL_EVENT == 0 && e as usize >= self.memo.events.len() {
+        if is_id(e) && e as usize >= self.memo.events.len() {
             self.learn_known(tables);
         }
         (e as usize) < self.memo.events.len()
@@ -403,7 +407,10 @@ impl PathRecorder {
     /// (validity rule 1; rule 2 is the memo's).
     #[inline(always)]
     fn context(&self, b: u32) -> Context {
-        let (Some(top), false) = (self.stack.last(), self.prev == NONE) else {
+        let (Some(top), false) = (
+            self.stack.last(),
+            self.prev == NONE || self.prev == SETTLED,
+        ) else {
             return Context::Step;
         };
         match self.id_kind[self.prev as usize] {
@@ -448,7 +455,7 @@ impl PathRecorder {
     ) -> u32 {
         let caller = &self.stack[self.stack.len() - 2];
         let entry = self.id_entry[b as usize];
-        if entry != NONE && entry != caller.func {
+        if (entry != NONE && entry != caller.func) || caller.cur == NONE {
             // The per-block step continues the caller's path with `b` even so; a memo from
             // here would stop before it (a tail call): step it.
             self.memo.last = NONE;

@@ -1,10 +1,10 @@
 //! The recorder: its configuration, its state, and the per-block step the memoised recorder is
 //! checked against.
 
-use hotpath_events::SYSCALL_EVENT;
+use hotpath_events::{is_context, is_id, ContextDecoder};
 
 use super::function::{Function, FunctionSymbol};
-use super::ids::{FxMap, NONE};
+use super::ids::{FxMap, NONE, SETTLED};
 use super::memo::MemoState;
 use super::pap_runs::PapRuns;
 use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
@@ -29,6 +29,11 @@ pub struct PathConfig {
     /// transitions: the reference the memoised recorder is checked against (same profile,
     /// several times slower; `--paths-per-block`).
     pub per_block: bool,
+    /// The guest thread keeps its own calling contexts and writes the changes other than plain
+    /// calls and returns to the ring as context events (`--guest-contexts`): the shadow stack
+    /// follows them instead of resynchronising by its own rules (see `stack`, "Guest
+    /// contexts").
+    pub guest_contexts: bool,
 }
 
 impl Default for PathConfig {
@@ -38,6 +43,7 @@ impl Default for PathConfig {
             k: 0,
             symbols: Vec::new(),
             per_block: false,
+            guest_contexts: false,
         }
     }
 }
@@ -92,6 +98,10 @@ pub struct PathRecorder {
     pub resync_kinds: [u64; Resync::ALL.len()],
     /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
     pub dropped_frames: u64,
+    /// Context events split across reads of the ring.
+    pub(crate) context_words: ContextDecoder,
+    /// Context events followed.
+    pub context_events: u64,
 }
 
 impl PathRecorder {
@@ -134,6 +144,8 @@ impl PathRecorder {
             resyncs: 0,
             resync_kinds: [0; Resync::ALL.len()],
             dropped_frames: 0,
+            context_words: ContextDecoder::default(),
+            context_events: 0,
         }
     }
 
@@ -176,7 +188,7 @@ impl PathRecorder {
     /// next event to say how far its trace ran (see [`PathRecorder::end_of_stream`]).
     pub fn record(&mut self, events: &[u32], tables: &Tables) {
         if self.config.per_block {
-            if let Some(&max) = events.iter().filter(|&&e| e & SYSCALL_EVENT == 0).max() {
+            if let Some(&max) = events.iter().filter(|&&e| is_id(e)).max() {
                 if max as usize >= self.id_addr.len() {
                     self.learn_known(tables);
                 }
@@ -203,12 +215,14 @@ impl PathRecorder {
         }
     }
 
-    /// Steps every basic block of `blocks` (syscall events are skipped; ids with no
-    /// metadata, which only a translator gone mid-run leaves, too).
+    /// Steps every basic block of `blocks` and follows its context events (syscall events are
+    /// skipped; ids with no metadata, which only a translator gone mid-run leaves, too).
     pub(crate) fn record_blocks(&mut self, blocks: &[u32], tables: &Tables) {
         for &id in blocks {
-            if id & SYSCALL_EVENT == 0 && (id as usize) < self.id_addr.len() {
+            if is_id(id) && (id as usize) < self.id_addr.len() {
                 self.step(id, tables);
+            } else if is_context(id) {
+                self.context_word(id);
             }
         }
     }
@@ -221,6 +235,28 @@ impl PathRecorder {
             let f = self.function_containing(self.id_addr[id as usize]);
             self.push_activation(f, 0, 0, id, tables);
             return;
+        }
+        if prev == SETTLED {
+            // A context event settled what the block before did.
+            self.continue_top(id, tables);
+            return;
+        }
+        if self.config.guest_contexts {
+            // The guest thread made any change but a plain call or return known by a context
+            // event (before this block's): the block goes on where its predecessor leads.
+            match self.id_kind[prev as usize] {
+                K_CALL => {}
+                K_RET if self.stack.len() >= 2 => {
+                    self.pop_activation();
+                    self.continue_top(id, tables);
+                    return;
+                }
+                K_RET => return self.step_return(id, tables),
+                _ => {
+                    self.step_intra(id, tables);
+                    return;
+                }
+            }
         }
         match self.id_kind[prev as usize] {
             K_CALL => {

@@ -2,6 +2,8 @@
 //! the translated side): the runtime steps behind the exits of calls, returns and jumps, the
 //! function entries that make a jump a tail call, and their jump entries.
 
+use hotpath_contexts::{Functions, Resync};
+use hotpath_events::{ContextChange, ContextEvent};
 use hotpath_ir::{GuestAddr, HostAddr, Terminator};
 
 use super::{Next, Stop, Translator};
@@ -138,6 +140,7 @@ impl Translator {
             GuestAddr(entry),
             block,
             index,
+            self.cfg.enqueue.then_some(self.cfg.ring_entries),
             self.gateway.exit.0 as usize,
         );
         let code = ops.finalize().map_err(|e| TranslateError::CodeCache {
@@ -172,12 +175,33 @@ impl Translator {
         Ok(Some(host))
     }
 
+    /// Tells the monitor (when it is on) that the thread's context changed by `change`: a
+    /// context event, with the thread's frame count after it, and `function` when the change
+    /// names one. Written after the event of the block whose terminator made the change and
+    /// before the next block's, as the monitor reads it.
+    pub(super) fn push_context_event(&self, change: ContextChange, function: u64) {
+        if let (Some(p), Some(c)) = (&self.producer, &self.contexts) {
+            let e = ContextEvent {
+                change,
+                depth: c.depth() as u32,
+                function,
+            };
+            let (words, n) = e.encode();
+            for &w in &words[..n] {
+                p.push(w);
+            }
+        }
+    }
+
     /// A jump reached function entry `entry` from another function's context (its jump entry
     /// said so, or the dispatcher found it): rule 3, a tail call.
     pub(super) fn context_tail_call(&mut self, entry: u64) {
         if let Some(c) = &mut self.contexts {
             self.stats.context_exits += 1;
-            c.tail_call(entry);
+            let before = c.current();
+            if c.tail_call(entry) != before {
+                self.push_context_event(ContextChange::TailCall, 0);
+            }
         }
     }
 
@@ -217,7 +241,14 @@ impl Translator {
         if let Some(c) = &mut self.contexts {
             self.stats.context_exits += 1;
             let functions = FunctionMap(self.process.shared.function_symbols());
+            let deeper = c.resyncs[Resync::DeeperReturn as usize];
             c.ret_slow(target, &functions);
+            if c.resyncs[Resync::DeeperReturn as usize] != deeper {
+                self.push_context_event(ContextChange::DeeperReturn, 0);
+            } else {
+                let function = functions.containing(target);
+                self.push_context_event(ContextChange::OrphanReturn, function);
+            }
         }
         self.lookup_miss(target)
     }
@@ -227,7 +258,9 @@ impl Translator {
         let target = self.area.ibl_target;
         if let Some(c) = &mut self.contexts {
             self.stats.context_exits += 1;
-            c.jump(target);
+            if c.jump(target) {
+                self.push_context_event(ContextChange::JumpReturn, 0);
+            }
         }
         self.lookup_miss(target)
     }
