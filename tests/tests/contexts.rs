@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use hotpath_contexts::{Contexts, Functions};
+use hotpath_contexts::{Contexts, Functions, Resync};
 use hotpath_e2e::{guest_build, hotpath_bin, runner, Linkage};
 
 /// `(contexts made, context steps through the runtime, resynchronisations)` from the summary
@@ -126,14 +126,40 @@ fn asm_retaddr_contexts_match_the_runtime_replaying_its_calls() {
             let (made, _, resyncs) = contexts_line(&exe, extra);
             assert_eq!((made, resyncs), expected, "{linkage:?} {extra:?}");
         }
+        // The path profile follows the guest's context events: the same resynchronisations,
+        // cause by cause.
+        let report = exe.with_extension("contexts.json");
+        let report_arg = report.to_str().expect("a UTF-8 path");
+        let extra = [
+            "--paths",
+            "--report",
+            report_arg,
+            "--superblock-threshold",
+            "1",
+        ];
+        let (made, _, resyncs) = contexts_line(&exe, &extra);
+        assert_eq!((made, resyncs), expected, "{linkage:?} {extra:?}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).expect("the report"))
+                .expect("JSON");
+        let stats = &json["path_profile"]["stats"];
+        for why in Resync::ALL {
+            assert_eq!(
+                stats["resyncs_by_cause"][why.name()].as_u64(),
+                Some(c.resyncs[why as usize]),
+                "{linkage:?}: {why:?} in {stats}"
+            );
+        }
     }
 }
 
-/// The guest's contexts resynchronise exactly where the monitor's shadow stack does, on real
-/// programs whose only resynchronisations are tail calls (busybox sort's and md5sum's: a
-/// `jmp` to a function other code calls, rule 3) and plain returns: the summary line's count
-/// equals the path profile's, with superblocks (which end at function entries while contexts
-/// are kept) and without.
+/// The guest's contexts resynchronise exactly where the monitor's shadow stack does by its own
+/// rules, on real programs whose only resynchronisations are tail calls (busybox sort's and
+/// md5sum's: a `jmp` to a function other code calls, rule 3) and plain returns: the summary
+/// line's count of a `--guest-contexts` run equals the path profile's of a run without it,
+/// with superblocks (which end at function entries while contexts are kept) and without. The
+/// `--guest-contexts` run's own profile, which follows the guest's context events, counts the
+/// same: every event reached the monitor.
 #[test]
 fn busybox_tail_calls_match_the_monitors_shadow_stack() {
     use std::fmt::Write as _;
@@ -163,19 +189,51 @@ fn busybox_tail_calls_match_the_monitors_shadow_stack() {
             let mut all = vec!["--paths", "--report", report_arg];
             all.extend_from_slice(extra);
             let (_, _, resyncs) = contexts_line_of(busybox, applet, &all);
-            let json: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&report).expect("the report"))
-                    .expect("JSON");
-            let stats = &json["path_profile"]["stats"];
-            let by_cause = &stats["resyncs_by_cause"];
-            let monitor = stats["shadow_stack_resyncs"].as_u64().expect("resyncs");
-            assert_eq!(
-                by_cause["tail_call"].as_u64(),
-                Some(monitor),
-                "{applet:?}: the monitor resynchronised for more than tail calls: {stats}"
+            let followed = tail_calls_of(&report, applet);
+            // The monitor's own rules: the same run without guest contexts.
+            let mut cmd = Command::new(hotpath_bin::hotpath().expect("hotpath"));
+            cmd.arg("run")
+                .arg("--quiet")
+                .args(&all)
+                .arg("--")
+                .arg(busybox)
+                .args(applet);
+            hotpath_e2e::set_guest_environment(
+                &mut cmd,
+                busybox.parent().unwrap_or(Path::new("/")),
             );
-            assert!(monitor > 0, "{applet:?} {extra:?}: no tail call seen");
-            assert_eq!(resyncs, monitor, "{applet:?} {extra:?}");
+            let what = runner::describe(&cmd);
+            let outcome = runner::run(&mut cmd, hotpath_e2e::run_timeout())
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(
+                matches!(outcome.termination, runner::Termination::Exited(0)),
+                "{what}: {:?}",
+                outcome.termination
+            );
+            let own = tail_calls_of(&report, applet);
+            assert!(own > 0, "{applet:?} {extra:?}: no tail call seen");
+            assert_eq!(
+                resyncs, own,
+                "{applet:?} {extra:?}: the guest's and the monitor's"
+            );
+            assert_eq!(
+                followed, own,
+                "{applet:?} {extra:?}: the guest's, as followed"
+            );
         }
     }
+}
+
+/// The resynchronisations of the path profile in `report`, which must all be tail calls.
+fn tail_calls_of(report: &Path, applet: &[&str]) -> u64 {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report).expect("the report")).expect("JSON");
+    let stats = &json["path_profile"]["stats"];
+    let monitor = stats["shadow_stack_resyncs"].as_u64().expect("resyncs");
+    assert_eq!(
+        stats["resyncs_by_cause"]["tail_call"].as_u64(),
+        Some(monitor),
+        "{applet:?}: resynchronised for more than tail calls: {stats}"
+    );
+    monitor
 }

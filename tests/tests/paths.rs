@@ -399,13 +399,19 @@ fn every_sample_has_consistent_paths() {
         .filter(|s| !s.source.starts_with("bench_"))
     {
         let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-        let json = run_report(&exe, &format!("sample-{}", s.name), s.args, &[]);
-        if json["threads"].as_array().is_some_and(|t| t.len() > 1) {
-            // Paths are per thread and the report shows the busiest thread's, while the
-            // block table sums every thread: they add up only per thread (#20).
-            continue;
+        // The shadow stack's own rules, and the guest's contexts followed (#21).
+        for (tag, extra) in [
+            ("", &[][..]),
+            ("-guest-contexts", &["--guest-contexts"][..]),
+        ] {
+            let json = run_report(&exe, &format!("sample-{}{tag}", s.name), s.args, extra);
+            if json["threads"].as_array().is_some_and(|t| t.len() > 1) {
+                // Paths are per thread and the report shows the busiest thread's, while the
+                // block table sums every thread: they add up only per thread (#20).
+                continue;
+            }
+            check_consistency(&format!("{}{tag}", s.name), &json);
         }
-        check_consistency(s.name, &json);
     }
 }
 
@@ -548,7 +554,7 @@ fn memoised_paths_match_the_per_block_reference() {
     // Every path end replayed one by one (k-paths, PAP everywhere); PAP everywhere without
     // k-paths (the fast loop feeds PAP runs itself); and the default: memoised path ends only
     // added up, PAP runs only for functions that became hot.
-    let configs: [&[&str]; 3] = [
+    let configs: [&[&str]; 4] = [
         &[
             "--superblock-threshold",
             "1",
@@ -559,6 +565,14 @@ fn memoised_paths_match_the_per_block_reference() {
         ],
         &["--superblock-threshold", "1", "--pap-threshold", "0"],
         &["--superblock-threshold", "1"],
+        // The guest's contexts followed (context events in the ring, #21 stage 1c).
+        &[
+            "--superblock-threshold",
+            "1",
+            "--pap-threshold",
+            "0",
+            "--guest-contexts",
+        ],
     ];
     let mut with_superblocks = 0;
     for (c, config) in configs.iter().enumerate() {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use crossbeam::channel::Receiver;
 use hotpath_contexts::Contexts;
 use hotpath_events::{
-    BlockCatalog, Command, ContextChange, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS,
-    SYSCALL_EVENT,
+    BlockCatalog, Command, ContextChange, IdKind, NewBlock, RingConsumer, RingProducer,
+    MAX_TRACE_BLOCKS, SYSCALL_EVENT,
 };
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator, TrapKind};
 use hotpath_loader::{GuestStack, Image};

@@ -7,9 +7,7 @@ use hotpath_events::is_id;
 use super::ids::{NONE, SETTLED};
 use super::memo::{memo_key, push_pap_runs, slot_of, EventInfo, NO_KEY};
 use super::recorder::PathRecorder;
-use super::stack::{
-    cached_call_child, Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET,
-};
+use super::stack::{cached_call_child, Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
 use super::trie::cached_exit_path;
 
 /// Events in a row that stay in one activation after which `run_call_loop` hands over to

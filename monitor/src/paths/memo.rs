@@ -407,10 +407,8 @@ impl PathRecorder {
     /// (validity rule 1; rule 2 is the memo's).
     #[inline(always)]
     fn context(&self, b: u32) -> Context {
-        let (Some(top), false) = (
-            self.stack.last(),
-            self.prev == NONE || self.prev == SETTLED,
-        ) else {
+        let (Some(top), false) = (self.stack.last(), self.prev == NONE || self.prev == SETTLED)
+        else {
             return Context::Step;
         };
         match self.id_kind[self.prev as usize] {
