@@ -237,3 +237,39 @@ fn tail_calls_of(report: &Path, applet: &[&str]) -> u64 {
     );
     monitor
 }
+
+/// The guest's contexts are the program's, not the run's: with superblocks formed as early as
+/// possible and a 16-entry ring that is full at nearly every side exit (whose slow paths the
+/// dispatcher then takes: returns, jumps to function entries), every sample makes the same
+/// contexts and resynchronisations as without superblocks. (A side exit's `ret` made by the
+/// dispatcher once skipped the return's context step: frames leaked whenever the ring happened
+/// to be full there.)
+#[test]
+fn contexts_do_not_depend_on_superblocks_or_the_ring() {
+    for source in [
+        "funcptr_qsort.c",
+        "recursion.c",
+        "setjmp.c",
+        "asm_retaddr.S",
+        "paths_jump_return.S",
+        "jumptable.c",
+        "malloc.c",
+    ] {
+        let exe = guest_build::build(source, Linkage::Static)
+            .unwrap_or_else(|e| panic!("building {source}: {e}"));
+        let (made, _, resyncs) = contexts_line(&exe, &["--no-superblocks"]);
+        for extra in [
+            &["--superblock-threshold", "1", "--ring-entries", "16"][..],
+            &[
+                "--superblock-threshold",
+                "1",
+                "--ring-entries",
+                "16",
+                "--paths",
+            ][..],
+        ] {
+            let (m, _, r) = contexts_line(&exe, extra);
+            assert_eq!((m, r), (made, resyncs), "{source} {extra:?}");
+        }
+    }
+}

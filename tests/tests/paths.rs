@@ -554,7 +554,7 @@ fn memoised_paths_match_the_per_block_reference() {
     // Every path end replayed one by one (k-paths, PAP everywhere); PAP everywhere without
     // k-paths (the fast loop feeds PAP runs itself); and the default: memoised path ends only
     // added up, PAP runs only for functions that became hot.
-    let configs: [&[&str]; 3] = [
+    let configs: [&[&str]; 4] = [
         &[
             "--superblock-threshold",
             "1",
@@ -565,6 +565,15 @@ fn memoised_paths_match_the_per_block_reference() {
         ],
         &["--superblock-threshold", "1", "--pap-threshold", "0"],
         &["--superblock-threshold", "1"],
+        // The guest's contexts followed (context events in the ring, #21 stage 1c). Two runs
+        // of one program must give the guest the same contexts whenever superblocks come.
+        &[
+            "--superblock-threshold",
+            "1",
+            "--pap-threshold",
+            "0",
+            "--guest-contexts",
+        ],
     ];
     let mut with_superblocks = 0;
     for (c, config) in configs.iter().enumerate() {

@@ -614,7 +614,7 @@ impl Translator {
             let mut next = self.next;
             let resuming = matches!(next, Next::Resume(_));
             if matches!(next, Next::Signal) || (!resuming && self.process.signals.deliverable()) {
-                let rip = self.guest_rip(next);
+                let rip = self.to_guest(next);
                 self.guest_fpu_ip();
                 match self.process.signals.deliver(self.area, rip) {
                     Delivery::Continue(to) => {
@@ -635,7 +635,7 @@ impl Translator {
             if !written.is_empty() {
                 // The guest wrote into pages whose code was translated: resume at the guest
                 // address (the host code may be about to go) and discard the translations.
-                next = Next::Guest(self.guest_rip(next));
+                next = Next::Guest(self.to_guest(next));
                 self.process.invalidate.extend(written);
                 self.apply_invalidations();
             }
@@ -645,6 +645,10 @@ impl Translator {
                 let last = self.process.signals.last_trap();
                 if let Some(action) = special::vsyscall(pc, &mut self.process.maps, self.area, last)
                 {
+                    if let special::Action::Continue(to) = action {
+                        // The emulated entry returned to its caller.
+                        self.context_ret(to);
+                    }
                     self.next = self.act(action)?;
                     continue;
                 }
@@ -673,7 +677,7 @@ impl Translator {
                 self.next = if resuming {
                     next
                 } else {
-                    Next::Guest(self.guest_rip(Next::Host(host)))
+                    Next::Guest(self.to_guest(Next::Host(host)))
                 };
                 continue;
             }
@@ -683,11 +687,16 @@ impl Translator {
                     self.process.signals.unlink_now(self.area);
                 } else {
                     self.process.signals.set_critical(true, &self.exits);
-                    self.next = Next::Guest(self.guest_rip(Next::Host(host)));
+                    self.next = Next::Guest(self.to_guest(Next::Host(host)));
                     continue;
                 }
             }
             self.area.jump_to = host.0;
+            self.links.entering();
+            // Entered: where the guest goes next is the exit's to say. Until then `next` names
+            // where it was entered, as a guest address: a flush or an invalidation while the
+            // exit is handled must not take a jump entry the guest ran as one still to run.
+            self.next = Next::Guest(self.guest_rip(Next::Host(host)));
             if self.stepping {
                 // The host does not trap: the dispatcher raises the guest's trap afterwards.
                 self.area.rflags &= !special::EFLAGS_TF;
@@ -704,7 +713,7 @@ impl Translator {
                     self.next = n;
                     // The instruction ran (a fault or a ring refill stopped it short otherwise).
                     if stepped && self.step_traps && !matches!(n, Next::Signal | Next::Resume(_)) {
-                        let rip = self.guest_rip(n);
+                        let rip = self.to_guest(n);
                         self.process.signals.raise(special::single_step(rip));
                         self.next = Next::Signal;
                     }
@@ -740,7 +749,7 @@ impl Translator {
             // A host address to go on at (a block just linked or looked up) may be in code the
             // discard flushes: go on at its guest address instead, as after a caught write.
             if !matches!(self.next, Next::Signal) {
-                self.next = Next::Guest(self.guest_rip(self.next));
+                self.next = Next::Guest(self.to_guest(self.next));
             }
             self.discard(&ranges);
         }
@@ -752,6 +761,13 @@ impl Translator {
         if let Some(p) = &self.producer {
             p.refill();
         }
+    }
+
+    /// [`Translator::guest_rip`] for a dispatcher that goes on at the guest address instead of
+    /// `next`'s host address, after what a jump entry there owes (`settle_jump_entry`).
+    fn to_guest(&mut self, next: Next) -> u64 {
+        self.settle_jump_entry(next);
+        self.guest_rip(next)
     }
 
     /// The guest address the guest would resume at for `next`.
@@ -1013,6 +1029,10 @@ impl Translator {
                         if let Some(p) = &self.producer {
                             p.push(marker.0);
                         }
+                        // The stub's link would have gone through the target's jump entry.
+                        if self.contexts.is_some() && self.is_function_entry(target.0) {
+                            self.context_tail_call(target.0);
+                        }
                         Ok(Ok(Next::Guest(target.0)))
                     }
                     ExitKind::SideExitReturn { marker, at, pop } => {
@@ -1032,7 +1052,10 @@ impl Translator {
                             }
                             Ok(()) => {
                                 self.area.gpr[thread_area::RSP] = rsp.wrapping_add(pop as u64);
-                                Ok(Ok(Next::Guest(u64::from_le_bytes(ret))))
+                                let target = u64::from_le_bytes(ret);
+                                // The stub's lookup would have made the return's context step.
+                                self.context_ret(target);
+                                Ok(Ok(Next::Guest(target)))
                             }
                             // The stack went away since the compare read it: let the `ret`
                             // itself fault.
@@ -1499,7 +1522,7 @@ impl Translator {
     /// one-instruction block, entered with nothing linked to it so that it comes back to the
     /// dispatcher. `Err` when the dispatcher carried the instruction out itself (`pushf`).
     fn step_entry(&mut self, next: Next) -> Result<Result<HostAddr, Next>, TranslateError> {
-        let pc = self.guest_rip(next);
+        let pc = self.to_guest(next);
         if let Some(action) = special::step_here(pc, self.area) {
             return self.act(action).map(Err);
         }
@@ -1594,7 +1617,7 @@ impl Translator {
         let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE)?;
         let gateway = emit_gateway(&mut cache, self.host)?;
         if !matches!(self.next, Next::Signal) {
-            self.next = Next::Guest(self.guest_rip(self.next));
+            self.next = Next::Guest(self.to_guest(self.next));
         }
         // The dispatcher holds `critical` here: no other thread unlinks this one's code.
         let setup = handler_setup(self.area, &cache, &gateway, self.host);

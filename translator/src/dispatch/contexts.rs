@@ -29,9 +29,18 @@ pub(super) struct ContextLinks {
     /// Guest addresses of the blocks superblocks run inline past their head (this generation):
     /// one that becomes a function entry needs the superblock gone.
     inlined: std::collections::HashSet<u64>,
+    /// The host address in a jump entry whose due `settle_jump_entry` did, since the
+    /// dispatcher last entered the cache (the same pending address may be turned into its
+    /// guest address more than once).
+    settled: Option<u64>,
 }
 
 impl ContextLinks {
+    /// The dispatcher enters the cache: nothing pending is settled any more.
+    pub(super) fn entering(&mut self) {
+        self.settled = None;
+    }
+
     /// Forgets the code cache's contents (a flush).
     pub(super) fn clear(&mut self) {
         self.jump_entries.clear();
@@ -193,6 +202,38 @@ impl Translator {
         }
     }
 
+    /// Does what a jump entry at `next` owes before the dispatcher goes on at the guest
+    /// address instead (a signal, another thread's news, a flush, single-stepping): the jump
+    /// to the entry is done, so a jump entry not yet entered makes its tail call here (rule 3,
+    /// as it would have), and a ring refill in one (its tail-call event's enqueue stub, after
+    /// the step) writes the event. Else the guest's context would depend on when such news
+    /// came.
+    pub(super) fn settle_jump_entry(&mut self, next: Next) {
+        if self.contexts.is_none() {
+            return;
+        }
+        let (h, resume) = match next {
+            Next::Host(h) => (h.0, false),
+            Next::Resume(h) => (h.0, true),
+            Next::Guest(_) | Next::Signal => return,
+        };
+        let Some((_, layout)) = self.cache.layouts().range(..=h).next_back() else {
+            return;
+        };
+        let (start, end, entry) = (layout.code_start, layout.code_end, layout.guest_start);
+        if h >= end
+            || self.links.jump_entries.get(&entry) != Some(&HostAddr(start))
+            || self.links.settled.replace(h) == Some(h)
+        {
+            return;
+        }
+        if resume {
+            self.push_context_event(ContextChange::TailCall, 0);
+        } else if h == start {
+            self.context_tail_call(entry);
+        }
+    }
+
     /// A jump reached function entry `entry` from another function's context (its jump entry
     /// said so, or the dispatcher found it): rule 3, a tail call.
     pub(super) fn context_tail_call(&mut self, entry: u64) {
@@ -251,6 +292,23 @@ impl Translator {
             }
         }
         self.lookup_miss(target)
+    }
+
+    /// A `ret` to `target` that the dispatcher makes itself (a superblock's side exit that
+    /// found the ring full): rule 2 as translated code does it, the top frame popped when it
+    /// returns there, else the runtime's deeper or orphan return.
+    pub(super) fn context_ret(&mut self, target: u64) {
+        if let Some(c) = &mut self.contexts {
+            let functions = FunctionMap(self.process.shared.function_symbols());
+            let resyncs = c.resyncs;
+            c.ret(target, &functions);
+            if c.resyncs[Resync::DeeperReturn as usize] != resyncs[Resync::DeeperReturn as usize] {
+                self.push_context_event(ContextChange::DeeperReturn, 0);
+            } else if c.resyncs != resyncs {
+                let function = functions.containing(target);
+                self.push_context_event(ContextChange::OrphanReturn, function);
+            }
+        }
     }
 
     /// An indirect jump to the top frame's return address (in `ibl_target`): rule 4.
