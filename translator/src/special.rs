@@ -233,7 +233,7 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
     match i.mnemonic() {
         Mnemonic::Retf => far_return(i, at, area, &text()),
         Mnemonic::Iretq => iretq(at, area),
-        Mnemonic::Xbegin if !rtm() => {
+        Mnemonic::Xbegin if !xbegin_runs() => {
             Action::Raise(fault(libc::SIGILL, ILL_ILLOPN, at, at, TRAP_UD, 0))
         }
         // A transaction may always abort: EAX holds the abort status (0: no retry hint)
@@ -369,14 +369,42 @@ fn wrpkru(at: u64, next: u64, area: &mut ThreadArea) -> Action {
             "wrpkru {pkru:#x} (it denies access or writes to protection key 0, which hotpath's own memory uses)"
         ));
     }
+    if !set_guest_pkru(&mut area.xsave.0, pkru) {
+        return Action::Refuse("wrpkru (no room for PKRU in the saved state)".into());
+    }
+    Action::Continue(next)
+}
+
+/// Writes `pkru` as the PKRU of the guest's saved XSAVE state `xsave` (standard format), which
+/// the next entry to the cache loads. False if `xsave` has no room for it.
+pub fn set_guest_pkru(xsave: &mut [u8], pkru: u32) -> bool {
     // XSAVE component 9 (PKRU): its offset in the standard format, and its XSTATE_BV bit.
     let offset = std::arch::x86_64::__cpuid_count(0xd, 9).ebx as usize;
-    let Some(slot) = area.xsave.0.get_mut(offset..offset + 4) else {
-        return Action::Refuse("wrpkru (no room for PKRU in the saved state)".into());
+    let Some(slot) = xsave.get_mut(offset..offset + 4) else {
+        return false;
     };
     slot.copy_from_slice(&pkru.to_le_bytes());
-    area.xsave.0[512 + 1] |= 1 << 1; // XSTATE_BV bit 9: byte 513, bit 1
-    Action::Continue(next)
+    xsave[512 + 1] |= 1 << 1; // XSTATE_BV bit 9: byte 513, bit 1
+    true
+}
+
+/// The PKRU a process starts with, and a signal handler runs with (the kernel's
+/// `init_pkru_value`, 0x55555554 by default: every key but 0 denied), on a host with protection
+/// keys; `None` without them. Read from hotpath's own PKRU the first time (the kernel set it at
+/// `execve`, and hotpath never changes it), which is before any guest code runs.
+pub fn initial_pkru() -> Option<u32> {
+    static PKRU: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *PKRU.get_or_init(|| {
+        host_pku().then(|| {
+            let pkru: u32;
+            // SAFETY: `rdpkru` (ECX = 0) reads the thread's PKRU; OSPKE is set (checked).
+            unsafe {
+                std::arch::asm!("rdpkru", in("ecx") 0, out("eax") pkru, out("edx") _,
+                    options(nomem, nostack, preserves_flags));
+            }
+            pkru
+        })
+    })
 }
 
 /// True if `i` (which writes GS) writes the null selector or base 0 from a register: the
@@ -468,10 +496,54 @@ fn amd() -> bool {
     (r.ebx, r.edx, r.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
 }
 
-/// The CPU has RTM (CPUID.(EAX=7,ECX=0):EBX bit 11); without it `xbegin` is undefined.
+/// The CPU has RTM (CPUID.(EAX=7,ECX=0):EBX bit 11).
 fn rtm() -> bool {
     let r = std::arch::x86_64::__cpuid_count(7, 0);
     r.ebx & (1 << 11) != 0
+}
+
+/// `xbegin` runs on this CPU instead of raising #UD: RTM is enumerated, or the kernel turned
+/// TSX off through TSX_CTRL, which hides RTM from CPUID while `xbegin` still runs and always
+/// aborts (a CPU seen with `tsx=off`: natively the fallback ran, where hotpath raised SIGILL).
+/// Without RTM in CPUID this is probed once, the first time a guest runs `xbegin`, by running
+/// one in a child process (a SIGILL there kills only the child).
+fn xbegin_runs() -> bool {
+    static RUNS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *RUNS.get_or_init(|| rtm() || probe_xbegin())
+}
+
+/// Runs `xbegin` in a forked child: true if the child exits normally.
+fn probe_xbegin() -> bool {
+    // SAFETY: the child runs only `sigaction`, the instruction and `_exit`, all
+    // async-signal-safe, so forking from a process with other threads is sound; the parent
+    // only waits for it.
+    unsafe {
+        match libc::fork() {
+            0 => {
+                // The default action (death), not hotpath's handler the child inherited.
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(libc::SIGILL, &sa, std::ptr::null_mut());
+                std::arch::asm!(
+                    "xbegin 2f",
+                    "xend",
+                    "2:",
+                    out("eax") _,
+                    options(nostack)
+                );
+                libc::_exit(0);
+            }
+            -1 => false,
+            child => {
+                let mut status = 0;
+                while libc::waitpid(child, &mut status, libc::__WALL) == -1
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                }
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+            }
+        }
+    }
 }
 
 /// A control transfer to the non-canonical `target` by the guest branch at `site`: the CPU

@@ -22,11 +22,15 @@ const MC_FPSTATE: usize = 184;
 /// `ThreadArea::gpr` (x86 encoding order).
 const SIGCONTEXT_GPR: [usize; 16] = [8, 9, 10, 11, 12, 13, 14, 15, 7, 6, 5, 3, 2, 0, 1, 4];
 
-/// Puts the guest's FPU/SSE/AVX state back to its initial state (what a handler starts with).
+/// Puts the guest's FPU/SSE/AVX state (and PKRU) back to what a handler starts with.
 fn reset_xsave(area: &mut ThreadArea) {
     area.xsave.0[..1024].fill(0);
     area.xsave.0[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
     area.xsave.0[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
+    // The kernel gives a handler its initial PKRU, not the architectural 0.
+    if let Some(pkru) = crate::special::initial_pkru() {
+        crate::special::set_guest_pkru(&mut area.xsave.0, pkru);
+    }
 }
 
 impl SignalState {
