@@ -10,7 +10,11 @@
 # programs: busybox_sort and busybox_gzip (sort / gzip -c of an 8 MiB text file, as in
 # bench/run.sh; skipped without /bin/busybox).
 #
-# Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [--no-build]
+# With --contexts, a fifth mode runs interleaved with the others: --paths --guest-contexts (the
+# guest keeps its calling contexts and the monitor follows them, #21 stage 1), as the last
+# columns (its wall time, its ratio to native, its ring waits and ns per event).
+#
+# Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [--contexts] [--no-build]
 # Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured; BUSYBOX
 # (default /bin/busybox).
 set -euo pipefail
@@ -21,8 +25,10 @@ runs=5
 samples="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip"
 busybox="${BUSYBOX:-/bin/busybox}"
 build=1
+contexts=0
 while [ $# -gt 0 ]; do
     case "$1" in
+        --contexts) contexts=1; shift ;;
         -n) runs="$2"; shift 2 ;;
         -s) samples="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
@@ -38,7 +44,11 @@ fi
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 now() { date +%s.%N; }
-printf "%-14s %9s %10s %10s %10s %12s %13s %13s %12s %12s %11s %11s\n" sample native no-monitor tables paths paths/native tables/native paths/tables "waits(tab)" "waits(paths)" "ns/ev(tab)" "ns/ev(pth)"
+modes="native nomon tables paths"
+[ "$contexts" = 1 ] && modes="$modes ctx"
+printf "%-14s %9s %10s %10s %10s %12s %13s %13s %12s %12s %11s %11s" sample native no-monitor tables paths paths/native tables/native paths/tables "waits(tab)" "waits(paths)" "ns/ev(tab)" "ns/ev(pth)"
+[ "$contexts" = 1 ] && printf " %10s %12s %12s %11s" "paths(ctx)" "ctx/native" "waits(ctx)" "ns/ev(ctx)"
+echo
 : >"$work/ratios"
 for spec in $samples; do
     name="${spec%%:*}"; arg="${spec#*:}"; [ "$arg" = "$spec" ] && arg=""
@@ -62,10 +72,11 @@ for spec in $samples; do
             ;;
     esac
     for i in $(seq "$runs"); do
-        for mode in native nomon tables paths; do
+        for mode in $modes; do
             case $mode in
                 native) t0=$(now); "$exe" $arg >/dev/null; t1=$(now); echo "$t1 - $t0" | bc >>"$work/$name.$mode"; continue ;;
                 nomon) flags=(--no-monitor) ;; tables) flags=(--no-paths --report "$work/r.json") ;; paths) flags=(--paths --report "$work/r.json") ;;
+                ctx) flags=(--paths --guest-contexts --report "$work/r.json") ;;
             esac
             t0=$(now); "$hotpath" run --quiet "${flags[@]}" -- "$exe" $arg >/dev/null; t1=$(now)
             echo "$t1 - $t0" | bc >>"$work/$name.$mode"
@@ -78,11 +89,22 @@ for spec in $samples; do
     done
     x=$(median <"$work/$name.native"); n=$(median <"$work/$name.nomon"); t=$(median <"$work/$name.tables"); p=$(median <"$work/$name.paths")
     echo "$(echo "$p / $x" | bc -l) $(echo "$t / $x" | bc -l) $(echo "$p / $t" | bc -l)" >>"$work/ratios"
-    printf "%-14s %8.3fs %9.3fs %9.3fs %9.3fs %11.2fx %12.2fx %12.2fx %12s %12s %11s %11s\n" "$name" "$x" "$n" "$t" "$p" \
+    printf "%-14s %8.3fs %9.3fs %9.3fs %9.3fs %11.2fx %12.2fx %12.2fx %12s %12s %11s %11s" "$name" "$x" "$n" "$t" "$p" \
         "$(echo "$p / $x" | bc -l)" "$(echo "$t / $x" | bc -l)" "$(echo "$p / $t" | bc -l)" \
         "$(median <"$work/$name.tables.waits")" "$(median <"$work/$name.paths.waits")" \
         "$(median <"$work/$name.tables.nsev")" "$(median <"$work/$name.paths.nsev")"
+    if [ "$contexts" = 1 ]; then
+        c=$(median <"$work/$name.ctx")
+        echo "$(echo "$c / $x" | bc -l)" >>"$work/ctx_ratios"
+        printf " %9.3fs %11.2fx %12s %11s" "$c" "$(echo "$c / $x" | bc -l)" \
+            "$(median <"$work/$name.ctx.waits")" "$(median <"$work/$name.ctx.nsev")"
+    fi
+    echo
 done
 if [ -s "$work/ratios" ]; then
-    awk '{for (i = 1; i <= 3; i++) g[i] += log($i)} END {printf "%-14s %9s %10s %10s %10s %11.2fx %12.2fx %12.2fx\n", "geomean", "", "", "", "", exp(g[1]/NR), exp(g[2]/NR), exp(g[3]/NR)}' "$work/ratios"
+    awk '{for (i = 1; i <= 3; i++) g[i] += log($i)} END {printf "%-14s %9s %10s %10s %10s %11.2fx %12.2fx %12.2fx", "geomean", "", "", "", "", exp(g[1]/NR), exp(g[2]/NR), exp(g[3]/NR)}' "$work/ratios"
+    if [ -s "$work/ctx_ratios" ]; then
+        awk '{g += log($1)} END {printf " %36s %11.2fx", "", exp(g/NR)}' "$work/ctx_ratios"
+    fi
+    echo
 fi
