@@ -150,10 +150,16 @@ pub struct RunArgs {
     /// reference the default recorder is checked against (same profile).
     #[arg(long)]
     pub paths_per_block: bool,
-    /// Keep each thread's calling contexts in translated calls and returns (#21 stage 1, not
-    /// yet read by the monitor: the summary line counts them). For development.
-    #[arg(long, hide = true)]
+    /// Keep each thread's calling contexts in translated calls and returns even without paths
+    /// (with paths they are kept unless `--no-guest-contexts`; #21 stage 1; the summary line
+    /// counts them). For development.
+    #[arg(long, hide = true, conflicts_with = "no_guest_contexts")]
     pub guest_contexts: bool,
+    /// Record paths with the shadow stack's own resynchronisation rules, not following the
+    /// calling contexts the guest thread keeps (the recorder before #21 stage 1). For
+    /// comparisons.
+    #[arg(long, hide = true)]
+    pub no_guest_contexts: bool,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
     /// buy; the profile is the same).
     #[arg(long)]
@@ -184,6 +190,12 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// Whether translated code keeps each thread's calling contexts (and the path profile
+    /// follows them): with paths unless `--no-guest-contexts`, or with `--guest-contexts`.
+    pub fn guest_contexts(&self) -> bool {
+        self.guest_contexts || (self.records_paths() && !self.no_guest_contexts)
+    }
+
     /// Whether the shadow stack and path profiles are recorded: `--paths`, or an output that
     /// needs them (`--callgrind`'s calls, `--dot`'s CFGs, `--flamegraph`'s stacks), unless
     /// `--no-paths` comes last.

@@ -265,7 +265,7 @@ impl RunCtx {
                 s.ring_refills,
                 translator.threads_started()
             );
-            if self.args.guest_contexts {
+            if self.args.guest_contexts() {
                 eprintln!(
                     "hotpath: calling contexts: {} made, {} context steps through the runtime, {} resynchronisations",
                     s.contexts, s.context_exits, s.context_resyncs
@@ -397,7 +397,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         ring_entries: args.ring_entries,
         superblocks: monitor_on && !args.no_superblocks,
         vdso: !args.no_vdso,
-        contexts: args.guest_contexts,
+        contexts: args.guest_contexts(),
     };
     let mut translator = match Translator::new(&image, &stack, cfg) {
         Ok(t) => t,
@@ -406,7 +406,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    if args.guest_contexts {
+    if args.guest_contexts() {
         translator.set_function_symbols(image.symbols.iter().map(|s| (s.addr, s.size)).collect());
     }
     let core = match args.monitor_cpu {
@@ -417,7 +417,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         pap_threshold: args.pap_threshold,
         k: args.k,
         per_block: args.paths_per_block,
-        guest_contexts: args.guest_contexts,
+        guest_contexts: args.guest_contexts(),
         symbols: image
             .symbols
             .iter()
@@ -582,6 +582,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     }
     if args.guest_contexts {
         opt("--guest-contexts", None);
+    }
+    if args.no_guest_contexts {
+        opt("--no-guest-contexts", None);
     }
     if args.no_superblocks {
         opt("--no-superblocks", None);

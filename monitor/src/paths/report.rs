@@ -439,8 +439,12 @@ impl PathRecorder {
         pap_entries.sort_by_key(|&(rank, _)| rank);
         out.paths.extend(pap_entries.into_iter().map(|(_, e)| e));
 
-        // k-iteration paths.
-        for (f, fun) in rec.funcs.iter().enumerate() {
+        // k-iteration paths, function by function in address order (function ids are handed
+        // out as the recorder meets functions, which may depend on when it learns new ids).
+        let mut by_entry: Vec<usize> = (0..rec.funcs.len()).collect();
+        by_entry.sort_by_key(|&f| rec.funcs[f].entry);
+        for f in by_entry {
+            let fun = &rec.funcs[f];
             let Some(ks) = &fun.kslab else { continue };
             let ipf = ks.to_ipf();
             for len in 2..=rec.config.k {
