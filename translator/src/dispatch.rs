@@ -614,7 +614,7 @@ impl Translator {
             let mut next = self.next;
             let resuming = matches!(next, Next::Resume(_));
             if matches!(next, Next::Signal) || (!resuming && self.process.signals.deliverable()) {
-                let rip = self.to_guest(next);
+                let rip = self.guest_rip_settled(next);
                 self.guest_fpu_ip();
                 match self.process.signals.deliver(self.area, rip) {
                     Delivery::Continue(to) => {
@@ -635,7 +635,7 @@ impl Translator {
             if !written.is_empty() {
                 // The guest wrote into pages whose code was translated: resume at the guest
                 // address (the host code may be about to go) and discard the translations.
-                next = Next::Guest(self.to_guest(next));
+                next = Next::Guest(self.guest_rip_settled(next));
                 self.process.invalidate.extend(written);
                 self.apply_invalidations();
             }
@@ -677,7 +677,7 @@ impl Translator {
                 self.next = if resuming {
                     next
                 } else {
-                    Next::Guest(self.to_guest(Next::Host(host)))
+                    Next::Guest(self.guest_rip_settled(Next::Host(host)))
                 };
                 continue;
             }
@@ -687,7 +687,7 @@ impl Translator {
                     self.process.signals.unlink_now(self.area);
                 } else {
                     self.process.signals.set_critical(true, &self.exits);
-                    self.next = Next::Guest(self.to_guest(Next::Host(host)));
+                    self.next = Next::Guest(self.guest_rip_settled(Next::Host(host)));
                     continue;
                 }
             }
@@ -713,7 +713,7 @@ impl Translator {
                     self.next = n;
                     // The instruction ran (a fault or a ring refill stopped it short otherwise).
                     if stepped && self.step_traps && !matches!(n, Next::Signal | Next::Resume(_)) {
-                        let rip = self.to_guest(n);
+                        let rip = self.guest_rip_settled(n);
                         self.process.signals.raise(special::single_step(rip));
                         self.next = Next::Signal;
                     }
@@ -749,7 +749,7 @@ impl Translator {
             // A host address to go on at (a block just linked or looked up) may be in code the
             // discard flushes: go on at its guest address instead, as after a caught write.
             if !matches!(self.next, Next::Signal) {
-                self.next = Next::Guest(self.to_guest(self.next));
+                self.next = Next::Guest(self.guest_rip_settled(self.next));
             }
             self.discard(&ranges);
         }
@@ -765,7 +765,7 @@ impl Translator {
 
     /// [`Translator::guest_rip`] for a dispatcher that goes on at the guest address instead of
     /// `next`'s host address, after what a jump entry there owes (`settle_jump_entry`).
-    fn to_guest(&mut self, next: Next) -> u64 {
+    fn guest_rip_settled(&mut self, next: Next) -> u64 {
         self.settle_jump_entry(next);
         self.guest_rip(next)
     }
@@ -1522,7 +1522,7 @@ impl Translator {
     /// one-instruction block, entered with nothing linked to it so that it comes back to the
     /// dispatcher. `Err` when the dispatcher carried the instruction out itself (`pushf`).
     fn step_entry(&mut self, next: Next) -> Result<Result<HostAddr, Next>, TranslateError> {
-        let pc = self.to_guest(next);
+        let pc = self.guest_rip_settled(next);
         if let Some(action) = special::step_here(pc, self.area) {
             return self.act(action).map(Err);
         }
@@ -1617,7 +1617,7 @@ impl Translator {
         let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE)?;
         let gateway = emit_gateway(&mut cache, self.host)?;
         if !matches!(self.next, Next::Signal) {
-            self.next = Next::Guest(self.to_guest(self.next));
+            self.next = Next::Guest(self.guest_rip_settled(self.next));
         }
         // The dispatcher holds `critical` here: no other thread unlinks this one's code.
         let setup = handler_setup(self.area, &cache, &gateway, self.host);
