@@ -862,7 +862,10 @@ fn map_segment(file: &File, file_len: u64, ph: &Phdr, bias: u64) -> Result<Vec<S
             end: file_map_end,
             prot,
         });
-        if ph.p_memsz > ph.p_filesz && file_end % PAGE_SIZE != 0 && prot & libc::PROT_WRITE != 0 {
+        if ph.p_memsz > ph.p_filesz
+            && !file_end.is_multiple_of(PAGE_SIZE)
+            && prot & libc::PROT_WRITE != 0
+        {
             // The page holding the file's last byte: past the end of the file, the kernel's
             // write to it fails (a fault it turns into EFAULT).
             let page_offset = offset + (page_floor(file_end) - start);

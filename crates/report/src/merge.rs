@@ -85,20 +85,21 @@ struct Merger {
 }
 
 /// The running sum of path profiles.
+/// One function summed over the reports: itself, its block counts by address, its edge counts
+/// by (from, to, taken).
+type FunctionSum = (
+    Function,
+    BTreeMap<Addr, u64>,
+    BTreeMap<(Addr, Addr, bool), u64>,
+);
+
 #[derive(Default)]
 struct PathSum {
     k: usize,
     paths: Vec<PathEntry>,
     index: HashMap<PathKey, usize>,
     k_paths: BTreeMap<(String, Vec<Option<u64>>), u64>,
-    functions: BTreeMap<
-        Addr,
-        (
-            Function,
-            BTreeMap<Addr, u64>,
-            BTreeMap<(Addr, Addr, bool), u64>,
-        ),
-    >,
+    functions: BTreeMap<Addr, FunctionSum>,
     stacks: BTreeMap<String, (u64, u64)>,
     stats: crate::PathStats,
 }
