@@ -239,11 +239,13 @@ fn tail_calls_of(report: &Path, applet: &[&str]) -> u64 {
 }
 
 /// The guest's contexts are the program's, not the run's: with superblocks formed as early as
-/// possible and a 16-entry ring that is full at nearly every side exit (whose slow paths the
-/// dispatcher then takes: returns, jumps to function entries), every sample makes the same
+/// possible and a 256-entry ring, whose laps end at thousands of side exits (whose slow paths
+/// the dispatcher then takes: returns, jumps to function entries), every sample makes the same
 /// contexts and resynchronisations as without superblocks. (A side exit's `ret` made by the
 /// dispatcher once skipped the return's context step: frames leaked whenever the ring happened
-/// to be full there.)
+/// to be full there — funcptr_qsort made 793 contexts instead of 285 with this ring. A smaller
+/// ring makes the guest wait for the monitor so often that, on a loaded machine, a run takes
+/// minutes.)
 #[test]
 fn contexts_do_not_depend_on_superblocks_or_the_ring() {
     for source in [
@@ -259,12 +261,12 @@ fn contexts_do_not_depend_on_superblocks_or_the_ring() {
             .unwrap_or_else(|e| panic!("building {source}: {e}"));
         let (made, _, resyncs) = contexts_line(&exe, &["--no-superblocks"]);
         for extra in [
-            &["--superblock-threshold", "1", "--ring-entries", "16"][..],
+            &["--superblock-threshold", "1", "--ring-entries", "256"][..],
             &[
                 "--superblock-threshold",
                 "1",
                 "--ring-entries",
-                "16",
+                "256",
                 "--paths",
             ][..],
         ] {

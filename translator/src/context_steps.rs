@@ -27,7 +27,7 @@
 //! the frames are in the thread area, the nodes in the context arena.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
-use hotpath_contexts::{ContextArea, Node, INDIRECT_SLOT, MAX_DEPTH};
+use hotpath_contexts::{ContextArea, Node, MAX_DEPTH};
 use hotpath_events::ContextEvent;
 use hotpath_ir::{GuestAddr, HostAddr};
 
@@ -86,14 +86,13 @@ pub(crate) fn direct_call(
     restore_rdx(ops, near.is_none());
 }
 
-/// Appends an indirect call's context step (cache entry [`INDIRECT_SLOT`]): the callee in RCX, the guest's
-/// RCX in its scratch slot, both as they are after it.
+/// Appends an indirect call's context step (the cache entries of [`Node::indirect_probes`]):
+/// the callee in RCX, the guest's RCX in its scratch slot, both as they are after it.
 pub(crate) fn indirect_call(
     ops: &mut VecAssembler<X64Relocation>,
     exits: CallExits,
     exit_addr: usize,
 ) {
-    let key = Node::cache_key_offset(INDIRECT_SLOT) as i32;
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
@@ -102,11 +101,12 @@ pub(crate) fn indirect_call(
     );
     let full = ops.new_dynamic_label();
     push_frame(ops, full);
+    let miss = ops.new_dynamic_label();
+    let store = ops.new_dynamic_label();
+    probe_cache(ops, &Node::indirect_probes(), None, miss, store);
     dynasm!(ops
         ; .arch x64
-        ; mov rcx, QWORD [rax + key]
-        ; lea rcx, [rcx + rdx + 1]
-        ; jrcxz >hit
+        ; =>miss
         ; mov ecx, exits.miss as i32
         ; jmp >leave
         ; =>full
@@ -116,8 +116,7 @@ pub(crate) fn indirect_call(
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
         ; jmp extern exit_addr
-        ; hit:
-        ; mov rcx, QWORD [rax + key + 8]
+        ; =>store
         ; .u8 GS ; mov QWORD [off::CTX], rcx
         ; mov rcx, rdx
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]

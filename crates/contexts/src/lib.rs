@@ -54,5 +54,5 @@ pub use area::{ContextArea, Frame, FRAMES_MAX, SENTINEL_RETURN};
 pub use rules::{Contexts, Functions, Resync};
 pub use tree::{
     CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER,
-    DIRECT_ENTRIES, DIRECT_PROBES, INDIRECT_SLOT, MAX_DEPTH,
+    DIRECT_ENTRIES, DIRECT_PROBES, INDIRECT_ENTRIES, INDIRECT_FIRST, MAX_DEPTH,
 };

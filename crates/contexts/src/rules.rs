@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 
 use crate::area::{ContextArea, Frame, FRAMES_MAX};
 use crate::tree::{
-    Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, DIRECT_PROBES, INDIRECT_SLOT,
+    Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, DIRECT_PROBES, INDIRECT_ENTRIES,
     MAX_DEPTH,
 };
 
@@ -182,7 +182,8 @@ impl Contexts {
         self.call_through(false, callee, return_to)
     }
 
-    /// [`Contexts::call`] for an indirect `call` (cache entry [`INDIRECT_SLOT`] alone).
+    /// [`Contexts::call`] for an indirect `call` (the cache entries of
+    /// [`Node::indirect_probes`]).
     pub fn call_indirect(&mut self, callee: u64, return_to: u64) -> ContextId {
         self.call_through(true, callee, return_to)
     }
@@ -229,11 +230,16 @@ impl Contexts {
         let child_addr = self.arena.addr(child);
         let node = self.arena.at_mut(self.arena.addr(parent));
         let probes = probes(indirect, callee);
+        let victim = if indirect {
+            Node::indirect_victim(callee)
+        } else {
+            probes[0]
+        };
         let slot = probes
             .iter()
             .copied()
             .find(|&i| node.cache[i].key == 0)
-            .unwrap_or(probes[0]);
+            .unwrap_or(victim);
         node.cache[slot] = CacheEntry {
             key: !callee,
             child: child_addr,
@@ -429,14 +435,17 @@ impl Contexts {
 /// The cache entries a call probes, in order.
 fn probes(indirect: bool, callee: u64) -> Probes {
     if indirect {
-        Probes([INDIRECT_SLOT; DIRECT_PROBES], 1)
+        Probes(Node::indirect_probes(), INDIRECT_ENTRIES)
     } else {
-        Probes(Node::direct_probes(callee), DIRECT_PROBES)
+        let mut p = [0; INDIRECT_ENTRIES];
+        p[..DIRECT_PROBES].copy_from_slice(&Node::direct_probes(callee));
+        Probes(p, DIRECT_PROBES)
     }
 }
 
 /// The first `.1` of `.0`.
-struct Probes([usize; DIRECT_PROBES], usize);
+struct Probes([usize; INDIRECT_ENTRIES], usize);
+const _: () = assert!(DIRECT_PROBES <= INDIRECT_ENTRIES);
 
 impl std::ops::Deref for Probes {
     type Target = [usize];
