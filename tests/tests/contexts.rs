@@ -277,3 +277,43 @@ fn contexts_do_not_depend_on_superblocks_or_the_ring() {
         }
     }
 }
+
+/// paths_vsyscall.S: `f` calls the vsyscall page's `time`, which runs no translated block (the
+/// runtime carries it out and returns). The guest's contexts are `_start`'s, f under it and the
+/// vsyscall entry under f; the path profile's call tree has `_start`'s activation and f under
+/// it, with f's two blocks per round (1000 rounds) — the monitor, which saw the call but no
+/// callee block, is told of the return by a context event (without it, every round left an
+/// activation behind and the tree grew a level per round).
+#[test]
+fn a_call_the_runtime_carries_out_returns_in_the_path_profile() {
+    let exe = guest_build::build("paths_vsyscall.S", Linkage::Static)
+        .unwrap_or_else(|e| panic!("building paths_vsyscall.S: {e}"));
+    let native = Command::new(&exe)
+        .status()
+        .expect("running paths_vsyscall natively");
+    if !native.success() {
+        eprintln!("SKIPPED (not a pass): no vsyscall page on this kernel ({native})");
+        return;
+    }
+    let report = exe.with_extension("vsyscall.json");
+    let report_arg = report.to_str().expect("a UTF-8 path");
+    assert_eq!(
+        contexts_line(&exe, &["--paths", "--report", report_arg]),
+        (2, 2, 0)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("the report")).expect("JSON");
+    let mut stacks: Vec<(usize, u64)> = json["path_profile"]["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .map(|s| {
+            let frames = s["stack"].as_str().expect("a stack").split(';').count();
+            (frames, s["blocks"].as_u64().expect("blocks"))
+        })
+        .collect();
+    stacks.sort_unstable();
+    // _start: its first block (`mov`, `call f`), `dec; jnz` 1000 times, `call f` alone 999
+    // times, the exit block; f: two blocks a round.
+    assert_eq!(stacks, [(1, 2001), (2, 2000)]);
+}

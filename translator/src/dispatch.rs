@@ -646,8 +646,10 @@ impl Translator {
                 if let Some(action) = special::vsyscall(pc, &mut self.process.maps, self.area, last)
                 {
                     if let special::Action::Continue(to) = action {
-                        // The emulated entry returned to its caller.
+                        // The emulated entry returned to its caller; the monitor, which saw
+                        // the call but no block of the callee, is told.
                         self.context_ret(to);
+                        self.push_context_event(ContextChange::EmulatedReturn, 0);
                     }
                     self.next = self.act(action)?;
                     continue;

@@ -69,10 +69,13 @@ pub enum ContextChange {
     SignalReturn = 5,
     /// A `ret` past every frame (which faults): no frames left (`depth` 0).
     Reset = 6,
+    /// A call whose callee ran no block returned: code the runtime carries out itself (the
+    /// vsyscall page's entries) was called and returned to its caller, at `depth` frames.
+    EmulatedReturn = 7,
 }
 
 impl ContextChange {
-    const ALL: [ContextChange; 7] = [
+    const ALL: [ContextChange; 8] = [
         ContextChange::TailCall,
         ContextChange::DeeperReturn,
         ContextChange::OrphanReturn,
@@ -80,6 +83,7 @@ impl ContextChange {
         ContextChange::SignalEnter,
         ContextChange::SignalReturn,
         ContextChange::Reset,
+        ContextChange::EmulatedReturn,
     ];
 
     /// True if the event names a function (two address words follow its head).

@@ -549,7 +549,9 @@ impl PathRecorder {
                 let parent = self.stack.last().map_or(0, |t| t.call_node);
                 self.push_pending(NONE, 0, parent);
             }
-            ContextChange::SignalReturn | ContextChange::Reset => pop_to(self, e.depth),
+            ContextChange::SignalReturn | ContextChange::Reset | ContextChange::EmulatedReturn => {
+                pop_to(self, e.depth)
+            }
         }
     }
 
