@@ -694,11 +694,9 @@ impl Translator {
                 }
             }
             self.area.jump_to = host.0;
-            self.links.entering();
-            // Entered: where the guest goes next is the exit's to say. Until then `next` names
-            // where it was entered, as a guest address: a flush or an invalidation while the
-            // exit is handled must not take a jump entry the guest ran as one still to run.
-            self.next = Next::Guest(self.guest_rip(Next::Host(host)));
+            // While the exit is handled, `next` still names where the guest was entered: a flush
+            // or an invalidation then must not take a jump entry it ran for one still to run.
+            self.links.entering(host);
             if self.stepping {
                 // The host does not trap: the dispatcher raises the guest's trap afterwards.
                 self.area.rflags &= !special::EFLAGS_TF;
@@ -709,6 +707,7 @@ impl Translator {
             }
             self.process.signals.set_critical(true, &self.exits);
             let exit = self.handle_exit();
+            self.links.exited();
             let stepped = std::mem::take(&mut self.stepping);
             match exit? {
                 Ok(n) => {

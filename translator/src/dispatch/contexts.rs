@@ -29,15 +29,21 @@ pub(super) struct ContextLinks {
     /// Guest addresses of the blocks superblocks run inline past their head (this generation):
     /// one that becomes a function entry needs the superblock gone.
     inlined: std::collections::HashSet<u64>,
-    /// The host address in a jump entry whose due `settle_jump_entry` did, since the
-    /// dispatcher last entered the cache (the same pending address may be turned into its
-    /// guest address more than once).
+    /// A host address in a jump entry `settle_jump_entry` must leave alone: one whose due it
+    /// did already (the same pending address may be turned into its guest address more than
+    /// once), or the one the dispatcher entered, while the exit is handled.
     settled: Option<u64>,
 }
 
 impl ContextLinks {
-    /// The dispatcher enters the cache: nothing pending is settled any more.
-    pub(super) fn entering(&mut self) {
+    /// The dispatcher enters the cache at `host`: until the exit is handled, that address is
+    /// spent, not pending (`settle_jump_entry` leaves it alone).
+    pub(super) fn entering(&mut self, host: HostAddr) {
+        self.settled = Some(host.0);
+    }
+
+    /// The exit is handled: the address to go on at is the exit's, not yet settled.
+    pub(super) fn exited(&mut self) {
         self.settled = None;
     }
 
@@ -279,35 +285,36 @@ impl Translator {
     /// A `ret` whose target (in `ibl_target`) is not the top frame's return address.
     pub(super) fn context_return(&mut self) -> Result<Result<Next, Stop>, TranslateError> {
         let target = self.area.ibl_target;
-        if let Some(c) = &mut self.contexts {
+        if self.contexts.is_some() {
             self.stats.context_exits += 1;
-            let functions = FunctionMap(self.process.shared.function_symbols());
-            let deeper = c.resyncs[Resync::DeeperReturn as usize];
-            c.ret_slow(target, &functions);
-            if c.resyncs[Resync::DeeperReturn as usize] != deeper {
-                self.push_context_event(ContextChange::DeeperReturn, 0);
-            } else {
-                let function = functions.containing(target);
-                self.push_context_event(ContextChange::OrphanReturn, function);
-            }
+            self.return_step(target, true);
         }
         self.lookup_miss(target)
     }
 
     /// A `ret` to `target` that the dispatcher makes itself (a superblock's side exit that
-    /// found the ring full): rule 2 as translated code does it, the top frame popped when it
-    /// returns there, else the runtime's deeper or orphan return.
+    /// found the ring full, the vsyscall page's entries): rule 2 as translated code does it.
     pub(super) fn context_ret(&mut self, target: u64) {
-        if let Some(c) = &mut self.contexts {
-            let functions = FunctionMap(self.process.shared.function_symbols());
-            let resyncs = c.resyncs;
+        self.return_step(target, false);
+    }
+
+    /// Rule 2 for a `ret` to `target` (`slow`: known not to be the top frame's return
+    /// address), and the context event of a deeper or orphan return.
+    fn return_step(&mut self, target: u64, slow: bool) {
+        let Some(c) = &mut self.contexts else { return };
+        let functions = FunctionMap(self.process.shared.function_symbols());
+        let before = c.resyncs;
+        if slow {
+            c.ret_slow(target, &functions);
+        } else {
             c.ret(target, &functions);
-            if c.resyncs[Resync::DeeperReturn as usize] != resyncs[Resync::DeeperReturn as usize] {
-                self.push_context_event(ContextChange::DeeperReturn, 0);
-            } else if c.resyncs != resyncs {
-                let function = functions.containing(target);
-                self.push_context_event(ContextChange::OrphanReturn, function);
-            }
+        }
+        let deeper = Resync::DeeperReturn as usize;
+        if c.resyncs[deeper] != before[deeper] {
+            self.push_context_event(ContextChange::DeeperReturn, 0);
+        } else if c.resyncs != before {
+            let function = functions.containing(target);
+            self.push_context_event(ContextChange::OrphanReturn, function);
         }
     }
 
