@@ -317,3 +317,50 @@ fn a_call_the_runtime_carries_out_returns_in_the_path_profile() {
     // times, the exit block; f: two blocks a round.
     assert_eq!(stacks, [(1, 2001), (2, 2000)]);
 }
+
+/// Where the guest's rules and the shadow stack's own agree — asm_retaddr.S (orphan and jump
+/// returns, the get-pc call, deep recursion) and paths_jump_return.S (`pop; jmp *reg`
+/// returns) — the path profile that follows the guest's context events is the one the shadow
+/// stack's own rules give: paths, functions, call stacks and resynchronisation counts, section
+/// by section. (The profile's consistency with itself, and the two recorders' agreement, hold
+/// however the events are followed; this is what checks that they are followed right.)
+#[test]
+fn followed_contexts_give_the_profile_of_the_shadow_stacks_own_rules() {
+    let hotpath = hotpath_bin::hotpath().expect("hotpath");
+    let dir = hotpath_e2e::paths::scratch_dir("contexts-own-rules");
+    for source in ["asm_retaddr.S", "paths_jump_return.S"] {
+        let exe = guest_build::build(source, Linkage::Static)
+            .unwrap_or_else(|e| panic!("building {source}: {e}"));
+        let profiles: Vec<serde_json::Value> = [&[][..], &["--no-guest-contexts"][..]]
+            .iter()
+            .enumerate()
+            .map(|(i, extra)| {
+                let report = dir.join(format!("{source}.{i}.json"));
+                let mut cmd = Command::new(&hotpath);
+                cmd.args(["run", "--quiet", "--paths", "--superblock-threshold", "1"])
+                    .arg("--report")
+                    .arg(&report)
+                    .args(*extra)
+                    .arg("--")
+                    .arg(&exe);
+                let what = runner::describe(&cmd);
+                let outcome = runner::run(&mut cmd, hotpath_e2e::run_timeout())
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    matches!(outcome.termination, runner::Termination::Exited(0)),
+                    "{what}: {:?}",
+                    outcome.termination
+                );
+                let text = std::fs::read_to_string(&report).expect("the report");
+                serde_json::from_str::<serde_json::Value>(&text).expect("JSON")["path_profile"]
+                    .clone()
+            })
+            .collect();
+        for section in ["paths", "functions", "stacks", "stats"] {
+            assert!(
+                profiles[0][section] == profiles[1][section],
+                "{source}: `{section}` differs between the followed contexts and the own rules"
+            );
+        }
+    }
+}
