@@ -100,8 +100,6 @@ pub struct PathRecorder {
     pub dropped_frames: u64,
     /// Context events split across reads of the ring.
     pub(crate) context_words: ContextDecoder,
-    /// Context events followed.
-    pub context_events: u64,
 }
 
 impl PathRecorder {
@@ -145,7 +143,6 @@ impl PathRecorder {
             resync_kinds: [0; Resync::ALL.len()],
             dropped_frames: 0,
             context_words: ContextDecoder::default(),
-            context_events: 0,
         }
     }
 

@@ -497,7 +497,6 @@ impl PathRecorder {
     /// it: a call's callee is pushed (pending: its first block is not in yet); a `ret` pops,
     /// unless the event is the return's own (deeper or orphan).
     pub(crate) fn follow_context(&mut self, e: ContextEvent) {
-        self.context_events += 1;
         self.memo.last = NONE;
         let prev = std::mem::replace(&mut self.prev, SETTLED);
         if prev != NONE && prev != SETTLED && !self.stack.is_empty() {
