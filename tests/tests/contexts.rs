@@ -156,12 +156,17 @@ fn asm_retaddr_contexts_match_the_runtime_replaying_its_calls() {
 }
 
 /// The guest's contexts resynchronise exactly where the monitor's shadow stack does by its own
-/// rules, on real programs whose only resynchronisations are tail calls (busybox sort's and
-/// md5sum's: a `jmp` to a function other code calls, rule 3) and plain returns: the summary
-/// line's count of a `--guest-contexts` run equals the path profile's of a run without it,
-/// with superblocks (which end at function entries while contexts are kept) and without. The
-/// `--guest-contexts` run's own profile, which follows the guest's context events, counts the
-/// same: every event reached the monitor.
+/// rules, on real programs whose only resynchronisations are tail calls (busybox sort's, a
+/// comparison's tail call, 40 000 times; md5sum's one, at the end of the file, where
+/// `common64_end` tail-calls the block function through a register after it has been called
+/// 1700 times and its entry heads a superblock) and plain returns: the summary line's count of
+/// a `--guest-contexts` run equals the path profile's of a `--no-guest-contexts` run, with
+/// superblocks (which end at function entries while contexts are kept; with a 4096-entry ring,
+/// so that the monitor keeps up and builds them early) and without. The first
+/// run's own profile, which follows the guest's context events, counts the same: every event
+/// reached the monitor. (md5sum's tail call was lost whenever its target's superblock was
+/// built before it — when the monitor kept up, which a smaller ring makes certain: the
+/// superblock had taken the lookup table's slot from the entry's jump entry.)
 #[test]
 fn busybox_tail_calls_match_the_monitors_shadow_stack() {
     use std::fmt::Write as _;
@@ -185,7 +190,7 @@ fn busybox_tail_calls_match_the_monitors_shadow_stack() {
     std::fs::write(&input, &text).expect("writing the input");
     let input = input.to_str().expect("a UTF-8 path");
     for applet in [&["sort", input][..], &["md5sum", input][..]] {
-        for extra in [&["--no-superblocks"][..], &[][..]] {
+        for extra in [&["--no-superblocks"][..], &["--ring-entries", "4096"][..]] {
             let report = dir.join(format!("{}.json", applet[0]));
             let report_arg = report.to_str().expect("a UTF-8 path");
             let mut all = vec!["--paths", "--report", report_arg];
@@ -196,6 +201,7 @@ fn busybox_tail_calls_match_the_monitors_shadow_stack() {
             let mut cmd = Command::new(hotpath_bin::hotpath().expect("hotpath"));
             cmd.arg("run")
                 .arg("--quiet")
+                .arg("--no-guest-contexts")
                 .args(&all)
                 .arg("--")
                 .arg(busybox)
@@ -243,13 +249,18 @@ fn tail_calls_of(report: &Path, applet: &[&str]) -> u64 {
 /// The guest's contexts are the program's, not the run's: with superblocks formed as early as
 /// possible and a 256-entry ring, whose laps end at thousands of side exits (whose slow paths
 /// the dispatcher then takes: returns, jumps to function entries), every sample makes the same
-/// contexts and resynchronisations as without superblocks. (A side exit's `ret` made by the
-/// dispatcher once skipped the return's context step: frames leaked whenever the ring happened
-/// to be full there — funcptr_qsort made 793 contexts instead of 285 with this ring. A smaller
-/// ring makes the guest wait for the monitor so often that, on a loaded machine, a run takes
-/// minutes.)
+/// contexts and resynchronisations as without superblocks, and the path profile that follows
+/// them is the same, section by section. (A side exit's `ret` made by the dispatcher once
+/// skipped the return's context step: frames leaked whenever the ring happened to be full
+/// there — funcptr_qsort made 793 contexts instead of 285 with this ring. And a superblock
+/// headed by a function entry once took the lookup table's slot from the entry's jump entry:
+/// contexts_tail_call.S's tail calls through a register went unseen until `work`'s loop came
+/// back through the jump entry, which then counted them, one block late — the same counts, a
+/// different call tree. A smaller ring makes the guest wait for the monitor so often that, on
+/// a loaded machine, a run takes minutes.)
 #[test]
 fn contexts_do_not_depend_on_superblocks_or_the_ring() {
+    let dir = hotpath_e2e::paths::scratch_dir("contexts-superblocks");
     for source in [
         "funcptr_qsort.c",
         "recursion.c",
@@ -258,23 +269,91 @@ fn contexts_do_not_depend_on_superblocks_or_the_ring() {
         "paths_jump_return.S",
         "jumptable.c",
         "malloc.c",
+        "contexts_tail_call.S",
     ] {
         let exe = guest_build::build(source, Linkage::Static)
             .unwrap_or_else(|e| panic!("building {source}: {e}"));
-        let (made, _, resyncs) = contexts_line(&exe, &["--no-superblocks"]);
-        for extra in [
-            &["--superblock-threshold", "1", "--ring-entries", "256"][..],
-            &[
-                "--superblock-threshold",
-                "1",
-                "--ring-entries",
-                "256",
+        let profile_of = |extra: &[&str]| {
+            let report = dir.join(format!("{source}.json"));
+            let mut all = vec![
                 "--paths",
-            ][..],
-        ] {
-            let (m, _, r) = contexts_line(&exe, extra);
-            assert_eq!((m, r), (made, resyncs), "{source} {extra:?}");
+                "--report",
+                report.to_str().expect("a UTF-8 path"),
+            ];
+            all.extend_from_slice(extra);
+            let line = contexts_line(&exe, &all);
+            let json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&report).expect("the report"))
+                    .expect("JSON");
+            (line, json["path_profile"].clone())
+        };
+        let ((made, _, resyncs), profile) = profile_of(&["--no-superblocks"]);
+        assert!(profile.is_object(), "{source}: no path profile");
+        let fast = ["--superblock-threshold", "1", "--ring-entries", "256"];
+        let (m, _, r) = contexts_line(&exe, &fast);
+        assert_eq!((m, r), (made, resyncs), "{source} {fast:?}");
+        let ((m, _, r), p) = profile_of(&fast);
+        assert_eq!((m, r), (made, resyncs), "{source} {fast:?} --paths");
+        for (section, want) in profile.as_object().expect("an object") {
+            assert_eq!(
+                &p[section], want,
+                "{source} {fast:?}: path profile's {section}"
+            );
         }
+    }
+}
+
+/// contexts_tail_call.S: `work` is called 3000 times and loops ten times a call (a block a
+/// round, then its `ret` block); `tail_indirect` (two instructions) and `tail_direct` (one)
+/// run 1000 times each and tail-call it, so that it returns for them. The call tree, with and
+/// without superblocks (`work`'s entry heads one before the first tail call): `work` under
+/// `_start` with 3000 × 11 blocks and 3000 × (10 × 3 + 1) instructions, each tail caller
+/// under `_start` with its own block, and the rest `_start`'s; three contexts, 2000 tail calls.
+#[test]
+fn tail_calls_into_a_superblock_head_are_counted_by_hand() {
+    let exe = guest_build::build("contexts_tail_call.S", Linkage::Static)
+        .unwrap_or_else(|e| panic!("building contexts_tail_call.S: {e}"));
+    let report = exe.with_extension("tail.json");
+    let report_arg = report.to_str().expect("a UTF-8 path");
+    for extra in [
+        &["--no-superblocks"][..],
+        &["--superblock-threshold", "1"][..],
+    ] {
+        let mut all = vec!["--paths", "--report", report_arg];
+        all.extend_from_slice(extra);
+        let (made, _, resyncs) = contexts_line(&exe, &all);
+        assert_eq!((made, resyncs), (3, 2000), "{extra:?}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).expect("the report"))
+                .expect("JSON");
+        let mut stacks: Vec<(String, u64, u64)> = json["path_profile"]["stacks"]
+            .as_array()
+            .expect("stacks")
+            .iter()
+            .map(|s| {
+                let frames: Vec<&str> = s["stack"].as_str().expect("a stack").split(';').collect();
+                let count = |k: &str| s[k].as_u64().expect("a count");
+                (
+                    frames[1..].join(";"),
+                    count("blocks"),
+                    count("instructions"),
+                )
+            })
+            .collect();
+        stacks.sort_unstable();
+        let total = |k: &str| json["totals"][k].as_u64().expect("a total");
+        let (blocks, instructions) = (total("blocks_executed"), total("guest_instructions"));
+        let own = (blocks - 35_000, instructions - 96_000);
+        assert_eq!(
+            stacks,
+            [
+                (String::new(), own.0, own.1),
+                ("tail_direct".to_string(), 1000, 1000),
+                ("tail_indirect".to_string(), 1000, 2000),
+                ("work".to_string(), 33_000, 93_000),
+            ],
+            "{extra:?}"
+        );
     }
 }
 

@@ -946,12 +946,15 @@ impl Translator {
         drop(registry);
         // Every way into the head now leads to the superblock: new links and lookups through
         // the map, existing links through a jump over the old block's enqueue stub, the lookup
-        // table by its entry.
+        // table by its entry — except a function entry's slot while contexts are kept, which
+        // holds its jump entry: a jump through the table may be a tail call, whose context
+        // step the jump entry makes before it goes on to the old entry, now a jump here.
         self.blocks.insert(head, trace.entry);
         self.superblock_heads.insert(head);
         self.cache.patch_jump(old_entry, trace.entry);
+        let keep_jump_entry = self.contexts.is_some() && self.is_function_entry(head);
         let slot = &mut self.area.ibl[ThreadArea::ibl_index(head)];
-        if slot.holds(head) {
+        if slot.holds(head) && !keep_jump_entry {
             slot.host = trace.entry.0;
         }
         self.stats.superblocks += 1;
