@@ -6,7 +6,7 @@
 //! ```text
 //! borrow RCX, RAX (and RDX: an indirect call's callee, or a callee past ±2 GiB)
 //! frame_top == FRAMES_END ? ──────────────────────────────────────────▶ exit "frames full"
-//! frames[top] = { [rsp] (the return address just pushed), ctx }; top += 1
+//! frames[top] = { [rsp] (the return address just pushed), ctx, -, landing }; top += 1
 //! node(ctx).cache[probes].key == !callee ? ctx = .child : ───────────▶ exit "cache miss"
 //! give the registers back; go on to the callee (the chained jump, or the lookup)
 //! ```
@@ -16,8 +16,17 @@
 //!
 //! A return, merged with its lookup (one save of RAX and RDX for both, measured cheaper than
 //! two sequences): the top frame's return address is the target → pop it and restore its
-//! context, else exit "not the top frame"; then the lookup. An empty stack's top frame is the
-//! sentinel, whose non-canonical return address no `ret` that goes on can have.
+//! context, else exit "not the top frame"; then on to the frame's host address, or, when it
+//! has none (0), the lookup. An empty stack's top frame is the sentinel, whose non-canonical
+//! return address no `ret` that goes on can have (its host address is 0: the lookup misses
+//! and the dispatcher raises the fault at the `ret`).
+//!
+//! A block's call stores as the frame's host address its *landing*: a direct exit to the
+//! return point, emitted after the call's jump and linked like any other, so that the `ret`
+//! goes on at the caller's own translation of the return point without probing the lookup
+//! table (a return stack, as DynamoRIO's and QEMU's). A return point may have two
+//! translations at once (an instrumented caller's and a cold one's: docs/paths-design.md,
+//! "Stage 2"); each caller returns to its own. A superblock's calls store 0.
 //!
 //! Every compare is `lea`/`jrcxz`: the guest's flags are live across calls and returns. The
 //! exits leave the guest's registers as at the end of the guest instruction (RCX in its scratch
@@ -27,7 +36,7 @@
 //! the frames are in the thread area, the nodes in the context arena.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
-use hotpath_contexts::{ContextArea, Node, MAX_DEPTH};
+use hotpath_contexts::{ContextArea, Frame, Node, MAX_DEPTH};
 use hotpath_events::ContextEvent;
 use hotpath_ir::{GuestAddr, HostAddr};
 
@@ -41,6 +50,12 @@ const FRAME: i32 = off::CONTEXTS;
 /// `frame_top` of a full stack.
 const FRAMES_END: i32 = ContextArea::FRAMES_END as i32;
 
+/// Bytes of a frame, and its fields' offsets ([`Frame`]).
+const FRAME_BYTES: i32 = std::mem::size_of::<Frame>() as i32;
+const RETURN_TO: i32 = std::mem::offset_of!(Frame, return_to) as i32;
+const CALLER: i32 = std::mem::offset_of!(Frame, caller) as i32;
+const HOST: i32 = std::mem::offset_of!(Frame, host) as i32;
+
 /// Exit indices of one call's slow paths.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CallExits {
@@ -51,16 +66,18 @@ pub(crate) struct CallExits {
 }
 
 /// Appends a direct call's context step for the function entered at `callee`, which probes
-/// the cache entries [`Node::direct_probes`]`(callee)` in order.
+/// the cache entries [`Node::direct_probes`]`(callee)` in order; `landing` labels where the
+/// return goes on (see the module doc), `None` for the lookup.
 pub(crate) fn direct_call(
     ops: &mut VecAssembler<X64Relocation>,
     callee: GuestAddr,
     exits: CallExits,
     exit_addr: usize,
+    landing: Option<DynamicLabel>,
 ) {
     let near = borrow_registers(ops, callee.0);
     let full = ops.new_dynamic_label();
-    push_frame(ops, full);
+    push_frame(ops, full, landing);
     let miss = ops.new_dynamic_label();
     let store = ops.new_dynamic_label();
     probe_cache(ops, &Node::direct_probes(callee.0), near, miss, store);
@@ -87,11 +104,13 @@ pub(crate) fn direct_call(
 }
 
 /// Appends an indirect call's context step (the cache entries of [`Node::indirect_probes`]):
-/// the callee in RCX, the guest's RCX in its scratch slot, both as they are after it.
+/// the callee in RCX, the guest's RCX in its scratch slot, both as they are after it;
+/// `landing` as for [`direct_call`].
 pub(crate) fn indirect_call(
     ops: &mut VecAssembler<X64Relocation>,
     exits: CallExits,
     exit_addr: usize,
+    landing: Option<DynamicLabel>,
 ) {
     dynasm!(ops
         ; .arch x64
@@ -100,7 +119,7 @@ pub(crate) fn indirect_call(
         ; mov rdx, rcx
     );
     let full = ops.new_dynamic_label();
-    push_frame(ops, full);
+    push_frame(ops, full, landing);
     let miss = ops.new_dynamic_label();
     let store = ops.new_dynamic_label();
     probe_cache(ops, &Node::indirect_probes(), None, miss, store);
@@ -125,8 +144,13 @@ pub(crate) fn indirect_call(
 }
 
 /// The frame push shared by both calls: RAX and RCX borrowed; jumps to `full` when the stack
-/// is full; leaves the current node's host address in RAX.
-fn push_frame(ops: &mut VecAssembler<X64Relocation>, full: DynamicLabel) {
+/// is full; leaves the current node's host address in RAX. The frame's path slot is left as
+/// it was (nothing reads it yet).
+fn push_frame(
+    ops: &mut VecAssembler<X64Relocation>,
+    full: DynamicLabel,
+    landing: Option<DynamicLabel>,
+) {
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
@@ -137,10 +161,21 @@ fn push_frame(ops: &mut VecAssembler<X64Relocation>, full: DynamicLabel) {
         ; jmp =>full
         ; room:
         ; mov rcx, QWORD [rsp]
-        ; .u8 GS ; mov QWORD [rax + FRAME], rcx
+        ; .u8 GS ; mov QWORD [rax + FRAME + RETURN_TO], rcx
+    );
+    match landing {
+        Some(l) => dynasm!(ops
+            ; .arch x64
+            ; lea rcx, [=>l]
+            ; .u8 GS ; mov QWORD [rax + FRAME + HOST], rcx
+        ),
+        None => dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [rax + FRAME + HOST], 0),
+    }
+    dynasm!(ops
+        ; .arch x64
         ; .u8 GS ; mov rcx, QWORD [off::CTX]
-        ; .u8 GS ; mov QWORD [rax + FRAME + 8], rcx
-        ; lea rax, [rax + 16]
+        ; .u8 GS ; mov QWORD [rax + FRAME + CALLER], rcx
+        ; lea rax, [rax + FRAME_BYTES]
         ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
         ; mov rax, rcx
     );
@@ -148,7 +183,9 @@ fn push_frame(ops: &mut VecAssembler<X64Relocation>, full: DynamicLabel) {
 
 /// Appends a return's frame check and pop merged with its lookup: the target in RCX (the
 /// guest's RCX in its scratch slot, RSP already past the return address). A target that is
-/// not the top frame's return address exits with index `mismatch` (target in `ibl_target`).
+/// not the top frame's return address exits with index `mismatch` (target in `ibl_target`);
+/// else the frame is popped and the return goes on at its host address, or through the
+/// lookup when it has none.
 pub(crate) fn return_and_lookup(
     ops: &mut VecAssembler<X64Relocation>,
     mismatch: u32,
@@ -165,10 +202,18 @@ pub(crate) fn return_and_lookup(
         ; mov ecx, mismatch as i32
         ; jmp extern exit_addr
         ; pop:
-        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 8]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + CALLER]
         ; .u8 GS ; mov QWORD [off::CTX], rcx
-        ; lea rax, [rax - 16]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + HOST]
+        ; lea rax, [rax - FRAME_BYTES]
         ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
+        ; jrcxz >lookup
+        ; .u8 GS ; mov QWORD [off::JUMP_TO], rcx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
+        ; lookup:
     );
     emit_ibl_lookup(ops, gateway);
 }
@@ -208,7 +253,7 @@ pub(crate) fn inline_return(ops: &mut VecAssembler<X64Relocation>, minus_next: i
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
         ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
-        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 16]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + RETURN_TO]
     );
     match i32::try_from(minus_next) {
         Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
@@ -225,9 +270,9 @@ pub(crate) fn inline_return(ops: &mut VecAssembler<X64Relocation>, minus_next: i
         ; jrcxz >pop
         ; jmp >done
         ; pop:
-        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 8]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + CALLER]
         ; .u8 GS ; mov QWORD [off::CTX], rcx
-        ; lea rax, [rax - 16]
+        ; lea rax, [rax - FRAME_BYTES]
         ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
         ; mov ecx, 0
         ; done:
@@ -244,7 +289,7 @@ fn compare_top_frame(ops: &mut VecAssembler<X64Relocation>) {
         ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
         ; mov rdx, rcx
         ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
-        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - 16]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + RETURN_TO]
         ; not rcx
         ; lea rcx, [rcx + rdx + 1]
     );

@@ -1647,6 +1647,9 @@ impl Translator {
         self.superblock_heads.clear();
         self.step_blocks.clear();
         self.links.clear();
+        if let Some(c) = &mut self.contexts {
+            c.forget_hosts();
+        }
         self.stats.flushes += 1;
     }
 

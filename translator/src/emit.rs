@@ -909,6 +909,25 @@ pub(crate) fn push_return_address(
     ReturnLiteral(Some((label, ret.0)))
 }
 
+/// Emits a call's *landing* at `label` (`context_steps`): a direct exit to the call's return
+/// point, which execution only reaches through a `ret` that popped the call's frame, with
+/// every guest register as the `ret` left it. `add_exit` records the exit for the jump at
+/// `site` (not a call's jump: as a return through the lookup table would, it goes through the
+/// return point's jump entry when that is a function entry) and returns its index.
+fn emit_landing(
+    ops: &mut VecAssembler<X64Relocation>,
+    chunk_base: u64,
+    label: DynamicLabel,
+    exit_addr: usize,
+    add_exit: impl FnOnce(HostAddr) -> u32,
+) {
+    dynasm!(ops ; .arch x64 ; =>label);
+    let l = ops.new_dynamic_label();
+    let site = patchable_jmp(ops, chunk_base, l);
+    let index = add_exit(site);
+    exit_stub(ops, l, index, exit_addr);
+}
+
 pub(crate) fn emit_terminator(
     block: &Block,
     id: BlockId,
@@ -921,8 +940,7 @@ pub(crate) fn emit_terminator(
     let exit_addr = cx.gateway.exit.0 as usize;
     let chunk_base = code.addr();
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
-    let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr| {
-        let call = matches!(block.terminator, Terminator::Call { .. });
+    let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr, call: bool| {
         exits.push(Exit {
             block: id,
             kind: ExitKind::Direct {
@@ -938,21 +956,27 @@ pub(crate) fn emit_terminator(
         Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
             let l = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, chunk_base, l);
-            let index = direct(exits, target, site);
+            let index = direct(exits, target, site, false);
             exit_stub(&mut ops, l, index, exit_addr);
         }
         Terminator::Call { target, return_to } => {
             let literal = push_return_address(&mut ops, return_to);
             // A call to the next instruction (`call 1f; 1: pop reg`, get-pc) is no call: it
             // has no return.
-            if cx.contexts && target != return_to {
+            let landing = (cx.contexts && target != return_to).then(|| ops.new_dynamic_label());
+            if let Some(landing) = landing {
                 let calls = call_exits(exits, id, Some(target), None, first_exit);
-                context_steps::direct_call(&mut ops, target, calls, exit_addr);
+                context_steps::direct_call(&mut ops, target, calls, exit_addr, Some(landing));
             }
             let l = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, chunk_base, l);
-            let index = direct(exits, target, site);
+            let index = direct(exits, target, site, true);
             exit_stub(&mut ops, l, index, exit_addr);
+            if let Some(landing) = landing {
+                emit_landing(&mut ops, chunk_base, landing, exit_addr, |site| {
+                    direct(exits, return_to, site, false)
+                });
+            }
             literal.place(&mut ops);
         }
         Terminator::Branch {
@@ -965,9 +989,9 @@ pub(crate) fn emit_terminator(
             let (it, in_) = match cond.cc() {
                 Some(cc) => {
                     let site = patchable_jcc(&mut ops, chunk_base, cc, lt);
-                    let it = direct(exits, taken, site);
+                    let it = direct(exits, taken, site, false);
                     let site = patchable_jmp(&mut ops, chunk_base, ln);
-                    let in_ = direct(exits, not_taken, site);
+                    let in_ = direct(exits, not_taken, site, false);
                     (it, in_)
                 }
                 None => {
@@ -981,10 +1005,10 @@ pub(crate) fn emit_terminator(
                     let short_taken = ops.new_dynamic_label();
                     rcx_branch(&mut ops, inst, short_taken)?;
                     let site = patchable_jmp(&mut ops, chunk_base, ln);
-                    let in_ = direct(exits, not_taken, site);
+                    let in_ = direct(exits, not_taken, site, false);
                     dynasm!(ops ; .arch x64 ; =>short_taken);
                     let site = patchable_jmp(&mut ops, chunk_base, lt);
-                    let it = direct(exits, taken, site);
+                    let it = direct(exits, taken, site, false);
                     (it, in_)
                 }
             };
@@ -1051,12 +1075,15 @@ pub(crate) fn emit_terminator(
             code.append(encoded.bytes);
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
+            let mut landing = None;
             let literal = match block.terminator {
                 Terminator::IndirectCall { return_to } => {
                     let literal = push_return_address(&mut tail, return_to);
                     if cx.contexts {
                         let calls = call_exits(exits, id, None, None, first_exit);
-                        context_steps::indirect_call(&mut tail, calls, exit_addr);
+                        let l = tail.new_dynamic_label();
+                        context_steps::indirect_call(&mut tail, calls, exit_addr, Some(l));
+                        landing = Some((l, return_to));
                     }
                     literal
                 }
@@ -1071,6 +1098,11 @@ pub(crate) fn emit_terminator(
                 context_steps::jump_and_lookup(&mut tail, index, &cx.gateway);
             } else {
                 emit_ibl(&mut tail, &cx.gateway);
+            }
+            if let Some((l, return_to)) = landing {
+                emit_landing(&mut tail, tail_base, l, exit_addr, |site| {
+                    direct(exits, return_to, site, false)
+                });
             }
             literal.place(&mut tail);
             code.append(assembled(tail, "indirect branch")?);

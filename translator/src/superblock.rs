@@ -168,7 +168,7 @@ pub fn emit_superblock(
                         // callee).
                         let marker = Some(side_exit_id(sb, i));
                         let calls = call_exits(&mut exits, sb, Some(target), marker, first_exit);
-                        context_steps::direct_call(&mut ops, target, calls, exit_addr);
+                        context_steps::direct_call(&mut ops, target, calls, exit_addr, None);
                     }
                 }
                 Terminator::Branch {

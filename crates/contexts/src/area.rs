@@ -3,7 +3,7 @@
 
 use std::mem::{offset_of, size_of};
 
-/// Frames the stack holds (16 bytes each: 4 MiB). An 8 MiB guest stack of the smallest frames
+/// Frames the stack holds (32 bytes each: 8 MiB). An 8 MiB guest stack of the smallest frames
 /// (a bare return address) is 1 Mi frames deep, so a real recursion can pass it, and a guest
 /// whose calls never return (`call` used as a jump) passes it in a loop: then the bottom half
 /// is dropped (see [`crate::Contexts::call_slow`]). Same bound as the monitor's shadow stack.
@@ -22,6 +22,16 @@ pub struct Frame {
     pub return_to: u64,
     /// Host address of the caller's context node (see [`crate::Node`]).
     pub caller: u64,
+    /// The caller's path state, saved by the call and restored by the return: kept for the
+    /// path register of instrumented translations (docs/paths-design.md, "Stage 2"); nothing
+    /// writes it yet.
+    pub path: u64,
+    /// Host address a `ret` that pops this frame goes on at: the caller's translation of
+    /// `return_to` (a *landing*: a linked jump to the return point's block, so that a caller
+    /// returns to the translation it called from), or 0 for none known — the return then looks
+    /// `return_to` up in the indirect branch lookup table. The runtime's frames have 0, and a
+    /// code cache flush sets every frame's to 0 ([`ContextArea::forget_hosts`]).
+    pub host: u64,
 }
 
 /// A guest thread's context state. Written by that thread only: by its translated code (the
@@ -29,14 +39,14 @@ pub struct Frame {
 /// thread (the monitor learns contexts from the ring).
 ///
 /// `frames[0]` is a sentinel ([`SENTINEL_RETURN`]); the stack holds `frames[1..top]`, where
-/// `top = (frame_top - FRAMES) / 16`. A call's fast path tests `frame_top == FRAMES_END`
+/// `top = (frame_top - FRAMES) / 32`. A call's fast path tests `frame_top == FRAMES_END`
 /// (full) flag-free, with `lea`/`jrcxz`.
 #[repr(C, align(64))]
 pub struct ContextArea {
     /// Host address of the current context's node.
     pub ctx: u64,
     /// Offset in bytes from the area's start of the next free frame: in
-    /// `FRAMES + 16 ..= FRAMES_END`.
+    /// `FRAMES + 32 ..= FRAMES_END`.
     pub frame_top: u64,
     /// Tail calls translated code made without the runtime (see
     /// [`crate::Contexts::resync_counts`]).
@@ -69,6 +79,7 @@ impl ContextArea {
         self.frames[0] = Frame {
             return_to: SENTINEL_RETURN,
             caller: ctx,
+            ..Frame::default()
         };
     }
 
@@ -80,6 +91,15 @@ impl ContextArea {
     /// The stack's frames, bottom first.
     pub fn live_frames(&self) -> &[Frame] {
         &self.frames[1..1 + self.depth()]
+    }
+
+    /// Forgets the host addresses of every frame (a code cache flush made them stale): their
+    /// returns go through the lookup table.
+    pub fn forget_hosts(&mut self) {
+        let depth = self.depth();
+        for f in &mut self.frames[..=depth] {
+            f.host = 0;
+        }
     }
 
     /// Sets the stack to its first `depth` frames.
@@ -97,10 +117,13 @@ mod tests {
         assert_eq!(ContextArea::CTX, 0);
         assert_eq!(ContextArea::FRAME_TOP, 8);
         assert_eq!(ContextArea::FRAMES, 64);
-        assert_eq!(size_of::<Frame>(), 16);
+        assert_eq!(size_of::<Frame>(), 32);
+        assert_eq!(offset_of!(Frame, caller), 8);
+        assert_eq!(offset_of!(Frame, path), 16);
+        assert_eq!(offset_of!(Frame, host), 24);
         assert_eq!(
             ContextArea::FRAMES_END - ContextArea::FRAMES_EMPTY,
-            FRAMES_MAX * 16
+            FRAMES_MAX * 32
         );
     }
 }

@@ -346,6 +346,12 @@ impl Contexts {
         r
     }
 
+    /// Forgets every frame's host address (the code cache they point into was flushed): the
+    /// returns go through the lookup table.
+    pub fn forget_hosts(&mut self) {
+        self.area_mut().forget_hosts();
+    }
+
     /// Puts the area back in a valid state after a `ret` that matched the sentinel frame (a
     /// `ret` to a non-canonical address, which faults): no frames, the current context kept.
     /// Returns true if it had to.
@@ -370,6 +376,7 @@ impl Contexts {
         area.frames[(top - ContextArea::FRAMES) / size_of::<Frame>()] = Frame {
             return_to,
             caller: area.ctx,
+            ..Frame::default()
         };
         area.frame_top = (top + size_of::<Frame>()) as u64;
     }
