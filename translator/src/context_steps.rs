@@ -21,12 +21,15 @@
 //! return address no `ret` that goes on can have (its host address is 0: the lookup misses
 //! and the dispatcher raises the fault at the `ret`).
 //!
-//! A block's call stores as the frame's host address its *landing*: a direct exit to the
-//! return point, emitted after the call's jump and linked like any other, so that the `ret`
-//! goes on at the caller's own translation of the return point without probing the lookup
-//! table (a return stack, as DynamoRIO's and QEMU's). A return point may have two
+//! A call stores as the frame's host address its *landing* (see [`Landing`]): a `lea` whose
+//! rel32 is linked like a direct exit's `jmp` — first to an exit stub for the return point,
+//! then to the return point's translation — so that the `ret` goes on at the caller's own
+//! translation of the return point without probing the lookup table (a return stack, as
+//! DynamoRIO's and QEMU's). A return point may have two
 //! translations at once (an instrumented caller's and a cold one's: docs/paths-design.md,
-//! "Stage 2"); each caller returns to its own. A superblock's calls store 0.
+//! "Stage 2"); each caller returns to its own. A superblock's inlined calls have their stubs
+//! after its side exits. Frames the runtime pushes hold 0 (the lookup), and so does every frame after
+//! a code cache flush.
 //!
 //! Every compare is `lea`/`jrcxz`: the guest's flags are live across calls and returns. The
 //! exits leave the guest's registers as at the end of the guest instruction (RCX in its scratch
@@ -56,6 +59,19 @@ const RETURN_TO: i32 = std::mem::offset_of!(Frame, return_to) as i32;
 const CALLER: i32 = std::mem::offset_of!(Frame, caller) as i32;
 const HOST: i32 = std::mem::offset_of!(Frame, host) as i32;
 
+/// Where a call's frame says its `ret` goes on (the frame's host address; module doc). The
+/// RIP-relative `lea` that makes it is a patchable site, as a direct exit's `jmp` is: its
+/// rel32 (4-byte aligned) first aims at the call's landing stub, an exit stub for the return
+/// point, and the dispatcher links it to the return point's translation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Landing {
+    /// Host address of the assembler's offset 0 (to align the rel32).
+    pub base: u64,
+    /// The landing stub's label in the same assembler, or `None`: the rel32 is left 0 for the
+    /// caller to aim.
+    pub stub: Option<DynamicLabel>,
+}
+
 /// Exit indices of one call's slow paths.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CallExits {
@@ -66,18 +82,18 @@ pub(crate) struct CallExits {
 }
 
 /// Appends a direct call's context step for the function entered at `callee`, which probes
-/// the cache entries [`Node::direct_probes`]`(callee)` in order; `landing` labels where the
-/// return goes on (see the module doc), `None` for the lookup.
+/// the cache entries [`Node::direct_probes`]`(callee)` in order; `landing` is where its return
+/// goes on. Returns the offset in `ops` of the landing site's rel32.
 pub(crate) fn direct_call(
     ops: &mut VecAssembler<X64Relocation>,
     callee: GuestAddr,
     exits: CallExits,
     exit_addr: usize,
-    landing: Option<DynamicLabel>,
-) {
+    landing: Landing,
+) -> usize {
     let near = borrow_registers(ops, callee.0);
     let full = ops.new_dynamic_label();
-    push_frame(ops, full, landing);
+    let site = push_frame(ops, full, landing);
     let miss = ops.new_dynamic_label();
     let store = ops.new_dynamic_label();
     probe_cache(ops, &Node::direct_probes(callee.0), near, miss, store);
@@ -101,17 +117,18 @@ pub(crate) fn direct_call(
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
     );
     restore_rdx(ops, near.is_none());
+    site
 }
 
 /// Appends an indirect call's context step (the cache entries of [`Node::indirect_probes`]):
 /// the callee in RCX, the guest's RCX in its scratch slot, both as they are after it;
-/// `landing` as for [`direct_call`].
+/// `landing` and the result as for [`direct_call`].
 pub(crate) fn indirect_call(
     ops: &mut VecAssembler<X64Relocation>,
     exits: CallExits,
     exit_addr: usize,
-    landing: Option<DynamicLabel>,
-) {
+    landing: Landing,
+) -> usize {
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
@@ -119,7 +136,7 @@ pub(crate) fn indirect_call(
         ; mov rdx, rcx
     );
     let full = ops.new_dynamic_label();
-    push_frame(ops, full, landing);
+    let site = push_frame(ops, full, landing);
     let miss = ops.new_dynamic_label();
     let store = ops.new_dynamic_label();
     probe_cache(ops, &Node::indirect_probes(), None, miss, store);
@@ -141,16 +158,17 @@ pub(crate) fn indirect_call(
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
     );
+    site
 }
 
 /// The frame push shared by both calls: RAX and RCX borrowed; jumps to `full` when the stack
 /// is full; leaves the current node's host address in RAX. The frame's path slot is left as
-/// it was (nothing reads it yet).
+/// it was (nothing reads it yet). Returns the offset of the landing site's rel32.
 fn push_frame(
     ops: &mut VecAssembler<X64Relocation>,
     full: DynamicLabel,
-    landing: Option<DynamicLabel>,
-) {
+    landing: Landing,
+) -> usize {
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
@@ -163,22 +181,23 @@ fn push_frame(
         ; mov rcx, QWORD [rsp]
         ; .u8 GS ; mov QWORD [rax + FRAME + RETURN_TO], rcx
     );
-    match landing {
-        Some(l) => dynasm!(ops
-            ; .arch x64
-            ; lea rcx, [=>l]
-            ; .u8 GS ; mov QWORD [rax + FRAME + HOST], rcx
-        ),
-        None => dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [rax + FRAME + HOST], 0),
+    // `lea rcx, [rip + rel32]`: three bytes before the rel32.
+    emit::align_patchable(ops, landing.base, 3);
+    match landing.stub {
+        Some(l) => dynasm!(ops ; .arch x64 ; lea rcx, [=>l]),
+        None => dynasm!(ops ; .arch x64 ; .u8 0x48 ; .u8 0x8d ; .u8 0x0d ; .u32 0),
     }
+    let site = ops.offset().0 - 4;
     dynasm!(ops
         ; .arch x64
+        ; .u8 GS ; mov QWORD [rax + FRAME + HOST], rcx
         ; .u8 GS ; mov rcx, QWORD [off::CTX]
         ; .u8 GS ; mov QWORD [rax + FRAME + CALLER], rcx
         ; lea rax, [rax + FRAME_BYTES]
         ; .u8 GS ; mov QWORD [off::FRAME_TOP], rax
         ; mov rax, rcx
     );
+    site
 }
 
 /// Appends a return's frame check and pop merged with its lookup: the target in RCX (the

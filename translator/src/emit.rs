@@ -812,7 +812,7 @@ pub(crate) fn patchable_jcc(
 /// a concurrent instruction fetch, but one that crosses a cache line can be fetched half old,
 /// half new. (Seen: a linked self-loop, rel32 `bf ff ff ff`, fetched with the unlinked high
 /// byte `00`, jumped 16 MiB into the cache.) DynamoRIO pads its patchable exits the same way.
-fn align_patchable(ops: &mut VecAssembler<X64Relocation>, base: u64, opcode_len: u64) {
+pub(crate) fn align_patchable(ops: &mut VecAssembler<X64Relocation>, base: u64, opcode_len: u64) {
     let at = base + ops.offset().0 as u64 + opcode_len;
     match (4 - at % 4) % 4 {
         0 => {}
@@ -909,25 +909,6 @@ pub(crate) fn push_return_address(
     ReturnLiteral(Some((label, ret.0)))
 }
 
-/// Emits a call's *landing* at `label` (`context_steps`): a direct exit to the call's return
-/// point, which execution only reaches through a `ret` that popped the call's frame, with
-/// every guest register as the `ret` left it. `add_exit` records the exit for the jump at
-/// `site` (not a call's jump: as a return through the lookup table would, it goes through the
-/// return point's jump entry when that is a function entry) and returns its index.
-fn emit_landing(
-    ops: &mut VecAssembler<X64Relocation>,
-    chunk_base: u64,
-    label: DynamicLabel,
-    exit_addr: usize,
-    add_exit: impl FnOnce(HostAddr) -> u32,
-) {
-    dynasm!(ops ; .arch x64 ; =>label);
-    let l = ops.new_dynamic_label();
-    let site = patchable_jmp(ops, chunk_base, l);
-    let index = add_exit(site);
-    exit_stub(ops, l, index, exit_addr);
-}
-
 pub(crate) fn emit_terminator(
     block: &Block,
     id: BlockId,
@@ -963,19 +944,24 @@ pub(crate) fn emit_terminator(
             let literal = push_return_address(&mut ops, return_to);
             // A call to the next instruction (`call 1f; 1: pop reg`, get-pc) is no call: it
             // has no return.
-            let landing = (cx.contexts && target != return_to).then(|| ops.new_dynamic_label());
-            if let Some(landing) = landing {
+            let mut landing = None;
+            if cx.contexts && target != return_to {
                 let calls = call_exits(exits, id, Some(target), None, first_exit);
-                context_steps::direct_call(&mut ops, target, calls, exit_addr, Some(landing));
+                let stub = ops.new_dynamic_label();
+                let l = context_steps::Landing {
+                    base: chunk_base,
+                    stub: Some(stub),
+                };
+                let off = context_steps::direct_call(&mut ops, target, calls, exit_addr, l);
+                landing = Some((stub, HostAddr(chunk_base + off as u64)));
             }
             let l = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, chunk_base, l);
             let index = direct(exits, target, site, true);
             exit_stub(&mut ops, l, index, exit_addr);
-            if let Some(landing) = landing {
-                emit_landing(&mut ops, chunk_base, landing, exit_addr, |site| {
-                    direct(exits, return_to, site, false)
-                });
+            if let Some((stub, site)) = landing {
+                let index = direct(exits, return_to, site, false);
+                exit_stub(&mut ops, stub, index, exit_addr);
             }
             literal.place(&mut ops);
         }
@@ -1081,9 +1067,13 @@ pub(crate) fn emit_terminator(
                     let literal = push_return_address(&mut tail, return_to);
                     if cx.contexts {
                         let calls = call_exits(exits, id, None, None, first_exit);
-                        let l = tail.new_dynamic_label();
-                        context_steps::indirect_call(&mut tail, calls, exit_addr, Some(l));
-                        landing = Some((l, return_to));
+                        let stub = tail.new_dynamic_label();
+                        let l = context_steps::Landing {
+                            base: tail_base,
+                            stub: Some(stub),
+                        };
+                        let off = context_steps::indirect_call(&mut tail, calls, exit_addr, l);
+                        landing = Some((stub, HostAddr(tail_base + off as u64), return_to));
                     }
                     literal
                 }
@@ -1099,10 +1089,9 @@ pub(crate) fn emit_terminator(
             } else {
                 emit_ibl(&mut tail, &cx.gateway);
             }
-            if let Some((l, return_to)) = landing {
-                emit_landing(&mut tail, tail_base, l, exit_addr, |site| {
-                    direct(exits, return_to, site, false)
-                });
+            if let Some((stub, site, return_to)) = landing {
+                let index = direct(exits, return_to, site, false);
+                exit_stub(&mut tail, stub, index, exit_addr);
             }
             literal.place(&mut tail);
             code.append(assembled(tail, "indirect branch")?);

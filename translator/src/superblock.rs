@@ -48,7 +48,8 @@ pub struct EmittedTrace {
     pub entry: HostAddr,
     /// Exits, in the order of their indices `first_exit..`.
     pub exits: Vec<Exit>,
-    /// One layout per block of the trace, then one per side-exit stub, in address order.
+    /// One layout per block of the trace, then one per side-exit stub and one per landing stub
+    /// of an inlined call (`context_steps`), in address order.
     pub layouts: Vec<HostLayout>,
 }
 
@@ -110,6 +111,10 @@ pub fn emit_superblock(
     // addresses inlined calls push, placed after the side exits.
     let mut literals: Vec<(usize, u64)> = Vec::new();
     let mut literal_sites: Vec<(usize, u64)> = Vec::new();
+    // (offset in `code.bytes` of an inlined call's landing site, its return point): the stubs
+    // are placed after the side exits; `landing_sites` as `literal_sites`.
+    let mut landings: Vec<(usize, GuestAddr)> = Vec::new();
+    let mut landing_sites: Vec<(usize, GuestAddr)> = Vec::new();
 
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let ring_entries = cx
@@ -168,7 +173,13 @@ pub fn emit_superblock(
                         // callee).
                         let marker = Some(side_exit_id(sb, i));
                         let calls = call_exits(&mut exits, sb, Some(target), marker, first_exit);
-                        context_steps::direct_call(&mut ops, target, calls, exit_addr, None);
+                        let later = context_steps::Landing {
+                            base: chunk,
+                            stub: None,
+                        };
+                        let off =
+                            context_steps::direct_call(&mut ops, target, calls, exit_addr, later);
+                        landing_sites.push((off, return_to));
                     }
                 }
                 Terminator::Branch {
@@ -273,6 +284,7 @@ pub fn emit_superblock(
                 side_sites.push((base_len + off, i, cold));
             }
             literals.extend(literal_sites.drain(..).map(|(off, v)| (base_len + off, v)));
+            landings.extend(landing_sites.drain(..).map(|(off, r)| (base_len + off, r)));
         }
         layout.code_end = code.addr();
         layouts.push(layout);
@@ -345,6 +357,37 @@ pub fn emit_superblock(
             // Nothing here is a guest instruction: a fault would be hotpath's own.
             term_start: code.addr(),
             term_guest: guest,
+            code_end: code.addr(),
+            ..HostLayout::default()
+        });
+    }
+    // Landing stubs of the inlined calls (`context_steps::Landing`): where a `ret` outside the
+    // trace that pops the call's frame goes on until the site is linked to the return point.
+    for (rel32_off, return_to) in landings {
+        let start = code.addr();
+        let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(start as usize);
+        exits.push(Exit {
+            block: sb,
+            kind: ExitKind::Direct {
+                target: return_to,
+                site: HostAddr(code.base + rel32_off as u64),
+                stub: HostAddr(0),
+                call: false,
+            },
+        });
+        let l = ops.new_dynamic_label();
+        exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+        code.append(assembled(ops, "landing stub")?);
+        let rel = i32::try_from(start as i64 - (code.base as i64 + rel32_off as i64 + 4))
+            .expect("a superblock is smaller than 2 GiB");
+        code.bytes[rel32_off..rel32_off + 4].copy_from_slice(&rel.to_le_bytes());
+        layouts.push(HostLayout {
+            code_start: start,
+            entry: start,
+            guest_start: return_to.0,
+            // Nothing here is a guest instruction: a fault would be hotpath's own.
+            term_start: code.addr(),
+            term_guest: return_to.0,
             code_end: code.addr(),
             ..HostLayout::default()
         });
