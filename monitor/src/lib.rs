@@ -7,6 +7,8 @@
 //!                   paths interned at their ends (paths/trie.rs) ──▶ BL ids, PAP traces, k-paths
 //!                   (paths/report.rs)
 //!        hot back edge ──▶ decisions: trace along the hottest successors ──▶ FormSuperblock
+//!        a function's CFG ──▶ paths/numbering.rs: Ball-Larus increments for instrumented
+//!                   translation (#21 stage 2; not requested yet)
 //! guest ends ──▶ hotpath_report::Report (aggregated by guest address) ──▶ JSON, text, ...
 //! ```
 //!
@@ -23,8 +25,9 @@ mod thread;
 
 pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
 pub use paths::{
-    FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP, PAP_LISTED,
-    PAP_MAX_PATHS, PAP_PATHS_TOP,
+    BackEdgeIncrement, CfgEdge, EdgeIncrement, FunctionSymbol, NumberedEnd, NumberedPath,
+    NumberedStart, Numbering, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP,
+    PAP_LISTED, PAP_MAX_PATHS, PAP_PATHS_TOP,
 };
 pub use profile::{add_code, report_of, thread_report, RunInfo, Symbolizer, THREAD_HOTTEST};
 pub use tables::{SyscallCount, Tables};

@@ -64,6 +64,7 @@
 //! | `memo.rs`, `fast.rs` | the per-event recorder: memoised transitions and its fast loops |
 //! | `pap_runs.rs` | the PAP run trie |
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
+//! | `numbering.rs` | a function's numbering for instrumented translation (#21 stage 2) |
 //!
 //! `docs/paths-design.md` is where this is going: the per-call work moves into translated code.
 
@@ -71,6 +72,7 @@ mod fast;
 mod function;
 mod ids;
 mod memo;
+mod numbering;
 mod pap_runs;
 mod recorder;
 pub(crate) mod report;
@@ -78,6 +80,9 @@ mod stack;
 mod trie;
 
 pub use function::FunctionSymbol;
+pub use numbering::{
+    BackEdgeIncrement, CfgEdge, EdgeIncrement, NumberedEnd, NumberedPath, NumberedStart, Numbering,
+};
 pub use pap_runs::PAP_MAX_PATHS;
 pub use recorder::{PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
 pub use report::{K_PATHS_TOP, PAP_LISTED, PAP_PATHS_TOP};
