@@ -1,6 +1,6 @@
-//! A function's Ball-Larus numbering for instrumented translation (#21 stage 2; docs/paths-design.md,
-//! "Stage 2 as it will be built", item 2): the increments translated code adds to its path
-//! register on each edge, and the regeneration of a counted id back into its blocks.
+//! A function's Ball-Larus numbering for instrumented translation (#21 stage 2;
+//! docs/paths-design.md, "Stage 2 as it will be built", item 2): the increments translated code
+//! adds to its path register on each edge, and the regeneration of a counted id into its blocks.
 //!
 //! Source: the Ball-Larus lecture, steps 1–4 ("Convert arbitrary CFGs to DAGs" for the back
 //! edges; step 2's spanning tree for the placement), by way of `hotpath_pathprof::BallLarus`.
