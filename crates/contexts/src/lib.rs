@@ -44,13 +44,16 @@
 //! |---|---|
 //! | `area.rs` | the per-thread [`ContextArea`]: current context, frame stack (layout emitted code uses) |
 //! | `tree.rs` | context nodes in an arena that never moves; the monitor's [`ContextView`] |
+//! | `counters.rs` | path counters of context nodes, chained per numbering (#21 stage 2) |
 //! | `rules.rs` | [`Contexts`]: the fast paths as emitted code does them, and the slow paths' rules |
 
 mod area;
+mod counters;
 mod rules;
 mod tree;
 
 pub use area::{ContextArea, Frame, FRAMES_MAX, SENTINEL_RETURN};
+pub use counters::{PathCounts, COUNTER_WORDS_MAX};
 pub use rules::{Contexts, Functions, Resync};
 pub use tree::{
     CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER,

@@ -8,6 +8,7 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use crate::area::{ContextArea, Frame, FRAMES_MAX};
+use crate::counters::CounterArena;
 use crate::tree::{
     Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, DIRECT_PROBES, INDIRECT_ENTRIES,
     MAX_DEPTH,
@@ -68,6 +69,8 @@ pub struct Contexts {
     /// The area's allocation when `Contexts` made it ([`Contexts::new_owned`]).
     owned: Option<Layout>,
     arena: Arena,
+    /// The path counters of instrumented functions' contexts.
+    counters: CounterArena,
     children: FxHashMap<(u32, u64), ContextId>,
     /// Per handler entered and not yet returned from: the frame depth and the context it
     /// interrupted.
@@ -101,6 +104,7 @@ impl Contexts {
             area,
             owned: None,
             arena,
+            counters: CounterArena::new(),
             children: FxHashMap::default(),
             signals: Vec::new(),
             resyncs: [0; Resync::ALL.len()],
@@ -171,7 +175,26 @@ impl Contexts {
 
     /// A view of the tree for the monitor.
     pub fn view(&self) -> ContextView {
-        self.arena.view()
+        self.arena.view(self.counters.shared())
+    }
+
+    /// The path counters of the current context for `numbering` (a function's numbering as
+    /// the monitor made it, never 0) of `paths` paths: the host address of the array's first
+    /// counter, which path `r` is counted at `+ 8 r`. Made zeroed the first time for that
+    /// numbering — chained to the node's array of an older numbering, whose counts stay for
+    /// the monitor — and `None` when the thread's counter arena is full (the activation then
+    /// runs cold).
+    pub fn path_counters(&mut self, numbering: u32, paths: u32) -> Option<u64> {
+        debug_assert_ne!(numbering, 0, "numbering 0 means none");
+        let ctx = self.area().ctx;
+        let node = self.arena.at(ctx);
+        if node.numbering == numbering as u64 {
+            return Some(node.counters);
+        }
+        let prev = node.counters;
+        let first = self.counters.make(numbering, paths, prev)?;
+        self.arena.set_counters(ctx, first, numbering as u64);
+        Some(first)
     }
 
     /// Rule 1, a direct `call` of the function entered at `callee` that returns to
@@ -228,7 +251,7 @@ impl Contexts {
         let parent = self.current();
         let child = self.child(parent, callee);
         let child_addr = self.arena.addr(child);
-        let node = self.arena.at_mut(self.arena.addr(parent));
+        let cache = self.arena.cache_mut(self.arena.addr(parent));
         let probes = probes(indirect, callee);
         let victim = if indirect {
             Node::indirect_victim(callee)
@@ -238,9 +261,9 @@ impl Contexts {
         let slot = probes
             .iter()
             .copied()
-            .find(|&i| node.cache[i].key == 0)
+            .find(|&i| cache[i].key == 0)
             .unwrap_or(victim);
-        node.cache[slot] = CacheEntry {
+        cache[slot] = CacheEntry {
             key: !callee,
             child: child_addr,
         };
@@ -289,15 +312,15 @@ impl Contexts {
         let cur = self.arena.at(self.area().ctx);
         let parent = self.arena.addr(ContextId(cur.parent_id));
         let probes = Node::direct_probes(entry);
-        let node = self.arena.at_mut(parent);
-        if !probes.iter().any(|&i| node.cache[i].key == !entry) {
+        let child = self.arena.addr(c);
+        let cache = self.arena.cache_mut(parent);
+        if !probes.iter().any(|&i| cache[i].key == !entry) {
             let slot = probes
                 .iter()
                 .copied()
-                .find(|&i| node.cache[i].key == 0)
+                .find(|&i| cache[i].key == 0)
                 .unwrap_or(probes[0]);
-            let child = self.arena.addr(c);
-            self.arena.at_mut(parent).cache[slot] = CacheEntry { key: !entry, child };
+            cache[slot] = CacheEntry { key: !entry, child };
         }
         c
     }
@@ -494,6 +517,48 @@ mod tests {
         assert_eq!(c.ret(0x1009, &NoSymbols), main);
         assert_eq!(c.ret(0x10, &NoSymbols), ContextId::ROOT);
         assert_eq!(c.resyncs, [0; 4]);
+    }
+
+    /// Each context of an instrumented function counts in its own array; the monitor reads
+    /// them per context; a new numbering gets a new array and keeps the old one's counts.
+    #[test]
+    fn path_counters_are_per_context_and_per_numbering() {
+        let mut c = Contexts::new_owned().unwrap();
+        let v = c.view();
+        let main = c.call(0x1000, 0x10);
+        let f_in_main = c.call(0x2000, 0x1005);
+        let count = |at: u64, r: u64| {
+            // SAFETY (test): path `r` of an array of `path_counters`'s, as emitted code counts.
+            unsafe { *((at + 8 * r) as *mut u64) += 1 };
+        };
+        let a = c.path_counters(1, 4).unwrap();
+        assert_eq!(c.path_counters(1, 4), Some(a), "made once per numbering");
+        count(a, 3);
+        count(a, 3);
+        c.ret(0x1005, &NoSymbols);
+        let g = c.call(0x3000, 0x1009);
+        let f_in_g = c.call(0x2000, 0x3005);
+        assert_ne!(f_in_g, f_in_main);
+        let b = c.path_counters(1, 4).unwrap();
+        assert_ne!(a, b);
+        count(b, 0);
+        // The function renumbered (numbering 2, 5 paths): a new array in this context.
+        let b2 = c.path_counters(2, 5).unwrap();
+        count(b2, 4);
+        let counts = |id| {
+            v.path_counts(id)
+                .into_iter()
+                .map(|p| (p.numbering, p.counts))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counts(f_in_main), vec![(1, vec![0, 0, 0, 2])]);
+        assert_eq!(
+            counts(f_in_g),
+            vec![(2, vec![0, 0, 0, 0, 1]), (1, vec![1, 0, 0, 0])]
+        );
+        assert_eq!(counts(main), vec![]);
+        assert_eq!(counts(g), vec![]);
+        assert_eq!(counts(ContextId(99)), vec![]);
     }
 
     #[test]
