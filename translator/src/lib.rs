@@ -26,6 +26,7 @@ pub mod gateway;
 pub mod guest_mem;
 pub mod linux;
 pub mod modules;
+pub mod path_steps;
 mod smc;
 mod special;
 pub mod superblock;

@@ -171,7 +171,9 @@ pub mod off {
     pub const FRAME_TOP: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::FRAME_TOP) as i32;
     /// Tail calls made by translated code.
     pub const TAIL_CALLS: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::TAIL_CALLS) as i32;
-    /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 16 k`.
+    /// GS offset of the path register (`ContextArea::path`).
+    pub const PATH: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::PATH) as i32;
+    /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 32 k`.
     pub const CONTEXTS: i32 = offset_of!(ThreadArea, contexts) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
 

@@ -318,9 +318,11 @@ fn assert_patch_sites_aligned(what: &str, code: &[u8], base: u64, exits: &[Exit]
             let off = (site.0 - base) as usize;
             let is_jmp = code[off - 1] == 0xe9;
             let is_jcc = code[off - 2] == 0x0f && code[off - 1] & 0xf0 == 0x80;
+            // A call's landing site (`context_steps`): `lea rcx, [rip + rel32]`.
+            let is_landing = code[off - 3..off] == [0x48, 0x8d, 0x0d];
             assert!(
-                is_jmp || is_jcc,
-                "{what}: {site} does not follow a branch opcode"
+                is_jmp || is_jcc || is_landing,
+                "{what}: {site} does not follow a branch opcode or a landing's lea"
             );
         }
     }
@@ -331,7 +333,8 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
     // Another thread unlinks a thread's direct exits while that thread may be running them
     // (`kick`): a displacement that crossed a cache line could be fetched half patched. Each
     // case (a block, and a superblock over the guest offsets given) is emitted at the four
-    // host addresses modulo 4.
+    // host addresses modulo 4, with calling contexts too (a call's landing site, its `lea`, is
+    // linked like a direct exit).
     let cases: [(&str, Vec<u8>, u64, &[u64]); 4] = [
         (
             "jcc",
@@ -360,11 +363,15 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
         page[..bytes.len()].copy_from_slice(bytes);
         for skew in 0..4u64 {
             let base = HOST + skew;
-            for enqueue in [Some(RING_ENTRIES), None] {
+            for (enqueue, contexts) in [
+                (Some(RING_ENTRIES), false),
+                (None, false),
+                (Some(RING_ENTRIES), true),
+            ] {
                 let cx = EmitContext {
                     enqueue,
                     gateway: GATEWAY,
-                    contexts: false,
+                    contexts,
                 };
                 let block = decode_block(GuestAddr(*guest));
                 let e = emit_block(&block, BlockId(7), HostAddr(base), 0, &cx).expect("emits");
@@ -382,4 +389,50 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
             }
         }
     }
+}
+
+/// The path register's steps of instrumented translations (`path_steps`), for small and
+/// 64-bit values: the golden file shows the sequences, and none may change a flag (the guest's
+/// are live across every edge).
+#[test]
+fn path_steps_are_flag_free() {
+    use hotpath_translator::path_steps::{path_add, path_end, path_start};
+    type Ops = dynasmrt::VecAssembler<dynasmrt::x64::X64Relocation>;
+    type Step = Box<dyn Fn(&mut Ops)>;
+    let exit = GATEWAY.exit.0 as usize;
+    let cases: Vec<(&str, Step)> = vec![
+        (
+            "start, numbering 3, r = 5",
+            Box::new(move |o| path_start(o, 3, 5, 9, exit)),
+        ),
+        (
+            "start, r = 2^40",
+            Box::new(move |o| path_start(o, 3, 1 << 40, 9, exit)),
+        ),
+        ("add 0 (a tree edge: nothing)", Box::new(|o| path_add(o, 0))),
+        ("add 7", Box::new(|o| path_add(o, 7))),
+        (
+            "add -2 (mod 2^64)",
+            Box::new(|o| path_add(o, 2u64.wrapping_neg())),
+        ),
+        ("add 2^40", Box::new(|o| path_add(o, 1 << 40))),
+        (
+            "back edge: end 4, restart 1",
+            Box::new(|o| path_end(o, 4, Some(1))),
+        ),
+        ("exit: end 0", Box::new(|o| path_end(o, 0, None))),
+        ("exit: end 2^40", Box::new(|o| path_end(o, 1 << 40, None))),
+    ];
+    let mut out = String::from("# path_steps\n");
+    for (name, emit) in &cases {
+        let mut ops = Ops::new(HOST as usize);
+        emit(&mut ops);
+        let code = ops.finalize().expect("assembles");
+        writeln!(out, "\n## {name}").unwrap();
+        out.push_str(&disassemble(&code, HOST));
+        for inst in Decoder::with_ip(64, &code, HOST, DecoderOptions::NONE) {
+            assert_eq!(inst.rflags_modified(), 0, "{name}: {inst} changes flags");
+        }
+    }
+    compare_golden("path_steps", out);
 }

@@ -51,7 +51,11 @@ pub struct ContextArea {
     /// Tail calls translated code made without the runtime (see
     /// [`crate::Contexts::resync_counts`]).
     pub tail_calls: u64,
-    _pad: [u64; 5],
+    /// The Ball-Larus path register `r` of the top activation when it runs instrumented code
+    /// (#21 stage 2; docs/paths-design.md, "Step 3 broken down"): written and read only by
+    /// instrumented translations and the runtime's steps for them.
+    pub path: u64,
+    _pad: [u64; 4],
     /// The frame stack, `frames[0]` the sentinel.
     pub frames: [Frame; FRAMES_MAX + 1],
 }
@@ -63,6 +67,8 @@ impl ContextArea {
     pub const FRAME_TOP: usize = offset_of!(ContextArea, frame_top);
     /// Offset of [`ContextArea::tail_calls`], bytes.
     pub const TAIL_CALLS: usize = offset_of!(ContextArea, tail_calls);
+    /// Offset of [`ContextArea::path`], bytes.
+    pub const PATH: usize = offset_of!(ContextArea, path);
     /// Offset of `frames[0]` (the sentinel), bytes.
     pub const FRAMES: usize = offset_of!(ContextArea, frames);
     /// `frame_top` of an empty stack (the sentinel alone), bytes.
@@ -116,6 +122,7 @@ mod tests {
     fn layout_is_what_emitted_code_assumes() {
         assert_eq!(ContextArea::CTX, 0);
         assert_eq!(ContextArea::FRAME_TOP, 8);
+        assert_eq!(ContextArea::PATH, 24);
         assert_eq!(ContextArea::FRAMES, 64);
         assert_eq!(size_of::<Frame>(), 32);
         assert_eq!(offset_of!(Frame, caller), 8);
