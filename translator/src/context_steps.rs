@@ -25,11 +25,10 @@
 //! rel32 is linked like a direct exit's `jmp` — first to an exit stub for the return point,
 //! then to the return point's translation — so that the `ret` goes on at the caller's own
 //! translation of the return point without probing the lookup table (a return stack, as
-//! DynamoRIO's and QEMU's). A return point may have two
-//! translations at once (an instrumented caller's and a cold one's: docs/paths-design.md,
-//! "Stage 2"); each caller returns to its own. A superblock's inlined calls have their stubs
-//! after its side exits. Frames the runtime pushes hold 0 (the lookup), and so does every frame after
-//! a code cache flush.
+//! DynamoRIO's and QEMU's). A return point may have two translations at once (an instrumented
+//! caller's and a cold one's: docs/paths-design.md, "Stage 2"); each caller returns to its own.
+//! A superblock's inlined calls have their stubs after its side exits. Frames the runtime
+//! pushes hold 0 (the lookup), and so does every frame after a code cache flush.
 //!
 //! Every compare is `lea`/`jrcxz`: the guest's flags are live across calls and returns. The
 //! exits leave the guest's registers as at the end of the guest instruction (RCX in its scratch
