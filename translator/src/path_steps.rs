@@ -1,9 +1,9 @@
 //! Emitting the path register's steps of instrumented translations (#21 stage 2;
-//! docs/paths-design.md, "Step 3 broken down", 3c): what an instrumented block does with the Ball-Larus register `r`
-//! (`ContextArea::path`) and the current context's path counters (`Node::counters`) when an
-//! activation starts, on a forward edge, and where a path ends (a back edge, the activation's
-//! end). The values come from the monitor's numbering of the function
-//! (`hotpath_monitor::Numbering`: Ball-Larus lecture steps 1–3).
+//! docs/paths-design.md, "Step 3 broken down", 3c): what an instrumented block does with the
+//! Ball-Larus register `r` (`ContextArea::path`) and the current context's path counters
+//! (`Node::counters`) when an activation starts, on a forward edge, and where a path ends (a
+//! back edge, the activation's end). The values come from the monitor's numbering of the
+//! function (`hotpath_monitor::Numbering`: Ball-Larus lecture steps 1–3).
 //!
 //! ```text
 //! start:  node(ctx).numbering == N ? r = start : ─────────────▶ exit "no counters for N"
