@@ -14,6 +14,8 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::reserve::Reserved;
+
 /// Counters (and headers) the arena holds at most, in `u64` words: 256 MiB of address space,
 /// reserved, not committed — pages are touched as arrays are made. A thread whose contexts
 /// need more runs the rest cold ([`CounterArena::make`] returns `None`).
@@ -33,7 +35,8 @@ pub struct PathCounts {
 
 /// The arena's mapping, shared by the writer ([`CounterArena`]) and readers.
 pub(crate) struct CounterMapping {
-    base: *mut u64,
+    /// [`COUNTER_WORDS_MAX`] words, unmapped when the last user is gone.
+    mem: Reserved<u64>,
     /// Words handed out (Release after each array's header is written).
     used: AtomicU64,
 }
@@ -43,14 +46,6 @@ pub(crate) struct CounterMapping {
 unsafe impl Send for CounterMapping {}
 // SAFETY: as above.
 unsafe impl Sync for CounterMapping {}
-
-impl Drop for CounterMapping {
-    fn drop(&mut self) {
-        // SAFETY: `base` is a mapping of `COUNTER_WORDS_MAX` words made in `CounterArena::new`,
-        // unmapped once, when its last user is gone.
-        unsafe { libc::munmap(self.base.cast(), COUNTER_WORDS_MAX * size_of::<u64>()) };
-    }
-}
 
 /// The readers' handle on a thread's counters: empty until the thread makes its first array
 /// (most threads and runs never do, and the arena's address space is then never taken).
@@ -99,13 +94,13 @@ impl CounterArena {
         // SAFETY: `header..header + words` is in the mapping (checked) and beyond `used`: no
         // reader looks at it yet, and the kernel zeroed it.
         unsafe {
-            let h = map.base.add(header);
+            let h = map.mem.base().add(header);
             h.write(numbering as u64 | (len as u64) << 32);
             h.add(1).write(prev);
         }
         self.used += words;
         map.used.store(self.used as u64, Ordering::Release);
-        Some(map.base as u64 + ((header + HEADER_WORDS) * size_of::<u64>()) as u64)
+        Some(map.mem.base() as u64 + ((header + HEADER_WORDS) * size_of::<u64>()) as u64)
     }
 
     /// The readers' handle.
@@ -120,23 +115,8 @@ impl CounterMapping {
     /// # Errors
     /// The OS error if the address space cannot be reserved.
     fn new() -> std::io::Result<CounterMapping> {
-        let bytes = COUNTER_WORDS_MAX * size_of::<u64>();
-        // SAFETY: a fresh private anonymous mapping; the kernel gives zeroed pages.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(CounterMapping {
-            base: p.cast(),
+            mem: Reserved::new(COUNTER_WORDS_MAX)?,
             used: AtomicU64::new(0),
         })
     }
@@ -146,7 +126,7 @@ impl CounterMapping {
     /// not a snapshot). Addresses outside the arena end the chain.
     pub(crate) fn read_chain(&self, mut counters: u64) -> Vec<PathCounts> {
         let used = self.used.load(Ordering::Acquire) as usize;
-        let base = self.base as u64;
+        let base = self.mem.base() as u64;
         let mut out = Vec::new();
         while counters != 0 {
             let Some(first) = counters
@@ -161,7 +141,7 @@ impl CounterMapping {
             // the Release that published `used`; the counters after it are whole aligned words,
             // read with volatile loads because the owning thread may be adding to them.
             unsafe {
-                let h = self.base.add(first - HEADER_WORDS);
+                let h = self.mem.base().add(first - HEADER_WORDS);
                 let word = h.read_volatile();
                 let prev = h.add(1).read_volatile();
                 let len = (word >> 32) as usize;
@@ -169,7 +149,7 @@ impl CounterMapping {
                     break;
                 }
                 let counts = (0..len)
-                    .map(|i| self.base.add(first + i).read_volatile())
+                    .map(|i| self.mem.base().add(first + i).read_volatile())
                     .collect();
                 out.push(PathCounts {
                     numbering: word as u32,

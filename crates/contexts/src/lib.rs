@@ -45,10 +45,12 @@
 //! | `area.rs` | the per-thread [`ContextArea`]: current context, frame stack (layout emitted code uses) |
 //! | `tree.rs` | context nodes in an arena that never moves; the monitor's [`ContextView`] |
 //! | `counters.rs` | path counters of context nodes, chained per numbering (#21 stage 2) |
+//! | `reserve.rs` | the reserved mappings both arenas live in |
 //! | `rules.rs` | [`Contexts`]: the fast paths as emitted code does them, and the slow paths' rules |
 
 mod area;
 mod counters;
+mod reserve;
 mod rules;
 mod tree;
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::counters::{PathCounts, SharedCounters};
+use crate::reserve::Reserved;
 
 /// Contexts per thread (256 bytes each: 64 MiB of address space, touched as they are made).
 /// Past it a new context is its parent ([`crate::Contexts::contexts_folded`] counts them).
@@ -145,7 +146,8 @@ pub struct NodeInfo {
 
 /// The arena's mapping, shared by the writer ([`Arena`]) and readers ([`ContextView`]).
 struct Mapping {
-    base: *mut Node,
+    /// [`CONTEXTS_MAX`] nodes, unmapped when the last user (writer or view) is gone.
+    mem: Reserved<Node>,
     /// Nodes written and published (Release after each node is complete).
     published: AtomicU32,
 }
@@ -155,14 +157,6 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `base` is the start of a mapping of `CONTEXTS_MAX` nodes made in `Arena::new`,
-        // unmapped once, when its last user (writer or view) is gone.
-        unsafe { libc::munmap(self.base.cast(), CONTEXTS_MAX * size_of::<Node>()) };
-    }
-}
 
 /// The nodes of one thread's tree, appended by that thread. Node addresses never change.
 pub(crate) struct Arena {
@@ -176,24 +170,9 @@ impl Arena {
     /// # Errors
     /// The OS error if the address space cannot be reserved.
     pub(crate) fn new() -> std::io::Result<Arena> {
-        let bytes = CONTEXTS_MAX * size_of::<Node>();
-        // SAFETY: a fresh private anonymous mapping; the kernel gives zeroed pages.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
         let mut arena = Arena {
             map: Arc::new(Mapping {
-                base: p.cast(),
+                mem: Reserved::new(CONTEXTS_MAX)?,
                 published: AtomicU32::new(0),
             }),
             len: 0,
@@ -215,12 +194,12 @@ impl Arena {
     /// Host address of node `id`.
     pub(crate) fn addr(&self, id: ContextId) -> u64 {
         debug_assert!(id.0 < self.len);
-        self.map.base as u64 + id.0 as u64 * size_of::<Node>() as u64
+        self.map.mem.base() as u64 + id.0 as u64 * size_of::<Node>() as u64
     }
 
     /// Index of the node at host address `addr`, which must be one of this arena's nodes.
     fn index_of(&self, addr: u64) -> usize {
-        let offset = addr.wrapping_sub(self.map.base as u64);
+        let offset = addr.wrapping_sub(self.map.mem.base() as u64);
         let i = offset / size_of::<Node>() as u64;
         assert!(
             offset.is_multiple_of(size_of::<Node>() as u64) && i < self.len as u64,
@@ -234,7 +213,7 @@ impl Arena {
         let i = self.index_of(addr);
         // SAFETY: `i` indexes a node written by `push` (`index_of` checks), and the only writer
         // is the caller's thread, which holds `&self`.
-        unsafe { &*self.map.base.add(i) }
+        unsafe { &*self.map.mem.base().add(i) }
     }
 
     /// The child cache of the node at host address `addr`, to refill it.
@@ -242,7 +221,7 @@ impl Arena {
         let i = self.index_of(addr);
         // SAFETY: as in `at`; `&mut self` makes this the only reference the writer holds, and
         // it covers the cache alone, which readers (`ContextView`) never read.
-        unsafe { &mut *std::ptr::addr_of_mut!((*self.map.base.add(i)).cache) }
+        unsafe { &mut *std::ptr::addr_of_mut!((*self.map.mem.base().add(i)).cache) }
     }
 
     /// Sets the path counters of the node at host address `addr`: the first counter of its
@@ -253,7 +232,7 @@ impl Arena {
         // these two words meanwhile, so they are written atomically, and no reference to the
         // node is made. The pointer first: a reader that sees the numbering (Release) sees it.
         unsafe {
-            let n = self.map.base.add(i);
+            let n = self.map.mem.base().add(i);
             AtomicU64::from_ptr(std::ptr::addr_of_mut!((*n).counters))
                 .store(counters, Ordering::Relaxed);
             AtomicU64::from_ptr(std::ptr::addr_of_mut!((*n).numbering))
@@ -278,7 +257,7 @@ impl Arena {
         // SAFETY: `id` is below CONTEXTS_MAX (checked), in the mapping, and not yet published:
         // no reader looks at it.
         unsafe {
-            self.map.base.add(id.0 as usize).write(Node {
+            self.map.mem.base().add(id.0 as usize).write(Node {
                 cache: [CacheEntry::default(); CACHE_ENTRIES],
                 parent: parent_addr,
                 function,
@@ -334,7 +313,7 @@ impl ContextView {
         // which the writer changes, are not read. Each field is read on its own, through raw
         // pointers, so no reference to the racing fields is made.
         unsafe {
-            let n = self.map.base.add(id.0 as usize);
+            let n = self.map.mem.base().add(id.0 as usize);
             Some(NodeInfo {
                 parent: ContextId(std::ptr::addr_of!((*n).parent_id).read()),
                 function: std::ptr::addr_of!((*n).function).read(),
@@ -356,7 +335,7 @@ impl ContextView {
         // atomically (`Arena::set_counters`), and read the same way here, through a raw
         // pointer, without a reference to the node.
         let first = unsafe {
-            let n = self.map.base.add(id.0 as usize);
+            let n = self.map.mem.base().add(id.0 as usize);
             AtomicU64::from_ptr(std::ptr::addr_of!((*n).counters).cast_mut())
                 .load(Ordering::Acquire)
         };
