@@ -229,23 +229,10 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
 mod tests {
     use super::*;
     use hotpath_events::NewBlock;
-    use hotpath_ir::{BlockSummary, Cond, GuestAddr};
+    use hotpath_ir::{Cond, GuestAddr};
     use std::sync::Arc;
 
-    fn block(t: &mut Tables, id: u32, start: u64, instructions: u32, terminator: Terminator) {
-        t.learn(&NewBlock {
-            id: BlockId(id),
-            summary: BlockSummary {
-                start: GuestAddr(start),
-                terminator_addr: GuestAddr(start),
-                len_bytes: 4,
-                instructions,
-                terminator,
-            },
-            kind: IdKind::Block,
-            code: Box::default(),
-        });
-    }
+    use crate::tables::learn_test_block as block;
 
     fn requested(cmds: &[Command]) -> Vec<Vec<u32>> {
         cmds.iter()

@@ -670,6 +670,30 @@ impl Expander {
     }
 }
 
+/// Learns a basic block for a unit test: id `id` at guest `start`, 4 bytes, `instructions`
+/// instructions, ending with `terminator`.
+#[cfg(test)]
+pub(crate) fn learn_test_block(
+    t: &mut Tables,
+    id: u32,
+    start: u64,
+    instructions: u32,
+    terminator: hotpath_ir::Terminator,
+) {
+    t.learn(&NewBlock {
+        id: BlockId(id),
+        summary: BlockSummary {
+            start: hotpath_ir::GuestAddr(start),
+            terminator_addr: hotpath_ir::GuestAddr(start),
+            len_bytes: 4,
+            instructions,
+            terminator,
+        },
+        kind: IdKind::Block,
+        code: Box::default(),
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

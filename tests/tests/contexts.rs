@@ -8,6 +8,20 @@ use std::process::Command;
 use hotpath_contexts::{Contexts, Functions, Resync};
 use hotpath_e2e::{guest_build, hotpath_bin, runner, Linkage};
 
+/// Runs `cmd` (a hotpath run), which must exit 0; its outcome.
+fn run_to_exit_0(cmd: &mut Command) -> runner::Outcome {
+    let what = runner::describe(cmd);
+    let outcome =
+        runner::run(cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        matches!(outcome.termination, runner::Termination::Exited(0)),
+        "{what}: {:?}\n{}",
+        outcome.termination,
+        String::from_utf8_lossy(&outcome.stderr)
+    );
+    outcome
+}
+
 /// `(contexts made, context steps through the runtime, resynchronisations)` from the summary
 /// line of `hotpath run --guest-contexts extra... -- exe`, which must exit 0.
 fn contexts_line(exe: &Path, extra: &[&str]) -> (u64, u64, u64) {
@@ -27,14 +41,8 @@ fn contexts_line_of(exe: &Path, args: &[&str], extra: &[&str]) -> (u64, u64, u64
         .args(args);
     hotpath_e2e::set_guest_environment(&mut cmd, exe.parent().unwrap_or(Path::new("/")));
     let what = runner::describe(&cmd);
-    let outcome =
-        runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let outcome = run_to_exit_0(&mut cmd);
     let stderr = String::from_utf8_lossy(&outcome.stderr);
-    assert!(
-        matches!(outcome.termination, runner::Termination::Exited(0)),
-        "{what}: {:?}\n{stderr}",
-        outcome.termination
-    );
     let line = stderr
         .lines()
         .find_map(|l| l.strip_prefix("hotpath: calling contexts: "))
@@ -210,14 +218,7 @@ fn busybox_tail_calls_match_the_monitors_shadow_stack() {
                 &mut cmd,
                 busybox.parent().unwrap_or(Path::new("/")),
             );
-            let what = runner::describe(&cmd);
-            let outcome = runner::run(&mut cmd, hotpath_e2e::run_timeout())
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(
-                matches!(outcome.termination, runner::Termination::Exited(0)),
-                "{what}: {:?}",
-                outcome.termination
-            );
+            run_to_exit_0(&mut cmd);
             let own = tail_calls_of(&report, applet);
             assert!(own > 0, "{applet:?} {extra:?}: no tail call seen");
             assert_eq!(
@@ -422,14 +423,7 @@ fn followed_contexts_give_the_profile_of_the_shadow_stacks_own_rules() {
                     .args(*extra)
                     .arg("--")
                     .arg(&exe);
-                let what = runner::describe(&cmd);
-                let outcome = runner::run(&mut cmd, hotpath_e2e::run_timeout())
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert!(
-                    matches!(outcome.termination, runner::Termination::Exited(0)),
-                    "{what}: {:?}",
-                    outcome.termination
-                );
+                run_to_exit_0(&mut cmd);
                 let text = std::fs::read_to_string(&report).expect("the report");
                 serde_json::from_str::<serde_json::Value>(&text).expect("JSON")["path_profile"]
                     .clone()

@@ -324,8 +324,7 @@ mod tests {
     use super::*;
     use crate::paths::{PathConfig, PathRecorder};
     use crate::Tables;
-    use hotpath_events::{IdKind, NewBlock};
-    use hotpath_ir::{BlockId, BlockSummary, Cond, GuestAddr, Terminator};
+    use hotpath_ir::{Cond, GuestAddr, Terminator};
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
@@ -478,18 +477,7 @@ mod tests {
     }
 
     fn block(t: &mut Tables, id: u32, start: u64, terminator: Terminator) {
-        t.learn(&NewBlock {
-            id: BlockId(id),
-            summary: BlockSummary {
-                start: GuestAddr(start),
-                terminator_addr: GuestAddr(start),
-                len_bytes: 4,
-                instructions: 1,
-                terminator,
-            },
-            kind: IdKind::Block,
-            code: Box::default(),
-        });
+        crate::tables::learn_test_block(t, id, start, 1, terminator);
     }
 
     /// A recorded program: `main` calls `f` in a loop; `f` has a loop with a branch in it and
