@@ -52,6 +52,7 @@ pub struct ForkHold<'a> {
     _spawner: MutexGuard<'a, Option<Spawner>>,
     pool: MutexGuard<'a, Vec<crate::dispatch::ThreadResources>>,
     mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
+    _function_entries: MutexGuard<'a, std::collections::HashSet<u64>>,
     _smc: crate::smc::PagesHold<'a>,
 }
 
@@ -291,6 +292,7 @@ impl ProcessShared {
             _spawner: try_lock(&self.spawner)?,
             pool: try_lock(&self.pool)?,
             mem_fds: try_lock(&self.mem_fds)?,
+            _function_entries: try_lock(&self.function_entries)?,
             _smc: self.smc.try_hold()?,
         })
     }
@@ -405,5 +407,68 @@ impl ProcessShared {
             .get()
             .cloned()
             .unwrap_or_else(|| Arc::from(Vec::new()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fork hold takes every lock of the process: one left out is copied into the child
+    /// held by a thread the child does not have, and the child hangs on it (as it did with
+    /// `function_entries`, taken by every thread that translates a call). The pattern names
+    /// every field, so a new one does not compile until it is sorted here.
+    #[test]
+    fn a_fork_hold_takes_every_lock_of_the_process() {
+        let shared = ProcessShared::new(
+            PathBuf::from("/guest"),
+            Memory {
+                brk_start: 0,
+                brk: 0,
+                guest_regions: Default::default(),
+                modules: Default::default(),
+            },
+            Arc::new(crate::smc::ProtectedPages::default()),
+            Arc::new(Mutex::new(
+                [crate::linux::signals::GuestAction::default(); crate::linux::signals::NSIG + 1],
+            )),
+        );
+        let hold = shared.hold_for_fork();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ProcessShared {
+                    // Not locks: set once, or atomics.
+                    exe: _,
+                    exiting: _,
+                    invalidation_count: _,
+                    threads_started: _,
+                    function_symbols: _,
+                    memory,
+                    registry,
+                    smc,
+                    actions,
+                    threads,
+                    ended_stats,
+                    invalidations,
+                    spawner,
+                    pool,
+                    mem_fds,
+                    function_entries,
+                } = &shared;
+                assert!(memory.try_lock().is_err(), "memory");
+                assert!(registry.try_lock().is_err(), "registry");
+                assert!(smc.try_hold().is_none(), "smc");
+                assert!(actions.try_lock().is_err(), "actions");
+                assert!(threads.try_lock().is_err(), "threads");
+                assert!(ended_stats.try_lock().is_err(), "ended_stats");
+                assert!(invalidations.try_lock().is_err(), "invalidations");
+                assert!(spawner.try_lock().is_err(), "spawner");
+                assert!(pool.try_lock().is_err(), "pool");
+                assert!(mem_fds.try_lock().is_err(), "mem_fds");
+                assert!(function_entries.try_lock().is_err(), "function_entries");
+            });
+        });
+        drop(hold);
+        assert!(shared.function_entries.try_lock().is_ok());
     }
 }
