@@ -39,7 +39,8 @@ fn run_report(exe: &Path, tag: &str, args: &[&str], extra: &[&str]) -> Value {
         runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let text = fs::read_to_string(&report).unwrap_or_else(|e| {
         panic!(
-            "{what} wrote no report: {e}\nstderr: {}",
+            "{what} wrote no report: {e} ({})\nstderr: {}",
+            outcome.termination,
             String::from_utf8_lossy(&outcome.stderr)
         )
     });
