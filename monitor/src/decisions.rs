@@ -236,7 +236,10 @@ mod tests {
 
     fn requested(cmds: &[Command]) -> Vec<Vec<u32>> {
         cmds.iter()
-            .map(|Command::FormSuperblock { blocks }| blocks.iter().map(|b| b.0).collect())
+            .filter_map(|c| match c {
+                Command::FormSuperblock { blocks } => Some(blocks.iter().map(|b| b.0).collect()),
+                _ => None,
+            })
             .collect()
     }
 

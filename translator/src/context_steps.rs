@@ -56,6 +56,7 @@ const FRAMES_END: i32 = ContextArea::FRAMES_END as i32;
 const FRAME_BYTES: i32 = std::mem::size_of::<Frame>() as i32;
 const RETURN_TO: i32 = std::mem::offset_of!(Frame, return_to) as i32;
 const CALLER: i32 = std::mem::offset_of!(Frame, caller) as i32;
+const PATH: i32 = std::mem::offset_of!(Frame, path) as i32;
 const HOST: i32 = std::mem::offset_of!(Frame, host) as i32;
 
 /// Where a call's frame says its `ret` goes on (the frame's host address; module doc). The
@@ -69,6 +70,9 @@ pub(crate) struct Landing {
     /// The landing stub's label in the same assembler, or `None`: the rel32 is left 0 for the
     /// caller to aim.
     pub stub: Option<DynamicLabel>,
+    /// The call is an instrumented one (#21 stage 2): it saves the path register in the
+    /// frame's `path` slot, and its landing is a reload stub ([`reload_path`]), never linked.
+    pub saves_path: bool,
 }
 
 /// Exit indices of one call's slow paths.
@@ -161,8 +165,9 @@ pub(crate) fn indirect_call(
 }
 
 /// The frame push shared by both calls: RAX and RCX borrowed; jumps to `full` when the stack
-/// is full; leaves the current node's host address in RAX. The frame's path slot is left as
-/// it was (nothing reads it yet). Returns the offset of the landing site's rel32.
+/// is full; leaves the current node's host address in RAX. The frame's path slot gets the path
+/// register when `landing.saves_path`, else is left as it was (only instrumented code reads
+/// it). Returns the offset of the landing site's rel32.
 fn push_frame(
     ops: &mut VecAssembler<X64Relocation>,
     full: DynamicLabel,
@@ -187,9 +192,16 @@ fn push_frame(
         None => dynasm!(ops ; .arch x64 ; .u8 0x48 ; .u8 0x8d ; .u8 0x0d ; .u32 0),
     }
     let site = ops.offset().0 - 4;
+    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [rax + FRAME + HOST], rcx);
+    if landing.saves_path {
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov rcx, QWORD [off::PATH]
+            ; .u8 GS ; mov QWORD [rax + FRAME + PATH], rcx
+        );
+    }
     dynasm!(ops
         ; .arch x64
-        ; .u8 GS ; mov QWORD [rax + FRAME + HOST], rcx
         ; .u8 GS ; mov rcx, QWORD [off::CTX]
         ; .u8 GS ; mov QWORD [rax + FRAME + CALLER], rcx
         ; lea rax, [rax + FRAME_BYTES]
@@ -202,12 +214,14 @@ fn push_frame(
 /// Appends a return's frame check and pop merged with its lookup: the target in RCX (the
 /// guest's RCX in its scratch slot, RSP already past the return address). A target that is
 /// not the top frame's return address exits with index `mismatch` (target in `ibl_target`);
-/// else the frame is popped and the return goes on at its host address, or through the
-/// lookup when it has none.
+/// else the frame is popped and the return goes on at its host address, or, when it has none,
+/// through the lookup — or, with `no_host` (an instrumented `ret`, which must not enter cold
+/// code through the table), by exiting with that index (target in `ibl_target`).
 pub(crate) fn return_and_lookup(
     ops: &mut VecAssembler<X64Relocation>,
     mismatch: u32,
     gateway: &Gateway,
+    no_host: Option<u32>,
 ) {
     let exit_addr = gateway.exit.0 as usize;
     compare_top_frame(ops);
@@ -233,7 +247,47 @@ pub(crate) fn return_and_lookup(
         ; .u8 GS ; jmp QWORD [off::JUMP_TO]
         ; lookup:
     );
-    emit_ibl_lookup(ops, gateway);
+    match no_host {
+        None => emit_ibl_lookup(ops, gateway),
+        Some(index) => dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
+            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+            ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+            ; mov ecx, index as i32
+            ; jmp extern exit_addr
+        ),
+    }
+}
+
+/// Appends an instrumented call's reload stub, where its callee's `ret` goes on (the frame's
+/// host address): the path register is the popped frame's `path` slot (the caller's register
+/// at its call block, still in memory just above `frame_top`) plus `add`, the numbering's
+/// increment on the edge from the call block to its return point (docs/paths-design.md,
+/// "Step 3c decided", item 2). Flag-free; every register as it was.
+pub(crate) fn reload_path(ops: &mut VecAssembler<X64Relocation>, add: u64) {
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME + PATH]
+    );
+    match i32::try_from(add as i64) {
+        Ok(0) => {}
+        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
+        Err(_) => dynasm!(ops
+            ; .arch x64
+            ; mov rax, QWORD add as i64
+            ; lea rcx, [rcx + rax]
+        ),
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::PATH], rcx
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+    );
 }
 
 /// Appends an indirect jump's check for rule 4 merged with its lookup: the target in RCX (the

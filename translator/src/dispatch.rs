@@ -3,6 +3,7 @@
 //! system calls, traps, ring refills).
 
 mod contexts;
+mod instrument;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ptr::NonNull;
@@ -85,6 +86,12 @@ pub struct Stats {
     pub context_exits: u64,
     /// Context resynchronisations (deeper and orphan returns, tail calls, jump returns).
     pub context_resyncs: u64,
+    /// Functions the monitor asked to instrument that this thread took (#21 stage 2).
+    pub instrumented: u64,
+    /// Instrumentation requests dropped (not a closed region, or the code changed).
+    pub instrument_dropped: u64,
+    /// Hand-overs: times this thread's instrumented activations turned cold.
+    pub hand_overs: u64,
 }
 
 impl Stats {
@@ -103,6 +110,9 @@ impl Stats {
         self.contexts += o.contexts;
         self.context_exits += o.context_exits;
         self.context_resyncs += o.context_resyncs;
+        self.instrumented += o.instrumented;
+        self.instrument_dropped += o.instrument_dropped;
+        self.hand_overs += o.hand_overs;
     }
 }
 
@@ -211,6 +221,8 @@ pub struct Translator {
     contexts: Option<Contexts>,
     /// Jump entries and what they are linked from (`contexts`).
     links: contexts::ContextLinks,
+    /// Instrumented functions' plans and translations (#21 stage 2).
+    inst: instrument::Instrumentation,
 }
 
 const ARCH_SET_GS: i32 = 0x1001;
@@ -513,6 +525,7 @@ impl Translator {
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
             contexts,
             links: Default::default(),
+            inst: Default::default(),
         }
     }
 
@@ -697,6 +710,7 @@ impl Translator {
             // While the exit is handled, `next` still names where the guest was entered: a flush
             // or an invalidation then must not take a jump entry it ran for one still to run.
             self.links.entering(host);
+            self.entering_hole();
             if self.stepping {
                 // The host does not trap: the dispatcher raises the guest's trap afterwards.
                 self.area.rflags &= !special::EFLAGS_TF;
@@ -767,6 +781,7 @@ impl Translator {
     /// [`Translator::guest_rip`] for a dispatcher that goes on at the guest address instead of
     /// `next`'s host address, after what a jump entry there owes (`settle_jump_entry`).
     fn guest_rip_settled(&mut self, next: Next) -> u64 {
+        self.leave_hole();
         self.settle_jump_entry(next);
         self.guest_rip(next)
     }
@@ -830,6 +845,7 @@ impl Translator {
                         self.stats.superblocks_dropped += 1;
                     }
                 }
+                Command::InstrumentFunctions { plans } => self.instrument(plans),
             }
         }
     }
@@ -880,7 +896,8 @@ impl Translator {
         let Some(&old_entry) = self.blocks.get(&head) else {
             return false;
         };
-        if self.superblock_heads.contains(&head) {
+        // An instrumented function's entry keeps its announcing head.
+        if self.superblock_heads.contains(&head) || self.is_instrumented_entry(head) {
             return false;
         }
         let sb = BlockId(registry.next_id);
@@ -991,6 +1008,10 @@ impl Translator {
                 if let (Some(p), Some(m)) = (&self.producer, self.process.signals.trace_exit()) {
                     p.push(m);
                 }
+                // One in instrumented code ends its hole.
+                if let Some((numbering, block)) = self.process.signals.path_block() {
+                    self.fault_in_hole(numbering, block);
+                }
                 Ok(Ok(Next::Signal))
             }
             EXIT_IBL_MISS => {
@@ -1083,6 +1104,13 @@ impl Translator {
                         Ok(Ok(Next::Guest(entry.0)))
                     }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
+                    k @ (ExitKind::PathEdge { .. }
+                    | ExitKind::PathCall { .. }
+                    | ExitKind::PathLeave { .. }
+                    | ExitKind::PathCounters { .. }
+                    | ExitKind::PathContextCall { .. }
+                    | ExitKind::PathContextReturn { .. }
+                    | ExitKind::PathReturnNoHost { .. }) => self.path_exit(k),
                 }
             }
         }
@@ -1637,6 +1665,9 @@ impl Translator {
     }
 
     fn flush(&mut self) {
+        // Instrumented code goes: an activation in it turns cold first.
+        self.leave_hole();
+        self.inst.clear_generation();
         self.cache.flush();
         self.blocks.clear();
         self.spans.clear();
@@ -1692,6 +1723,11 @@ impl Translator {
     /// [`Self::translate`] with at most `max` instructions; a block of fewer than the usual
     /// most is a single-step block, kept apart from the lookup map.
     fn translate_limited(&mut self, pc: u64, max: usize) -> Result<HostAddr, TranslateError> {
+        if max == MAX_BLOCK_INSTRUCTIONS {
+            if let Some(h) = self.instrumented_entry(pc)? {
+                return Ok(h);
+            }
+        }
         let block = self.decode(GuestAddr(pc), max);
         // Watch the code's pages for writes if the guest may write them (undecodable bytes
         // too: code written there later must replace the trap). Not when nothing could be

@@ -74,12 +74,84 @@ pub enum ExitKind {
     /// A jump reached the entry of function `entry` (through its jump entry, see
     /// `context_steps::jump_entry`) from another function's context: a tail call.
     ContextTailCall { entry: GuestAddr },
+    /// An instrumented block's edge to block `to` of the plan numbered `numbering` (#21 stage
+    /// 2; `instrumented`), its path register step already made: linked like a direct exit, to
+    /// that block's instrumented translation.
+    PathEdge {
+        numbering: u32,
+        from: u32,
+        to: u32,
+        site: HostAddr,
+        stub: HostAddr,
+    },
+    /// An instrumented call's jump (frame pushed, context stepped) to the quiet entry of the
+    /// instrumented function at `callee`, linked like a direct exit.
+    PathCall {
+        numbering: u32,
+        from: u32,
+        callee: GuestAddr,
+        site: HostAddr,
+        stub: HostAddr,
+    },
+    /// An instrumented block's edge to guest `to` that numbering `numbering` does not have
+    /// (the CFG grew): the runtime hands the thread's instrumented activations over and goes
+    /// on at `to`, cold.
+    PathLeave {
+        numbering: u32,
+        from: u32,
+        to: GuestAddr,
+    },
+    /// An instrumented activation's start found the current context without counters of
+    /// numbering `numbering`: the runtime makes them and goes on at `quiet` (the start).
+    PathCounters { numbering: u32, quiet: HostAddr },
+    /// An instrumented call's context step needs the runtime: the frame stack is `full`
+    /// (nothing pushed), or the node's cache missed (the frame, with `r` and the reload stub
+    /// `reload` as its host, is pushed).
+    PathContextCall {
+        numbering: u32,
+        from: u32,
+        callee: GuestAddr,
+        full: bool,
+        reload: HostAddr,
+    },
+    /// An instrumented `ret` (its path counted) whose target, in `ibl_target`, is not the top
+    /// frame's return address: the runtime hands the rest over, then resynchronises.
+    PathContextReturn { numbering: u32 },
+    /// An instrumented `ret` (its path counted) popped a frame with no host address: it goes
+    /// on at its target, in `ibl_target`, cold.
+    PathReturnNoHost { numbering: u32 },
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
     Trap {
         kind: TrapKind,
         at: GuestAddr,
         next: GuestAddr,
     },
+}
+
+impl ExitKind {
+    /// The patchable rel32 of a linkable exit and the exit stub it aims at when unlinked.
+    pub fn link_site(&self) -> Option<(HostAddr, HostAddr)> {
+        match *self {
+            ExitKind::Direct { site, stub, .. }
+            | ExitKind::PathEdge { site, stub, .. }
+            | ExitKind::PathCall { site, stub, .. } => Some((site, stub)),
+            _ => None,
+        }
+    }
+
+    /// True for the exits of instrumented translations.
+    pub fn is_instrumented(&self) -> bool {
+        matches!(
+            self,
+            ExitKind::PathEdge { .. }
+                | ExitKind::PathCall { .. }
+                | ExitKind::PathLeave { .. }
+                | ExitKind::PathCounters { .. }
+                | ExitKind::PathContextCall { .. }
+                | ExitKind::PathContextReturn { .. }
+                | ExitKind::PathReturnNoHost { .. }
+        )
+    }
 }
 
 /// One exit of an emitted block.
@@ -131,6 +203,9 @@ pub struct HostLayout {
     /// For one block of a superblock: the side-exit event that says "the superblock ended
     /// after this block", which the dispatcher enqueues when a fault here ends the trace.
     pub trace_exit: Option<u32>,
+    /// For an instrumented block (#21 stage 2): its plan's numbering and its index in it, so
+    /// that an activation interrupted here can be handed over.
+    pub path_block: Option<(u32, u32)>,
 }
 
 /// What the emitter needs to know besides the block.
@@ -406,7 +481,10 @@ pub(crate) fn append_body(
 /// link can be undone.
 pub(crate) fn resolve_exit_stubs(exits: &mut [Exit], code: &Code_) {
     for e in exits {
-        if let ExitKind::Direct { site, stub, .. } = &mut e.kind {
+        if let ExitKind::Direct { site, stub, .. }
+        | ExitKind::PathEdge { site, stub, .. }
+        | ExitKind::PathCall { site, stub, .. } = &mut e.kind
+        {
             let off = (site.0 - code.base) as usize;
             let rel = i32::from_le_bytes(code.bytes[off..off + 4].try_into().expect("4 bytes"));
             *stub = HostAddr((site.0 as i64 + 4 + rel as i64) as u64);
@@ -951,6 +1029,7 @@ pub(crate) fn emit_terminator(
                 let l = context_steps::Landing {
                     base: chunk_base,
                     stub: Some(stub),
+                    saves_path: false,
                 };
                 let off = context_steps::direct_call(&mut ops, target, calls, exit_addr, l);
                 landing = Some((stub, HostAddr(chunk_base + off as u64)));
@@ -1039,7 +1118,8 @@ pub(crate) fn emit_terminator(
                 });
                 first_exit + exits.len() as u32 - 1
             });
-            let borrowed = return_through_lookup(&mut ops, return_pop(inst), &cx.gateway, mismatch);
+            let borrowed =
+                return_through_lookup(&mut ops, return_pop(inst), &cx.gateway, mismatch, None);
             layout.rcx_borrowed_from = Some(chunk_base + borrowed);
         }
         Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
@@ -1071,6 +1151,7 @@ pub(crate) fn emit_terminator(
                         let l = context_steps::Landing {
                             base: tail_base,
                             stub: Some(stub),
+                            saves_path: false,
                         };
                         let off = context_steps::indirect_call(&mut tail, calls, exit_addr, l);
                         landing = Some((stub, HostAddr(tail_base + off as u64), return_to));
@@ -1120,6 +1201,7 @@ pub(crate) fn return_through_lookup(
     pop: i32,
     gateway: &Gateway,
     context_mismatch: Option<u32>,
+    no_host: Option<u32>,
 ) -> u64 {
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
     let borrowed = ops.offset().0 as u64;
@@ -1129,7 +1211,7 @@ pub(crate) fn return_through_lookup(
         ; lea rsp, [rsp + pop]
     );
     match context_mismatch {
-        Some(index) => context_steps::return_and_lookup(ops, index, gateway),
+        Some(index) => context_steps::return_and_lookup(ops, index, gateway, no_host),
         None => emit_ibl(ops, gateway),
     }
     borrowed

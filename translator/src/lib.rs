@@ -24,6 +24,7 @@ mod dispatch;
 pub mod emit;
 pub mod gateway;
 pub mod guest_mem;
+pub mod instrumented;
 pub mod linux;
 pub mod modules;
 pub mod path_steps;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
 use hotpath_translator::decode::decode_block;
-use hotpath_translator::emit::{emit_block, EmitContext, Exit, ExitKind};
+use hotpath_translator::emit::{emit_block, EmitContext, Exit};
 use hotpath_translator::gateway::Gateway;
 use hotpath_translator::superblock::emit_superblock;
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
@@ -309,7 +309,7 @@ fn calls_and_returns_above_2_gib_use_64_bit_constants() {
 /// has its rel32 4-byte aligned right after a `jmp` (`e9`) or `jcc` (`0f 8x`) opcode.
 fn assert_patch_sites_aligned(what: &str, code: &[u8], base: u64, exits: &[Exit]) {
     for x in exits {
-        if let ExitKind::Direct { site, .. } = x.kind {
+        if let Some((site, _)) = x.kind.link_site() {
             assert_eq!(
                 site.0 % 4,
                 0,
@@ -435,4 +435,139 @@ fn path_steps_are_flag_free() {
         }
     }
     compare_golden("path_steps", out);
+}
+
+/// A recursive function shaped like bench_fib's `fib` (guest offsets):
+///
+/// ```text
+/// 0x0  A: test edi, edi; je C        (branch: C taken, B not taken)
+/// 0x4  B: dec edi; call A            (returns to R)
+/// 0xb  R: jmp A                      (a back edge)
+/// 0xd  C: ret
+/// ```
+fn recursive_function_code() -> Vec<u8> {
+    vec![
+        0x85, 0xff, 0x74, 0x09, 0xff, 0xcf, 0xe8, 0xf5, 0xff, 0xff, 0xff, 0xeb, 0xf3, 0xc3,
+    ]
+}
+
+/// A plan for [`recursive_function_code`] at `guest` (the values are arbitrary but exercise
+/// every step: a stepless taken `jcc`, an add, a call edge with an add, a back edge); without
+/// the edge A → C when `lacks_taken` (a direction first taken after numbering).
+fn recursive_plan(guest: u64, lacks_taken: bool) -> hotpath_events::PathPlan {
+    use hotpath_events::{PathPlan, PlanBackEdge, PlanEdge};
+    let blocks = [0u64, 4, 0xb, 0xd]
+        .iter()
+        .map(|&o| decode_block(GuestAddr(guest + o)).summary())
+        .collect();
+    let mut edges = vec![
+        PlanEdge {
+            from: 0,
+            to: 1,
+            add: 2,
+        },
+        PlanEdge {
+            from: 0,
+            to: 3,
+            add: 0,
+        },
+        PlanEdge {
+            from: 1,
+            to: 2,
+            add: 5,
+        },
+    ];
+    if lacks_taken {
+        edges.remove(1);
+    }
+    PathPlan {
+        numbering: 3,
+        blocks,
+        start: 0,
+        edges,
+        back_edges: vec![PlanBackEdge {
+            from: 2,
+            to: 0,
+            end: 1,
+            restart: 4,
+        }],
+        exits: vec![0, 0, 0, 3],
+        num_paths: 6,
+    }
+}
+
+/// Instrumented translations (`instrumented`, #21 stage 2) of every block of
+/// [`recursive_function_code`]: the entry's announcing and quiet heads, the steps on each edge,
+/// the call's frame save and reload stub, the return's path end, and an edge the plan lacks.
+#[test]
+fn instrumented_blocks_keep_the_path_register() {
+    use hotpath_translator::instrumented::emit_instrumented;
+    let code = recursive_function_code();
+    let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let page = guest_page(GUEST);
+    page.fill(0xcc);
+    page[..code.len()].copy_from_slice(&code);
+    let cx = EmitContext {
+        enqueue: Some(RING_ENTRIES),
+        gateway: GATEWAY,
+        contexts: true,
+    };
+    let mut out = String::from("# instrumented\n");
+    for lacks_taken in [false, true] {
+        let plan = recursive_plan(GUEST, lacks_taken);
+        for (i, b) in plan.blocks.iter().enumerate() {
+            if lacks_taken && i != 0 {
+                continue;
+            }
+            let block = decode_block(b.start);
+            let e = emit_instrumented(&block, &plan, i as u32, BlockId(40), HostAddr(HOST), 0, &cx)
+                .expect("emits");
+            writeln!(
+                out,
+                "\n## block {i} at {}{}: {:?} (body entry {:#x}, heads {:?}, reload {:?})",
+                b.start,
+                if lacks_taken {
+                    ", plan without A -> C"
+                } else {
+                    ""
+                },
+                block.terminator,
+                e.block.entry.0,
+                e.heads.map(|h| (h.announce.0, h.quiet.0)),
+                e.reload.map(|r| r.0),
+            )
+            .unwrap();
+            for x in &e.block.exits {
+                writeln!(out, "exit: {:?}", x.kind).unwrap();
+            }
+            out.push_str(&disassemble(&e.block.code, HOST));
+        }
+    }
+    drop(_guard);
+    compare_golden("instrumented", out);
+}
+
+#[test]
+fn instrumented_exit_displacements_are_4_byte_aligned_at_any_host_address() {
+    use hotpath_translator::instrumented::emit_instrumented;
+    let code = recursive_function_code();
+    let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let page = guest_page(GUEST);
+    page.fill(0xcc);
+    page[..code.len()].copy_from_slice(&code);
+    let cx = EmitContext {
+        enqueue: Some(RING_ENTRIES),
+        gateway: GATEWAY,
+        contexts: true,
+    };
+    let plan = recursive_plan(GUEST, false);
+    for skew in 0..4u64 {
+        for (i, b) in plan.blocks.iter().enumerate() {
+            let block = decode_block(b.start);
+            let base = HOST + skew;
+            let e = emit_instrumented(&block, &plan, i as u32, BlockId(40), HostAddr(base), 0, &cx)
+                .expect("emits");
+            assert_patch_sites_aligned("instrumented", &e.block.code, base, &e.block.exits);
+        }
+    }
 }

@@ -14,12 +14,17 @@
 
 mod catalog;
 mod context;
+mod plan;
 mod ring;
 
 pub use catalog::{BlockCatalog, CatalogWriter};
 pub use context::{
     is_context, is_id, ContextChange, ContextDecoder, ContextEvent, CONTEXT_EVENT, MAX_EVENT_ID,
     TAG_MASK,
+};
+pub use plan::{
+    is_handover, EdgeStep, HandOver, HandOverDecoder, HandedActivation, HandedAt, PathPlan,
+    PlanBackEdge, PlanEdge, HANDOVER_EVENT, MAX_NUMBERING,
 };
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,
@@ -61,6 +66,17 @@ pub enum IdKind {
     /// "Superblock `superblock` ended after the block at position `after` of its trace": the
     /// blocks at positions `0..=after` ran, the rest did not.
     SideExit { superblock: BlockId, after: u32 },
+    /// The announcing entry of a function translated with its path register kept in code
+    /// (numbering `numbering`; docs/paths-design.md, "Step 3c decided"): its summary is the
+    /// entry block's. The event says a whole activation of the function ran instrumented —
+    /// nothing of it is in the ring; its paths, blocks and edges are in its context's counters
+    /// — unless a hand-over follows at once. A pair `x → this` is the edge `x → entry`; a
+    /// pair `this → y` is the edge from the function's one `ret` block, `ret`, to `y`.
+    InstrumentedEntry { numbering: u32, ret: BlockId },
+    /// The `ret` block of an instrumented function (its summary is that block's), only as the
+    /// source of the edges an [`InstrumentedEntry`](IdKind::InstrumentedEntry) stands for:
+    /// never in a ring, and no block count of its own.
+    InstrumentedReturn { numbering: u32 },
 }
 
 /// Metadata of a newly translated id, published in the [`BlockCatalog`] before it first
@@ -94,4 +110,9 @@ pub enum Command {
     /// address. Ignored when an id is stale (its translation was flushed) or the path no
     /// longer matches the guest code.
     FormSuperblock { blocks: Vec<BlockId> },
+    /// Translate these functions with their path registers kept in code (#21 stage 2): a set
+    /// closed under direct calls (each plan's calls go to functions of the set), installed all
+    /// or none. Ignored when a plan no longer matches the guest code or a thread cannot keep
+    /// it; the functions then stay cold, and their blocks keep writing events.
+    InstrumentFunctions { plans: Vec<Arc<PathPlan>> },
 }

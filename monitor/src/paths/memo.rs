@@ -269,6 +269,14 @@ impl MemoState {
                 is_superblock: false,
                 superblock: superblock.0,
             },
+            // Not followed by the path recorder yet (#21 stage 2, step 3e): no blocks.
+            IdKind::InstrumentedEntry { .. } | IdKind::InstrumentedReturn { .. } => EventInfo {
+                start,
+                len: 0,
+                first: NONE,
+                is_superblock: false,
+                superblock: NONE,
+            },
         };
         self.events.push(info);
         matches!(kind, IdKind::Block)

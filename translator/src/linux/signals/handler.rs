@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::emit::{ExitKind, HostLayout};
+use crate::emit::HostLayout;
 use crate::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {
@@ -143,6 +143,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
                 // Not a fault: the frame shows the thread's last trap details (`deliver`).
                 trap: TrapDetails::default(),
                 trace_exit: None,
+                path_block: None,
             })
         };
         if switched {
@@ -195,7 +196,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         if in_cache {
             // SAFETY: this thread's handler, for a PC in translated code.
             let layouts = unsafe { view.blocks.read_in_handler() };
-            if let Some((rip, trace_exit)) = capture_fault(layouts, pc, gregs, area) {
+            if let Some((rip, l)) = capture_fault(layouts, pc, gregs, area) {
                 area.fs_base = fs;
                 let trapno = gregs[REG_TRAPNO] as u64;
                 let trap = TrapDetails {
@@ -222,7 +223,8 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
                         info,
                         rip,
                         trap,
-                        trace_exit,
+                        trace_exit: l.trace_exit,
+                        path_block: l.path_block,
                     })
                 };
                 gregs[REG_RIP] = view.exit_from_signal as i64;
@@ -336,7 +338,7 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
         // SAFETY: published by the dispatcher, which is not changing it (not critical).
         let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
         for e in exits {
-            if let ExitKind::Direct { site, stub, .. } = e.kind {
+            if let Some((site, stub)) = e.kind.link_site() {
                 let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
                 // SAFETY: the site is a 4-byte aligned rel32 (`emit::patchable_jmp`) inside
                 // the code cache's writable view. One atomic store: the owner may be running
@@ -357,15 +359,15 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
 }
 
 /// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
-/// guest's values at the faulting instruction and returns its guest address (with the
-/// superblock side-exit event of the block, if it is in one), or `None` when `pc` is not at a
-/// guest instruction (a fault in hotpath's own stubs).
-fn capture_fault(
-    layouts: &BTreeMap<u64, HostLayout>,
+/// guest's values at the faulting instruction and returns its guest address with the layout of
+/// its block (which says the superblock side exit or instrumented block it is in), or `None`
+/// when `pc` is not at a guest instruction (a fault in hotpath's own stubs).
+fn capture_fault<'a>(
+    layouts: &'a BTreeMap<u64, HostLayout>,
     pc: u64,
     gregs: &[i64; 23],
     area: &mut ThreadArea,
-) -> Option<(u64, Option<u32>)> {
+) -> Option<(u64, &'a HostLayout)> {
     let (_, l) = layouts.range(..=pc).next_back()?;
     if pc >= l.code_end {
         return None;
@@ -402,7 +404,7 @@ fn capture_fault(
     }
     area.gpr = regs;
     area.rflags = gregs[REG_EFL] as u64;
-    Some((rip, l.trace_exit))
+    Some((rip, l))
 }
 
 #[cfg(test)]

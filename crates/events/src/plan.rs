@@ -1,0 +1,418 @@
+//! Path plans: a function's Ball-Larus numbering as its instrumented translation runs it, sent
+//! by the monitor to the translator (#21 stage 2; docs/paths-design.md, "Step 3c decided").
+//!
+//! The monitor numbers a function's CFG as it knows it (`hotpath_monitor::Numbering`: the
+//! Ball-Larus lecture, steps 1–4, back edges cut in address order, an exit edge after every
+//! block) and sends the increments; translated code adds them to the path register `r` and
+//! counts each path's end in the current context's counters. The plan names its blocks by
+//! their shapes ([`BlockSummary`]), so the translator can check that the guest code still
+//! decodes to them, as it does for a superblock's trace.
+
+use hotpath_ir::{BlockSummary, GuestAddr, Terminator};
+
+/// A forward edge's step: `r += add` (mod 2^64; 0 on spanning-tree edges: no code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanEdge {
+    /// Source block (index into [`PathPlan::blocks`]).
+    pub from: u32,
+    /// Destination block, at a higher guest address.
+    pub to: u32,
+    /// Added to the register.
+    pub add: u64,
+}
+
+/// A back edge's step: the path `r + end` is counted, then `r = restart`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanBackEdge {
+    /// Source block.
+    pub from: u32,
+    /// Destination block, at the same or a lower guest address (a loop head).
+    pub to: u32,
+    /// The ending path's id is `r + end` (mod 2^64).
+    pub end: u64,
+    /// The register's value after the edge (the next path's start).
+    pub restart: u64,
+}
+
+/// What the register does on the edge between two blocks of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EdgeStep {
+    /// A forward edge: `r += add`.
+    Forward(u64),
+    /// A back edge: count `r + end`, then `r = restart`.
+    Back { end: u64, restart: u64 },
+}
+
+/// One function's numbering for instrumented translation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathPlan {
+    /// The numbering's id: non-zero, unique in the process; a context node's counters say
+    /// which numbering they count for.
+    pub numbering: u32,
+    /// The function's blocks, as the monitor knows them; block 0 is the entry.
+    pub blocks: Vec<BlockSummary>,
+    /// The register's value when an activation starts, before block 0.
+    pub start: u64,
+    /// Forward edges, sorted by `(from, to)`.
+    pub edges: Vec<PlanEdge>,
+    /// Back edges, sorted by `(from, to)`.
+    pub back_edges: Vec<PlanBackEdge>,
+    /// Per block: the path that ends when the activation ends after it is `r + exits[u]`.
+    pub exits: Vec<u64>,
+    /// Number of paths: every id is below it, and the counter array has this many entries.
+    pub num_paths: u64,
+}
+
+impl PathPlan {
+    /// Guest address of the function's entry.
+    pub fn entry(&self) -> GuestAddr {
+        self.blocks[0].start
+    }
+
+    /// The index of the block at guest address `addr`, if the plan has it.
+    pub fn index_of(&self, addr: GuestAddr) -> Option<u32> {
+        self.blocks
+            .iter()
+            .position(|b| b.start == addr)
+            .map(|i| i as u32)
+    }
+
+    /// The register's step on the edge `from → to`, or `None` when the numbering does not
+    /// have the edge (the CFG grew since: the activation is handed over).
+    pub fn step(&self, from: u32, to: u32) -> Option<EdgeStep> {
+        if let Ok(i) = self
+            .edges
+            .binary_search_by_key(&(from, to), |e| (e.from, e.to))
+        {
+            return Some(EdgeStep::Forward(self.edges[i].add));
+        }
+        self.back_edges
+            .binary_search_by_key(&(from, to), |e| (e.from, e.to))
+            .ok()
+            .map(|i| {
+                let b = &self.back_edges[i];
+                EdgeStep::Back {
+                    end: b.end,
+                    restart: b.restart,
+                }
+            })
+    }
+
+    /// The step on the edge to the guest address `to` from block `from`: `Some((index, step))`
+    /// when `to` is a block of the plan and the edge is numbered.
+    pub fn step_to(&self, from: u32, to: GuestAddr) -> Option<(u32, EdgeStep)> {
+        let j = self.index_of(to)?;
+        Some((j, self.step(from, j)?))
+    }
+
+    /// The function's one `ret` block, if it has exactly one (a closed region's functions
+    /// do: docs/paths-design.md, "Step 3c decided", item 1).
+    pub fn ret_block(&self) -> Option<u32> {
+        let mut rets = self
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.terminator == Terminator::Return);
+        let (i, _) = rets.next()?;
+        rets.next().is_none().then_some(i as u32)
+    }
+}
+
+/// Tag of a hand-over word: bits 31 and 30 both set (block ids have neither, system call
+/// events bit 31 alone, context events bit 30 alone).
+pub const HANDOVER_EVENT: u32 = 0b11 << 30;
+
+const PART_SHIFT: u32 = 28;
+const PAYLOAD_BITS: u32 = 28;
+const PAYLOAD_MASK: u32 = (1 << PAYLOAD_BITS) - 1;
+
+/// Largest numbering id a hand-over can name, plus one.
+pub const MAX_NUMBERING: u32 = 1 << PAYLOAD_BITS;
+
+/// True if `word` is part of a hand-over event.
+#[inline(always)]
+pub fn is_handover(word: u32) -> bool {
+    word & HANDOVER_EVENT == HANDOVER_EVENT
+}
+
+/// Where one handed-over activation is in its function's numbering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandedAt {
+    /// Its path ran up to and including block `block`, with the register at `r` there (a
+    /// Ball-Larus prefix sum, unique per block: the monitor regenerates the prefix).
+    Block { block: u32, r: u64 },
+    /// A back edge to `head` just ended its path: the next path starts at `head`, which has
+    /// not run yet.
+    Head { head: u32 },
+    /// Its path ran up to and including the call block `call` (the register `r` there), and
+    /// that call's callee ran instrumented and returned: the return point has not run yet.
+    Returned { call: u32, r: u64 },
+    /// It started (its announcing event was written) and nothing of it ran: it runs cold from
+    /// its entry.
+    Start,
+}
+
+/// One activation of an instrumented function that turns cold (docs/paths-design.md, "Step 3c
+/// decided", item 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedActivation {
+    /// The numbering it ran under ([`PathPlan::numbering`]).
+    pub numbering: u32,
+    /// Where its current path is.
+    pub at: HandedAt,
+}
+
+/// A hand-over: every live instrumented activation of a thread turns cold at once, bottom
+/// (the hole's root) first. Written to the ring as tagged words:
+///
+/// ```text
+/// word 0:                 11 | 00 | activations (28 bits)
+/// per activation, 5 words: 11 | 01 | numbering
+///                          11 | 10 | where: 00 block, 01 head, 10 returned, 11 start | index (26)
+///                          11 | 11 | r bits 0..28,  11 | 11 | bits 28..56,  11 | 11 | bits 56..64
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HandOver {
+    /// The activations, the hole's root first.
+    pub activations: Vec<HandedActivation>,
+}
+
+/// Words per handed-over activation.
+const ACTIVATION_WORDS: usize = 5;
+
+/// Bits of a block index in a hand-over's "where" word (a plan has far fewer blocks).
+const INDEX_BITS: u32 = 26;
+const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+
+impl HandOver {
+    /// The event's words.
+    ///
+    /// # Panics
+    /// If a numbering does not fit 28 bits or a block index 26 (plans never have them).
+    pub fn encode(&self) -> Vec<u32> {
+        let word = |part: u32, payload: u32| {
+            assert!(payload <= PAYLOAD_MASK, "a hand-over payload fits 28 bits");
+            HANDOVER_EVENT | part << PART_SHIFT | payload
+        };
+        let mut out = Vec::with_capacity(1 + ACTIVATION_WORDS * self.activations.len());
+        out.push(word(0, self.activations.len() as u32));
+        for a in &self.activations {
+            out.push(word(1, a.numbering));
+            let (kind, index, r) = match a.at {
+                HandedAt::Block { block, r } => (0, block, r),
+                HandedAt::Head { head } => (1, head, 0),
+                HandedAt::Returned { call, r } => (2, call, r),
+                HandedAt::Start => (3, 0, 0),
+            };
+            assert!(
+                index <= INDEX_MASK,
+                "a hand-over's block index fits 26 bits"
+            );
+            let where_ = kind << INDEX_BITS | index;
+            out.push(word(2, where_));
+            out.push(word(3, r as u32 & PAYLOAD_MASK));
+            out.push(word(3, (r >> PAYLOAD_BITS) as u32 & PAYLOAD_MASK));
+            out.push(word(3, (r >> (2 * PAYLOAD_BITS)) as u32));
+        }
+        out
+    }
+}
+
+/// Reassembles hand-overs from their words, which may arrive split across reads of the ring.
+#[derive(Clone, Debug, Default)]
+pub struct HandOverDecoder {
+    expected: usize,
+    words: Vec<u32>,
+    partial: HandOver,
+}
+
+impl HandOverDecoder {
+    /// Takes hand-over word `word`; returns the hand-over once its last word is in. Words out
+    /// of order start over (only a ring hotpath wrote wrongly has them).
+    pub fn push(&mut self, word: u32) -> Option<HandOver> {
+        debug_assert!(is_handover(word));
+        let part = (word >> PART_SHIFT) & 0b11;
+        let payload = word & PAYLOAD_MASK;
+        if part == 0 {
+            self.expected = payload as usize;
+            self.words.clear();
+            self.partial = HandOver::default();
+            return (self.expected == 0).then(HandOver::default);
+        }
+        if self.expected == 0 {
+            return None;
+        }
+        let want = match self.words.len() {
+            0 => 1,
+            1 => 2,
+            _ => 3,
+        };
+        if part != want {
+            self.expected = 0;
+            return None;
+        }
+        self.words.push(payload);
+        if self.words.len() < ACTIVATION_WORDS {
+            return None;
+        }
+        let w = std::mem::take(&mut self.words);
+        let r = w[2] as u64 | (w[3] as u64) << PAYLOAD_BITS | (w[4] as u64) << (2 * PAYLOAD_BITS);
+        let index = w[1] & INDEX_MASK;
+        let at = match w[1] >> INDEX_BITS {
+            0 => HandedAt::Block { block: index, r },
+            1 => HandedAt::Head { head: index },
+            2 => HandedAt::Returned { call: index, r },
+            _ => HandedAt::Start,
+        };
+        self.partial.activations.push(HandedActivation {
+            numbering: w[0],
+            at,
+        });
+        if self.partial.activations.len() == self.expected {
+            self.expected = 0;
+            return Some(std::mem::take(&mut self.partial));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{is_context, is_id, SYSCALL_EVENT};
+    use hotpath_ir::GuestAddr;
+
+    fn block(start: u64, terminator: Terminator) -> BlockSummary {
+        BlockSummary {
+            start: GuestAddr(start),
+            terminator_addr: GuestAddr(start),
+            len_bytes: 4,
+            instructions: 1,
+            terminator,
+        }
+    }
+
+    #[test]
+    fn hand_overs_round_trip_word_by_word() {
+        let h = HandOver {
+            activations: vec![
+                HandedActivation {
+                    numbering: 7,
+                    at: HandedAt::Block {
+                        block: 3,
+                        r: 0xdead_beef_0123_4567,
+                    },
+                },
+                HandedActivation {
+                    numbering: MAX_NUMBERING - 1,
+                    at: HandedAt::Head { head: 0 },
+                },
+                HandedActivation {
+                    numbering: 1,
+                    at: HandedAt::Block {
+                        block: 0,
+                        r: u64::MAX,
+                    },
+                },
+                HandedActivation {
+                    numbering: 9,
+                    at: HandedAt::Returned {
+                        call: INDEX_MASK,
+                        r: 12,
+                    },
+                },
+                HandedActivation {
+                    numbering: 4,
+                    at: HandedAt::Start,
+                },
+            ],
+        };
+        let words = h.encode();
+        assert_eq!(words.len(), 1 + 5 * ACTIVATION_WORDS);
+        let mut d = HandOverDecoder::default();
+        let mut out = Vec::new();
+        for &w in &words {
+            assert!(is_handover(w) && !is_id(w) && !is_context(w));
+            assert_ne!(w & HANDOVER_EVENT, SYSCALL_EVENT);
+            out.extend(d.push(w));
+        }
+        assert_eq!(out, vec![h]);
+        assert_eq!(
+            d.push(HandOver::default().encode()[0]),
+            Some(HandOver::default())
+        );
+    }
+
+    #[test]
+    fn a_word_out_of_order_drops_the_event() {
+        let h = HandOver {
+            activations: vec![HandedActivation {
+                numbering: 2,
+                at: HandedAt::Head { head: 1 },
+            }],
+        };
+        let words = h.encode();
+        let mut d = HandOverDecoder::default();
+        assert_eq!(d.push(words[0]), None);
+        assert_eq!(d.push(words[2]), None);
+        for &w in &words[3..] {
+            assert_eq!(d.push(w), None);
+        }
+        let again: Vec<HandOver> = words.iter().filter_map(|&w| d.push(w)).collect();
+        assert_eq!(again, vec![h]);
+    }
+
+    #[test]
+    fn steps_are_found_by_edge() {
+        let plan = PathPlan {
+            numbering: 1,
+            blocks: vec![
+                block(
+                    0x10,
+                    Terminator::Branch {
+                        cond: hotpath_ir::Cond::E,
+                        taken: GuestAddr(0x30),
+                        not_taken: GuestAddr(0x20),
+                    },
+                ),
+                block(
+                    0x20,
+                    Terminator::Jump {
+                        target: GuestAddr(0x10),
+                    },
+                ),
+                block(0x30, Terminator::Return),
+            ],
+            start: 0,
+            edges: vec![
+                PlanEdge {
+                    from: 0,
+                    to: 1,
+                    add: 0,
+                },
+                PlanEdge {
+                    from: 0,
+                    to: 2,
+                    add: 2,
+                },
+            ],
+            back_edges: vec![PlanBackEdge {
+                from: 1,
+                to: 0,
+                end: 1,
+                restart: 3,
+            }],
+            exits: vec![0, 0, 0],
+            num_paths: 4,
+        };
+        assert_eq!(plan.entry(), GuestAddr(0x10));
+        assert_eq!(plan.step(0, 2), Some(EdgeStep::Forward(2)));
+        assert_eq!(
+            plan.step_to(1, GuestAddr(0x10)),
+            Some((0, EdgeStep::Back { end: 1, restart: 3 }))
+        );
+        assert_eq!(plan.step(2, 0), None);
+        assert_eq!(plan.step_to(0, GuestAddr(0x40)), None);
+        assert_eq!(plan.ret_block(), Some(2));
+    }
+}

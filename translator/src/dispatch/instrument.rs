@@ -1,0 +1,509 @@
+//! The dispatcher's side of instrumented translation (#21 stage 2; docs/paths-design.md,
+//! "Step 3c decided"): the monitor's plans, the instrumented translations of this code cache
+//! generation and their links, and the hand-over that turns a thread's instrumented
+//! activations cold.
+//!
+//! A plan set arrives as `Command::InstrumentFunctions`; each function's block 0 is translated
+//! at once, and its announcing head replaces the cold entry everywhere the cold one was
+//! reached from (the block map, the lookup table, links: a jump patched over the cold entry).
+//! Other blocks are translated when an instrumented edge to them is first taken, and only
+//! instrumented exits link to them. While the dispatcher handles an exit of instrumented code
+//! that may go on instrumented, `pending` holds where the top activation is; anything that
+//! makes it go on by guest address instead (a signal, a kick, a flush, single-stepping) hands
+//! the hole over first.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hotpath_events::{
+    EdgeStep, HandOver, HandedActivation, HandedAt, IdKind, NewBlock, PathPlan, MAX_NUMBERING,
+};
+use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
+
+use super::{lock, Next, Stop, Translator, EXIT_SPECIAL_BASE, MAX_BLOCK_INSTRUCTIONS};
+use crate::emit::{EmitContext, ExitKind};
+use crate::instrumented::{emit_instrumented, EntryHeads};
+use crate::thread_area::ThreadArea;
+use crate::TranslateError;
+
+/// Most paths of a function that is instrumented: its counters are one `u64` per path in every
+/// context it runs in (docs/paths-design.md, "Step 3 broken down", 3b).
+pub const MAX_PLAN_PATHS: u64 = 4096;
+
+/// A plan's translations in this generation.
+#[derive(Clone, Copy, Debug)]
+struct Installed {
+    heads: EntryHeads,
+    /// The announcing event's id (`IdKind::InstrumentedEntry`).
+    announce: BlockId,
+}
+
+/// One thread's instrumented translation state.
+#[derive(Default)]
+pub(crate) struct Instrumentation {
+    /// The current plan of each instrumented function, by its entry's guest address.
+    plans: HashMap<u64, Arc<PathPlan>>,
+    /// Every plan this thread took, by numbering (exits name their plan by it).
+    by_numbering: HashMap<u32, Arc<PathPlan>>,
+    /// Plans this thread gave up (the counter arena was full): never installed again.
+    disabled: std::collections::HashSet<u32>,
+    /// This generation: each installed plan's entry points.
+    installed: HashMap<u32, Installed>,
+    /// This generation: `(numbering, block)` → the instrumented block's body entry.
+    blocks: HashMap<(u32, u32), HostAddr>,
+    /// This generation: host address of a reload stub → `(numbering, call block)` (what a
+    /// frame whose host it is stands for).
+    reloads: HashMap<u64, (u32, u32)>,
+    /// While an exit of instrumented code is handled: the top activation's position if the
+    /// thread does not go on in instrumented code (`None` inside: a call not yet entered, or
+    /// a `ret` that ended its activation).
+    pending: Option<Option<(u32, HandedAt)>>,
+}
+
+impl Instrumentation {
+    /// Forgets this generation's translations (a flush); the plans stay.
+    pub(super) fn clear_generation(&mut self) {
+        self.installed.clear();
+        self.blocks.clear();
+        self.reloads.clear();
+    }
+
+    /// The installed heads of the plan for the function at `entry`, if any.
+    fn heads_at(&self, entry: u64) -> Option<EntryHeads> {
+        let plan = self.plans.get(&entry)?;
+        self.installed.get(&plan.numbering).map(|i| i.heads)
+    }
+}
+
+impl Translator {
+    /// Takes a plan set from the monitor: checks it against the guest code, then installs every
+    /// plan's entry. All or none (a region is closed under its calls).
+    pub(super) fn instrument(&mut self, plans: Vec<Arc<PathPlan>>) {
+        if self.contexts.is_none() || self.producer.is_none() || !self.closed_region(&plans) {
+            self.stats.instrument_dropped += 1;
+            return;
+        }
+        for p in &plans {
+            self.inst.plans.insert(p.entry().0, p.clone());
+            self.inst.by_numbering.insert(p.numbering, p.clone());
+        }
+        let generation = self.generation;
+        for p in &plans {
+            match self.install(p.numbering) {
+                Ok(Some(_)) if generation == self.generation => {}
+                // A flush made room, or the code no longer matches: the plans stay, and
+                // installs come again as their entries are translated.
+                _ => break,
+            }
+        }
+        self.stats.instrumented += plans.len() as u64;
+    }
+
+    /// True if `plans` form a closed region and their blocks still decode as planned.
+    fn closed_region(&mut self, plans: &[Arc<PathPlan>]) -> bool {
+        let entries: std::collections::HashSet<u64> = plans.iter().map(|p| p.entry().0).collect();
+        plans.iter().all(|p| {
+            let shape = p.numbering != 0
+                && p.numbering < MAX_NUMBERING
+                && !p.blocks.is_empty()
+                && p.exits.len() == p.blocks.len()
+                && p.num_paths > 0
+                && p.num_paths <= MAX_PLAN_PATHS
+                && p.ret_block().is_some()
+                && !self.inst.by_numbering.contains_key(&p.numbering);
+            shape
+                && p.blocks.iter().enumerate().all(|(i, b)| {
+                    let closed = match b.terminator {
+                        Terminator::Jump { .. }
+                        | Terminator::FallThrough { .. }
+                        | Terminator::Return => true,
+                        Terminator::Branch { .. } => true,
+                        Terminator::Call { target, return_to } => {
+                            target != return_to
+                                && entries.contains(&target.0)
+                                && matches!(
+                                    p.step_to(i as u32, return_to),
+                                    Some((_, EdgeStep::Forward(_)))
+                                )
+                        }
+                        _ => false,
+                    };
+                    closed && self.decode(b.start, MAX_BLOCK_INSTRUCTIONS).summary() == *b
+                })
+        })
+    }
+
+    /// Translates block 0 of plan `numbering` in this generation (once) and makes its
+    /// announcing head the function's entry. `None` when the plan cannot run here (its code
+    /// changed, or it is disabled).
+    fn install(&mut self, numbering: u32) -> Result<Option<Installed>, TranslateError> {
+        if let Some(&i) = self.inst.installed.get(&numbering) {
+            return Ok(Some(i));
+        }
+        if self.inst.disabled.contains(&numbering) {
+            return Ok(None);
+        }
+        let Some(plan) = self.inst.by_numbering.get(&numbering).cloned() else {
+            return Ok(None);
+        };
+        let entry = plan.entry().0;
+        if self.inst.plans.get(&entry).map(|p| p.numbering) != Some(numbering) {
+            return Ok(None);
+        }
+        let Some(body) = self.translate_instrumented(&plan, 0)? else {
+            return Ok(None);
+        };
+        let Some(installed) = self.inst.installed.get(&numbering).copied() else {
+            return Ok(None);
+        };
+        debug_assert_eq!(self.inst.blocks.get(&(numbering, 0)), Some(&body));
+        // Every way into the entry from cold code now writes the announcing event first: new
+        // lookups through the map, existing links through a jump over the old entry, the
+        // lookup table by its entry (unless the slot holds the function's jump entry, which
+        // goes on to the old entry, now a jump here).
+        let announce = installed.heads.announce;
+        if let Some(old) = self.blocks.insert(entry, announce) {
+            if old != announce {
+                self.cache.patch_jump(old, announce);
+            }
+        }
+        let keep_jump_entry = self.is_function_entry(entry);
+        let slot = &mut self.area.ibl[ThreadArea::ibl_index(entry)];
+        if slot.holds(entry) && !keep_jump_entry {
+            slot.host = announce.0;
+        }
+        Ok(Some(installed))
+    }
+
+    /// The body entry of block `index` of `plan`, translating it if needed. `None` when the
+    /// block no longer decodes as planned, or a flush was needed to make room (the caller
+    /// goes on cold; a flush has handed the hole over).
+    fn translate_instrumented(
+        &mut self,
+        plan: &Arc<PathPlan>,
+        index: u32,
+    ) -> Result<Option<HostAddr>, TranslateError> {
+        let numbering = plan.numbering;
+        if let Some(&h) = self.inst.blocks.get(&(numbering, index)) {
+            return Ok(Some(h));
+        }
+        let planned = &plan.blocks[index as usize];
+        let block = self.decode(planned.start, MAX_BLOCK_INSTRUCTIONS);
+        if block.summary() != *planned {
+            return Ok(None);
+        }
+        let pc = planned.start.0;
+        let maps = &mut self.process.maps;
+        self.process
+            .signals
+            .protected_pages()
+            .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
+        let cx = EmitContext {
+            enqueue: Some(self.cfg.ring_entries),
+            gateway: self.gateway,
+            contexts: true,
+        };
+        let shared = self.process.shared.clone();
+        let mut registry = lock(&shared.registry);
+        // Block 0 announces the function with an id of its own, and its `ret` block's alias.
+        let announce = match self.inst.installed.get(&numbering) {
+            Some(i) => i.announce,
+            None => BlockId(registry.next_id),
+        };
+        let first_exit = self.exits.len() as u32;
+        let at = self.cache.next_addr();
+        let emitted = emit_instrumented(&block, plan, index, announce, at, first_exit, &cx)?;
+        let fits = emitted.block.code.len() as u64 <= self.cache.room()
+            && first_exit as u64 + emitted.block.exits.len() as u64 <= EXIT_SPECIAL_BASE as u64;
+        if !fits {
+            drop(registry);
+            self.flush();
+            return Ok(None);
+        }
+        if let Some(heads) = emitted.heads {
+            let ret = plan
+                .ret_block()
+                .expect("a closed region's plan has one ret");
+            registry.announce(NewBlock {
+                id: announce,
+                summary: plan.blocks[0],
+                kind: IdKind::InstrumentedEntry {
+                    numbering,
+                    ret: BlockId(announce.0 + 1),
+                },
+                code: Box::default(),
+            });
+            registry.announce(NewBlock {
+                id: BlockId(announce.0 + 1),
+                summary: plan.blocks[ret as usize],
+                kind: IdKind::InstrumentedReturn { numbering },
+                code: Box::default(),
+            });
+            registry.next_id += 2;
+            self.inst
+                .installed
+                .insert(numbering, Installed { heads, announce });
+        }
+        drop(registry);
+        if self.trace_translation {
+            eprintln!(
+                "hotpath: instrumented block {index} of numbering {numbering} at guest {pc:#x} → {}:\n{}",
+                emitted.block.entry,
+                super::disassemble(&emitted.block.code, at.0)
+            );
+        }
+        self.cache.insert(&emitted.block.code);
+        self.exits.extend(emitted.block.exits);
+        let entry = emitted.block.entry;
+        self.cache
+            .layouts_mut()
+            .insert(emitted.block.layout.code_start, emitted.block.layout);
+        let end = block.end().0.max(pc + 1);
+        let span = self.spans.entry(pc).or_insert(end);
+        *span = (*span).max(end);
+        if let Some(r) = emitted.reload {
+            self.inst.reloads.insert(r.0, (numbering, index));
+        }
+        self.inst.blocks.insert((numbering, index), entry);
+        self.stats.blocks_translated += 1;
+        Ok(Some(entry))
+    }
+
+    /// The position of the top activation after the instrumented edge `from → to` of plan
+    /// `plan` ran its step: what a hand-over says if the thread stops before `to`.
+    fn position_after_edge(&self, plan: &PathPlan, from: u32, to: u32) -> HandedAt {
+        let r = self.area.contexts.path;
+        let returned = matches!(
+            plan.blocks[from as usize].terminator,
+            Terminator::Call { return_to, .. } if return_to == plan.blocks[to as usize].start
+        );
+        match plan.step(from, to) {
+            Some(EdgeStep::Forward(add)) if returned => HandedAt::Returned {
+                call: from,
+                r: r.wrapping_sub(add),
+            },
+            Some(EdgeStep::Forward(add)) => HandedAt::Block {
+                block: from,
+                r: r.wrapping_sub(add),
+            },
+            Some(EdgeStep::Back { .. }) => HandedAt::Head { head: to },
+            None => unreachable!("an instrumented edge is numbered"),
+        }
+    }
+
+    /// Acts on an exit of instrumented code (`ExitKind::is_instrumented`).
+    pub(super) fn path_exit(
+        &mut self,
+        kind: ExitKind,
+    ) -> Result<Result<Next, Stop>, TranslateError> {
+        match kind {
+            ExitKind::PathEdge {
+                numbering,
+                from,
+                to,
+                site,
+                ..
+            } => {
+                let plan = self.inst.by_numbering[&numbering].clone();
+                let at = self.position_after_edge(&plan, from, to);
+                self.inst.pending = Some(Some((numbering, at)));
+                let generation = self.generation;
+                match self.translate_instrumented(&plan, to)? {
+                    Some(h) if generation == self.generation => {
+                        if !self.stepping {
+                            self.cache.patch_rel32(site, h);
+                            self.stats.links += 1;
+                        }
+                        Ok(Ok(Next::Host(h)))
+                    }
+                    _ => {
+                        self.leave_hole();
+                        Ok(Ok(Next::Guest(plan.blocks[to as usize].start.0)))
+                    }
+                }
+            }
+            ExitKind::PathCall { callee, site, .. } => {
+                // The caller's frame (its host the reload stub) says where it is.
+                self.inst.pending = Some(None);
+                self.call_instrumented(callee, Some(site))
+            }
+            ExitKind::PathLeave {
+                numbering,
+                from,
+                to,
+            } => {
+                let r = self.area.contexts.path;
+                self.hand_over(Some((numbering, HandedAt::Block { block: from, r })));
+                // A cold jump there would have gone through its jump entry.
+                if self.is_function_entry(to.0) {
+                    self.context_tail_call(to.0);
+                }
+                Ok(Ok(Next::Guest(to.0)))
+            }
+            ExitKind::PathCounters { numbering, quiet } => {
+                let paths = self.inst.by_numbering[&numbering].num_paths as u32;
+                let made = self
+                    .contexts
+                    .as_mut()
+                    .and_then(|c| c.path_counters(numbering, paths));
+                if made.is_some() {
+                    return Ok(Ok(Next::Host(quiet)));
+                }
+                // The counter arena is full: this thread runs the function cold from now on.
+                let entry = self.inst.by_numbering[&numbering].entry().0;
+                self.hand_over(Some((numbering, HandedAt::Start)));
+                self.inst.disabled.insert(numbering);
+                self.flush();
+                Ok(Ok(Next::Guest(entry)))
+            }
+            ExitKind::PathContextCall {
+                numbering,
+                from,
+                callee,
+                full,
+                reload,
+            } => {
+                if full {
+                    // Nothing pushed; dropping frames would lose the hole's: hand it over,
+                    // then call cold.
+                    let r = self.area.contexts.path;
+                    self.hand_over(Some((numbering, HandedAt::Block { block: from, r })));
+                    return self.context_call(Some(callee), true);
+                }
+                self.stats.context_exits += 1;
+                if let Some(c) = &mut self.contexts {
+                    c.child_slow(false, callee.0);
+                }
+                // The frame the call pushed keeps its reload stub as its host.
+                debug_assert_eq!(
+                    self.area.contexts.live_frames().last().map(|f| f.host),
+                    Some(reload.0)
+                );
+                self.inst.pending = Some(None);
+                self.call_instrumented(callee, None)
+            }
+            ExitKind::PathContextReturn { .. } => {
+                self.hand_over(None);
+                self.context_return()
+            }
+            ExitKind::PathReturnNoHost { .. } => {
+                self.hand_over(None);
+                self.lookup_miss(self.area.ibl_target)
+            }
+            _ => unreachable!("path_exit takes instrumented exits"),
+        }
+    }
+
+    /// Goes on at the quiet entry of the instrumented function at `callee` (its frame pushed
+    /// and its context stepped), linking `site` to it; or, when the callee cannot run
+    /// instrumented here, hands the hole over and enters it by guest address (its announcing
+    /// head, or its cold code).
+    fn call_instrumented(
+        &mut self,
+        callee: GuestAddr,
+        site: Option<HostAddr>,
+    ) -> Result<Result<Next, Stop>, TranslateError> {
+        let generation = self.generation;
+        let numbering = self.inst.plans.get(&callee.0).map(|p| p.numbering);
+        let installed = match numbering {
+            Some(n) => self.install(n)?,
+            None => None,
+        };
+        match installed {
+            Some(i) if generation == self.generation => {
+                if let (Some(site), false) = (site, self.stepping) {
+                    self.cache.patch_rel32(site, i.heads.quiet);
+                    self.stats.links += 1;
+                }
+                Ok(Ok(Next::Host(i.heads.quiet)))
+            }
+            _ => {
+                self.leave_hole();
+                Ok(Ok(Next::Guest(callee.0)))
+            }
+        }
+    }
+
+    /// True if `pc` is the entry of a function instrumented in this generation.
+    pub(super) fn is_instrumented_entry(&self, pc: u64) -> bool {
+        self.inst.heads_at(pc).is_some()
+    }
+
+    /// Before `enter`: the thread goes on in the cache, the hole with it.
+    pub(super) fn entering_hole(&mut self) {
+        self.inst.pending = None;
+    }
+
+    /// The dispatcher goes on by guest address: if an exit of instrumented code was being
+    /// handled, hand its hole over first.
+    pub(super) fn leave_hole(&mut self) {
+        if let Some(top) = self.inst.pending.take() {
+            self.hand_over(top);
+        }
+    }
+
+    /// A fault in instrumented block `block` of plan `numbering` (the guest's state is at the
+    /// faulting instruction: no step of the block's edges has run).
+    pub(super) fn fault_in_hole(&mut self, numbering: u32, block: u32) {
+        let r = self.area.contexts.path;
+        self.inst.pending = None;
+        self.hand_over(Some((numbering, HandedAt::Block { block, r })));
+    }
+
+    /// Turns every live instrumented activation of this thread cold: the callers whose
+    /// frames return to a reload stub (their hosts become 0: they return through the lookup),
+    /// then `top`, the running one, if it is live. Writes the hand-over for the monitor when
+    /// there is one (docs/paths-design.md, "Step 3c decided", item 3).
+    pub(super) fn hand_over(&mut self, top: Option<(u32, HandedAt)>) {
+        self.inst.pending = None;
+        let mut activations = Vec::new();
+        let contexts = &mut self.area.contexts;
+        let depth = contexts.depth();
+        for f in contexts.frames[1..=depth].iter_mut().rev() {
+            let Some(&(numbering, call)) = self.inst.reloads.get(&f.host) else {
+                break;
+            };
+            activations.push(HandedActivation {
+                numbering,
+                at: HandedAt::Block {
+                    block: call,
+                    r: f.path,
+                },
+            });
+            f.host = 0;
+        }
+        activations.reverse();
+        if let Some((numbering, at)) = top {
+            activations.push(HandedActivation { numbering, at });
+        }
+        if activations.is_empty() {
+            return;
+        }
+        self.stats.hand_overs += 1;
+        if let Some(p) = &self.producer {
+            for w in (HandOver { activations }).encode() {
+                p.push(w);
+            }
+        }
+    }
+
+    /// The announcing head of the instrumented function entered at `pc`, installing it in
+    /// this generation if its plan is current: what a translation of `pc` is replaced by.
+    pub(super) fn instrumented_entry(
+        &mut self,
+        pc: u64,
+    ) -> Result<Option<HostAddr>, TranslateError> {
+        if self.inst.heads_at(pc).is_none() && !self.inst.plans.contains_key(&pc) {
+            return Ok(None);
+        }
+        if let Some(h) = self.inst.heads_at(pc) {
+            return Ok(Some(h.announce));
+        }
+        let numbering = self.inst.plans[&pc].numbering;
+        let generation = self.generation;
+        match self.install(numbering)? {
+            Some(i) if generation == self.generation => Ok(Some(i.heads.announce)),
+            _ => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! Emitting a function's blocks with its Ball-Larus path register kept in code (#21 stage 2;
+//! docs/paths-design.md, "Step 3c decided"): instrumented translations, which write nothing to
+//! the ring and count each path's end in the current context's counters instead.
+//!
+//! An instrumented block is a cold one's body with its terminator's edges doing the plan's
+//! register steps (`path_steps`) and linked only to instrumented translations of the same plan
+//! (`ExitKind::PathEdge`, `ExitKind::PathCall`):
+//!
+//! ```text
+//! block 0 only:  announce: enqueue stub of the function's announcing id (cold code's way in)
+//!                quiet:    path_start (instrumented calls' way in)
+//! every block:   body:     the guest instructions, as in the cold translation
+//!                edges:    jump / fall-through  step; patchable jmp
+//!                          branch               jcc to a tail when the taken edge has a step;
+//!                                               not-taken step; patchable jmp; tail: step; jmp
+//!                          call                 push the return address; context step saving r
+//!                                               in the frame; patchable jmp to the callee's quiet
+//!                                               entry; reload stub (the frame's host): r = the
+//!                                               frame's r + the call edge's add; patchable jmp
+//!                          ret                  path_end(exits[u]); the return's frame check and
+//!                                               pop, on to the frame's host (never the lookup)
+//!                edge the plan lacks:           exit to the runtime's hand-over
+//! ```
+//!
+//! Back edges into block 0 go to its body, after the activation's start. The plan must be a
+//! closed region's (only direct calls to instrumented functions, one `ret`, no system call,
+//! trap or indirect branch): the dispatcher checks before it translates anything.
+
+use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
+use hotpath_events::{EdgeStep, PathPlan};
+use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator};
+use iced_x86::Code;
+
+use crate::context_steps;
+use crate::emit::{
+    append_body, assembled, enqueue_stub, exit_stub, jcc, patchable_jcc, patchable_jmp,
+    push_return_address, rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_,
+    EmitContext, EmittedBlock, Exit, ExitKind, HostLayout, RcxSave, Slow,
+};
+use crate::gateway::GS;
+use crate::path_steps::{path_add, path_end, path_start};
+use crate::thread_area::off;
+use crate::TranslateError;
+
+/// Where block 0 of a plan is entered from outside the function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryHeads {
+    /// Cold code's way in (the block map, the lookup table, cold links): writes the
+    /// function's announcing event, then runs `quiet`.
+    pub announce: HostAddr,
+    /// Instrumented calls' way in: the activation's start (`path_start`), then the body.
+    pub quiet: HostAddr,
+}
+
+/// One instrumented block, assembled for a known address.
+pub struct InstrumentedBlock {
+    /// The code, its body entry (`entry`: where edges inside the function go), its exits and
+    /// its layout.
+    pub block: EmittedBlock,
+    /// Block 0's ways in from outside the function.
+    pub heads: Option<EntryHeads>,
+    /// A call block's reload stub (the host address its frames hold).
+    pub reload: Option<HostAddr>,
+}
+
+/// Emits block `index` of `plan` (decoded as `block`) for host address `at`; its exits get
+/// indices from `first_exit`. `announce` is the function's announcing event id (the
+/// [`hotpath_events::IdKind::InstrumentedEntry`]), written by block 0's head when the monitor
+/// is on.
+///
+/// # Errors
+/// As [`crate::emit::emit_block`]; [`TranslateError::Assemble`] for a terminator a closed
+/// region cannot have (the dispatcher checks plans first, so that is a bug).
+pub fn emit_instrumented(
+    block: &Block,
+    plan: &PathPlan,
+    index: u32,
+    announce: BlockId,
+    at: HostAddr,
+    first_exit: u32,
+    cx: &EmitContext,
+) -> Result<InstrumentedBlock, TranslateError> {
+    let exit_addr = cx.gateway.exit.0 as usize;
+    let mut code = Code_ {
+        base: at.0,
+        bytes: Vec::with_capacity(256),
+    };
+    let mut layout = HostLayout {
+        code_start: at.0,
+        guest_start: block.start.0,
+        path_block: Some((plan.numbering, index)),
+        ..HostLayout::default()
+    };
+    let mut exits = Vec::new();
+    let mut heads = None;
+    if index == 0 {
+        let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
+        let announce_at = match cx.enqueue {
+            Some(ring) => {
+                let stub = enqueue_stub(
+                    &mut ops,
+                    announce.0,
+                    ring,
+                    Slow::Resume,
+                    RcxSave::Scratch,
+                    exit_addr,
+                );
+                HostAddr(code.base + stub)
+            }
+            None => HostAddr(code.base),
+        };
+        let quiet = HostAddr(code.base + ops.offset().0 as u64);
+        exits.push(Exit {
+            block: announce,
+            kind: ExitKind::PathCounters {
+                numbering: plan.numbering,
+                quiet,
+            },
+        });
+        path_start(&mut ops, plan.numbering, plan.start, first_exit, exit_addr);
+        code.append(assembled(ops, "instrumented entry")?);
+        heads = Some(EntryHeads {
+            announce: announce_at,
+            quiet,
+        });
+    }
+    let entry = HostAddr(code.addr());
+    layout.entry = entry.0;
+    append_body(block, &mut code, &mut layout)?;
+    let reload = emit_path_terminator(
+        block,
+        plan,
+        index,
+        announce,
+        &mut code,
+        first_exit,
+        &mut exits,
+        cx,
+        &mut layout,
+    )?;
+    layout.code_end = code.addr();
+    resolve_exit_stubs(&mut exits, &code);
+    Ok(InstrumentedBlock {
+        block: EmittedBlock {
+            code: code.bytes,
+            entry,
+            exits,
+            layout,
+        },
+        heads,
+        reload,
+    })
+}
+
+/// One edge's way out of an instrumented block, emitted at the current position: its step, then
+/// a patchable `jmp` to an exit stub that links it (or, for an edge the plan lacks, the
+/// hand-over's exit stub right here).
+struct EdgeOut {
+    step: Option<(u32, EdgeStep)>,
+    to: GuestAddr,
+}
+
+impl EdgeOut {
+    fn new(plan: &PathPlan, from: u32, to: GuestAddr) -> EdgeOut {
+        EdgeOut {
+            step: plan.step_to(from, to),
+            to,
+        }
+    }
+
+    /// True when taking the edge runs no step: a `jcc` can be the patchable branch itself.
+    fn stepless(&self) -> bool {
+        matches!(self.step, Some((_, EdgeStep::Forward(0))))
+    }
+}
+
+/// Appends `out`'s step and way out.
+#[allow(clippy::too_many_arguments)]
+fn edge_out(
+    ops: &mut VecAssembler<X64Relocation>,
+    base: u64,
+    out: &EdgeOut,
+    plan: &PathPlan,
+    from: u32,
+    announce: BlockId,
+    exits: &mut Vec<Exit>,
+    first_exit: u32,
+    exit_addr: usize,
+) {
+    let stub = ops.new_dynamic_label();
+    let kind = match out.step {
+        Some((to, step)) => {
+            match step {
+                EdgeStep::Forward(add) => path_add(ops, add),
+                EdgeStep::Back { end, restart } => path_end(ops, end, Some(restart)),
+            }
+            let site = patchable_jmp(ops, base, stub);
+            ExitKind::PathEdge {
+                numbering: plan.numbering,
+                from,
+                to,
+                site,
+                stub: HostAddr(0),
+            }
+        }
+        None => ExitKind::PathLeave {
+            numbering: plan.numbering,
+            from,
+            to: out.to,
+        },
+    };
+    exits.push(Exit {
+        block: announce,
+        kind,
+    });
+    exit_stub(ops, stub, first_exit + exits.len() as u32 - 1, exit_addr);
+}
+
+/// Emits the terminator of block `index`; returns its reload stub's address for a call.
+#[allow(clippy::too_many_arguments)]
+fn emit_path_terminator(
+    block: &Block,
+    plan: &PathPlan,
+    index: u32,
+    announce: BlockId,
+    code: &mut Code_,
+    first_exit: u32,
+    exits: &mut Vec<Exit>,
+    cx: &EmitContext,
+    layout: &mut HostLayout,
+) -> Result<Option<HostAddr>, TranslateError> {
+    let exit_addr = cx.gateway.exit.0 as usize;
+    let base = code.addr();
+    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
+    let numbering = plan.numbering;
+    let mut reload = None;
+    match block.terminator {
+        Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
+            let out = EdgeOut::new(plan, index, target);
+            edge_out(
+                &mut ops, base, &out, plan, index, announce, exits, first_exit, exit_addr,
+            );
+        }
+        Terminator::Branch {
+            cond,
+            taken,
+            not_taken,
+        } => {
+            let t = EdgeOut::new(plan, index, taken);
+            let n = EdgeOut::new(plan, index, not_taken);
+            match cond.cc() {
+                Some(cc) if t.stepless() => {
+                    // The taken direction needs no step: its `jcc` is the patchable branch.
+                    let stub = ops.new_dynamic_label();
+                    let site = patchable_jcc(&mut ops, base, cc, stub);
+                    let (to, _) = t.step.expect("a stepless edge is numbered");
+                    edge_out(
+                        &mut ops, base, &n, plan, index, announce, exits, first_exit, exit_addr,
+                    );
+                    exits.push(Exit {
+                        block: announce,
+                        kind: ExitKind::PathEdge {
+                            numbering,
+                            from: index,
+                            to,
+                            site,
+                            stub: HostAddr(0),
+                        },
+                    });
+                    exit_stub(
+                        &mut ops,
+                        stub,
+                        first_exit + exits.len() as u32 - 1,
+                        exit_addr,
+                    );
+                }
+                Some(cc) => {
+                    let tail = ops.new_dynamic_label();
+                    jcc(&mut ops, cc, tail);
+                    edge_out(
+                        &mut ops, base, &n, plan, index, announce, exits, first_exit, exit_addr,
+                    );
+                    dynasm!(ops ; .arch x64 ; =>tail);
+                    edge_out(
+                        &mut ops, base, &t, plan, index, announce, exits, first_exit, exit_addr,
+                    );
+                }
+                None => {
+                    // loop/jrcxz have only rel8 forms: branch over the not-taken way out.
+                    debug_assert!(matches!(cond, Cond::Loop | Cond::RcxZero));
+                    let inst = block
+                        .term_inst
+                        .as_ref()
+                        .map(|i| i.inst.code())
+                        .unwrap_or(Code::INVALID);
+                    let tail = ops.new_dynamic_label();
+                    rcx_branch(&mut ops, inst, tail)?;
+                    edge_out(
+                        &mut ops, base, &n, plan, index, announce, exits, first_exit, exit_addr,
+                    );
+                    dynasm!(ops ; .arch x64 ; =>tail);
+                    edge_out(
+                        &mut ops, base, &t, plan, index, announce, exits, first_exit, exit_addr,
+                    );
+                }
+            }
+        }
+        Terminator::Call { target, return_to } if target != return_to => {
+            let Some((rp, EdgeStep::Forward(add))) = plan.step_to(index, return_to) else {
+                return Err(not_closed(
+                    block,
+                    "a call whose return point the plan lacks",
+                ));
+            };
+            let literal = push_return_address(&mut ops, return_to);
+            let reload_label = ops.new_dynamic_label();
+            let mut push = |full| {
+                exits.push(Exit {
+                    block: announce,
+                    kind: ExitKind::PathContextCall {
+                        numbering,
+                        from: index,
+                        callee: target,
+                        full,
+                        // Set below, once the stub's address is known.
+                        reload: HostAddr(0),
+                    },
+                });
+                first_exit + exits.len() as u32 - 1
+            };
+            let calls = context_steps::CallExits {
+                full: push(true),
+                miss: push(false),
+            };
+            let landing = context_steps::Landing {
+                base,
+                stub: Some(reload_label),
+                saves_path: true,
+            };
+            context_steps::direct_call(&mut ops, target, calls, exit_addr, landing);
+            let callee_stub = ops.new_dynamic_label();
+            let site = patchable_jmp(&mut ops, base, callee_stub);
+            exits.push(Exit {
+                block: announce,
+                kind: ExitKind::PathCall {
+                    numbering,
+                    from: index,
+                    callee: target,
+                    site,
+                    stub: HostAddr(0),
+                },
+            });
+            exit_stub(
+                &mut ops,
+                callee_stub,
+                first_exit + exits.len() as u32 - 1,
+                exit_addr,
+            );
+            dynasm!(ops ; .arch x64 ; =>reload_label);
+            let reload_at = HostAddr(base + ops.offset().0 as u64);
+            context_steps::reload_path(&mut ops, add);
+            let stub = ops.new_dynamic_label();
+            let site = patchable_jmp(&mut ops, base, stub);
+            exits.push(Exit {
+                block: announce,
+                kind: ExitKind::PathEdge {
+                    numbering,
+                    from: index,
+                    to: rp,
+                    site,
+                    stub: HostAddr(0),
+                },
+            });
+            exit_stub(
+                &mut ops,
+                stub,
+                first_exit + exits.len() as u32 - 1,
+                exit_addr,
+            );
+            literal.place(&mut ops);
+            for e in exits.iter_mut() {
+                if let ExitKind::PathContextCall { reload, .. } = &mut e.kind {
+                    *reload = reload_at;
+                }
+            }
+            reload = Some(reload_at);
+        }
+        Terminator::Return => {
+            let inst = &block
+                .term_inst
+                .as_ref()
+                .expect("a return has its instruction")
+                .inst;
+            // The `ret`'s load first: a fault there (an unmapped stack) must find the path
+            // not yet counted, as the block's body left it.
+            dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                ; mov rcx, QWORD [rsp]
+                ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+            );
+            path_end(&mut ops, plan.exits[index as usize], None);
+            exits.push(Exit {
+                block: announce,
+                kind: ExitKind::PathContextReturn { numbering },
+            });
+            let mismatch = first_exit + exits.len() as u32 - 1;
+            exits.push(Exit {
+                block: announce,
+                kind: ExitKind::PathReturnNoHost { numbering },
+            });
+            let no_host = first_exit + exits.len() as u32 - 1;
+            return_through_lookup(
+                &mut ops,
+                return_pop(inst),
+                &cx.gateway,
+                Some(mismatch),
+                Some(no_host),
+            );
+            // From the first instruction on, the guest's RCX is (also) in its scratch slot.
+            layout.rcx_borrowed_from = Some(base);
+        }
+        _ => {
+            return Err(not_closed(
+                block,
+                "a terminator a closed region cannot have",
+            ))
+        }
+    }
+    code.append(assembled(ops, "instrumented terminator")?);
+    Ok(reload)
+}
+
+/// The error for a plan block a closed region cannot have (checked before; a bug).
+fn not_closed(block: &Block, what: &str) -> TranslateError {
+    TranslateError::Assemble {
+        what: "instrumented block",
+        reason: format!(
+            "{what} at {:#x} (bug: plans are checked first)",
+            block.start.0
+        ),
+    }
+}
