@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use hotpath_events::{is_id, BlockCatalog, IdKind, NewBlock, SYSCALL_EVENT};
+use hotpath_events::{is_id, BlockCatalog, IdKind, NewBlock, SYSCALL_EVENT, TAG_MASK};
 use hotpath_ir::{BlockId, BlockSummary};
 use rustc_hash::FxHashMap;
 
@@ -195,8 +195,8 @@ impl Tables {
             let Some(&ev) = events.get(i) else { break };
             i += 1;
             if !is_id(ev) {
-                // Context events say nothing the tables count.
-                if ev & SYSCALL_EVENT != 0 {
+                // Context events and hand-overs say nothing the tables count.
+                if ev & TAG_MASK == SYSCALL_EVENT {
                     self.record_syscall(ev & !SYSCALL_EVENT, prev);
                 }
                 continue;

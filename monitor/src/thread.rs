@@ -45,7 +45,14 @@ pub struct Stream {
     pub ring: RingConsumer,
     /// Its translator's superblock requests.
     pub commands: Option<Sender<Command>>,
+    /// Makes the guest thread leave translated code at its next block boundary, so that its
+    /// translator reads a command now rather than at its next ring refill (an instrumentation
+    /// request: the instrumented code writes almost nothing to the ring).
+    pub wake: Option<Waker>,
 }
+
+/// See [`Stream::wake`].
+pub type Waker = Arc<dyn Fn() + Send + Sync>;
 
 /// What the monitor kept for one guest thread.
 pub struct ThreadState {
@@ -178,6 +185,7 @@ struct Live {
     tid: u32,
     ring: RingConsumer,
     commands: Option<Sender<Command>>,
+    wake: Option<Waker>,
     state: MonitorState,
 }
 
@@ -198,6 +206,7 @@ impl Monitor {
             tid: s.tid,
             ring: s.ring,
             commands: s.commands,
+            wake: s.wake,
             state,
         });
     }
@@ -283,6 +292,18 @@ impl Monitor {
             record(events, &mut state.tables, state.paths.as_mut());
         });
         let l = &mut self.live[i];
+        if let (Some(p), Some(tx)) = (l.state.paths.as_mut(), &l.commands) {
+            if let Some(threshold) = p.config.instrument_threshold {
+                let events = l.state.tables.events;
+                if let Some(c) = p.instrumentation_request(&l.state.tables, threshold, events) {
+                    if tx.send(c).is_ok() {
+                        if let Some(wake) = &l.wake {
+                            wake();
+                        }
+                    }
+                }
+            }
+        }
         if !l.state.tables.hot.is_empty() {
             l.state.tables.learn_from(&self.catalog);
             let requests = l.state.decisions.decide(&mut l.state.tables);

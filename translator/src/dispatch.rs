@@ -552,6 +552,14 @@ impl Translator {
         self.process.shared.stats()
     }
 
+    /// What makes this guest thread leave translated code at its next block boundary and
+    /// come to its dispatcher (which then reads the monitor's commands), callable from any
+    /// thread.
+    pub fn waker(&self) -> std::sync::Arc<dyn Fn() + Send + Sync> {
+        let handler = self.ctl.handler;
+        std::sync::Arc::new(move || handler.kick())
+    }
+
     /// This thread's kernel thread id.
     pub fn tid(&self) -> u32 {
         self.ctl.tid
@@ -653,7 +661,7 @@ impl Translator {
                 self.apply_invalidations();
             }
             self.arm_safe_point();
-            self.poll_commands();
+            self.poll_commands(&mut next);
             if let Next::Guest(pc) = next {
                 let last = self.process.signals.last_trap();
                 if let Some(action) = special::vsyscall(pc, &mut self.process.maps, self.area, last)
@@ -834,8 +842,10 @@ impl Translator {
         }
     }
 
-    /// Acts on the monitor's pending requests.
-    fn poll_commands(&mut self) {
+    /// Acts on the monitor's pending requests. When one needs the code cache flushed (an
+    /// instrumented function run inline in a superblock), `next` becomes its guest address
+    /// first.
+    fn poll_commands(&mut self, next: &mut Next) {
         let Some(rx) = &self.commands else { return };
         let requests: Vec<Command> = rx.try_iter().collect();
         for c in requests {
@@ -847,6 +857,12 @@ impl Translator {
                 }
                 Command::InstrumentFunctions { plans } => self.instrument(plans),
             }
+        }
+        if std::mem::take(&mut self.inst.flush_wanted) {
+            if !matches!(next, Next::Signal) {
+                *next = Next::Guest(self.guest_rip_settled(*next));
+            }
+            self.flush();
         }
     }
 
@@ -885,7 +901,9 @@ impl Translator {
                     blocks[i - 1].terminator,
                     Terminator::Call { target, .. } if target == b.start
                 );
-                !called && self.is_function_entry(b.start.0)
+                // Nor an instrumented function's entry at all: its calls go to its announcing
+                // head.
+                (!called && self.is_function_entry(b.start.0)) || self.has_plan(b.start.0)
             });
             if let Some(k) = stop {
                 blocks.truncate(k + 1);
@@ -896,8 +914,7 @@ impl Translator {
         let Some(&old_entry) = self.blocks.get(&head) else {
             return false;
         };
-        // An instrumented function's entry keeps its announcing head.
-        if self.superblock_heads.contains(&head) || self.is_instrumented_entry(head) {
+        if self.superblock_heads.contains(&head) {
             return false;
         }
         let sb = BlockId(registry.next_id);
@@ -1026,7 +1043,7 @@ impl Translator {
                     } => {
                         let generation = self.generation;
                         let host = if call {
-                            self.lookup_or_translate(target.0)?
+                            self.call_target(target.0)?
                         } else {
                             match self.jump_target(target.0)? {
                                 Some(h) => h,
@@ -1723,11 +1740,6 @@ impl Translator {
     /// [`Self::translate`] with at most `max` instructions; a block of fewer than the usual
     /// most is a single-step block, kept apart from the lookup map.
     fn translate_limited(&mut self, pc: u64, max: usize) -> Result<HostAddr, TranslateError> {
-        if max == MAX_BLOCK_INSTRUCTIONS {
-            if let Some(h) = self.instrumented_entry(pc)? {
-                return Ok(h);
-            }
-        }
         let block = self.decode(GuestAddr(pc), max);
         // Watch the code's pages for writes if the guest may write them (undecodable bytes
         // too: code written there later must replace the trap). Not when nothing could be

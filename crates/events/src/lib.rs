@@ -24,7 +24,7 @@ pub use context::{
 };
 pub use plan::{
     is_handover, EdgeStep, HandOver, HandOverDecoder, HandedActivation, HandedAt, PathPlan,
-    PlanBackEdge, PlanEdge, HANDOVER_EVENT, MAX_NUMBERING,
+    PlanBackEdge, PlanEdge, HANDOVER_EVENT, MAX_NUMBERING, MAX_PLAN_PATHS,
 };
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,

@@ -10,6 +10,10 @@
 
 use hotpath_ir::{BlockSummary, GuestAddr, Terminator};
 
+/// Most paths of an instrumented function's numbering: its counters take one `u64` per path in
+/// every context it runs in (the monitor plans no more; the translator refuses more).
+pub const MAX_PLAN_PATHS: u64 = 4096;
+
 /// A forward edge's step: `r += add` (mod 2^64; 0 on spanning-tree edges: no code).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanEdge {
@@ -105,16 +109,19 @@ impl PathPlan {
         Some((j, self.step(from, j)?))
     }
 
-    /// The function's one `ret` block, if it has exactly one (a closed region's functions
-    /// do: docs/paths-design.md, "Step 3c decided", item 1).
+    /// The first block ending at the function's one `ret` instruction, if it has exactly one
+    /// (a closed region's functions do: docs/paths-design.md, "Step 3c decided", item 1).
+    /// Blocks that start at different addresses may end at the same `ret` — a branch into the
+    /// middle of a block starts another block that runs to the same end.
     pub fn ret_block(&self) -> Option<u32> {
         let mut rets = self
             .blocks
             .iter()
             .enumerate()
             .filter(|(_, b)| b.terminator == Terminator::Return);
-        let (i, _) = rets.next()?;
-        rets.next().is_none().then_some(i as u32)
+        let (i, first) = rets.next()?;
+        rets.all(|(_, b)| b.terminator_addr == first.terminator_addr)
+            .then_some(i as u32)
     }
 }
 
@@ -414,5 +421,13 @@ mod tests {
         assert_eq!(plan.step(2, 0), None);
         assert_eq!(plan.step_to(0, GuestAddr(0x40)), None);
         assert_eq!(plan.ret_block(), Some(2));
+        let mut two = plan.clone();
+        two.blocks.push(BlockSummary {
+            start: GuestAddr(0x2f),
+            ..two.blocks[2]
+        });
+        assert_eq!(two.ret_block(), Some(2), "two blocks ending at one ret");
+        two.blocks[3].terminator_addr = GuestAddr(0x40);
+        assert_eq!(two.ret_block(), None, "two rets");
     }
 }

@@ -78,6 +78,7 @@ impl Monitoring {
             tid: translator.tid(),
             ring: translator.ring_consumer(),
             commands,
+            wake: Some(translator.waker()),
         }
     }
 
@@ -270,6 +271,12 @@ impl RunCtx {
                     "hotpath: calling contexts: {} made, {} context steps through the runtime, {} resynchronisations",
                     s.contexts, s.context_exits, s.context_resyncs
                 );
+                if self.args.instrument_paths.is_some() {
+                    eprintln!(
+                        "hotpath: instrumented paths: {} functions, {} requests dropped, {} hand-overs",
+                        s.instrumented, s.instrument_dropped, s.hand_overs
+                    );
+                }
             }
         }
         match outcome {
@@ -418,6 +425,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         k: args.k,
         per_block: args.paths_per_block,
         guest_contexts: args.guest_contexts(),
+        instrument_threshold: args.instrument_paths.filter(|_| args.guest_contexts()),
         symbols: image
             .symbols
             .iter()
@@ -585,6 +593,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     }
     if args.no_guest_contexts {
         opt("--no-guest-contexts", None);
+    }
+    if let Some(n) = args.instrument_paths {
+        opt("--instrument-paths", Some(n.to_string().into()));
     }
     if args.no_superblocks {
         opt("--no-superblocks", None);

@@ -333,6 +333,12 @@ impl PathRecorder {
             if !is_id(e) || !self.learn_event(e, tables) {
                 continue;
             }
+            if self.memo.events[e as usize].len == 0 {
+                // An instrumented function's whole activation.
+                self.memo.last = NONE;
+                self.step_instrumented(e, tables);
+                continue;
+            }
             let mut run = e;
             if self.memo.events[e as usize].is_superblock {
                 let Some(&next) = events.get(i) else {

@@ -65,12 +65,14 @@
 //! | `pap_runs.rs` | the PAP run trie |
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
 //! | `numbering.rs` | a function's numbering for instrumented translation (#21 stage 2) |
+//! | `instrument.rs` | which functions to instrument (closed regions) and their plans |
 //!
 //! `docs/paths-design.md` is where this is going: the per-call work moves into translated code.
 
 mod fast;
 mod function;
 mod ids;
+mod instrument;
 mod memo;
 mod numbering;
 mod pap_runs;

@@ -7,7 +7,9 @@ use super::function::{Function, FunctionSymbol};
 use super::ids::{FxMap, NONE, SETTLED};
 use super::memo::MemoState;
 use super::pap_runs::PapRuns;
-use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
+use super::stack::{
+    Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_INSTRUMENTED, K_RET,
+};
 use super::trie::{PathRec, TrieNode, START_HEAD};
 use crate::tables::Expander;
 use crate::Tables;
@@ -34,6 +36,10 @@ pub struct PathConfig {
     /// follows them instead of resynchronising by its own rules (see `stack`, "Guest
     /// contexts").
     pub guest_contexts: bool,
+    /// Ask the translator to keep the path registers of closed regions of functions past this
+    /// many path ends in translated code (#21 stage 2, being built: the profile does not count
+    /// what instrumented code runs yet; `--instrument-paths`).
+    pub instrument_threshold: Option<u64>,
 }
 
 impl Default for PathConfig {
@@ -44,6 +50,7 @@ impl Default for PathConfig {
             symbols: Vec::new(),
             per_block: false,
             guest_contexts: false,
+            instrument_threshold: None,
         }
     }
 }
@@ -100,6 +107,8 @@ pub struct PathRecorder {
     pub dropped_frames: u64,
     /// Context events split across reads of the ring.
     pub(crate) context_words: ContextDecoder,
+    /// The functions sent to be instrumented.
+    pub(crate) instrumenter: super::instrument::Instrumenter,
 }
 
 impl PathRecorder {
@@ -143,6 +152,7 @@ impl PathRecorder {
             resync_kinds: [0; Resync::ALL.len()],
             dropped_frames: 0,
             context_words: ContextDecoder::default(),
+            instrumenter: Default::default(),
         }
     }
 
@@ -217,6 +227,10 @@ impl PathRecorder {
     pub(crate) fn record_blocks(&mut self, blocks: &[u32], tables: &Tables) {
         for &id in blocks {
             if is_id(id) && (id as usize) < self.id_addr.len() {
+                if self.id_kind[id as usize] == K_INSTRUMENTED {
+                    self.step_instrumented(id, tables);
+                    continue;
+                }
                 self.step(id, tables);
             } else if is_context(id) {
                 self.context_word(id);

@@ -163,6 +163,9 @@ pub(crate) const K_OTHER: u8 = 0;
 pub(crate) const K_CALL: u8 = 1;
 pub(crate) const K_RET: u8 = 2;
 pub(crate) const K_INDIRECT: u8 = 3;
+/// The announcing event of an instrumented function (`IdKind::InstrumentedEntry`): a whole
+/// activation of it ran in instrumented code, which the ring does not show.
+pub(crate) const K_INSTRUMENTED: u8 = 4;
 
 impl PathRecorder {
     /// [`PathRecorder::call_child`] where it is cached (see [`cached_call_child`]).
@@ -400,6 +403,57 @@ impl PathRecorder {
             self.pop_activation();
         }
         self.push_activation(func, return_to, parent, id, tables);
+    }
+
+    /// The announcing event `id` of an instrumented function (`K_INSTRUMENTED`): a whole
+    /// activation of the function ran in instrumented code (docs/paths-design.md, "Step 3c
+    /// decided", item 1). It is entered as its entry block would be — by the call of the block
+    /// before, or as the pending activation a context event left — but runs no block the
+    /// recorder sees: its paths are in the guest's counters. The recorder's previous block
+    /// becomes the function's `ret` alias, so that the next block returns from it.
+    pub(crate) fn step_instrumented(&mut self, id: u32, _tables: &Tables) {
+        let ret_alias = self.id_ret[id as usize] as u32;
+        let prev = std::mem::replace(&mut self.prev, ret_alias);
+        let func = match self.id_entry[id as usize] {
+            NONE => self.function_at(self.id_addr[id as usize]),
+            f => f,
+        };
+        let (return_to, parent) = match (prev, self.stack.last_mut()) {
+            (NONE, _) | (_, None) => (0, 0),
+            (SETTLED, Some(top)) if top.cur == NONE => {
+                // A pending activation (a context event made it): this is it.
+                let top = self.stack.pop().expect("the pending activation");
+                (top.return_to, top.call_node)
+            }
+            (_, Some(top)) => {
+                debug_assert!(
+                    prev == SETTLED || self.id_kind[prev as usize] == K_CALL,
+                    "an instrumented function is entered by a call"
+                );
+                top.resume = self.memo.last();
+                let ret = if prev == SETTLED {
+                    0
+                } else {
+                    self.id_ret[prev as usize]
+                };
+                (ret, top.call_node)
+            }
+        };
+        // As a pending activation: no path (its `call_node` is the parent's, as there).
+        self.stack.push(Activation {
+            func,
+            return_to,
+            cur: NONE,
+            len: 0,
+            blocks: 0,
+            instructions: 0,
+            path_ends: 0,
+            last_addr: self.id_addr[id as usize],
+            pap: NONE,
+            pap_len: 0,
+            call_node: parent,
+            resume: NONE,
+        });
     }
 
     /// A `ret` to block `id`: pop the frame that returns there.

@@ -28,7 +28,7 @@ pub(super) struct ContextLinks {
     jumps_to: std::collections::HashMap<u64, Vec<u32>>,
     /// Guest addresses of the blocks superblocks run inline past their head (this generation):
     /// one that becomes a function entry needs the superblock gone.
-    inlined: std::collections::HashSet<u64>,
+    pub(super) inlined: std::collections::HashSet<u64>,
     /// A host address in a jump entry `settle_jump_entry` must leave alone: one whose due it
     /// did already (the same pending address may be turned into its guest address more than
     /// once), or the one the dispatcher entered, while the exit is handled.

@@ -4,10 +4,12 @@
 //! activations cold.
 //!
 //! A plan set arrives as `Command::InstrumentFunctions`; each function's block 0 is translated
-//! at once, and its announcing head replaces the cold entry everywhere the cold one was
-//! reached from (the block map, the lookup table, links: a jump patched over the cold entry).
-//! Other blocks are translated when an instrumented edge to them is first taken, and only
-//! instrumented exits link to them. While the dispatcher handles an exit of instrumented code
+//! at once, and cold code's direct calls of the function are linked to its announcing head
+//! (those linked before, and every one linked after). Nothing else reaches the head: the block
+//! map, the lookup table and jumps keep the cold entry, so that whatever enters the function's
+//! entry by guest address — a jump back to it from a cold activation of the function, a signal
+//! handler returning there — goes on cold, as the monitor expects. Other blocks are translated
+//! when an instrumented edge to them is first taken, and only instrumented exits link to them. While the dispatcher handles an exit of instrumented code
 //! that may go on instrumented, `pending` holds where the top activation is; anything that
 //! makes it go on by guest address instead (a signal, a kick, a flush, single-stepping) hands
 //! the hole over first.
@@ -17,18 +19,17 @@ use std::sync::Arc;
 
 use hotpath_events::{
     EdgeStep, HandOver, HandedActivation, HandedAt, IdKind, NewBlock, PathPlan, MAX_NUMBERING,
+    MAX_PLAN_PATHS,
 };
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
 
 use super::{lock, Next, Stop, Translator, EXIT_SPECIAL_BASE, MAX_BLOCK_INSTRUCTIONS};
 use crate::emit::{EmitContext, ExitKind};
 use crate::instrumented::{emit_instrumented, EntryHeads};
-use crate::thread_area::ThreadArea;
 use crate::TranslateError;
 
-/// Most paths of a function that is instrumented: its counters are one `u64` per path in every
-/// context it runs in (docs/paths-design.md, "Step 3 broken down", 3b).
-pub const MAX_PLAN_PATHS: u64 = 4096;
+/// Code cache room (bytes) an install wants: block 0 of a plan fits in far less.
+const INSTALL_ROOM: u64 = 64 * 1024;
 
 /// A plan's translations in this generation.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +59,9 @@ pub(crate) struct Instrumentation {
     /// thread does not go on in instrumented code (`None` inside: a call not yet entered, or
     /// a `ret` that ended its activation).
     pending: Option<Option<(u32, HandedAt)>>,
+    /// A plan could not be installed without flushing the code cache, which the dispatcher
+    /// does where it is safe (after its commands).
+    pub(super) flush_wanted: bool,
 }
 
 impl Instrumentation {
@@ -87,13 +91,10 @@ impl Translator {
             self.inst.plans.insert(p.entry().0, p.clone());
             self.inst.by_numbering.insert(p.numbering, p.clone());
         }
-        let generation = self.generation;
         for p in &plans {
-            match self.install(p.numbering) {
-                Ok(Some(_)) if generation == self.generation => {}
-                // A flush made room, or the code no longer matches: the plans stay, and
-                // installs come again as their entries are translated.
-                _ => break,
+            // A plan that needs a flush first is installed after it, at the next call.
+            if !matches!(self.install(p.numbering, false), Ok(Some(_))) {
+                break;
             }
         }
         self.stats.instrumented += plans.len() as u64;
@@ -133,10 +134,15 @@ impl Translator {
         })
     }
 
-    /// Translates block 0 of plan `numbering` in this generation (once) and makes its
-    /// announcing head the function's entry. `None` when the plan cannot run here (its code
-    /// changed, or it is disabled).
-    fn install(&mut self, numbering: u32) -> Result<Option<Installed>, TranslateError> {
+    /// Translates block 0 of plan `numbering` in this generation (once) and links cold code's
+    /// direct calls of the function to its announcing head. `None` when the plan cannot run
+    /// here (its code changed, or it is disabled), or the code cache had to be flushed first:
+    /// flushed now when `may_flush`, else asked for (`flush_wanted`).
+    fn install(
+        &mut self,
+        numbering: u32,
+        may_flush: bool,
+    ) -> Result<Option<Installed>, TranslateError> {
         if let Some(&i) = self.inst.installed.get(&numbering) {
             return Ok(Some(i));
         }
@@ -150,6 +156,18 @@ impl Translator {
         if self.inst.plans.get(&entry).map(|p| p.numbering) != Some(numbering) {
             return Ok(None);
         }
+        let room = self.cache.room() >= INSTALL_ROOM;
+        if self.links.inlined.contains(&entry) || !room {
+            // A superblock runs the function's cold code inline after a call (its calls would
+            // never reach the head), or the cache is nearly full: the cache goes (rarely: once
+            // per region), and the plan is installed at the next call.
+            if may_flush {
+                self.flush();
+            } else {
+                self.inst.flush_wanted = true;
+            }
+            return Ok(None);
+        }
         let Some(body) = self.translate_instrumented(&plan, 0)? else {
             return Ok(None);
         };
@@ -157,20 +175,23 @@ impl Translator {
             return Ok(None);
         };
         debug_assert_eq!(self.inst.blocks.get(&(numbering, 0)), Some(&body));
-        // Every way into the entry from cold code now writes the announcing event first: new
-        // lookups through the map, existing links through a jump over the old entry, the
-        // lookup table by its entry (unless the slot holds the function's jump entry, which
-        // goes on to the old entry, now a jump here).
+        // Cold direct calls linked to the cold entry go to the announcing head from now on.
         let announce = installed.heads.announce;
-        if let Some(old) = self.blocks.insert(entry, announce) {
-            if old != announce {
-                self.cache.patch_jump(old, announce);
-            }
-        }
-        let keep_jump_entry = self.is_function_entry(entry);
-        let slot = &mut self.area.ibl[ThreadArea::ibl_index(entry)];
-        if slot.holds(entry) && !keep_jump_entry {
-            slot.host = announce.0;
+        let calls: Vec<HostAddr> = self
+            .exits
+            .iter()
+            .filter_map(|e| match e.kind {
+                ExitKind::Direct {
+                    target,
+                    site,
+                    call: true,
+                    ..
+                } if target.0 == entry => Some(site),
+                _ => None,
+            })
+            .collect();
+        for site in calls {
+            self.cache.patch_rel32(site, announce);
         }
         Ok(Some(installed))
     }
@@ -406,7 +427,7 @@ impl Translator {
         let generation = self.generation;
         let numbering = self.inst.plans.get(&callee.0).map(|p| p.numbering);
         let installed = match numbering {
-            Some(n) => self.install(n)?,
+            Some(n) => self.install(n, true)?,
             None => None,
         };
         match installed {
@@ -424,9 +445,10 @@ impl Translator {
         }
     }
 
-    /// True if `pc` is the entry of a function instrumented in this generation.
-    pub(super) fn is_instrumented_entry(&self, pc: u64) -> bool {
-        self.inst.heads_at(pc).is_some()
+    /// True if the function entered at `pc` has a plan (its entry is not inlined in
+    /// superblocks).
+    pub(super) fn has_plan(&self, pc: u64) -> bool {
+        self.inst.plans.contains_key(&pc)
     }
 
     /// Before `enter`: the thread goes on in the cache, the hole with it.
@@ -487,23 +509,21 @@ impl Translator {
         }
     }
 
-    /// The announcing head of the instrumented function entered at `pc`, installing it in
-    /// this generation if its plan is current: what a translation of `pc` is replaced by.
-    pub(super) fn instrumented_entry(
-        &mut self,
-        pc: u64,
-    ) -> Result<Option<HostAddr>, TranslateError> {
-        if self.inst.heads_at(pc).is_none() && !self.inst.plans.contains_key(&pc) {
-            return Ok(None);
-        }
+    /// Where a cold direct call of the function entered at `pc` goes: the announcing head of
+    /// its instrumented translation when it has a current plan (installed in this generation
+    /// first if need be), else its block.
+    pub(super) fn call_target(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
         if let Some(h) = self.inst.heads_at(pc) {
-            return Ok(Some(h.announce));
+            return Ok(h.announce);
         }
-        let numbering = self.inst.plans[&pc].numbering;
-        let generation = self.generation;
-        match self.install(numbering)? {
-            Some(i) if generation == self.generation => Ok(Some(i.heads.announce)),
-            _ => Ok(None),
+        if let Some(numbering) = self.inst.plans.get(&pc).map(|p| p.numbering) {
+            let generation = self.generation;
+            if let Some(i) = self.install(numbering, true)? {
+                if generation == self.generation {
+                    return Ok(i.heads.announce);
+                }
+            }
         }
+        self.lookup_or_translate(pc)
     }
 }

@@ -1,0 +1,164 @@
+//! Choosing the functions whose path registers translated code keeps, and making their plans
+//! (#21 stage 2, step 3e's decision; docs/paths-design.md, "Step 3c decided", item 1).
+//!
+//! The first cut instruments *closed regions*: a function qualifies when it has ended at least
+//! the threshold's number of paths, every block the recorder knows of it ends in a direct jump,
+//! a fall-through, a conditional branch, a direct `call` (not the get-pc one) or a `ret`, it
+//! has exactly one `ret` instruction (blocks that start at different addresses may run to it),
+//! and its numbering has at most
+//! [`MAX_PLAN_PATHS`] paths. The region is the largest set of qualifying functions whose calls
+//! all go to functions of the set (or to ones instrumented before): a greatest fixed point,
+//! found by dropping callers of functions outside until nothing changes. bench_fib's `fib` and
+//! `tak` are one.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use hotpath_events::{Command, PathPlan, PlanBackEdge, PlanEdge, MAX_NUMBERING, MAX_PLAN_PATHS};
+use hotpath_ir::{BlockSummary, Terminator};
+
+use super::recorder::PathRecorder;
+use crate::Tables;
+
+/// Most events recorded between two looks for new regions (a look walks every function);
+/// fewer at a low threshold (tests), so that short programs are instrumented too.
+const LOOK_EVERY_EVENTS: u64 = 1 << 16;
+
+/// Numberings handed out in this process (the translator tells counters apart by them; never
+/// 0).
+static NEXT_NUMBERING: AtomicU32 = AtomicU32::new(1);
+
+/// What the recorder keeps of its instrumentation requests.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Instrumenter {
+    /// Functions (recorder indices) sent in a plan set: never sent again.
+    planned: HashSet<u32>,
+    /// Guest entries of the planned functions (calls to them keep a region closed).
+    planned_entries: HashSet<u64>,
+    /// Events recorded when regions were last looked for.
+    last_look: u64,
+}
+
+impl PathRecorder {
+    /// The plans of a new closed region of functions past `threshold` path ends, if one is
+    /// there (looked for every 64 `threshold` events, at least 256 and at most
+    /// [`LOOK_EVERY_EVENTS`]; `events` is how many were recorded so far).
+    pub fn instrumentation_request(
+        &mut self,
+        tables: &Tables,
+        threshold: u64,
+        events: u64,
+    ) -> Option<Command> {
+        let every = threshold.saturating_mul(64).clamp(256, LOOK_EVERY_EVENTS);
+        if events.saturating_sub(self.instrumenter.last_look) < every {
+            return None;
+        }
+        self.instrumenter.last_look = events;
+        // Candidate function → (plan, call targets).
+        let mut cands: BTreeMap<u32, (PathPlan, Vec<u64>)> = BTreeMap::new();
+        for (f, fun) in self.funcs.iter().enumerate() {
+            let f = f as u32;
+            if fun.path_ends < threshold || self.instrumenter.planned.contains(&f) {
+                continue;
+            }
+            if let Some(c) = self.plan_of(f, tables) {
+                cands.insert(f, c);
+            }
+        }
+        loop {
+            let entries: HashSet<u64> = cands
+                .values()
+                .map(|(p, _)| p.entry().0)
+                .chain(self.instrumenter.planned_entries.iter().copied())
+                .collect();
+            let before = cands.len();
+            cands.retain(|_, (_, calls)| calls.iter().all(|t| entries.contains(t)));
+            if cands.len() == before {
+                break;
+            }
+        }
+        if cands.is_empty() {
+            return None;
+        }
+        let mut plans = Vec::with_capacity(cands.len());
+        for (f, (mut plan, _)) in cands {
+            let numbering = NEXT_NUMBERING.fetch_add(1, Ordering::Relaxed);
+            if numbering >= MAX_NUMBERING {
+                return None;
+            }
+            plan.numbering = numbering;
+            self.instrumenter.planned.insert(f);
+            self.instrumenter.planned_entries.insert(plan.entry().0);
+            plans.push(Arc::new(plan));
+        }
+        Some(Command::InstrumentFunctions { plans })
+    }
+
+    /// Function `f`'s plan (numbering 0: set when sent) and its calls' targets, if it
+    /// qualifies on its own (module doc).
+    fn plan_of(&self, f: u32, tables: &Tables) -> Option<(PathPlan, Vec<u64>)> {
+        let fun = &self.funcs[f as usize];
+        let mut blocks: Vec<BlockSummary> = Vec::with_capacity(fun.node_addr.len());
+        let mut calls = Vec::new();
+        let mut ret = None;
+        for &addr in &fun.node_addr {
+            let id = *self.ids_at.get(&addr)?.last()?;
+            let b = *tables.blocks.get(id as usize)?;
+            match b.terminator {
+                Terminator::Jump { .. }
+                | Terminator::FallThrough { .. }
+                | Terminator::Branch { .. } => {}
+                // Every `ret` block must end at the one `ret` instruction.
+                Terminator::Return
+                    if *ret.get_or_insert(b.terminator_addr) != b.terminator_addr =>
+                {
+                    return None
+                }
+                Terminator::Return => {}
+                Terminator::Call { target, return_to } if target != return_to => {
+                    // The callee is a function, and it has returned here (the call edge is in
+                    // the numbering).
+                    self.func_by_entry.get(&target.0)?;
+                    fun.nodes.get(&return_to.0)?;
+                    calls.push(target.0);
+                }
+                _ => return None,
+            }
+            blocks.push(b);
+        }
+        ret?;
+        let n = self.numbering(fun.entry)?.ok()?;
+        if n.num_paths == 0 || n.num_paths > MAX_PLAN_PATHS {
+            return None;
+        }
+        debug_assert!(n.blocks.iter().zip(&blocks).all(|(&a, b)| a == b.start.0));
+        let plan = PathPlan {
+            numbering: 0,
+            blocks,
+            start: n.start,
+            edges: n
+                .edges
+                .iter()
+                .map(|e| PlanEdge {
+                    from: e.from,
+                    to: e.to,
+                    add: e.add,
+                })
+                .collect(),
+            back_edges: n
+                .back_edges
+                .iter()
+                .map(|b| PlanBackEdge {
+                    from: b.from,
+                    to: b.to,
+                    end: b.end,
+                    restart: b.restart,
+                })
+                .collect(),
+            exits: n.exits.clone(),
+            num_paths: n.num_paths,
+        };
+        Some((plan, calls))
+    }
+}
