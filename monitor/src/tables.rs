@@ -90,6 +90,11 @@ pub struct Tables {
     tails: Vec<u32>,
     /// Events processed (blocks and system calls).
     pub events: u64,
+    /// Executions of blocks that instrumented code ran (#21 stage 2), by block id: derived
+    /// from the guest's path counters when the profile is taken, never in the ring.
+    derived_blocks: FxHashMap<u32, u64>,
+    /// Edges between blocks that instrumented code took, by block ids, likewise.
+    derived_edges: FxHashMap<(u32, u32), u64>,
 }
 
 impl Default for Tables {
@@ -107,6 +112,8 @@ impl Default for Tables {
             prev: NONE,
             tails: Vec::new(),
             events: 0,
+            derived_blocks: FxHashMap::default(),
+            derived_edges: FxHashMap::default(),
         }
     }
 }
@@ -416,6 +423,12 @@ impl Tables {
         }
         self.events += other.events;
         self.tails.extend(other.last_events());
+        for (&id, &c) in &other.derived_blocks {
+            self.add_derived_block(id, c);
+        }
+        for (&(f, t), &c) in &other.derived_edges {
+            self.add_derived_edge(f, t, c);
+        }
     }
 
     /// Takes in block metadata (ids in translation order; one already known is skipped).
@@ -482,10 +495,22 @@ impl Tables {
         }
     }
 
-    /// The basic block an event `id` ends with: itself, a superblock's last block, or the
-    /// block a side exit left from.
+    /// Adds `count` runs of block `id` that instrumented code ran.
+    pub(crate) fn add_derived_block(&mut self, id: u32, count: u64) {
+        *self.derived_blocks.entry(id).or_insert(0) += count;
+    }
+
+    /// Adds `count` runs of the edge `from → to` that instrumented code took.
+    pub(crate) fn add_derived_edge(&mut self, from: u32, to: u32, count: u64) {
+        *self.derived_edges.entry((from, to)).or_insert(0) += count;
+    }
+
+    /// The basic block an event `id` ends with: itself, a superblock's last block, the block
+    /// a side exit left from, or an instrumented function's `ret` (its announcing event
+    /// stands for a whole activation).
     pub fn last_block(&self, id: u32) -> u32 {
         match self.kinds.get(id as usize) {
+            Some(IdKind::InstrumentedEntry { ret, .. }) => ret.0,
             Some(IdKind::Superblock { blocks }) => blocks[blocks.len() - 1].0,
             Some(IdKind::SideExit { superblock, after }) => self
                 .trace(superblock.0)
@@ -496,8 +521,18 @@ impl Tables {
     }
 
     /// Every edge between basic blocks `(from id, to id, count)`: the event pairs with each
-    /// superblock expanded into the blocks of its trace that ran.
+    /// superblock expanded into the blocks of its trace that ran, and the edges instrumented
+    /// code took. (A pair into an instrumented function's announcing event is the edge into
+    /// its entry — the event's summary is the entry's — and a pair out of it the edge out of
+    /// its `ret`.)
     pub fn edges(&self) -> Vec<(u32, u32, u64)> {
+        let mut out = self.stream_edges();
+        out.extend(self.derived_edges.iter().map(|(&(f, t), &c)| (f, t, c)));
+        out
+    }
+
+    /// [`Tables::edges`] as the event stream shows them (without the derived ones).
+    fn stream_edges(&self) -> Vec<(u32, u32, u64)> {
         let mut out: FxHashMap<(u32, u32), u64> = FxHashMap::default();
         let mut add = |f: u32, t: u32, c: u64| *out.entry((f, t)).or_insert(0) += c;
         let mut inner = |trace: &[BlockId], upto: usize, c: u64| {
@@ -550,13 +585,28 @@ impl Tables {
     /// blocks are counted).
     pub fn block_counts(&self) -> Vec<u64> {
         let mut counts = vec![0u64; self.blocks.len().max(self.successors.len())];
-        for (from, _, c) in self.edges() {
+        for (from, _, c) in self.stream_edges() {
             counts[from as usize] += c;
         }
         for last in self.last_events() {
             counts[self.last_block(last) as usize] += 1;
         }
         counts.truncate(self.blocks.len());
+        // An instrumented function's announcing event and `ret` alias are no blocks: its
+        // blocks' counts are derived from its paths.
+        for (id, k) in self.kinds.iter().enumerate() {
+            if matches!(
+                k,
+                IdKind::InstrumentedEntry { .. } | IdKind::InstrumentedReturn { .. }
+            ) {
+                counts[id] = 0;
+            }
+        }
+        for (&id, &c) in &self.derived_blocks {
+            if let Some(n) = counts.get_mut(id as usize) {
+                *n += c;
+            }
+        }
         counts
     }
 

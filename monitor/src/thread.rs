@@ -49,6 +49,9 @@ pub struct Stream {
     /// translator reads a command now rather than at its next ring refill (an instrumentation
     /// request: the instrumented code writes almost nothing to the ring).
     pub wake: Option<Waker>,
+    /// The guest thread's calling contexts, whose path counters hold what its instrumented
+    /// code ran (read when its ring is closed).
+    pub contexts: Option<hotpath_contexts::ContextView>,
 }
 
 /// See [`Stream::wake`].
@@ -186,6 +189,7 @@ struct Live {
     ring: RingConsumer,
     commands: Option<Sender<Command>>,
     wake: Option<Waker>,
+    contexts: Option<hotpath_contexts::ContextView>,
     state: MonitorState,
 }
 
@@ -207,6 +211,7 @@ impl Monitor {
             ring: s.ring,
             commands: s.commands,
             wake: s.wake,
+            contexts: s.contexts,
             state,
         });
     }
@@ -243,8 +248,9 @@ impl Monitor {
                 drained += n;
                 if closed && n == 0 {
                     let l = self.live.swap_remove(i);
+                    let contexts = l.contexts.clone();
                     let mut t = l.finish_ring();
-                    self.finish_state(&mut t.state);
+                    self.finish_state(&mut t.state, contexts.as_ref());
                     self.done.push(t);
                 } else {
                     i += 1;
@@ -321,11 +327,19 @@ impl Monitor {
         n
     }
 
-    /// Completes a finished thread's state: every id known, paths closed.
-    fn finish_state(&mut self, state: &mut MonitorState) {
+    /// Completes a finished thread's state: every id known, paths closed, and what its
+    /// instrumented code counted in `contexts` added.
+    fn finish_state(
+        &mut self,
+        state: &mut MonitorState,
+        contexts: Option<&hotpath_contexts::ContextView>,
+    ) {
         state.tables.learn_from(&self.catalog);
         if let Some(p) = state.paths.as_mut() {
             p.end_of_stream(&state.tables);
+            if let Some(view) = contexts {
+                p.add_instrumented(view, &mut state.tables);
+            }
         }
     }
 }

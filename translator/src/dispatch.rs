@@ -560,6 +560,12 @@ impl Translator {
         std::sync::Arc::new(move || handler.kick())
     }
 
+    /// A view of this thread's calling contexts and path counters for the monitor, when
+    /// contexts are kept.
+    pub fn context_view(&self) -> Option<hotpath_contexts::ContextView> {
+        self.contexts.as_ref().map(|c| c.view())
+    }
+
     /// This thread's kernel thread id.
     pub fn tid(&self) -> u32 {
         self.ctl.tid

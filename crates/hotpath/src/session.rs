@@ -79,6 +79,7 @@ impl Monitoring {
             ring: translator.ring_consumer(),
             commands,
             wake: Some(translator.waker()),
+            contexts: translator.context_view(),
         }
     }
 

@@ -18,6 +18,8 @@ use std::sync::Arc;
 use hotpath_events::{Command, PathPlan, PlanBackEdge, PlanEdge, MAX_NUMBERING, MAX_PLAN_PATHS};
 use hotpath_ir::{BlockSummary, Terminator};
 
+use super::ids::FxMap;
+use super::numbering::Numbering;
 use super::recorder::PathRecorder;
 use crate::Tables;
 
@@ -38,6 +40,18 @@ pub(crate) struct Instrumenter {
     planned_entries: HashSet<u64>,
     /// Events recorded when regions were last looked for.
     last_look: u64,
+    /// Every numbering sent: its function (recorder index) and the numbering, to regenerate
+    /// what the guest's counters hold.
+    pub(crate) numberings: FxMap<u32, (u32, Numbering)>,
+    /// The last numbering sent for each function entry.
+    latest: FxMap<u64, u32>,
+}
+
+impl Instrumenter {
+    /// The function and numbering last sent for the function entered at `entry`.
+    pub(crate) fn by_entry(&self, entry: u64) -> Option<&(u32, Numbering)> {
+        self.numberings.get(self.latest.get(&entry)?)
+    }
 }
 
 impl PathRecorder {
@@ -55,8 +69,8 @@ impl PathRecorder {
             return None;
         }
         self.instrumenter.last_look = events;
-        // Candidate function → (plan, call targets).
-        let mut cands: BTreeMap<u32, (PathPlan, Vec<u64>)> = BTreeMap::new();
+        // Candidate function → (plan, call targets, numbering).
+        let mut cands: BTreeMap<u32, (PathPlan, Vec<u64>, Numbering)> = BTreeMap::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             let f = f as u32;
             if fun.path_ends < threshold || self.instrumenter.planned.contains(&f) {
@@ -69,11 +83,11 @@ impl PathRecorder {
         loop {
             let entries: HashSet<u64> = cands
                 .values()
-                .map(|(p, _)| p.entry().0)
+                .map(|(p, _, _)| p.entry().0)
                 .chain(self.instrumenter.planned_entries.iter().copied())
                 .collect();
             let before = cands.len();
-            cands.retain(|_, (_, calls)| calls.iter().all(|t| entries.contains(t)));
+            cands.retain(|_, (_, calls, _)| calls.iter().all(|t| entries.contains(t)));
             if cands.len() == before {
                 break;
             }
@@ -82,14 +96,17 @@ impl PathRecorder {
             return None;
         }
         let mut plans = Vec::with_capacity(cands.len());
-        for (f, (mut plan, _)) in cands {
+        for (f, (mut plan, _, n)) in cands {
             let numbering = NEXT_NUMBERING.fetch_add(1, Ordering::Relaxed);
             if numbering >= MAX_NUMBERING {
                 return None;
             }
             plan.numbering = numbering;
-            self.instrumenter.planned.insert(f);
-            self.instrumenter.planned_entries.insert(plan.entry().0);
+            let i = &mut self.instrumenter;
+            i.planned.insert(f);
+            i.planned_entries.insert(plan.entry().0);
+            i.numberings.insert(numbering, (f, n));
+            i.latest.insert(plan.entry().0, numbering);
             plans.push(Arc::new(plan));
         }
         Some(Command::InstrumentFunctions { plans })
@@ -97,7 +114,7 @@ impl PathRecorder {
 
     /// Function `f`'s plan (numbering 0: set when sent) and its calls' targets, if it
     /// qualifies on its own (module doc).
-    fn plan_of(&self, f: u32, tables: &Tables) -> Option<(PathPlan, Vec<u64>)> {
+    fn plan_of(&self, f: u32, tables: &Tables) -> Option<(PathPlan, Vec<u64>, Numbering)> {
         let fun = &self.funcs[f as usize];
         let mut blocks: Vec<BlockSummary> = Vec::with_capacity(fun.node_addr.len());
         let mut calls = Vec::new();
@@ -159,6 +176,6 @@ impl PathRecorder {
             exits: n.exits.clone(),
             num_paths: n.num_paths,
         };
-        Some((plan, calls))
+        Some((plan, calls, n))
     }
 }

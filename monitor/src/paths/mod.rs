@@ -66,9 +66,11 @@
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
 //! | `numbering.rs` | a function's numbering for instrumented translation (#21 stage 2) |
 //! | `instrument.rs` | which functions to instrument (closed regions) and their plans |
+//! | `derive.rs` | what instrumented code counted, added to the profile |
 //!
 //! `docs/paths-design.md` is where this is going: the per-call work moves into translated code.
 
+mod derive;
 mod fast;
 mod function;
 mod ids;

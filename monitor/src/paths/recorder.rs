@@ -109,6 +109,9 @@ pub struct PathRecorder {
     pub(crate) context_words: ContextDecoder,
     /// The functions sent to be instrumented.
     pub(crate) instrumenter: super::instrument::Instrumenter,
+    /// Call-tree node of the activation at the bottom of the stack when it was last started:
+    /// the one the guest thread's root context stands for.
+    pub(crate) root_call: u32,
 }
 
 impl PathRecorder {
@@ -153,6 +156,7 @@ impl PathRecorder {
             dropped_frames: 0,
             context_words: ContextDecoder::default(),
             instrumenter: Default::default(),
+            root_call: NONE,
         }
     }
 
@@ -244,7 +248,7 @@ impl PathRecorder {
         let prev = std::mem::replace(&mut self.prev, id);
         if prev == NONE || self.stack.is_empty() {
             let f = self.function_containing(self.id_addr[id as usize]);
-            self.push_activation(f, 0, 0, id, tables);
+            self.push_bottom(f, id, tables);
             return;
         }
         if prev == SETTLED {

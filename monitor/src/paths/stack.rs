@@ -663,9 +663,17 @@ impl PathRecorder {
             }
             None => {
                 let f = self.function_containing(self.id_addr[id as usize]);
-                self.push_activation(f, 0, 0, id, tables);
+                self.push_bottom(f, id, tables);
             }
         }
+    }
+
+    /// Starts the activation of `func` at block `id` on an empty stack (the guest thread's
+    /// root context's).
+    #[cold]
+    pub(crate) fn push_bottom(&mut self, func: u32, id: u32, tables: &Tables) {
+        self.push_activation(func, 0, 0, id, tables);
+        self.root_call = self.stack.last().expect("just pushed").call_node;
     }
 
     /// Counts one resynchronisation of the shadow stack.

@@ -1,0 +1,173 @@
+//! Adding what instrumented code counted to the profile (#21 stage 2, step 3e;
+//! docs/paths-design.md, "Step 3c decided", item 1): each context's path counters, read from
+//! the guest thread's contexts when its ring is closed, regenerated into the paths, blocks,
+//! edges and call-tree counts the recorder would have made from the blocks themselves.
+//!
+//! A counted id of numbering `n` regenerates (`Numbering::regenerate`, the Ball-Larus lecture's
+//! step 4) into a path of `n`'s function: its start (the activation's entry, or a back edge's
+//! head), its blocks and its end (a back edge, or the activation's end after its `ret`). That
+//! is the recorder's path key; its blocks run once more each, on the edges between them, in
+//! the call-tree node of the context; a path from the entry is an activation. A call block
+//! followed by its return point in a path is a call that returned: the call edge into the
+//! callee's entry and the edge from the callee's one `ret` to the return point are taken once
+//! more each (the callee is instrumented too: a closed region). The edge into a region from
+//! cold code and out of it are the ring's own (an announcing event's pairs).
+
+use std::collections::HashMap;
+
+use hotpath_contexts::{ContextId, ContextView, DEEPER as GUEST_DEEPER};
+use hotpath_ir::Terminator;
+
+use super::ids::NONE;
+use super::numbering::{NumberedEnd, NumberedStart};
+use super::recorder::PathRecorder;
+use super::stack::DEEPER;
+use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
+use crate::Tables;
+
+impl PathRecorder {
+    /// Adds the counts in `view`'s path counters (a finished guest thread's) to the profile
+    /// and to `tables`. Counters of a numbering the recorder did not make, or of a context
+    /// whose chain of functions it cannot follow, are left out.
+    pub fn add_instrumented(&mut self, view: &ContextView, tables: &mut Tables) {
+        if self.instrumenter.numberings.is_empty() || self.root_call == NONE {
+            return;
+        }
+        // Guest context → call-tree node, made as needed from its parent's (ids grow from
+        // parents to children).
+        let mut call_node: HashMap<u32, u32> = HashMap::new();
+        call_node.insert(ContextId::ROOT.0, self.root_call);
+        for id in 0..view.len() as u32 {
+            let counts = view.path_counts(ContextId(id));
+            if counts.is_empty() {
+                continue;
+            }
+            let Some(node) = self.call_node_of(view, ContextId(id), &mut call_node) else {
+                continue;
+            };
+            for pc in counts {
+                let Some((func, numbering)) =
+                    self.instrumenter.numberings.get(&pc.numbering).cloned()
+                else {
+                    continue;
+                };
+                for (p, &c) in pc.counts.iter().enumerate() {
+                    if c == 0 {
+                        continue;
+                    }
+                    let Some(path) = numbering.regenerate(p as u64) else {
+                        continue;
+                    };
+                    self.add_numbered_path(func, node, &path, c, tables);
+                }
+            }
+        }
+    }
+
+    /// The call-tree node guest context `id` stands for (`known` caches them).
+    fn call_node_of(
+        &mut self,
+        view: &ContextView,
+        id: ContextId,
+        known: &mut HashMap<u32, u32>,
+    ) -> Option<u32> {
+        if let Some(&n) = known.get(&id.0) {
+            return Some(n);
+        }
+        let info = view.node(id)?;
+        let parent = self.call_node_of(view, info.parent, known)?;
+        let func = match info.function {
+            GUEST_DEEPER => DEEPER,
+            f => *self.func_by_entry.get(&f)?,
+        };
+        let n = self.call_child(parent, func);
+        known.insert(id.0, n);
+        Some(n)
+    }
+
+    /// Adds `count` runs of `path` of function `func` in call-tree node `node`.
+    fn add_numbered_path(
+        &mut self,
+        func: u32,
+        node: u32,
+        path: &super::numbering::NumberedPath,
+        count: u64,
+        tables: &mut Tables,
+    ) {
+        let first = path.blocks[0];
+        let tag = if first == 0 { START_ENTRY } else { START_HEAD };
+        let mut cur = self.root(func, tag, first);
+        for &b in &path.blocks[1..] {
+            cur = self.trie_step(cur, b);
+        }
+        let end = match path.end {
+            NumberedEnd::Exit => END_EXIT,
+            NumberedEnd::BackEdge(h) => h,
+        };
+        let p = self.path_of(cur, end);
+        self.paths[p as usize].count += count;
+        let instr = self.path_instructions(cur);
+        let n = &mut self.calltree[node as usize];
+        n.blocks += count * path.blocks.len() as u64;
+        n.instructions += count * instr;
+        let fun = &mut self.funcs[func as usize];
+        fun.path_ends += count;
+        if path.start == NumberedStart::Entry {
+            fun.activations += count;
+        }
+        // The blocks and edges, by block id.
+        let ids: Vec<Option<u32>> = path
+            .blocks
+            .iter()
+            .map(|&b| self.block_id(func, b))
+            .collect();
+        for &id in ids.iter().flatten() {
+            tables.add_derived_block(id, count);
+        }
+        for (w, pair) in path.blocks.windows(2).zip(ids.windows(2)) {
+            let (Some(u), Some(v)) = (pair[0], pair[1]) else {
+                continue;
+            };
+            match tables.blocks[u as usize].terminator {
+                Terminator::Call { target, return_to }
+                    if return_to.0 == self.funcs[func as usize].node_addr[w[1] as usize] =>
+                {
+                    // A call that returned: into the callee, and from its `ret` back.
+                    if let Some(entry) = self.entry_block_id(target.0) {
+                        tables.add_derived_edge(u, entry, count);
+                    }
+                    if let Some(ret) = self.ret_block_id(target.0) {
+                        tables.add_derived_edge(ret, v, count);
+                    }
+                }
+                _ => tables.add_derived_edge(u, v, count),
+            }
+        }
+        if let (NumberedEnd::BackEdge(h), Some(&Some(u))) = (path.end, ids.last()) {
+            if let Some(v) = self.block_id(func, h) {
+                tables.add_derived_edge(u, v, count);
+            }
+        }
+    }
+
+    /// The latest block id of node `node` of function `func`.
+    fn block_id(&self, func: u32, node: u32) -> Option<u32> {
+        let addr = *self.funcs[func as usize].node_addr.get(node as usize)?;
+        self.ids_at.get(&addr)?.last().copied()
+    }
+
+    /// The latest block id of the entry of the function entered at `entry`.
+    fn entry_block_id(&self, entry: u64) -> Option<u32> {
+        self.ids_at.get(&entry)?.last().copied()
+    }
+
+    /// The latest block id of a block ending at the `ret` of the instrumented function
+    /// entered at `entry` (its plan has one `ret` instruction).
+    fn ret_block_id(&self, entry: u64) -> Option<u32> {
+        let &(func, ref n) = self.instrumenter.by_entry(entry)?;
+        n.blocks.iter().enumerate().find_map(|(i, _)| {
+            let id = self.block_id(func, i as u32)?;
+            (self.id_kind[id as usize] == super::stack::K_RET).then_some(id)
+        })
+    }
+}
