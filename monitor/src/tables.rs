@@ -495,6 +495,36 @@ impl Tables {
         }
     }
 
+    /// Counts the edges between the blocks `ids`, which ran one after the other from the
+    /// previous event on (a hand-over's replay of instrumented code's current paths), as the
+    /// events would have; no event is counted. The last one is the next edge's source.
+    pub(crate) fn replay_blocks(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if id as usize >= self.successors.len() {
+                self.grow(id);
+            }
+            if self.prev != NONE {
+                self.add_edge(self.prev, id);
+            }
+            self.prev = id;
+        }
+    }
+
+    /// Sets the source of the next edge the event stream shows ([`NONE`]: none).
+    pub(crate) fn set_prev(&mut self, id: u32) {
+        self.prev = id;
+    }
+
+    /// Counts one run of the edge `from → to` between basic blocks that no pair of events
+    /// shows (a hand-over's call into an activation it replays from after a back edge).
+    pub(crate) fn add_edge_once(&mut self, from: u32, to: u32) {
+        let top = from.max(to);
+        if top as usize >= self.successors.len() {
+            self.grow(top);
+        }
+        self.add_edge(from, to);
+    }
+
     /// Adds `count` runs of block `id` that instrumented code ran.
     pub(crate) fn add_derived_block(&mut self, id: u32, count: u64) {
         *self.derived_blocks.entry(id).or_insert(0) += count;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
 use crossbeam::utils::Backoff;
-use hotpath_events::{BlockCatalog, Command, RingConsumer, MIN_POLL_INTERVAL};
+use hotpath_events::{is_handover, BlockCatalog, Command, RingConsumer, MIN_POLL_INTERVAL};
 
 use crate::decisions::Decisions;
 use crate::{PathRecorder, Tables};
@@ -364,11 +364,25 @@ fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>)
         None => tables.record(events),
         // The tables read each event again after the path recorder, in pieces that stay in
         // the L1 cache between the two passes (a drained run can be megabytes), and count the
-        // runs of one repeated event the recorder found at once.
+        // runs of one repeated event the recorder found at once. A hand-over's words (rare)
+        // go to the recorder one at a time, between the events before and after them.
         Some(p) => {
-            for piece in events.chunks(PATHS_PIECE) {
-                p.record(piece, tables);
-                tables.record_with_repeats(piece, p.repeats());
+            let mut rest = events;
+            while !rest.is_empty() {
+                let cut = rest
+                    .iter()
+                    .position(|&w| is_handover(w))
+                    .unwrap_or(rest.len());
+                for piece in rest[..cut].chunks(PATHS_PIECE) {
+                    p.record(piece, tables);
+                    tables.record_with_repeats(piece, p.repeats());
+                }
+                if let Some(&w) = rest.get(cut) {
+                    p.handover_word(w, tables);
+                    rest = &rest[cut + 1..];
+                } else {
+                    rest = &[];
+                }
             }
         }
     }

@@ -95,7 +95,12 @@ impl PathRecorder {
         tables: &mut Tables,
     ) {
         let first = path.blocks[0];
-        let tag = if first == 0 { START_ENTRY } else { START_HEAD };
+        // As the recorder tags them: a path after a back edge starts at its head, even the
+        // entry.
+        let tag = match path.start {
+            NumberedStart::Entry => START_ENTRY,
+            NumberedStart::AfterBackEdge(_) => START_HEAD,
+        };
         let mut cur = self.root(func, tag, first);
         for &b in &path.blocks[1..] {
             cur = self.trie_step(cur, b);
@@ -151,13 +156,13 @@ impl PathRecorder {
     }
 
     /// The latest block id of node `node` of function `func`.
-    fn block_id(&self, func: u32, node: u32) -> Option<u32> {
+    pub(crate) fn block_id(&self, func: u32, node: u32) -> Option<u32> {
         let addr = *self.funcs[func as usize].node_addr.get(node as usize)?;
         self.ids_at.get(&addr)?.last().copied()
     }
 
     /// The latest block id of the entry of the function entered at `entry`.
-    fn entry_block_id(&self, entry: u64) -> Option<u32> {
+    pub(crate) fn entry_block_id(&self, entry: u64) -> Option<u32> {
         self.ids_at.get(&entry)?.last().copied()
     }
 

@@ -91,6 +91,9 @@ impl PathRecorder {
                     K_INSTRUMENTED => self.function_at(addr),
                     _ => NONE,
                 };
+                if let IdKind::InstrumentedReturn { numbering } = tables.kinds[i] {
+                    self.instrumenter.ret_alias.insert(numbering, i as u32);
+                }
                 self.id_addr.push(addr);
                 self.id_kind.push(kind);
                 // An announcing event's `ret` alias id (the recorder's `prev` after it).

@@ -45,12 +45,20 @@ pub(crate) struct Instrumenter {
     pub(crate) numberings: FxMap<u32, (u32, Numbering)>,
     /// The last numbering sent for each function entry.
     latest: FxMap<u64, u32>,
+    /// Each numbering's `ret` alias id (`IdKind::InstrumentedReturn`), as the ring's catalog
+    /// announced it.
+    pub(crate) ret_alias: FxMap<u32, u32>,
 }
 
 impl Instrumenter {
     /// The function and numbering last sent for the function entered at `entry`.
     pub(crate) fn by_entry(&self, entry: u64) -> Option<&(u32, Numbering)> {
         self.numberings.get(self.latest.get(&entry)?)
+    }
+
+    /// The numbering last sent for the function entered at `entry`.
+    pub(crate) fn latest_numbering(&self, entry: u64) -> Option<&u32> {
+        self.latest.get(&entry)
     }
 }
 

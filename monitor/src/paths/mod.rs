@@ -67,12 +67,14 @@
 //! | `numbering.rs` | a function's numbering for instrumented translation (#21 stage 2) |
 //! | `instrument.rs` | which functions to instrument (closed regions) and their plans |
 //! | `derive.rs` | what instrumented code counted, added to the profile |
+//! | `handover.rs` | instrumented activations turned cold, taken on by the recorder |
 //!
 //! `docs/paths-design.md` is where this is going: the per-call work moves into translated code.
 
 mod derive;
 mod fast;
 mod function;
+mod handover;
 mod ids;
 mod instrument;
 mod memo;

@@ -236,6 +236,16 @@ impl Numbering {
         Some(NumberedPath { start, blocks, end })
     }
 
+    /// The prefix of the path an activation is on when its register is `r` at block `block`
+    /// (which has run): its start and blocks, `block` last. A Ball-Larus prefix sum is unique
+    /// per block, and the path that leaves after `block` has id `r + exits[block]`, so this
+    /// is that path without its end. `None` if `r` is no such sum.
+    pub fn prefix(&self, r: u64, block: u32) -> Option<(NumberedStart, Vec<u32>)> {
+        let p = self.regenerate(r.wrapping_add(*self.exits.get(block as usize)?))?;
+        (p.end == NumberedEnd::Exit && p.blocks.last() == Some(&block))
+            .then_some((p.start, p.blocks))
+    }
+
     /// The id translated code computes for `path` (its register's sum), or `None` when the
     /// path uses an edge the numbering does not have.
     pub fn id_of(&self, path: &NumberedPath) -> Option<u64> {

@@ -112,6 +112,8 @@ pub struct PathRecorder {
     /// Call-tree node of the activation at the bottom of the stack when it was last started:
     /// the one the guest thread's root context stands for.
     pub(crate) root_call: u32,
+    /// A hand-over's words split across reads of the ring.
+    pub(crate) handover_words: hotpath_events::HandOverDecoder,
 }
 
 impl PathRecorder {
@@ -157,6 +159,7 @@ impl PathRecorder {
             context_words: ContextDecoder::default(),
             instrumenter: Default::default(),
             root_call: NONE,
+            handover_words: Default::default(),
         }
     }
 

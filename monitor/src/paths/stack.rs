@@ -610,7 +610,7 @@ impl PathRecorder {
 
     /// Pushes a pending activation of `func` ([`NONE`]: the function its first block enters)
     /// under call-tree node `parent`.
-    fn push_pending(&mut self, func: u32, return_to: u64, parent: u32) {
+    pub(crate) fn push_pending(&mut self, func: u32, return_to: u64, parent: u32) {
         if self.stack.len() >= self.stack_cap() {
             self.drop_bottom(SHADOW_STACK_MAX / 2);
         }
@@ -649,6 +649,17 @@ impl PathRecorder {
     /// else the path goes on.
     pub(crate) fn continue_top(&mut self, id: u32, tables: &Tables) {
         match self.stack.last() {
+            Some(a) if a.cur == NONE && a.len == super::handover::HEAD_NEXT => {
+                // Its instrumented code ended a path at a back edge to this block: the next
+                // path starts here.
+                let func = a.func;
+                let node = self.node_of(func, id, tables);
+                let root = self.root(func, START_HEAD, node);
+                let top = self.stack.last_mut().expect("an activation");
+                top.cur = root;
+                top.len = 1;
+                top.last_addr = self.id_addr[id as usize];
+            }
             Some(a) if a.cur == NONE => {
                 let a = self.stack.pop().expect("an activation");
                 let func = match (a.func, self.id_entry[id as usize]) {
