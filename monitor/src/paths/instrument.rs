@@ -3,7 +3,8 @@
 //!
 //! The first cut instruments *closed regions*: a function qualifies when it has ended at least
 //! the threshold's number of paths, every block the recorder knows of it ends in a direct jump,
-//! a fall-through, a conditional branch, a direct `call` (not the get-pc one) or a `ret`, it
+//! a fall-through, a conditional branch, a direct `call` (not the get-pc one) or a `ret` — no
+//! jump to another function's entry (a tail call out of the region) — it
 //! has exactly one `ret` instruction (blocks that start at different addresses may run to it),
 //! and its numbering has at most
 //! [`MAX_PLAN_PATHS`] paths. The region is the largest set of qualifying functions whose calls
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use hotpath_events::{Command, PathPlan, PlanBackEdge, PlanEdge, MAX_NUMBERING, MAX_PLAN_PATHS};
-use hotpath_ir::{BlockSummary, Terminator};
+use hotpath_ir::{BlockSummary, GuestAddr, Terminator};
 
 use super::ids::FxMap;
 use super::numbering::Numbering;
@@ -130,6 +131,13 @@ impl PathRecorder {
         for &addr in &fun.node_addr {
             let id = *self.ids_at.get(&addr)?.last()?;
             let b = *tables.blocks.get(id as usize)?;
+            // A jump to another function's entry is a tail call out of the region.
+            let out = |t: GuestAddr| t.0 != fun.entry && self.func_by_entry.contains_key(&t.0);
+            if b.terminator.static_successors().into_iter().any(out)
+                && !matches!(b.terminator, Terminator::Call { .. })
+            {
+                return None;
+            }
             match b.terminator {
                 Terminator::Jump { .. }
                 | Terminator::FallThrough { .. }
