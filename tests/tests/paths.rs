@@ -648,9 +648,12 @@ fn instrumented_paths_match_the_per_block_reference() {
             (s.name.to_string(), exe, s.args.to_vec())
         })
         .collect();
-    let exe =
-        guest_build::build("paths_loops.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-    runs.push(("paths_loops.c".to_string(), exe, Vec::new()));
+    // paths_deep_mutual.S: two instrumented functions alternate past the context tree's depth
+    // cap, where one context stands for every frame.
+    for source in ["paths_loops.c", "paths_deep_mutual.S"] {
+        let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+        runs.push((source.to_string(), exe, Vec::new()));
+    }
     // A short ring keeps the monitor close behind the guest, so that its requests come while
     // the samples' hot functions still run.
     let common = [

@@ -149,6 +149,12 @@ impl Contexts {
         ContextId(self.arena.at(self.area().ctx).id)
     }
 
+    /// True if the current context is the one past [`crate::MAX_DEPTH`] frames, which stands
+    /// for every deeper frame, of whatever function.
+    pub fn in_deeper(&self) -> bool {
+        self.arena.at(self.area().ctx).function == crate::DEEPER
+    }
+
     /// The frames, bottom first: (guest return address, caller's context).
     pub fn frames(&self) -> Vec<(u64, ContextId)> {
         self.area()

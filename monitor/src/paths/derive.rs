@@ -168,7 +168,7 @@ impl PathRecorder {
 
     /// The latest block id of a block ending at the `ret` of the instrumented function
     /// entered at `entry` (its plan has one `ret` instruction).
-    fn ret_block_id(&self, entry: u64) -> Option<u32> {
+    pub(crate) fn ret_block_id(&self, entry: u64) -> Option<u32> {
         let &(func, ref n) = self.instrumenter.by_entry(entry)?;
         n.blocks.iter().enumerate().find_map(|(i, _)| {
             let id = self.block_id(func, i as u32)?;

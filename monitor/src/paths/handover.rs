@@ -113,7 +113,7 @@ impl PathRecorder {
             for &id in &ids[1..] {
                 self.step_intra(id, tables);
             }
-            tables.replay_blocks(&ids);
+            self.replay_prefix(&ids, tables);
             let last = *ids.last().expect("a prefix has a block");
             self.prev = last;
             let Terminator::Call {
@@ -141,6 +141,30 @@ impl PathRecorder {
                 tables.set_prev(self.prev);
                 return;
             }
+        }
+    }
+
+    /// Counts the edges of a current path's blocks `ids` in the tables, from the previous
+    /// event on. A call block followed by its return point is a call that returned: its
+    /// callee (instrumented) ran a whole activation, counted in the guest's counters, so the
+    /// edges are the call into the callee's entry and the callee's `ret` to the return point.
+    fn replay_prefix(&self, ids: &[u32], tables: &mut Tables) {
+        for (i, &id) in ids.iter().enumerate() {
+            if let Some(&u) = i.checked_sub(1).and_then(|j| ids.get(j)) {
+                if let Terminator::Call { target, return_to } = tables.blocks[u as usize].terminator
+                {
+                    if return_to == tables.blocks[id as usize].start {
+                        if let Some(e) = self.entry_block_id(target.0) {
+                            tables.add_edge_once(u, e);
+                        }
+                        if let Some(r) = self.ret_block_id(target.0) {
+                            tables.add_derived_edge(r, id, 1);
+                        }
+                        tables.set_prev(NONE);
+                    }
+                }
+            }
+            tables.replay_blocks(&[id]);
         }
     }
 

@@ -362,6 +362,13 @@ impl Translator {
                 Ok(Ok(Next::Guest(to.0)))
             }
             ExitKind::PathCounters { numbering, quiet } => {
+                let entry = self.inst.by_numbering[&numbering].entry().0;
+                if self.contexts.as_ref().is_some_and(|c| c.in_deeper()) {
+                    // Past the depth cap one context stands for every frame, of any function:
+                    // its counters could not tell their activations apart. This one runs cold.
+                    self.hand_over(Some((numbering, HandedAt::Start)));
+                    return Ok(Ok(Next::Guest(entry)));
+                }
                 let paths = self.inst.by_numbering[&numbering].num_paths as u32;
                 let made = self
                     .contexts
@@ -371,7 +378,6 @@ impl Translator {
                     return Ok(Ok(Next::Host(quiet)));
                 }
                 // The counter arena is full: this thread runs the function cold from now on.
-                let entry = self.inst.by_numbering[&numbering].entry().0;
                 self.hand_over(Some((numbering, HandedAt::Start)));
                 self.inst.disabled.insert(numbering);
                 self.flush();
