@@ -408,8 +408,22 @@ fn every_sample_has_consistent_paths() {
         .filter(|s| !s.source.starts_with("bench_"))
     {
         let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-        // The guest's contexts followed (the default), and the shadow stack's own rules (#21).
-        for (tag, extra) in [("", &[][..]), ("-own-rules", &["--no-guest-contexts"][..])] {
+        // The guest's contexts followed (the default), the shadow stack's own rules (#21), and
+        // functions instrumented from their first path end (#21 stage 2; PAP runs off: not
+        // kept for instrumented functions yet; a short ring so that the requests come in time).
+        let instrumented = [
+            "--instrument-paths",
+            "1",
+            "--pap-threshold",
+            "1000000000",
+            "--ring-entries",
+            "4096",
+        ];
+        for (tag, extra) in [
+            ("", &[][..]),
+            ("-own-rules", &["--no-guest-contexts"][..]),
+            ("-instrumented", &instrumented[..]),
+        ] {
             let json = run_report(&exe, &format!("sample-{}{tag}", s.name), s.args, extra);
             if json["threads"].as_array().is_some_and(|t| t.len() > 1) {
                 // Paths are per thread and the report shows the busiest thread's, while the

@@ -1456,6 +1456,9 @@ impl Translator {
         self.cache.adopt(copy)?;
         self.process.signals.set_rw_delta(self.cache.rw_delta());
         self.process.signals.after_fork_child();
+        // The child has a monitor of its own, which knows none of the parent's numberings: its
+        // instrumented code goes (the guest goes on by guest address, `next`).
+        self.forget_instrumentation();
         // A fresh, empty ring for the child's own monitor.
         self.area.ring.reset();
         if let Some(p) = &self.producer {

@@ -451,6 +451,16 @@ impl Translator {
         }
     }
 
+    /// Drops every plan and, if any was taken, the code cache (a forked child, whose new
+    /// monitor numbers its functions afresh). Only where the thread goes on by guest address.
+    pub(super) fn forget_instrumentation(&mut self) {
+        if self.inst.by_numbering.is_empty() {
+            return;
+        }
+        self.inst = Instrumentation::default();
+        self.flush();
+    }
+
     /// True if the function entered at `pc` has a plan (its entry is not inlined in
     /// superblocks).
     pub(super) fn has_plan(&self, pc: u64) -> bool {
