@@ -223,8 +223,61 @@ pub(crate) fn return_and_lookup(
     gateway: &Gateway,
     no_host: Option<u32>,
 ) {
-    let exit_addr = gateway.exit.0 as usize;
     compare_top_frame(ops);
+    pop_and_go(ops, mismatch, gateway, no_host);
+}
+
+/// An instrumented `ret` popping `pop` bytes (#21 stage 2): its load, then its path's end —
+/// path `r + exit` counted in the current context's counters — and the return's frame check
+/// and pop, on to the frame's host address (`no_host`: an exit when it has none), merged into
+/// one sequence that borrows RCX, RAX and RDX once. `None` (nothing emitted) when `exit * 8`
+/// does not fit a displacement: then the steps go one after the other. The load comes first,
+/// so a fault there (an unmapped stack) finds the path not yet counted; nothing after it
+/// faults.
+pub(crate) fn instrumented_return(
+    ops: &mut VecAssembler<X64Relocation>,
+    pop: i32,
+    exit: u64,
+    mismatch: u32,
+    no_host: u32,
+    gateway: &Gateway,
+) -> Option<()> {
+    let disp = i32::try_from((exit as i64).checked_mul(8)?).ok()?;
+    let counters = Node::COUNTERS as i32;
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; mov rcx, QWORD [rsp]
+        ; lea rsp, [rsp + pop]
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; .u8 GS ; mov rdx, QWORD [off::PATH]
+        ; .u8 GS ; mov rax, QWORD [off::CTX]
+        ; mov rax, QWORD [rax + counters]
+        ; lea rax, [rax + rdx * 8]
+        ; mov rdx, QWORD [rax + disp]
+        ; lea rdx, [rdx + 1]
+        ; mov QWORD [rax + disp], rdx
+        ; mov rdx, rcx
+        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
+        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + RETURN_TO]
+        ; not rcx
+        ; lea rcx, [rcx + rdx + 1]
+    );
+    pop_and_go(ops, mismatch, gateway, Some(no_host));
+    Some(())
+}
+
+/// The rest of a return after [`compare_top_frame`]: RCX zero iff the top frame's return
+/// address is the target (in RDX), RAX `frame_top`, the guest's RAX, RCX and RDX in their
+/// scratch slots. See [`return_and_lookup`].
+fn pop_and_go(
+    ops: &mut VecAssembler<X64Relocation>,
+    mismatch: u32,
+    gateway: &Gateway,
+    no_host: Option<u32>,
+) {
+    let exit_addr = gateway.exit.0 as usize;
     dynasm!(ops
         ; .arch x64
         ; jrcxz >pop
@@ -269,23 +322,23 @@ pub(crate) fn reload_path(ops: &mut VecAssembler<X64Relocation>, add: u64) {
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
-        ; .u8 GS ; mov rcx, QWORD [rax + FRAME + PATH]
+        ; .u8 GS ; mov rcx, QWORD [off::FRAME_TOP]
+        ; .u8 GS ; mov rcx, QWORD [rcx + FRAME + PATH]
     );
     match i32::try_from(add as i64) {
         Ok(0) => {}
         Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
         Err(_) => dynasm!(ops
             ; .arch x64
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
             ; mov rax, QWORD add as i64
             ; lea rcx, [rcx + rax]
+            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ),
     }
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::PATH], rcx
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
     );
 }

@@ -391,15 +391,6 @@ fn emit_path_terminator(
                 .as_ref()
                 .expect("a return has its instruction")
                 .inst;
-            // The `ret`'s load first: a fault there (an unmapped stack) must find the path
-            // not yet counted, as the block's body left it.
-            dynasm!(ops
-                ; .arch x64
-                ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-                ; mov rcx, QWORD [rsp]
-                ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-            );
-            path_end(&mut ops, plan.exits[index as usize], None);
             exits.push(Exit {
                 block: announce,
                 kind: ExitKind::PathContextReturn { numbering },
@@ -410,13 +401,29 @@ fn emit_path_terminator(
                 kind: ExitKind::PathReturnNoHost { numbering },
             });
             let no_host = first_exit + exits.len() as u32 - 1;
-            return_through_lookup(
+            let exit = plan.exits[index as usize];
+            let pop = return_pop(inst);
+            if context_steps::instrumented_return(
                 &mut ops,
-                return_pop(inst),
+                pop,
+                exit,
+                mismatch,
+                no_host,
                 &cx.gateway,
-                Some(mismatch),
-                Some(no_host),
-            );
+            )
+            .is_none()
+            {
+                // The `ret`'s load first: a fault there (an unmapped stack) must find the path
+                // not yet counted, as the block's body left it.
+                dynasm!(ops
+                    ; .arch x64
+                    ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                    ; mov rcx, QWORD [rsp]
+                    ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+                );
+                path_end(&mut ops, exit, None);
+                return_through_lookup(&mut ops, pop, &cx.gateway, Some(mismatch), Some(no_host));
+            }
             // From the first instruction on, the guest's RCX is (also) in its scratch slot.
             layout.rcx_borrowed_from = Some(base);
         }

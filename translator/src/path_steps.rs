@@ -11,8 +11,9 @@
 //! end:    node(ctx).counters[r + end] += 1; r = restart   (a back edge; the exit: no restart)
 //! ```
 //!
-//! Every step runs where all guest registers are live and leaves them so: it borrows RAX and
-//! RCX (RDX for an increment that does not fit 32 bits) through their scratch slots and changes
+//! Every step runs where all guest registers are live and leaves them so: it borrows RCX (and
+//! RAX for a path's end, RDX for an increment that does not fit 32 bits) through their scratch
+//! slots and changes
 //! no flag (`mov`, `lea`, `jrcxz`), since the guest's flags are live across every edge. Nothing
 //! here faults: the thread area, the node and its counters are hotpath's memory, and a path id
 //! is below the array's length by the numbering's construction.
@@ -39,22 +40,16 @@ pub fn path_start(
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov rax, QWORD [off::CTX]
-        ; mov rcx, QWORD [rax + Node::NUMBERING as i32]
+        ; .u8 GS ; mov rcx, QWORD [off::CTX]
+        ; mov rcx, QWORD [rcx + Node::NUMBERING as i32]
         ; lea rcx, [rcx + minus]
         ; jrcxz >counting
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; mov ecx, miss as i32
         ; jmp extern exit_addr
         ; counting:
     );
     set_register(ops, start);
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-    );
+    dynasm!(ops ; .arch x64 ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]);
 }
 
 /// Appends a forward edge's step: `r += add` (mod 2^64); nothing for 0 (an edge of the
