@@ -78,14 +78,14 @@ impl PathRecorder {
                     tables.set_prev(caller_call.unwrap_or(NONE));
                     return;
                 }
-                HandedAt::Head { head } => {
-                    // Its path ended at a back edge to `head`, which runs next, cold.
+                HandedAt::Head { .. } => {
+                    // Its path ended at a back edge to the head, which runs next, cold. The
+                    // activation's start is counted already (its first path is among the
+                    // guest's counters), and so is the back edge.
                     self.push_unseen(func, return_to, parent, true);
-                    self.activation_counted_before(func);
                     if let (Some(c), Some(e)) = (caller_call, self.entry_block_id(entry)) {
                         tables.add_edge_once(c, e);
                     }
-                    let _ = head;
                     tables.set_prev(NONE);
                     return;
                 }
@@ -213,12 +213,7 @@ impl PathRecorder {
             call_node,
             resume: NONE,
         });
-        self.activation_counted_before(func);
     }
-
-    /// An activation of `func` that the guest's counters count already (its first path
-    /// completed in instrumented code) is taken on: nothing to count now.
-    fn activation_counted_before(&mut self, _func: u32) {}
 
     /// The `ret` alias id of the instrumented function entered at `entry` (its announcing
     /// event's), for the edge from its `ret` to the next block.

@@ -336,7 +336,7 @@ impl PathRecorder {
             if self.memo.events[e as usize].len == 0 {
                 // An instrumented function's whole activation.
                 self.memo.last = NONE;
-                self.step_instrumented(e, tables);
+                self.step_instrumented(e);
                 continue;
             }
             let mut run = e;

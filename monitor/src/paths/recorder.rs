@@ -235,7 +235,7 @@ impl PathRecorder {
         for &id in blocks {
             if is_id(id) && (id as usize) < self.id_addr.len() {
                 if self.id_kind[id as usize] == K_INSTRUMENTED {
-                    self.step_instrumented(id, tables);
+                    self.step_instrumented(id);
                     continue;
                 }
                 self.step(id, tables);

@@ -411,7 +411,7 @@ impl PathRecorder {
     /// before, or as the pending activation a context event left — but runs no block the
     /// recorder sees: its paths are in the guest's counters. The recorder's previous block
     /// becomes the function's `ret` alias, so that the next block returns from it.
-    pub(crate) fn step_instrumented(&mut self, id: u32, _tables: &Tables) {
+    pub(crate) fn step_instrumented(&mut self, id: u32) {
         let ret_alias = self.id_ret[id as usize] as u32;
         let prev = std::mem::replace(&mut self.prev, ret_alias);
         let func = match self.id_entry[id as usize] {
@@ -439,21 +439,8 @@ impl PathRecorder {
                 (ret, top.call_node)
             }
         };
-        // As a pending activation: no path (its `call_node` is the parent's, as there).
-        self.stack.push(Activation {
-            func,
-            return_to,
-            cur: NONE,
-            len: 0,
-            blocks: 0,
-            instructions: 0,
-            path_ends: 0,
-            last_addr: self.id_addr[id as usize],
-            pap: NONE,
-            pap_len: 0,
-            call_node: parent,
-            resume: NONE,
-        });
+        // Held as a pending activation: no path of its own, popped by the next block.
+        self.push_pending(func, return_to, parent);
     }
 
     /// A `ret` to block `id`: pop the frame that returns there.
