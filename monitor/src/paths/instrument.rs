@@ -28,6 +28,9 @@ use crate::Tables;
 /// fewer at a low threshold (tests), so that short programs are instrumented too.
 const LOOK_EVERY_EVENTS: u64 = 1 << 16;
 
+/// Most numberings one function is sent (the first and its renumberings).
+const MAX_NUMBERINGS_PER_FUNCTION: u32 = 8;
+
 /// Numberings handed out in this process (the translator tells counters apart by them; never
 /// 0).
 static NEXT_NUMBERING: AtomicU32 = AtomicU32::new(1);
@@ -49,6 +52,8 @@ pub(crate) struct Instrumenter {
     /// Each numbering's `ret` alias id (`IdKind::InstrumentedReturn`), as the ring's catalog
     /// announced it.
     pub(crate) ret_alias: FxMap<u32, u32>,
+    /// Numberings sent per function.
+    sent: FxMap<u32, u32>,
 }
 
 impl Instrumenter {
@@ -82,7 +87,13 @@ impl PathRecorder {
         let mut cands: BTreeMap<u32, (PathPlan, Vec<u64>, Numbering)> = BTreeMap::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             let f = f as u32;
-            if fun.path_ends < threshold || self.instrumenter.planned.contains(&f) {
+            if fun.path_ends < threshold {
+                continue;
+            }
+            let sent = self.instrumenter.sent.get(&f).copied().unwrap_or(0);
+            if self.instrumenter.planned.contains(&f)
+                && (sent >= MAX_NUMBERINGS_PER_FUNCTION || !self.grew(f))
+            {
                 continue;
             }
             if let Some(c) = self.plan_of(f, tables) {
@@ -116,9 +127,30 @@ impl PathRecorder {
             i.planned_entries.insert(plan.entry().0);
             i.numberings.insert(numbering, (f, n));
             i.latest.insert(plan.entry().0, numbering);
+            *i.sent.entry(f).or_insert(0) += 1;
             plans.push(Arc::new(plan));
         }
         Some(Command::InstrumentFunctions { plans })
+    }
+
+    /// True if instrumented function `f`'s CFG has grown since its last numbering (its
+    /// activations handed over at an edge the numbering lacked, and the recorder learnt it
+    /// from the cold blocks after): it is renumbered, and its translations replaced, so that
+    /// it stops handing over there.
+    fn grew(&self, f: u32) -> bool {
+        let fun = &self.funcs[f as usize];
+        let Some((_, old)) = self.instrumenter.by_entry(fun.entry) else {
+            return false;
+        };
+        if fun.node_addr.len() > old.blocks.len() {
+            return true;
+        }
+        match self.numbering(fun.entry) {
+            Some(Ok(now)) => {
+                now.edges.len() != old.edges.len() || now.back_edges.len() != old.back_edges.len()
+            }
+            _ => false,
+        }
     }
 
     /// Function `f`'s plan (numbering 0: set when sent) and its calls' targets, if it

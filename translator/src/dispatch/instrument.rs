@@ -102,7 +102,12 @@ impl Translator {
 
     /// True if `plans` form a closed region and their blocks still decode as planned.
     fn closed_region(&mut self, plans: &[Arc<PathPlan>]) -> bool {
-        let entries: std::collections::HashSet<u64> = plans.iter().map(|p| p.entry().0).collect();
+        // Calls may go to functions of this set or of earlier ones (a renumbered function's).
+        let entries: std::collections::HashSet<u64> = plans
+            .iter()
+            .map(|p| p.entry().0)
+            .chain(self.inst.plans.keys().copied())
+            .collect();
         plans.iter().all(|p| {
             let shape = p.numbering != 0
                 && p.numbering < MAX_NUMBERING
@@ -175,9 +180,10 @@ impl Translator {
             return Ok(None);
         };
         debug_assert_eq!(self.inst.blocks.get(&(numbering, 0)), Some(&body));
-        // Cold direct calls linked to the cold entry go to the announcing head from now on.
-        let announce = installed.heads.announce;
-        let calls: Vec<HostAddr> = self
+        // Cold direct calls linked to the cold entry (or to an older numbering's head) go to
+        // the announcing head from now on, and instrumented ones to the quiet entry.
+        let heads = installed.heads;
+        let calls: Vec<(HostAddr, HostAddr)> = self
             .exits
             .iter()
             .filter_map(|e| match e.kind {
@@ -186,12 +192,15 @@ impl Translator {
                     site,
                     call: true,
                     ..
-                } if target.0 == entry => Some(site),
+                } if target.0 == entry => Some((site, heads.announce)),
+                ExitKind::PathCall { callee, site, .. } if callee.0 == entry => {
+                    Some((site, heads.quiet))
+                }
                 _ => None,
             })
             .collect();
-        for site in calls {
-            self.cache.patch_rel32(site, announce);
+        for (site, to) in calls {
+            self.cache.patch_rel32(site, to);
         }
         Ok(Some(installed))
     }
