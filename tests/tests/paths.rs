@@ -663,8 +663,13 @@ fn instrumented_paths_match_the_per_block_reference() {
         })
         .collect();
     // paths_deep_mutual.S: two instrumented functions alternate past the context tree's depth
-    // cap, where one context stands for every frame.
-    for source in ["paths_loops.c", "paths_deep_mutual.S"] {
+    // cap, where one context stands for every frame; paths_fault_mid_path.c: a fault (and its
+    // handler) in the middle of an instrumented path.
+    for source in [
+        "paths_loops.c",
+        "paths_deep_mutual.S",
+        "paths_fault_mid_path.c",
+    ] {
         let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         runs.push((source.to_string(), exe, Vec::new()));
     }
