@@ -206,8 +206,8 @@ impl Translator {
     }
 
     /// The body entry of block `index` of `plan`, translating it if needed. `None` when the
-    /// block no longer decodes as planned, or a flush was needed to make room (the caller
-    /// goes on cold; a flush has handed the hole over).
+    /// block no longer decodes as planned, or the cache has no room (the caller goes on cold,
+    /// handing the hole over; the flush comes where it is safe, `flush_wanted`).
     fn translate_instrumented(
         &mut self,
         plan: &Arc<PathPlan>,
@@ -246,8 +246,9 @@ impl Translator {
         let fits = emitted.block.code.len() as u64 <= self.cache.room()
             && first_exit as u64 + emitted.block.exits.len() as u64 <= EXIT_SPECIAL_BASE as u64;
         if !fits {
-            drop(registry);
-            self.flush();
+            // The caller goes on cold; the cache is flushed where that is safe (the next
+            // translation, or after the dispatcher's commands).
+            self.inst.flush_wanted = true;
             return Ok(None);
         }
         if let Some(heads) = emitted.heads {
