@@ -18,7 +18,7 @@ use crate::reserve::Reserved;
 
 /// Counters (and headers) the arena holds at most, in `u64` words: 256 MiB of address space,
 /// reserved, not committed — pages are touched as arrays are made. A thread whose contexts
-/// need more runs the rest cold ([`CounterArena::make`] returns `None`).
+/// need more runs the rest cold ([`crate::Contexts::path_counters`] returns `None`).
 pub const COUNTER_WORDS_MAX: usize = 1 << 25;
 
 /// Words of an array's header.

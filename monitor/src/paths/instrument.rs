@@ -71,7 +71,7 @@ impl Instrumenter {
 impl PathRecorder {
     /// The plans of a new closed region of functions past `threshold` path ends, if one is
     /// there (looked for every 64 `threshold` events, at least 256 and at most
-    /// [`LOOK_EVERY_EVENTS`]; `events` is how many were recorded so far).
+    /// 65 536; `events` is how many were recorded so far).
     pub fn instrumentation_request(
         &mut self,
         tables: &Tables,
