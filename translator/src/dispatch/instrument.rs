@@ -93,7 +93,7 @@ impl Translator {
         }
         for p in &plans {
             // A plan that needs a flush first is installed after it, at the next call.
-            if !matches!(self.install(p.numbering, false), Ok(Some(_))) {
+            if self.install(p.numbering, false).is_none() {
                 break;
             }
         }
@@ -143,7 +143,29 @@ impl Translator {
     /// direct calls of the function to its announcing head. `None` when the plan cannot run
     /// here (its code changed, or it is disabled), or the code cache had to be flushed first:
     /// flushed now when `may_flush`, else asked for (`flush_wanted`).
-    fn install(
+    fn install(&mut self, numbering: u32, may_flush: bool) -> Option<Installed> {
+        match self.try_install(numbering, may_flush) {
+            Ok(i) => i,
+            Err(e) => {
+                self.give_up(numbering, &e);
+                None
+            }
+        }
+    }
+
+    /// A plan whose code cannot be translated (a block that does not re-encode, a bug: its
+    /// cold translation did) is dropped: this thread runs its function cold, and its
+    /// instrumented code goes with the next flush, which is asked for.
+    fn give_up(&mut self, numbering: u32, e: &TranslateError) {
+        if self.trace_translation {
+            eprintln!("hotpath: instrumentation of numbering {numbering} dropped: {e}");
+        }
+        self.inst.disabled.insert(numbering);
+        self.inst.flush_wanted = true;
+    }
+
+    /// [`Self::install`], with the translation's errors.
+    fn try_install(
         &mut self,
         numbering: u32,
         may_flush: bool,
@@ -216,6 +238,9 @@ impl Translator {
         let numbering = plan.numbering;
         if let Some(&h) = self.inst.blocks.get(&(numbering, index)) {
             return Ok(Some(h));
+        }
+        if self.inst.disabled.contains(&numbering) {
+            return Ok(None);
         }
         let planned = &plan.blocks[index as usize];
         let block = self.decode(planned.start, MAX_BLOCK_INSTRUCTIONS);
@@ -339,7 +364,11 @@ impl Translator {
                 let at = self.position_after_edge(&plan, from, to);
                 self.inst.pending = Some(Some((numbering, at)));
                 let generation = self.generation;
-                match self.translate_instrumented(&plan, to)? {
+                let host = self.translate_instrumented(&plan, to).unwrap_or_else(|e| {
+                    self.give_up(numbering, &e);
+                    None
+                });
+                match host {
                     Some(h) if generation == self.generation => {
                         if !self.stepping {
                             self.cache.patch_rel32(site, h);
@@ -443,7 +472,7 @@ impl Translator {
         let generation = self.generation;
         let numbering = self.inst.plans.get(&callee.0).map(|p| p.numbering);
         let installed = match numbering {
-            Some(n) => self.install(n, true)?,
+            Some(n) => self.install(n, true),
             None => None,
         };
         match installed {
@@ -544,7 +573,7 @@ impl Translator {
         }
         if let Some(numbering) = self.inst.plans.get(&pc).map(|p| p.numbering) {
             let generation = self.generation;
-            if let Some(i) = self.install(numbering, true)? {
+            if let Some(i) = self.install(numbering, true) {
                 if generation == self.generation {
                     return Ok(i.heads.announce);
                 }
