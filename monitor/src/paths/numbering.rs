@@ -397,6 +397,38 @@ mod tests {
             assert_eq!(num.regenerate(id).as_ref(), Some(p), "id {id}");
         }
         assert_eq!(num.regenerate(num.num_paths), None);
+        // Every prefix of every path: the register translated code holds at its last block
+        // (the start value, then the forward edges' increments) regenerates into that prefix,
+        // as a hand-over needs (`prefix`).
+        for p in &paths {
+            let mut r = match p.start {
+                NumberedStart::Entry => num.start,
+                NumberedStart::AfterBackEdge(h) => {
+                    num.back_edges
+                        .iter()
+                        .find(|b| b.to == h)
+                        .expect("a head")
+                        .restart
+                }
+            };
+            for k in 0..p.blocks.len() {
+                if k > 0 {
+                    let (u, v) = (p.blocks[k - 1], p.blocks[k]);
+                    let e = num
+                        .edges
+                        .iter()
+                        .find(|e| (e.from, e.to) == (u, v))
+                        .expect("an edge");
+                    r = r.wrapping_add(e.add);
+                }
+                assert_eq!(
+                    num.prefix(r, p.blocks[k]),
+                    Some((p.start, p.blocks[..=k].to_vec())),
+                    "{p:?}, prefix of {} blocks",
+                    k + 1
+                );
+            }
+        }
         num
     }
 
@@ -434,8 +466,8 @@ mod tests {
     proptest! {
         /// Random functions (up to 9 blocks at random addresses, random edges and counts,
         /// self-loops and parallel listings included): every path of the graph has exactly one
-        /// id below `num_paths`, there are `num_paths` of them, and each id regenerates into
-        /// its path.
+        /// id below `num_paths`, there are `num_paths` of them, each id regenerates into its
+        /// path, and each prefix's register into the prefix.
         #[test]
         fn every_path_of_random_functions_sums_to_its_id(
             addrs in proptest::collection::btree_set(0u64..64, 1..9),
