@@ -25,9 +25,8 @@ mod thread;
 
 pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
 pub use paths::{
-    BackEdgeIncrement, CfgEdge, EdgeIncrement, FunctionSymbol, NumberedEnd, NumberedPath,
-    NumberedStart, Numbering, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP,
-    PAP_LISTED, PAP_MAX_PATHS, PAP_PATHS_TOP,
+    CfgEdge, FunctionSymbol, NumberedEnd, NumberedPath, NumberedStart, Numbering, PathConfig,
+    PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP, PAP_LISTED, PAP_MAX_PATHS, PAP_PATHS_TOP,
 };
 pub use profile::{add_code, report_of, thread_report, RunInfo, Symbolizer, THREAD_HOTTEST};
 pub use tables::{SyscallCount, Tables};

@@ -367,12 +367,15 @@ fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>)
         // runs of one repeated event the recorder found at once. A hand-over's words (rare)
         // go to the recorder one at a time, between the events before and after them.
         Some(p) => {
+            // Only instrumented code writes hand-overs: without it, no scan for them.
+            let instrumented = p.config.instrument_threshold.is_some();
             let mut rest = events;
             while !rest.is_empty() {
-                let cut = rest
-                    .iter()
-                    .position(|&w| is_handover(w))
-                    .unwrap_or(rest.len());
+                let cut = match instrumented {
+                    true => rest.iter().position(|&w| is_handover(w)),
+                    false => None,
+                }
+                .unwrap_or(rest.len());
                 for piece in rest[..cut].chunks(PATHS_PIECE) {
                     p.record(piece, tables);
                     tables.record_with_repeats(piece, p.repeats());

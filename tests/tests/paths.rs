@@ -442,30 +442,14 @@ fn busybox_sort_and_awk() {
         eprintln!("skipped: no /usr/bin/busybox (install busybox-static, see .ci/setup)");
         return;
     }
-    let input = scratch().join("words.txt");
-    let mut text = String::new();
-    let mut x = 12345u64;
-    for _ in 0..3000 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        text.push_str(&format!("w{} {}\n", x >> 40, (x >> 20) % 1000));
-    }
-    fs::write(&input, text).unwrap();
+    let input = words_file("words.txt", 12345, 3000);
     let input = input.to_str().unwrap();
     let dot_dir = scratch().join("dot");
     let _ = fs::remove_dir_all(&dot_dir);
     let svg = scratch().join("awk.svg");
     for (tag, args) in [
         ("sort", vec!["sort", input]),
-        (
-            "awk",
-            vec![
-                "awk",
-                "{ s[$1 % 7] += $2 } END { for (k in s) print k, s[k] }",
-                input,
-            ],
-        ),
+        ("awk", vec!["awk", AWK_SCRIPT, input]),
     ] {
         let mut extra = vec!["--k", "2"];
         let d = dot_dir.to_str().unwrap().to_string();
@@ -516,6 +500,70 @@ fn path_sections(json: &Value) -> [&Value; 5] {
     ]
 }
 
+/// A file of `lines` lines `w<number> <number>` (a linear congruential sequence from `seed`)
+/// in the scratch directory, for busybox sort and awk.
+fn words_file(name: &str, seed: u64, lines: usize) -> PathBuf {
+    let path = scratch().join(name);
+    let mut text = String::new();
+    let mut x = seed;
+    for _ in 0..lines {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push_str(&format!("w{} {}\n", x >> 40, (x >> 20) % 1000));
+    }
+    fs::write(&path, text).unwrap();
+    path
+}
+
+/// The awk program the busybox cases run on a [`words_file`].
+const AWK_SCRIPT: &str = "{ s[$1 % 7] += $2 } END { for (k in s) print k, s[k] }";
+
+/// The [`DETERMINISTIC`] catalog samples (static) and the guest sources `sources`, built: (name,
+/// executable, arguments).
+fn deterministic_runs(sources: &[&str]) -> Vec<(String, PathBuf, Vec<&'static str>)> {
+    let mut runs: Vec<(String, PathBuf, Vec<&'static str>)> = catalog::SAMPLES
+        .iter()
+        .filter(|s| DETERMINISTIC.contains(&s.name))
+        .map(|s| {
+            let exe =
+                guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+            (s.name.to_string(), exe, s.args.to_vec())
+        })
+        .collect();
+    assert_eq!(
+        runs.len(),
+        DETERMINISTIC.len(),
+        "every listed sample is in the catalog"
+    );
+    for &source in sources {
+        let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+        runs.push((source.to_string(), exe, Vec::new()));
+    }
+    runs
+}
+
+/// Asserts that `got`'s profile is `want`'s (the per-block reference's): the blocks executed,
+/// every path section, and the tables.
+fn assert_same_profile(what: &str, got: &Value, want: &Value) {
+    assert_eq!(
+        got["totals"]["blocks_executed"], want["totals"]["blocks_executed"],
+        "{what}: the two runs executed different blocks"
+    );
+    for (a, b) in path_sections(got).into_iter().zip(path_sections(want)) {
+        assert!(
+            a == b,
+            "{what}: path profiles differ from the per-block reference"
+        );
+    }
+    for section in ["blocks", "edges", "indirect_jumps", "syscalls"] {
+        assert!(
+            got[section] == want[section],
+            "{what}: `{section}` differs from the per-block reference"
+        );
+    }
+}
+
 /// Catalog samples whose block counts do not depend on timing (asynchronous signals, fork)
 /// or on where the guest maps code (`signal_fault` runs code in a page it maps).
 const DETERMINISTIC: &[&str] = &[
@@ -551,29 +599,12 @@ const DETERMINISTIC: &[&str] = &[
 /// a page it maps) are left out.
 #[test]
 fn memoised_paths_match_the_per_block_reference() {
-    let mut runs: Vec<(String, PathBuf, Vec<&str>)> = catalog::SAMPLES
-        .iter()
-        .filter(|s| DETERMINISTIC.contains(&s.name))
-        .map(|s| {
-            let exe =
-                guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-            (s.name.to_string(), exe, s.args.to_vec())
-        })
-        .collect();
-    assert_eq!(
-        runs.len(),
-        DETERMINISTIC.len(),
-        "every listed sample is in the catalog"
-    );
-    for source in [
+    let runs = deterministic_runs(&[
         "paths_branchy.S",
         "paths_loops.c",
         "paths_recursion.S",
         "paths_jump_return.S",
-    ] {
-        let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-        runs.push((source.to_string(), exe, Vec::new()));
-    }
+    ]);
     // Every path end replayed one by one (k-paths, PAP everywhere); PAP everywhere without
     // k-paths (the fast loop feeds PAP runs itself); and the default: memoised path ends only
     // added up, PAP runs only for functions that became hot.
@@ -606,32 +637,13 @@ fn memoised_paths_match_the_per_block_reference() {
             let mut per_block = config.to_vec();
             per_block.push("--paths-per-block");
             let reference = run_report(exe, &format!("per-block{c}-{name}"), args, &per_block);
-            assert_eq!(
-                memo["totals"]["blocks_executed"], reference["totals"]["blocks_executed"],
-                "{name}: the two runs executed different blocks"
-            );
+            // The memoised recorder also counts the tables' edges for the events its fast
+            // loop takes; the per-block one leaves them all to the tables.
+            assert_same_profile(&format!("{name} ({config:?})"), &memo, &reference);
             if c == 0
                 && memo["totals"]["events"].as_u64() < memo["totals"]["blocks_executed"].as_u64()
             {
                 with_superblocks += 1;
-            }
-            for (a, b) in path_sections(&memo)
-                .into_iter()
-                .zip(path_sections(&reference))
-            {
-                assert!(
-                    a == b,
-                    "{name} ({config:?}): memoised and per-block path profiles differ"
-                );
-            }
-            // The memoised recorder also counts the tables' edges for the events its fast
-            // loop takes; the per-block one leaves them all to the tables.
-            for section in ["blocks", "edges", "indirect_jumps", "syscalls"] {
-                assert!(
-                    memo[section] == reference[section],
-                    "{name} ({config:?}): `{section}` differs between the memoised and the \
-                     per-block recorder"
-                );
             }
         }
     }
@@ -648,31 +660,19 @@ fn memoised_paths_match_the_per_block_reference() {
 /// 2: closed regions keep their path registers in translated code, the monitor regenerates
 /// their counters and takes on their hand-overs), every deterministic sample gives exactly the
 /// per-block reference's profile, tables included. Instrumenting at the first path end makes
-/// the CFGs grow afterwards, so hand-overs are frequent (strings and malloc have over 100 000):
-/// they are checked here as much as the counters, and busybox sort and awk too. PAP runs are
+/// the CFGs grow afterwards, so hand-overs come often until renumbering catches up (malloc has
+/// thousands): they are checked here as much as the counters, and busybox sort and awk too. PAP runs are
 /// off in both (instrumented functions do not keep them yet, step 3d).
 #[test]
 fn instrumented_paths_match_the_per_block_reference() {
-    let mut runs: Vec<(String, PathBuf, Vec<&str>)> = catalog::SAMPLES
-        .iter()
-        .filter(|s| DETERMINISTIC.contains(&s.name))
-        .map(|s| {
-            let exe =
-                guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-            (s.name.to_string(), exe, s.args.to_vec())
-        })
-        .collect();
     // paths_deep_mutual.S: two instrumented functions alternate past the context tree's depth
     // cap, where one context stands for every frame; paths_fault_mid_path.c: a fault (and its
     // handler) in the middle of an instrumented path.
-    for source in [
+    let mut runs = deterministic_runs(&[
         "paths_loops.c",
         "paths_deep_mutual.S",
         "paths_fault_mid_path.c",
-    ] {
-        let exe = guest_build::build(source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-        runs.push((source.to_string(), exe, Vec::new()));
-    }
+    ]);
     // A short ring keeps the monitor close behind the guest, so that its requests come while
     // the samples' hot functions still run.
     let common = [
@@ -686,27 +686,14 @@ fn instrumented_paths_match_the_per_block_reference() {
     // Real programs: busybox sort and awk on a generated file (their own closed regions, and
     // renumbering as their CFGs grow).
     let busybox = PathBuf::from("/usr/bin/busybox");
-    let input = scratch().join("instrumented-words.txt");
     if busybox.exists() {
-        let mut text = String::new();
-        let mut x = 4242u64;
-        for _ in 0..5000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            text.push_str(&format!("w{} {}\n", x >> 40, (x >> 20) % 1000));
-        }
-        fs::write(&input, text).unwrap();
+        let input = words_file("instrumented-words.txt", 4242, 5000);
         let input: &'static str = Box::leak(input.to_str().unwrap().to_string().into_boxed_str());
         runs.push(("busybox sort".into(), busybox.clone(), vec!["sort", input]));
         runs.push((
             "busybox awk".into(),
             busybox,
-            vec![
-                "awk",
-                "{ s[$1 % 7] += $2 } END { for (k in s) print k, s[k] }",
-                input,
-            ],
+            vec!["awk", AWK_SCRIPT, input],
         ));
     } else {
         eprintln!("busybox cases skipped: no /usr/bin/busybox (install busybox-static)");
@@ -718,22 +705,7 @@ fn instrumented_paths_match_the_per_block_reference() {
         let mut per_block = common.to_vec();
         per_block.push("--paths-per-block");
         let want = run_report(exe, &format!("instrumented-ref-{name}"), args, &per_block);
-        assert_eq!(
-            got["totals"]["blocks_executed"], want["totals"]["blocks_executed"],
-            "{name}: the two runs executed different blocks"
-        );
-        for (a, b) in path_sections(&got).into_iter().zip(path_sections(&want)) {
-            assert!(
-                a == b,
-                "{name}: instrumented and per-block path profiles differ"
-            );
-        }
-        for section in ["blocks", "edges", "indirect_jumps", "syscalls"] {
-            assert!(
-                got[section] == want[section],
-                "{name}: `{section}` differs between the instrumented run and the reference"
-            );
-        }
+        assert_same_profile(&format!("{name}, instrumented"), &got, &want);
         if name == "bench_fib" {
             // fib and tak ran instrumented: almost nothing of them is in the ring.
             let events = |j: &Value| j["totals"]["events"].as_u64().expect("events");

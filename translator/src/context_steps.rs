@@ -325,17 +325,7 @@ pub(crate) fn reload_path(ops: &mut VecAssembler<X64Relocation>, add: u64) {
         ; .u8 GS ; mov rcx, QWORD [off::FRAME_TOP]
         ; .u8 GS ; mov rcx, QWORD [rcx + FRAME + PATH]
     );
-    match i32::try_from(add as i64) {
-        Ok(0) => {}
-        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
-        Err(_) => dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-            ; mov rax, QWORD add as i64
-            ; lea rcx, [rcx + rax]
-            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ),
-    }
+    crate::path_steps::add_to_rcx(ops, add);
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::PATH], rcx

@@ -86,7 +86,8 @@ pub struct Stats {
     pub context_exits: u64,
     /// Context resynchronisations (deeper and orphan returns, tail calls, jump returns).
     pub context_resyncs: u64,
-    /// Functions the monitor asked to instrument that this thread took (#21 stage 2).
+    /// Plans (function numberings, renumberings included) the monitor sent that this thread
+    /// took (#21 stage 2).
     pub instrumented: u64,
     /// Instrumentation requests dropped (not a closed region, or the code changed).
     pub instrument_dropped: u64,
@@ -1741,6 +1742,16 @@ impl Translator {
         })
     }
 
+    /// Write-protects the guest pages of `start..end` (code just translated) where the guest
+    /// may write them, so that a write there discards the translation (`smc`).
+    fn protect_code(&mut self, start: u64, end: u64) {
+        let maps = &mut self.process.maps;
+        self.process
+            .signals
+            .protected_pages()
+            .protect(start, end, |page| maps.prot(page));
+    }
+
     /// Translates the basic block at guest `pc` into the code cache and announces its id.
     fn translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
         self.translate_limited(pc, MAX_BLOCK_INSTRUCTIONS)
@@ -1759,11 +1770,7 @@ impl Translator {
             hotpath_ir::Terminator::Trap { kind: TrapKind::FetchFault, at } if at.0 == pc
         );
         if !fetched_nothing {
-            let maps = &mut self.process.maps;
-            self.process
-                .signals
-                .protected_pages()
-                .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
+            self.protect_code(pc, block.end().0.max(pc + 1));
         }
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),

@@ -26,7 +26,7 @@
 //! closed region's (only direct calls to instrumented functions, one `ret`, no system call,
 //! trap or indirect branch): the dispatcher checks before it translates anything.
 
-use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
+use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_events::{EdgeStep, PathPlan};
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator};
 use iced_x86::Code;
@@ -174,18 +174,45 @@ impl EdgeOut {
     }
 }
 
-/// Appends `out`'s step and way out.
-#[allow(clippy::too_many_arguments)]
+/// The exits of one instrumented block as it is emitted (indices from `first`), all of them
+/// the function's announcing id's.
+struct BlockExits<'a> {
+    list: &'a mut Vec<Exit>,
+    first: u32,
+    announce: BlockId,
+    exit_addr: usize,
+}
+
+impl BlockExits<'_> {
+    /// Adds an exit; returns its index.
+    fn push(&mut self, kind: ExitKind) -> u32 {
+        self.list.push(Exit {
+            block: self.announce,
+            kind,
+        });
+        self.first + self.list.len() as u32 - 1
+    }
+
+    /// Adds an exit and appends its exit stub at `stub`.
+    fn push_with_stub(
+        &mut self,
+        ops: &mut VecAssembler<X64Relocation>,
+        stub: DynamicLabel,
+        kind: ExitKind,
+    ) {
+        let index = self.push(kind);
+        exit_stub(ops, stub, index, self.exit_addr);
+    }
+}
+
+/// Appends `out`'s step and way out (an edge of block `from` of `plan`).
 fn edge_out(
     ops: &mut VecAssembler<X64Relocation>,
     base: u64,
     out: &EdgeOut,
     plan: &PathPlan,
     from: u32,
-    announce: BlockId,
-    exits: &mut Vec<Exit>,
-    first_exit: u32,
-    exit_addr: usize,
+    exits: &mut BlockExits,
 ) {
     let stub = ops.new_dynamic_label();
     let kind = match out.step {
@@ -209,11 +236,7 @@ fn edge_out(
             to: out.to,
         },
     };
-    exits.push(Exit {
-        block: announce,
-        kind,
-    });
-    exit_stub(ops, stub, first_exit + exits.len() as u32 - 1, exit_addr);
+    exits.push_with_stub(ops, stub, kind);
 }
 
 /// Emits the terminator of block `index`; returns its reload stub's address for a call.
@@ -234,12 +257,16 @@ fn emit_path_terminator(
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
     let numbering = plan.numbering;
     let mut reload = None;
+    let mut exits = BlockExits {
+        list: exits,
+        first: first_exit,
+        announce,
+        exit_addr,
+    };
     match block.terminator {
         Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
             let out = EdgeOut::new(plan, index, target);
-            edge_out(
-                &mut ops, base, &out, plan, index, announce, exits, first_exit, exit_addr,
-            );
+            edge_out(&mut ops, base, &out, plan, index, &mut exits);
         }
         Terminator::Branch {
             cond,
@@ -254,36 +281,22 @@ fn emit_path_terminator(
                     let stub = ops.new_dynamic_label();
                     let site = patchable_jcc(&mut ops, base, cc, stub);
                     let (to, _) = t.step.expect("a stepless edge is numbered");
-                    edge_out(
-                        &mut ops, base, &n, plan, index, announce, exits, first_exit, exit_addr,
-                    );
-                    exits.push(Exit {
-                        block: announce,
-                        kind: ExitKind::PathEdge {
-                            numbering,
-                            from: index,
-                            to,
-                            site,
-                            stub: HostAddr(0),
-                        },
-                    });
-                    exit_stub(
-                        &mut ops,
-                        stub,
-                        first_exit + exits.len() as u32 - 1,
-                        exit_addr,
-                    );
+                    edge_out(&mut ops, base, &n, plan, index, &mut exits);
+                    let kind = ExitKind::PathEdge {
+                        numbering,
+                        from: index,
+                        to,
+                        site,
+                        stub: HostAddr(0),
+                    };
+                    exits.push_with_stub(&mut ops, stub, kind);
                 }
                 Some(cc) => {
                     let tail = ops.new_dynamic_label();
                     jcc(&mut ops, cc, tail);
-                    edge_out(
-                        &mut ops, base, &n, plan, index, announce, exits, first_exit, exit_addr,
-                    );
+                    edge_out(&mut ops, base, &n, plan, index, &mut exits);
                     dynasm!(ops ; .arch x64 ; =>tail);
-                    edge_out(
-                        &mut ops, base, &t, plan, index, announce, exits, first_exit, exit_addr,
-                    );
+                    edge_out(&mut ops, base, &t, plan, index, &mut exits);
                 }
                 None => {
                     // loop/jrcxz have only rel8 forms: branch over the not-taken way out.
@@ -295,13 +308,9 @@ fn emit_path_terminator(
                         .unwrap_or(Code::INVALID);
                     let tail = ops.new_dynamic_label();
                     rcx_branch(&mut ops, inst, tail)?;
-                    edge_out(
-                        &mut ops, base, &n, plan, index, announce, exits, first_exit, exit_addr,
-                    );
+                    edge_out(&mut ops, base, &n, plan, index, &mut exits);
                     dynasm!(ops ; .arch x64 ; =>tail);
-                    edge_out(
-                        &mut ops, base, &t, plan, index, announce, exits, first_exit, exit_addr,
-                    );
+                    edge_out(&mut ops, base, &t, plan, index, &mut exits);
                 }
             }
         }
@@ -315,18 +324,14 @@ fn emit_path_terminator(
             let literal = push_return_address(&mut ops, return_to);
             let reload_label = ops.new_dynamic_label();
             let mut push = |full| {
-                exits.push(Exit {
-                    block: announce,
-                    kind: ExitKind::PathContextCall {
-                        numbering,
-                        from: index,
-                        callee: target,
-                        full,
-                        // Set below, once the stub's address is known.
-                        reload: HostAddr(0),
-                    },
-                });
-                first_exit + exits.len() as u32 - 1
+                exits.push(ExitKind::PathContextCall {
+                    numbering,
+                    from: index,
+                    callee: target,
+                    full,
+                    // Set below, once the stub's address is known.
+                    reload: HostAddr(0),
+                })
             };
             let calls = context_steps::CallExits {
                 full: push(true),
@@ -340,45 +345,29 @@ fn emit_path_terminator(
             context_steps::direct_call(&mut ops, target, calls, exit_addr, landing);
             let callee_stub = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, base, callee_stub);
-            exits.push(Exit {
-                block: announce,
-                kind: ExitKind::PathCall {
-                    numbering,
-                    from: index,
-                    callee: target,
-                    site,
-                    stub: HostAddr(0),
-                },
-            });
-            exit_stub(
-                &mut ops,
-                callee_stub,
-                first_exit + exits.len() as u32 - 1,
-                exit_addr,
-            );
+            let kind = ExitKind::PathCall {
+                numbering,
+                from: index,
+                callee: target,
+                site,
+                stub: HostAddr(0),
+            };
+            exits.push_with_stub(&mut ops, callee_stub, kind);
             dynasm!(ops ; .arch x64 ; =>reload_label);
             let reload_at = HostAddr(base + ops.offset().0 as u64);
             context_steps::reload_path(&mut ops, add);
             let stub = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, base, stub);
-            exits.push(Exit {
-                block: announce,
-                kind: ExitKind::PathEdge {
-                    numbering,
-                    from: index,
-                    to: rp,
-                    site,
-                    stub: HostAddr(0),
-                },
-            });
-            exit_stub(
-                &mut ops,
-                stub,
-                first_exit + exits.len() as u32 - 1,
-                exit_addr,
-            );
+            let kind = ExitKind::PathEdge {
+                numbering,
+                from: index,
+                to: rp,
+                site,
+                stub: HostAddr(0),
+            };
+            exits.push_with_stub(&mut ops, stub, kind);
             literal.place(&mut ops);
-            for e in exits.iter_mut() {
+            for e in exits.list.iter_mut() {
                 if let ExitKind::PathContextCall { reload, .. } = &mut e.kind {
                     *reload = reload_at;
                 }
@@ -391,16 +380,8 @@ fn emit_path_terminator(
                 .as_ref()
                 .expect("a return has its instruction")
                 .inst;
-            exits.push(Exit {
-                block: announce,
-                kind: ExitKind::PathContextReturn { numbering },
-            });
-            let mismatch = first_exit + exits.len() as u32 - 1;
-            exits.push(Exit {
-                block: announce,
-                kind: ExitKind::PathReturnNoHost { numbering },
-            });
-            let no_host = first_exit + exits.len() as u32 - 1;
+            let mismatch = exits.push(ExitKind::PathContextReturn { numbering });
+            let no_host = exits.push(ExitKind::PathReturnNoHost { numbering });
             let exit = plan.exits[index as usize];
             let pop = return_pop(inst);
             if context_steps::instrumented_return(

@@ -103,7 +103,7 @@ pub fn path_end(ops: &mut VecAssembler<X64Relocation>, end: u64, restart: Option
 
 /// `rcx += value` (mod 2^64), flag-free; RDX is borrowed when `value` does not fit a
 /// sign-extended 32-bit displacement.
-fn add_to_rcx(ops: &mut VecAssembler<X64Relocation>, value: u64) {
+pub(crate) fn add_to_rcx(ops: &mut VecAssembler<X64Relocation>, value: u64) {
     match i32::try_from(value as i64) {
         Ok(0) => {}
         Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),

@@ -451,6 +451,23 @@ fn recursive_function_code() -> Vec<u8> {
     ]
 }
 
+/// How instrumented blocks are emitted: monitor on, calling contexts kept.
+const INSTRUMENTED_CONTEXT: EmitContext = EmitContext {
+    enqueue: Some(RING_ENTRIES),
+    gateway: GATEWAY,
+    contexts: true,
+};
+
+/// Places [`recursive_function_code`] at [`GUEST`]; the guard keeps the page for the caller.
+fn load_recursive_function() -> std::sync::MutexGuard<'static, ()> {
+    let guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let code = recursive_function_code();
+    let page = guest_page(GUEST);
+    page.fill(0xcc);
+    page[..code.len()].copy_from_slice(&code);
+    guard
+}
+
 /// A plan for [`recursive_function_code`] at `guest` (the values are arbitrary but exercise
 /// every step: a stepless taken `jcc`, an add, a call edge with an add, a back edge); without
 /// the edge A → C when `lacks_taken` (a direction first taken after numbering).
@@ -502,16 +519,8 @@ fn recursive_plan(guest: u64, lacks_taken: bool) -> hotpath_events::PathPlan {
 #[test]
 fn instrumented_blocks_keep_the_path_register() {
     use hotpath_translator::instrumented::emit_instrumented;
-    let code = recursive_function_code();
-    let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let page = guest_page(GUEST);
-    page.fill(0xcc);
-    page[..code.len()].copy_from_slice(&code);
-    let cx = EmitContext {
-        enqueue: Some(RING_ENTRIES),
-        gateway: GATEWAY,
-        contexts: true,
-    };
+    let _guard = load_recursive_function();
+    let cx = INSTRUMENTED_CONTEXT;
     let mut out = String::from("# instrumented\n");
     for lacks_taken in [false, true] {
         let plan = recursive_plan(GUEST, lacks_taken);
@@ -550,16 +559,8 @@ fn instrumented_blocks_keep_the_path_register() {
 #[test]
 fn instrumented_exit_displacements_are_4_byte_aligned_at_any_host_address() {
     use hotpath_translator::instrumented::emit_instrumented;
-    let code = recursive_function_code();
-    let _guard = GUEST_PAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let page = guest_page(GUEST);
-    page.fill(0xcc);
-    page[..code.len()].copy_from_slice(&code);
-    let cx = EmitContext {
-        enqueue: Some(RING_ENTRIES),
-        gateway: GATEWAY,
-        contexts: true,
-    };
+    let _guard = load_recursive_function();
+    let cx = INSTRUMENTED_CONTEXT;
     let plan = recursive_plan(GUEST, false);
     for skew in 0..4u64 {
         for (i, b) in plan.blocks.iter().enumerate() {

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use hotpath_events::{Command, PathPlan, PlanBackEdge, PlanEdge, MAX_NUMBERING, MAX_PLAN_PATHS};
+use hotpath_events::{Command, PathPlan, MAX_NUMBERING, MAX_PLAN_PATHS};
 use hotpath_ir::{BlockSummary, GuestAddr, Terminator};
 
 use super::ids::FxMap;
@@ -202,25 +202,8 @@ impl PathRecorder {
             numbering: 0,
             blocks,
             start: n.start,
-            edges: n
-                .edges
-                .iter()
-                .map(|e| PlanEdge {
-                    from: e.from,
-                    to: e.to,
-                    add: e.add,
-                })
-                .collect(),
-            back_edges: n
-                .back_edges
-                .iter()
-                .map(|b| PlanBackEdge {
-                    from: b.from,
-                    to: b.to,
-                    end: b.end,
-                    restart: b.restart,
-                })
-                .collect(),
+            edges: n.edges.clone(),
+            back_edges: n.back_edges.clone(),
             exits: n.exits.clone(),
             num_paths: n.num_paths,
         };

@@ -86,9 +86,7 @@ mod stack;
 mod trie;
 
 pub use function::FunctionSymbol;
-pub use numbering::{
-    BackEdgeIncrement, CfgEdge, EdgeIncrement, NumberedEnd, NumberedPath, NumberedStart, Numbering,
-};
+pub use numbering::{CfgEdge, NumberedEnd, NumberedPath, NumberedStart, Numbering};
 pub use pap_runs::PAP_MAX_PATHS;
 pub use recorder::{PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
 pub use report::{K_PATHS_TOP, PAP_LISTED, PAP_PATHS_TOP};

@@ -23,6 +23,7 @@
 
 use std::collections::BTreeMap;
 
+use hotpath_events::{PlanBackEdge, PlanEdge};
 use hotpath_pathprof::{BallLarus, Cfg, EdgeId, NodeId, PathId};
 
 use super::recorder::PathRecorder;
@@ -37,30 +38,6 @@ pub struct CfgEdge {
     pub to: u32,
     /// Times it was taken so far (the spanning tree's weight; 0 when unknown).
     pub count: u64,
-}
-
-/// What the path register does on one forward edge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EdgeIncrement {
-    /// Source block.
-    pub from: u32,
-    /// Destination block (at a higher guest address).
-    pub to: u32,
-    /// Added to the register (mod 2^64); 0 on spanning-tree edges.
-    pub add: u64,
-}
-
-/// What the path register does on one back edge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BackEdgeIncrement {
-    /// Source block.
-    pub from: u32,
-    /// Destination block (at the same or a lower guest address).
-    pub to: u32,
-    /// The path that ends on the edge has id `r + end` (mod 2^64).
-    pub end: u64,
-    /// The register's value after the edge: the next path's start.
-    pub restart: u64,
 }
 
 /// Where a numbered path starts.
@@ -104,10 +81,12 @@ pub struct Numbering {
     pub blocks: Vec<u64>,
     /// The register's value when an activation starts (before block 0).
     pub start: u64,
-    /// Forward edges, in `(from, to)` order.
-    pub edges: Vec<EdgeIncrement>,
-    /// Back edges, in `(from, to)` order.
-    pub back_edges: Vec<BackEdgeIncrement>,
+    /// Forward edges and their increments (added mod 2^64; 0 on spanning-tree edges), in
+    /// `(from, to)` order: the plan's own type, sent as they are.
+    pub edges: Vec<PlanEdge>,
+    /// Back edges (the ending path's id is `r + end`, then `r = restart`), in `(from, to)`
+    /// order.
+    pub back_edges: Vec<PlanBackEdge>,
     /// Per block: the path that ends when the activation ends after it has id `r + exits[u]`.
     pub exits: Vec<u64>,
     /// Number of paths: ids are `0..num_paths`.
@@ -184,14 +163,14 @@ impl Numbering {
         let mut backs = Vec::new();
         for &(s, d, tag) in &dag_edges {
             if s >= 2 && d >= 2 {
-                forward.push(EdgeIncrement {
+                forward.push(PlanEdge {
                     from: s - 2,
                     to: d - 2,
                     add: inc((s, d, tag)),
                 });
             } else if s >= 2 && d == 1 && tag >= TAG_BACK {
                 let to = (tag - TAG_BACK) as u32;
-                backs.push(BackEdgeIncrement {
+                backs.push(PlanBackEdge {
                     from: s - 2,
                     to,
                     end: inc((s, d, tag)),

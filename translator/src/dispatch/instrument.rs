@@ -248,11 +248,7 @@ impl Translator {
             return Ok(None);
         }
         let pc = planned.start.0;
-        let maps = &mut self.process.maps;
-        self.process
-            .signals
-            .protected_pages()
-            .protect(pc, block.end().0.max(pc + 1), |page| maps.prot(page));
+        self.protect_code(pc, block.end().0.max(pc + 1));
         let cx = EmitContext {
             enqueue: Some(self.cfg.ring_entries),
             gateway: self.gateway,
