@@ -14,7 +14,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::function::Function;
-use super::ids::{cache_slot, FxMap, NONE};
+use std::hash::Hasher;
+
+use super::ids::{cache_slot, FxHasher, FxMap, NONE};
 use super::stack::Activation;
 
 /// Longest PAP run kept, in Ball-Larus paths: a longer activation (a main loop) stops
@@ -194,28 +196,54 @@ impl PapRuns {
     }
 
     /// The `n` stored runs that executed the most basic blocks (count × the blocks of their
-    /// paths, `path_blocks(p)` each), heaviest first, equal ones in the order first seen:
-    /// `(function, path numbers, count)`. Only those are spelled: the trie can hold millions
-    /// of runs (every activation of a loop whose iterations follow the data is one), whose
-    /// spelled lengths would add up to gigabytes.
+    /// paths, `path_blocks(p)` each), heaviest first: `(function, path numbers, count)`.
+    /// Only those are spelled: the trie can hold millions of runs (every activation of a loop
+    /// whose iterations follow the data is one), whose spelled lengths would add up to
+    /// gigabytes.
+    ///
+    /// Equal ones are ordered by a hash of what they are — their function's entry address
+    /// (`funcs[f].entry`) and each path's `path_hash(p)`, which must not depend on the order
+    /// paths were met — and only then by the order first seen, so that a run counted in
+    /// instrumented code (added to the trie when the profile is taken) ranks where the
+    /// per-block recorder would rank it.
     pub(crate) fn heaviest(
         &self,
         funcs: &[Function],
         path_blocks: impl Fn(u32) -> u64,
+        path_hash: impl Fn(u32) -> u64,
         n: usize,
     ) -> Vec<(u32, Box<[u32]>, u64)> {
-        // Parents come before their children: one pass gives every prefix its blocks.
+        let func_of_root: FxMap<u32, u32> = funcs
+            .iter()
+            .enumerate()
+            .filter(|(_, fun)| fun.pap_root != NONE)
+            .map(|(f, fun)| (fun.pap_root, f as u32))
+            .collect();
+        // Parents come before their children: one pass gives every prefix its blocks and its
+        // hash.
         let mut blocks = vec![0u64; self.nodes.len()];
-        // Min-heap of the heaviest so far: (weight, first seen first).
-        let mut top: BinaryHeap<Reverse<(u64, Reverse<u32>)>> = BinaryHeap::new();
+        let mut hash = vec![0u64; self.nodes.len()];
+        // Min-heap of the heaviest so far: (weight, smaller hash first, first seen first).
+        type Key = (u64, Reverse<u64>, Reverse<u32>);
+        let mut top: BinaryHeap<Reverse<Key>> = BinaryHeap::new();
         for (i, node) in self.nodes.iter().enumerate() {
+            let mut h = FxHasher::default();
             if node.parent != NONE {
                 blocks[i] = blocks[node.parent as usize] + path_blocks(node.path);
+                h.write_u64(hash[node.parent as usize]);
+                h.write_u64(path_hash(node.path));
+            } else if let Some(&f) = func_of_root.get(&(i as u32)) {
+                h.write_u64(funcs[f as usize].entry);
             }
+            hash[i] = h.finish();
             if node.count == 0 || n == 0 {
                 continue;
             }
-            let key = (node.count.saturating_mul(blocks[i]), Reverse(i as u32));
+            let key = (
+                node.count.saturating_mul(blocks[i]),
+                Reverse(hash[i]),
+                Reverse(i as u32),
+            );
             if top.len() < n {
                 top.push(Reverse(key));
             } else if top.peek().is_some_and(|Reverse(least)| key > *least) {
@@ -223,16 +251,10 @@ impl PapRuns {
                 top.push(Reverse(key));
             }
         }
-        let func_of_root: FxMap<u32, u32> = funcs
-            .iter()
-            .enumerate()
-            .filter(|(_, fun)| fun.pap_root != NONE)
-            .map(|(f, fun)| (fun.pap_root, f as u32))
-            .collect();
         let mut runs: Vec<_> = top.into_iter().map(|Reverse(k)| k).collect();
         runs.sort_unstable_by(|a, b| b.cmp(a));
         runs.into_iter()
-            .map(|(_, Reverse(i))| {
+            .map(|(_, _, Reverse(i))| {
                 let mut paths = Vec::new();
                 let mut t = i;
                 while self.nodes[t as usize].parent != NONE {
@@ -321,7 +343,7 @@ mod tests {
             }
             prop_assert_eq!(trie.abandoned, 0);
             // Path p has p + 1 blocks.
-            let all = trie.heaviest(&funcs, |p| p as u64 + 1, usize::MAX);
+            let all = trie.heaviest(&funcs, |p| p as u64 + 1, |p| p as u64, usize::MAX);
             let spelled: FxMap<Box<[u32]>, u64> = all
                 .iter()
                 .map(|(f, paths, count)| {
@@ -336,7 +358,28 @@ mod tests {
                 count * paths.iter().map(|&p| p as u64 + 1).sum::<u64>()
             };
             prop_assert!(all.windows(2).all(|w| weight(&w[0]) >= weight(&w[1])));
-            prop_assert_eq!(&trie.heaviest(&funcs, |p| p as u64 + 1, 3)[..], &all[..all.len().min(3)]);
+            prop_assert_eq!(
+                &trie.heaviest(&funcs, |p| p as u64 + 1, |p| p as u64, 3)[..],
+                &all[..all.len().min(3)]
+            );
+            // The same runs met in another order (nodes made in another order) list the same,
+            // in the same order, whatever the cut.
+            let mut other = PapRuns::default();
+            let mut other_funcs = vec![Function::new(0x1000, None), Function::new(0x2000, None)];
+            for (f, paths, _) in runs.iter().rev() {
+                let root = other.root(&mut other_funcs[*f]);
+                let mut a = activation(root);
+                for &p in paths {
+                    other.push(&mut a, p);
+                }
+                other.end(&a);
+            }
+            for n in [1, 3, usize::MAX] {
+                prop_assert_eq!(
+                    other.heaviest(&other_funcs, |p| p as u64 + 1, |p| p as u64, n),
+                    trie.heaviest(&funcs, |p| p as u64 + 1, |p| p as u64, n)
+                );
+            }
             let firsts: std::collections::BTreeSet<u32> = trie.first_paths().collect();
             let expected_firsts: std::collections::BTreeSet<u32> =
                 runs.iter().filter_map(|(_, paths, _)| paths.first().copied()).collect();

@@ -12,6 +12,7 @@
 //! included.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::Hasher;
 
 use hotpath_pathprof::{BallLarus, Cfg, EdgeId, NodeId, Pap, PapConfig, PathId};
 use hotpath_report::{
@@ -19,7 +20,7 @@ use hotpath_report::{
     PathEntry, PathKind, PathProfile, PathStart, Stack,
 };
 
-use super::ids::NONE;
+use super::ids::{FxHasher, NONE};
 use super::recorder::PathRecorder;
 use super::stack::{Resync, DEEPER};
 use super::trie::{END_EXIT, START_ENTRY};
@@ -195,9 +196,21 @@ impl PathRecorder {
         // The heaviest PAP runs, by function, each with its rank in the listing; the others
         // stay counted in the run trie, unlisted.
         let path_blocks = |p: u32| (rec.paths[p as usize].key.len() - 3) as u64;
+        // What a path is, not the order it was met in: its start, its blocks' addresses and
+        // its end.
+        let path_hash = |p: u32| {
+            let key = &rec.paths[p as usize].key;
+            let fun = &rec.funcs[key[0] as usize];
+            let mut h = FxHasher::default();
+            h.write_u32(key[1]);
+            for &n in &key[2..] {
+                h.write_u64(if n == END_EXIT { u64::MAX } else { fun.node_addr[n as usize] });
+            }
+            h.finish()
+        };
         let heaviest = rec
             .pap_runs
-            .heaviest(&rec.funcs, path_blocks, PAP_PATHS_TOP);
+            .heaviest(&rec.funcs, path_blocks, path_hash, PAP_PATHS_TOP);
         let mut pap_by_func: Vec<Vec<(usize, &[u32], u64)>> = vec![Vec::new(); rec.funcs.len()];
         for (rank, (f, run, count)) in heaviest.iter().enumerate() {
             pap_by_func[*f as usize].push((rank, run, *count));
@@ -435,7 +448,7 @@ impl PathRecorder {
                 .then(a.function_addr.cmp(&b.function_addr))
                 .then(a.id.cmp(&b.id))
         });
-        // PAP runs in `heaviest`'s order: most executed blocks first, equal ones as first seen.
+        // PAP runs in `heaviest`'s order: most executed blocks first.
         pap_entries.sort_by_key(|&(rank, _)| rank);
         out.paths.extend(pap_entries.into_iter().map(|(_, e)| e));
 
