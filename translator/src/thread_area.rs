@@ -173,7 +173,9 @@ pub mod off {
     pub const TAIL_CALLS: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::TAIL_CALLS) as i32;
     /// GS offset of the path register (`ContextArea::path`).
     pub const PATH: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::PATH) as i32;
-    /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 32 k`.
+    /// GS offset of the run register (`ContextArea::run`).
+    pub const RUN: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::RUN) as i32;
+    /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 40 k`.
     pub const CONTEXTS: i32 = offset_of!(ThreadArea, contexts) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
 

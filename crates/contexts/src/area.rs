@@ -3,7 +3,7 @@
 
 use std::mem::{offset_of, size_of};
 
-/// Frames the stack holds (32 bytes each: 8 MiB). An 8 MiB guest stack of the smallest frames
+/// Frames the stack holds (40 bytes each: 10 MiB). An 8 MiB guest stack of the smallest frames
 /// (a bare return address) is 1 Mi frames deep, so a real recursion can pass it, and a guest
 /// whose calls never return (`call` used as a jump) passes it in a loop: then the bottom half
 /// is dropped (see [`crate::Contexts::call_slow`]). Same bound as the monitor's shadow stack.
@@ -22,9 +22,9 @@ pub struct Frame {
     pub return_to: u64,
     /// Host address of the caller's context node (see [`crate::Node`]).
     pub caller: u64,
-    /// The caller's path state, saved by the call and restored by the return: kept for the
-    /// path register of instrumented translations (docs/paths-design.md, "Stage 2"); nothing
-    /// writes it yet.
+    /// The caller's path register `r` at its call block, saved by an instrumented call and
+    /// reloaded by its return's reload stub (docs/paths-design.md, "Step 3c decided", item 2);
+    /// cold calls leave it as it was.
     pub path: u64,
     /// Host address a `ret` that pops this frame goes on at: the caller's translation of
     /// `return_to` (a *landing*: a linked jump to the return point's block, so that a caller
@@ -32,6 +32,9 @@ pub struct Frame {
     /// `return_to` up in the indirect branch lookup table. The runtime's frames have 0, and a
     /// code cache flush sets every frame's to 0 ([`ContextArea::forget_hosts`]).
     pub host: u64,
+    /// The caller's run register (a run node's host address, 0: none), saved and reloaded
+    /// with `path` (docs/paths-design.md, "Step 3d as built").
+    pub run: u64,
 }
 
 /// A guest thread's context state. Written by that thread only: by its translated code (the
@@ -39,14 +42,14 @@ pub struct Frame {
 /// thread (the monitor learns contexts from the ring).
 ///
 /// `frames[0]` is a sentinel ([`SENTINEL_RETURN`]); the stack holds `frames[1..top]`, where
-/// `top = (frame_top - FRAMES) / 32`. A call's fast path tests `frame_top == FRAMES_END`
+/// `top = (frame_top - FRAMES) / 40`. A call's fast path tests `frame_top == FRAMES_END`
 /// (full) flag-free, with `lea`/`jrcxz`.
 #[repr(C, align(64))]
 pub struct ContextArea {
     /// Host address of the current context's node.
     pub ctx: u64,
     /// Offset in bytes from the area's start of the next free frame: in
-    /// `FRAMES + 32 ..= FRAMES_END`.
+    /// `FRAMES + 40 ..= FRAMES_END`.
     pub frame_top: u64,
     /// Tail calls translated code made without the runtime (see
     /// [`crate::Contexts::resync_counts`]).
@@ -55,7 +58,11 @@ pub struct ContextArea {
     /// (#21 stage 2; docs/paths-design.md, "Step 3 broken down"): written and read only by
     /// instrumented translations and the runtime's steps for them.
     pub path: u64,
-    _pad: [u64; 4],
+    /// The run register of the top activation when it runs instrumented code: the host
+    /// address of its PAP run's node in the thread's run trie (`runs`), 0 when it records no
+    /// run. Written and read as `path` is.
+    pub run: u64,
+    _pad: [u64; 3],
     /// The frame stack, `frames[0]` the sentinel.
     pub frames: [Frame; FRAMES_MAX + 1],
 }
@@ -69,6 +76,8 @@ impl ContextArea {
     pub const TAIL_CALLS: usize = offset_of!(ContextArea, tail_calls);
     /// Offset of [`ContextArea::path`], bytes.
     pub const PATH: usize = offset_of!(ContextArea, path);
+    /// Offset of [`ContextArea::run`], bytes.
+    pub const RUN: usize = offset_of!(ContextArea, run);
     /// Offset of `frames[0]` (the sentinel), bytes.
     pub const FRAMES: usize = offset_of!(ContextArea, frames);
     /// `frame_top` of an empty stack (the sentinel alone), bytes.
@@ -123,14 +132,16 @@ mod tests {
         assert_eq!(ContextArea::CTX, 0);
         assert_eq!(ContextArea::FRAME_TOP, 8);
         assert_eq!(ContextArea::PATH, 24);
+        assert_eq!(ContextArea::RUN, 32);
         assert_eq!(ContextArea::FRAMES, 64);
-        assert_eq!(size_of::<Frame>(), 32);
+        assert_eq!(size_of::<Frame>(), 40);
         assert_eq!(offset_of!(Frame, caller), 8);
         assert_eq!(offset_of!(Frame, path), 16);
         assert_eq!(offset_of!(Frame, host), 24);
+        assert_eq!(offset_of!(Frame, run), 32);
         assert_eq!(
             ContextArea::FRAMES_END - ContextArea::FRAMES_EMPTY,
-            FRAMES_MAX * 32
+            FRAMES_MAX * 40
         );
     }
 }

@@ -4,9 +4,11 @@
 //!
 //! A node's [`Node::counters`] is the host address of its current array's first counter (0:
 //! none) and [`Node::numbering`] the numbering it counts for, so that instrumented code checks
-//! the numbering flag-free and counts path `r` at `counters + 8 r`. Each array has a 16-byte
-//! header in front: its numbering, its length, and the address of the array the node had
-//! before (0: none). A function renumbered (its CFG grew) gets a new array in every context it
+//! the numbering flag-free and counts path `r` at `counters + 8 r`. Each array has a 24-byte
+//! header in front: its numbering and its length, the address of the array the node had
+//! before (0: none), and — last, at [`RUN_ROOT_OFFSET`] from the first counter — the host
+//! address of the numbering's run-trie root in this thread (`runs`), where an activation's
+//! run starts. A function renumbered (its CFG grew) gets a new array in every context it
 //! runs in; the old ones stay, chained, with the counts of the old numbering, which the
 //! monitor regenerates with that numbering.
 
@@ -22,7 +24,10 @@ use crate::reserve::Reserved;
 pub const COUNTER_WORDS_MAX: usize = 1 << 25;
 
 /// Words of an array's header.
-const HEADER_WORDS: usize = 2;
+const HEADER_WORDS: usize = 3;
+
+/// Offset in bytes, from an array's first counter, of its header's run-trie root.
+pub const RUN_ROOT_OFFSET: i32 = -8;
 
 /// One array of a node, as the monitor reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,9 +87,16 @@ impl CounterArena {
     }
 
     /// A zeroed array of `len` counters for `numbering`, chained to `prev` (the node's array
-    /// before, 0 for none): the host address of its first counter, or `None` when the arena
-    /// has no room (or its address space cannot be had).
-    pub(crate) fn make(&mut self, numbering: u32, len: u32, prev: u64) -> Option<u64> {
+    /// before, 0 for none), whose activations' runs start at run node `run_root` (0: none):
+    /// the host address of its first counter, or `None` when the arena has no room (or its
+    /// address space cannot be had).
+    pub(crate) fn make(
+        &mut self,
+        numbering: u32,
+        len: u32,
+        prev: u64,
+        run_root: u64,
+    ) -> Option<u64> {
         let words = HEADER_WORDS + len as usize;
         if self.used + words > COUNTER_WORDS_MAX {
             return None;
@@ -97,10 +109,33 @@ impl CounterArena {
             let h = map.mem.base().add(header);
             h.write(numbering as u64 | (len as u64) << 32);
             h.add(1).write(prev);
+            h.add(2).write(run_root);
         }
         self.used += words;
         map.used.store(self.used as u64, Ordering::Release);
         Some(map.mem.base() as u64 + ((header + HEADER_WORDS) * size_of::<u64>()) as u64)
+    }
+
+    /// Counts path `id` in the array whose first counter is at `counters` (one of this
+    /// arena's; an id past its length is not counted).
+    pub(crate) fn count(&mut self, counters: u64, id: u64) {
+        let Some(map) = &self.map else { return };
+        let base = map.mem.base() as u64;
+        let Some(first) = counters
+            .checked_sub(base)
+            .map(|o| (o / 8) as usize)
+            .filter(|&w| (HEADER_WORDS..self.used).contains(&w))
+        else {
+            return;
+        };
+        // SAFETY: `first - HEADER_WORDS` is the header of an array below `used` (checked),
+        // written by this thread; its counters are this thread's to add to.
+        unsafe {
+            let len = (map.mem.base().add(first - HEADER_WORDS).read() >> 32) as u64;
+            if id < len {
+                *map.mem.base().add(first + id as usize) += 1;
+            }
+        }
     }
 
     /// The readers' handle.
@@ -171,14 +206,14 @@ mod tests {
         let mut a = CounterArena::new();
         let shared = a.shared();
         assert!(shared.get().is_none(), "no mapping before the first array");
-        let first = a.make(1, 3, 0).unwrap();
+        let first = a.make(1, 3, 0, 0).unwrap();
         let m = shared.get().unwrap();
         assert_ne!(first, 0);
         // SAFETY (test): counters 0..3 of the array just made.
         unsafe {
             *(first as *mut u64).add(2) += 5;
         }
-        let second = a.make(2, 2, first).unwrap();
+        let second = a.make(2, 2, first, 0).unwrap();
         // SAFETY (test): as above.
         unsafe {
             *(second as *mut u64) += 1;
@@ -205,8 +240,8 @@ mod tests {
     #[test]
     fn a_full_arena_makes_no_array() {
         let mut a = CounterArena::new();
-        assert!(a.make(1, (COUNTER_WORDS_MAX - 6) as u32, 0).is_some());
-        assert_eq!(a.make(1, 1, 0), None);
-        assert!(a.make(1, 0, 0).is_some());
+        assert!(a.make(1, (COUNTER_WORDS_MAX - 9) as u32, 0, 0).is_some());
+        assert_eq!(a.make(1, 1, 0, 0), None);
+        assert!(a.make(1, 0, 0, 0).is_some());
     }
 }

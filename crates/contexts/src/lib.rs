@@ -45,6 +45,7 @@
 //! | `area.rs` | the per-thread [`ContextArea`]: current context, frame stack (layout emitted code uses) |
 //! | `tree.rs` | context nodes in an arena that never moves; the monitor's [`ContextView`] |
 //! | `counters.rs` | path counters of context nodes, chained per numbering (#21 stage 2) |
+//! | `runs.rs` | PAP run tries of instrumented activations (#21 step 3d) |
 //! | `reserve.rs` | the reserved mappings both arenas live in |
 //! | `rules.rs` | [`Contexts`]: the fast paths as emitted code does them, and the slow paths' rules |
 
@@ -52,11 +53,13 @@ mod area;
 mod counters;
 mod reserve;
 mod rules;
+mod runs;
 mod tree;
 
 pub use area::{ContextArea, Frame, FRAMES_MAX, SENTINEL_RETURN};
-pub use counters::{PathCounts, COUNTER_WORDS_MAX};
+pub use counters::{PathCounts, COUNTER_WORDS_MAX, RUN_ROOT_OFFSET};
 pub use rules::{Contexts, Functions, Resync};
+pub use runs::{RunInfo, RunNode, NO_CACHED_ID, RUN_NODES_MAX, RUN_PATHS_MAX};
 pub use tree::{
     CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER,
     DIRECT_ENTRIES, DIRECT_PROBES, INDIRECT_ENTRIES, INDIRECT_FIRST, MAX_DEPTH,

@@ -9,6 +9,7 @@ use rustc_hash::FxHashMap;
 
 use crate::area::{ContextArea, Frame, FRAMES_MAX};
 use crate::counters::CounterArena;
+use crate::runs::RunTrie;
 use crate::tree::{
     Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, DIRECT_PROBES, INDIRECT_ENTRIES,
     MAX_DEPTH,
@@ -71,6 +72,8 @@ pub struct Contexts {
     arena: Arena,
     /// The path counters of instrumented functions' contexts.
     counters: CounterArena,
+    /// The PAP run trie of instrumented activations.
+    runs: RunTrie,
     children: FxHashMap<(u32, u64), ContextId>,
     /// Per handler entered and not yet returned from: the frame depth and the context it
     /// interrupted.
@@ -105,6 +108,7 @@ impl Contexts {
             owned: None,
             arena,
             counters: CounterArena::new(),
+            runs: RunTrie::new(),
             children: FxHashMap::default(),
             signals: Vec::new(),
             resyncs: [0; Resync::ALL.len()],
@@ -181,15 +185,16 @@ impl Contexts {
 
     /// A view of the tree for the monitor.
     pub fn view(&self) -> ContextView {
-        self.arena.view(self.counters.shared())
+        self.arena.view(self.counters.shared(), self.runs.shared())
     }
 
     /// The path counters of the current context for `numbering` (a function's numbering as
     /// the monitor made it, never 0) of `paths` paths: the host address of the array's first
     /// counter, which path `r` is counted at `+ 8 r`. Made zeroed the first time for that
     /// numbering — chained to the node's array of an older numbering, whose counts stay for
-    /// the monitor — and `None` when the thread's counter arena is full (the activation then
-    /// runs cold).
+    /// the monitor, and with the numbering's run-trie root in its header (0 when the trie is
+    /// full) — and `None` when the thread's counter arena is full (the activation then runs
+    /// cold).
     pub fn path_counters(&mut self, numbering: u32, paths: u32) -> Option<u64> {
         debug_assert_ne!(numbering, 0, "numbering 0 means none");
         let ctx = self.area().ctx;
@@ -198,9 +203,37 @@ impl Contexts {
             return Some(node.counters);
         }
         let prev = node.counters;
-        let first = self.counters.make(numbering, paths, prev)?;
+        let root = self.runs.root(numbering);
+        let first = self.counters.make(numbering, paths, prev, root)?;
         self.arena.set_counters(ctx, first, numbering as u64);
         Some(first)
+    }
+
+    /// Counts path `id` in the current context's counters, as an instrumented path end does
+    /// (for the runtime, when a path end's run step needs it).
+    pub fn count_path(&mut self, id: u64) {
+        let counters = self.arena.at(self.area().ctx).counters;
+        self.counters.count(counters, id);
+    }
+
+    /// The run after the one at run node `run` (a host address, 0: none) takes path `id`:
+    /// the child's host address, made if new and put in `run`'s cache, or 0 when the run is
+    /// abandoned (see `runs`). 0 stays 0.
+    pub fn run_step(&mut self, run: u64, id: u32) -> u64 {
+        if run == 0 {
+            return 0;
+        }
+        self.runs.step(run, id)
+    }
+
+    /// Counts one run ending at run node `run` (0: none).
+    pub fn run_end(&mut self, run: u64) {
+        self.runs.end(run);
+    }
+
+    /// The index of run node `run` that a hand-over carries (0 for none).
+    pub fn run_index(&self, run: u64) -> u32 {
+        self.runs.index_of(run).unwrap_or(0)
     }
 
     /// Rule 1, a direct `call` of the function entered at `callee` that returns to

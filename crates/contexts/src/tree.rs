@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::counters::{PathCounts, SharedCounters};
+use crate::runs::{RunInfo, SharedRuns};
 use crate::reserve::Reserved;
 
 /// Contexts per thread (256 bytes each: 64 MiB of address space, touched as they are made).
@@ -274,11 +275,13 @@ impl Arena {
         id
     }
 
-    /// A read-only view for another thread, with the thread's path counters `counters`.
-    pub(crate) fn view(&self, counters: SharedCounters) -> ContextView {
+    /// A read-only view for another thread, with the thread's path counters `counters` and
+    /// run trie `runs`.
+    pub(crate) fn view(&self, counters: SharedCounters, runs: SharedRuns) -> ContextView {
         ContextView {
             map: Arc::clone(&self.map),
             counters,
+            runs,
         }
     }
 }
@@ -289,6 +292,7 @@ impl Arena {
 pub struct ContextView {
     map: Arc<Mapping>,
     counters: SharedCounters,
+    runs: SharedRuns,
 }
 
 impl ContextView {
@@ -344,6 +348,21 @@ impl ContextView {
             None => Vec::new(),
         }
     }
+
+    /// The thread's run-trie nodes as they are now, by index (index 0, never a node, is
+    /// `None`; parents come before their children), and the runs it abandoned. Read while the
+    /// thread may still count: each count whole, the set not a snapshot.
+    pub fn runs(&self) -> (Vec<Option<RunInfo>>, u64) {
+        match self.runs.get() {
+            Some(m) => ((0..m.len()).map(|i| m.node(i)).collect(), m.abandoned()),
+            None => (Vec::new(), 0),
+        }
+    }
+
+    /// Run node `index` (a hand-over's), if published.
+    pub fn run_node(&self, index: u32) -> Option<RunInfo> {
+        self.runs.get()?.node(index)
+    }
 }
 
 #[cfg(test)]
@@ -370,7 +389,8 @@ mod tests {
     fn the_view_sees_published_nodes_only() {
         let mut a = Arena::new().unwrap();
         let counters = crate::counters::CounterArena::new();
-        let v = a.view(counters.shared());
+        let runs = crate::runs::RunTrie::new();
+        let v = a.view(counters.shared(), runs.shared());
         assert_eq!(v.len(), 1);
         assert_eq!(v.node(ContextId(1)), None);
         let c = a.push(0x401000, Some(ContextId::ROOT));

@@ -21,13 +21,16 @@ use super::stack::Activation;
 
 /// Longest PAP run kept, in Ball-Larus paths: a longer activation (a main loop) stops
 /// recording its PAP run and counts one abandoned run (`path_stats.pap_abandoned` in the
-/// report).
-pub const PAP_MAX_PATHS: usize = 1 << 20;
+/// report). The guest's run tries of instrumented activations apply the same cap (it is
+/// theirs).
+pub const PAP_MAX_PATHS: usize = hotpath_contexts::RUN_PATHS_MAX;
 
 /// PAP run-trie nodes kept (32 bytes each: 128 MiB). Every distinct prefix of a PAP run is one
 /// node, in-flight runs included; a run that needs a new node past it is abandoned and counts
-/// one abandoned run; runs already stored keep counting.
-pub const PAP_STORE_MAX: usize = 1 << 22;
+/// one abandoned run; runs already stored keep counting. A guest thread's run trie has the
+/// same cap, on its own nodes: past it, which runs are abandoned is not the per-block
+/// recorder's choice exactly.
+pub const PAP_STORE_MAX: usize = hotpath_contexts::RUN_NODES_MAX;
 
 /// Slots of the run trie's direct-mapped child cache (12 bytes each: 48 KiB).
 const PAP_CACHE_SLOTS: usize = 1 << 12;
