@@ -11,10 +11,9 @@
 # bench/run.sh; skipped without /bin/busybox).
 #
 # With --instrument, a fifth mode runs interleaved with the others: --paths --instrument-paths
-# 1000 (closed regions of functions past 1000 path ends keep their path registers in translated
-# code, #21 stage 2; the profile is the same but for the PAP runs of instrumented functions,
-# which are not kept yet), as the last columns (its wall time, its ratio to native, its ring
-# waits and ns per event).
+# 1000 (closed regions of functions past 1000 path ends keep their path and PAP run registers in
+# translated code, #21 stage 2; the same profile), as the last columns (its wall time, its
+# ratio to native, its ring waits and ns per event).
 #
 # Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [--instrument] [--no-build]
 # Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured; BUSYBOX

@@ -206,6 +206,9 @@ struct Monitor {
 impl Monitor {
     fn add(&mut self, s: Stream, mut state: MonitorState) {
         state.started = self.live.len() + self.done.len();
+        if let Some(p) = &mut state.paths {
+            p.contexts = s.contexts.clone();
+        }
         self.live.push(Live {
             tid: s.tid,
             ring: s.ring,

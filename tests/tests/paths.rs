@@ -409,13 +409,13 @@ fn every_sample_has_consistent_paths() {
     {
         let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
         // The guest's contexts followed (the default), the shadow stack's own rules (#21), and
-        // functions instrumented from their first path end (#21 stage 2; PAP runs off: not
-        // kept for instrumented functions yet; a short ring so that the requests come in time).
+        // functions instrumented from their first path end (#21 stage 2, PAP runs kept in code
+        // too; a short ring so that the requests come in time).
         let instrumented = [
             "--instrument-paths",
             "1",
             "--pap-threshold",
-            "1000000000",
+            "0",
             "--ring-entries",
             "4096",
         ];
@@ -661,8 +661,9 @@ fn memoised_paths_match_the_per_block_reference() {
 /// their counters and takes on their hand-overs), every deterministic sample gives exactly the
 /// per-block reference's profile, tables included. Instrumenting at the first path end makes
 /// the CFGs grow afterwards, so hand-overs come often until renumbering catches up (malloc has
-/// thousands): they are checked here as much as the counters, and busybox sort and awk too. PAP runs are
-/// off in both (instrumented functions do not keep them yet, step 3d).
+/// thousands): they are checked here as much as the counters, and busybox sort and awk too.
+/// Every activation records its PAP run (`--pap-threshold 0`): instrumented ones in the guest's
+/// run trie (step 3d), handed-over ones going on from where the guest's had reached.
 #[test]
 fn instrumented_paths_match_the_per_block_reference() {
     // paths_deep_mutual.S: two instrumented functions alternate past the context tree's depth
@@ -679,7 +680,7 @@ fn instrumented_paths_match_the_per_block_reference() {
         "--superblock-threshold",
         "1",
         "--pap-threshold",
-        "1000000000",
+        "0",
         "--ring-entries",
         "4096",
     ];

@@ -58,6 +58,7 @@ const RETURN_TO: i32 = std::mem::offset_of!(Frame, return_to) as i32;
 const CALLER: i32 = std::mem::offset_of!(Frame, caller) as i32;
 const PATH: i32 = std::mem::offset_of!(Frame, path) as i32;
 const HOST: i32 = std::mem::offset_of!(Frame, host) as i32;
+const RUN: i32 = std::mem::offset_of!(Frame, run) as i32;
 
 /// Where a call's frame says its `ret` goes on (the frame's host address; module doc). The
 /// RIP-relative `lea` that makes it is a patchable site, as a direct exit's `jmp` is: its
@@ -70,8 +71,8 @@ pub(crate) struct Landing {
     /// The landing stub's label in the same assembler, or `None`: the rel32 is left 0 for the
     /// caller to aim.
     pub stub: Option<DynamicLabel>,
-    /// The call is an instrumented one (#21 stage 2): it saves the path register in the
-    /// frame's `path` slot, and its landing is a reload stub ([`reload_path`]), never linked.
+    /// The call is an instrumented one (#21 stage 2): it saves the path and run registers in
+    /// the frame's `path` and `run` slots, and its landing is a reload stub ([`reload_path`]), never linked.
     pub saves_path: bool,
 }
 
@@ -165,9 +166,9 @@ pub(crate) fn indirect_call(
 }
 
 /// The frame push shared by both calls: RAX and RCX borrowed; jumps to `full` when the stack
-/// is full; leaves the current node's host address in RAX. The frame's path slot gets the path
-/// register when `landing.saves_path`, else is left as it was (only instrumented code reads
-/// it). Returns the offset of the landing site's rel32.
+/// is full; leaves the current node's host address in RAX. The frame's path and run slots get
+/// the path and run registers when `landing.saves_path`, else are left as they were (only
+/// instrumented code reads them). Returns the offset of the landing site's rel32.
 fn push_frame(
     ops: &mut VecAssembler<X64Relocation>,
     full: DynamicLabel,
@@ -198,6 +199,8 @@ fn push_frame(
             ; .arch x64
             ; .u8 GS ; mov rcx, QWORD [off::PATH]
             ; .u8 GS ; mov QWORD [rax + FRAME + PATH], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::RUN]
+            ; .u8 GS ; mov QWORD [rax + FRAME + RUN], rcx
         );
     }
     dynasm!(ops
@@ -225,47 +228,6 @@ pub(crate) fn return_and_lookup(
 ) {
     compare_top_frame(ops);
     pop_and_go(ops, mismatch, gateway, no_host);
-}
-
-/// An instrumented `ret` popping `pop` bytes (#21 stage 2): its load, then its path's end —
-/// path `r + exit` counted in the current context's counters — and the return's frame check
-/// and pop, on to the frame's host address (`no_host`: an exit when it has none), merged into
-/// one sequence that borrows RCX, RAX and RDX once. `None` (nothing emitted) when `exit * 8`
-/// does not fit a displacement: then the steps go one after the other. The load comes first,
-/// so a fault there (an unmapped stack) finds the path not yet counted; nothing after it
-/// faults.
-pub(crate) fn instrumented_return(
-    ops: &mut VecAssembler<X64Relocation>,
-    pop: i32,
-    exit: u64,
-    mismatch: u32,
-    no_host: u32,
-    gateway: &Gateway,
-) -> Option<()> {
-    let disp = i32::try_from((exit as i64).checked_mul(8)?).ok()?;
-    let counters = Node::COUNTERS as i32;
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        ; mov rcx, QWORD [rsp]
-        ; lea rsp, [rsp + pop]
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-        ; .u8 GS ; mov rdx, QWORD [off::PATH]
-        ; .u8 GS ; mov rax, QWORD [off::CTX]
-        ; mov rax, QWORD [rax + counters]
-        ; lea rax, [rax + rdx * 8]
-        ; mov rdx, QWORD [rax + disp]
-        ; lea rdx, [rdx + 1]
-        ; mov QWORD [rax + disp], rdx
-        ; mov rdx, rcx
-        ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
-        ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + RETURN_TO]
-        ; not rcx
-        ; lea rcx, [rcx + rdx + 1]
-    );
-    pop_and_go(ops, mismatch, gateway, Some(no_host));
-    Some(())
 }
 
 /// The rest of a return after [`compare_top_frame`]: RCX zero iff the top frame's return
@@ -314,14 +276,18 @@ fn pop_and_go(
 }
 
 /// Appends an instrumented call's reload stub, where its callee's `ret` goes on (the frame's
-/// host address): the path register is the popped frame's `path` slot (the caller's register
-/// at its call block, still in memory just above `frame_top`) plus `add`, the numbering's
-/// increment on the edge from the call block to its return point (docs/paths-design.md,
-/// "Step 3c decided", item 2). Flag-free; every register as it was.
+/// host address): the run register is the popped frame's `run` slot and the path register its
+/// `path` slot (the caller's registers at its call block, still in memory just above
+/// `frame_top`) plus `add`, the numbering's increment on the edge from the call block to its
+/// return point (docs/paths-design.md, "Step 3c decided", item 2). Flag-free; every register
+/// as it was.
 pub(crate) fn reload_path(ops: &mut VecAssembler<X64Relocation>, add: u64) {
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::FRAME_TOP]
+        ; .u8 GS ; mov rcx, QWORD [rcx + FRAME + RUN]
+        ; .u8 GS ; mov QWORD [off::RUN], rcx
         ; .u8 GS ; mov rcx, QWORD [off::FRAME_TOP]
         ; .u8 GS ; mov rcx, QWORD [rcx + FRAME + PATH]
     );

@@ -93,6 +93,9 @@ pub struct Stats {
     pub instrument_dropped: u64,
     /// Hand-overs: times this thread's instrumented activations turned cold.
     pub hand_overs: u64,
+    /// Path ends of instrumented code whose run step went to the runtime (a run prefix not
+    /// taken last from its node).
+    pub run_misses: u64,
 }
 
 impl Stats {
@@ -114,6 +117,7 @@ impl Stats {
         self.instrumented += o.instrumented;
         self.instrument_dropped += o.instrument_dropped;
         self.hand_overs += o.hand_overs;
+        self.run_misses += o.run_misses;
     }
 }
 
@@ -1134,7 +1138,8 @@ impl Translator {
                     | ExitKind::PathCounters { .. }
                     | ExitKind::PathContextCall { .. }
                     | ExitKind::PathContextReturn { .. }
-                    | ExitKind::PathReturnNoHost { .. }) => self.path_exit(k),
+                    | ExitKind::PathReturnNoHost { .. }
+                    | ExitKind::PathRunMiss { .. }) => self.path_exit(k),
                 }
             }
         }

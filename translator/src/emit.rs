@@ -114,6 +114,16 @@ pub enum ExitKind {
         full: bool,
         reload: HostAddr,
     },
+    /// A path end of instrumented block `from` found another child in its run node's cache
+    /// (nothing done yet): the runtime ends the path — on the back edge to block `to`, or at
+    /// the activation's end (`to` is `None`), whose `ret` pops `pop` bytes and goes on as the
+    /// translated return would — and goes on at the next block.
+    PathRunMiss {
+        numbering: u32,
+        from: u32,
+        to: Option<u32>,
+        pop: i32,
+    },
     /// An instrumented `ret` (its path counted) whose target, in `ibl_target`, is not the top
     /// frame's return address: the runtime hands the rest over, then resynchronises.
     PathContextReturn { numbering: u32 },
@@ -150,6 +160,7 @@ impl ExitKind {
                 | ExitKind::PathContextCall { .. }
                 | ExitKind::PathContextReturn { .. }
                 | ExitKind::PathReturnNoHost { .. }
+                | ExitKind::PathRunMiss { .. }
         )
     }
 }

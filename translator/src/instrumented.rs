@@ -17,8 +17,9 @@
 //!                                               in the frame; patchable jmp to the callee's quiet
 //!                                               entry; reload stub (the frame's host): r = the
 //!                                               frame's r + the call edge's add; patchable jmp
-//!                          ret                  path_end(exits[u]); the return's frame check and
-//!                                               pop, on to the frame's host (never the lookup)
+//!                          ret                  path_end(exits[u]), the run counted; the return's
+//!                                               frame check and pop, on to the frame's host (never
+//!                                               the lookup)
 //!                edge the plan lacks:           exit to the runtime's hand-over
 //! ```
 //!
@@ -219,7 +220,15 @@ fn edge_out(
         Some((to, step)) => {
             match step {
                 EdgeStep::Forward(add) => path_add(ops, add),
-                EdgeStep::Back { end, restart } => path_end(ops, end, Some(restart)),
+                EdgeStep::Back { end, restart } => {
+                    let miss = exits.push(ExitKind::PathRunMiss {
+                        numbering: plan.numbering,
+                        from,
+                        to: Some(to),
+                        pop: 0,
+                    });
+                    path_end(ops, end, Some(restart), miss, exits.exit_addr)
+                }
             }
             let site = patchable_jmp(ops, base, stub);
             ExitKind::PathEdge {
@@ -382,29 +391,23 @@ fn emit_path_terminator(
                 .inst;
             let mismatch = exits.push(ExitKind::PathContextReturn { numbering });
             let no_host = exits.push(ExitKind::PathReturnNoHost { numbering });
-            let exit = plan.exits[index as usize];
             let pop = return_pop(inst);
-            if context_steps::instrumented_return(
-                &mut ops,
+            let miss = exits.push(ExitKind::PathRunMiss {
+                numbering,
+                from: index,
+                to: None,
                 pop,
-                exit,
-                mismatch,
-                no_host,
-                &cx.gateway,
-            )
-            .is_none()
-            {
-                // The `ret`'s load first: a fault there (an unmapped stack) must find the path
-                // not yet counted, as the block's body left it.
-                dynasm!(ops
-                    ; .arch x64
-                    ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-                    ; mov rcx, QWORD [rsp]
-                    ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-                );
-                path_end(&mut ops, exit, None);
-                return_through_lookup(&mut ops, pop, &cx.gateway, Some(mismatch), Some(no_host));
-            }
+            });
+            // The `ret`'s load first: a fault there (an unmapped stack) must find the path not
+            // yet counted, as the block's body left it.
+            dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                ; mov rcx, QWORD [rsp]
+                ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+            );
+            path_end(&mut ops, plan.exits[index as usize], None, miss, exit_addr);
+            return_through_lookup(&mut ops, pop, &cx.gateway, Some(mismatch), Some(no_host));
             // From the first instruction on, the guest's RCX is (also) in its scratch slot.
             layout.rcx_borrowed_from = Some(base);
         }

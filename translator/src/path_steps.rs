@@ -1,25 +1,34 @@
 //! Emitting the path register's steps of instrumented translations (#21 stage 2;
-//! docs/paths-design.md, "Step 3 broken down", 3c): what an instrumented block does with the
-//! Ball-Larus register `r` (`ContextArea::path`) and the current context's path counters
-//! (`Node::counters`) when an activation starts, on a forward edge, and where a path ends (a
-//! back edge, the activation's end). The values come from the monitor's numbering of the
-//! function (`hotpath_monitor::Numbering`: Ball-Larus lecture steps 1–3).
+//! docs/paths-design.md, "Step 3 broken down", 3c, and "Step 3d as built"): what an
+//! instrumented block does with the Ball-Larus register `r` (`ContextArea::path`), the run
+//! register (`ContextArea::run`, a node of the thread's PAP run trie) and the current context's
+//! path counters (`Node::counters`) when an activation starts, on a forward edge, and where a
+//! path ends (a back edge, the activation's end). The values come from the monitor's numbering
+//! of the function (`hotpath_monitor::Numbering`: Ball-Larus lecture steps 1–3).
 //!
 //! ```text
-//! start:  node(ctx).numbering == N ? r = start : ─────────────▶ exit "no counters for N"
+//! start:  node(ctx).numbering == N ? r = start; run = counters' run root
+//!                                  : ──────────────────────────▶ exit "no counters for N"
 //! edge:   r += add                       (chords of the spanning tree only)
-//! end:    node(ctx).counters[r + end] += 1; r = restart   (a back edge; the exit: no restart)
+//! end:    p = r + end
+//!         run != 0 && run.cache_id != p ? ─────────────────────▶ exit "run step missed"
+//!         run != 0: run = run.cache_child   (the activation's end: run.cache_child.count += 1)
+//!         node(ctx).counters[p] += 1; r = restart     (a back edge; the activation's end: no
+//!                                                      restart)
 //! ```
 //!
+//! A missed run step has changed nothing yet: the runtime does the whole path end (and, at an
+//! activation's end, the `ret`) and goes on at the next block.
+//!
 //! Every step runs where all guest registers are live and leaves them so: it borrows RCX (and
-//! RAX for a path's end, RDX for an increment that does not fit 32 bits) through their scratch
-//! slots and changes
-//! no flag (`mov`, `lea`, `jrcxz`), since the guest's flags are live across every edge. Nothing
-//! here faults: the thread area, the node and its counters are hotpath's memory, and a path id
-//! is below the array's length by the numbering's construction.
+//! RAX and RDX for a path's end, RDX for an increment that does not fit 32 bits) through their
+//! scratch slots and changes no flag (`mov`, `lea`, `not`, `jrcxz`), since the guest's flags
+//! are live across every edge. Nothing here faults: the thread area, the node, its counters
+//! and the run trie are hotpath's memory, and a path id is below the array's length by the
+//! numbering's construction.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
-use hotpath_contexts::Node;
+use hotpath_contexts::{Node, RunNode, RUN_ROOT_OFFSET};
 
 use crate::gateway::GS;
 use crate::thread_area::off;
@@ -28,7 +37,7 @@ use crate::thread_area::off;
 /// must be numbering `numbering`'s, else the step exits with index `miss` — the guest's
 /// registers as at the block's start, RCX in its scratch slot, as every exit leaves them — for
 /// the runtime to make them (`Contexts::path_counters`) and come back to the block; then
-/// `r = start`.
+/// `r = start` and the run register is the root in the counters' header.
 pub fn path_start(
     ops: &mut VecAssembler<X64Relocation>,
     numbering: u32,
@@ -49,7 +58,14 @@ pub fn path_start(
         ; counting:
     );
     set_register(ops, start);
-    dynasm!(ops ; .arch x64 ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]);
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rcx, QWORD [off::CTX]
+        ; mov rcx, QWORD [rcx + Node::COUNTERS as i32]
+        ; mov rcx, QWORD [rcx + RUN_ROOT_OFFSET]
+        ; .u8 GS ; mov QWORD [off::RUN], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+    );
 }
 
 /// Appends a forward edge's step: `r += add` (mod 2^64); nothing for 0 (an edge of the
@@ -71,25 +87,76 @@ pub fn path_add(ops: &mut VecAssembler<X64Relocation>, add: u64) {
     );
 }
 
-/// Appends a path's end: the current context's counter of path `r + end` (mod 2^64) goes up
-/// by one; then, on a back edge (`restart`), `r = restart` starts the next path. At the
-/// activation's end (`None`) the register is left as it is.
-pub fn path_end(ops: &mut VecAssembler<X64Relocation>, end: u64, restart: Option<u64>) {
+/// Appends a path's end: path `p = r + end` (mod 2^64) steps the run register to its child
+/// for `p`, when it has one and it is the run node's cached child — else the step exits with
+/// index `miss`, nothing changed, the guest's registers as at the step's start and RCX in its
+/// scratch slot; then `p`'s counter in the current context goes up by one. On a back edge
+/// (`restart`), `r = restart` starts the next path; at the activation's end (`None`) the run
+/// that ends at the child is counted and the registers are left as they are.
+pub fn path_end(
+    ops: &mut VecAssembler<X64Relocation>,
+    end: u64,
+    restart: Option<u64>,
+    miss: u32,
+    exit_addr: usize,
+) {
+    let (cache_id, cache_child, count) = (
+        RunNode::CACHE_ID as i32,
+        RunNode::CACHE_CHILD as i32,
+        RunNode::COUNT as i32,
+    );
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
         ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov rcx, QWORD [off::PATH]
+        ; .u8 GS ; mov rax, QWORD [off::PATH]
     );
-    add_to_rcx(ops, end);
+    match i32::try_from(end as i64) {
+        Ok(0) => {}
+        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rax, [rax + disp]),
+        Err(_) => dynasm!(ops
+            ; .arch x64
+            ; mov rcx, QWORD end as i64
+            ; lea rax, [rax + rcx]
+        ),
+    }
     dynasm!(ops
         ; .arch x64
-        ; .u8 GS ; mov rax, QWORD [off::CTX]
-        ; mov rax, QWORD [rax + Node::COUNTERS as i32]
-        ; lea rax, [rax + rcx * 8]
-        ; mov rcx, QWORD [rax]
-        ; lea rcx, [rcx + 1]
-        ; mov QWORD [rax], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::RUN]
+        ; jrcxz >count
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; mov rdx, rcx
+        ; mov rcx, QWORD [rdx + cache_id]
+        ; not rcx
+        ; lea rcx, [rcx + rax + 1]
+        ; jrcxz >hit
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; mov ecx, miss as i32
+        ; jmp extern exit_addr
+        ; hit:
+        ; mov rcx, QWORD [rdx + cache_child]
+    );
+    if restart.is_some() {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::RUN], rcx);
+    } else {
+        dynasm!(ops
+            ; .arch x64
+            ; mov rdx, QWORD [rcx + count]
+            ; lea rdx, [rdx + 1]
+            ; mov QWORD [rcx + count], rdx
+        );
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; count:
+        ; .u8 GS ; mov rcx, QWORD [off::CTX]
+        ; mov rcx, QWORD [rcx + Node::COUNTERS as i32]
+        ; lea rcx, [rcx + rax * 8]
+        ; mov rax, QWORD [rcx]
+        ; lea rax, [rax + 1]
+        ; mov QWORD [rcx], rax
     );
     if let Some(restart) = restart {
         set_register(ops, restart);

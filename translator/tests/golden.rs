@@ -417,11 +417,17 @@ fn path_steps_are_flag_free() {
         ),
         ("add 2^40", Box::new(|o| path_add(o, 1 << 40))),
         (
-            "back edge: end 4, restart 1",
-            Box::new(|o| path_end(o, 4, Some(1))),
+            "back edge: end 4, restart 1 (run step miss: exit 9)",
+            Box::new(move |o| path_end(o, 4, Some(1), 9, exit)),
         ),
-        ("exit: end 0", Box::new(|o| path_end(o, 0, None))),
-        ("exit: end 2^40", Box::new(|o| path_end(o, 1 << 40, None))),
+        (
+            "exit: end 0, the run counted",
+            Box::new(move |o| path_end(o, 0, None, 9, exit)),
+        ),
+        (
+            "exit: end 2^40",
+            Box::new(move |o| path_end(o, 1 << 40, None, 9, exit)),
+        ),
     ];
     let mut out = String::from("# path_steps\n");
     for (name, emit) in &cases {

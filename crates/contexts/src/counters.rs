@@ -131,7 +131,7 @@ impl CounterArena {
         // SAFETY: `first - HEADER_WORDS` is the header of an array below `used` (checked),
         // written by this thread; its counters are this thread's to add to.
         unsafe {
-            let len = (map.mem.base().add(first - HEADER_WORDS).read() >> 32) as u64;
+            let len = map.mem.base().add(first - HEADER_WORDS).read() >> 32;
             if id < len {
                 *map.mem.base().add(first + id as usize) += 1;
             }

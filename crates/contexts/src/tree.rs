@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::counters::{PathCounts, SharedCounters};
-use crate::runs::{RunInfo, SharedRuns};
 use crate::reserve::Reserved;
+use crate::runs::{RunInfo, SharedRuns};
 
 /// Contexts per thread (256 bytes each: 64 MiB of address space, touched as they are made).
 /// Past it a new context is its parent ([`crate::Contexts::contexts_folded`] counts them).

@@ -167,6 +167,10 @@ pub struct HandedActivation {
     pub numbering: u32,
     /// Where its current path is.
     pub at: HandedAt,
+    /// Its PAP run so far: the index of its node in the thread's run trie
+    /// (`hotpath_contexts::ContextView::run_node`), 0 when it records none (its run was
+    /// abandoned) or has not started (`HandedAt::Start`).
+    pub run: u32,
 }
 
 /// A hand-over: every live instrumented activation of a thread turns cold at once, bottom
@@ -174,9 +178,10 @@ pub struct HandedActivation {
 ///
 /// ```text
 /// word 0:                 11 | 00 | activations (28 bits)
-/// per activation, 5 words: 11 | 01 | numbering
+/// per activation, 6 words: 11 | 01 | numbering
 ///                          11 | 10 | where: 00 block, 01 head, 10 returned, 11 start | index (26)
 ///                          11 | 11 | r bits 0..28,  11 | 11 | bits 28..56,  11 | 11 | bits 56..64
+///                          11 | 11 | run node index
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HandOver {
@@ -185,7 +190,7 @@ pub struct HandOver {
 }
 
 /// Words per handed-over activation.
-const ACTIVATION_WORDS: usize = 5;
+const ACTIVATION_WORDS: usize = 6;
 
 /// Bits of a block index in a hand-over's "where" word (a plan has far fewer blocks).
 const INDEX_BITS: u32 = 26;
@@ -195,7 +200,8 @@ impl HandOver {
     /// The event's words.
     ///
     /// # Panics
-    /// If a numbering does not fit 28 bits or a block index 26 (plans never have them).
+    /// If a numbering or a run node index does not fit 28 bits or a block index 26 (plans and
+    /// run tries never have them).
     pub fn encode(&self) -> Vec<u32> {
         let word = |part: u32, payload: u32| {
             assert!(payload <= PAYLOAD_MASK, "a hand-over payload fits 28 bits");
@@ -220,6 +226,7 @@ impl HandOver {
             out.push(word(3, r as u32 & PAYLOAD_MASK));
             out.push(word(3, (r >> PAYLOAD_BITS) as u32 & PAYLOAD_MASK));
             out.push(word(3, (r >> (2 * PAYLOAD_BITS)) as u32));
+            out.push(word(3, a.run));
         }
         out
     }
@@ -274,6 +281,7 @@ impl HandOverDecoder {
         self.partial.activations.push(HandedActivation {
             numbering: w[0],
             at,
+            run: w[5],
         });
         if self.partial.activations.len() == self.expected {
             self.expected = 0;
@@ -309,10 +317,12 @@ mod tests {
                         block: 3,
                         r: 0xdead_beef_0123_4567,
                     },
+                    run: 5,
                 },
                 HandedActivation {
                     numbering: MAX_NUMBERING - 1,
                     at: HandedAt::Head { head: 0 },
+                    run: 0,
                 },
                 HandedActivation {
                     numbering: 1,
@@ -320,6 +330,7 @@ mod tests {
                         block: 0,
                         r: u64::MAX,
                     },
+                    run: PAYLOAD_MASK,
                 },
                 HandedActivation {
                     numbering: 9,
@@ -327,10 +338,12 @@ mod tests {
                         call: INDEX_MASK,
                         r: 12,
                     },
+                    run: 1,
                 },
                 HandedActivation {
                     numbering: 4,
                     at: HandedAt::Start,
+                    run: 0,
                 },
             ],
         };
@@ -356,6 +369,7 @@ mod tests {
             activations: vec![HandedActivation {
                 numbering: 2,
                 at: HandedAt::Head { head: 1 },
+                run: 3,
             }],
         };
         let words = h.encode();

@@ -404,6 +404,8 @@ impl PathSum {
         let st = &mut self.stats;
         st.shadow_stack_resyncs += p.stats.shadow_stack_resyncs;
         st.pap_abandoned += p.stats.pap_abandoned;
+        st.pap_runs += p.stats.pap_runs;
+        st.pap_distinct_runs = st.pap_distinct_runs.max(p.stats.pap_distinct_runs);
         st.shadow_stack_dropped_frames += p.stats.shadow_stack_dropped_frames;
         for (cause, n) in p.stats.resyncs_by_cause {
             *st.resyncs_by_cause.entry(cause).or_insert(0) += n;

@@ -588,6 +588,12 @@ pub struct PathStats {
     pub resyncs_by_cause: BTreeMap<String, u64>,
     /// PAP runs not recorded (too long, or the run store full).
     pub pap_abandoned: u64,
+    /// PAP runs recorded: activations whose whole run is counted (listed or not).
+    #[serde(default)]
+    pub pap_runs: u64,
+    /// Distinct PAP runs among them (in a merged report: the most of one of its runs).
+    #[serde(default)]
+    pub pap_distinct_runs: u64,
     /// Frames dropped because the shadow stack was full.
     pub shadow_stack_dropped_frames: u64,
     pub numbering_errors: Vec<NumberingError>,

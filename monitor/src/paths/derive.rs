@@ -11,7 +11,9 @@
 //! followed by its return point in a path is a call that returned: the call edge into the
 //! callee's entry and the edge from the callee's one `ret` to the return point are taken once
 //! more each (the callee is instrumented too: a closed region). The edge into a region from
-//! cold code and out of it are the ring's own (an announcing event's pairs).
+//! cold code and out of it are the ring's own (an announcing event's pairs). The guest's PAP
+//! run tries (docs/paths-design.md, "Step 3d as built") join the recorder's: each node's ids
+//! regenerate into the recorder's path numbers, and its count is added.
 
 use std::collections::HashMap;
 
@@ -33,6 +35,7 @@ impl PathRecorder {
         if self.instrumenter.numberings.is_empty() || self.root_call == NONE {
             return;
         }
+        self.add_instrumented_runs(view);
         // Guest context → call-tree node, made as needed from its parent's (ids grow from
         // parents to children).
         let mut call_node: HashMap<u32, u32> = HashMap::new();
@@ -64,6 +67,89 @@ impl PathRecorder {
         }
     }
 
+    /// Adds the PAP runs of `view`'s run trie (a finished guest thread's instrumented
+    /// activations) to the recorder's run trie: every node, parents first, its count and the
+    /// thread's abandoned runs. A node the recorder's trie has no room for counts its runs as
+    /// abandoned.
+    fn add_instrumented_runs(&mut self, view: &ContextView) {
+        let (nodes, abandoned) = view.runs();
+        self.pap_runs.abandoned += abandoned;
+        // Guest node → (recorder node, numbering), parents first.
+        let mut ours = vec![(NONE, 0u32); nodes.len()];
+        for (i, n) in nodes.iter().enumerate() {
+            let Some(n) = n else { continue };
+            let here = match n.parent {
+                None => match self.instrumenter.numberings.get(&n.path) {
+                    Some(&(func, _)) => {
+                        (self.pap_runs.root(&mut self.funcs[func as usize]), n.path)
+                    }
+                    None => (NONE, 0),
+                },
+                Some(parent) => {
+                    let (up, numbering) = ours[parent as usize];
+                    let p = self.numbered_path_number(numbering, n.path);
+                    match (up, p) {
+                        (NONE, _) | (_, None) => (NONE, numbering),
+                        (up, Some((p, _))) => (self.pap_runs.step(up, p), numbering),
+                    }
+                }
+            };
+            ours[i] = here;
+            match here.0 {
+                NONE => self.pap_runs.abandoned += n.count,
+                t => self.pap_runs.add_count(t, n.count),
+            }
+        }
+    }
+
+    /// The recorder's run node and length that a hand-over's run node `run` (of the guest
+    /// thread's run trie) stands for: `(NONE, 0)` for 0 (no run), or one it cannot spell.
+    pub(crate) fn handed_run(&mut self, run: u32) -> (u32, u32) {
+        if run == 0 {
+            return (NONE, 0);
+        }
+        if let Some(&known) = self.instrumenter.handed_runs.get(&run) {
+            return known;
+        }
+        let Some(view) = self.contexts.clone() else {
+            return (NONE, 0);
+        };
+        // The guest's ids from the root down, and the root's numbering.
+        let mut ids = Vec::new();
+        let mut at = run;
+        let numbering = loop {
+            let Some(n) = view.run_node(at) else {
+                return (NONE, 0);
+            };
+            match n.parent {
+                Some(p) => {
+                    ids.push(n.path);
+                    at = p;
+                }
+                None => break n.path,
+            }
+        };
+        let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
+            return (NONE, 0);
+        };
+        let mut t = self.pap_runs.root(&mut self.funcs[func as usize]);
+        for &id in ids.iter().rev() {
+            let Some((p, _)) = self.numbered_path_number(numbering, id) else {
+                return (NONE, 0);
+            };
+            if t == NONE {
+                break;
+            }
+            t = self.pap_runs.step(t, p);
+        }
+        let known = match t {
+            NONE => (NONE, 0),
+            t => (t, ids.len() as u32),
+        };
+        self.instrumenter.handed_runs.insert(run, known);
+        known
+    }
+
     /// The call-tree node guest context `id` stands for (`known` caches them).
     fn call_node_of(
         &mut self,
@@ -85,15 +171,13 @@ impl PathRecorder {
         Some(n)
     }
 
-    /// Adds `count` runs of `path` of function `func` in call-tree node `node`.
-    fn add_numbered_path(
+    /// The recorder's path (its number, and the trie node of its blocks) that `path` of
+    /// function `func` is, made if new.
+    fn intern_numbered_path(
         &mut self,
         func: u32,
-        node: u32,
         path: &super::numbering::NumberedPath,
-        count: u64,
-        tables: &mut Tables,
-    ) {
+    ) -> (u32, u32) {
         let first = path.blocks[0];
         // As the recorder tags them: a path after a back edge starts at its head, even the
         // entry.
@@ -109,7 +193,34 @@ impl PathRecorder {
             NumberedEnd::Exit => END_EXIT,
             NumberedEnd::BackEdge(h) => h,
         };
-        let p = self.path_of(cur, end);
+        (self.path_of(cur, end), cur)
+    }
+
+    /// The recorder's path number of path id `id` of numbering `numbering`, and its function
+    /// (`None`: a numbering the recorder did not make, or an id it does not have).
+    pub(crate) fn numbered_path_number(&mut self, numbering: u32, id: u32) -> Option<(u32, u32)> {
+        if let Some(&p) = self.instrumenter.path_numbers.get(&(numbering, id)) {
+            return Some(p);
+        }
+        let (func, n) = self.instrumenter.numberings.get(&numbering).cloned()?;
+        let path = n.regenerate(id as u64)?;
+        let (p, _) = self.intern_numbered_path(func, &path);
+        self.instrumenter
+            .path_numbers
+            .insert((numbering, id), (p, func));
+        Some((p, func))
+    }
+
+    /// Adds `count` runs of `path` of function `func` in call-tree node `node`.
+    fn add_numbered_path(
+        &mut self,
+        func: u32,
+        node: u32,
+        path: &super::numbering::NumberedPath,
+        count: u64,
+        tables: &mut Tables,
+    ) {
+        let (p, cur) = self.intern_numbered_path(func, path);
         self.paths[p as usize].count += count;
         let instr = self.path_instructions(cur);
         let n = &mut self.calltree[node as usize];

@@ -10,7 +10,9 @@
 //! that the cold blocks that follow go on from there. What the activations did before their
 //! current paths (completed paths, counted in the guest's counters) is added when the thread
 //! ends, like any other instrumented run; only the edges no completed path holds are counted
-//! here: the calls into the activations, and the edges of the current paths.
+//! here: the calls into the activations, and the edges of the current paths. Each activation
+//! goes on with the PAP run its instrumented code had reached (the guest's run node, spelled
+//! into the recorder's run trie).
 
 use hotpath_events::{HandOver, HandedAt};
 use hotpath_ir::Terminator;
@@ -83,6 +85,7 @@ impl PathRecorder {
                     // activation's start is counted already (its first path is among the
                     // guest's counters), and so is the back edge.
                     self.push_unseen(func, return_to, parent, true);
+                    self.continue_run(act.run);
                     if let (Some(c), Some(e)) = (caller_call, self.entry_block_id(entry)) {
                         tables.add_edge_once(c, e);
                     }
@@ -110,6 +113,7 @@ impl PathRecorder {
                     tables.set_prev(NONE);
                 }
             }
+            self.continue_run(act.run);
             for &id in &ids[1..] {
                 self.step_intra(id, tables);
             }
@@ -142,6 +146,15 @@ impl PathRecorder {
                 return;
             }
         }
+    }
+
+    /// The top activation goes on with the PAP run its instrumented code had reached: the
+    /// guest's run node `run` (0: none, its run was abandoned).
+    fn continue_run(&mut self, run: u32) {
+        let (pap, len) = self.handed_run(run);
+        let top = self.stack.last_mut().expect("an activation");
+        top.pap = pap;
+        top.pap_len = len;
     }
 
     /// Counts the edges of a current path's blocks `ids` in the tables, from the previous
@@ -185,7 +198,7 @@ impl PathRecorder {
 
     /// Pushes the activation of `func` whose current path started after a back edge to node
     /// `head` (block id `id`): it was counted when it started (its first path is among the
-    /// guest's counters), and its PAP run so far is not known (it records none).
+    /// guest's counters); its PAP run so far is the hand-over's (`continue_run`).
     fn push_after_back_edge(
         &mut self,
         func: u32,

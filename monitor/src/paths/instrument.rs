@@ -11,6 +11,11 @@
 //! all go to functions of the set (or to ones instrumented before): a greatest fixed point,
 //! found by dropping callers of functions outside until nothing changes. bench_fib's `fib` and
 //! `tak` are one.
+//!
+//! A function is instrumented only once it records PAP runs (past `--pap-threshold` path ends
+//! too): its instrumented activations keep their runs in the guest's run trie from their
+//! start, as the per-block recorder keeps those of every activation that starts after the
+//! function passed the threshold (docs/paths-design.md, "Step 3d as built").
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -54,6 +59,10 @@ pub(crate) struct Instrumenter {
     pub(crate) ret_alias: FxMap<u32, u32>,
     /// Numberings sent per function.
     sent: FxMap<u32, u32>,
+    /// `(numbering, path id)` → the recorder's path number and its function.
+    pub(crate) path_numbers: FxMap<(u32, u32), (u32, u32)>,
+    /// A hand-over's run node (the guest's index) → the recorder's run node and its length.
+    pub(crate) handed_runs: FxMap<u32, (u32, u32)>,
 }
 
 impl Instrumenter {
@@ -69,9 +78,9 @@ impl Instrumenter {
 }
 
 impl PathRecorder {
-    /// The plans of a new closed region of functions past `threshold` path ends, if one is
-    /// there (looked for every 64 `threshold` events, at least 256 and at most
-    /// 65 536; `events` is how many were recorded so far).
+    /// The plans of a new closed region of functions past `threshold` path ends and the PAP
+    /// threshold, if one is there (looked for every 64 `threshold` events, at least 256 and at
+    /// most 65 536; `events` is how many were recorded so far).
     pub fn instrumentation_request(
         &mut self,
         tables: &Tables,
@@ -83,6 +92,7 @@ impl PathRecorder {
             return None;
         }
         self.instrumenter.last_look = events;
+        let threshold = threshold.max(self.config.pap_threshold);
         // Candidate function → (plan, call targets, numbering).
         let mut cands: BTreeMap<u32, (PathPlan, Vec<u64>, Numbering)> = BTreeMap::new();
         for (f, fun) in self.funcs.iter().enumerate() {

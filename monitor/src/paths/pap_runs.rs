@@ -190,6 +190,12 @@ impl PapRuns {
         }
     }
 
+    /// Counts `count` runs ending at node `t` (runs counted elsewhere: a guest thread's
+    /// instrumented activations).
+    pub(crate) fn add_count(&mut self, t: u32, count: u64) {
+        self.nodes[t as usize].count += count;
+    }
+
     /// Counts activation `a`'s run as it stands, if it records one (its activation ended).
     #[inline]
     pub(crate) fn end(&mut self, a: &Activation) {
@@ -274,6 +280,14 @@ impl PapRuns {
             .collect()
     }
 
+    /// Runs counted, and distinct runs among them.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        self.nodes
+            .iter()
+            .filter(|n| n.count > 0)
+            .fold((0, 0), |(runs, distinct), n| (runs + n.count, distinct + 1))
+    }
+
     /// The path numbers that start a stored run (in-flight ones included), once each.
     pub(crate) fn first_paths(&self) -> impl Iterator<Item = u32> + '_ {
         self.nodes.iter().filter_map(|n| {
@@ -356,6 +370,10 @@ mod tests {
                 })
                 .collect();
             prop_assert_eq!(spelled.len(), all.len());
+            prop_assert_eq!(
+                trie.totals(),
+                (expected.values().sum::<u64>(), expected.len() as u64)
+            );
             prop_assert_eq!(spelled, expected);
             let weight = |(_, paths, count): &(u32, Box<[u32]>, u64)| {
                 count * paths.iter().map(|&p| p as u64 + 1).sum::<u64>()

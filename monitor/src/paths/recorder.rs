@@ -109,6 +109,9 @@ pub struct PathRecorder {
     pub(crate) context_words: ContextDecoder,
     /// The functions sent to be instrumented.
     pub(crate) instrumenter: super::instrument::Instrumenter,
+    /// The guest thread's calling contexts (with guest contexts on): its run trie spells a
+    /// hand-over's runs.
+    pub(crate) contexts: Option<hotpath_contexts::ContextView>,
     /// Call-tree node of the activation at the bottom of the stack when it was last started:
     /// the one the guest thread's root context stands for.
     pub(crate) root_call: u32,
@@ -158,6 +161,7 @@ impl PathRecorder {
             dropped_frames: 0,
             context_words: ContextDecoder::default(),
             instrumenter: Default::default(),
+            contexts: None,
             root_call: NONE,
             handover_words: Default::default(),
         }

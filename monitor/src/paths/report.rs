@@ -182,6 +182,7 @@ impl PathRecorder {
         };
         out.stats.shadow_stack_resyncs = rec.resyncs;
         out.stats.pap_abandoned = rec.pap_runs.abandoned;
+        (out.stats.pap_runs, out.stats.pap_distinct_runs) = rec.pap_runs.totals();
         out.stats.shadow_stack_dropped_frames = rec.dropped_frames;
         out.stats.resyncs_by_cause = Resync::ALL
             .iter()
@@ -204,7 +205,11 @@ impl PathRecorder {
             let mut h = FxHasher::default();
             h.write_u32(key[1]);
             for &n in &key[2..] {
-                h.write_u64(if n == END_EXIT { u64::MAX } else { fun.node_addr[n as usize] });
+                h.write_u64(if n == END_EXIT {
+                    u64::MAX
+                } else {
+                    fun.node_addr[n as usize]
+                });
             }
             h.finish()
         };

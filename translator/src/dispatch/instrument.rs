@@ -359,25 +359,14 @@ impl Translator {
                 let plan = self.inst.by_numbering[&numbering].clone();
                 let at = self.position_after_edge(&plan, from, to);
                 self.inst.pending = Some(Some((numbering, at)));
-                let generation = self.generation;
-                let host = self.translate_instrumented(&plan, to).unwrap_or_else(|e| {
-                    self.give_up(numbering, &e);
-                    None
-                });
-                match host {
-                    Some(h) if generation == self.generation => {
-                        if !self.stepping {
-                            self.cache.patch_rel32(site, h);
-                            self.stats.links += 1;
-                        }
-                        Ok(Ok(Next::Host(h)))
-                    }
-                    _ => {
-                        self.leave_hole();
-                        Ok(Ok(Next::Guest(plan.blocks[to as usize].start.0)))
-                    }
-                }
+                Ok(Ok(self.go_instrumented(&plan, to, Some(site))))
             }
+            ExitKind::PathRunMiss {
+                numbering,
+                from,
+                to,
+                pop,
+            } => self.run_step_missed(numbering, from, to, pop),
             ExitKind::PathCall { callee, site, .. } => {
                 // The caller's frame (its host the reload stub) says where it is.
                 self.inst.pending = Some(None);
@@ -456,6 +445,116 @@ impl Translator {
         }
     }
 
+    /// Goes on at the instrumented translation of block `to` of `plan` (linking `site` to it),
+    /// where `pending` says the top activation is; or, when it cannot be had, hands the hole
+    /// over and goes on at the block's guest address, cold.
+    fn go_instrumented(&mut self, plan: &Arc<PathPlan>, to: u32, site: Option<HostAddr>) -> Next {
+        let generation = self.generation;
+        let host = self.translate_instrumented(plan, to).unwrap_or_else(|e| {
+            self.give_up(plan.numbering, &e);
+            None
+        });
+        match host {
+            Some(h) if generation == self.generation => {
+                if let (Some(site), false) = (site, self.stepping) {
+                    self.cache.patch_rel32(site, h);
+                    self.stats.links += 1;
+                }
+                Next::Host(h)
+            }
+            _ => {
+                self.leave_hole();
+                Next::Guest(plan.blocks[to as usize].start.0)
+            }
+        }
+    }
+
+    /// A path end of block `from` of plan `numbering` whose run step missed
+    /// (`ExitKind::PathRunMiss`; nothing of it done): the whole path end — path counted, run
+    /// stepped (the runtime makes the child and fills the node's cache), and on a back edge to
+    /// `to` the next path started, at the activation's end its run counted — then on as the
+    /// translation goes: to the head, or through the `ret` popping `pop` bytes.
+    fn run_step_missed(
+        &mut self,
+        numbering: u32,
+        from: u32,
+        to: Option<u32>,
+        pop: i32,
+    ) -> Result<Result<Next, Stop>, TranslateError> {
+        self.stats.run_misses += 1;
+        let plan = self.inst.by_numbering[&numbering].clone();
+        let (end, restart) = match to.map(|h| plan.step(from, h)) {
+            Some(Some(EdgeStep::Back { end, restart })) => (end, Some(restart)),
+            Some(_) => unreachable!("a run step ends a path at a back edge"),
+            None => (plan.exits[from as usize], None),
+        };
+        let contexts = self
+            .contexts
+            .as_mut()
+            .expect("instrumented code keeps contexts");
+        let area = &mut self.area.contexts;
+        let p = area.path.wrapping_add(end);
+        contexts.count_path(p);
+        // Path ids are below MAX_PLAN_PATHS.
+        let child = contexts.run_step(area.run, p as u32);
+        match (to, restart) {
+            (Some(head), Some(restart)) => {
+                area.run = child;
+                area.path = restart;
+                self.inst.pending = Some(Some((numbering, HandedAt::Head { head })));
+                Ok(Ok(self.go_instrumented(&plan, head, None)))
+            }
+            _ => {
+                contexts.run_end(child);
+                self.instrumented_ret(pop)
+            }
+        }
+    }
+
+    /// The `ret` of an instrumented block whose path and run are counted, popping `pop` bytes,
+    /// made by the runtime as the translated return does it (`context_steps::return_and_lookup`
+    /// and the reload stub after it): to the top frame's host — a caller's reload stub, done
+    /// here, or a cold caller's landing — or, with no host or another frame's return address,
+    /// cold after a hand-over.
+    fn instrumented_ret(&mut self, pop: i32) -> Result<Result<Next, Stop>, TranslateError> {
+        let rsp = self.area.gpr[crate::thread_area::RSP];
+        let mut bytes = [0u8; 8];
+        // The translation's load of the return address has just read it.
+        let _ = crate::guest_mem::read(rsp, &mut bytes);
+        let target = u64::from_le_bytes(bytes);
+        self.area.gpr[crate::thread_area::RSP] = rsp.wrapping_add(pop as u64);
+        self.area.ibl_target = target;
+        let top = self.area.contexts.live_frames().last().copied();
+        let Some(frame) = top.filter(|f| f.return_to == target) else {
+            self.hand_over(None);
+            return self.context_return();
+        };
+        self.context_ret(target);
+        if frame.host == 0 {
+            self.hand_over(None);
+            return self.lookup_miss(target);
+        }
+        let Some(&(caller, call)) = self.inst.reloads.get(&frame.host) else {
+            // The hole's root returns to cold code.
+            return Ok(Ok(Next::Guest(target)));
+        };
+        let plan = self.inst.by_numbering[&caller].clone();
+        let Some((point, EdgeStep::Forward(add))) = plan.step_to(call, GuestAddr(target)) else {
+            unreachable!("a reload stub's call returns to its return point");
+        };
+        let area = &mut self.area.contexts;
+        area.path = frame.path.wrapping_add(add);
+        area.run = frame.run;
+        self.inst.pending = Some(Some((
+            caller,
+            HandedAt::Returned {
+                call,
+                r: frame.path,
+            },
+        )));
+        Ok(Ok(self.go_instrumented(&plan, point, None)))
+    }
+
     /// Goes on at the quiet entry of the instrumented function at `callee` (its frame pushed
     /// and its context stepped), linking `site` to it; or, when the callee cannot run
     /// instrumented here, hands the hole over and enters it by guest address (its announcing
@@ -530,6 +629,7 @@ impl Translator {
     pub(super) fn hand_over(&mut self, top: Option<(u32, HandedAt)>) {
         self.inst.pending = None;
         let mut activations = Vec::new();
+        let run_index = |run| self.contexts.as_ref().map_or(0, |c| c.run_index(run));
         let contexts = &mut self.area.contexts;
         let depth = contexts.depth();
         for f in contexts.frames[1..=depth].iter_mut().rev() {
@@ -542,12 +642,18 @@ impl Translator {
                     block: call,
                     r: f.path,
                 },
+                run: run_index(f.run),
             });
             f.host = 0;
         }
         activations.reverse();
         if let Some((numbering, at)) = top {
-            activations.push(HandedActivation { numbering, at });
+            // A start has not set its run register yet.
+            let run = match at {
+                HandedAt::Start => 0,
+                _ => run_index(contexts.run),
+            };
+            activations.push(HandedActivation { numbering, at, run });
         }
         if activations.is_empty() {
             return;
