@@ -160,9 +160,9 @@ pub struct RunArgs {
     /// comparisons.
     #[arg(long, hide = true)]
     pub no_guest_contexts: bool,
-    /// Keep the path registers of closed regions of functions past N path ends in translated
-    /// code (#21 stage 2, being built: the profile does not yet count what instrumented code
-    /// runs). For development.
+    /// Keep the path and PAP run registers of closed regions of functions past N path ends
+    /// (and --pap-threshold) in translated code (#21 stage 2: the same profile; hidden until
+    /// its benchmark rows are in). For development.
     #[arg(long, hide = true, value_name = "N", requires = "paths")]
     pub instrument_paths: Option<u64>,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks

@@ -36,9 +36,9 @@ pub struct PathConfig {
     /// follows them instead of resynchronising by its own rules (see `stack`, "Guest
     /// contexts").
     pub guest_contexts: bool,
-    /// Ask the translator to keep the path registers of closed regions of functions past this
-    /// many path ends in translated code (#21 stage 2, being built: the profile does not count
-    /// what instrumented code runs yet; `--instrument-paths`).
+    /// Ask the translator to keep the path and PAP run registers of closed regions of
+    /// functions past this many path ends (and the PAP threshold) in translated code (#21
+    /// stage 2: the same profile, hidden until measured; `--instrument-paths`).
     pub instrument_threshold: Option<u64>,
 }
 
