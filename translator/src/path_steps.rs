@@ -11,8 +11,9 @@
 //!                                  : ──────────────────────────▶ exit "no counters for N"
 //! edge:   r += add                       (chords of the spanning tree only)
 //! end:    p = r + end
-//!         run != 0 && run.cache_id != p ? ─────────────────────▶ exit "run step missed"
-//!         run != 0: run = run.cache_child   (the activation's end: run.cache_child.count += 1)
+//!         run != 0: run = its child for p: the cached one, the dense array's, or a new first
+//!                   child (taken from the area's supply) ──none of those──▶ exit "run step
+//!                   missed"   (the activation's end: the child's count += 1)
 //!         node(ctx).counters[p] += 1; r = restart     (a back edge; the activation's end: no
 //!                                                      restart)
 //! ```
@@ -28,7 +29,7 @@
 //! numbering's construction.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
-use hotpath_contexts::{Node, RunNode, RUN_ROOT_OFFSET};
+use hotpath_contexts::{Node, RunNode, RUN_PATHS_MAX, RUN_ROOT_OFFSET};
 
 use crate::gateway::GS;
 use crate::thread_area::off;
@@ -88,11 +89,12 @@ pub fn path_add(ops: &mut VecAssembler<X64Relocation>, add: u64) {
 }
 
 /// Appends a path's end: path `p = r + end` (mod 2^64) steps the run register to its child
-/// for `p`, when it has one and it is the run node's cached child — else the step exits with
-/// index `miss`, nothing changed, the guest's registers as at the step's start and RCX in its
-/// scratch slot; then `p`'s counter in the current context goes up by one. On a back edge
-/// (`restart`), `r = restart` starts the next path; at the activation's end (`None`) the run
-/// that ends at the child is counted and the registers are left as they are.
+/// for `p` when it has one — through the run node's cache, its dense child array, or, for a
+/// node with no child yet, a node taken from the area's supply right here — else the step
+/// exits with index `miss`, nothing changed, the guest's registers as at the step's start and
+/// RCX in its scratch slot; then `p`'s counter in the current context goes up by one. On a
+/// back edge (`restart`), `r = restart` starts the next path; at the activation's end (`None`)
+/// the run that ends at the child is counted and the registers are left as they are.
 pub fn path_end(
     ops: &mut VecAssembler<X64Relocation>,
     end: u64,
@@ -100,11 +102,19 @@ pub fn path_end(
     miss: u32,
     exit_addr: usize,
 ) {
-    let (cache_id, cache_child, count) = (
-        RunNode::CACHE_ID as i32,
-        RunNode::CACHE_CHILD as i32,
-        RunNode::COUNT as i32,
-    );
+    let [cache_id, cache_child, count, children, parent, path, depth, made] = [
+        RunNode::CACHE_ID,
+        RunNode::CACHE_CHILD,
+        RunNode::COUNT,
+        RunNode::CHILDREN,
+        RunNode::PARENT,
+        RunNode::PATH,
+        RunNode::DEPTH,
+        RunNode::MADE,
+    ]
+    .map(|o| o as i32);
+    let deepest = RUN_PATHS_MAX as i32;
+    let node_bytes = RunNode::SIZE as i32;
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
@@ -120,6 +130,7 @@ pub fn path_end(
             ; lea rax, [rax + rcx]
         ),
     }
+    // RAX = p; RDX = the run node; RCX = the child once found.
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov rcx, QWORD [off::RUN]
@@ -128,14 +139,12 @@ pub fn path_end(
         ; mov rdx, rcx
         ; mov rcx, QWORD [rdx + cache_id]
         ; not rcx
-        ; lea rcx, [rcx + rax + 1]
+        ; lea rcx, [rcx + rax + 2]
         ; jrcxz >hit
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
-        ; mov ecx, miss as i32
-        ; jmp extern exit_addr
+        ; jmp >slow
         ; hit:
         ; mov rcx, QWORD [rdx + cache_child]
+        ; found:
     );
     if restart.is_some() {
         dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::RUN], rcx);
@@ -165,6 +174,47 @@ pub fn path_end(
         ; .arch x64
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        ; jmp >done
+        // Not the cached child: the dense array's, if the node has one.
+        ; slow:
+        ; mov rcx, QWORD [rdx + children]
+        ; jrcxz >no_dense
+        ; mov rcx, QWORD [rcx + rax * 8]
+        ; jrcxz >miss
+        ; jmp <found
+        // No child at all yet: make the first one (a node from the supply), unless the run
+        // is as long as runs get or no node is left.
+        ; no_dense:
+        ; mov rcx, QWORD [rdx + cache_id]
+        ; jrcxz >first
+        ; miss:
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; mov ecx, miss as i32
+        ; jmp extern exit_addr
+        ; first:
+        ; mov rcx, QWORD [rdx + depth]
+        ; lea rcx, [rcx - deepest]
+        ; jrcxz <miss
+        ; .u8 GS ; mov rcx, QWORD [off::RUN_LEFT]
+        ; jrcxz <miss
+        ; lea rcx, [rcx - 1]
+        ; .u8 GS ; mov QWORD [off::RUN_LEFT], rcx
+        ; .u8 GS ; mov rcx, QWORD [off::RUN_NEXT]
+        ; mov QWORD [rcx + parent], rdx
+        ; mov QWORD [rcx + path], rax
+        ; lea rax, [rax + 1]
+        ; mov QWORD [rdx + cache_id], rax
+        ; mov QWORD [rdx + cache_child], rcx
+        ; mov rax, QWORD [rdx + depth]
+        ; lea rax, [rax + 1]
+        ; mov QWORD [rcx + depth], rax
+        ; mov QWORD [rcx + made], 1
+        ; lea rax, [rcx + node_bytes]
+        ; .u8 GS ; mov QWORD [off::RUN_NEXT], rax
+        ; mov rax, QWORD [rcx + path]
+        ; jmp <found
+        ; done:
     );
 }
 

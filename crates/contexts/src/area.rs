@@ -62,7 +62,12 @@ pub struct ContextArea {
     /// address of its PAP run's node in the thread's run trie (`runs`), 0 when it records no
     /// run. Written and read as `path` is.
     pub run: u64,
-    _pad: [u64; 3],
+    /// Host address of the next free node of the thread's run trie (`runs`): translated code
+    /// and the runtime both take nodes from it, one after the other.
+    pub run_next: u64,
+    /// Run-trie nodes left to take (0 before the trie's first root).
+    pub run_left: u64,
+    _pad: [u64; 1],
     /// The frame stack, `frames[0]` the sentinel.
     pub frames: [Frame; FRAMES_MAX + 1],
 }
@@ -78,6 +83,10 @@ impl ContextArea {
     pub const PATH: usize = offset_of!(ContextArea, path);
     /// Offset of [`ContextArea::run`], bytes.
     pub const RUN: usize = offset_of!(ContextArea, run);
+    /// Offset of [`ContextArea::run_next`], bytes.
+    pub const RUN_NEXT: usize = offset_of!(ContextArea, run_next);
+    /// Offset of [`ContextArea::run_left`], bytes.
+    pub const RUN_LEFT: usize = offset_of!(ContextArea, run_left);
     /// Offset of `frames[0]` (the sentinel), bytes.
     pub const FRAMES: usize = offset_of!(ContextArea, frames);
     /// `frame_top` of an empty stack (the sentinel alone), bytes.
@@ -133,6 +142,8 @@ mod tests {
         assert_eq!(ContextArea::FRAME_TOP, 8);
         assert_eq!(ContextArea::PATH, 24);
         assert_eq!(ContextArea::RUN, 32);
+        assert_eq!(ContextArea::RUN_NEXT, 40);
+        assert_eq!(ContextArea::RUN_LEFT, 48);
         assert_eq!(ContextArea::FRAMES, 64);
         assert_eq!(size_of::<Frame>(), 40);
         assert_eq!(offset_of!(Frame, caller), 8);

@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 
 use crate::area::{ContextArea, Frame, FRAMES_MAX};
 use crate::counters::CounterArena;
-use crate::runs::RunTrie;
+use crate::runs::{NodeSupply, RunTrie};
 use crate::tree::{
     Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, DIRECT_PROBES, INDIRECT_ENTRIES,
     MAX_DEPTH,
@@ -203,7 +203,8 @@ impl Contexts {
             return Some(node.counters);
         }
         let prev = node.counters;
-        let root = self.runs.root(numbering);
+        let (runs, supply) = self.runs_and_supply();
+        let root = runs.root(numbering, supply);
         let first = self.counters.make(numbering, paths, prev, root)?;
         self.arena.set_counters(ctx, first, numbering as u64);
         Some(first)
@@ -216,14 +217,30 @@ impl Contexts {
         self.counters.count(counters, id);
     }
 
-    /// The run after the one at run node `run` (a host address, 0: none) takes path `id`:
-    /// the child's host address, made if new and put in `run`'s cache, or 0 when the run is
-    /// abandoned (see `runs`). 0 stays 0.
-    pub fn run_step(&mut self, run: u64, id: u32) -> u64 {
+    /// The run after the one at run node `run` (a host address, 0: none) takes path `id` of
+    /// a function of `paths` paths: the child's host address, made if new and put in `run`'s
+    /// cache, or 0 when the run is abandoned (see `runs`). 0 stays 0.
+    pub fn run_step(&mut self, run: u64, id: u32, paths: u32) -> u64 {
         if run == 0 {
             return 0;
         }
-        self.runs.step(run, id)
+        let (runs, supply) = self.runs_and_supply();
+        runs.step(run, id, paths, supply)
+    }
+
+    /// The run trie and the area's node supply, which translated code takes nodes from too.
+    fn runs_and_supply(&mut self) -> (&mut RunTrie, NodeSupply<'_>) {
+        let mut area = self.area;
+        // SAFETY: as in `area_mut`; the area is not part of `self`, so the trie and the
+        // supply words do not alias.
+        let area = unsafe { area.as_mut() };
+        (
+            &mut self.runs,
+            NodeSupply {
+                next: &mut area.run_next,
+                left: &mut area.run_left,
+            },
+        )
     }
 
     /// Counts one run ending at run node `run` (0: none).

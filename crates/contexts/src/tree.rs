@@ -354,7 +354,7 @@ impl ContextView {
     /// thread may still count: each count whole, the set not a snapshot.
     pub fn runs(&self) -> (Vec<Option<RunInfo>>, u64) {
         match self.runs.get() {
-            Some(m) => ((0..m.len()).map(|i| m.node(i)).collect(), m.abandoned()),
+            Some(m) => (m.nodes(), m.abandoned()),
             None => (Vec::new(), 0),
         }
     }

@@ -488,19 +488,21 @@ impl Translator {
             Some(_) => unreachable!("a run step ends a path at a back edge"),
             None => (plan.exits[from as usize], None),
         };
+        // The area's words are read and written around `contexts`' calls, which take run
+        // nodes from it.
+        let (r, run) = (self.area.contexts.path, self.area.contexts.run);
+        let p = r.wrapping_add(end);
         let contexts = self
             .contexts
             .as_mut()
             .expect("instrumented code keeps contexts");
-        let area = &mut self.area.contexts;
-        let p = area.path.wrapping_add(end);
         contexts.count_path(p);
         // Path ids are below MAX_PLAN_PATHS.
-        let child = contexts.run_step(area.run, p as u32);
+        let child = contexts.run_step(run, p as u32, plan.num_paths as u32);
         match (to, restart) {
             (Some(head), Some(restart)) => {
-                area.run = child;
-                area.path = restart;
+                self.area.contexts.run = child;
+                self.area.contexts.path = restart;
                 self.inst.pending = Some(Some((numbering, HandedAt::Head { head })));
                 Ok(Ok(self.go_instrumented(&plan, head, None)))
             }
