@@ -339,6 +339,20 @@ impl Monitor {
     ) {
         state.tables.learn_from(&self.catalog);
         if let Some(p) = state.paths.as_mut() {
+            if let (Some(t), true) = (
+                p.config.instrument_threshold,
+                std::env::var_os("HOTPATH_INSTRUMENT_WHY").is_some(),
+            ) {
+                let census = p.instrumentation_census(&state.tables, t);
+                let total: u64 = census.iter().map(|c| c.2).sum::<u64>().max(1);
+                eprintln!("hotpath: functions past the instrumentation threshold, by why:");
+                for (why, n, ends) in census {
+                    eprintln!(
+                        "hotpath:   {why:<24} {n:>6} functions {:>6.1}% of their path ends",
+                        100.0 * ends as f64 / total as f64
+                    );
+                }
+            }
             p.end_of_stream(&state.tables);
             if let Some(view) = contexts {
                 p.add_instrumented(view, &mut state.tables);

@@ -166,19 +166,33 @@ impl PathRecorder {
     /// Function `f`'s plan (numbering 0: set when sent) and its calls' targets, if it
     /// qualifies on its own (module doc).
     fn plan_of(&self, f: u32, tables: &Tables) -> Option<(PathPlan, Vec<u64>, Numbering)> {
+        self.plan_or_why(f, tables).ok()
+    }
+
+    /// [`Self::plan_of`], or the first rule function `f` fails.
+    fn plan_or_why(
+        &self,
+        f: u32,
+        tables: &Tables,
+    ) -> Result<(PathPlan, Vec<u64>, Numbering), NotPlanned> {
+        use NotPlanned::*;
         let fun = &self.funcs[f as usize];
         let mut blocks: Vec<BlockSummary> = Vec::with_capacity(fun.node_addr.len());
         let mut calls = Vec::new();
         let mut ret = None;
         for &addr in &fun.node_addr {
-            let id = *self.ids_at.get(&addr)?.last()?;
-            let b = *tables.blocks.get(id as usize)?;
+            let id = *self
+                .ids_at
+                .get(&addr)
+                .and_then(|ids| ids.last())
+                .ok_or(Unknown)?;
+            let b = *tables.blocks.get(id as usize).ok_or(Unknown)?;
             // A jump to another function's entry is a tail call out of the region.
             let out = |t: GuestAddr| t.0 != fun.entry && self.func_by_entry.contains_key(&t.0);
             if b.terminator.static_successors().into_iter().any(out)
                 && !matches!(b.terminator, Terminator::Call { .. })
             {
-                return None;
+                return Err(TailCallOut);
             }
             match b.terminator {
                 Terminator::Jump { .. }
@@ -188,24 +202,28 @@ impl PathRecorder {
                 Terminator::Return
                     if *ret.get_or_insert(b.terminator_addr) != b.terminator_addr =>
                 {
-                    return None
+                    return Err(SeveralRets)
                 }
                 Terminator::Return => {}
                 Terminator::Call { target, return_to } if target != return_to => {
                     // The callee is a function, and it has returned here (the call edge is in
                     // the numbering).
-                    self.func_by_entry.get(&target.0)?;
-                    fun.nodes.get(&return_to.0)?;
+                    self.func_by_entry.get(&target.0).ok_or(Unknown)?;
+                    fun.nodes.get(&return_to.0).ok_or(CallNotReturned)?;
                     calls.push(target.0);
                 }
-                _ => return None,
+                Terminator::IndirectJump | Terminator::IndirectCall { .. } => return Err(Indirect),
+                _ => return Err(SyscallOrTrap),
             }
             blocks.push(b);
         }
-        ret?;
-        let n = self.numbering(fun.entry)?.ok()?;
+        ret.ok_or(NoRet)?;
+        let n = self
+            .numbering(fun.entry)
+            .ok_or(Unknown)?
+            .map_err(|_| Unknown)?;
         if n.num_paths == 0 || n.num_paths > MAX_PLAN_PATHS {
-            return None;
+            return Err(TooManyPaths);
         }
         debug_assert!(n.blocks.iter().zip(&blocks).all(|(&a, b)| a == b.start.0));
         let plan = PathPlan {
@@ -217,6 +235,86 @@ impl PathRecorder {
             exits: n.exits.clone(),
             num_paths: n.num_paths,
         };
-        Some((plan, calls, n))
+        Ok((plan, calls, n))
+    }
+
+    /// Developer aid (`HOTPATH_INSTRUMENT_WHY`): the functions past `threshold` path ends
+    /// (and the PAP threshold), by why they are not instrumented — or that they are — each
+    /// with its functions and its share of those functions' path ends, the largest first.
+    /// Taken before the guest's counters are added: an instrumented function's path ends are
+    /// those the ring showed.
+    pub fn instrumentation_census(
+        &self,
+        tables: &Tables,
+        threshold: u64,
+    ) -> Vec<(&'static str, usize, u64)> {
+        let threshold = threshold.max(self.config.pap_threshold);
+        let mut by: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();
+        let mut qualify: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for (f, fun) in self.funcs.iter().enumerate() {
+            if fun.path_ends < threshold {
+                continue;
+            }
+            let why = if self.instrumenter.planned.contains(&(f as u32)) {
+                "instrumented"
+            } else {
+                match self.plan_or_why(f as u32, tables) {
+                    Ok((_, calls, _)) => {
+                        qualify.insert(f as u32, calls);
+                        continue;
+                    }
+                    Err(why) => why.name(),
+                }
+            };
+            let e = by.entry(why).or_default();
+            e.0 += 1;
+            e.1 += fun.path_ends;
+        }
+        // Those that qualify alone call one that does not, at some depth.
+        for f in qualify.keys() {
+            let e = by.entry("calls one that is not").or_default();
+            e.0 += 1;
+            e.1 += self.funcs[*f as usize].path_ends;
+        }
+        let mut out: Vec<_> = by.into_iter().map(|(w, (n, e))| (w, n, e)).collect();
+        out.sort_by_key(|c| std::cmp::Reverse(c.2));
+        out
+    }
+}
+
+/// Why a function past the thresholds is not instrumented: the first rule of the module doc
+/// it fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NotPlanned {
+    /// A block or its numbering is not known (yet).
+    Unknown,
+    /// A jump to another function's entry.
+    TailCallOut,
+    /// Blocks end at more than one `ret` instruction.
+    SeveralRets,
+    /// No `ret` seen (it never returned: `main`, a loop that exits the process).
+    NoRet,
+    /// A call whose return point it has not reached.
+    CallNotReturned,
+    /// An indirect jump or call.
+    Indirect,
+    /// A system call or a trap.
+    SyscallOrTrap,
+    /// More than `MAX_PLAN_PATHS` paths.
+    TooManyPaths,
+}
+
+impl NotPlanned {
+    fn name(self) -> &'static str {
+        match self {
+            NotPlanned::Unknown => "not known yet",
+            NotPlanned::TailCallOut => "tail call out",
+            NotPlanned::SeveralRets => "several rets",
+            NotPlanned::NoRet => "no ret",
+            NotPlanned::CallNotReturned => "a call not returned",
+            NotPlanned::Indirect => "indirect jump or call",
+            NotPlanned::SyscallOrTrap => "system call or trap",
+            NotPlanned::TooManyPaths => "too many paths",
+        }
     }
 }
