@@ -1447,7 +1447,8 @@ impl Translator {
             self.area.gpr[thread_area::RAX] = pid as u64;
             return Ok(Forked::Parent);
         }
-        // The child.
+        // The child: its counts start at 0 (its summary is its own work).
+        self.stats = Stats::default();
         guest_mem::forget_pid();
         if clone.flags & libc::CLONE_CHILD_SETTID as u64 != 0 {
             let _ = guest_mem::write(clone.child_tid, &self.ctl.tid.to_le_bytes());

@@ -243,6 +243,12 @@ impl Contexts {
         )
     }
 
+    /// Forgets the runs abandoned so far (a forked child's count starts at 0; its parent's
+    /// runs stay in the trie, under numberings the child's monitor did not make).
+    pub fn forget_abandoned_runs(&mut self) {
+        self.runs.forget_abandoned();
+    }
+
     /// Counts one run ending at run node `run` (0: none).
     pub fn run_end(&mut self, run: u64) {
         self.runs.end(run);

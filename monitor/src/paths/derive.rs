@@ -74,7 +74,8 @@ impl PathRecorder {
     fn add_instrumented_runs(&mut self, view: &ContextView) {
         let (nodes, abandoned) = view.runs();
         self.pap_runs.abandoned += abandoned;
-        // Guest node → (recorder node, numbering), parents first.
+        // Guest node → (recorder node, numbering), parents first; numbering 0: one the
+        // recorder did not make (a forked child's trie holds its parent's), left out.
         let mut ours = vec![(NONE, 0u32); nodes.len()];
         for (i, n) in nodes.iter().enumerate() {
             let Some(n) = n else { continue };
@@ -85,19 +86,21 @@ impl PathRecorder {
                     }
                     None => (NONE, 0),
                 },
-                Some(parent) => {
-                    let (up, numbering) = ours[parent as usize];
-                    let p = self.numbered_path_number(numbering, n.path);
-                    match (up, p) {
-                        (NONE, _) | (_, None) => (NONE, numbering),
-                        (up, Some((p, _))) => (self.pap_runs.step(up, p), numbering),
-                    }
-                }
+                Some(parent) => match ours[parent as usize] {
+                    (_, 0) => (NONE, 0),
+                    (NONE, numbering) => (NONE, numbering),
+                    (up, numbering) => match self.numbered_path_number(numbering, n.path) {
+                        Some((p, _)) => (self.pap_runs.step(up, p), numbering),
+                        None => (NONE, numbering),
+                    },
+                },
             };
             ours[i] = here;
-            match here.0 {
-                NONE => self.pap_runs.abandoned += n.count,
-                t => self.pap_runs.add_count(t, n.count),
+            match here {
+                (_, 0) => {}
+                // The recorder's trie is full.
+                (NONE, _) => self.pap_runs.abandoned += n.count,
+                (t, _) => self.pap_runs.add_count(t, n.count),
             }
         }
     }

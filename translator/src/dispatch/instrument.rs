@@ -594,6 +594,9 @@ impl Translator {
             return;
         }
         self.inst = Instrumentation::default();
+        if let Some(c) = &mut self.contexts {
+            c.forget_abandoned_runs();
+        }
         self.flush();
     }
 
