@@ -346,9 +346,9 @@ impl Monitor {
                 let census = p.instrumentation_census(&state.tables, t);
                 let total: u64 = census.iter().map(|c| c.2).sum::<u64>().max(1);
                 eprintln!("hotpath: functions past the instrumentation threshold, by why:");
-                for (why, n, ends) in census {
+                for (why, n, ends, top) in census {
                     eprintln!(
-                        "hotpath:   {why:<24} {n:>6} functions {:>6.1}% of their path ends",
+                        "hotpath:   {why:<24} {n:>6} functions {:>6.1}% of their path ends  ({top})",
                         100.0 * ends as f64 / total as f64
                     );
                 }

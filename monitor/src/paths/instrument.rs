@@ -240,16 +240,16 @@ impl PathRecorder {
 
     /// Developer aid (`HOTPATH_INSTRUMENT_WHY`): the functions past `threshold` path ends
     /// (and the PAP threshold), by why they are not instrumented — or that they are — each
-    /// with its functions and its share of those functions' path ends, the largest first.
-    /// Taken before the guest's counters are added: an instrumented function's path ends are
+    /// with its functions, their path ends, and the names of its three with the most, the
+    /// largest first. Taken before the guest's counters are added: an instrumented function's path ends are
     /// those the ring showed.
     pub fn instrumentation_census(
         &self,
         tables: &Tables,
         threshold: u64,
-    ) -> Vec<(&'static str, usize, u64)> {
+    ) -> Vec<(&'static str, usize, u64, String)> {
         let threshold = threshold.max(self.config.pap_threshold);
-        let mut by: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();
+        let mut by: BTreeMap<&'static str, (usize, u64, Vec<(u64, u32)>)> = BTreeMap::new();
         let mut qualify: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             if fun.path_ends < threshold {
@@ -269,14 +269,31 @@ impl PathRecorder {
             let e = by.entry(why).or_default();
             e.0 += 1;
             e.1 += fun.path_ends;
+            e.2.push((fun.path_ends, f as u32));
         }
         // Those that qualify alone call one that does not, at some depth.
-        for f in qualify.keys() {
+        for &f in qualify.keys() {
             let e = by.entry("calls one that is not").or_default();
             e.0 += 1;
-            e.1 += self.funcs[*f as usize].path_ends;
+            e.1 += self.funcs[f as usize].path_ends;
+            e.2.push((self.funcs[f as usize].path_ends, f));
         }
-        let mut out: Vec<_> = by.into_iter().map(|(w, (n, e))| (w, n, e)).collect();
+        // The three with the most path ends, by name.
+        let name = |f: u32| {
+            let fun = &self.funcs[f as usize];
+            match fun.symbol.and_then(|s| self.config.symbols.get(s)) {
+                Some(s) => s.name.clone(),
+                None => format!("{:#x}", fun.entry),
+            }
+        };
+        let mut out: Vec<_> = by
+            .into_iter()
+            .map(|(w, (n, e, mut fs))| {
+                fs.sort_unstable_by(|a, b| b.cmp(a));
+                let top: Vec<String> = fs.iter().take(3).map(|&(_, f)| name(f)).collect();
+                (w, n, e, top.join(", "))
+            })
+            .collect();
         out.sort_by_key(|c| std::cmp::Reverse(c.2));
         out
     }
