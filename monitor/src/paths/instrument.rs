@@ -249,7 +249,9 @@ impl PathRecorder {
         threshold: u64,
     ) -> Vec<(&'static str, usize, u64, String)> {
         let threshold = threshold.max(self.config.pap_threshold);
-        let mut by: BTreeMap<&'static str, (usize, u64, Vec<(u64, u32)>)> = BTreeMap::new();
+        // Reason → functions, their path ends, and each one's (path ends, function).
+        type Tally = (usize, u64, Vec<(u64, u32)>);
+        let mut by: BTreeMap<&'static str, Tally> = BTreeMap::new();
         let mut qualify: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             if fun.path_ends < threshold {
