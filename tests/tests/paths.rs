@@ -668,11 +668,13 @@ fn memoised_paths_match_the_per_block_reference() {
 fn instrumented_paths_match_the_per_block_reference() {
     // paths_deep_mutual.S: two instrumented functions alternate past the context tree's depth
     // cap, where one context stands for every frame; paths_fault_mid_path.c: a fault (and its
-    // handler) in the middle of an instrumented path.
+    // handler) in the middle of an instrumented path; paths_long_run.c: an instrumented
+    // activation whose PAP run passes the longest kept.
     let mut runs = deterministic_runs(&[
         "paths_loops.c",
         "paths_deep_mutual.S",
         "paths_fault_mid_path.c",
+        "paths_long_run.c",
     ]);
     // A short ring keeps the monitor close behind the guest, so that its requests come while
     // the samples' hot functions still run.
@@ -707,9 +709,25 @@ fn instrumented_paths_match_the_per_block_reference() {
         per_block.push("--paths-per-block");
         let want = run_report(exe, &format!("instrumented-ref-{name}"), args, &per_block);
         assert_same_profile(&format!("{name}, instrumented"), &got, &want);
+        let events = |j: &Value| j["totals"]["events"].as_u64().expect("events");
+        if name == "paths_long_run.c" {
+            // The last `spin` ran instrumented (its million iterations are not in the ring)
+            // and abandoned its run there.
+            let abandoned = &got["path_profile"]["stats"]["pap_abandoned"];
+            assert!(
+                abandoned.as_u64().is_some_and(|a| a >= 1),
+                "paths_long_run.c: no run abandoned ({abandoned})"
+            );
+            assert!(
+                events(&got) * 2 < events(&want),
+                "paths_long_run.c: {} events instrumented, {} in the reference: the long loop \
+                 did not run instrumented",
+                events(&got),
+                events(&want)
+            );
+        }
         if name == "bench_fib" {
             // fib and tak ran instrumented: almost nothing of them is in the ring.
-            let events = |j: &Value| j["totals"]["events"].as_u64().expect("events");
             assert!(
                 events(&got) * 5 < events(&want),
                 "bench_fib: {} events instrumented, {} in the reference: not instrumented?",
