@@ -20,7 +20,8 @@ use hotpath_events::{is_id, BlockCatalog, IdKind, NewBlock, SYSCALL_EVENT, TAG_M
 use hotpath_ir::{BlockId, BlockSummary};
 use rustc_hash::FxHashMap;
 
-/// No block: the successor slot is empty, or no block has run yet.
+/// No id — the monitor's one "none" for its `u32` ids: no block (a successor slot is empty,
+/// or no block has run yet), and in the path recorder no node, function, path or run.
 pub(crate) const NONE: u32 = u32::MAX;
 
 /// A successor cache slot of a block whose successors all live in its wide table (never an

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// No block, node, function or path.
-pub(crate) const NONE: u32 = u32::MAX;
+/// No block, node, function or path (the monitor's one "none", `tables::NONE`).
+pub(crate) use crate::tables::NONE;
 
 /// The recorder's last block when a context event has settled the step its terminator owed
 /// (see `stack`, "Guest contexts"): the next block goes on in the top activation.
