@@ -538,10 +538,14 @@ impl Tables {
 
     /// The basic block an event `id` ends with: itself, a superblock's last block, the block
     /// a side exit left from, or an instrumented function's `ret` (its announcing event
-    /// stands for a whole activation).
+    /// stands for a whole activation) — [`NONE`] when it has several (which one is derived
+    /// from its counters).
     pub fn last_block(&self, id: u32) -> u32 {
         match self.kinds.get(id as usize) {
-            Some(IdKind::InstrumentedEntry { ret, .. }) => ret.0,
+            Some(IdKind::InstrumentedEntry { ret, ret_edge, .. }) => match ret_edge {
+                true => ret.0,
+                false => NONE,
+            },
             Some(IdKind::Superblock { blocks }) => blocks[blocks.len() - 1].0,
             Some(IdKind::SideExit { superblock, after }) => self
                 .trace(superblock.0)
@@ -592,8 +596,9 @@ impl Tables {
                     }
                 }
                 _ => {
-                    if let Some(t) = self.first_block(to) {
-                        outer.push((self.last_block(from), t, c));
+                    let f = self.last_block(from);
+                    if let (Some(t), true) = (self.first_block(to), f != NONE) {
+                        outer.push((f, t, c));
                     }
                 }
             }
@@ -620,7 +625,9 @@ impl Tables {
             counts[from as usize] += c;
         }
         for last in self.last_events() {
-            counts[self.last_block(last) as usize] += 1;
+            if let Some(n) = counts.get_mut(self.last_block(last) as usize) {
+                *n += 1;
+            }
         }
         counts.truncate(self.blocks.len());
         // An instrumented function's announcing event and `ret` alias are no blocks: its

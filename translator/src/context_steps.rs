@@ -376,6 +376,32 @@ fn compare_top_frame(ops: &mut VecAssembler<X64Relocation>) {
     );
 }
 
+/// Appends a `ret`'s check, before anything of it is done, that its return address (the top
+/// of the guest's stack) is the top frame's: if not, the guest's registers as they were (RCX
+/// in its scratch slot), it exits with index `mismatch`. The load faults where the `ret`'s
+/// would. For instrumented functions with several `ret`s (docs/paths-design.md, "Step 3h as
+/// built"), whose path must not be counted for a `ret` that goes elsewhere.
+pub(crate) fn return_check(ops: &mut VecAssembler<X64Relocation>, mismatch: u32, exit_addr: usize) {
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+        ; mov rcx, QWORD [rsp]
+    );
+    compare_top_frame(ops);
+    dynasm!(ops
+        ; .arch x64
+        ; jrcxz >same
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; mov ecx, mismatch as i32
+        ; jmp extern exit_addr
+        ; same:
+        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+    );
+}
+
 /// Emits the *jump entry* of the function entered at `entry` (rule 3), whose block is at
 /// `block`: jumps (not calls) to the entry go through it. The current context's function is
 /// `entry` (a loop through the entry, or a call that went through the lookup), or the context

@@ -1054,7 +1054,8 @@ impl Translator {
                     } => {
                         let generation = self.generation;
                         let host = if call {
-                            self.call_target(target.0)?
+                            let return_to = GuestAddr(self.guest_return_address());
+                            self.call_target(target.0, return_to)?
                         } else {
                             match self.jump_target(target.0)? {
                                 Some(h) => h,
@@ -1139,6 +1140,7 @@ impl Translator {
                     | ExitKind::PathContextCall { .. }
                     | ExitKind::PathContextReturn { .. }
                     | ExitKind::PathReturnNoHost { .. }
+                    | ExitKind::PathReturnElsewhere { .. }
                     | ExitKind::PathRunMiss { .. }) => self.path_exit(k),
                 }
             }

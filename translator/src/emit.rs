@@ -124,6 +124,10 @@ pub enum ExitKind {
         to: Option<u32>,
         pop: i32,
     },
+    /// The `ret` of block `from` of an instrumented function with several `ret`s (popping
+    /// `pop` bytes) does not return to the top frame (nothing of it done): the runtime hands
+    /// the hole over, the top activation at `from`, then makes the `ret` cold.
+    PathReturnElsewhere { numbering: u32, from: u32, pop: i32 },
     /// An instrumented `ret` (its path counted) whose target, in `ibl_target`, is not the top
     /// frame's return address: the runtime hands the rest over, then resynchronises.
     PathContextReturn { numbering: u32 },
@@ -160,6 +164,7 @@ impl ExitKind {
                 | ExitKind::PathContextCall { .. }
                 | ExitKind::PathContextReturn { .. }
                 | ExitKind::PathReturnNoHost { .. }
+                | ExitKind::PathReturnElsewhere { .. }
                 | ExitKind::PathRunMiss { .. }
         )
     }

@@ -399,13 +399,24 @@ fn emit_path_terminator(
                 pop,
             });
             // The `ret`'s load first: a fault there (an unmapped stack) must find the path not
-            // yet counted, as the block's body left it.
-            dynasm!(ops
-                ; .arch x64
-                ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-                ; mov rcx, QWORD [rsp]
-                ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-            );
+            // yet counted, as the block's body left it. With several `ret`s, a `ret` that does
+            // not return to its frame is not counted either: each context's returns must go
+            // back to its one call site.
+            if plan.entry_sites.is_some() {
+                let early = exits.push(ExitKind::PathReturnElsewhere {
+                    numbering,
+                    from: index,
+                    pop,
+                });
+                context_steps::return_check(&mut ops, early, exit_addr);
+            } else {
+                dynasm!(ops
+                    ; .arch x64
+                    ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                    ; mov rcx, QWORD [rsp]
+                    ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+                );
+            }
             path_end(&mut ops, plan.exits[index as usize], None, miss, exit_addr);
             return_through_lookup(&mut ops, pop, &cx.gateway, Some(mismatch), Some(no_host));
             // From the first instruction on, the guest's RCX is (also) in its scratch slot.

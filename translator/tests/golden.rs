@@ -516,6 +516,7 @@ fn recursive_plan(guest: u64, lacks_taken: bool) -> hotpath_events::PathPlan {
         }],
         exits: vec![0, 0, 0, 3],
         num_paths: 6,
+        entry_sites: None,
     }
 }
 
@@ -528,10 +529,16 @@ fn instrumented_blocks_keep_the_path_register() {
     let _guard = load_recursive_function();
     let cx = INSTRUMENTED_CONTEXT;
     let mut out = String::from("# instrumented\n");
-    for lacks_taken in [false, true] {
-        let plan = recursive_plan(GUEST, lacks_taken);
+    // The plan as numbered; without the edge A -> C (block 0 only); as a function with several
+    // `ret`s would have it, entered from listed call sites only (its `ret` block only: the
+    // `ret` checks its frame before it counts).
+    for (lacks_taken, some_sites) in [(false, false), (true, false), (false, true)] {
+        let mut plan = recursive_plan(GUEST, lacks_taken);
+        if some_sites {
+            plan.entry_sites = Some(vec![GuestAddr(GUEST + 0xb)]);
+        }
         for (i, b) in plan.blocks.iter().enumerate() {
-            if lacks_taken && i != 0 {
+            if (lacks_taken && i != 0) || (some_sites && b.terminator != Terminator::Return) {
                 continue;
             }
             let block = decode_block(b.start);
@@ -541,10 +548,10 @@ fn instrumented_blocks_keep_the_path_register() {
                 out,
                 "\n## block {i} at {}{}: {:?} (body entry {:#x}, heads {:?}, reload {:?})",
                 b.start,
-                if lacks_taken {
-                    ", plan without A -> C"
-                } else {
-                    ""
+                match (lacks_taken, some_sites) {
+                    (true, _) => ", plan without A -> C",
+                    (_, true) => ", entry sites listed",
+                    _ => "",
                 },
                 block.terminator,
                 e.block.entry.0,

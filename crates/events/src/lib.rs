@@ -70,12 +70,19 @@ pub enum IdKind {
     /// (numbering `numbering`; docs/paths-design.md, "Step 3c decided"): its summary is the
     /// entry block's. The event says a whole activation of the function ran instrumented —
     /// nothing of it is in the ring; its paths, blocks and edges are in its context's counters
-    /// — unless a hand-over follows at once. A pair `x → this` is the edge `x → entry`; a
-    /// pair `this → y` is the edge from the function's one `ret` block, `ret`, to `y`.
-    InstrumentedEntry { numbering: u32, ret: BlockId },
-    /// The `ret` block of an instrumented function (its summary is that block's), only as the
-    /// source of the edges an [`InstrumentedEntry`](IdKind::InstrumentedEntry) stands for:
-    /// never in a ring, and no block count of its own.
+    /// — unless a hand-over follows at once. A pair `x → this` is the edge `x → entry`; with
+    /// `ret_edge`, a pair `this → y` is the edge from the function's one `ret` block, `ret`,
+    /// to `y`. A function with several `ret`s has no such pair (`ret_edge` false; `ret` is its
+    /// first `ret` block): its edges from each `ret` are derived from its counters.
+    InstrumentedEntry {
+        numbering: u32,
+        ret: BlockId,
+        ret_edge: bool,
+    },
+    /// The (first) `ret` block of an instrumented function (its summary is that block's), as
+    /// the source of the edges an [`InstrumentedEntry`](IdKind::InstrumentedEntry) stands for
+    /// and as what the path recorder returns from: never in a ring, and no block count of
+    /// its own.
     InstrumentedReturn { numbering: u32 },
 }
 

@@ -65,6 +65,11 @@ pub struct PathPlan {
     pub exits: Vec<u64>,
     /// Number of paths: every id is below it, and the counter array has this many entries.
     pub num_paths: u64,
+    /// For a function with several `ret` instructions: the return points of the only call
+    /// sites that may enter it instrumented (at most one per calling function, so that each
+    /// context's returns go back to one place: docs/paths-design.md, "Step 3h as built");
+    /// other calls run it cold. `None` for a function with one `ret`: any call may.
+    pub entry_sites: Option<Vec<GuestAddr>>,
 }
 
 impl PathPlan {
@@ -107,6 +112,23 @@ impl PathPlan {
     pub fn step_to(&self, from: u32, to: GuestAddr) -> Option<(u32, EdgeStep)> {
         let j = self.index_of(to)?;
         Some((j, self.step(from, j)?))
+    }
+
+    /// The first block that ends in a `ret`, if any.
+    pub fn first_ret_block(&self) -> Option<u32> {
+        self.blocks
+            .iter()
+            .position(|b| b.terminator == Terminator::Return)
+            .map(|i| i as u32)
+    }
+
+    /// True if a call returning to `return_to` may enter the function instrumented
+    /// ([`PathPlan::entry_sites`]).
+    pub fn enters_from(&self, return_to: GuestAddr) -> bool {
+        match &self.entry_sites {
+            None => true,
+            Some(sites) => sites.contains(&return_to),
+        }
     }
 
     /// The first block ending at the function's one `ret` instruction, if it has exactly one
@@ -425,6 +447,7 @@ mod tests {
             }],
             exits: vec![0, 0, 0],
             num_paths: 4,
+            entry_sites: None,
         };
         assert_eq!(plan.entry(), GuestAddr(0x10));
         assert_eq!(plan.step(0, 2), Some(EdgeStep::Forward(2)));
@@ -443,5 +466,9 @@ mod tests {
         assert_eq!(two.ret_block(), Some(2), "two blocks ending at one ret");
         two.blocks[3].terminator_addr = GuestAddr(0x40);
         assert_eq!(two.ret_block(), None, "two rets");
+        assert_eq!(two.first_ret_block(), Some(2));
+        assert!(two.enters_from(GuestAddr(0x99)));
+        two.entry_sites = Some(vec![GuestAddr(0x50)]);
+        assert!(two.enters_from(GuestAddr(0x50)) && !two.enters_from(GuestAddr(0x99)));
     }
 }

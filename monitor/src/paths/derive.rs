@@ -48,12 +48,22 @@ impl PathRecorder {
             let Some(node) = self.call_node_of(view, ContextId(id), &mut call_node) else {
                 continue;
             };
+            // The function the context's activations were called from: its parent's (the
+            // guest's root context stands for the bottom activation's function).
+            let caller = view.node(ContextId(id)).and_then(|n| match n.parent {
+                ContextId::ROOT => {
+                    let f = self.calltree[self.root_call as usize].func;
+                    self.funcs.get(f as usize).map(|fun| fun.entry)
+                }
+                p => view.node(p).map(|p| p.function),
+            });
             for pc in counts {
                 let Some((func, numbering)) =
                     self.instrumenter.numberings.get(&pc.numbering).cloned()
                 else {
                     continue;
                 };
+                let returns_to = self.return_point(pc.numbering, caller);
                 for (p, &c) in pc.counts.iter().enumerate() {
                     if c == 0 {
                         continue;
@@ -62,6 +72,14 @@ impl PathRecorder {
                         continue;
                     };
                     self.add_numbered_path(func, node, &path, c, tables);
+                    if let (NumberedEnd::Exit, Some(rp)) = (path.end, returns_to) {
+                        // Several `ret`s: the edge from this one back to the context's call
+                        // site.
+                        let ret = path.blocks.last().and_then(|&b| self.block_id(func, b));
+                        if let Some(ret) = ret {
+                            tables.add_derived_edge(ret, rp, c);
+                        }
+                    }
                 }
             }
         }
@@ -151,6 +169,26 @@ impl PathRecorder {
         };
         self.instrumenter.handed_runs.insert(run, known);
         known
+    }
+
+    /// For numbering `numbering` of a function with several `ret`s, the block id of the
+    /// return point its activations called from function `caller` (an entry address) go back
+    /// to: the one entry site in that function (docs/paths-design.md, "Step 3h as built").
+    /// `None` for a function with one `ret` (its callers' paths give those edges).
+    fn return_point(&self, numbering: u32, caller: Option<u64>) -> Option<u32> {
+        let sites = self.instrumenter.entry_sites.get(&numbering)?;
+        let g = *self.func_by_entry.get(&caller?)?;
+        let nodes = &self.funcs[g as usize].nodes;
+        let rp = sites.iter().find(|rp| nodes.contains_key(&rp.0))?;
+        self.ids_at.get(&rp.0)?.last().copied()
+    }
+
+    /// True if the function entered at `entry` is instrumented with several `ret`s: the
+    /// edges back from them are derived from its own counters, not its callers'.
+    pub(crate) fn several_rets(&self, entry: u64) -> bool {
+        self.instrumenter
+            .latest_numbering(entry)
+            .is_some_and(|n| self.instrumenter.entry_sites.contains_key(n))
     }
 
     /// The call-tree node guest context `id` stands for (`known` caches them).
@@ -251,11 +289,14 @@ impl PathRecorder {
                 Terminator::Call { target, return_to }
                     if return_to.0 == self.funcs[func as usize].node_addr[w[1] as usize] =>
                 {
-                    // A call that returned: into the callee, and from its `ret` back.
+                    // A call that returned: into the callee, and from its `ret` back (from
+                    // its own counters when it has several).
                     if let Some(entry) = self.entry_block_id(target.0) {
                         tables.add_derived_edge(u, entry, count);
                     }
-                    if let Some(ret) = self.ret_block_id(target.0) {
+                    if let (false, Some(ret)) =
+                        (self.several_rets(target.0), self.ret_block_id(target.0))
+                    {
                         tables.add_derived_edge(ret, v, count);
                     }
                 }

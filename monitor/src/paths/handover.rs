@@ -142,7 +142,11 @@ impl PathRecorder {
                     tables.add_edge_once(last, e);
                 }
                 self.prev = self.ret_alias(target.0).unwrap_or(NONE);
-                tables.set_prev(self.prev);
+                // With several `ret`s, the edge back is derived from the callee's counters.
+                tables.set_prev(match self.several_rets(target.0) {
+                    true => NONE,
+                    false => self.prev,
+                });
                 return;
             }
         }
@@ -170,7 +174,9 @@ impl PathRecorder {
                         if let Some(e) = self.entry_block_id(target.0) {
                             tables.add_edge_once(u, e);
                         }
-                        if let Some(r) = self.ret_block_id(target.0) {
+                        if let (false, Some(r)) =
+                            (self.several_rets(target.0), self.ret_block_id(target.0))
+                        {
                             tables.add_derived_edge(r, id, 1);
                         }
                         tables.set_prev(NONE);

@@ -4,13 +4,15 @@
 //! The first cut instruments *closed regions*: a function qualifies when it has ended at least
 //! the threshold's number of paths, every block the recorder knows of it ends in a direct jump,
 //! a fall-through, a conditional branch, a direct `call` (not the get-pc one) or a `ret` — no
-//! jump to another function's entry (a tail call out of the region) — it
-//! has exactly one `ret` instruction (blocks that start at different addresses may run to it),
-//! and its numbering has at most
-//! [`MAX_PLAN_PATHS`] paths. The region is the largest set of qualifying functions whose calls
-//! all go to functions of the set (or to ones instrumented before): a greatest fixed point,
-//! found by dropping callers of functions outside until nothing changes. bench_fib's `fib` and
-//! `tak` are one.
+//! jump to another function's entry (a tail call out of the region) — and its numbering has
+//! at most [`MAX_PLAN_PATHS`] paths. A function with several `ret` instructions also needs
+//! every function that calls it to do so from one call site (its *entry sites*, which the plan
+//! lists: a context's returns then all go back to one place, and the edges from its `ret`s are
+//! derived from its own counters; docs/paths-design.md, "Step 3h as built"); other call sites
+//! run it cold. The region is the largest set of qualifying functions whose calls all go to
+//! functions of the set (or to ones instrumented before) from sites they let in: a greatest
+//! fixed point, found by dropping callers of functions outside until nothing changes.
+//! bench_fib's `fib` and `tak` are one.
 //!
 //! A function is instrumented only once it records PAP runs (past `--pap-threshold` path ends
 //! too): its instrumented activations keep their runs in the guest's run trie from their
@@ -59,6 +61,10 @@ pub(crate) struct Instrumenter {
     pub(crate) ret_alias: FxMap<u32, u32>,
     /// Numberings sent per function.
     sent: FxMap<u32, u32>,
+    /// Functions planned with one `ret` (never planned with several after).
+    one_ret: HashSet<u32>,
+    /// The entry sites of each numbering of a function with several `ret`s (return points).
+    pub(crate) entry_sites: FxMap<u32, Vec<GuestAddr>>,
     /// `(numbering, path id)` → the recorder's path number and its function.
     pub(crate) path_numbers: FxMap<(u32, u32), (u32, u32)>,
     /// A hand-over's run node (the guest's index) → the recorder's run node and its length.
@@ -93,8 +99,8 @@ impl PathRecorder {
         }
         self.instrumenter.last_look = events;
         let threshold = threshold.max(self.config.pap_threshold);
-        // Candidate function → (plan, call targets, numbering).
-        let mut cands: BTreeMap<u32, (PathPlan, Vec<u64>, Numbering)> = BTreeMap::new();
+        // Candidate function → (plan, calls (callee entry, return point), numbering).
+        let mut cands: BTreeMap<u32, Candidate> = BTreeMap::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             let f = f as u32;
             if fun.path_ends < threshold {
@@ -110,14 +116,29 @@ impl PathRecorder {
                 cands.insert(f, c);
             }
         }
+        self.with_entry_sites(&mut cands, tables);
         loop {
-            let entries: HashSet<u64> = cands
-                .values()
-                .map(|(p, _, _)| p.entry().0)
-                .chain(self.instrumenter.planned_entries.iter().copied())
-                .collect();
+            // The entry sites of each function a call may go to: this set's plan, or the one
+            // sent before (`None`: any site).
+            let mut sites: FxMap<u64, Option<&Vec<GuestAddr>>> = FxMap::default();
+            for (&e, &n) in &self.instrumenter.latest {
+                sites.insert(e, self.instrumenter.entry_sites.get(&n));
+            }
+            for (p, _, _) in cands.values() {
+                sites.insert(p.entry().0, p.entry_sites.as_ref());
+            }
             let before = cands.len();
-            cands.retain(|_, (_, calls, _)| calls.iter().all(|t| entries.contains(t)));
+            let enters = |&(t, rp): &(u64, u64)| match sites.get(&t) {
+                Some(Some(list)) => list.contains(&GuestAddr(rp)),
+                Some(None) => true,
+                None => false,
+            };
+            let keep: HashSet<u32> = cands
+                .iter()
+                .filter(|(_, (_, calls, _))| calls.iter().all(enters))
+                .map(|(&f, _)| f)
+                .collect();
+            cands.retain(|f, _| keep.contains(f));
             if cands.len() == before {
                 break;
             }
@@ -133,6 +154,14 @@ impl PathRecorder {
             }
             plan.numbering = numbering;
             let i = &mut self.instrumenter;
+            match &plan.entry_sites {
+                Some(list) => {
+                    i.entry_sites.insert(numbering, list.clone());
+                }
+                None => {
+                    i.one_ret.insert(f);
+                }
+            }
             i.planned.insert(f);
             i.planned_entries.insert(plan.entry().0);
             i.numberings.insert(numbering, (f, n));
@@ -141,6 +170,50 @@ impl PathRecorder {
             plans.push(Arc::new(plan));
         }
         Some(Command::InstrumentFunctions { plans })
+    }
+
+    /// Gives each candidate with several `ret`s its entry sites: the return points of every
+    /// direct call to it the recorder knows, one per calling function (docs/paths-design.md,
+    /// "Step 3h as built"), so that a context's returns all go back to one place; a candidate
+    /// that some function calls from two sites is dropped.
+    fn with_entry_sites(&self, cands: &mut BTreeMap<u32, Candidate>, tables: &Tables) {
+        if cands.values().all(|(p, _, _)| p.entry_sites.is_none()) {
+            return;
+        }
+        // Callee entry → (calling function, return point) of every known direct call.
+        let mut callers: FxMap<u64, Vec<(u32, u64)>> = FxMap::default();
+        for (g, fun) in self.funcs.iter().enumerate() {
+            for addr in &fun.node_addr {
+                let Some(&id) = self.ids_at.get(addr).and_then(|ids| ids.last()) else {
+                    continue;
+                };
+                if let Some(Terminator::Call { target, return_to }) =
+                    tables.blocks.get(id as usize).map(|b| b.terminator)
+                {
+                    if target != return_to {
+                        callers
+                            .entry(target.0)
+                            .or_default()
+                            .push((g as u32, return_to.0));
+                    }
+                }
+            }
+        }
+        cands.retain(|_, (plan, _, _)| {
+            let entry = plan.entry().0;
+            let Some(sites) = &mut plan.entry_sites else {
+                return true;
+            };
+            let mut by_caller: FxMap<u32, u64> = FxMap::default();
+            for &(g, rp) in callers.get(&entry).into_iter().flatten() {
+                if *by_caller.entry(g).or_insert(rp) != rp {
+                    return false;
+                }
+            }
+            *sites = by_caller.values().map(|&rp| GuestAddr(rp)).collect();
+            sites.sort_unstable();
+            true
+        });
     }
 
     /// True if instrumented function `f`'s CFG has grown since its last numbering (its
@@ -163,9 +236,9 @@ impl PathRecorder {
         }
     }
 
-    /// Function `f`'s plan (numbering 0: set when sent) and its calls' targets, if it
-    /// qualifies on its own (module doc).
-    fn plan_of(&self, f: u32, tables: &Tables) -> Option<(PathPlan, Vec<u64>, Numbering)> {
+    /// Function `f`'s plan (numbering 0: set when sent; entry sites not yet set) and its calls
+    /// (callee entry, return point), if it qualifies on its own (module doc).
+    fn plan_of(&self, f: u32, tables: &Tables) -> Option<Candidate> {
         self.plan_or_why(f, tables).ok()
     }
 
@@ -174,12 +247,13 @@ impl PathRecorder {
         &self,
         f: u32,
         tables: &Tables,
-    ) -> Result<(PathPlan, Vec<u64>, Numbering), NotPlanned> {
+    ) -> Result<Candidate, NotPlanned> {
         use NotPlanned::*;
         let fun = &self.funcs[f as usize];
         let mut blocks: Vec<BlockSummary> = Vec::with_capacity(fun.node_addr.len());
         let mut calls = Vec::new();
         let mut ret = None;
+        let mut several_rets = false;
         for &addr in &fun.node_addr {
             let id = *self
                 .ids_at
@@ -198,19 +272,19 @@ impl PathRecorder {
                 Terminator::Jump { .. }
                 | Terminator::FallThrough { .. }
                 | Terminator::Branch { .. } => {}
-                // Every `ret` block must end at the one `ret` instruction.
-                Terminator::Return
-                    if *ret.get_or_insert(b.terminator_addr) != b.terminator_addr =>
-                {
-                    return Err(SeveralRets)
+                // Blocks may end at one `ret` instruction or at several (the plan then says
+                // which call sites may enter: `with_entry_sites`).
+                Terminator::Return => {
+                    if *ret.get_or_insert(b.terminator_addr) != b.terminator_addr {
+                        several_rets = true;
+                    }
                 }
-                Terminator::Return => {}
                 Terminator::Call { target, return_to } if target != return_to => {
                     // The callee is a function, and it has returned here (the call edge is in
                     // the numbering).
                     self.func_by_entry.get(&target.0).ok_or(Unknown)?;
                     fun.nodes.get(&return_to.0).ok_or(CallNotReturned)?;
-                    calls.push(target.0);
+                    calls.push((target.0, return_to.0));
                 }
                 Terminator::IndirectJump | Terminator::IndirectCall { .. } => return Err(Indirect),
                 _ => return Err(SyscallOrTrap),
@@ -218,6 +292,11 @@ impl PathRecorder {
             blocks.push(b);
         }
         ret.ok_or(NoRet)?;
+        if several_rets && self.instrumenter.one_ret.contains(&f) {
+            // Planned with one `ret` before: its numberings stay of one kind (the derivation
+            // attributes their `ret` edges one way or the other).
+            return Err(SeveralRets);
+        }
         let n = self
             .numbering(fun.entry)
             .ok_or(Unknown)?
@@ -234,6 +313,8 @@ impl PathRecorder {
             back_edges: n.back_edges.clone(),
             exits: n.exits.clone(),
             num_paths: n.num_paths,
+            // Set by `with_entry_sites` for several `ret`s.
+            entry_sites: several_rets.then(Vec::new),
         };
         Ok((plan, calls, n))
     }
@@ -252,7 +333,7 @@ impl PathRecorder {
         // Reason → functions, their path ends, and each one's (path ends, function).
         type Tally = (usize, u64, Vec<(u64, u32)>);
         let mut by: BTreeMap<&'static str, Tally> = BTreeMap::new();
-        let mut qualify: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let mut qualify: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             if fun.path_ends < threshold {
                 continue;
@@ -301,6 +382,10 @@ impl PathRecorder {
     }
 }
 
+/// A function that qualifies on its own: its plan, its calls (callee entry, return point),
+/// its numbering.
+type Candidate = (PathPlan, Vec<(u64, u64)>, Numbering);
+
 /// Why a function past the thresholds is not instrumented: the first rule of the module doc
 /// it fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -309,7 +394,7 @@ enum NotPlanned {
     Unknown,
     /// A jump to another function's entry.
     TailCallOut,
-    /// Blocks end at more than one `ret` instruction.
+    /// Blocks end at more than one `ret` instruction, and it was planned with one before.
     SeveralRets,
     /// No `ret` seen (it never returned: `main`, a loop that exits the process).
     NoRet,

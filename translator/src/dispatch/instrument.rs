@@ -102,12 +102,10 @@ impl Translator {
 
     /// True if `plans` form a closed region and their blocks still decode as planned.
     fn closed_region(&mut self, plans: &[Arc<PathPlan>]) -> bool {
-        // Calls may go to functions of this set or of earlier ones (a renumbered function's).
-        let entries: std::collections::HashSet<u64> = plans
-            .iter()
-            .map(|p| p.entry().0)
-            .chain(self.inst.plans.keys().copied())
-            .collect();
+        // Calls may go to functions of this set or of earlier ones (a renumbered function's),
+        // from a call site the callee's plan lets in.
+        let mut callees: HashMap<u64, Arc<PathPlan>> = self.inst.plans.clone();
+        callees.extend(plans.iter().map(|p| (p.entry().0, p.clone())));
         plans.iter().all(|p| {
             let shape = p.numbering != 0
                 && p.numbering < MAX_NUMBERING
@@ -115,7 +113,10 @@ impl Translator {
                 && p.exits.len() == p.blocks.len()
                 && p.num_paths > 0
                 && p.num_paths <= MAX_PLAN_PATHS
-                && p.ret_block().is_some()
+                && match p.entry_sites {
+                    None => p.ret_block().is_some(),
+                    Some(_) => p.first_ret_block().is_some(),
+                }
                 && !self.inst.by_numbering.contains_key(&p.numbering);
             shape
                 && p.blocks.iter().enumerate().all(|(i, b)| {
@@ -126,7 +127,9 @@ impl Translator {
                         Terminator::Branch { .. } => true,
                         Terminator::Call { target, return_to } => {
                             target != return_to
-                                && entries.contains(&target.0)
+                                && callees
+                                    .get(&target.0)
+                                    .is_some_and(|q| q.enters_from(return_to))
                                 && matches!(
                                     p.step_to(i as u32, return_to),
                                     Some((_, EdgeStep::Forward(_)))
@@ -203,8 +206,11 @@ impl Translator {
         };
         debug_assert_eq!(self.inst.blocks.get(&(numbering, 0)), Some(&body));
         // Cold direct calls linked to the cold entry (or to an older numbering's head) go to
-        // the announcing head from now on, and instrumented ones to the quiet entry.
+        // the announcing head from now on, and instrumented ones to the quiet entry. When only
+        // some call sites may enter, cold ones are unlinked instead: the dispatcher decides
+        // each at its next run (`call_target`), where the return address is on the stack.
         let heads = installed.heads;
+        let some_sites = plan.entry_sites.is_some();
         let calls: Vec<(HostAddr, HostAddr)> = self
             .exits
             .iter()
@@ -212,11 +218,31 @@ impl Translator {
                 ExitKind::Direct {
                     target,
                     site,
+                    stub,
                     call: true,
-                    ..
-                } if target.0 == entry => Some((site, heads.announce)),
-                ExitKind::PathCall { callee, site, .. } if callee.0 == entry => {
-                    Some((site, heads.quiet))
+                } if target.0 == entry => {
+                    Some((site, if some_sites { stub } else { heads.announce }))
+                }
+                ExitKind::PathCall {
+                    numbering: caller,
+                    from,
+                    callee,
+                    site,
+                    stub,
+                } if callee.0 == entry => {
+                    let returns_to =
+                        match self.inst.by_numbering[&caller].blocks[from as usize].terminator {
+                            Terminator::Call { return_to, .. } => return_to,
+                            _ => GuestAddr(0),
+                        };
+                    Some((
+                        site,
+                        if plan.enters_from(returns_to) {
+                            heads.quiet
+                        } else {
+                            stub
+                        },
+                    ))
                 }
                 _ => None,
             })
@@ -274,14 +300,15 @@ impl Translator {
         }
         if let Some(heads) = emitted.heads {
             let ret = plan
-                .ret_block()
-                .expect("a closed region's plan has one ret");
+                .first_ret_block()
+                .expect("a closed region's plan has a ret");
             registry.announce(NewBlock {
                 id: announce,
                 summary: plan.blocks[0],
                 kind: IdKind::InstrumentedEntry {
                     numbering,
                     ret: BlockId(announce.0 + 1),
+                    ret_edge: plan.entry_sites.is_none(),
                 },
                 code: Box::default(),
             });
@@ -367,6 +394,16 @@ impl Translator {
                 to,
                 pop,
             } => self.run_step_missed(numbering, from, to, pop),
+            ExitKind::PathReturnElsewhere {
+                numbering,
+                from,
+                pop,
+            } => {
+                let r = self.area.contexts.path;
+                self.hand_over(Some((numbering, HandedAt::Block { block: from, r })));
+                self.pop_return_address(pop);
+                self.context_return()
+            }
             ExitKind::PathCall { callee, site, .. } => {
                 // The caller's frame (its host the reload stub) says where it is.
                 self.inst.pending = Some(None);
@@ -519,13 +556,7 @@ impl Translator {
     /// here, or a cold caller's landing — or, with no host or another frame's return address,
     /// cold after a hand-over.
     fn instrumented_ret(&mut self, pop: i32) -> Result<Result<Next, Stop>, TranslateError> {
-        let rsp = self.area.gpr[crate::thread_area::RSP];
-        let mut bytes = [0u8; 8];
-        // The translation's load of the return address has just read it.
-        let _ = crate::guest_mem::read(rsp, &mut bytes);
-        let target = u64::from_le_bytes(bytes);
-        self.area.gpr[crate::thread_area::RSP] = rsp.wrapping_add(pop as u64);
-        self.area.ibl_target = target;
+        let target = self.pop_return_address(pop);
         let top = self.area.contexts.live_frames().last().copied();
         let Some(frame) = top.filter(|f| f.return_to == target) else {
             self.hand_over(None);
@@ -567,7 +598,13 @@ impl Translator {
         site: Option<HostAddr>,
     ) -> Result<Result<Next, Stop>, TranslateError> {
         let generation = self.generation;
-        let numbering = self.inst.plans.get(&callee.0).map(|p| p.numbering);
+        let return_to = GuestAddr(self.guest_return_address());
+        let numbering = self
+            .inst
+            .plans
+            .get(&callee.0)
+            .filter(|p| p.enters_from(return_to))
+            .map(|p| p.numbering);
         let installed = match numbering {
             Some(n) => self.install(n, true),
             None => None,
@@ -585,6 +622,23 @@ impl Translator {
                 Ok(Ok(Next::Guest(callee.0)))
             }
         }
+    }
+
+    /// A `ret` popping `pop` bytes, made here: its target (also in `ibl_target`). The
+    /// translation's load of the return address has just read it.
+    fn pop_return_address(&mut self, pop: i32) -> u64 {
+        let rsp = self.area.gpr[crate::thread_area::RSP];
+        let target = self.guest_return_address();
+        self.area.gpr[crate::thread_area::RSP] = rsp.wrapping_add(pop as u64);
+        self.area.ibl_target = target;
+        target
+    }
+
+    /// The guest's return address at a call's exit: the top of its stack (the call pushed it).
+    pub(super) fn guest_return_address(&self) -> u64 {
+        let mut bytes = [0u8; 8];
+        let _ = crate::guest_mem::read(self.area.gpr[crate::thread_area::RSP], &mut bytes);
+        u64::from_le_bytes(bytes)
     }
 
     /// Drops every plan and, if any was taken, the code cache (a forked child, whose new
@@ -671,10 +725,20 @@ impl Translator {
         }
     }
 
-    /// Where a cold direct call of the function entered at `pc` goes: the announcing head of
-    /// its instrumented translation when it has a current plan (installed in this generation
-    /// first if need be), else its block.
-    pub(super) fn call_target(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
+    /// Where a cold direct call of the function entered at `pc`, returning to `return_to`,
+    /// goes: the announcing head of its instrumented translation when it has a current plan
+    /// that lets the call site in (installed in this generation first if need be), else its
+    /// block.
+    pub(super) fn call_target(
+        &mut self,
+        pc: u64,
+        return_to: GuestAddr,
+    ) -> Result<HostAddr, TranslateError> {
+        let plan = self.inst.plans.get(&pc);
+        if !plan.is_some_and(|p| p.enters_from(return_to)) {
+            // No plan, or one that lets this call site in cold only.
+            return self.lookup_or_translate(pc);
+        }
         if let Some(h) = self.inst.heads_at(pc) {
             return Ok(h.announce);
         }
