@@ -93,6 +93,8 @@ pub struct Stats {
     pub instrument_dropped: u64,
     /// Hand-overs: times this thread's instrumented activations turned cold.
     pub hand_overs: u64,
+    /// Those at an edge the numbering lacked (the CFG grew since).
+    pub hand_overs_new_edge: u64,
     /// Path ends of instrumented code whose run step went to the runtime (a run prefix not
     /// taken last from its node).
     pub run_misses: u64,
@@ -117,6 +119,7 @@ impl Stats {
         self.instrumented += o.instrumented;
         self.instrument_dropped += o.instrument_dropped;
         self.hand_overs += o.hand_overs;
+        self.hand_overs_new_edge += o.hand_overs_new_edge;
         self.run_misses += o.run_misses;
     }
 }

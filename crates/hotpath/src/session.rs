@@ -274,8 +274,8 @@ impl RunCtx {
                 );
                 if self.args.instrument_paths.is_some() {
                     eprintln!(
-                        "hotpath: instrumented paths: {} functions, {} requests dropped, {} hand-overs, {} run steps through the runtime",
-                        s.instrumented, s.instrument_dropped, s.hand_overs, s.run_misses
+                        "hotpath: instrumented paths: {} functions, {} requests dropped, {} hand-overs ({} at edges the numbering lacked), {} run steps through the runtime",
+                        s.instrumented, s.instrument_dropped, s.hand_overs, s.hand_overs_new_edge, s.run_misses
                     );
                 }
             }

@@ -243,11 +243,7 @@ impl PathRecorder {
     }
 
     /// [`Self::plan_of`], or the first rule function `f` fails.
-    fn plan_or_why(
-        &self,
-        f: u32,
-        tables: &Tables,
-    ) -> Result<Candidate, NotPlanned> {
+    fn plan_or_why(&self, f: u32, tables: &Tables) -> Result<Candidate, NotPlanned> {
         use NotPlanned::*;
         let fun = &self.funcs[f as usize];
         let mut blocks: Vec<BlockSummary> = Vec::with_capacity(fun.node_addr.len());

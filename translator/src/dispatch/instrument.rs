@@ -31,6 +31,12 @@ use crate::TranslateError;
 /// Code cache room (bytes) an install wants: block 0 of a plan fits in far less.
 const INSTALL_ROOM: u64 = 64 * 1024;
 
+/// Hand-overs at edges its numbering lacks after which a plan is dropped for the thread (its
+/// function runs cold until a new numbering comes). Renumbering makes them rare, unless the
+/// function no longer qualifies once the monitor knows the edge (it calls cold code there):
+/// python3 then handed over 17 000 times in a second, each an exit and a replay.
+const HAND_OVERS_BEFORE_DROP: u32 = 256;
+
 /// A plan's translations in this generation.
 #[derive(Clone, Copy, Debug)]
 struct Installed {
@@ -62,6 +68,8 @@ pub(crate) struct Instrumentation {
     /// A plan could not be installed without flushing the code cache, which the dispatcher
     /// does where it is safe (after its commands).
     pub(super) flush_wanted: bool,
+    /// Hand-overs at edges each numbering lacks.
+    new_edges: HashMap<u32, u32>,
 }
 
 impl Instrumentation {
@@ -91,6 +99,7 @@ impl Translator {
             self.inst.plans.insert(p.entry().0, p.clone());
             self.inst.by_numbering.insert(p.numbering, p.clone());
         }
+        self.drop_callers_of_dropped();
         for p in &plans {
             // A plan that needs a flush first is installed after it, at the next call.
             if self.install(p.numbering, false).is_none() {
@@ -163,8 +172,47 @@ impl Translator {
         if self.trace_translation {
             eprintln!("hotpath: instrumentation of numbering {numbering} dropped: {e}");
         }
+        self.drop_plan(numbering);
+    }
+
+    /// Drops plan `numbering` for this thread, and with it every current plan that calls a
+    /// function whose plan is dropped (a region is closed under its calls: its instrumented
+    /// calls to a function that runs cold would hand over at every call). Their code goes
+    /// with the next flush, which is asked for.
+    fn drop_plan(&mut self, numbering: u32) {
         self.inst.disabled.insert(numbering);
+        self.drop_callers_of_dropped();
         self.inst.flush_wanted = true;
+    }
+
+    /// Drops every current plan that calls a function whose current plan is dropped, until
+    /// none does (a plan may come after its callee's was dropped).
+    fn drop_callers_of_dropped(&mut self) {
+        loop {
+            let cold: std::collections::HashSet<u64> = self
+                .inst
+                .plans
+                .iter()
+                .filter(|(_, p)| self.inst.disabled.contains(&p.numbering))
+                .map(|(&e, _)| e)
+                .collect();
+            let callers: Vec<u32> = self
+                .inst
+                .plans
+                .values()
+                .filter(|p| !self.inst.disabled.contains(&p.numbering))
+                .filter(|p| {
+                    p.blocks.iter().any(|b| {
+                        matches!(b.terminator, Terminator::Call { target, .. } if cold.contains(&target.0))
+                    })
+                })
+                .map(|p| p.numbering)
+                .collect();
+            if callers.is_empty() {
+                break;
+            }
+            self.inst.disabled.extend(callers);
+        }
     }
 
     /// [`Self::install`], with the translation's errors.
@@ -414,8 +462,15 @@ impl Translator {
                 from,
                 to,
             } => {
+                self.stats.hand_overs_new_edge += 1;
                 let r = self.area.contexts.path;
                 self.hand_over(Some((numbering, HandedAt::Block { block: from, r })));
+                let n = self.inst.new_edges.entry(numbering).or_insert(0);
+                *n += 1;
+                if *n == HAND_OVERS_BEFORE_DROP {
+                    self.stats.instrument_dropped += 1;
+                    self.drop_plan(numbering);
+                }
                 // A cold jump there would have gone through its jump entry.
                 if self.is_function_entry(to.0) {
                     self.context_tail_call(to.0);
@@ -440,7 +495,7 @@ impl Translator {
                 }
                 // The counter arena is full: this thread runs the function cold from now on.
                 self.hand_over(Some((numbering, HandedAt::Start)));
-                self.inst.disabled.insert(numbering);
+                self.drop_plan(numbering);
                 self.flush();
                 Ok(Ok(Next::Guest(entry)))
             }
