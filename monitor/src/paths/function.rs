@@ -38,6 +38,9 @@ pub(crate) struct Function {
     pub static_succs: Vec<Vec<u64>>,
     /// Paths ended in this function.
     pub path_ends: u64,
+    /// Its distinct paths, by the recorder's path number, in the order made (its CFG's edges
+    /// as taken can only change when these or its blocks do).
+    pub(crate) paths: Vec<u32>,
     /// Activations started.
     pub activations: u64,
     /// The k-slab forest of its Ball-Larus path stream (labels: path numbers).
@@ -60,6 +63,7 @@ impl Function {
             activations: 0,
             kslab: None,
             pap_root: NONE,
+            paths: Vec::new(),
         }
     }
 }

@@ -65,6 +65,9 @@ pub(crate) struct Instrumenter {
     one_ret: HashSet<u32>,
     /// The entry sites of each numbering of a function with several `ret`s (return points).
     pub(crate) entry_sites: FxMap<u32, Vec<GuestAddr>>,
+    /// Per planned function: its blocks and paths made when its CFG was last found not to
+    /// have grown (`grew` numbers it again only when they change).
+    checked: FxMap<u32, (usize, usize)>,
     /// `(numbering, path id)` → the recorder's path number and its function.
     pub(crate) path_numbers: FxMap<(u32, u32), (u32, u32)>,
     /// A hand-over's run node (the guest's index) → the recorder's run node and its length.
@@ -101,21 +104,32 @@ impl PathRecorder {
         let threshold = threshold.max(self.config.pap_threshold);
         // Candidate function → (plan, calls (callee entry, return point), numbering).
         let mut cands: BTreeMap<u32, Candidate> = BTreeMap::new();
+        // Planned functions whose CFG did not grow, as they are now.
+        let mut unchanged = Vec::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             let f = f as u32;
             if fun.path_ends < threshold {
                 continue;
             }
             let sent = self.instrumenter.sent.get(&f).copied().unwrap_or(0);
-            if self.instrumenter.planned.contains(&f)
-                && (sent >= MAX_NUMBERINGS_PER_FUNCTION || !self.grew(f))
-            {
-                continue;
+            if self.instrumenter.planned.contains(&f) {
+                if sent >= MAX_NUMBERINGS_PER_FUNCTION {
+                    continue;
+                }
+                let now = (fun.node_addr.len(), fun.paths.len());
+                if self.instrumenter.checked.get(&f) == Some(&now) {
+                    continue;
+                }
+                if !self.grew(f) {
+                    unchanged.push((f, now));
+                    continue;
+                }
             }
             if let Some(c) = self.plan_of(f, tables) {
                 cands.insert(f, c);
             }
         }
+        self.instrumenter.checked.extend(unchanged);
         self.with_entry_sites(&mut cands, tables);
         loop {
             // The entry sites of each function a call may go to: this set's plan, or the one

@@ -282,7 +282,7 @@ impl PathRecorder {
         }
         let mut starts = 0u64;
         let mut ends = vec![0u64; fun.node_addr.len()];
-        for p in self.paths.iter().filter(|p| p.key[0] == func) {
+        for p in fun.paths.iter().map(|&p| &self.paths[p as usize]) {
             let nodes = &p.key[2..p.key.len() - 1];
             if p.key[1] == START_ENTRY {
                 starts = starts.saturating_add(p.count);

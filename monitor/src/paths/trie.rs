@@ -150,6 +150,9 @@ impl PathRecorder {
                 key.extend(nodes.iter().rev());
                 key.push(end);
                 let p = self.paths.len() as u32;
+                if let Some(fun) = self.funcs.get_mut(n.func as usize) {
+                    fun.paths.push(p);
+                }
                 self.paths.push(PathRec {
                     key: key.into(),
                     count: 0,
