@@ -1057,8 +1057,7 @@ impl Translator {
                     } => {
                         let generation = self.generation;
                         let host = if call {
-                            let return_to = GuestAddr(self.guest_return_address());
-                            self.call_target(target.0, return_to)?
+                            self.call_target(target.0)?
                         } else {
                             match self.jump_target(target.0)? {
                                 Some(h) => h,

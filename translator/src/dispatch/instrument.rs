@@ -653,13 +653,13 @@ impl Translator {
         site: Option<HostAddr>,
     ) -> Result<Result<Next, Stop>, TranslateError> {
         let generation = self.generation;
-        let return_to = GuestAddr(self.guest_return_address());
-        let numbering = self
-            .inst
-            .plans
-            .get(&callee.0)
-            .filter(|p| p.enters_from(return_to))
-            .map(|p| p.numbering);
+        let numbering = match self.inst.plans.get(&callee.0) {
+            Some(p) if p.entry_sites.is_none() => Some(p.numbering),
+            Some(p) => p
+                .enters_from(GuestAddr(self.guest_return_address()))
+                .then_some(p.numbering),
+            None => None,
+        };
         let installed = match numbering {
             Some(n) => self.install(n, true),
             None => None,
@@ -690,9 +690,9 @@ impl Translator {
     }
 
     /// The guest's return address at a call's exit: the top of its stack (the call pushed it).
-    pub(super) fn guest_return_address(&self) -> u64 {
+    fn guest_return_address(&self) -> u64 {
         let mut bytes = [0u8; 8];
-        let _ = crate::guest_mem::read(self.area.gpr[crate::thread_area::RSP], &mut bytes);
+        crate::guest_mem::read_mapped(self.area.gpr[crate::thread_area::RSP], &mut bytes);
         u64::from_le_bytes(bytes)
     }
 
@@ -780,17 +780,18 @@ impl Translator {
         }
     }
 
-    /// Where a cold direct call of the function entered at `pc`, returning to `return_to`,
-    /// goes: the announcing head of its instrumented translation when it has a current plan
+    /// Where a cold direct call of the function entered at `pc` (its return address on the
+    /// guest's stack) goes: the announcing head of its instrumented translation when it has a current plan
     /// that lets the call site in (installed in this generation first if need be), else its
     /// block.
-    pub(super) fn call_target(
-        &mut self,
-        pc: u64,
-        return_to: GuestAddr,
-    ) -> Result<HostAddr, TranslateError> {
-        let plan = self.inst.plans.get(&pc);
-        if !plan.is_some_and(|p| p.enters_from(return_to)) {
+    pub(super) fn call_target(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
+        // The return address is read (on the guest's stack) only for a plan that lists sites.
+        let enters = match self.inst.plans.get(&pc) {
+            None => false,
+            Some(p) if p.entry_sites.is_none() => true,
+            Some(p) => p.enters_from(GuestAddr(self.guest_return_address())),
+        };
+        if !enters {
             // No plan, or one that lets this call site in cold only.
             return self.lookup_or_translate(pc);
         }
