@@ -511,8 +511,18 @@ impl Tables {
         }
     }
 
-    /// Sets the source of the next edge the event stream shows ([`NONE`]: none).
+    /// The source of the next edge the event stream shows ([`NONE`]: none).
+    pub(crate) fn prev(&self) -> u32 {
+        self.prev
+    }
+
+    /// Sets the source of the next edge the event stream shows ([`NONE`]: none). The table
+    /// grows to hold it: a block instrumented code ran (a call out's call block) may be newer
+    /// than every id the stream showed, and an edge from an id beyond the table is not counted.
     pub(crate) fn set_prev(&mut self, id: u32) {
+        if id != NONE && id as usize >= self.successors.len() {
+            self.grow(id);
+        }
         self.prev = id;
     }
 

@@ -635,6 +635,19 @@ impl Translator {
     /// [`TranslateError`] when the guest needs something hotpath does not support, or a guest
     /// instruction cannot be translated.
     pub fn run(&mut self) -> Result<Stop, TranslateError> {
+        let stop = self.run_until_stop();
+        // (A thread that ends alone did this before its ring closed: `exit_thread`.)
+        if !matches!(stop, Ok(Stop::Fork | Stop::ThreadExit)) {
+            // The thread's instrumented activations end with it (or its image): the monitor
+            // takes on every hole, suspended ones too, before the ring closes.
+            self.leave_hole();
+            self.hand_over_suspended(1, self.area.contexts.depth());
+        }
+        stop
+    }
+
+    /// [`Translator::run`]'s loop.
+    fn run_until_stop(&mut self) -> Result<Stop, TranslateError> {
         loop {
             if self
                 .process
@@ -644,8 +657,15 @@ impl Translator {
             {
                 self.park();
             }
+            // A border event of instrumented code found the ring's lap full in the middle of a
+            // terminator (after the block's body ran): nothing may send the thread on by guest
+            // address before its last word (that would run the body again), so the refill is
+            // all that happens; invalidations, commands and flushes wait for the next exit.
+            let border_resume = matches!(self.next, Next::Resume(h) if self.is_border_resume(h));
             self.process.signals.take_kick();
-            self.take_invalidations();
+            if !border_resume {
+                self.take_invalidations();
+            }
             let mut next = self.next;
             let resuming = matches!(next, Next::Resume(_));
             if matches!(next, Next::Signal) || (!resuming && self.process.signals.deliverable()) {
@@ -666,7 +686,10 @@ impl Translator {
                     Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
                 }
             }
-            let written = self.process.signals.protected_pages().take_hits();
+            let written = match border_resume {
+                false => self.process.signals.protected_pages().take_hits(),
+                true => Vec::new(),
+            };
             if !written.is_empty() {
                 // The guest wrote into pages whose code was translated: resume at the guest
                 // address (the host code may be about to go) and discard the translations.
@@ -675,7 +698,9 @@ impl Translator {
                 self.apply_invalidations();
             }
             self.arm_safe_point();
-            self.poll_commands(&mut next);
+            if !border_resume {
+                self.poll_commands(&mut next);
+            }
             if let Next::Guest(pc) = next {
                 let last = self.process.signals.last_trap();
                 if let Some(action) = special::vsyscall(pc, &mut self.process.maps, self.area, last)
@@ -683,7 +708,9 @@ impl Translator {
                     if let special::Action::Continue(to) = action {
                         // The emulated entry returned to its caller; the monitor, which saw
                         // the call but no block of the callee, is told.
+                        let depth = self.area.contexts.depth();
                         self.context_ret(to);
+                        self.hand_over_popped(depth);
                         self.push_context_event(ContextChange::EmulatedReturn, 0);
                     }
                     self.next = self.act(action)?;
@@ -916,8 +943,12 @@ impl Translator {
                     Terminator::Call { target, .. } if target == b.start
                 );
                 // Nor an instrumented function's entry at all: its calls go to its announcing
-                // head.
-                (!called && self.is_function_entry(b.start.0)) || self.has_plan(b.start.0)
+                // head; nor a return into a region from its call out (the return must reach
+                // the frame's host, the border reload stub).
+                let returned = matches!(blocks[i - 1].terminator, Terminator::Return);
+                (!called && self.is_function_entry(b.start.0))
+                    || self.has_plan(b.start.0)
+                    || (returned && self.is_border_return(b.start.0))
             });
             if let Some(k) = stop {
                 blocks.truncate(k + 1);
@@ -1109,9 +1140,12 @@ impl Translator {
                             Ok(()) => {
                                 self.area.gpr[thread_area::RSP] = rsp.wrapping_add(pop as u64);
                                 let target = u64::from_le_bytes(ret);
-                                // The stub's lookup would have made the return's context step.
+                                // The stub's lookup would have made the return's context step,
+                                // and gone on at the frame's host if it is a border reload
+                                // stub (a region's call out returning).
+                                let border = self.border_host(target);
                                 self.context_ret(target);
-                                Ok(Ok(Next::Guest(target)))
+                                Ok(Ok(border.map_or(Next::Guest(target), Next::Host)))
                             }
                             // The stack went away since the compare read it: let the `ret`
                             // itself fault.
@@ -1137,6 +1171,7 @@ impl Translator {
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                     k @ (ExitKind::PathEdge { .. }
                     | ExitKind::PathCall { .. }
+                    | ExitKind::PathCallOut { .. }
                     | ExitKind::PathLeave { .. }
                     | ExitKind::PathCounters { .. }
                     | ExitKind::PathContextCall { .. }
@@ -1156,7 +1191,9 @@ impl Translator {
         if !special::canonical(target) {
             // A `ret` that matched the contexts' sentinel frame popped it.
             if let Some(c) = &mut self.contexts {
+                let depth = c.depth();
                 if c.repair() {
+                    self.hand_over_popped(depth);
                     self.push_context_event(ContextChange::Reset, 0);
                 }
             }
@@ -1240,6 +1277,7 @@ impl Translator {
                 // Contexts rule 5: back to the context the handler interrupted.
                 let before = (c.current(), c.depth());
                 if (c.signal_return(), c.depth()) != before {
+                    self.hand_over_popped(before.1);
                     self.push_context_event(ContextChange::SignalReturn, 0);
                 }
             }
@@ -1339,6 +1377,8 @@ impl Translator {
     /// `set_tid_address` is cleared and woken), its ring closed and its resources kept for
     /// the next thread.
     fn exit_thread(&mut self, code: i32) -> Stop {
+        self.leave_hole();
+        self.hand_over_suspended(1, self.area.contexts.depth());
         self.publish_stats();
         let shared = self.process.shared.clone();
         let last = {
@@ -1702,8 +1742,10 @@ impl Translator {
     }
 
     fn flush(&mut self) {
-        // Instrumented code goes: an activation in it turns cold first.
+        // Instrumented code goes: an activation in it turns cold first, and so do the holes
+        // suspended in calls out (their frames' hosts go).
         self.leave_hole();
+        self.hand_over_suspended(1, self.area.contexts.depth());
         self.inst.clear_generation();
         self.cache.flush();
         self.blocks.clear();

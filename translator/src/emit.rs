@@ -114,6 +114,17 @@ pub enum ExitKind {
         full: bool,
         reload: HostAddr,
     },
+    /// A call out of an instrumented region (block `from` of numbering `numbering`, its
+    /// call-out event written) needs the runtime for its context step: the frame stack is
+    /// `full` (nothing pushed), or the node's cache missed (the frame, its host the border
+    /// reload stub, is pushed). The callee is `callee`, or for an indirect call (`None`) in
+    /// `ibl_target`.
+    PathCallOut {
+        numbering: u32,
+        from: u32,
+        callee: Option<GuestAddr>,
+        full: bool,
+    },
     /// A path end of instrumented block `from` found another child in its run node's cache
     /// (nothing done yet): the runtime ends the path — on the back edge to block `to`, or at
     /// the activation's end (`to` is `None`), whose `ret` pops `pop` bytes and goes on as the
@@ -162,6 +173,7 @@ impl ExitKind {
                 | ExitKind::PathLeave { .. }
                 | ExitKind::PathCounters { .. }
                 | ExitKind::PathContextCall { .. }
+                | ExitKind::PathCallOut { .. }
                 | ExitKind::PathContextReturn { .. }
                 | ExitKind::PathReturnNoHost { .. }
                 | ExitKind::PathReturnElsewhere { .. }
@@ -389,6 +401,83 @@ pub(crate) fn enqueue_stub_at(
         RcxSave::Register(r) => dynasm!(ops ; .arch x64 ; mov rcx, Rq(gpr(r))),
     }
     entry
+}
+
+/// A word a border event writes to the ring (`instrumented`, calls out of a region): a
+/// constant, or a constant plus a value of the thread's context state (the constant's low 28
+/// bits are 0 and the value fits them, so the sum is their OR).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RingWord {
+    /// This word.
+    Const(u32),
+    /// The current context's id (`hotpath_contexts::Node::id`) plus this.
+    ContextId(u32),
+    /// The context area's `frame_top` (bytes) plus this.
+    FrameTop(u32),
+}
+
+/// Appends the writes of `words` to the ring, one enqueue stub each (exit on a full lap,
+/// resuming at that word's stub), run in line: each jumps over its slow path. Flag-free, every
+/// guest register as it was (RCX and RAX borrowed through their scratch slots).
+pub(crate) fn enqueue_words(
+    ops: &mut VecAssembler<X64Relocation>,
+    words: &[RingWord],
+    ring_entries: u64,
+    exit_addr: usize,
+) {
+    let entries_end = off::entries_end(ring_entries);
+    for &w in words {
+        let entry = ops.new_dynamic_label();
+        dynasm!(ops ; .arch x64 ; jmp =>entry);
+        if let RingWord::Const(c) = w {
+            enqueue_stub_at(
+                ops,
+                entry,
+                c,
+                ring_entries,
+                Slow::Resume,
+                RcxSave::Scratch,
+                exit_addr,
+            );
+            continue;
+        }
+        let slow = ops.new_dynamic_label();
+        dynasm!(ops
+            ; .arch x64
+            ; =>slow
+            ; lea rcx, [=>entry]
+            ; .u8 GS ; mov QWORD [off::RESUME], rcx
+            ; mov ecx, EXIT_RING_FULL as i32
+            ; jmp extern exit_addr
+            ; =>entry
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::RING_CURSOR]
+            ; jrcxz =>slow
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        );
+        match w {
+            RingWord::ContextId(c) => dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov rax, QWORD [off::CTX]
+                ; mov eax, DWORD [rax + hotpath_contexts::Node::ID as i32]
+                ; lea eax, [rax + c as i32]
+            ),
+            RingWord::FrameTop(c) => dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
+                ; lea eax, [rax + c as i32]
+            ),
+            RingWord::Const(_) => unreachable!("constants have their own stub"),
+        }
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov DWORD [rcx * 4 + entries_end], eax
+            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+            ; lea rcx, [rcx + 1]
+            ; .u8 GS ; mov QWORD [off::RING_CURSOR], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        );
+    }
 }
 
 /// The x86 register number (0 = RAX … 15 = R15) of a 64-bit general-purpose register.
@@ -1260,7 +1349,7 @@ pub(crate) fn call_exits(
 
 /// `mov rcx, <operand of the indirect jmp/call>`, as an iced instruction at the guest's address
 /// (the encoder rebases RIP-relative operands).
-fn target_load(inst: &Instruction) -> Result<Instruction, TranslateError> {
+pub(crate) fn target_load(inst: &Instruction) -> Result<Instruction, TranslateError> {
     let bad = |why: &str| TranslateError::Encode {
         guest: inst.ip(),
         reason: why.to_string(),

@@ -28,17 +28,18 @@
 //! trap or indirect branch): the dispatcher checks before it translates anything.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
-use hotpath_events::{EdgeStep, PathPlan};
+use hotpath_events::{BorderEvent, EdgeStep, PathPlan};
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator};
 use iced_x86::Code;
 
 use crate::context_steps;
 use crate::emit::{
-    append_body, assembled, enqueue_stub, exit_stub, jcc, patchable_jcc, patchable_jmp,
-    push_return_address, rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_,
-    EmitContext, EmittedBlock, Exit, ExitKind, HostLayout, RcxSave, Slow,
+    append_body, assembled, encode_at, enqueue_stub, enqueue_words, exit_stub, jcc, patchable_jcc,
+    patchable_jmp, push_return_address, rcx_branch, resolve_exit_stubs, return_pop,
+    return_through_lookup, target_load, Code_, EmitContext, EmittedBlock, Exit, ExitKind,
+    HostLayout, RcxSave, RingWord, Slow,
 };
-use crate::gateway::GS;
+use crate::gateway::{emit_ibl, GS};
 use crate::path_steps::{path_add, path_end, path_start};
 use crate::thread_area::off;
 use crate::TranslateError;
@@ -62,6 +63,8 @@ pub struct InstrumentedBlock {
     pub heads: Option<EntryHeads>,
     /// A call block's reload stub (the host address its frames hold).
     pub reload: Option<HostAddr>,
+    /// The call calls out of the region: its reload stub writes the return-in event first.
+    pub calls_out: bool,
 }
 
 /// Emits block `index` of `plan` (decoded as `block`) for host address `at`; its exits get
@@ -150,6 +153,7 @@ pub fn emit_instrumented(
         },
         heads,
         reload,
+        calls_out: plan.calls_out(index),
     })
 }
 
@@ -273,6 +277,99 @@ fn emit_path_terminator(
         exit_addr,
     };
     match block.terminator {
+        Terminator::Call { target, return_to } if target != return_to && plan.calls_out(index) => {
+            let tail = CallOutTail {
+                plan,
+                index,
+                return_to,
+                ring: cx
+                    .enqueue
+                    .ok_or_else(|| not_closed(block, "a call out without a ring"))?,
+                exit_addr,
+            };
+            let literal = push_return_address(&mut ops, return_to);
+            tail.call_out_event(&mut ops);
+            let reload_label = ops.new_dynamic_label();
+            let calls = tail.call_exits(&mut exits, Some(target));
+            let landing = context_steps::Landing {
+                base,
+                stub: Some(reload_label),
+                saves_path: true,
+            };
+            context_steps::direct_call(&mut ops, target, calls, exit_addr, landing);
+            // On to the callee as a cold call goes (its announcing head when it has a plan
+            // that lets the call in: a hole of its own).
+            let callee_stub = ops.new_dynamic_label();
+            let site = patchable_jmp(&mut ops, base, callee_stub);
+            exits.push_with_stub(
+                &mut ops,
+                callee_stub,
+                ExitKind::Direct {
+                    target,
+                    site,
+                    stub: HostAddr(0),
+                    call: true,
+                },
+            );
+            reload = Some(tail.return_in(&mut ops, base, reload_label, &mut exits)?);
+            literal.place(&mut ops);
+        }
+        Terminator::IndirectCall { return_to } if plan.calls_out(index) => {
+            let inst = block
+                .term_inst
+                .as_ref()
+                .expect("an indirect call has its instruction")
+                .inst;
+            let tail = CallOutTail {
+                plan,
+                index,
+                return_to,
+                ring: cx
+                    .enqueue
+                    .ok_or_else(|| not_closed(block, "a call out without a ring"))?,
+                exit_addr,
+            };
+            // The target first, with the guest's own operand, before anything moves RSP.
+            dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
+            code.append(assembled(ops, "call out")?);
+            layout.rcx_borrowed_from = Some(code.addr());
+            let load = target_load(&inst)?;
+            let encoded = encode_at(&[load], code.addr())?;
+            let at = code.addr();
+            layout
+                .far_borrows
+                .extend(encoded.borrows.iter().map(|&(o, r)| (at + o, r)));
+            code.append(encoded.bytes);
+            let base = code.addr();
+            let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
+            let literal = push_return_address(&mut ops, return_to);
+            // The target waits in `ibl_target` while the event is written with every guest
+            // register in place.
+            dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov QWORD [off::IBL_TARGET], rcx
+                ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+            );
+            tail.call_out_event(&mut ops);
+            dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                ; .u8 GS ; mov rcx, QWORD [off::IBL_TARGET]
+            );
+            let reload_label = ops.new_dynamic_label();
+            let calls = tail.call_exits(&mut exits, None);
+            let landing = context_steps::Landing {
+                base,
+                stub: Some(reload_label),
+                saves_path: true,
+            };
+            context_steps::indirect_call(&mut ops, calls, exit_addr, landing);
+            emit_ibl(&mut ops, &cx.gateway);
+            let reload = tail.return_in(&mut ops, base, reload_label, &mut exits)?;
+            literal.place(&mut ops);
+            code.append(assembled(ops, "call out")?);
+            return Ok(Some(reload));
+        }
         Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
             let out = EdgeOut::new(plan, index, target);
             edge_out(&mut ops, base, &out, plan, index, &mut exits);
@@ -431,6 +528,94 @@ fn emit_path_terminator(
     }
     code.append(assembled(ops, "instrumented terminator")?);
     Ok(reload)
+}
+
+/// The parts of a call out of the region (docs/paths-design.md, "Step 3g as built"): block
+/// `index` of `plan` calls a function the region does not hold, which runs cold between the
+/// call-out event and the return-in event its frame's host (the border reload stub) writes.
+struct CallOutTail<'a> {
+    plan: &'a PathPlan,
+    index: u32,
+    return_to: GuestAddr,
+    ring: u64,
+    exit_addr: usize,
+}
+
+impl CallOutTail<'_> {
+    /// Writes the call-out event: the caller's context and the frame stack's top as they are
+    /// before the call's frame is pushed (every guest register as it was).
+    fn call_out_event(&self, ops: &mut VecAssembler<X64Relocation>) {
+        let words = [
+            RingWord::Const(BorderEvent::first_word_of(true, self.plan.numbering)),
+            RingWord::Const(BorderEvent::part_word(1, self.index)),
+            RingWord::ContextId(BorderEvent::part_word(2, 0)),
+            RingWord::FrameTop(BorderEvent::part_word(3, 0)),
+        ];
+        enqueue_words(ops, &words, self.ring, self.exit_addr);
+    }
+
+    /// The call's context-step exits (`callee`: `None` for an indirect call).
+    fn call_exits(
+        &self,
+        exits: &mut BlockExits,
+        callee: Option<GuestAddr>,
+    ) -> context_steps::CallExits {
+        let mut push = |full| {
+            exits.push(ExitKind::PathCallOut {
+                numbering: self.plan.numbering,
+                from: self.index,
+                callee,
+                full,
+            })
+        };
+        context_steps::CallExits {
+            full: push(true),
+            miss: push(false),
+        }
+    }
+
+    /// Appends the border reload stub at `label`: the return-in event, the reload of the path
+    /// and run registers, and the edge to the return point. Returns its address.
+    fn return_in(
+        &self,
+        ops: &mut VecAssembler<X64Relocation>,
+        base: u64,
+        label: DynamicLabel,
+        exits: &mut BlockExits,
+    ) -> Result<HostAddr, TranslateError> {
+        let Some((rp, EdgeStep::Forward(add))) = self.plan.step_to(self.index, self.return_to)
+        else {
+            return Err(TranslateError::Assemble {
+                what: "instrumented block",
+                reason: format!(
+                    "a call out whose return point the plan lacks in numbering {} (bug: plans are checked first)",
+                    self.plan.numbering
+                ),
+            });
+        };
+        dynasm!(ops ; .arch x64 ; =>label);
+        let at = HostAddr(base + ops.offset().0 as u64);
+        let words = [
+            RingWord::Const(BorderEvent::first_word_of(false, self.plan.numbering)),
+            RingWord::Const(BorderEvent::part_word(1, self.index)),
+        ];
+        enqueue_words(ops, &words, self.ring, self.exit_addr);
+        context_steps::reload_path(ops, add);
+        let stub = ops.new_dynamic_label();
+        let site = patchable_jmp(ops, base, stub);
+        exits.push_with_stub(
+            ops,
+            stub,
+            ExitKind::PathEdge {
+                numbering: self.plan.numbering,
+                from: self.index,
+                to: rp,
+                site,
+                stub: HostAddr(0),
+            },
+        );
+        Ok(at)
+    }
 }
 
 /// The error for a plan block a closed region cannot have (checked before; a bug).

@@ -517,6 +517,7 @@ fn recursive_plan(guest: u64, lacks_taken: bool) -> hotpath_events::PathPlan {
         exits: vec![0, 0, 0, 3],
         num_paths: 6,
         entry_sites: None,
+        calls_out: vec![],
     }
 }
 

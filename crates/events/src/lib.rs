@@ -23,8 +23,9 @@ pub use context::{
     TAG_MASK,
 };
 pub use plan::{
-    is_handover, EdgeStep, HandOver, HandOverDecoder, HandedActivation, HandedAt, PathPlan,
-    PlanBackEdge, PlanEdge, HANDOVER_EVENT, MAX_NUMBERING, MAX_PLAN_PATHS,
+    is_handover, BorderEvent, EdgeStep, HandOver, HandOverDecoder, HandedActivation, HandedAt,
+    PathPlan, PlanBackEdge, PlanEdge, TaggedEvent, CALL_OUT_WORDS, HANDOVER_EVENT, MAX_NUMBERING,
+    MAX_PLAN_PATHS, RETURN_IN_WORDS,
 };
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,

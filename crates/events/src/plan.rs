@@ -70,6 +70,11 @@ pub struct PathPlan {
     /// context's returns go back to one place: docs/paths-design.md, "Step 3h as built");
     /// other calls run it cold. `None` for a function with one `ret`: any call may.
     pub entry_sites: Option<Vec<GuestAddr>>,
+    /// The blocks (indices, ascending) whose call leaves the region: an indirect call, or a
+    /// direct call of a function the region does not hold. The callee runs cold, between a
+    /// call-out event and a return-in event ([`BorderEvent`]; docs/paths-design.md, "Step 3g").
+    /// Every other call block calls an instrumented function of the region.
+    pub calls_out: Vec<u32>,
 }
 
 impl PathPlan {
@@ -122,6 +127,11 @@ impl PathPlan {
             .map(|i| i as u32)
     }
 
+    /// True if block `index`'s call leaves the region ([`PathPlan::calls_out`]).
+    pub fn calls_out(&self, index: u32) -> bool {
+        self.calls_out.binary_search(&index).is_ok()
+    }
+
     /// True if a call returning to `return_to` may enter the function instrumented
     /// ([`PathPlan::entry_sites`]).
     pub fn enters_from(&self, return_to: GuestAddr) -> bool {
@@ -155,8 +165,16 @@ const PART_SHIFT: u32 = 28;
 const PAYLOAD_BITS: u32 = 28;
 const PAYLOAD_MASK: u32 = (1 << PAYLOAD_BITS) - 1;
 
-/// Largest numbering id a hand-over can name, plus one.
-pub const MAX_NUMBERING: u32 = 1 << PAYLOAD_BITS;
+/// Bits of a tagged event's first word that say what it is (above the count or numbering).
+const KIND_SHIFT: u32 = 26;
+const KIND_HANDOVER: u32 = 0;
+const KIND_SUSPENDED: u32 = 1;
+const KIND_CALL_OUT: u32 = 2;
+const KIND_RETURN_IN: u32 = 3;
+const LOW_MASK: u32 = (1 << KIND_SHIFT) - 1;
+
+/// Largest numbering id a hand-over or a border event can name, plus one.
+pub const MAX_NUMBERING: u32 = 1 << KIND_SHIFT;
 
 /// True if `word` is part of a hand-over event.
 #[inline(always)]
@@ -199,7 +217,7 @@ pub struct HandedActivation {
 /// (the hole's root) first. Written to the ring as tagged words:
 ///
 /// ```text
-/// word 0:                 11 | 00 | activations (28 bits)
+/// word 0:                 11 | 00 | kind: 00 running hole, 01 suspended (2) | activations (26)
 /// per activation, 6 words: 11 | 01 | numbering
 ///                          11 | 10 | where: 00 block, 01 head, 10 returned, 11 start | index (26)
 ///                          11 | 11 | r bits 0..28,  11 | 11 | bits 28..56,  11 | 11 | bits 56..64
@@ -209,6 +227,11 @@ pub struct HandedActivation {
 pub struct HandOver {
     /// The activations, the hole's root first.
     pub activations: Vec<HandedActivation>,
+    /// The hole is suspended, not the running one: its last activation called out of the
+    /// region (it is at that call block) and the callee, cold, has not returned yet; the
+    /// monitor's stack holds the callee's activations above the hole's root, which stay
+    /// (word 0's kind is 01 instead of 00).
+    pub suspended: bool,
 }
 
 /// Words per handed-over activation.
@@ -225,12 +248,14 @@ impl HandOver {
     /// If a numbering or a run node index does not fit 28 bits or a block index 26 (plans and
     /// run tries never have them).
     pub fn encode(&self) -> Vec<u32> {
-        let word = |part: u32, payload: u32| {
-            assert!(payload <= PAYLOAD_MASK, "a hand-over payload fits 28 bits");
-            HANDOVER_EVENT | part << PART_SHIFT | payload
-        };
+        let word = tagged_word;
         let mut out = Vec::with_capacity(1 + ACTIVATION_WORDS * self.activations.len());
-        out.push(word(0, self.activations.len() as u32));
+        let kind = match self.suspended {
+            false => KIND_HANDOVER,
+            true => KIND_SUSPENDED,
+        };
+        assert!(self.activations.len() as u32 <= LOW_MASK);
+        out.push(word(0, kind << KIND_SHIFT | self.activations.len() as u32));
         for a in &self.activations {
             out.push(word(1, a.numbering));
             let (kind, index, r) = match a.at {
@@ -254,29 +279,171 @@ impl HandOver {
     }
 }
 
-/// Reassembles hand-overs from their words, which may arrive split across reads of the ring.
+/// The word of a tagged event: `part` (2 bits) and `payload` (28 bits) under the tag.
+///
+/// # Panics
+/// If the payload does not fit 28 bits.
+fn tagged_word(part: u32, payload: u32) -> u32 {
+    assert!(
+        payload <= PAYLOAD_MASK,
+        "a tagged event's payload fits 28 bits"
+    );
+    HANDOVER_EVENT | part << PART_SHIFT | payload
+}
+
+/// Where an instrumented region meets cold code (docs/paths-design.md, "Step 3g"): written by
+/// translated code (or by the runtime for it) as tagged words, like a hand-over.
+///
+/// ```text
+/// call out:  11 | 00 | 10 | numbering (26)    11 | 01 | call block
+///            11 | 10 | caller's context id    11 | 11 | frame_top before the call's push (bytes)
+/// return in: 11 | 00 | 11 | numbering (26)    11 | 01 | call block
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BorderEvent {
+    /// Block `call` of numbering `numbering` calls out of the region: written before the
+    /// call's frame is pushed (`frame_top` is the context area's, in bytes, then) and its
+    /// context step made (`context` is the caller's context, a `hotpath_contexts::ContextId`);
+    /// the callee's blocks follow in the ring.
+    CallOut {
+        numbering: u32,
+        call: u32,
+        context: u32,
+        frame_top: u32,
+    },
+    /// The callee of block `call`'s call out returned to its frame: the region goes on at the
+    /// call's return point, instrumented.
+    ReturnIn { numbering: u32, call: u32 },
+}
+
+/// Words of a call-out event.
+pub const CALL_OUT_WORDS: usize = 4;
+
+/// Words of a return-in event.
+pub const RETURN_IN_WORDS: usize = 2;
+
+impl BorderEvent {
+    /// The event's words.
+    ///
+    /// # Panics
+    /// If the numbering does not fit 26 bits or another field 28.
+    pub fn encode(&self) -> Vec<u32> {
+        match *self {
+            BorderEvent::CallOut {
+                numbering,
+                call,
+                context,
+                frame_top,
+            } => vec![
+                Self::first_word(KIND_CALL_OUT, numbering),
+                tagged_word(1, call),
+                tagged_word(2, context),
+                tagged_word(3, frame_top),
+            ],
+            BorderEvent::ReturnIn { numbering, call } => vec![
+                Self::first_word(KIND_RETURN_IN, numbering),
+                tagged_word(1, call),
+            ],
+        }
+    }
+
+    /// The first word of a call out (`call_out`) or a return in of `numbering`: translated
+    /// code writes it as a constant.
+    pub fn first_word_of(call_out: bool, numbering: u32) -> u32 {
+        match call_out {
+            true => Self::first_word(KIND_CALL_OUT, numbering),
+            false => Self::first_word(KIND_RETURN_IN, numbering),
+        }
+    }
+
+    fn first_word(kind: u32, numbering: u32) -> u32 {
+        assert!(numbering < MAX_NUMBERING, "a numbering fits 26 bits");
+        tagged_word(0, kind << KIND_SHIFT | numbering)
+    }
+
+    /// A later word: `part` (1 to 3) with `payload`; translated code ORs a dynamic payload
+    /// into `part_word(part, 0)`.
+    pub fn part_word(part: u32, payload: u32) -> u32 {
+        tagged_word(part, payload)
+    }
+}
+
+/// A tagged event of the ring (tag `11`): a hand-over or a border event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaggedEvent {
+    /// Instrumented activations turn cold.
+    HandOver(HandOver),
+    /// A call out of a region, or the return into it.
+    Border(BorderEvent),
+}
+
+/// Reassembles tagged events (hand-overs and border events) from their words, which may
+/// arrive split across reads of the ring.
 #[derive(Clone, Debug, Default)]
 pub struct HandOverDecoder {
+    /// The event's kind (`KIND_*`) while one is being read.
+    kind: u32,
+    /// Activations a hand-over still expects (0: no hand-over being read).
     expected: usize,
+    /// A border event's numbering, or a hand-over's current activation's payloads.
+    numbering: u32,
     words: Vec<u32>,
     partial: HandOver,
 }
 
 impl HandOverDecoder {
-    /// Takes hand-over word `word`; returns the hand-over once its last word is in. Words out
-    /// of order start over (only a ring hotpath wrote wrongly has them).
-    pub fn push(&mut self, word: u32) -> Option<HandOver> {
+    /// Takes tagged word `word`; returns the event once its last word is in. Words out of
+    /// order start over (only a ring hotpath wrote wrongly has them).
+    pub fn push(&mut self, word: u32) -> Option<TaggedEvent> {
         debug_assert!(is_handover(word));
         let part = (word >> PART_SHIFT) & 0b11;
         let payload = word & PAYLOAD_MASK;
         if part == 0 {
-            self.expected = payload as usize;
+            self.kind = payload >> KIND_SHIFT;
             self.words.clear();
-            self.partial = HandOver::default();
-            return (self.expected == 0).then(HandOver::default);
+            self.partial = HandOver {
+                activations: Vec::new(),
+                suspended: self.kind == KIND_SUSPENDED,
+            };
+            return match self.kind {
+                KIND_HANDOVER | KIND_SUSPENDED => {
+                    self.expected = (payload & LOW_MASK) as usize;
+                    (self.expected == 0)
+                        .then(|| TaggedEvent::HandOver(std::mem::take(&mut self.partial)))
+                }
+                _ => {
+                    // A border event: its words follow.
+                    self.expected = usize::MAX;
+                    self.numbering = payload & LOW_MASK;
+                    None
+                }
+            };
         }
         if self.expected == 0 {
             return None;
+        }
+        if matches!(self.kind, KIND_CALL_OUT | KIND_RETURN_IN) {
+            if part != self.words.len() as u32 + 1 {
+                self.expected = 0;
+                return None;
+            }
+            self.words.push(payload);
+            let w = &self.words;
+            let event = match (self.kind, w.len()) {
+                (KIND_RETURN_IN, 1) => BorderEvent::ReturnIn {
+                    numbering: self.numbering,
+                    call: w[0],
+                },
+                (KIND_CALL_OUT, 3) => BorderEvent::CallOut {
+                    numbering: self.numbering,
+                    call: w[0],
+                    context: w[1],
+                    frame_top: w[2],
+                },
+                _ => return None,
+            };
+            self.expected = 0;
+            return Some(TaggedEvent::Border(event));
         }
         let want = match self.words.len() {
             0 => 1,
@@ -307,7 +474,7 @@ impl HandOverDecoder {
         });
         if self.partial.activations.len() == self.expected {
             self.expected = 0;
-            return Some(std::mem::take(&mut self.partial));
+            return Some(TaggedEvent::HandOver(std::mem::take(&mut self.partial)));
         }
         None
     }
@@ -368,6 +535,7 @@ mod tests {
                     run: 0,
                 },
             ],
+            suspended: false,
         };
         let words = h.encode();
         assert_eq!(words.len(), 1 + 5 * ACTIVATION_WORDS);
@@ -378,11 +546,21 @@ mod tests {
             assert_ne!(w & HANDOVER_EVENT, SYSCALL_EVENT);
             out.extend(d.push(w));
         }
-        assert_eq!(out, vec![h]);
+        assert_eq!(out, vec![TaggedEvent::HandOver(h.clone())]);
         assert_eq!(
             d.push(HandOver::default().encode()[0]),
-            Some(HandOver::default())
+            Some(TaggedEvent::HandOver(HandOver::default()))
         );
+        let suspended = HandOver {
+            suspended: true,
+            ..h
+        };
+        let out: Vec<TaggedEvent> = suspended
+            .encode()
+            .iter()
+            .filter_map(|&w| d.push(w))
+            .collect();
+        assert_eq!(out, vec![TaggedEvent::HandOver(suspended)]);
     }
 
     #[test]
@@ -393,6 +571,7 @@ mod tests {
                 at: HandedAt::Head { head: 1 },
                 run: 3,
             }],
+            suspended: false,
         };
         let words = h.encode();
         let mut d = HandOverDecoder::default();
@@ -401,8 +580,49 @@ mod tests {
         for &w in &words[3..] {
             assert_eq!(d.push(w), None);
         }
-        let again: Vec<HandOver> = words.iter().filter_map(|&w| d.push(w)).collect();
-        assert_eq!(again, vec![h]);
+        let again: Vec<TaggedEvent> = words.iter().filter_map(|&w| d.push(w)).collect();
+        assert_eq!(again, vec![TaggedEvent::HandOver(h)]);
+    }
+
+    #[test]
+    fn border_events_round_trip_between_hand_overs() {
+        let out_ = BorderEvent::CallOut {
+            numbering: MAX_NUMBERING - 1,
+            call: 7,
+            context: PAYLOAD_MASK,
+            frame_top: 12345,
+        };
+        let in_ = BorderEvent::ReturnIn {
+            numbering: 3,
+            call: 7,
+        };
+        assert_eq!(out_.encode().len(), CALL_OUT_WORDS);
+        assert_eq!(in_.encode().len(), RETURN_IN_WORDS);
+        assert_eq!(
+            out_.encode()[0],
+            BorderEvent::first_word_of(true, MAX_NUMBERING - 1)
+        );
+        assert_eq!(
+            out_.encode()[2],
+            BorderEvent::part_word(2, 0) | PAYLOAD_MASK
+        );
+        let h = HandOver::default();
+        let mut d = HandOverDecoder::default();
+        let words: Vec<u32> = [out_.encode(), h.encode(), in_.encode()].concat();
+        let got: Vec<TaggedEvent> = words.iter().filter_map(|&w| d.push(w)).collect();
+        assert_eq!(
+            got,
+            vec![
+                TaggedEvent::Border(out_),
+                TaggedEvent::HandOver(h),
+                TaggedEvent::Border(in_)
+            ]
+        );
+        // A word out of order drops the event.
+        let w = out_.encode();
+        assert_eq!(d.push(w[0]), None);
+        assert_eq!(d.push(w[2]), None);
+        assert_eq!(d.push(w[3]), None);
     }
 
     #[test]
@@ -448,6 +668,7 @@ mod tests {
             exits: vec![0, 0, 0],
             num_paths: 4,
             entry_sites: None,
+            calls_out: vec![],
         };
         assert_eq!(plan.entry(), GuestAddr(0x10));
         assert_eq!(plan.step(0, 2), Some(EdgeStep::Forward(2)));

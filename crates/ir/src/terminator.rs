@@ -168,6 +168,16 @@ impl Terminator {
         }
     }
 
+    /// The return address of a call (direct or indirect), `None` for other terminators.
+    pub fn return_address(&self) -> Option<GuestAddr> {
+        match *self {
+            Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => {
+                Some(return_to)
+            }
+            _ => None,
+        }
+    }
+
     /// Statically known successors (guest addresses), in the order taken, not-taken.
     /// A call's successor is its target; its return address is not a successor of the block.
     pub fn static_successors(&self) -> Vec<GuestAddr> {

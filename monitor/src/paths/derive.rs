@@ -71,7 +71,7 @@ impl PathRecorder {
                     let Some(path) = numbering.regenerate(p as u64) else {
                         continue;
                     };
-                    self.add_numbered_path(func, node, &path, c, tables);
+                    self.add_numbered_path(pc.numbering, func, node, &path, c, tables);
                     if let (NumberedEnd::Exit, Some(rp)) = (path.end, returns_to) {
                         // Several `ret`s: the edge from this one back to the context's call
                         // site.
@@ -192,7 +192,7 @@ impl PathRecorder {
     }
 
     /// The call-tree node guest context `id` stands for (`known` caches them).
-    fn call_node_of(
+    pub(crate) fn call_node_of(
         &mut self,
         view: &ContextView,
         id: ContextId,
@@ -252,9 +252,12 @@ impl PathRecorder {
         Some((p, func))
     }
 
-    /// Adds `count` runs of `path` of function `func` in call-tree node `node`.
+    /// Adds `count` runs of `path` of numbering `numbering` (of function `func`) in call-tree
+    /// node `node`. A call block that calls out counts neither its block nor its edges: the
+    /// ring's pairs around the border events do (`border`).
     fn add_numbered_path(
         &mut self,
+        numbering: u32,
         func: u32,
         node: u32,
         path: &super::numbering::NumberedPath,
@@ -278,13 +281,24 @@ impl PathRecorder {
             .iter()
             .map(|&b| self.block_id(func, b))
             .collect();
-        for &id in ids.iter().flatten() {
-            tables.add_derived_block(id, count);
+        let calls_out = self
+            .instrumenter
+            .calls_out
+            .get(&numbering)
+            .map_or(&[][..], |c| &c[..]);
+        let out = |b: u32| calls_out.binary_search(&b).is_ok();
+        for (&b, id) in path.blocks.iter().zip(&ids) {
+            if let (Some(id), false) = (id, out(b)) {
+                tables.add_derived_block(*id, count);
+            }
         }
         for (w, pair) in path.blocks.windows(2).zip(ids.windows(2)) {
             let (Some(u), Some(v)) = (pair[0], pair[1]) else {
                 continue;
             };
+            if out(w[0]) {
+                continue;
+            }
             match tables.blocks[u as usize].terminator {
                 Terminator::Call { target, return_to }
                     if return_to.0 == self.funcs[func as usize].node_addr[w[1] as usize] =>

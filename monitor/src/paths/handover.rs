@@ -14,7 +14,7 @@
 //! goes on with the PAP run its instrumented code had reached (the guest's run node, spelled
 //! into the recorder's run trie).
 
-use hotpath_events::{HandOver, HandedAt};
+use hotpath_events::{HandOver, HandedAt, TaggedEvent};
 use hotpath_ir::Terminator;
 
 use super::ids::{NONE, SETTLED};
@@ -32,7 +32,7 @@ impl PathRecorder {
     /// Takes word `w` of a hand-over ([`hotpath_events::is_handover`]); the last one makes it
     /// (the events before it recorded, everything they leave pending settled first).
     pub fn handover_word(&mut self, w: u32, tables: &mut Tables) {
-        let Some(h) = self.handover_words.push(w) else {
+        let Some(e) = self.handover_words.push(w) else {
             return;
         };
         if self.config.per_block {
@@ -44,7 +44,11 @@ impl PathRecorder {
         } else {
             self.flush_pending(tables);
         }
-        self.hand_over(&h, tables);
+        match e {
+            TaggedEvent::HandOver(h) if h.suspended => self.hand_over_suspended(&h, tables),
+            TaggedEvent::HandOver(h) => self.hand_over(&h, tables),
+            TaggedEvent::Border(b) => self.follow_border(b, tables),
+        }
     }
 
     /// Takes on the activations of hand-over `h` (module doc).
@@ -117,9 +121,21 @@ impl PathRecorder {
             for &id in &ids[1..] {
                 self.step_intra(id, tables);
             }
-            self.replay_prefix(&ids, tables);
+            self.replay_prefix(act.numbering, &blocks, &ids, tables);
             let last = *ids.last().expect("a prefix has a block");
             self.prev = last;
+            let called_out = self
+                .instrumenter
+                .calls_out
+                .get(&act.numbering)
+                .is_some_and(|c| c.binary_search(&blocks[blocks.len() - 1]).is_ok());
+            if returned && called_out {
+                // Its call out returned (the return-in event popped the callee and counted
+                // the edge back): the return point runs next, cold, in this activation.
+                self.prev = SETTLED;
+                tables.set_prev(NONE);
+                return;
+            }
             let Terminator::Call {
                 target,
                 return_to: rp,
@@ -164,9 +180,19 @@ impl PathRecorder {
     /// Counts the edges of a current path's blocks `ids` in the tables, from the previous
     /// event on. A call block followed by its return point is a call that returned: its
     /// callee (instrumented) ran a whole activation, counted in the guest's counters, so the
-    /// edges are the call into the callee's entry and the callee's `ret` to the return point.
-    fn replay_prefix(&self, ids: &[u32], tables: &mut Tables) {
+    /// edges are the call into the callee's entry and the callee's `ret` to the return point —
+    /// unless the call called out (`blocks` are the ids' nodes in numbering `numbering`): the
+    /// ring had those edges.
+    fn replay_prefix(&self, numbering: u32, blocks: &[u32], ids: &[u32], tables: &mut Tables) {
+        let calls_out = self.instrumenter.calls_out.get(&numbering);
         for (i, &id) in ids.iter().enumerate() {
+            if let Some(j) = i.checked_sub(1) {
+                if calls_out.is_some_and(|c| c.binary_search(&blocks[j]).is_ok()) {
+                    tables.set_prev(NONE);
+                    tables.replay_blocks(&[id]);
+                    continue;
+                }
+            }
             if let Some(&u) = i.checked_sub(1).and_then(|j| ids.get(j)) {
                 if let Terminator::Call { target, return_to } = tables.blocks[u as usize].terminator
                 {

@@ -1,18 +1,22 @@
 //! Choosing the functions whose path registers translated code keeps, and making their plans
 //! (#21 stage 2, step 3e's decision; docs/paths-design.md, "Step 3c decided", item 1).
 //!
-//! The first cut instruments *closed regions*: a function qualifies when it has ended at least
-//! the threshold's number of paths, every block the recorder knows of it ends in a direct jump,
-//! a fall-through, a conditional branch, a direct `call` (not the get-pc one) or a `ret` — no
-//! jump to another function's entry (a tail call out of the region) — and its numbering has
-//! at most [`MAX_PLAN_PATHS`] paths. A function with several `ret` instructions also needs
-//! every function that calls it to do so from one call site (its *entry sites*, which the plan
-//! lists: a context's returns then all go back to one place, and the edges from its `ret`s are
-//! derived from its own counters; docs/paths-design.md, "Step 3h as built"); other call sites
-//! run it cold. The region is the largest set of qualifying functions whose calls all go to
-//! functions of the set (or to ones instrumented before) from sites they let in: a greatest
-//! fixed point, found by dropping callers of functions outside until nothing changes.
-//! bench_fib's `fib` and `tak` are one.
+//! A function qualifies when it has ended at least the threshold's number of paths, every
+//! block the recorder knows of it ends in a direct jump, a fall-through, a conditional branch,
+//! a `call` (direct, not the get-pc one, or indirect) whose return point it has reached, or a
+//! `ret` — no indirect jump, system call or trap, and no jump to another function's entry (a
+//! tail call out) — and its numbering has at most [`MAX_PLAN_PATHS`] paths. A function with
+//! several `ret` instructions also needs every function that calls it to do so from one call
+//! site (its *entry sites*, which the plan lists: a context's returns then all go back to one
+//! place, and the edges from its `ret`s are derived from its own counters;
+//! docs/paths-design.md, "Step 3h as built"); other call sites run it cold.
+//!
+//! Every qualifying function is planned, in one set (a *region*). A direct call to a function
+//! of the set, or to one planned before, from a site its plan lets in, stays in the region:
+//! the callee runs instrumented. Every other call *calls out* (`PathPlan::calls_out`): the
+//! callee runs cold, between the border events of the call and of its return
+//! (docs/paths-design.md, "Step 3g"). bench_fib's `fib` and `tak` are a region with no call
+//! out.
 //!
 //! A function is instrumented only once it records PAP runs (past `--pap-threshold` path ends
 //! too): its instrumented activations keep their runs in the guest's run trie from their
@@ -72,6 +76,12 @@ pub(crate) struct Instrumenter {
     pub(crate) path_numbers: FxMap<(u32, u32), (u32, u32)>,
     /// A hand-over's run node (the guest's index) → the recorder's run node and its length.
     pub(crate) handed_runs: FxMap<u32, (u32, u32)>,
+    /// Each numbering's call blocks that call out (`PathPlan::calls_out`).
+    pub(crate) calls_out: FxMap<u32, Vec<u32>>,
+    /// The holes suspended in a call out, innermost last (`border`).
+    pub(crate) suspended: Vec<super::border::Suspended>,
+    /// Guest context → call-tree node, for call outs (`border`).
+    pub(crate) context_nodes: std::collections::HashMap<u32, u32>,
 }
 
 impl Instrumenter {
@@ -131,31 +141,27 @@ impl PathRecorder {
         }
         self.instrumenter.checked.extend(unchanged);
         self.with_entry_sites(&mut cands, tables);
-        loop {
-            // The entry sites of each function a call may go to: this set's plan, or the one
-            // sent before (`None`: any site).
-            let mut sites: FxMap<u64, Option<&Vec<GuestAddr>>> = FxMap::default();
-            for (&e, &n) in &self.instrumenter.latest {
-                sites.insert(e, self.instrumenter.entry_sites.get(&n));
+        // The entry sites of each function a call may go to instrumented: this set's plan, or
+        // the one sent before (`None`: any site). Every other call leaves the region.
+        let mut sites: FxMap<u64, Option<Vec<GuestAddr>>> = FxMap::default();
+        for (&e, &n) in &self.instrumenter.latest {
+            sites.insert(e, self.instrumenter.entry_sites.get(&n).cloned());
+        }
+        for (p, _, _) in cands.values() {
+            sites.insert(p.entry().0, p.entry_sites.clone());
+        }
+        let enters = |t: u64, rp: u64| match sites.get(&t) {
+            Some(Some(list)) => list.contains(&GuestAddr(rp)),
+            Some(None) => true,
+            None => false,
+        };
+        for (plan, calls, _) in cands.values_mut() {
+            for &(t, rp, block) in calls.iter() {
+                if !enters(t, rp) {
+                    plan.calls_out.push(block);
+                }
             }
-            for (p, _, _) in cands.values() {
-                sites.insert(p.entry().0, p.entry_sites.as_ref());
-            }
-            let before = cands.len();
-            let enters = |&(t, rp): &(u64, u64)| match sites.get(&t) {
-                Some(Some(list)) => list.contains(&GuestAddr(rp)),
-                Some(None) => true,
-                None => false,
-            };
-            let keep: HashSet<u32> = cands
-                .iter()
-                .filter(|(_, (_, calls, _))| calls.iter().all(enters))
-                .map(|(&f, _)| f)
-                .collect();
-            cands.retain(|f, _| keep.contains(f));
-            if cands.len() == before {
-                break;
-            }
+            plan.calls_out.sort_unstable();
         }
         if cands.is_empty() {
             return None;
@@ -177,6 +183,7 @@ impl PathRecorder {
                 }
             }
             i.planned.insert(f);
+            i.calls_out.insert(numbering, plan.calls_out.clone());
             i.planned_entries.insert(plan.entry().0);
             i.numberings.insert(numbering, (f, n));
             i.latest.insert(plan.entry().0, numbering);
@@ -262,6 +269,7 @@ impl PathRecorder {
         let fun = &self.funcs[f as usize];
         let mut blocks: Vec<BlockSummary> = Vec::with_capacity(fun.node_addr.len());
         let mut calls = Vec::new();
+        let mut calls_out = Vec::new();
         let mut ret = None;
         let mut several_rets = false;
         for &addr in &fun.node_addr {
@@ -294,9 +302,14 @@ impl PathRecorder {
                     // the numbering).
                     self.func_by_entry.get(&target.0).ok_or(Unknown)?;
                     fun.nodes.get(&return_to.0).ok_or(CallNotReturned)?;
-                    calls.push((target.0, return_to.0));
+                    calls.push((target.0, return_to.0, blocks.len() as u32));
                 }
-                Terminator::IndirectJump | Terminator::IndirectCall { .. } => return Err(Indirect),
+                // An indirect call leaves the region (a call out), once it has returned.
+                Terminator::IndirectCall { return_to } => {
+                    fun.nodes.get(&return_to.0).ok_or(CallNotReturned)?;
+                    calls_out.push(blocks.len() as u32);
+                }
+                Terminator::IndirectJump => return Err(Indirect),
                 _ => return Err(SyscallOrTrap),
             }
             blocks.push(b);
@@ -325,6 +338,8 @@ impl PathRecorder {
             num_paths: n.num_paths,
             // Set by `with_entry_sites` for several `ret`s.
             entry_sites: several_rets.then(Vec::new),
+            // Direct calls out are added once the region is known.
+            calls_out,
         };
         Ok((plan, calls, n))
     }
@@ -343,7 +358,7 @@ impl PathRecorder {
         // Reason → functions, their path ends, and each one's (path ends, function).
         type Tally = (usize, u64, Vec<(u64, u32)>);
         let mut by: BTreeMap<&'static str, Tally> = BTreeMap::new();
-        let mut qualify: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+        let mut qualify: Vec<u32> = Vec::new();
         for (f, fun) in self.funcs.iter().enumerate() {
             if fun.path_ends < threshold {
                 continue;
@@ -352,8 +367,8 @@ impl PathRecorder {
                 "instrumented"
             } else {
                 match self.plan_or_why(f as u32, tables) {
-                    Ok((_, calls, _)) => {
-                        qualify.insert(f as u32, calls);
+                    Ok(_) => {
+                        qualify.push(f as u32);
                         continue;
                     }
                     Err(why) => why.name(),
@@ -364,9 +379,9 @@ impl PathRecorder {
             e.1 += fun.path_ends;
             e.2.push((fun.path_ends, f as u32));
         }
-        // Those that qualify alone call one that does not, at some depth.
-        for &f in qualify.keys() {
-            let e = by.entry("calls one that is not").or_default();
+        // Those that qualify and are not planned yet (the next look plans them).
+        for &f in &qualify {
+            let e = by.entry("qualifies, not planned yet").or_default();
             e.0 += 1;
             e.1 += self.funcs[f as usize].path_ends;
             e.2.push((self.funcs[f as usize].path_ends, f));
@@ -392,9 +407,9 @@ impl PathRecorder {
     }
 }
 
-/// A function that qualifies on its own: its plan, its calls (callee entry, return point),
-/// its numbering.
-type Candidate = (PathPlan, Vec<(u64, u64)>, Numbering);
+/// A function that qualifies: its plan, its direct calls (callee entry, return point, call
+/// block index), its numbering.
+type Candidate = (PathPlan, Vec<(u64, u64, u32)>, Numbering);
 
 /// Why a function past the thresholds is not instrumented: the first rule of the module doc
 /// it fails.

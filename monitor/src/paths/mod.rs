@@ -65,12 +65,14 @@
 //! | `pap_runs.rs` | the PAP run trie |
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
 //! | `numbering.rs` | a function's numbering for instrumented translation (#21 stage 2) |
-//! | `instrument.rs` | which functions to instrument (closed regions) and their plans |
+//! | `instrument.rs` | which functions to instrument (regions) and their plans |
 //! | `derive.rs` | what instrumented code counted, added to the profile |
 //! | `handover.rs` | instrumented activations turned cold, taken on by the recorder |
+//! | `border.rs` | calls out of instrumented regions and the returns into them |
 //!
 //! `docs/paths-design.md` is where this is going: the per-call work moves into translated code.
 
+mod border;
 mod derive;
 mod fast;
 mod function;

@@ -439,8 +439,10 @@ impl PathRecorder {
                 (ret, top.call_node)
             }
         };
-        // Held as a pending activation: no path of its own, popped by the next block.
+        // Held as a pending activation: no path of its own, popped by the next block (or
+        // left below a call out's callee: `border`).
         self.push_pending(func, return_to, parent);
+        self.stack.last_mut().expect("just pushed").len = super::border::HOLE_ROOT;
     }
 
     /// A `ret` to block `id`: pop the frame that returns there.
@@ -560,6 +562,7 @@ impl PathRecorder {
             }
         }
         let pop_to = |p: &mut PathRecorder, depth: u32| {
+            let depth = p.stack_depth(depth);
             while p.stack.len() > depth as usize + 1 {
                 p.pop_activation();
             }

@@ -304,11 +304,18 @@ impl Translator {
         let Some(c) = &mut self.contexts else { return };
         let functions = FunctionMap(self.process.shared.function_symbols());
         let before = c.resyncs;
+        let depth = c.depth();
         if slow {
             c.ret_slow(target, &functions);
         } else {
             c.ret(target, &functions);
         }
+        // A plain return (the top frame's) into a suspended hole goes on at its frame's host,
+        // as the caller sees to; any other pop past a call out's frame hands its hole over.
+        if slow || self.area.contexts.depth() + 1 != depth {
+            self.hand_over_popped(depth);
+        }
+        let Some(c) = &self.contexts else { return };
         let deeper = Resync::DeeperReturn as usize;
         if c.resyncs[deeper] != before[deeper] {
             self.push_context_event(ContextChange::DeeperReturn, 0);
@@ -323,7 +330,9 @@ impl Translator {
         let target = self.area.ibl_target;
         if let Some(c) = &mut self.contexts {
             self.stats.context_exits += 1;
+            let depth = c.depth();
             if c.jump(target) {
+                self.hand_over_popped(depth);
                 self.push_context_event(ContextChange::JumpReturn, 0);
             }
         }

@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use hotpath_events::{
-    EdgeStep, HandOver, HandedActivation, HandedAt, IdKind, NewBlock, PathPlan, MAX_NUMBERING,
-    MAX_PLAN_PATHS,
+    BorderEvent, EdgeStep, HandOver, HandedActivation, HandedAt, IdKind, NewBlock, PathPlan,
+    MAX_NUMBERING, MAX_PLAN_PATHS,
 };
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
 
@@ -61,6 +61,12 @@ pub(crate) struct Instrumentation {
     /// This generation: host address of a reload stub → `(numbering, call block)` (what a
     /// frame whose host it is stands for).
     reloads: HashMap<u64, (u32, u32)>,
+    /// This generation: host address of a border reload stub (a call out's) → `(numbering,
+    /// call block)`: a frame whose host it is is a suspended hole's call out.
+    borders: HashMap<u64, (u32, u32)>,
+    /// Return points of the plans' calls out: a superblock does not run one inline after a
+    /// `ret` (the return must reach the frame's host, the border reload stub).
+    border_returns: std::collections::HashSet<u64>,
     /// While an exit of instrumented code is handled: the top activation's position if the
     /// thread does not go on in instrumented code (`None` inside: a call not yet entered, or
     /// a `ret` that ended its activation).
@@ -78,6 +84,7 @@ impl Instrumentation {
         self.installed.clear();
         self.blocks.clear();
         self.reloads.clear();
+        self.borders.clear();
     }
 
     /// The installed heads of the plan for the function at `entry`, if any.
@@ -98,6 +105,11 @@ impl Translator {
         for p in &plans {
             self.inst.plans.insert(p.entry().0, p.clone());
             self.inst.by_numbering.insert(p.numbering, p.clone());
+            for &i in &p.calls_out {
+                if let Some(rp) = p.blocks[i as usize].terminator.return_address() {
+                    self.inst.border_returns.insert(rp.0);
+                }
+            }
         }
         self.drop_callers_of_dropped();
         for p in &plans {
@@ -129,11 +141,26 @@ impl Translator {
                 && !self.inst.by_numbering.contains_key(&p.numbering);
             shape
                 && p.blocks.iter().enumerate().all(|(i, b)| {
+                    let returns = |return_to| {
+                        matches!(
+                            p.step_to(i as u32, return_to),
+                            Some((_, EdgeStep::Forward(_)))
+                        )
+                    };
                     let closed = match b.terminator {
                         Terminator::Jump { .. }
                         | Terminator::FallThrough { .. }
                         | Terminator::Return => true,
                         Terminator::Branch { .. } => true,
+                        // A call out: any callee, run cold.
+                        Terminator::Call { target, return_to }
+                            if target != return_to && p.calls_out(i as u32) =>
+                        {
+                            returns(return_to)
+                        }
+                        Terminator::IndirectCall { return_to } if p.calls_out(i as u32) => {
+                            returns(return_to)
+                        }
                         Terminator::Call { target, return_to } => {
                             target != return_to
                                 && callees
@@ -235,10 +262,18 @@ impl Translator {
             return Ok(None);
         }
         let room = self.cache.room() >= INSTALL_ROOM;
-        if self.links.inlined.contains(&entry) || !room {
+        let returns_inline = plan.calls_out.iter().any(|&i| {
+            plan.blocks[i as usize]
+                .terminator
+                .return_address()
+                .is_some_and(|rp| self.links.inlined.contains(&rp.0))
+        });
+        if self.links.inlined.contains(&entry) || returns_inline || !room {
             // A superblock runs the function's cold code inline after a call (its calls would
-            // never reach the head), or the cache is nearly full: the cache goes (rarely: once
-            // per region), and the plan is installed at the next call.
+            // never reach the head) or returns into it inline from a callee it calls out to
+            // (the return would not reach its border reload stub), or the cache is nearly
+            // full: the cache goes (rarely: once per region), and the plan is installed at
+            // the next call.
             if may_flush {
                 self.flush();
             } else {
@@ -389,7 +424,10 @@ impl Translator {
         let span = self.spans.entry(pc).or_insert(end);
         *span = (*span).max(end);
         if let Some(r) = emitted.reload {
-            self.inst.reloads.insert(r.0, (numbering, index));
+            match emitted.calls_out {
+                true => self.inst.borders.insert(r.0, (numbering, index)),
+                false => self.inst.reloads.insert(r.0, (numbering, index)),
+            };
         }
         self.inst.blocks.insert((numbering, index), entry);
         self.stats.blocks_translated += 1;
@@ -400,10 +438,10 @@ impl Translator {
     /// `plan` ran its step: what a hand-over says if the thread stops before `to`.
     fn position_after_edge(&self, plan: &PathPlan, from: u32, to: u32) -> HandedAt {
         let r = self.area.contexts.path;
-        let returned = matches!(
-            plan.blocks[from as usize].terminator,
-            Terminator::Call { return_to, .. } if return_to == plan.blocks[to as usize].start
-        );
+        // A call's (direct or indirect: a call out) edge to its return point: the callee
+        // returned.
+        let returned = plan.blocks[from as usize].terminator.return_address()
+            == Some(plan.blocks[to as usize].start);
         match plan.step(from, to) {
             Some(EdgeStep::Forward(add)) if returned => HandedAt::Returned {
                 call: from,
@@ -491,6 +529,9 @@ impl Translator {
                     .as_mut()
                     .and_then(|c| c.path_counters(numbering, paths));
                 if made.is_some() {
+                    // Its announcing event is written: if the dispatcher goes on by guest
+                    // address instead (a kick, a signal), the start is handed over.
+                    self.inst.pending = Some(Some((numbering, HandedAt::Start)));
                     return Ok(Ok(Next::Host(quiet)));
                 }
                 // The counter arena is full: this thread runs the function cold from now on.
@@ -524,6 +565,22 @@ impl Translator {
                 );
                 self.inst.pending = Some(None);
                 self.call_instrumented(callee, None)
+            }
+            ExitKind::PathCallOut {
+                numbering,
+                from,
+                callee,
+                full,
+            } => {
+                // Its call-out event is written: the hole is suspended, the callee cold.
+                self.inst.pending = None;
+                if full {
+                    // Nothing pushed; dropping frames would lose the hole's: hand it over
+                    // (as the monitor holds it now, suspended), then call cold.
+                    let r = self.area.contexts.path;
+                    self.hand_over_as(Some((numbering, HandedAt::Block { block: from, r })), true);
+                }
+                self.context_call(callee, full)
             }
             ExitKind::PathContextReturn { .. } => {
                 self.hand_over(None);
@@ -622,7 +679,16 @@ impl Translator {
             self.hand_over(None);
             return self.lookup_miss(target);
         }
-        let Some(&(caller, call)) = self.inst.reloads.get(&frame.host) else {
+        let border = self.inst.borders.get(&frame.host).copied();
+        if let (Some((numbering, call)), Some(p)) = (border, &self.producer) {
+            // The hole's root was a call out's callee: the caller's region goes on, as its
+            // border reload stub does.
+            for w in (BorderEvent::ReturnIn { numbering, call }).encode() {
+                p.push(w);
+            }
+        }
+        let Some((caller, call)) = border.or_else(|| self.inst.reloads.get(&frame.host).copied())
+        else {
             // The hole's root returns to cold code.
             return Ok(Ok(Next::Guest(target)));
         };
@@ -715,6 +781,23 @@ impl Translator {
         self.inst.plans.contains_key(&pc)
     }
 
+    /// True if resuming at host address `h` after a ring refill resumes a border event's
+    /// words: `h` is past an instrumented block's body entry (its announcing head, before it,
+    /// resumes at the block's start like any block's enqueue stub).
+    pub(super) fn is_border_resume(&self, h: HostAddr) -> bool {
+        self.cache
+            .layouts()
+            .range(..=h.0)
+            .next_back()
+            .is_some_and(|(_, l)| l.path_block.is_some() && h.0 >= l.entry && h.0 < l.code_end)
+    }
+
+    /// True if `pc` is the return point of a plan's call out (a superblock does not return to
+    /// it inline).
+    pub(super) fn is_border_return(&self, pc: u64) -> bool {
+        self.inst.border_returns.contains(&pc)
+    }
+
     /// Before `enter`: the thread goes on in the cache, the hole with it.
     pub(super) fn entering_hole(&mut self) {
         self.inst.pending = None;
@@ -741,6 +824,12 @@ impl Translator {
     /// then `top`, the running one, if it is live. Writes the hand-over for the monitor when
     /// there is one (docs/paths-design.md, "Step 3c decided", item 3).
     pub(super) fn hand_over(&mut self, top: Option<(u32, HandedAt)>) {
+        self.hand_over_as(top, false);
+    }
+
+    /// [`Translator::hand_over`]; `suspended`: the hole is the innermost suspended one, not
+    /// the running one (its call out's event is written: `top` is at the call block).
+    fn hand_over_as(&mut self, top: Option<(u32, HandedAt)>, suspended: bool) {
         self.inst.pending = None;
         let mut activations = Vec::new();
         let run_index = |run| self.contexts.as_ref().map_or(0, |c| c.run_index(run));
@@ -774,10 +863,95 @@ impl Translator {
         }
         self.stats.hand_overs += 1;
         if let Some(p) = &self.producer {
-            for w in (HandOver { activations }).encode() {
+            for w in (HandOver {
+                activations,
+                suspended,
+            })
+            .encode()
+            {
                 p.push(w);
             }
         }
+    }
+
+    /// Hands over every suspended hole whose call out's frame is among frames `lowest..=top`
+    /// (indices into the frame stack, 1 the bottom; they may be above `frame_top` already,
+    /// popped by a rule that has just run, their words intact), the innermost first: each is
+    /// its call out's frame (the caller at the call block) and the frames below it whose host
+    /// is one of the region's reload stubs (its callers), and their hosts become 0
+    /// (docs/paths-design.md, "Step 3g as built").
+    pub(super) fn hand_over_suspended(&mut self, lowest: usize, top: usize) {
+        if self.inst.borders.is_empty() {
+            return;
+        }
+        let run_index = |run| self.contexts.as_ref().map_or(0, |c| c.run_index(run));
+        let frames = &mut self.area.contexts.frames;
+        let top = top.min(frames.len() - 1);
+        let activation = |numbering, call, f: &hotpath_contexts::Frame| HandedActivation {
+            numbering,
+            at: HandedAt::Block {
+                block: call,
+                r: f.path,
+            },
+            run: run_index(f.run),
+        };
+        let mut holes = Vec::new();
+        let mut i = top;
+        while i >= lowest.max(1) {
+            let Some(&(numbering, call)) = self.inst.borders.get(&frames[i].host) else {
+                i -= 1;
+                continue;
+            };
+            // The call out's frame: its caller, at the call block.
+            let mut activations = vec![activation(numbering, call, &frames[i])];
+            frames[i].host = 0;
+            // The caller's callers in the hole: the frames below whose host is one of the
+            // region's reload stubs.
+            let mut j = i - 1;
+            while j >= 1 {
+                let Some(&(n, c)) = self.inst.reloads.get(&frames[j].host) else {
+                    break;
+                };
+                activations.push(activation(n, c, &frames[j]));
+                frames[j].host = 0;
+                j -= 1;
+            }
+            activations.reverse();
+            holes.push(activations);
+            // The hole's root's frame may be another hole's call out.
+            i = j;
+        }
+        for activations in holes {
+            self.stats.hand_overs += 1;
+            if let Some(p) = &self.producer {
+                for w in (HandOver {
+                    activations,
+                    suspended: true,
+                })
+                .encode()
+                {
+                    p.push(w);
+                }
+            }
+        }
+    }
+
+    /// After a rule of the runtime popped frames from `depth` frames down to the current
+    /// depth: the suspended holes whose call out's frame went are handed over (before the
+    /// rule's context event, so that the monitor has their activations to pop).
+    pub(super) fn hand_over_popped(&mut self, depth: usize) {
+        let now = self.area.contexts.depth();
+        if now < depth {
+            self.hand_over_suspended(now + 1, depth);
+        }
+    }
+
+    /// The host address a `ret` to `target` made by the runtime goes on at when the top frame
+    /// is a call out's (its border reload stub writes the return-in event), else `None`.
+    pub(super) fn border_host(&self, target: u64) -> Option<HostAddr> {
+        let f = self.area.contexts.live_frames().last()?;
+        (f.return_to == target && self.inst.borders.contains_key(&f.host))
+            .then_some(HostAddr(f.host))
     }
 
     /// Where a cold direct call of the function entered at `pc` (its return address on the

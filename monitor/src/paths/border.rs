@@ -1,0 +1,182 @@
+//! Following the borders of instrumented regions (#21 step 3g; docs/paths-design.md, "Step 3g
+//! as built"): a call out of a region runs its callee cold, between a call-out event and a
+//! return-in event, while the region's activations stay *suspended* in instrumented code.
+//!
+//! The recorder holds a running region (a *hole*) as its root's pending activation, marked
+//! [`HOLE_ROOT`] (the announcing event's, `step_instrumented`). A call out pushes the cold
+//! callee's pending activation above it, under the call-tree node of the caller's guest context
+//! (the hole's activations between the root and the caller are in the guest's contexts only),
+//! and makes the call block the tables' previous event, so that the ring's pair `call block →
+//! callee entry` is the call edge. The return in pops the callee as a `ret` to the return point
+//! does, counts the edge from the callee's `ret` block to the return point, and gives the
+//! recorder and the tables back the state they had at the call out. The derivation leaves
+//! these edges, and the call block's count, to the ring (`PathPlan::calls_out`).
+//!
+//! While a hole is suspended the guest has frames the recorder's stack does not (the hole's
+//! activations above its root): a context event's depth is mapped through the innermost
+//! suspended hole ([`PathRecorder::stack_depth`]). A suspended hole that turns cold (the
+//! runtime hands it over before a flush, or before frames below its call out are popped) is
+//! replaced in place: its root by its activations, with the callee's above them kept.
+
+use hotpath_contexts::{ContextArea, ContextId, Frame};
+use hotpath_events::{BorderEvent, HandOver};
+
+use super::ids::{NONE, SETTLED};
+use super::recorder::PathRecorder;
+use crate::Tables;
+
+/// `Activation::len` of a pending activation that stands for a hole: a whole activation of
+/// an instrumented function, its root (see `step_instrumented`).
+pub(crate) const HOLE_ROOT: u32 = u32::MAX - 1;
+
+/// A hole suspended in a call out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Suspended {
+    /// Index on the recorder's stack of the callee's activation.
+    callee: usize,
+    /// The guest's frame count with the callee's frame (its depth, as context events give).
+    guest_depth: u32,
+    /// The recorder's previous block at the call out (the hole root's `ret` alias).
+    prev: u32,
+    /// The tables' previous event at the call out.
+    tables_prev: u32,
+    /// The return point's block id.
+    return_point: u32,
+}
+
+impl PathRecorder {
+    /// Follows border event `e` (the events before it recorded and settled).
+    pub(crate) fn follow_border(&mut self, e: BorderEvent, tables: &mut Tables) {
+        self.memo.last = NONE;
+        match e {
+            BorderEvent::CallOut {
+                numbering,
+                call,
+                context,
+                frame_top,
+            } => self.call_out(numbering, call, context, frame_top, tables),
+            BorderEvent::ReturnIn { .. } => self.return_in(tables),
+        }
+    }
+
+    /// Block `call` of numbering `numbering` called out: the callee (guest context `context`)
+    /// starts at the next block, cold.
+    fn call_out(
+        &mut self,
+        numbering: u32,
+        call: u32,
+        context: u32,
+        frame_top: u32,
+        tables: &mut Tables,
+    ) {
+        let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
+            return;
+        };
+        let Some(u) = self.block_id(func, call) else {
+            return;
+        };
+        let Some(return_to) = tables.blocks[u as usize].terminator.return_address() else {
+            return;
+        };
+        let return_point = self
+            .ids_at
+            .get(&return_to.0)
+            .and_then(|ids| ids.last())
+            .copied()
+            .unwrap_or(NONE);
+        // The callee's call-tree parent: the node of the caller's context.
+        let parent = self
+            .contexts
+            .clone()
+            .and_then(|view| self.live_call_node(&view, ContextId(context)))
+            .or_else(|| self.stack.last().map(|a| a.call_node))
+            .unwrap_or(0);
+        // The callee's frame is the next one.
+        let guest_depth = frame_top.saturating_sub(ContextArea::FRAMES_EMPTY as u32)
+            / std::mem::size_of::<Frame>() as u32
+            + 1;
+        self.instrumenter.suspended.push(Suspended {
+            callee: self.stack.len(),
+            guest_depth,
+            prev: self.prev,
+            tables_prev: tables.prev(),
+            return_point,
+        });
+        self.push_pending(NONE, return_to.0, parent);
+        self.prev = SETTLED;
+        tables.set_prev(u);
+    }
+
+    /// The callee of the innermost suspended hole's call out returned to its frame: pop it
+    /// (and anything above it), count the edge from its `ret` to the return point, and go on
+    /// as at the call out.
+    fn return_in(&mut self, tables: &mut Tables) {
+        let Some(s) = self.instrumenter.suspended.pop() else {
+            return;
+        };
+        while self.stack.len() > s.callee {
+            self.pop_activation();
+        }
+        // The pair (the callee's last event → the return point): the edge from its `ret`, and
+        // the rest of a superblock that ended with it.
+        if tables.prev() != NONE && s.return_point != NONE {
+            tables.replay_blocks(&[s.return_point]);
+        }
+        self.prev = s.prev;
+        tables.set_prev(s.tables_prev);
+    }
+
+    /// The recorder's stack depth (the top activation's index) that guest frame count `depth`
+    /// stands for: the same, unless a hole is suspended below it, whose activations above its
+    /// root have guest frames only.
+    pub(crate) fn stack_depth(&self, depth: u32) -> u32 {
+        match self.instrumenter.suspended.last() {
+            Some(s) if depth >= s.guest_depth => depth - s.guest_depth + s.callee as u32,
+            // Below the innermost call out (the runtime hands such holes over first).
+            Some(s) => depth.min(s.callee as u32),
+            None => depth,
+        }
+    }
+
+    /// Hand-over `h` of the innermost suspended hole: its root's pending activation is
+    /// replaced by `h`'s activations, below the callee's, which stay; the recorder and the
+    /// tables go on from where they are.
+    pub(crate) fn hand_over_suspended(&mut self, h: &HandOver, tables: &mut Tables) {
+        let Some(s) = self.instrumenter.suspended.pop() else {
+            return;
+        };
+        let Some(root) = (0..s.callee.min(self.stack.len()))
+            .rev()
+            .find(|&i| self.stack[i].cur == NONE && self.stack[i].len == HOLE_ROOT)
+        else {
+            return;
+        };
+        let above = self.stack.split_off(root + 1);
+        let (prev, tables_prev) = (self.prev, tables.prev());
+        self.hand_over(h, tables);
+        self.stack.extend(above);
+        self.prev = prev;
+        tables.set_prev(tables_prev);
+    }
+
+    /// The call-tree node guest context `id` stands for, made if need be (the hole's contexts
+    /// are the guest's alone).
+    fn live_call_node(
+        &mut self,
+        view: &hotpath_contexts::ContextView,
+        id: ContextId,
+    ) -> Option<u32> {
+        if self.root_call == NONE {
+            return None;
+        }
+        let mut known = std::mem::take(&mut self.instrumenter.context_nodes);
+        if known.get(&ContextId::ROOT.0) != Some(&self.root_call) {
+            // The bottom activation changed (an exec, a reset): its descendants' nodes too.
+            known.clear();
+            known.insert(ContextId::ROOT.0, self.root_call);
+        }
+        let node = self.call_node_of(view, id, &mut known);
+        self.instrumenter.context_nodes = known;
+        node
+    }
+}
