@@ -412,8 +412,6 @@ pub(crate) enum RingWord {
     Const(u32),
     /// The current context's id (`hotpath_contexts::Node::id`) plus this.
     ContextId(u32),
-    /// The context area's `frame_top` (bytes) plus this.
-    FrameTop(u32),
 }
 
 /// Appends the writes of `words` to the ring, one enqueue stub each (exit on a full lap,
@@ -460,11 +458,6 @@ pub(crate) fn enqueue_words(
                 ; .arch x64
                 ; .u8 GS ; mov rax, QWORD [off::CTX]
                 ; mov eax, DWORD [rax + hotpath_contexts::Node::ID as i32]
-                ; lea eax, [rax + c as i32]
-            ),
-            RingWord::FrameTop(c) => dynasm!(ops
-                ; .arch x64
-                ; .u8 GS ; mov rax, QWORD [off::FRAME_TOP]
                 ; lea eax, [rax + c as i32]
             ),
             RingWord::Const(_) => unreachable!("constants have their own stub"),

@@ -542,14 +542,16 @@ struct CallOutTail<'a> {
 }
 
 impl CallOutTail<'_> {
-    /// Writes the call-out event: the caller's context and the frame stack's top as they are
-    /// before the call's frame is pushed (every guest register as it was).
+    /// Writes the call-out event: its site and the caller's context, before the call's
+    /// context step (every guest register as it was).
     fn call_out_event(&self, ops: &mut VecAssembler<X64Relocation>) {
+        let site = self
+            .plan
+            .call_out_site(self.index)
+            .expect("a call out has a site");
         let words = [
-            RingWord::Const(BorderEvent::first_word_of(true, self.plan.numbering)),
-            RingWord::Const(BorderEvent::part_word(1, self.index)),
-            RingWord::ContextId(BorderEvent::part_word(2, 0)),
-            RingWord::FrameTop(BorderEvent::part_word(3, 0)),
+            RingWord::Const(BorderEvent::call_out_word(site)),
+            RingWord::ContextId(BorderEvent::context_word(0)),
         ];
         enqueue_words(ops, &words, self.ring, self.exit_addr);
     }
@@ -595,11 +597,12 @@ impl CallOutTail<'_> {
         };
         dynasm!(ops ; .arch x64 ; =>label);
         let at = HostAddr(base + ops.offset().0 as u64);
-        let words = [
-            RingWord::Const(BorderEvent::first_word_of(false, self.plan.numbering)),
-            RingWord::Const(BorderEvent::part_word(1, self.index)),
-        ];
-        enqueue_words(ops, &words, self.ring, self.exit_addr);
+        enqueue_words(
+            ops,
+            &[RingWord::Const(BorderEvent::RETURN_IN)],
+            self.ring,
+            self.exit_addr,
+        );
         context_steps::reload_path(ops, add);
         let stub = ops.new_dynamic_label();
         let site = patchable_jmp(ops, base, stub);

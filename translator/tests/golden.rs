@@ -518,6 +518,7 @@ fn recursive_plan(guest: u64, lacks_taken: bool) -> hotpath_events::PathPlan {
         num_paths: 6,
         entry_sites: None,
         calls_out: vec![],
+        first_site: 0,
     }
 }
 

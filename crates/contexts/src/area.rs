@@ -107,9 +107,10 @@ impl ContextArea {
         };
     }
 
-    /// Frames on the stack (the sentinel not counted).
+    /// Frames on the stack (the sentinel not counted); 0 also while a `ret` that matched the
+    /// sentinel has left `frame_top` below it, until [`crate::Contexts::repair`].
     pub fn depth(&self) -> usize {
-        (self.frame_top as usize - Self::FRAMES_EMPTY) / size_of::<Frame>()
+        (self.frame_top as usize).saturating_sub(Self::FRAMES_EMPTY) / size_of::<Frame>()
     }
 
     /// The stack's frames, bottom first.

@@ -75,6 +75,9 @@ pub struct PathPlan {
     /// call-out event and a return-in event ([`BorderEvent`]; docs/paths-design.md, "Step 3g").
     /// Every other call block calls an instrumented function of the region.
     pub calls_out: Vec<u32>,
+    /// The call-out event's site id of `calls_out[0]`; `calls_out[i]`'s is `first_site + i`
+    /// (ids the monitor hands out, unique in the process, below [`MAX_SITES`]).
+    pub first_site: u32,
 }
 
 impl PathPlan {
@@ -132,6 +135,12 @@ impl PathPlan {
         self.calls_out.binary_search(&index).is_ok()
     }
 
+    /// The call-out site id of block `index`, if its call leaves the region.
+    pub fn call_out_site(&self, index: u32) -> Option<u32> {
+        let i = self.calls_out.binary_search(&index).ok()?;
+        Some(self.first_site + i as u32)
+    }
+
     /// True if a call returning to `return_to` may enter the function instrumented
     /// ([`PathPlan::entry_sites`]).
     pub fn enters_from(&self, return_to: GuestAddr) -> bool {
@@ -173,8 +182,11 @@ const KIND_CALL_OUT: u32 = 2;
 const KIND_RETURN_IN: u32 = 3;
 const LOW_MASK: u32 = (1 << KIND_SHIFT) - 1;
 
-/// Largest numbering id a hand-over or a border event can name, plus one.
+/// Largest numbering id a hand-over can name, plus one.
 pub const MAX_NUMBERING: u32 = 1 << KIND_SHIFT;
+
+/// Largest call-out site id a border event can name, plus one.
+pub const MAX_SITES: u32 = 1 << KIND_SHIFT;
 
 /// True if `word` is part of a hand-over event.
 #[inline(always)]
@@ -291,81 +303,63 @@ fn tagged_word(part: u32, payload: u32) -> u32 {
     HANDOVER_EVENT | part << PART_SHIFT | payload
 }
 
-/// Where an instrumented region meets cold code (docs/paths-design.md, "Step 3g"): written by
-/// translated code (or by the runtime for it) as tagged words, like a hand-over.
+/// Where an instrumented region meets cold code (docs/paths-design.md, "Step 3g as built"):
+/// written by translated code (or by the runtime for it) as tagged words, like a hand-over.
 ///
 /// ```text
-/// call out:  11 | 00 | 10 | numbering (26)    11 | 01 | call block
-///            11 | 10 | caller's context id    11 | 11 | frame_top before the call's push (bytes)
-/// return in: 11 | 00 | 11 | numbering (26)    11 | 01 | call block
+/// call out:  11 | 00 | 10 | site (26)    11 | 01 | caller's context id
+/// return in: 11 | 00 | 11 | 0
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BorderEvent {
-    /// Block `call` of numbering `numbering` calls out of the region: written before the
-    /// call's frame is pushed (`frame_top` is the context area's, in bytes, then) and its
-    /// context step made (`context` is the caller's context, a `hotpath_contexts::ContextId`);
-    /// the callee's blocks follow in the ring.
-    CallOut {
-        numbering: u32,
-        call: u32,
-        context: u32,
-        frame_top: u32,
-    },
-    /// The callee of block `call`'s call out returned to its frame: the region goes on at the
-    /// call's return point, instrumented.
-    ReturnIn { numbering: u32, call: u32 },
+    /// The call block of call-out site `site` ([`PathPlan::first_site`]) calls out of its
+    /// region: written before the call's frame is pushed and its context step made
+    /// (`context` is the caller's context, a `hotpath_contexts::ContextId`); the callee's
+    /// blocks follow in the ring.
+    CallOut { site: u32, context: u32 },
+    /// The callee of the innermost suspended call out returned to its frame: the region goes
+    /// on at the call's return point, instrumented.
+    ReturnIn,
 }
 
 /// Words of a call-out event.
-pub const CALL_OUT_WORDS: usize = 4;
+pub const CALL_OUT_WORDS: usize = 2;
 
 /// Words of a return-in event.
-pub const RETURN_IN_WORDS: usize = 2;
+pub const RETURN_IN_WORDS: usize = 1;
 
 impl BorderEvent {
     /// The event's words.
     ///
     /// # Panics
-    /// If the numbering does not fit 26 bits or another field 28.
+    /// If the site does not fit 26 bits or the context 28.
     pub fn encode(&self) -> Vec<u32> {
         match *self {
-            BorderEvent::CallOut {
-                numbering,
-                call,
-                context,
-                frame_top,
-            } => vec![
-                Self::first_word(KIND_CALL_OUT, numbering),
-                tagged_word(1, call),
-                tagged_word(2, context),
-                tagged_word(3, frame_top),
+            BorderEvent::CallOut { site, context } => vec![
+                Self::call_out_word(site),
+                Self::context_word(0) | tagged_word(1, context),
             ],
-            BorderEvent::ReturnIn { numbering, call } => vec![
-                Self::first_word(KIND_RETURN_IN, numbering),
-                tagged_word(1, call),
-            ],
+            BorderEvent::ReturnIn => vec![Self::RETURN_IN],
         }
     }
 
-    /// The first word of a call out (`call_out`) or a return in of `numbering`: translated
-    /// code writes it as a constant.
-    pub fn first_word_of(call_out: bool, numbering: u32) -> u32 {
-        match call_out {
-            true => Self::first_word(KIND_CALL_OUT, numbering),
-            false => Self::first_word(KIND_RETURN_IN, numbering),
-        }
+    /// The first word of site `site`'s call out: translated code writes it as a constant.
+    ///
+    /// # Panics
+    /// If the site does not fit 26 bits.
+    pub fn call_out_word(site: u32) -> u32 {
+        assert!(site < MAX_SITES, "a call-out site fits 26 bits");
+        tagged_word(0, KIND_CALL_OUT << KIND_SHIFT | site)
     }
 
-    fn first_word(kind: u32, numbering: u32) -> u32 {
-        assert!(numbering < MAX_NUMBERING, "a numbering fits 26 bits");
-        tagged_word(0, kind << KIND_SHIFT | numbering)
+    /// The call out's second word with context id `context` (translated code adds the id to
+    /// `context_word(0)`: the id fits 28 bits, so the sum is their OR).
+    pub fn context_word(context: u32) -> u32 {
+        tagged_word(1, context)
     }
 
-    /// A later word: `part` (1 to 3) with `payload`; translated code ORs a dynamic payload
-    /// into `part_word(part, 0)`.
-    pub fn part_word(part: u32, payload: u32) -> u32 {
-        tagged_word(part, payload)
-    }
+    /// The return-in event's one word.
+    pub const RETURN_IN: u32 = HANDOVER_EVENT | KIND_RETURN_IN << KIND_SHIFT;
 }
 
 /// A tagged event of the ring (tag `11`): a hand-over or a border event.
@@ -385,7 +379,7 @@ pub struct HandOverDecoder {
     kind: u32,
     /// Activations a hand-over still expects (0: no hand-over being read).
     expected: usize,
-    /// A border event's numbering, or a hand-over's current activation's payloads.
+    /// A call out's site while its context word is awaited.
     numbering: u32,
     words: Vec<u32>,
     partial: HandOver,
@@ -411,8 +405,12 @@ impl HandOverDecoder {
                     (self.expected == 0)
                         .then(|| TaggedEvent::HandOver(std::mem::take(&mut self.partial)))
                 }
+                KIND_RETURN_IN => {
+                    self.expected = 0;
+                    Some(TaggedEvent::Border(BorderEvent::ReturnIn))
+                }
                 _ => {
-                    // A border event: its words follow.
+                    // A call out: its context word follows.
                     self.expected = usize::MAX;
                     self.numbering = payload & LOW_MASK;
                     None
@@ -422,28 +420,14 @@ impl HandOverDecoder {
         if self.expected == 0 {
             return None;
         }
-        if matches!(self.kind, KIND_CALL_OUT | KIND_RETURN_IN) {
-            if part != self.words.len() as u32 + 1 {
-                self.expected = 0;
-                return None;
-            }
-            self.words.push(payload);
-            let w = &self.words;
-            let event = match (self.kind, w.len()) {
-                (KIND_RETURN_IN, 1) => BorderEvent::ReturnIn {
-                    numbering: self.numbering,
-                    call: w[0],
-                },
-                (KIND_CALL_OUT, 3) => BorderEvent::CallOut {
-                    numbering: self.numbering,
-                    call: w[0],
-                    context: w[1],
-                    frame_top: w[2],
-                },
-                _ => return None,
-            };
+        if self.kind == KIND_CALL_OUT {
             self.expected = 0;
-            return Some(TaggedEvent::Border(event));
+            return (part == 1).then(|| {
+                TaggedEvent::Border(BorderEvent::CallOut {
+                    site: self.numbering,
+                    context: payload,
+                })
+            });
         }
         let want = match self.words.len() {
             0 => 1,
@@ -587,42 +571,36 @@ mod tests {
     #[test]
     fn border_events_round_trip_between_hand_overs() {
         let out_ = BorderEvent::CallOut {
-            numbering: MAX_NUMBERING - 1,
-            call: 7,
+            site: MAX_SITES - 1,
             context: PAYLOAD_MASK,
-            frame_top: 12345,
         };
-        let in_ = BorderEvent::ReturnIn {
-            numbering: 3,
-            call: 7,
-        };
+        let in_ = BorderEvent::ReturnIn;
         assert_eq!(out_.encode().len(), CALL_OUT_WORDS);
         assert_eq!(in_.encode().len(), RETURN_IN_WORDS);
+        assert_eq!(out_.encode()[0], BorderEvent::call_out_word(MAX_SITES - 1));
         assert_eq!(
-            out_.encode()[0],
-            BorderEvent::first_word_of(true, MAX_NUMBERING - 1)
-        );
-        assert_eq!(
-            out_.encode()[2],
-            BorderEvent::part_word(2, 0) | PAYLOAD_MASK
+            out_.encode()[1],
+            BorderEvent::context_word(0) + PAYLOAD_MASK
         );
         let h = HandOver::default();
         let mut d = HandOverDecoder::default();
-        let words: Vec<u32> = [out_.encode(), h.encode(), in_.encode()].concat();
+        let words: Vec<u32> = [out_.encode(), h.encode(), in_.encode(), in_.encode()].concat();
+        assert!(words.iter().all(|&w| is_handover(w)));
         let got: Vec<TaggedEvent> = words.iter().filter_map(|&w| d.push(w)).collect();
         assert_eq!(
             got,
             vec![
                 TaggedEvent::Border(out_),
                 TaggedEvent::HandOver(h),
+                TaggedEvent::Border(in_),
                 TaggedEvent::Border(in_)
             ]
         );
-        // A word out of order drops the event.
+        // A call out cut short by another event's first word is dropped.
         let w = out_.encode();
         assert_eq!(d.push(w[0]), None);
-        assert_eq!(d.push(w[2]), None);
-        assert_eq!(d.push(w[3]), None);
+        assert_eq!(d.push(in_.encode()[0]), Some(TaggedEvent::Border(in_)));
+        assert_eq!(d.push(w[1]), None);
     }
 
     #[test]
@@ -669,6 +647,7 @@ mod tests {
             num_paths: 4,
             entry_sites: None,
             calls_out: vec![],
+            first_site: 0,
         };
         assert_eq!(plan.entry(), GuestAddr(0x10));
         assert_eq!(plan.step(0, 2), Some(EdgeStep::Forward(2)));

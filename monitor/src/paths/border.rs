@@ -13,12 +13,13 @@
 //! these edges, and the call block's count, to the ring (`PathPlan::calls_out`).
 //!
 //! While a hole is suspended the guest has frames the recorder's stack does not (the hole's
-//! activations above its root): a context event's depth is mapped through the innermost
-//! suspended hole ([`PathRecorder::stack_depth`]). A suspended hole that turns cold (the
-//! runtime hands it over before a flush, or before frames below its call out are popped) is
-//! replaced in place: its root by its activations, with the callee's above them kept.
+//! activations above its root), so a context event's depth would not be the stack's: the
+//! runtime hands every suspended hole over before it writes an event that gives a depth (a
+//! resynchronisation, rare), as it does before a flush and at the thread's end. A suspended
+//! hole handed over is replaced in place: its root by its activations, with the callee's
+//! above them kept.
 
-use hotpath_contexts::{ContextArea, ContextId, Frame};
+use hotpath_contexts::ContextId;
 use hotpath_events::{BorderEvent, HandOver};
 
 use super::ids::{NONE, SETTLED};
@@ -34,8 +35,6 @@ pub(crate) const HOLE_ROOT: u32 = u32::MAX - 1;
 pub(crate) struct Suspended {
     /// Index on the recorder's stack of the callee's activation.
     callee: usize,
-    /// The guest's frame count with the callee's frame (its depth, as context events give).
-    guest_depth: u32,
     /// The recorder's previous block at the call out (the hole root's `ret` alias).
     prev: u32,
     /// The tables' previous event at the call out.
@@ -49,26 +48,17 @@ impl PathRecorder {
     pub(crate) fn follow_border(&mut self, e: BorderEvent, tables: &mut Tables) {
         self.memo.last = NONE;
         match e {
-            BorderEvent::CallOut {
-                numbering,
-                call,
-                context,
-                frame_top,
-            } => self.call_out(numbering, call, context, frame_top, tables),
-            BorderEvent::ReturnIn { .. } => self.return_in(tables),
+            BorderEvent::CallOut { site, context } => self.call_out(site, context, tables),
+            BorderEvent::ReturnIn => self.return_in(tables),
         }
     }
 
-    /// Block `call` of numbering `numbering` called out: the callee (guest context `context`)
-    /// starts at the next block, cold.
-    fn call_out(
-        &mut self,
-        numbering: u32,
-        call: u32,
-        context: u32,
-        frame_top: u32,
-        tables: &mut Tables,
-    ) {
+    /// Call-out site `site` called out from guest context `context`: the callee starts at the
+    /// next block, cold.
+    fn call_out(&mut self, site: u32, context: u32, tables: &mut Tables) {
+        let Some(&(numbering, call)) = self.instrumenter.sites.get(&site) else {
+            return;
+        };
         let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
             return;
         };
@@ -91,13 +81,8 @@ impl PathRecorder {
             .and_then(|view| self.live_call_node(&view, ContextId(context)))
             .or_else(|| self.stack.last().map(|a| a.call_node))
             .unwrap_or(0);
-        // The callee's frame is the next one.
-        let guest_depth = frame_top.saturating_sub(ContextArea::FRAMES_EMPTY as u32)
-            / std::mem::size_of::<Frame>() as u32
-            + 1;
         self.instrumenter.suspended.push(Suspended {
             callee: self.stack.len(),
-            guest_depth,
             prev: self.prev,
             tables_prev: tables.prev(),
             return_point,
@@ -124,18 +109,6 @@ impl PathRecorder {
         }
         self.prev = s.prev;
         tables.set_prev(s.tables_prev);
-    }
-
-    /// The recorder's stack depth (the top activation's index) that guest frame count `depth`
-    /// stands for: the same, unless a hole is suspended below it, whose activations above its
-    /// root have guest frames only.
-    pub(crate) fn stack_depth(&self, depth: u32) -> u32 {
-        match self.instrumenter.suspended.last() {
-            Some(s) if depth >= s.guest_depth => depth - s.guest_depth + s.callee as u32,
-            // Below the innermost call out (the runtime hands such holes over first).
-            Some(s) => depth.min(s.callee as u32),
-            None => depth,
-        }
     }
 
     /// Hand-over `h` of the innermost suspended hole: its root's pending activation is

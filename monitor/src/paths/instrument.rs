@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use hotpath_events::{Command, PathPlan, MAX_NUMBERING, MAX_PLAN_PATHS};
+use hotpath_events::{Command, PathPlan, MAX_NUMBERING, MAX_PLAN_PATHS, MAX_SITES};
 use hotpath_ir::{BlockSummary, GuestAddr, Terminator};
 
 use super::ids::FxMap;
@@ -39,12 +39,19 @@ use crate::Tables;
 /// fewer at a low threshold (tests), so that short programs are instrumented too.
 const LOOK_EVERY_EVENTS: u64 = 1 << 16;
 
+/// Fewest blocks a function's paths run per call out for it to be instrumented (blocks of its
+/// finished paths, weighted by their counts, over the executions of its calls out among them).
+const MIN_BLOCKS_PER_CALL_OUT: u64 = 8;
+
 /// Most numberings one function is sent (the first and its renumberings).
 const MAX_NUMBERINGS_PER_FUNCTION: u32 = 8;
 
 /// Numberings handed out in this process (the translator tells counters apart by them; never
 /// 0).
 static NEXT_NUMBERING: AtomicU32 = AtomicU32::new(1);
+
+/// Call-out site ids handed out in this process (`PathPlan::first_site`).
+static NEXT_SITE: AtomicU32 = AtomicU32::new(0);
 
 /// What the recorder keeps of its instrumentation requests.
 #[derive(Clone, Debug, Default)]
@@ -78,6 +85,8 @@ pub(crate) struct Instrumenter {
     pub(crate) handed_runs: FxMap<u32, (u32, u32)>,
     /// Each numbering's call blocks that call out (`PathPlan::calls_out`).
     pub(crate) calls_out: FxMap<u32, Vec<u32>>,
+    /// Each call-out site: its numbering and call block.
+    pub(crate) sites: FxMap<u32, (u32, u32)>,
     /// The holes suspended in a call out, innermost last (`border`).
     pub(crate) suspended: Vec<super::border::Suspended>,
     /// Guest context → call-tree node, for call outs (`border`).
@@ -141,27 +150,53 @@ impl PathRecorder {
         }
         self.instrumenter.checked.extend(unchanged);
         self.with_entry_sites(&mut cands, tables);
-        // The entry sites of each function a call may go to instrumented: this set's plan, or
-        // the one sent before (`None`: any site). Every other call leaves the region.
-        let mut sites: FxMap<u64, Option<Vec<GuestAddr>>> = FxMap::default();
-        for (&e, &n) in &self.instrumenter.latest {
-            sites.insert(e, self.instrumenter.entry_sites.get(&n).cloned());
-        }
-        for (p, _, _) in cands.values() {
-            sites.insert(p.entry().0, p.entry_sites.clone());
-        }
-        let enters = |t: u64, rp: u64| match sites.get(&t) {
-            Some(Some(list)) => list.contains(&GuestAddr(rp)),
-            Some(None) => true,
-            None => false,
-        };
-        for (plan, calls, _) in cands.values_mut() {
-            for &(t, rp, block) in calls.iter() {
-                if !enters(t, rp) {
-                    plan.calls_out.push(block);
-                }
+        // Each candidate's calls out: its indirect calls, and its direct calls of functions
+        // that are not in the set (or planned before) or whose plan does not let the site in.
+        // A call out costs the ring three words and the monitor a step each way, and it cuts
+        // the superblocks that ran the caller and the callee together: a function whose paths
+        // call out every few blocks saves less than that (busybox sort's merge loop calls its
+        // comparison every 3 blocks, and ran 40 % slower instrumented), and is left out; its
+        // callers then call out to it, so the rest is looked at again, until nothing changes.
+        let indirect: FxMap<u32, Vec<u32>> = cands
+            .iter()
+            .map(|(&f, (p, _, _))| (f, p.calls_out.clone()))
+            .collect();
+        loop {
+            let mut sites: FxMap<u64, Option<Vec<GuestAddr>>> = FxMap::default();
+            for (&e, &n) in &self.instrumenter.latest {
+                sites.insert(e, self.instrumenter.entry_sites.get(&n).cloned());
             }
-            plan.calls_out.sort_unstable();
+            for (p, _, _) in cands.values() {
+                sites.insert(p.entry().0, p.entry_sites.clone());
+            }
+            let enters = |t: u64, rp: u64| match sites.get(&t) {
+                Some(Some(list)) => list.contains(&GuestAddr(rp)),
+                Some(None) => true,
+                None => false,
+            };
+            for (f, (plan, calls, _)) in cands.iter_mut() {
+                plan.calls_out = indirect[f].clone();
+                for &(t, rp, block) in calls.iter() {
+                    if !enters(t, rp) {
+                        plan.calls_out.push(block);
+                    }
+                }
+                plan.calls_out.sort_unstable();
+            }
+            let costly: Vec<u32> = cands
+                .iter()
+                .filter(|(&f, (plan, _, _))| {
+                    let (blocks, outs) = self.blocks_per_call_out(f, &plan.calls_out);
+                    blocks < MIN_BLOCKS_PER_CALL_OUT * outs
+                })
+                .map(|(&f, _)| f)
+                .collect();
+            if costly.is_empty() {
+                break;
+            }
+            for f in costly {
+                cands.remove(&f);
+            }
         }
         if cands.is_empty() {
             return None;
@@ -173,7 +208,15 @@ impl PathRecorder {
                 return None;
             }
             plan.numbering = numbering;
+            plan.first_site = NEXT_SITE.fetch_add(plan.calls_out.len() as u32, Ordering::Relaxed);
+            if plan.first_site as u64 + plan.calls_out.len() as u64 > MAX_SITES as u64 {
+                return None;
+            }
             let i = &mut self.instrumenter;
+            for (k, &call) in plan.calls_out.iter().enumerate() {
+                i.sites
+                    .insert(plan.first_site + k as u32, (numbering, call));
+            }
             match &plan.entry_sites {
                 Some(list) => {
                     i.entry_sites.insert(numbering, list.clone());
@@ -235,6 +278,23 @@ impl PathRecorder {
             sites.sort_unstable();
             true
         });
+    }
+
+    /// Blocks function `f`'s finished paths ran, and how many of them were the call blocks
+    /// `calls_out` (node indices), weighted by each path's count.
+    fn blocks_per_call_out(&self, f: u32, calls_out: &[u32]) -> (u64, u64) {
+        let (mut blocks, mut outs) = (0u64, 0u64);
+        for &p in &self.funcs[f as usize].paths {
+            let path = &self.paths[p as usize];
+            let nodes = &path.key[2..path.key.len() - 1];
+            blocks += path.count * nodes.len() as u64;
+            let n = nodes
+                .iter()
+                .filter(|n| calls_out.binary_search(n).is_ok())
+                .count();
+            outs += path.count * n as u64;
+        }
+        (blocks, outs)
     }
 
     /// True if instrumented function `f`'s CFG has grown since its last numbering (its
@@ -340,6 +400,7 @@ impl PathRecorder {
             entry_sites: several_rets.then(Vec::new),
             // Direct calls out are added once the region is known.
             calls_out,
+            first_site: 0,
         };
         Ok((plan, calls, n))
     }

@@ -562,7 +562,6 @@ impl PathRecorder {
             }
         }
         let pop_to = |p: &mut PathRecorder, depth: u32| {
-            let depth = p.stack_depth(depth);
             while p.stack.len() > depth as usize + 1 {
                 p.pop_activation();
             }

@@ -194,7 +194,12 @@ impl Translator {
     /// context event, with the thread's frame count after it, and `function` when the change
     /// names one. Written after the event of the block whose terminator made the change and
     /// before the next block's, as the monitor reads it.
-    pub(super) fn push_context_event(&self, change: ContextChange, function: u64) {
+    pub(super) fn push_context_event(&mut self, change: ContextChange, function: u64) {
+        if !matches!(change, ContextChange::TailCall | ContextChange::SignalEnter) {
+            // An event that gives a depth: the monitor holds a suspended hole as one
+            // activation, so every one is handed over first (rare: resynchronisations).
+            self.hand_over_suspended(1, self.area.contexts.depth());
+        }
         if let (Some(p), Some(c)) = (&self.producer, &self.contexts) {
             let e = ContextEvent {
                 change,

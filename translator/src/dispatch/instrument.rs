@@ -680,12 +680,10 @@ impl Translator {
             return self.lookup_miss(target);
         }
         let border = self.inst.borders.get(&frame.host).copied();
-        if let (Some((numbering, call)), Some(p)) = (border, &self.producer) {
+        if let (Some(_), Some(p)) = (border, &self.producer) {
             // The hole's root was a call out's callee: the caller's region goes on, as its
             // border reload stub does.
-            for w in (BorderEvent::ReturnIn { numbering, call }).encode() {
-                p.push(w);
-            }
+            p.push(BorderEvent::RETURN_IN);
         }
         let Some((caller, call)) = border.or_else(|| self.inst.reloads.get(&frame.host).copied())
         else {
@@ -949,6 +947,9 @@ impl Translator {
     /// The host address a `ret` to `target` made by the runtime goes on at when the top frame
     /// is a call out's (its border reload stub writes the return-in event), else `None`.
     pub(super) fn border_host(&self, target: u64) -> Option<HostAddr> {
+        if self.inst.borders.is_empty() {
+            return None;
+        }
         let f = self.area.contexts.live_frames().last()?;
         (f.return_to == target && self.inst.borders.contains_key(&f.host))
             .then_some(HostAddr(f.host))
