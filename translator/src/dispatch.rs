@@ -968,6 +968,7 @@ impl Translator {
             enqueue: Some(self.cfg.ring_entries),
             gateway: self.gateway,
             contexts: self.contexts.is_some(),
+            tail_call: false,
         };
         let trace = match emit_superblock(&blocks, sb, self.cache.next_addr(), first_exit, &cx) {
             Ok(t) => t,
@@ -1172,6 +1173,7 @@ impl Translator {
                     k @ (ExitKind::PathEdge { .. }
                     | ExitKind::PathCall { .. }
                     | ExitKind::PathCallOut { .. }
+                    | ExitKind::PathTailMiss { .. }
                     | ExitKind::PathLeave { .. }
                     | ExitKind::PathCounters { .. }
                     | ExitKind::PathContextCall { .. }
@@ -1828,6 +1830,7 @@ impl Translator {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,
             contexts: self.contexts.is_some(),
+            tail_call: false,
         };
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);

@@ -125,6 +125,14 @@ pub enum ExitKind {
         callee: Option<GuestAddr>,
         full: bool,
     },
+    /// The path end of instrumented block `from`, a tail call out to guest `target`, found
+    /// another child in its run node's cache (nothing done yet): the runtime ends the path and
+    /// the run, writes the tail-out event and makes the jump.
+    PathTailMiss {
+        numbering: u32,
+        from: u32,
+        target: GuestAddr,
+    },
     /// A path end of instrumented block `from` found another child in its run node's cache
     /// (nothing done yet): the runtime ends the path — on the back edge to block `to`, or at
     /// the activation's end (`to` is `None`), whose `ret` pops `pop` bytes and goes on as the
@@ -174,6 +182,7 @@ impl ExitKind {
                 | ExitKind::PathCounters { .. }
                 | ExitKind::PathContextCall { .. }
                 | ExitKind::PathCallOut { .. }
+                | ExitKind::PathTailMiss { .. }
                 | ExitKind::PathContextReturn { .. }
                 | ExitKind::PathReturnNoHost { .. }
                 | ExitKind::PathReturnElsewhere { .. }
@@ -247,6 +256,12 @@ pub struct EmitContext {
     /// Keep the thread's calling contexts in `call` and `ret` translations
     /// (`context_steps`).
     pub contexts: bool,
+    /// For an instrumented block ending in a tail call out (`PathPlan::tails_out`): its
+    /// target is a function entry as the contexts' rule 3 sees it (a call target), so the
+    /// jump is a tail call. When it is not (yet), the jump is a plain one in the guest's
+    /// contexts, which the plan's numbering cannot follow: the block hands its activation over
+    /// there instead.
+    pub tail_call: bool,
 }
 
 /// A growing run of machine code assembled for consecutive host addresses.

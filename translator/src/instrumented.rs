@@ -370,6 +370,40 @@ fn emit_path_terminator(
             code.append(assembled(ops, "call out")?);
             return Ok(Some(reload));
         }
+        Terminator::Jump { target } | Terminator::FallThrough { next: target }
+            if plan.tail_out_site(index).is_some() && cx.tail_call =>
+        {
+            // A tail call out: the activation's last path ends here (its run counted), the
+            // tail-out event, then the jump, through the target's jump entry as a cold jump.
+            let site = plan.tail_out_site(index).expect("a tail out has a site");
+            let ring = cx
+                .enqueue
+                .ok_or_else(|| not_closed(block, "a tail call out without a ring"))?;
+            let miss = exits.push(ExitKind::PathTailMiss {
+                numbering,
+                from: index,
+                target,
+            });
+            path_end(&mut ops, plan.exits[index as usize], None, miss, exit_addr);
+            enqueue_words(
+                &mut ops,
+                &[RingWord::Const(BorderEvent::tail_out_word(site))],
+                ring,
+                exit_addr,
+            );
+            let stub = ops.new_dynamic_label();
+            let site = patchable_jmp(&mut ops, base, stub);
+            exits.push_with_stub(
+                &mut ops,
+                stub,
+                ExitKind::Direct {
+                    target,
+                    site,
+                    stub: HostAddr(0),
+                    call: false,
+                },
+            );
+        }
         Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
             let out = EdgeOut::new(plan, index, target);
             edge_out(&mut ops, base, &out, plan, index, &mut exits);

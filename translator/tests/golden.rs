@@ -99,6 +99,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
             enqueue,
             gateway: GATEWAY,
             contexts,
+            tail_call: false,
         };
         let e = emit_block(&block, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
@@ -143,6 +144,7 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
             enqueue: Some(RING_ENTRIES),
             gateway: GATEWAY,
             contexts,
+            tail_call: false,
         };
         let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
@@ -372,6 +374,7 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
                     enqueue,
                     gateway: GATEWAY,
                     contexts,
+                    tail_call: false,
                 };
                 let block = decode_block(GuestAddr(*guest));
                 let e = emit_block(&block, BlockId(7), HostAddr(base), 0, &cx).expect("emits");
@@ -462,6 +465,7 @@ const INSTRUMENTED_CONTEXT: EmitContext = EmitContext {
     enqueue: Some(RING_ENTRIES),
     gateway: GATEWAY,
     contexts: true,
+    tail_call: false,
 };
 
 /// Places [`recursive_function_code`] at [`GUEST`]; the guard keeps the page for the caller.
@@ -518,6 +522,7 @@ fn recursive_plan(guest: u64, lacks_taken: bool) -> hotpath_events::PathPlan {
         num_paths: 6,
         entry_sites: None,
         calls_out: vec![],
+        tails_out: vec![],
         first_site: 0,
     }
 }

@@ -75,8 +75,14 @@ pub struct PathPlan {
     /// call-out event and a return-in event ([`BorderEvent`]; docs/paths-design.md, "Step 3g").
     /// Every other call block calls an instrumented function of the region.
     pub calls_out: Vec<u32>,
-    /// The call-out event's site id of `calls_out[0]`; `calls_out[i]`'s is `first_site + i`
-    /// (ids the monitor hands out, unique in the process, below [`MAX_SITES`]).
+    /// The blocks (indices, ascending) that end in a jump to another function's entry: a tail
+    /// call out of the region. The activation's last path ends there; the callee runs cold in
+    /// its frame, after a tail-out event ([`BorderEvent::TailOut`]). A function with tail calls
+    /// out is only ever a hole's root (no call enters it instrumented from the region).
+    pub tails_out: Vec<u32>,
+    /// The border event site id of `calls_out[0]`; `calls_out[i]`'s is `first_site + i`, and
+    /// `tails_out[i]`'s `first_site + calls_out.len() + i` (ids the monitor hands out, unique
+    /// in the process, below [`MAX_SITES`]).
     pub first_site: u32,
 }
 
@@ -139,6 +145,19 @@ impl PathPlan {
     pub fn call_out_site(&self, index: u32) -> Option<u32> {
         let i = self.calls_out.binary_search(&index).ok()?;
         Some(self.first_site + i as u32)
+    }
+
+    /// The tail-out site id of block `index`, if it ends in a tail call out.
+    pub fn tail_out_site(&self, index: u32) -> Option<u32> {
+        let i = self.tails_out.binary_search(&index).ok()?;
+        Some(self.first_site + (self.calls_out.len() + i) as u32)
+    }
+
+    /// True if a call from an instrumented function of the region, returning to `return_to`,
+    /// may enter this function instrumented: it has no tail call out (such a function is only
+    /// a hole's root), and the call site is let in ([`PathPlan::enters_from`]).
+    pub fn enters_in_region(&self, return_to: GuestAddr) -> bool {
+        self.tails_out.is_empty() && self.enters_from(return_to)
     }
 
     /// True if a call returning to `return_to` may enter the function instrumented
@@ -309,6 +328,7 @@ fn tagged_word(part: u32, payload: u32) -> u32 {
 /// ```text
 /// call out:  11 | 00 | 10 | site (26)    11 | 01 | caller's context id
 /// return in: 11 | 00 | 11 | 0
+/// tail out:  11 | 00 | 11 | site + 1 (26)
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BorderEvent {
@@ -320,6 +340,10 @@ pub enum BorderEvent {
     /// The callee of the innermost suspended call out returned to its frame: the region goes
     /// on at the call's return point, instrumented.
     ReturnIn,
+    /// The block of tail-out site `site` jumped to another function's entry: the hole's root
+    /// ended its last path there (counted in its counters), and the callee, cold, takes its
+    /// frame.
+    TailOut { site: u32 },
 }
 
 /// Words of a call-out event.
@@ -340,7 +364,17 @@ impl BorderEvent {
                 Self::context_word(0) | tagged_word(1, context),
             ],
             BorderEvent::ReturnIn => vec![Self::RETURN_IN],
+            BorderEvent::TailOut { site } => vec![Self::tail_out_word(site)],
         }
+    }
+
+    /// The word of site `site`'s tail out.
+    ///
+    /// # Panics
+    /// If the site does not fit 26 bits less one.
+    pub fn tail_out_word(site: u32) -> u32 {
+        assert!(site + 1 < MAX_SITES, "a tail-out site fits 26 bits");
+        Self::RETURN_IN | (site + 1)
     }
 
     /// The first word of site `site`'s call out: translated code writes it as a constant.
@@ -407,7 +441,10 @@ impl HandOverDecoder {
                 }
                 KIND_RETURN_IN => {
                     self.expected = 0;
-                    Some(TaggedEvent::Border(BorderEvent::ReturnIn))
+                    Some(TaggedEvent::Border(match payload & LOW_MASK {
+                        0 => BorderEvent::ReturnIn,
+                        s => BorderEvent::TailOut { site: s - 1 },
+                    }))
                 }
                 _ => {
                     // A call out: its context word follows.
@@ -422,12 +459,10 @@ impl HandOverDecoder {
         }
         if self.kind == KIND_CALL_OUT {
             self.expected = 0;
-            return (part == 1).then(|| {
-                TaggedEvent::Border(BorderEvent::CallOut {
-                    site: self.numbering,
-                    context: payload,
-                })
-            });
+            return (part == 1).then_some(TaggedEvent::Border(BorderEvent::CallOut {
+                site: self.numbering,
+                context: payload,
+            }));
         }
         let want = match self.words.len() {
             0 => 1,
@@ -575,6 +610,10 @@ mod tests {
             context: PAYLOAD_MASK,
         };
         let in_ = BorderEvent::ReturnIn;
+        let tail = BorderEvent::TailOut { site: 0 };
+        let last = BorderEvent::TailOut {
+            site: MAX_SITES - 2,
+        };
         assert_eq!(out_.encode().len(), CALL_OUT_WORDS);
         assert_eq!(in_.encode().len(), RETURN_IN_WORDS);
         assert_eq!(out_.encode()[0], BorderEvent::call_out_word(MAX_SITES - 1));
@@ -584,7 +623,15 @@ mod tests {
         );
         let h = HandOver::default();
         let mut d = HandOverDecoder::default();
-        let words: Vec<u32> = [out_.encode(), h.encode(), in_.encode(), in_.encode()].concat();
+        let words: Vec<u32> = [
+            out_.encode(),
+            h.encode(),
+            in_.encode(),
+            tail.encode(),
+            in_.encode(),
+            last.encode(),
+        ]
+        .concat();
         assert!(words.iter().all(|&w| is_handover(w)));
         let got: Vec<TaggedEvent> = words.iter().filter_map(|&w| d.push(w)).collect();
         assert_eq!(
@@ -593,7 +640,9 @@ mod tests {
                 TaggedEvent::Border(out_),
                 TaggedEvent::HandOver(h),
                 TaggedEvent::Border(in_),
-                TaggedEvent::Border(in_)
+                TaggedEvent::Border(tail),
+                TaggedEvent::Border(in_),
+                TaggedEvent::Border(last)
             ]
         );
         // A call out cut short by another event's first word is dropped.
@@ -647,6 +696,7 @@ mod tests {
             num_paths: 4,
             entry_sites: None,
             calls_out: vec![],
+            tails_out: vec![],
             first_site: 0,
         };
         assert_eq!(plan.entry(), GuestAddr(0x10));

@@ -50,7 +50,29 @@ impl PathRecorder {
         match e {
             BorderEvent::CallOut { site, context } => self.call_out(site, context, tables),
             BorderEvent::ReturnIn => self.return_in(tables),
+            BorderEvent::TailOut { site } => self.tail_out(site, tables),
         }
+    }
+
+    /// The hole's root jumped out of the region at tail-out site `site`: its activation ended
+    /// there (its paths and run are in the guest's counters); the callee, cold, takes its
+    /// place, as a tail call's does (the jump entry's context event, when one follows, makes
+    /// the same change and counts the tail call).
+    fn tail_out(&mut self, site: u32, tables: &mut Tables) {
+        let Some(&(numbering, block)) = self.instrumenter.sites.get(&site) else {
+            return;
+        };
+        let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
+            return;
+        };
+        let Some(u) = self.block_id(func, block) else {
+            return;
+        };
+        if let Some(root) = self.stack.pop_if(|a| a.cur == NONE && a.len == HOLE_ROOT) {
+            self.push_pending(NONE, root.return_to, root.call_node);
+        }
+        self.prev = SETTLED;
+        tables.set_prev(u);
     }
 
     /// Call-out site `site` called out from guest context `context`: the callee starts at the

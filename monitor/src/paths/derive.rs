@@ -72,7 +72,13 @@ impl PathRecorder {
                         continue;
                     };
                     self.add_numbered_path(pc.numbering, func, node, &path, c, tables);
-                    if let (NumberedEnd::Exit, Some(rp)) = (path.end, returns_to) {
+                    let tail = path.blocks.last().is_some_and(|b| {
+                        self.instrumenter
+                            .tails_out
+                            .get(&pc.numbering)
+                            .is_some_and(|t| t.binary_search(b).is_ok())
+                    });
+                    if let (NumberedEnd::Exit, Some(rp), false) = (path.end, returns_to, tail) {
                         // Several `ret`s: the edge from this one back to the context's call
                         // site.
                         let ret = path.blocks.last().and_then(|&b| self.block_id(func, b));
@@ -286,9 +292,23 @@ impl PathRecorder {
             .calls_out
             .get(&numbering)
             .map_or(&[][..], |c| &c[..]);
+        let tails_out = self
+            .instrumenter
+            .tails_out
+            .get(&numbering)
+            .map_or(&[][..], |c| &c[..]);
         let out = |b: u32| calls_out.binary_search(&b).is_ok();
-        for (&b, id) in path.blocks.iter().zip(&ids) {
-            if let (Some(id), false) = (id, out(b)) {
+        // A path that ends at a tail call out's block: the ring's pair into the callee counts
+        // the block. (The block may also run as a plain jump, when its target is no call
+        // target in the guest's contexts: then it ends at a back edge or goes on.)
+        let tail = path.end == NumberedEnd::Exit
+            && path
+                .blocks
+                .last()
+                .is_some_and(|b| tails_out.binary_search(b).is_ok());
+        for (i, (&b, id)) in path.blocks.iter().zip(&ids).enumerate() {
+            let last = i + 1 == path.blocks.len();
+            if let (Some(id), false) = (id, out(b) || (tail && last)) {
                 tables.add_derived_block(*id, count);
             }
         }

@@ -85,8 +85,12 @@ pub(crate) struct Instrumenter {
     pub(crate) handed_runs: FxMap<u32, (u32, u32)>,
     /// Each numbering's call blocks that call out (`PathPlan::calls_out`).
     pub(crate) calls_out: FxMap<u32, Vec<u32>>,
-    /// Each call-out site: its numbering and call block.
+    /// Each border site (a call out's or a tail out's): its numbering and block.
     pub(crate) sites: FxMap<u32, (u32, u32)>,
+    /// Numberings with tail calls out (their functions are only holes' roots).
+    pub(crate) tails: HashSet<u32>,
+    /// Each numbering's blocks that end in a tail call out (`PathPlan::tails_out`).
+    pub(crate) tails_out: FxMap<u32, Vec<u32>>,
     /// The holes suspended in a call out, innermost last (`border`).
     pub(crate) suspended: Vec<super::border::Suspended>,
     /// Guest context → call-tree node, for call outs (`border`).
@@ -162,12 +166,17 @@ impl PathRecorder {
             .map(|(&f, (p, _, _))| (f, p.calls_out.clone()))
             .collect();
         loop {
+            // (A function with tail calls out is only ever a hole's root: calls to it call out.)
             let mut sites: FxMap<u64, Option<Vec<GuestAddr>>> = FxMap::default();
             for (&e, &n) in &self.instrumenter.latest {
-                sites.insert(e, self.instrumenter.entry_sites.get(&n).cloned());
+                if !self.instrumenter.tails.contains(&n) {
+                    sites.insert(e, self.instrumenter.entry_sites.get(&n).cloned());
+                }
             }
             for (p, _, _) in cands.values() {
-                sites.insert(p.entry().0, p.entry_sites.clone());
+                if p.tails_out.is_empty() {
+                    sites.insert(p.entry().0, p.entry_sites.clone());
+                }
             }
             let enters = |t: u64, rp: u64| match sites.get(&t) {
                 Some(Some(list)) => list.contains(&GuestAddr(rp)),
@@ -208,14 +217,19 @@ impl PathRecorder {
                 return None;
             }
             plan.numbering = numbering;
-            plan.first_site = NEXT_SITE.fetch_add(plan.calls_out.len() as u32, Ordering::Relaxed);
-            if plan.first_site as u64 + plan.calls_out.len() as u64 > MAX_SITES as u64 {
+            let borders = (plan.calls_out.len() + plan.tails_out.len()) as u32;
+            plan.first_site = NEXT_SITE.fetch_add(borders, Ordering::Relaxed);
+            if plan.first_site as u64 + borders as u64 + 1 > MAX_SITES as u64 {
                 return None;
             }
             let i = &mut self.instrumenter;
-            for (k, &call) in plan.calls_out.iter().enumerate() {
+            for (k, &block) in plan.calls_out.iter().chain(&plan.tails_out).enumerate() {
                 i.sites
-                    .insert(plan.first_site + k as u32, (numbering, call));
+                    .insert(plan.first_site + k as u32, (numbering, block));
+            }
+            if !plan.tails_out.is_empty() {
+                i.tails.insert(numbering);
+                i.tails_out.insert(numbering, plan.tails_out.clone());
             }
             match &plan.entry_sites {
                 Some(list) => {
@@ -330,6 +344,7 @@ impl PathRecorder {
         let mut blocks: Vec<BlockSummary> = Vec::with_capacity(fun.node_addr.len());
         let mut calls = Vec::new();
         let mut calls_out = Vec::new();
+        let mut tails_out = Vec::new();
         let mut ret = None;
         let mut several_rets = false;
         for &addr in &fun.node_addr {
@@ -339,12 +354,21 @@ impl PathRecorder {
                 .and_then(|ids| ids.last())
                 .ok_or(Unknown)?;
             let b = *tables.blocks.get(id as usize).ok_or(Unknown)?;
-            // A jump to another function's entry is a tail call out of the region.
+            // A jump to another function's entry is a tail call out of the region: a plain
+            // jump (or fall-through) ends the activation there (`tails_out`); a branch to one is
+            // not instrumented.
             let out = |t: GuestAddr| t.0 != fun.entry && self.func_by_entry.contains_key(&t.0);
             if b.terminator.static_successors().into_iter().any(out)
                 && !matches!(b.terminator, Terminator::Call { .. })
             {
-                return Err(TailCallOut);
+                match b.terminator {
+                    Terminator::Jump { .. } | Terminator::FallThrough { .. } => {
+                        tails_out.push(blocks.len() as u32);
+                        blocks.push(b);
+                        continue;
+                    }
+                    _ => return Err(TailCallOut),
+                }
             }
             match b.terminator {
                 Terminator::Jump { .. }
@@ -374,7 +398,17 @@ impl PathRecorder {
             }
             blocks.push(b);
         }
-        ret.ok_or(NoRet)?;
+        if tails_out.is_empty() {
+            ret.ok_or(NoRet)?;
+        }
+        if !tails_out.is_empty() && self.instrumenter.planned.contains(&f) {
+            // Planned without tail calls out before: its callers may call it in the region,
+            // which a function with one cannot let them (it is only a hole's root).
+            let before = self.instrumenter.latest_numbering(fun.entry);
+            if before.is_some_and(|n| !self.instrumenter.tails.contains(n)) {
+                return Err(TailCallOut);
+            }
+        }
         if several_rets && self.instrumenter.one_ret.contains(&f) {
             // Planned with one `ret` before: its numberings stay of one kind (the derivation
             // attributes their `ret` edges one way or the other).
@@ -400,6 +434,7 @@ impl PathRecorder {
             entry_sites: several_rets.then(Vec::new),
             // Direct calls out are added once the region is known.
             calls_out,
+            tails_out,
             first_site: 0,
         };
         Ok((plan, calls, n))

@@ -31,8 +31,9 @@ use crate::TranslateError;
 /// Code cache room (bytes) an install wants: block 0 of a plan fits in far less.
 const INSTALL_ROOM: u64 = 64 * 1024;
 
-/// Hand-overs at edges its numbering lacks after which a plan is dropped for the thread (its
-/// function runs cold until a new numbering comes). Renumbering makes them rare, unless the
+/// Hand-overs at edges its numbering lacks, or at calls of functions that cannot be entered
+/// instrumented, after which a plan is dropped for the thread (its function runs cold until a
+/// new numbering comes). Renumbering makes them rare, unless the
 /// function no longer qualifies once the monitor knows the edge (it calls cold code there):
 /// python3 then handed over 17 000 times in a second, each an exit and a replay.
 const HAND_OVERS_BEFORE_DROP: u32 = 256;
@@ -135,7 +136,8 @@ impl Translator {
                 && p.num_paths > 0
                 && p.num_paths <= MAX_PLAN_PATHS
                 && match p.entry_sites {
-                    None => p.ret_block().is_some(),
+                    // A function with tail calls out may end only by them.
+                    None => p.ret_block().is_some() || !p.tails_out.is_empty(),
                     Some(_) => p.first_ret_block().is_some(),
                 }
                 && !self.inst.by_numbering.contains_key(&p.numbering);
@@ -165,7 +167,7 @@ impl Translator {
                             target != return_to
                                 && callees
                                     .get(&target.0)
-                                    .is_some_and(|q| q.enters_from(return_to))
+                                    .is_some_and(|q| q.enters_in_region(return_to))
                                 && matches!(
                                     p.step_to(i as u32, return_to),
                                     Some((_, EdgeStep::Forward(_)))
@@ -320,7 +322,7 @@ impl Translator {
                         };
                     Some((
                         site,
-                        if plan.enters_from(returns_to) {
+                        if plan.enters_in_region(returns_to) {
                             heads.quiet
                         } else {
                             stub
@@ -358,10 +360,17 @@ impl Translator {
         }
         let pc = planned.start.0;
         self.protect_code(pc, block.end().0.max(pc + 1));
+        let tail_call = match block.terminator {
+            Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
+                self.is_function_entry(target.0)
+            }
+            _ => false,
+        };
         let cx = EmitContext {
             enqueue: Some(self.cfg.ring_entries),
             gateway: self.gateway,
             contexts: true,
+            tail_call,
         };
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
@@ -382,16 +391,16 @@ impl Translator {
             return Ok(None);
         }
         if let Some(heads) = emitted.heads {
-            let ret = plan
-                .first_ret_block()
-                .expect("a closed region's plan has a ret");
+            // (A function that ends only by tail calls out has no `ret`: its alias stands for
+            // its entry block, and no pair ends a hole of it: the tail-out event does.)
+            let ret = plan.first_ret_block().unwrap_or(0);
             registry.announce(NewBlock {
                 id: announce,
                 summary: plan.blocks[0],
                 kind: IdKind::InstrumentedEntry {
                     numbering,
                     ret: BlockId(announce.0 + 1),
-                    ret_edge: plan.entry_sites.is_none(),
+                    ret_edge: plan.entry_sites.is_none() && plan.ret_block().is_some(),
                 },
                 code: Box::default(),
             });
@@ -490,10 +499,22 @@ impl Translator {
                 self.pop_return_address(pop);
                 self.context_return()
             }
-            ExitKind::PathCall { callee, site, .. } => {
+            ExitKind::PathCall {
+                numbering,
+                callee,
+                site,
+                ..
+            } => {
                 // The caller's frame (its host the reload stub) says where it is.
                 self.inst.pending = Some(None);
-                self.call_instrumented(callee, Some(site))
+                let generation = self.generation;
+                let next = self.call_instrumented(callee, Some(site));
+                if self.inst.pending.is_none() && generation == self.generation {
+                    // The callee could not be entered instrumented: the hole was handed
+                    // over. A caller whose calls keep doing that goes cold.
+                    self.count_hand_over_at(numbering);
+                }
+                next
             }
             ExitKind::PathLeave {
                 numbering,
@@ -503,12 +524,7 @@ impl Translator {
                 self.stats.hand_overs_new_edge += 1;
                 let r = self.area.contexts.path;
                 self.hand_over(Some((numbering, HandedAt::Block { block: from, r })));
-                let n = self.inst.new_edges.entry(numbering).or_insert(0);
-                *n += 1;
-                if *n == HAND_OVERS_BEFORE_DROP {
-                    self.stats.instrument_dropped += 1;
-                    self.drop_plan(numbering);
-                }
+                self.count_hand_over_at(numbering);
                 // A cold jump there would have gone through its jump entry.
                 if self.is_function_entry(to.0) {
                     self.context_tail_call(to.0);
@@ -582,6 +598,36 @@ impl Translator {
                 }
                 self.context_call(callee, full)
             }
+            ExitKind::PathTailMiss {
+                numbering,
+                from,
+                target,
+            } => {
+                self.stats.run_misses += 1;
+                let plan = self.inst.by_numbering[&numbering].clone();
+                let (r, run) = (self.area.contexts.path, self.area.contexts.run);
+                let p = r.wrapping_add(plan.exits[from as usize]);
+                let contexts = self
+                    .contexts
+                    .as_mut()
+                    .expect("instrumented code keeps contexts");
+                contexts.count_path(p);
+                // Path ids are below MAX_PLAN_PATHS.
+                let child = contexts.run_step(run, p as u32, plan.num_paths as u32);
+                contexts.run_end(child);
+                // The hole ended with its root's activation.
+                self.inst.pending = None;
+                if let (Some(site), Some(prod)) = (plan.tail_out_site(from), &self.producer) {
+                    prod.push(BorderEvent::tail_out_word(site));
+                }
+                match self.jump_target(target.0)? {
+                    Some(h) => Ok(Ok(Next::Host(h))),
+                    None => {
+                        self.context_tail_call(target.0);
+                        Ok(Ok(Next::Guest(target.0)))
+                    }
+                }
+            }
             ExitKind::PathContextReturn { .. } => {
                 self.hand_over(None);
                 self.context_return()
@@ -591,6 +637,18 @@ impl Translator {
                 self.lookup_miss(self.area.ibl_target)
             }
             _ => unreachable!("path_exit takes instrumented exits"),
+        }
+    }
+
+    /// Counts a hand-over that plan `numbering`'s code keeps causing (an edge its numbering
+    /// lacks, a call of a function that cannot be entered instrumented); the plan is dropped
+    /// for the thread at [`HAND_OVERS_BEFORE_DROP`].
+    fn count_hand_over_at(&mut self, numbering: u32) {
+        let n = self.inst.new_edges.entry(numbering).or_insert(0);
+        *n += 1;
+        if *n == HAND_OVERS_BEFORE_DROP {
+            self.stats.instrument_dropped += 1;
+            self.drop_plan(numbering);
         }
     }
 
@@ -718,9 +776,9 @@ impl Translator {
     ) -> Result<Result<Next, Stop>, TranslateError> {
         let generation = self.generation;
         let numbering = match self.inst.plans.get(&callee.0) {
-            Some(p) if p.entry_sites.is_none() => Some(p.numbering),
+            Some(p) if p.entry_sites.is_none() && p.tails_out.is_empty() => Some(p.numbering),
             Some(p) => p
-                .enters_from(GuestAddr(self.guest_return_address()))
+                .enters_in_region(GuestAddr(self.guest_return_address()))
                 .then_some(p.numbering),
             None => None,
         };
