@@ -56,8 +56,10 @@ impl PathRecorder {
 
     /// The hole's root jumped out of the region at tail-out site `site`: its activation ended
     /// there (its paths and run are in the guest's counters); the callee, cold, takes its
-    /// place, as a tail call's does (the jump entry's context event, when one follows, makes
-    /// the same change and counts the tail call).
+    /// place by the tail-call context event that follows (the jump goes through the target's
+    /// jump entry, and instrumented code never runs in the one context past the depth cap,
+    /// where a jump entry makes no tail call), which replaces the root's pending activation.
+    /// What is left here: the jump's block is the tables' previous event.
     fn tail_out(&mut self, site: u32, tables: &mut Tables) {
         let Some(&(numbering, block)) = self.instrumenter.sites.get(&site) else {
             return;
@@ -68,9 +70,6 @@ impl PathRecorder {
         let Some(u) = self.block_id(func, block) else {
             return;
         };
-        if let Some(root) = self.stack.pop_if(|a| a.cur == NONE && a.len == HOLE_ROOT) {
-            self.push_pending(NONE, root.return_to, root.call_node);
-        }
         self.prev = SETTLED;
         tables.set_prev(u);
     }
