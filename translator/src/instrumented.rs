@@ -20,12 +20,22 @@
 //!                          ret                  path_end(exits[u]), the run counted; the return's
 //!                                               frame check and pop, on to the frame's host (never
 //!                                               the lookup)
+//!                          call out             the call-out event (site, caller's context); push
+//!                          (`calls_out`)        the return address; context step saving r; on to
+//!                                               the callee as a cold call goes (direct: linked;
+//!                                               indirect: the lookup); border reload stub: the
+//!                                               return-in event, then as a reload stub
+//!                          tail call out        path_end(exits[u]), the run counted; the tail-out
+//!                          (`tails_out`)        event; patchable jmp, linked through the target's
+//!                                               jump entry as a cold jump
 //!                edge the plan lacks:           exit to the runtime's hand-over
 //! ```
 //!
-//! Back edges into block 0 go to its body, after the activation's start. The plan must be a
-//! closed region's (only direct calls to instrumented functions, one `ret`, no system call,
-//! trap or indirect branch): the dispatcher checks before it translates anything.
+//! Back edges into block 0 go to its body, after the activation's start. The plan's calls must
+//! go to instrumented functions of the region or call out, and it may have no system call,
+//! trap or indirect jump: the dispatcher checks before it translates anything. Border events
+//! (docs/paths-design.md, "Step 3g as built") write the ring in the middle of a terminator; a
+//! full lap there resumes at the word's stub, never at the block's start.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_events::{BorderEvent, EdgeStep, PathPlan};

@@ -4,19 +4,23 @@
 //! A function qualifies when it has ended at least the threshold's number of paths, every
 //! block the recorder knows of it ends in a direct jump, a fall-through, a conditional branch,
 //! a `call` (direct, not the get-pc one, or indirect) whose return point it has reached, or a
-//! `ret` — no indirect jump, system call or trap, and no jump to another function's entry (a
-//! tail call out) — and its numbering has at most [`MAX_PLAN_PATHS`] paths. A function with
-//! several `ret` instructions also needs every function that calls it to do so from one call
-//! site (its *entry sites*, which the plan lists: a context's returns then all go back to one
-//! place, and the edges from its `ret`s are derived from its own counters;
+//! `ret` — no indirect jump, system call or trap, and no branch to another function's entry — and
+//! its numbering has at most [`MAX_PLAN_PATHS`] paths. A jump (or fall-through) to another
+//! function's entry is a *tail call out* (`PathPlan::tails_out`): such a function is only ever a
+//! hole's root, needs no `ret`, and one planned without a tail call out is not renumbered with
+//! one. A function with several `ret` instructions also needs every function that calls it to
+//! do so from one call site (its *entry sites*, which the plan lists: a context's returns then
+//! all go back to one place, and the edges from its `ret`s are derived from its own counters;
 //! docs/paths-design.md, "Step 3h as built"); other call sites run it cold.
 //!
 //! Every qualifying function is planned, in one set (a *region*). A direct call to a function
 //! of the set, or to one planned before, from a site its plan lets in, stays in the region:
 //! the callee runs instrumented. Every other call *calls out* (`PathPlan::calls_out`): the
 //! callee runs cold, between the border events of the call and of its return
-//! (docs/paths-design.md, "Step 3g"). bench_fib's `fib` and `tak` are a region with no call
-//! out.
+//! (docs/paths-design.md, "Step 3g as built"). A function whose finished paths call out more
+//! than once per [`MIN_BLOCKS_PER_CALL_OUT`] blocks is left out (a call out costs more than the
+//! few block events it saves), and its callers call out to it. bench_fib's `fib` and `tak` are
+//! a region with no call out.
 //!
 //! A function is instrumented only once it records PAP runs (past `--pap-threshold` path ends
 //! too): its instrumented activations keep their runs in the guest's run trie from their
@@ -513,7 +517,8 @@ type Candidate = (PathPlan, Vec<(u64, u64, u32)>, Numbering);
 enum NotPlanned {
     /// A block or its numbering is not known (yet).
     Unknown,
-    /// A jump to another function's entry.
+    /// A branch to another function's entry, or a tail call out in a function planned
+    /// without one.
     TailCallOut,
     /// Blocks end at more than one `ret` instruction, and it was planned with one before.
     SeveralRets,
