@@ -1241,17 +1241,7 @@ pub(crate) fn emit_terminator(
                 .as_ref()
                 .expect("an indirect branch has its instruction")
                 .inst;
-            dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
-            code.append(assembled(ops, "indirect branch")?);
-            layout.rcx_borrowed_from = Some(code.addr());
-            // Load the target with the guest's own operand before anything moves RSP.
-            let load = target_load(&inst)?;
-            let encoded = encode_at(&[load], code.addr())?;
-            let base = code.addr();
-            layout
-                .far_borrows
-                .extend(encoded.borrows.iter().map(|&(o, r)| (base + o, r)));
-            code.append(encoded.bytes);
+            load_indirect_target(ops, &inst, code, layout, "indirect branch")?;
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
             let mut landing = None;
@@ -1293,6 +1283,29 @@ pub(crate) fn emit_terminator(
         }
     }
     code.append(assembled(ops, "terminator")?);
+    Ok(())
+}
+
+/// Appends `ops` and then the load of indirect branch `inst`'s target into RCX, with the
+/// guest's own operand, before anything moves RSP (`what` names the code in errors): from
+/// there on RCX is borrowed, the guest's in its scratch slot, and `layout` says so.
+pub(crate) fn load_indirect_target(
+    mut ops: VecAssembler<X64Relocation>,
+    inst: &Instruction,
+    code: &mut Code_,
+    layout: &mut HostLayout,
+    what: &'static str,
+) -> Result<(), TranslateError> {
+    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
+    code.append(assembled(ops, what)?);
+    layout.rcx_borrowed_from = Some(code.addr());
+    let load = target_load(inst)?;
+    let encoded = encode_at(&[load], code.addr())?;
+    let base = code.addr();
+    layout
+        .far_borrows
+        .extend(encoded.borrows.iter().map(|&(o, r)| (base + o, r)));
+    code.append(encoded.bytes);
     Ok(())
 }
 
@@ -1357,7 +1370,7 @@ pub(crate) fn call_exits(
 
 /// `mov rcx, <operand of the indirect jmp/call>`, as an iced instruction at the guest's address
 /// (the encoder rebases RIP-relative operands).
-pub(crate) fn target_load(inst: &Instruction) -> Result<Instruction, TranslateError> {
+fn target_load(inst: &Instruction) -> Result<Instruction, TranslateError> {
     let bad = |why: &str| TranslateError::Encode {
         guest: inst.ip(),
         reason: why.to_string(),

@@ -44,10 +44,10 @@ use iced_x86::Code;
 
 use crate::context_steps;
 use crate::emit::{
-    append_body, assembled, encode_at, enqueue_stub, enqueue_words, exit_stub, jcc, patchable_jcc,
-    patchable_jmp, push_return_address, rcx_branch, resolve_exit_stubs, return_pop,
-    return_through_lookup, target_load, Code_, EmitContext, EmittedBlock, Exit, ExitKind,
-    HostLayout, RcxSave, RingWord, Slow,
+    append_body, assembled, enqueue_stub, enqueue_words, exit_stub, jcc, load_indirect_target,
+    patchable_jcc, patchable_jmp, push_return_address, rcx_branch, resolve_exit_stubs, return_pop,
+    return_through_lookup, Code_, EmitContext, EmittedBlock, Exit, ExitKind, HostLayout, RcxSave,
+    RingWord, Slow,
 };
 use crate::gateway::{emit_ibl, GS};
 use crate::path_steps::{path_add, path_end, path_start};
@@ -339,17 +339,7 @@ fn emit_path_terminator(
                     .ok_or_else(|| not_closed(block, "a call out without a ring"))?,
                 exit_addr,
             };
-            // The target first, with the guest's own operand, before anything moves RSP.
-            dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
-            code.append(assembled(ops, "call out")?);
-            layout.rcx_borrowed_from = Some(code.addr());
-            let load = target_load(&inst)?;
-            let encoded = encode_at(&[load], code.addr())?;
-            let at = code.addr();
-            layout
-                .far_borrows
-                .extend(encoded.borrows.iter().map(|&(o, r)| (at + o, r)));
-            code.append(encoded.bytes);
+            load_indirect_target(ops, &inst, code, layout, "call out")?;
             let base = code.addr();
             let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
             let literal = push_return_address(&mut ops, return_to);

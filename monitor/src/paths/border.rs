@@ -61,29 +61,25 @@ impl PathRecorder {
     /// where a jump entry makes no tail call), which replaces the root's pending activation.
     /// What is left here: the jump's block is the tables' previous event.
     fn tail_out(&mut self, site: u32, tables: &mut Tables) {
-        let Some(&(numbering, block)) = self.instrumenter.sites.get(&site) else {
-            return;
-        };
-        let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
-            return;
-        };
-        let Some(u) = self.block_id(func, block) else {
+        let Some(u) = self.site_block(site) else {
             return;
         };
         self.prev = SETTLED;
         tables.set_prev(u);
     }
 
+    /// The block id of border site `site`'s block (`None`: a site the recorder did not hand
+    /// out).
+    fn site_block(&self, site: u32) -> Option<u32> {
+        let &(numbering, block) = self.instrumenter.sites.get(&site)?;
+        let &(func, _) = self.instrumenter.numberings.get(&numbering)?;
+        self.block_id(func, block)
+    }
+
     /// Call-out site `site` called out from guest context `context`: the callee starts at the
     /// next block, cold.
     fn call_out(&mut self, site: u32, context: u32, tables: &mut Tables) {
-        let Some(&(numbering, call)) = self.instrumenter.sites.get(&site) else {
-            return;
-        };
-        let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
-            return;
-        };
-        let Some(u) = self.block_id(func, call) else {
+        let Some(u) = self.site_block(site) else {
             return;
         };
         let Some(return_to) = tables.blocks[u as usize].terminator.return_address() else {

@@ -605,16 +605,11 @@ impl Translator {
             } => {
                 self.stats.run_misses += 1;
                 let plan = self.inst.by_numbering[&numbering].clone();
-                let (r, run) = (self.area.contexts.path, self.area.contexts.run);
-                let p = r.wrapping_add(plan.exits[from as usize]);
-                let contexts = self
-                    .contexts
+                let child = self.end_path_here(&plan, plan.exits[from as usize]);
+                self.contexts
                     .as_mut()
-                    .expect("instrumented code keeps contexts");
-                contexts.count_path(p);
-                // Path ids are below MAX_PLAN_PATHS.
-                let child = contexts.run_step(run, p as u32, plan.num_paths as u32);
-                contexts.run_end(child);
+                    .expect("instrumented code keeps contexts")
+                    .run_end(child);
                 // The hole ended with its root's activation.
                 self.inst.pending = None;
                 if let (Some(site), Some(prod)) = (plan.tail_out_site(from), &self.producer) {
@@ -695,17 +690,11 @@ impl Translator {
             Some(_) => unreachable!("a run step ends a path at a back edge"),
             None => (plan.exits[from as usize], None),
         };
-        // The area's words are read and written around `contexts`' calls, which take run
-        // nodes from it.
-        let (r, run) = (self.area.contexts.path, self.area.contexts.run);
-        let p = r.wrapping_add(end);
+        let child = self.end_path_here(&plan, end);
         let contexts = self
             .contexts
             .as_mut()
             .expect("instrumented code keeps contexts");
-        contexts.count_path(p);
-        // Path ids are below MAX_PLAN_PATHS.
-        let child = contexts.run_step(run, p as u32, plan.num_paths as u32);
         match (to, restart) {
             (Some(head), Some(restart)) => {
                 self.area.contexts.run = child;
@@ -718,6 +707,23 @@ impl Translator {
                 self.instrumented_ret(pop)
             }
         }
+    }
+
+    /// The runtime's part of a path end of `plan` whose run step missed: the path `r + end`
+    /// counted in the current context and the run stepped to its child (made if need be), whose
+    /// host address it returns.
+    fn end_path_here(&mut self, plan: &PathPlan, end: u64) -> u64 {
+        // The area's words are read and written around `contexts`' calls, which take run
+        // nodes from it.
+        let (r, run) = (self.area.contexts.path, self.area.contexts.run);
+        let p = r.wrapping_add(end);
+        let contexts = self
+            .contexts
+            .as_mut()
+            .expect("instrumented code keeps contexts");
+        contexts.count_path(p);
+        // Path ids are below MAX_PLAN_PATHS.
+        contexts.run_step(run, p as u32, plan.num_paths as u32)
     }
 
     /// The `ret` of an instrumented block whose path and run are counted, popping `pop` bytes,
