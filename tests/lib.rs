@@ -84,7 +84,7 @@ pub enum MonitorMode {
     /// call and return keeps the thread's calling contexts (#21 stage 1). Samples only
     /// ([`check_sample`]), not in [`MonitorMode::ALL`].
     GuestContexts,
-    /// `--paths --instrument-paths 1 --pap-threshold 0 --superblock-threshold 1`: every
+    /// `--paths --instrument-paths 1 --instrument-every --pap-threshold 0 --superblock-threshold 1`: every
     /// function of a closed region that ended a path is translated with its path and run
     /// registers kept in code (#21 stage 2), as soon as the monitor looks. Samples only.
     InstrumentedPaths,
@@ -104,7 +104,7 @@ impl MonitorMode {
             MonitorMode::EagerSuperblocks => "--superblock-threshold 1",
             MonitorMode::GuestContexts => "--guest-contexts --superblock-threshold 1",
             MonitorMode::InstrumentedPaths => {
-                "--paths --instrument-paths 1 --pap-threshold 0 --superblock-threshold 1"
+                "--paths --instrument-paths 1 --instrument-every --pap-threshold 0 --superblock-threshold 1"
             }
         }
     }
@@ -216,6 +216,7 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
                 "--paths",
                 "--instrument-paths",
                 "1",
+                "--instrument-every",
                 "--pap-threshold",
                 "0",
                 "--superblock-threshold",

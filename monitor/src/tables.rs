@@ -478,6 +478,21 @@ impl Tables {
         out
     }
 
+    /// Events of id `id` that another event followed, not counting the pairs that went to
+    /// the overflow map (a lower bound, exact but for an indirect branch with more targets
+    /// than its wide table holds).
+    pub(crate) fn events_followed(&self, id: u32) -> u64 {
+        let Some(s) = self.successors.get(id as usize) else {
+            return 0;
+        };
+        let mut n: u64 = (0..2).filter(|&k| s.id[k] < IN_WIDE).map(|k| s.count[k]).sum();
+        if let Some(&w) = self.wide_of.get(id as usize).filter(|&&w| w != NONE) {
+            let t = &self.wide[w as usize];
+            n += (0..WIDE_SLOTS).filter(|&k| t.id[k] != NONE).map(|k| t.count[k]).sum::<u64>();
+        }
+        n
+    }
+
     /// The basic blocks of superblock `id`'s trace, if `id` is a superblock.
     pub fn trace(&self, id: u32) -> Option<&[BlockId]> {
         match self.kinds.get(id as usize) {

@@ -414,6 +414,7 @@ fn every_sample_has_consistent_paths() {
         let instrumented = [
             "--instrument-paths",
             "1",
+            "--instrument-every",
             "--pap-threshold",
             "0",
             "--ring-entries",
@@ -669,12 +670,14 @@ fn instrumented_paths_match_the_per_block_reference() {
     // paths_deep_mutual.S: two instrumented functions alternate past the context tree's depth
     // cap, where one context stands for every frame; paths_fault_mid_path.c: a fault (and its
     // handler) in the middle of an instrumented path; paths_long_run.c: an instrumented
-    // activation whose PAP run passes the longest kept.
+    // activation whose PAP run passes the longest kept; paths_hand_in.c: an activation live
+    // when its function is planned, handed in at a back edge.
     let mut runs = deterministic_runs(&[
         "paths_loops.c",
         "paths_deep_mutual.S",
         "paths_fault_mid_path.c",
         "paths_long_run.c",
+        "paths_hand_in.c",
     ]);
     // A short ring keeps the monitor close behind the guest, so that its requests come while
     // the samples' hot functions still run.
@@ -703,7 +706,7 @@ fn instrumented_paths_match_the_per_block_reference() {
     }
     for (name, exe, args) in &runs {
         let mut instrumented = common.to_vec();
-        instrumented.extend(["--instrument-paths", "1"]);
+        instrumented.extend(["--instrument-paths", "1", "--instrument-every"]);
         let got = run_report(exe, &format!("instrumented-{name}"), args, &instrumented);
         let mut per_block = common.to_vec();
         per_block.push("--paths-per-block");
@@ -722,6 +725,17 @@ fn instrumented_paths_match_the_per_block_reference() {
                 events(&got) * 2 < events(&want),
                 "paths_long_run.c: {} events instrumented, {} in the reference: the long loop \
                  did not run instrumented",
+                events(&got),
+                events(&want)
+            );
+        }
+        if name == "paths_hand_in.c" {
+            // `churn`'s one long activation started cold: it ran instrumented only if it was
+            // handed in.
+            assert!(
+                events(&got) * 10 < events(&want),
+                "paths_hand_in.c: {} events instrumented, {} in the reference: the live \
+                 activation was not handed in",
                 events(&got),
                 events(&want)
             );

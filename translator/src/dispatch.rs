@@ -5,6 +5,8 @@
 mod contexts;
 mod instrument;
 
+use instrument::HandIn;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -95,6 +97,9 @@ pub struct Stats {
     pub hand_overs: u64,
     /// Those at an edge the numbering lacked (the CFG grew since).
     pub hand_overs_new_edge: u64,
+    /// Hand-ins: cold activations of instrumented functions that went on instrumented at a
+    /// back edge.
+    pub hand_ins: u64,
     /// Path ends of instrumented code whose run step went to the runtime (a run prefix not
     /// taken last from its node).
     pub run_misses: u64,
@@ -120,6 +125,7 @@ impl Stats {
         self.instrument_dropped += o.instrument_dropped;
         self.hand_overs += o.hand_overs;
         self.hand_overs_new_edge += o.hand_overs_new_edge;
+        self.hand_ins += o.hand_ins;
         self.run_misses += o.run_misses;
     }
 }
@@ -948,6 +954,9 @@ impl Translator {
                 let returned = matches!(blocks[i - 1].terminator, Terminator::Return);
                 (!called && self.is_function_entry(b.start.0))
                     || self.has_plan(b.start.0)
+                    // Nor an instrumented function's back edge: it is where a cold
+                    // activation of it is handed in.
+                    || self.is_hand_in_edge(blocks[i - 1].start.0, b.start.0)
                     || (returned && self.is_border_return(b.start.0))
             });
             if let Some(k) = stop {
@@ -1085,8 +1094,22 @@ impl Translator {
                 let exit = self.exits[index as usize];
                 match exit.kind {
                     ExitKind::Direct {
-                        target, site, call, ..
+                        target,
+                        from,
+                        site,
+                        call,
+                        ..
                     } => {
+                        // A back edge of an instrumented function, run cold, may hand its
+                        // activation in; while it may, the exit is not linked.
+                        let mut link = true;
+                        if !call {
+                            match self.hand_in(index, from, target)? {
+                                HandIn::Done(next) => return Ok(Ok(next)),
+                                HandIn::Refused => link = false,
+                                HandIn::NotASite => {}
+                            }
+                        }
                         let generation = self.generation;
                         let host = if call {
                             self.call_target(target.0)?
@@ -1101,7 +1124,7 @@ impl Translator {
                             }
                         };
                         // A single-step block always comes back here.
-                        if generation == self.generation && !self.stepping {
+                        if link && generation == self.generation && !self.stepping {
                             self.cache.patch_rel32(site, host);
                             self.stats.links += 1;
                         }

@@ -37,8 +37,12 @@ pub enum ExitKind {
     /// `stub` is the exit stub the rel32 points at until then (and again after an unlink).
     /// `call`: the jump of a `call` to its callee (with calling contexts, jumps to a function's
     /// entry that are not calls are tail calls, linked through the entry's jump entry).
+    /// `from`: the guest start of the basic block whose terminator this is (for a superblock
+    /// landing, the call block's): a jump to a loop head of an instrumented function from
+    /// one of its blocks may hand a cold activation in (`dispatch::instrument`).
     Direct {
         target: GuestAddr,
+        from: GuestAddr,
         site: HostAddr,
         stub: HostAddr,
         call: bool,
@@ -1117,6 +1121,7 @@ pub(crate) fn emit_terminator(
             block: id,
             kind: ExitKind::Direct {
                 target,
+                from: block.start,
                 site,
                 stub: HostAddr(0),
                 call,

@@ -316,6 +316,7 @@ fn emit_path_terminator(
                 callee_stub,
                 ExitKind::Direct {
                     target,
+                    from: block.start,
                     site,
                     stub: HostAddr(0),
                     call: true,
@@ -398,6 +399,7 @@ fn emit_path_terminator(
                 stub,
                 ExitKind::Direct {
                     target,
+                    from: block.start,
                     site,
                     stub: HostAddr(0),
                     call: false,

@@ -111,10 +111,11 @@ pub fn emit_superblock(
     // addresses inlined calls push, placed after the side exits.
     let mut literals: Vec<(usize, u64)> = Vec::new();
     let mut literal_sites: Vec<(usize, u64)> = Vec::new();
-    // (offset in `code.bytes` of an inlined call's landing site, its return point): the stubs
-    // are placed after the side exits; `landing_sites` as `literal_sites`.
-    let mut landings: Vec<(usize, GuestAddr)> = Vec::new();
-    let mut landing_sites: Vec<(usize, GuestAddr)> = Vec::new();
+    // (offset in `code.bytes` of an inlined call's landing site, its return point, the call
+    // block's start): the stubs are placed after the side exits; `landing_sites` as
+    // `literal_sites`.
+    let mut landings: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
+    let mut landing_sites: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
 
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let ring_entries = cx
@@ -180,7 +181,7 @@ pub fn emit_superblock(
                         };
                         let off =
                             context_steps::direct_call(&mut ops, target, calls, exit_addr, later);
-                        landing_sites.push((off, return_to));
+                        landing_sites.push((off, return_to, block.start));
                     }
                 }
                 Terminator::Branch {
@@ -285,7 +286,11 @@ pub fn emit_superblock(
                 side_sites.push((base_len + off, i, cold));
             }
             literals.extend(literal_sites.drain(..).map(|(off, v)| (base_len + off, v)));
-            landings.extend(landing_sites.drain(..).map(|(off, r)| (base_len + off, r)));
+            landings.extend(
+                landing_sites
+                    .drain(..)
+                    .map(|(off, r, from)| (base_len + off, r, from)),
+            );
         }
         layout.code_end = code.addr();
         layouts.push(layout);
@@ -325,6 +330,7 @@ pub fn emit_superblock(
                     block: sb,
                     kind: ExitKind::Direct {
                         target,
+                        from: blocks[i].start,
                         site,
                         stub: HostAddr(0),
                         call: false,
@@ -364,13 +370,14 @@ pub fn emit_superblock(
     }
     // Landing stubs of the inlined calls (`context_steps::Landing`): where a `ret` outside the
     // trace that pops the call's frame goes on until the site is linked to the return point.
-    for (rel32_off, return_to) in landings {
+    for (rel32_off, return_to, from) in landings {
         let start = code.addr();
         let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(start as usize);
         exits.push(Exit {
             block: sb,
             kind: ExitKind::Direct {
                 target: return_to,
+                from,
                 site: HostAddr(code.base + rel32_off as u64),
                 stub: HostAddr(0),
                 call: false,

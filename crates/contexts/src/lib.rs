@@ -59,7 +59,7 @@ mod tree;
 pub use area::{ContextArea, Frame, FRAMES_MAX, SENTINEL_RETURN};
 pub use counters::{PathCounts, COUNTER_WORDS_MAX, RUN_ROOT_OFFSET};
 pub use rules::{Contexts, Functions, Resync};
-pub use runs::{RunInfo, RunNode, DENSE_PATHS_MAX, RUN_NODES_MAX, RUN_PATHS_MAX};
+pub use runs::{RunInfo, RunNode, DENSE_PATHS_MAX, HAND_IN_ROOT, RUN_NODES_MAX, RUN_PATHS_MAX};
 pub use tree::{
     CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER,
     DIRECT_ENTRIES, DIRECT_PROBES, INDIRECT_ENTRIES, INDIRECT_FIRST, MAX_DEPTH,

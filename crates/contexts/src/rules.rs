@@ -153,6 +153,12 @@ impl Contexts {
         ContextId(self.arena.at(self.area().ctx).id)
     }
 
+    /// Guest address of the current context's function (0 for the root context's, which
+    /// stands for the thread's first activation).
+    pub fn current_function(&self) -> u64 {
+        self.arena.at(self.area().ctx).function
+    }
+
     /// True if the current context is the one past [`crate::MAX_DEPTH`] frames, which stands
     /// for every deeper frame, of whatever function.
     pub fn in_deeper(&self) -> bool {
@@ -247,6 +253,15 @@ impl Contexts {
     /// runs stay in the trie, under numberings the child's monitor did not make).
     pub fn forget_abandoned_runs(&mut self) {
         self.runs.forget_abandoned();
+    }
+
+    /// A new hand-in root of numbering `numbering` (`runs::HAND_IN_ROOT`), for an activation
+    /// whose run so far the monitor holds: its host address, the run register's value, or 0
+    /// when no node can be had (the activation's run is abandoned). The current context's
+    /// counters for `numbering` are made first ([`Contexts::path_counters`]).
+    pub fn hand_in_root(&mut self, numbering: u32) -> u64 {
+        let (runs, supply) = self.runs_and_supply();
+        runs.hand_in_root(numbering, supply)
     }
 
     /// Counts one run ending at run node `run` (0: none).

@@ -71,7 +71,8 @@ pub struct RunNode {
     pub children: u64,
     /// Host address of its parent, 0 for a root (a numbering's empty run).
     pub parent: u64,
-    /// The prefix's last path id; a root's numbering.
+    /// The prefix's last path id; a root's numbering, with [`HAND_IN_ROOT`] added for a
+    /// hand-in root.
     pub path: u64,
     /// Paths in the prefix.
     pub depth: u64,
@@ -100,6 +101,12 @@ impl RunNode {
     pub const SIZE: usize = size_of::<RunNode>();
 }
 
+/// Added to a root's [`RunNode::path`] (its numbering) when it is a *hand-in root*: the run
+/// so far of an activation that started cold and went on instrumented at a back edge
+/// (docs/paths-design.md, "Hand-in as built"), which only the monitor knows; the guest's
+/// steps after it go under it.
+pub const HAND_IN_ROOT: u64 = 1 << 32;
+
 /// A run node as the monitor reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunInfo {
@@ -107,6 +114,9 @@ pub struct RunInfo {
     pub parent: Option<u32>,
     /// The prefix's last path id; a root's numbering.
     pub path: u32,
+    /// A hand-in root ([`HAND_IN_ROOT`]): a root that stands for the run, so far, of the
+    /// activation the hand-in event that names it handed in.
+    pub hand_in: bool,
     /// Runs that ended here.
     pub count: u64,
 }
@@ -193,6 +203,16 @@ impl RunTrie {
             }
             None => 0,
         }
+    }
+
+    /// A new hand-in root of numbering `numbering` ([`HAND_IN_ROOT`]): its host address, or 0
+    /// when no node can be had (the trie is full or has no mapping yet: a numbering's root
+    /// is made first).
+    pub(crate) fn hand_in_root(&mut self, numbering: u32, supply: NodeSupply) -> u64 {
+        if self.map.is_none() {
+            return 0;
+        }
+        take(supply, 0, numbering as u64 | HAND_IN_ROOT, 0).unwrap_or(0)
     }
 
     /// The child of the node at host address `node` for path id `id` of a function of `paths`
@@ -323,12 +343,14 @@ impl RunMapping {
                 return None;
             }
             let parent = std::ptr::addr_of!((*n).parent).read_volatile();
+            let path = std::ptr::addr_of!((*n).path).read_volatile();
             Some(RunInfo {
                 parent: match parent {
                     0 => None,
                     p => Some(index_in(self, p)?),
                 },
-                path: std::ptr::addr_of!((*n).path).read_volatile() as u32,
+                path: path as u32,
+                hand_in: parent == 0 && path & HAND_IN_ROOT != 0,
                 count: std::ptr::addr_of!((*n).count).read_volatile(),
             })
         }
@@ -388,6 +410,13 @@ mod tests {
                 left: &mut self.left,
             };
             self.trie.root(numbering, supply)
+        }
+        fn hand_in_root(&mut self, numbering: u32) -> u64 {
+            let supply = NodeSupply {
+                next: &mut self.next,
+                left: &mut self.left,
+            };
+            self.trie.hand_in_root(numbering, supply)
         }
         fn step(&mut self, node: u64, id: u32, paths: u32) -> u64 {
             let supply = NodeSupply {
@@ -456,7 +485,8 @@ mod tests {
             Some(RunInfo {
                 parent: None,
                 path: 7,
-                count: 0
+                count: 0,
+                hand_in: false,
             })
         );
         assert_eq!(
@@ -464,13 +494,41 @@ mod tests {
             Some(RunInfo {
                 parent: Some(i(a)),
                 path: 3,
-                count: 2
+                count: 2,
+                hand_in: false,
             })
         );
         let nodes = m.nodes();
         assert_eq!(nodes.len(), 6, "index 0, two roots, a, b, aa");
         assert_eq!(nodes[i(b) as usize].map(|n| n.parent), Some(Some(i(root))));
         assert_eq!(m.abandoned(), 0);
+    }
+
+    #[test]
+    fn hand_in_roots_are_new_roots_each_time() {
+        let mut f = Fixture::new();
+        assert_eq!(f.hand_in_root(3), 0, "no mapping before a numbering's root");
+        let shared = f.trie.shared();
+        let root = f.root(3);
+        let (h1, h2) = (f.hand_in_root(3), f.hand_in_root(3));
+        assert!(h1 != 0 && h2 != 0 && h1 != h2 && h1 != root);
+        assert_eq!(f.root(3), root, "a numbering's root stays one");
+        let c = f.step(h1, 5, 8);
+        f.trie.end(c);
+        let m = shared.get().unwrap();
+        let i = |addr| f.trie.index_of(addr).unwrap();
+        assert_eq!(
+            m.node(i(h2)),
+            Some(RunInfo {
+                parent: None,
+                path: 3,
+                count: 0,
+                hand_in: true,
+            })
+        );
+        assert_eq!(f.node(c).depth, 1, "paths are counted from the hand-in");
+        assert_eq!(m.node(i(c)).map(|n| (n.parent, n.hand_in)), Some((Some(i(h1)), false)));
+        assert!(!m.node(i(root)).unwrap().hand_in);
     }
 
     #[test]

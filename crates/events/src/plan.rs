@@ -154,10 +154,18 @@ impl PathPlan {
     }
 
     /// True if a call from an instrumented function of the region, returning to `return_to`,
-    /// may enter this function instrumented: it has no tail call out (such a function is only
-    /// a hole's root), and the call site is let in ([`PathPlan::enters_from`]).
+    /// may enter this function instrumented: it is not only a hole's root
+    /// ([`PathPlan::roots_only`]), and the call site is let in ([`PathPlan::enters_from`]).
     pub fn enters_in_region(&self, return_to: GuestAddr) -> bool {
-        self.tails_out.is_empty() && self.enters_from(return_to)
+        !self.roots_only() && self.enters_from(return_to)
+    }
+
+    /// True if the function's activations are only ever a hole's root, never entered by a
+    /// call from its region: it has a tail call out (its callee would return to the caller's
+    /// reload stub unannounced), or no `ret` the monitor knows of (an activation planned
+    /// while it runs, a main loop: its return hands it over).
+    pub fn roots_only(&self) -> bool {
+        !self.tails_out.is_empty() || self.first_ret_block().is_none()
     }
 
     /// True if a call returning to `return_to` may enter the function instrumented
@@ -329,6 +337,7 @@ fn tagged_word(part: u32, payload: u32) -> u32 {
 /// call out:  11 | 00 | 10 | site (26)    11 | 01 | caller's context id
 /// return in: 11 | 00 | 11 | 0
 /// tail out:  11 | 00 | 11 | site + 1 (26)
+/// hand in:   11 | 00 | 10 | numbering (26)    11 | 10 | head block (26)    11 | 11 | run node
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BorderEvent {
@@ -344,6 +353,12 @@ pub enum BorderEvent {
     /// ended its last path there (counted in its counters), and the callee, cold, takes its
     /// frame.
     TailOut { site: u32 },
+    /// A cold activation of numbering `numbering`'s function took a back edge to its block
+    /// `head` and goes on instrumented from there: its next path starts at `head` (`r` its
+    /// restart value, counted in its context's counters), and its PAP run goes on under the
+    /// guest's *hand-in root* `run` (a run node index; 0: none could be had). Written by the
+    /// runtime after the back edge's block (docs/paths-design.md, "Hand-in as built").
+    HandIn { numbering: u32, head: u32, run: u32 },
 }
 
 /// Words of a call-out event.
@@ -352,11 +367,15 @@ pub const CALL_OUT_WORDS: usize = 2;
 /// Words of a return-in event.
 pub const RETURN_IN_WORDS: usize = 1;
 
+/// Words of a hand-in event.
+pub const HAND_IN_WORDS: usize = 3;
+
 impl BorderEvent {
     /// The event's words.
     ///
     /// # Panics
-    /// If the site does not fit 26 bits or the context 28.
+    /// If the site, a numbering or a head does not fit 26 bits, or the context or the run
+    /// node 28.
     pub fn encode(&self) -> Vec<u32> {
         match *self {
             BorderEvent::CallOut { site, context } => vec![
@@ -365,6 +384,18 @@ impl BorderEvent {
             ],
             BorderEvent::ReturnIn => vec![Self::RETURN_IN],
             BorderEvent::TailOut { site } => vec![Self::tail_out_word(site)],
+            BorderEvent::HandIn {
+                numbering,
+                head,
+                run,
+            } => {
+                assert!(numbering < MAX_NUMBERING && head <= INDEX_MASK);
+                vec![
+                    tagged_word(0, KIND_CALL_OUT << KIND_SHIFT | numbering),
+                    tagged_word(2, head),
+                    tagged_word(3, run),
+                ]
+            }
         }
     }
 
@@ -413,8 +444,10 @@ pub struct HandOverDecoder {
     kind: u32,
     /// Activations a hand-over still expects (0: no hand-over being read).
     expected: usize,
-    /// A call out's site while its context word is awaited.
+    /// A call out's site while its context word is awaited, or a hand-in's numbering.
     numbering: u32,
+    /// A hand-in's head block while its run word is awaited.
+    head: Option<u32>,
     words: Vec<u32>,
     partial: HandOver,
 }
@@ -447,9 +480,10 @@ impl HandOverDecoder {
                     }))
                 }
                 _ => {
-                    // A call out: its context word follows.
+                    // A call out (its context word follows) or a hand in (its head's).
                     self.expected = usize::MAX;
                     self.numbering = payload & LOW_MASK;
+                    self.head = None;
                     None
                 }
             };
@@ -458,11 +492,31 @@ impl HandOverDecoder {
             return None;
         }
         if self.kind == KIND_CALL_OUT {
-            self.expected = 0;
-            return (part == 1).then_some(TaggedEvent::Border(BorderEvent::CallOut {
-                site: self.numbering,
-                context: payload,
-            }));
+            return match (part, self.head) {
+                (1, None) => {
+                    self.expected = 0;
+                    Some(TaggedEvent::Border(BorderEvent::CallOut {
+                        site: self.numbering,
+                        context: payload,
+                    }))
+                }
+                (2, None) => {
+                    self.head = Some(payload);
+                    None
+                }
+                (3, Some(head)) => {
+                    self.expected = 0;
+                    Some(TaggedEvent::Border(BorderEvent::HandIn {
+                        numbering: self.numbering,
+                        head,
+                        run: payload,
+                    }))
+                }
+                _ => {
+                    self.expected = 0;
+                    None
+                }
+            };
         }
         let want = match self.words.len() {
             0 => 1,
@@ -614,6 +668,12 @@ mod tests {
         let last = BorderEvent::TailOut {
             site: MAX_SITES - 2,
         };
+        let hand_in = BorderEvent::HandIn {
+            numbering: MAX_NUMBERING - 1,
+            head: INDEX_MASK,
+            run: PAYLOAD_MASK,
+        };
+        assert_eq!(hand_in.encode().len(), HAND_IN_WORDS);
         assert_eq!(out_.encode().len(), CALL_OUT_WORDS);
         assert_eq!(in_.encode().len(), RETURN_IN_WORDS);
         assert_eq!(out_.encode()[0], BorderEvent::call_out_word(MAX_SITES - 1));
@@ -629,6 +689,7 @@ mod tests {
             in_.encode(),
             tail.encode(),
             in_.encode(),
+            hand_in.encode(),
             last.encode(),
         ]
         .concat();
@@ -642,6 +703,7 @@ mod tests {
                 TaggedEvent::Border(in_),
                 TaggedEvent::Border(tail),
                 TaggedEvent::Border(in_),
+                TaggedEvent::Border(hand_in),
                 TaggedEvent::Border(last)
             ]
         );
@@ -650,6 +712,15 @@ mod tests {
         assert_eq!(d.push(w[0]), None);
         assert_eq!(d.push(in_.encode()[0]), Some(TaggedEvent::Border(in_)));
         assert_eq!(d.push(w[1]), None);
+        // A hand in cut short, or with its words swapped, too.
+        let w = hand_in.encode();
+        assert_eq!(d.push(w[0]), None);
+        assert_eq!(d.push(w[2]), None);
+        assert_eq!(d.push(w[1]), None);
+        assert_eq!(d.push(w[0]), None);
+        assert_eq!(d.push(w[1]), None);
+        assert_eq!(d.push(out_.encode()[1]), None);
+        assert_eq!(d.push(w[2]), None);
     }
 
     #[test]

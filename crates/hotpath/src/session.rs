@@ -274,8 +274,8 @@ impl RunCtx {
                 );
                 if self.args.instrument_paths.is_some() {
                     eprintln!(
-                        "hotpath: instrumented paths: {} functions, {} requests dropped, {} hand-overs ({} at edges the numbering lacked), {} run steps through the runtime",
-                        s.instrumented, s.instrument_dropped, s.hand_overs, s.hand_overs_new_edge, s.run_misses
+                        "hotpath: instrumented paths: {} functions, {} requests dropped, {} hand-overs ({} at edges the numbering lacked), {} hand-ins, {} run steps through the runtime",
+                        s.instrumented, s.instrument_dropped, s.hand_overs, s.hand_overs_new_edge, s.hand_ins, s.run_misses
                     );
                 }
             }
@@ -427,6 +427,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         per_block: args.paths_per_block,
         guest_contexts: args.guest_contexts(),
         instrument_threshold: args.instrument_paths.filter(|_| args.guest_contexts()),
+        instrument_every: args.instrument_every,
         symbols: image
             .symbols
             .iter()
@@ -597,6 +598,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     }
     if let Some(n) = args.instrument_paths {
         opt("--instrument-paths", Some(n.to_string().into()));
+    }
+    if args.instrument_every {
+        opt("--instrument-every", None);
     }
     if args.no_superblocks {
         opt("--no-superblocks", None);

@@ -51,7 +51,70 @@ impl PathRecorder {
             BorderEvent::CallOut { site, context } => self.call_out(site, context, tables),
             BorderEvent::ReturnIn => self.return_in(tables),
             BorderEvent::TailOut { site } => self.tail_out(site, tables),
+            BorderEvent::HandIn {
+                numbering,
+                head,
+                run,
+            } => self.hand_in(numbering, head, run, tables),
         }
+    }
+
+    /// The top activation, cold, took the back edge of numbering `numbering`'s function from
+    /// its last block to block `head`, and the runtime handed it in: it goes on instrumented
+    /// from the head (docs/paths-design.md, "Hand-in as built"). Its path ends at the back
+    /// edge, as the head's arriving would end it, and the ring's pair into the head is
+    /// counted; then it becomes a hole's root ([`HOLE_ROOT`]), whose paths from the head on
+    /// are in its context's counters and whose PAP run goes on under the guest's hand-in
+    /// root `run`, which stands for the run so far. The function's `ret` alias is the
+    /// previous event, as after an announcing event.
+    fn hand_in(&mut self, numbering: u32, head: u32, run: u32, tables: &mut Tables) {
+        if self.id_addr.len() < tables.blocks.len() {
+            self.learn_known(tables);
+        }
+        let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
+            return self.hand_in_mismatch();
+        };
+        let Some(h) = self.block_id(func, head) else {
+            return self.hand_in_mismatch();
+        };
+        let Some(&top) = self.stack.last() else {
+            return self.hand_in_mismatch();
+        };
+        if top.func != func || top.cur == NONE || self.id_addr[h as usize] > top.last_addr {
+            return self.hand_in_mismatch();
+        }
+        let node = self.node_of(func, h, tables);
+        self.end_path(node);
+        tables.replay_blocks(&[h]);
+        let a = *self.stack.last().expect("the activation");
+        self.flush_counts(&a, false);
+        if run != 0 {
+            let known = match a.pap {
+                NONE => (NONE, 0),
+                t => (t, a.pap_len),
+            };
+            self.instrumenter.hand_in_runs.insert(run, known);
+        }
+        // Held as a hole's root from here: pending (its call-tree node is its parent's until a
+        // hand-over names it again), popped by the next block or a tail call's event.
+        let parent = self.calltree[a.call_node as usize].parent;
+        self.stack.pop();
+        self.push_pending(func, a.return_to, parent);
+        self.stack.last_mut().expect("just pushed").len = HOLE_ROOT;
+        let alias = self.instrumenter.ret_alias.get(&numbering).copied();
+        self.prev = alias.unwrap_or(SETTLED);
+        let entry = self.funcs[func as usize].entry;
+        tables.set_prev(match (self.several_rets(entry), alias) {
+            (false, Some(alias)) => alias,
+            _ => NONE,
+        });
+    }
+
+    /// A hand-in the recorder's stack does not agree with (a bug): counted, and ignored.
+    #[cold]
+    fn hand_in_mismatch(&mut self) {
+        debug_assert!(false, "a hand-in the stack does not agree with");
+        self.hand_in_mismatches += 1;
     }
 
     /// The hole's root jumped out of the region at tail-out site `site`: its activation ended

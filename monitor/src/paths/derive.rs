@@ -17,10 +17,15 @@
 
 use std::collections::HashMap;
 
-use hotpath_contexts::{ContextId, ContextView, DEEPER as GUEST_DEEPER};
+use hotpath_contexts::{ContextId, ContextView, DEEPER as GUEST_DEEPER, RUN_PATHS_MAX};
 use hotpath_ir::Terminator;
 
 use super::ids::NONE;
+use super::pap_runs::PAP_MAX_PATHS;
+
+/// `add_instrumented_runs`' numbering of guest run nodes under a hand-in root that stands
+/// for no run of the recorder's (no numbering is this).
+const LEFT_OUT: u32 = u32::MAX;
 use super::numbering::{NumberedEnd, NumberedStart};
 use super::recorder::PathRecorder;
 use super::stack::DEEPER;
@@ -97,35 +102,67 @@ impl PathRecorder {
     /// abandoned.
     fn add_instrumented_runs(&mut self, view: &ContextView) {
         let (nodes, abandoned) = view.runs();
-        self.pap_runs.abandoned += abandoned;
-        // Guest node → (recorder node, numbering), parents first; numbering 0: one the
-        // recorder did not make (a forked child's trie holds its parent's), left out.
-        let mut ours = vec![(NONE, 0u32); nodes.len()];
+        // Runs the guest abandoned under hand-in roots the recorder had no run for (it
+        // abandoned the run before, or never recorded it): not the reference's.
+        let mut not_ours = 0u64;
+        // Guest node → (recorder node, numbering, paths in the run), parents first;
+        // numbering 0: one the recorder did not make (a forked child's trie holds its
+        // parent's), left out; [`LEFT_OUT`]: under a hand-in root that stands for no run, left
+        // out, with the paths since the hand-in.
+        let mut ours = vec![(NONE, 0u32, 0u32); nodes.len()];
         for (i, n) in nodes.iter().enumerate() {
             let Some(n) = n else { continue };
             let here = match n.parent {
+                None if n.hand_in => self.hand_in_root(i as u32, n.path),
                 None => match self.instrumenter.numberings.get(&n.path) {
-                    Some(&(func, _)) => {
-                        (self.pap_runs.root(&mut self.funcs[func as usize]), n.path)
-                    }
-                    None => (NONE, 0),
+                    Some(&(func, _)) => (
+                        self.pap_runs.root(&mut self.funcs[func as usize]),
+                        n.path,
+                        0,
+                    ),
+                    None => (NONE, 0, 0),
                 },
                 Some(parent) => match ours[parent as usize] {
-                    (_, 0) => (NONE, 0),
-                    (NONE, numbering) => (NONE, numbering),
-                    (up, numbering) => match self.numbered_path_number(numbering, n.path) {
-                        Some((p, _)) => (self.pap_runs.step(up, p), numbering),
-                        None => (NONE, numbering),
+                    (_, 0, _) => (NONE, 0, 0),
+                    (_, LEFT_OUT, depth) => {
+                        // The guest abandons a run that would pass RUN_PATHS_MAX paths
+                        // from its hand-in, at a node this deep.
+                        if depth as usize + 1 == RUN_PATHS_MAX {
+                            not_ours += 1;
+                        }
+                        (NONE, LEFT_OUT, depth + 1)
+                    }
+                    (NONE, numbering, len) => (NONE, numbering, len + 1),
+                    // Past the longest run kept: the recorder abandons it there.
+                    (_, numbering, len) if len as usize >= PAP_MAX_PATHS => {
+                        (NONE, numbering, len + 1)
+                    }
+                    (up, numbering, len) => match self.numbered_path_number(numbering, n.path) {
+                        Some((p, _)) => (self.pap_runs.step(up, p), numbering, len + 1),
+                        None => (NONE, numbering, len + 1),
                     },
                 },
             };
             ours[i] = here;
             match here {
-                (_, 0) => {}
-                // The recorder's trie is full.
-                (NONE, _) => self.pap_runs.abandoned += n.count,
-                (t, _) => self.pap_runs.add_count(t, n.count),
+                (_, 0 | LEFT_OUT, _) => {}
+                // The recorder's trie is full, or the run too long.
+                (NONE, _, _) => self.pap_runs.abandoned += n.count,
+                (t, _, _) => self.pap_runs.add_count(t, n.count),
             }
+        }
+        self.pap_runs.abandoned += abandoned.saturating_sub(not_ours);
+    }
+
+    /// What the guest's hand-in root `index` of numbering `numbering` stands for: the
+    /// recorder's run node, the numbering and the run's length so far (docs/paths-design.md,
+    /// "Hand-in as built"); numbering [`LEFT_OUT`] when the activation had no run when it
+    /// was handed in: its function was not PAP-hot when it started, or its run was abandoned
+    /// (and counted so) already, and the per-block recorder would count nothing more of it.
+    fn hand_in_root(&self, index: u32, numbering: u32) -> (u32, u32, u32) {
+        match self.instrumenter.hand_in_runs.get(&index) {
+            Some(&(t, len)) if t != NONE => (t, numbering, len),
+            _ => (NONE, LEFT_OUT, 0),
         }
     }
 
@@ -141,10 +178,10 @@ impl PathRecorder {
         let Some(view) = self.contexts.clone() else {
             return (NONE, 0);
         };
-        // The guest's ids from the root down, and the root's numbering.
+        // The guest's ids from the root down, and the root.
         let mut ids = Vec::new();
         let mut at = run;
-        let numbering = loop {
+        let root = loop {
             let Some(n) = view.run_node(at) else {
                 return (NONE, 0);
             };
@@ -153,13 +190,27 @@ impl PathRecorder {
                     ids.push(n.path);
                     at = p;
                 }
-                None => break n.path,
+                None => break n,
             }
         };
+        let numbering = root.path;
         let Some(&(func, _)) = self.instrumenter.numberings.get(&numbering) else {
             return (NONE, 0);
         };
-        let mut t = self.pap_runs.root(&mut self.funcs[func as usize]);
+        let (mut t, base) = match root.hand_in {
+            // A hand-in root: the run the recorder had when the activation was handed in.
+            true => match self.hand_in_root(at, numbering) {
+                (t, LEFT_OUT, _) => (t, 0),
+                (t, _, len) => (t, len),
+            },
+            false => (self.pap_runs.root(&mut self.funcs[func as usize]), 0),
+        };
+        if t != NONE && base as usize + ids.len() > PAP_MAX_PATHS {
+            // Longer than the recorder keeps: it would have abandoned the run (the guest did
+            // not, counting from the hand-in; it goes on cold from here).
+            self.pap_runs.abandoned += 1;
+            t = NONE;
+        }
         for &id in ids.iter().rev() {
             let Some((p, _)) = self.numbered_path_number(numbering, id) else {
                 return (NONE, 0);
@@ -171,7 +222,7 @@ impl PathRecorder {
         }
         let known = match t {
             NONE => (NONE, 0),
-            t => (t, ids.len() as u32),
+            t => (t, base + ids.len() as u32),
         };
         self.instrumenter.handed_runs.insert(run, known);
         known

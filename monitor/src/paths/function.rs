@@ -98,6 +98,15 @@ impl PathRecorder {
                 if let IdKind::InstrumentedReturn { numbering } = tables.kinds[i] {
                     self.instrumenter.ret_alias.insert(numbering, i as u32);
                 }
+                if matches!(
+                    tables.kinds[i],
+                    IdKind::Superblock { .. } | IdKind::SideExit { .. }
+                ) {
+                    self.traces_at
+                        .entry(tables.blocks[i].start.0)
+                        .or_default()
+                        .push(i as u32);
+                }
                 self.id_addr.push(addr);
                 self.id_kind.push(kind);
                 // An announcing event's `ret` alias id (the recorder's `prev` after it).

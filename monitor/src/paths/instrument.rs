@@ -34,7 +34,7 @@ use std::sync::Arc;
 use hotpath_events::{Command, PathPlan, MAX_NUMBERING, MAX_PLAN_PATHS, MAX_SITES};
 use hotpath_ir::{BlockSummary, GuestAddr, Terminator};
 
-use super::ids::FxMap;
+use super::ids::{FxMap, NONE};
 use super::numbering::Numbering;
 use super::recorder::PathRecorder;
 use crate::Tables;
@@ -87,14 +87,24 @@ pub(crate) struct Instrumenter {
     pub(crate) path_numbers: FxMap<(u32, u32), (u32, u32)>,
     /// A hand-over's run node (the guest's index) → the recorder's run node and its length.
     pub(crate) handed_runs: FxMap<u32, (u32, u32)>,
+    /// A hand-in root (the guest's run node index) → the recorder's run node and length of
+    /// the run it stands for ([`NONE`]: the activation recorded none, or it was abandoned).
+    pub(crate) hand_in_runs: FxMap<u32, (u32, u32)>,
     /// Each numbering's call blocks that call out (`PathPlan::calls_out`).
     pub(crate) calls_out: FxMap<u32, Vec<u32>>,
     /// Each border site (a call out's or a tail out's): its numbering and block.
     pub(crate) sites: FxMap<u32, (u32, u32)>,
-    /// Numberings with tail calls out (their functions are only holes' roots).
+    /// Numberings with tail calls out.
     pub(crate) tails: HashSet<u32>,
+    /// Numberings whose function is only ever a hole's root (`PathPlan::roots_only`: tail
+    /// calls out, or no `ret` known): calls to it call out.
+    pub(crate) roots_only: HashSet<u32>,
     /// Each numbering's blocks that end in a tail call out (`PathPlan::tails_out`).
     pub(crate) tails_out: FxMap<u32, Vec<u32>>,
+    /// Per function not planned yet: the looks that saw it past the thresholds (up to
+    /// `WARM_UP_LOOKS`), and its ring events and path ends at the last one
+    /// (`pays_to_instrument`).
+    pub(crate) window: FxMap<u32, (u32, u64, u64)>,
     /// The holes suspended in a call out, innermost last (`border`).
     pub(crate) suspended: Vec<super::border::Suspended>,
     /// Guest context → call-tree node, for call outs (`border`).
@@ -133,9 +143,15 @@ impl PathRecorder {
         let mut cands: BTreeMap<u32, Candidate> = BTreeMap::new();
         // Planned functions whose CFG did not grow, as they are now.
         let mut unchanged = Vec::new();
-        for (f, fun) in self.funcs.iter().enumerate() {
-            let f = f as u32;
-            if fun.path_ends < threshold {
+        // Path ends of live activations, not yet added to their functions': a long one (a
+        // main loop) is planned while it runs, and handed in at its next back edge.
+        let mut live: FxMap<u32, u64> = FxMap::default();
+        for a in self.stack.iter().filter(|a| a.cur != NONE && a.path_ends > 0) {
+            *live.entry(a.func).or_insert(0) += a.path_ends;
+        }
+        for f in 0..self.funcs.len() as u32 {
+            let fun = &self.funcs[f as usize];
+            if fun.path_ends + live.get(&f).copied().unwrap_or(0) < threshold {
                 continue;
             }
             let sent = self.instrumenter.sent.get(&f).copied().unwrap_or(0);
@@ -151,6 +167,10 @@ impl PathRecorder {
                     unchanged.push((f, now));
                     continue;
                 }
+            }
+            let planned = self.instrumenter.planned.contains(&f);
+            if !planned && !self.config.instrument_every && !self.pays_to_instrument(f, tables) {
+                continue;
             }
             if let Some(c) = self.plan_of(f, tables) {
                 cands.insert(f, c);
@@ -173,12 +193,12 @@ impl PathRecorder {
             // (A function with tail calls out is only ever a hole's root: calls to it call out.)
             let mut sites: FxMap<u64, Option<Vec<GuestAddr>>> = FxMap::default();
             for (&e, &n) in &self.instrumenter.latest {
-                if !self.instrumenter.tails.contains(&n) {
+                if !self.instrumenter.roots_only.contains(&n) {
                     sites.insert(e, self.instrumenter.entry_sites.get(&n).cloned());
                 }
             }
             for (p, _, _) in cands.values() {
-                if p.tails_out.is_empty() {
+                if !p.roots_only() {
                     sites.insert(p.entry().0, p.entry_sites.clone());
                 }
             }
@@ -235,10 +255,15 @@ impl PathRecorder {
                 i.tails.insert(numbering);
                 i.tails_out.insert(numbering, plan.tails_out.clone());
             }
+            if plan.roots_only() {
+                i.roots_only.insert(numbering);
+            }
             match &plan.entry_sites {
                 Some(list) => {
                     i.entry_sites.insert(numbering, list.clone());
                 }
+                // (A numbering with no `ret` binds its function to neither kind.)
+                None if plan.first_ret_block().is_none() => {}
                 None => {
                     i.one_ret.insert(f);
                 }
@@ -335,6 +360,49 @@ impl PathRecorder {
         }
     }
 
+    /// True if function `f` runs cheaper instrumented than cold, as far as its recent history
+    /// says: since the last look, its path ends cost the ring at least
+    /// [`MIN_EVENTS_PER_PATH_END`] events each. Not before [`WARM_UP_LOOKS`] looks have seen
+    /// it past the thresholds: its first path ends run before its loops' superblocks.
+    fn pays_to_instrument(&mut self, f: u32, tables: &Tables) -> bool {
+        let (events, ends) = self.events_and_path_ends(f, tables);
+        let (looks, e0, n0) = self
+            .instrumenter
+            .window
+            .insert(f, (0, events, ends))
+            .unwrap_or((0, events, ends));
+        if looks < WARM_UP_LOOKS {
+            self.instrumenter.window.insert(f, (looks + 1, events, ends));
+            return false;
+        }
+        let (events, ends) = (events.saturating_sub(e0), ends.saturating_sub(n0));
+        let (num, den) = MIN_EVENTS_PER_PATH_END;
+        ends > 0 && events.saturating_mul(den) >= ends.saturating_mul(num)
+    }
+
+    /// Function `f`'s ring events so far — events whose first block is one of its blocks, a
+    /// superblock's counted once for its whole trace — and its path ends (its live
+    /// activations' included).
+    fn events_and_path_ends(&self, f: u32, tables: &Tables) -> (u64, u64) {
+        let fun = &self.funcs[f as usize];
+        let live: u64 = self
+            .stack
+            .iter()
+            .filter(|a| a.func == f && a.cur != NONE)
+            .map(|a| a.path_ends)
+            .sum();
+        let events: u64 = fun
+            .node_addr
+            .iter()
+            .flat_map(|a| {
+                let blocks = self.ids_at.get(a).into_iter().flatten();
+                blocks.chain(self.traces_at.get(a).into_iter().flatten())
+            })
+            .map(|&id| tables.events_followed(id))
+            .sum();
+        (events, fun.path_ends + live)
+    }
+
     /// Function `f`'s plan (numbering 0: set when sent; entry sites not yet set) and its calls
     /// (callee entry, return point), if it qualifies on its own (module doc).
     fn plan_of(&self, f: u32, tables: &Tables) -> Option<Candidate> {
@@ -402,14 +470,14 @@ impl PathRecorder {
             }
             blocks.push(b);
         }
-        if tails_out.is_empty() {
-            ret.ok_or(NoRet)?;
-        }
-        if !tails_out.is_empty() && self.instrumenter.planned.contains(&f) {
-            // Planned without tail calls out before: its callers may call it in the region,
-            // which a function with one cannot let them (it is only a hole's root).
+        // With no `ret` known (a function planned while it runs, whose activation has not
+        // returned yet: a main loop) it is only a hole's root, as with a tail call out.
+        let roots_only = !tails_out.is_empty() || ret.is_none();
+        if roots_only && self.instrumenter.planned.contains(&f) {
+            // Planned as one its callers may call in the region before, which a function
+            // that is only a hole's root cannot let them.
             let before = self.instrumenter.latest_numbering(fun.entry);
-            if before.is_some_and(|n| !self.instrumenter.tails.contains(n)) {
+            if before.is_some_and(|n| !self.instrumenter.roots_only.contains(n)) {
                 return Err(TailCallOut);
             }
         }
@@ -467,6 +535,11 @@ impl PathRecorder {
                 "instrumented"
             } else {
                 match self.plan_or_why(f as u32, tables) {
+                    Ok(_) if !self.config.instrument_every && {
+                        let (events, ends) = self.events_and_path_ends(f as u32, tables);
+                        let (num, den) = MIN_EVENTS_PER_PATH_END;
+                        events.saturating_mul(den) < ends.saturating_mul(num)
+                    } => "cheaper cold (so far)",
                     Ok(_) => {
                         qualify.push(f as u32);
                         continue;
@@ -494,6 +567,22 @@ impl PathRecorder {
                 None => format!("{:#x}", fun.entry),
             }
         };
+        // The functions with the most path ends: their ring events per path end.
+        let mut top: Vec<(u64, u32)> = self
+            .funcs
+            .iter()
+            .enumerate()
+            .map(|(f, fun)| (fun.path_ends, f as u32))
+            .collect();
+        top.sort_unstable_by(|a, b| b.cmp(a));
+        for &(_, f) in top.iter().take(5) {
+            let (events, ends) = self.events_and_path_ends(f, tables);
+            eprintln!(
+                "hotpath:   {:<32} {ends:>12} path ends {events:>12} events: {:.3} a path end",
+                name(f),
+                events as f64 / ends.max(1) as f64
+            );
+        }
         let mut out: Vec<_> = by
             .into_iter()
             .map(|(w, (n, e, mut fs))| {
@@ -507,6 +596,21 @@ impl PathRecorder {
     }
 }
 
+/// Ring events per path end (numerator, denominator: 3/2) below which a function is left
+/// cold: there its loops run as unrolled superblocks, one event for several path ends, and a
+/// path end in instrumented code costs the guest about 25 instructions where an event costs it
+/// about 5 (and the monitor 5–50 ns, on its own core: loops' blocks cheap, calls and returns
+/// dear). Measured with hand-ins (docs/measurements.md, sixth session), by the ratio the rule
+/// weighs: bench_sieve's `main` (0.15 in steady state) ran 2.1× slower instrumented,
+/// bench_nbody's (1.3) 13 % slower; bench_fib's `fib` (1.9) 5.4× faster.
+const MIN_EVENTS_PER_PATH_END: (u64, u64) = (3, 2);
+
+/// Looks that see a function past the thresholds before its events per path end are
+/// weighed (over the interval since the last one): its first path ends, before the monitor
+/// asked for its loops' superblocks and they were built, cost an event per block. With one
+/// look, bench_sieve's `main` showed 1.4 events per path end; it runs at 0.15.
+const WARM_UP_LOOKS: u32 = 4;
+
 /// A function that qualifies: its plan, its direct calls (callee entry, return point, call
 /// block index), its numbering.
 type Candidate = (PathPlan, Vec<(u64, u64, u32)>, Numbering);
@@ -517,13 +621,11 @@ type Candidate = (PathPlan, Vec<(u64, u64, u32)>, Numbering);
 enum NotPlanned {
     /// A block or its numbering is not known (yet).
     Unknown,
-    /// A branch to another function's entry, or a tail call out in a function planned
-    /// without one.
+    /// A branch to another function's entry, or a tail call out (or no `ret` known) in a
+    /// function planned as one its callers may call in the region.
     TailCallOut,
     /// Blocks end at more than one `ret` instruction, and it was planned with one before.
     SeveralRets,
-    /// No `ret` seen (it never returned: `main`, a loop that exits the process).
-    NoRet,
     /// A call whose return point it has not reached.
     CallNotReturned,
     /// An indirect jump or call.
@@ -540,7 +642,6 @@ impl NotPlanned {
             NotPlanned::Unknown => "not known yet",
             NotPlanned::TailCallOut => "tail call out",
             NotPlanned::SeveralRets => "several rets",
-            NotPlanned::NoRet => "no ret",
             NotPlanned::CallNotReturned => "a call not returned",
             NotPlanned::Indirect => "indirect jump or call",
             NotPlanned::SyscallOrTrap => "system call or trap",

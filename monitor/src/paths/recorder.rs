@@ -40,6 +40,9 @@ pub struct PathConfig {
     /// functions past this many path ends (and the PAP threshold) in translated code (#21
     /// stage 2: the same profile, hidden until measured; `--instrument-paths`).
     pub instrument_threshold: Option<u64>,
+    /// Instrument every function that qualifies, also those whose ring events per path end
+    /// say they run cheaper cold (`--instrument-every`; see `instrument`).
+    pub instrument_every: bool,
 }
 
 impl Default for PathConfig {
@@ -51,6 +54,7 @@ impl Default for PathConfig {
             per_block: false,
             guest_contexts: false,
             instrument_threshold: None,
+            instrument_every: false,
         }
     }
 }
@@ -75,6 +79,9 @@ pub struct PathRecorder {
     pub(crate) id_root: Vec<u32>,
     /// Guest address → block ids with that address (to refresh `id_entry`).
     pub(crate) ids_at: FxMap<u64, Vec<u32>>,
+    /// Guest address → superblock and side-exit ids whose first block starts there (a
+    /// function's ring events, for what to instrument).
+    pub(crate) traces_at: FxMap<u64, Vec<u32>>,
     pub(crate) stack: Vec<Activation>,
     /// The path trie.
     pub(crate) trie: Vec<TrieNode>,
@@ -105,6 +112,8 @@ pub struct PathRecorder {
     pub resync_kinds: [u64; Resync::ALL.len()],
     /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
     pub dropped_frames: u64,
+    /// Hand-in events whose activation was not the stack's top (a bug in hotpath; ignored).
+    pub hand_in_mismatches: u64,
     /// Context events split across reads of the ring.
     pub(crate) context_words: ContextDecoder,
     /// The functions sent to be instrumented.
@@ -134,6 +143,7 @@ impl PathRecorder {
             id_node: Vec::new(),
             id_root: Vec::new(),
             ids_at: FxMap::default(),
+            traces_at: FxMap::default(),
             stack: Vec::new(),
             trie: Vec::new(),
             roots: FxMap::default(),
@@ -159,6 +169,7 @@ impl PathRecorder {
             resyncs: 0,
             resync_kinds: [0; Resync::ALL.len()],
             dropped_frames: 0,
+            hand_in_mismatches: 0,
             context_words: ContextDecoder::default(),
             instrumenter: Default::default(),
             contexts: None,

@@ -38,6 +38,30 @@ const INSTALL_ROOM: u64 = 64 * 1024;
 /// python3 then handed over 17 000 times in a second, each an exit and a replay.
 const HAND_OVERS_BEFORE_DROP: u32 = 256;
 
+/// Times a cold back edge may refuse to hand its activation in (the activation runs in
+/// another function's context, past the depth cap, or was called from a site the plan does
+/// not let in) before its exit is linked like any other, in this generation: each refusal
+/// is a trip through the dispatcher.
+const HAND_IN_REFUSALS: u32 = 64;
+
+/// Hand-ins a plan takes per thread; past them its cold back edges are linked as usual.
+/// Each hand-in starts a run subtree of its own in the guest's run trie (under a new hand-in
+/// root: the guest does not know the run before it), where the monitor's trie shares
+/// prefixes: bench strings, whose plans kept handing over at edges their numberings lacked
+/// and back in at the next back edge, filled the guest's 4 Mi run nodes with 554 hand-ins
+/// and abandoned runs the monitor kept. Activations live when a plan comes are few.
+const HAND_INS_PER_PLAN: u32 = 16;
+
+/// What a cold jump does about handing its activation in (`Translator::hand_in`).
+pub(super) enum HandIn {
+    /// It is no back edge of a current plan: linked as usual.
+    NotASite,
+    /// It is one, but this activation goes on cold: not linked, so that the next may.
+    Refused,
+    /// The activation went on instrumented: go on at `Next`.
+    Done(Next),
+}
+
 /// A plan's translations in this generation.
 #[derive(Clone, Copy, Debug)]
 struct Installed {
@@ -77,6 +101,13 @@ pub(crate) struct Instrumentation {
     pub(super) flush_wanted: bool,
     /// Hand-overs at edges each numbering lacks.
     new_edges: HashMap<u32, u32>,
+    /// Loop heads of the plans' functions (the targets of their back edges, entries aside)
+    /// → the entries of the functions with a back edge there.
+    loop_heads: HashMap<u64, Vec<u64>>,
+    /// This generation: refusals to hand in, by exit index ([`HAND_IN_REFUSALS`]).
+    hand_in_refusals: HashMap<u32, u32>,
+    /// Hand-ins each numbering took ([`HAND_INS_PER_PLAN`]).
+    hand_ins: HashMap<u32, u32>,
 }
 
 impl Instrumentation {
@@ -86,6 +117,29 @@ impl Instrumentation {
         self.blocks.clear();
         self.reloads.clear();
         self.borders.clear();
+        self.hand_in_refusals.clear();
+    }
+
+    /// The plan current for the function at `entry` that has the back edge from the block at
+    /// `from` to the block at `head`: the plan and the two blocks' indices.
+    fn back_edge(&self, entry: u64, from: u64, head: u64) -> Option<(&Arc<PathPlan>, u32, u32)> {
+        let plan = self.plans.get(&entry)?;
+        let u = plan.index_of(GuestAddr(from))?;
+        let h = plan.index_of(GuestAddr(head))?;
+        match plan.step(u, h) {
+            Some(EdgeStep::Back { .. }) if h != 0 => Some((plan, u, h)),
+            _ => None,
+        }
+    }
+
+    /// The entry of a function with a current plan that has the back edge `from → head`
+    /// (block starts), if any.
+    fn hand_in_entry(&self, from: u64, head: u64) -> Option<u64> {
+        self.loop_heads
+            .get(&head)?
+            .iter()
+            .copied()
+            .find(|&e| self.back_edge(e, from, head).is_some())
     }
 
     /// The installed heads of the plan for the function at `entry`, if any.
@@ -106,6 +160,16 @@ impl Translator {
         for p in &plans {
             self.inst.plans.insert(p.entry().0, p.clone());
             self.inst.by_numbering.insert(p.numbering, p.clone());
+            for b in p.back_edges.iter().filter(|b| b.to != 0) {
+                let entries = self
+                    .inst
+                    .loop_heads
+                    .entry(p.blocks[b.to as usize].start.0)
+                    .or_default();
+                if !entries.contains(&p.entry().0) {
+                    entries.push(p.entry().0);
+                }
+            }
             for &i in &p.calls_out {
                 if let Some(rp) = p.blocks[i as usize].terminator.return_address() {
                     self.inst.border_returns.insert(rp.0);
@@ -136,8 +200,9 @@ impl Translator {
                 && p.num_paths > 0
                 && p.num_paths <= MAX_PLAN_PATHS
                 && match p.entry_sites {
-                    // A function with tail calls out may end only by them.
-                    None => p.ret_block().is_some() || !p.tails_out.is_empty(),
+                    // One `ret`, or none known (a function with tail calls out may end
+                    // only by them; one planned while it runs may have a `ret` not seen yet).
+                    None => p.ret_block().is_some() || p.first_ret_block().is_none(),
                     Some(_) => p.first_ret_block().is_some(),
                 }
                 && !self.inst.by_numbering.contains_key(&p.numbering);
@@ -270,7 +335,13 @@ impl Translator {
                 .return_address()
                 .is_some_and(|rp| self.links.inlined.contains(&rp.0))
         });
-        if self.links.inlined.contains(&entry) || returns_inline || !room {
+        // A superblock that runs one of its back edges inline (an unrolled loop) would keep
+        // a live cold activation from being handed in there.
+        let loops_inline = plan
+            .back_edges
+            .iter()
+            .any(|b| b.to != 0 && self.links.inlined.contains(&plan.blocks[b.to as usize].start.0));
+        if self.links.inlined.contains(&entry) || returns_inline || loops_inline || !room {
             // A superblock runs the function's cold code inline after a call (its calls would
             // never reach the head) or returns into it inline from a callee it calls out to
             // (the return would not reach its border reload stub), or the cache is nearly
@@ -305,6 +376,7 @@ impl Translator {
                     site,
                     stub,
                     call: true,
+                    ..
                 } if target.0 == entry => {
                     Some((site, if some_sites { stub } else { heads.announce }))
                 }
@@ -334,6 +406,28 @@ impl Translator {
             .collect();
         for (site, to) in calls {
             self.cache.patch_rel32(site, to);
+        }
+        // Cold back edges linked before go through the dispatcher again, where a live cold
+        // activation of the function is handed in (`hand_in`).
+        let back: Vec<(HostAddr, HostAddr)> = self
+            .exits
+            .iter()
+            .filter_map(|e| match e.kind {
+                ExitKind::Direct {
+                    target,
+                    from,
+                    site,
+                    stub,
+                    call: false,
+                } => self
+                    .inst
+                    .back_edge(entry, from.0, target.0)
+                    .map(|_| (site, stub)),
+                _ => None,
+            })
+            .collect();
+        for (site, stub) in back {
+            self.cache.patch_rel32(site, stub);
         }
         Ok(Some(installed))
     }
@@ -635,6 +729,103 @@ impl Translator {
         }
     }
 
+    /// A cold jump of exit `exit` from the block at `from` to `head`: when it is a back edge of
+    /// a function with a current plan and the activation that runs it may go on instrumented,
+    /// hands it in (docs/paths-design.md, "Hand-in as built"): its counters in the current
+    /// context, `r` the head's restart value, a new hand-in root as its run register, a
+    /// hand-in event, then on at the head's instrumented translation. The monitor ends the
+    /// activation's cold path at the back edge and holds the rest of it as a hole.
+    pub(super) fn hand_in(
+        &mut self,
+        exit: u32,
+        from: GuestAddr,
+        head: GuestAddr,
+    ) -> Result<HandIn, TranslateError> {
+        if self.inst.loop_heads.is_empty() {
+            return Ok(HandIn::NotASite);
+        }
+        let Some(entry) = self.inst.hand_in_entry(from.0, head.0) else {
+            return Ok(HandIn::NotASite);
+        };
+        if self.inst.hand_in_refusals.get(&exit) >= Some(&HAND_IN_REFUSALS) {
+            return Ok(HandIn::NotASite);
+        }
+        let Some((plan, _, h)) = self.inst.back_edge(entry, from.0, head.0) else {
+            return Ok(HandIn::NotASite);
+        };
+        let plan = plan.clone();
+        if self.inst.hand_ins.get(&plan.numbering) >= Some(&HAND_INS_PER_PLAN) {
+            return Ok(HandIn::NotASite);
+        }
+        // The activation is the function's, as the guest's contexts (and so the monitor's
+        // stack) see it, called from a site its plan lets in, and not in the one context past
+        // the depth cap (which stands for every deeper frame).
+        let top = self.area.contexts.live_frames().last().copied();
+        let top_return = top.map(|f| f.return_to);
+        // A call out's callee runs cold by design (its caller's plan does not enter it), at
+        // every call: one hand-in each would fill the run trie.
+        let called_out = top.is_some_and(|f| self.inst.borders.contains_key(&f.host));
+        let ours = self.contexts.as_ref().is_some_and(|c| {
+            !c.in_deeper() && c.current_function() == entry && c.depth() >= 1
+        });
+        let may = ours
+            && !called_out
+            && !self.stepping
+            && self.producer.is_some()
+            && !self.inst.disabled.contains(&plan.numbering)
+            && !self.is_function_entry(head.0)
+            && top_return.is_some_and(|rp| plan.enters_from(GuestAddr(rp)));
+        if !may {
+            *self.inst.hand_in_refusals.entry(exit).or_insert(0) += 1;
+            return Ok(HandIn::Refused);
+        }
+        let generation = self.generation;
+        let installed = self.install(plan.numbering, true);
+        if installed.is_none() || generation != self.generation {
+            return Ok(HandIn::Refused);
+        }
+        let Some(EdgeStep::Back { restart, .. }) = plan.index_of(from).and_then(|u| plan.step(u, h))
+        else {
+            unreachable!("`back_edge` found the back edge");
+        };
+        let contexts = self
+            .contexts
+            .as_mut()
+            .expect("instrumented code keeps contexts");
+        if contexts
+            .path_counters(plan.numbering, plan.num_paths as u32)
+            .is_none()
+        {
+            // The counter arena is full: this thread runs the function cold from now on.
+            self.drop_plan(plan.numbering);
+            return Ok(HandIn::Refused);
+        }
+        let run = contexts.hand_in_root(plan.numbering);
+        let run_index = contexts.run_index(run);
+        self.area.contexts.path = restart;
+        self.area.contexts.run = run;
+        self.stats.hand_ins += 1;
+        *self.inst.hand_ins.entry(plan.numbering).or_insert(0) += 1;
+        if let Some(p) = &self.producer {
+            let e = BorderEvent::HandIn {
+                numbering: plan.numbering,
+                head: h,
+                run: run_index,
+            };
+            for w in e.encode() {
+                p.push(w);
+            }
+        }
+        self.inst.pending = Some(Some((plan.numbering, HandedAt::Head { head: h })));
+        Ok(HandIn::Done(self.go_instrumented(&plan, h, None)))
+    }
+
+    /// True if `from → to` (block starts) is a back edge of a function with a current plan:
+    /// a superblock does not run it inline (it is where a cold activation is handed in).
+    pub(super) fn is_hand_in_edge(&self, from: u64, to: u64) -> bool {
+        self.inst.hand_in_entry(from, to).is_some()
+    }
+
     /// Counts a hand-over that plan `numbering`'s code keeps causing (an edge its numbering
     /// lacks, a call of a function that cannot be entered instrumented); the plan is dropped
     /// for the thread at [`HAND_OVERS_BEFORE_DROP`].
@@ -782,7 +973,7 @@ impl Translator {
     ) -> Result<Result<Next, Stop>, TranslateError> {
         let generation = self.generation;
         let numbering = match self.inst.plans.get(&callee.0) {
-            Some(p) if p.entry_sites.is_none() && p.tails_out.is_empty() => Some(p.numbering),
+            Some(p) if p.entry_sites.is_none() && !p.roots_only() => Some(p.numbering),
             Some(p) => p
                 .enters_in_region(GuestAddr(self.guest_return_address()))
                 .then_some(p.numbering),
