@@ -1,14 +1,16 @@
 //! Choosing the functions whose path registers translated code keeps, and making their plans
 //! (#21 stage 2, step 3e's decision; docs/paths-design.md, "Step 3c decided", item 1).
 //!
-//! A function qualifies when it has ended at least the threshold's number of paths, every
+//! A function qualifies when it has ended at least the threshold's number of paths (its live
+//! activations' included: a main loop is planned while it runs, and handed in at its next back
+//! edge; docs/paths-design.md, "Hand-in as built"), every
 //! block the recorder knows of it ends in a direct jump, a fall-through, a conditional branch,
 //! a `call` (direct, not the get-pc one, or indirect) whose return point it has reached, or a
 //! `ret` — no indirect jump, system call or trap, and no branch to another function's entry — and
 //! its numbering has at most [`MAX_PLAN_PATHS`] paths. A jump (or fall-through) to another
 //! function's entry is a *tail call out* (`PathPlan::tails_out`): such a function is only ever a
 //! hole's root, needs no `ret`, and one planned without a tail call out is not renumbered with
-//! one. A function with several `ret` instructions also needs every function that calls it to
+//! one; so is a function whose `ret` the recorder has not seen (`PathPlan::roots_only`). A function with several `ret` instructions also needs every function that calls it to
 //! do so from one call site (its *entry sites*, which the plan lists: a context's returns then
 //! all go back to one place, and the edges from its `ret`s are derived from its own counters;
 //! docs/paths-design.md, "Step 3h as built"); other call sites run it cold.
@@ -21,6 +23,12 @@
 //! than once per [`MIN_BLOCKS_PER_CALL_OUT`] blocks is left out (a call out costs more than the
 //! few block events it saves), and its callers call out to it. bench_fib's `fib` and `tak` are
 //! a region with no call out.
+//!
+//! A function is planned only where instrumentation pays, as far as its recent history says:
+//! at least [`MIN_EVENTS_PER_PATH_END`] ring events per path end between two looks, once
+//! [`WARM_UP_LOOKS`] looks have seen it (below that its loops run as unrolled superblocks,
+//! cheaper than an instrumented path end each); `--instrument-every` plans every function
+//! that qualifies.
 //!
 //! A function is instrumented only once it records PAP runs (past `--pap-threshold` path ends
 //! too): its instrumented activations keep their runs in the guest's run trie from their
@@ -102,9 +110,9 @@ pub(crate) struct Instrumenter {
     /// Each numbering's blocks that end in a tail call out (`PathPlan::tails_out`).
     pub(crate) tails_out: FxMap<u32, Vec<u32>>,
     /// Per function not planned yet: the looks that saw it past the thresholds (up to
-    /// `WARM_UP_LOOKS`), and its ring events and path ends at the last one
+    /// `WARM_UP_LOOKS`), and its ring events, path ends and activations at the last one
     /// (`pays_to_instrument`).
-    pub(crate) window: FxMap<u32, (u32, u64, u64)>,
+    pub(crate) window: FxMap<u32, (u32, (u64, u64, u64))>,
     /// The holes suspended in a call out, innermost last (`border`).
     pub(crate) suspended: Vec<super::border::Suspended>,
     /// Guest context → call-tree node, for call outs (`border`).
@@ -143,12 +151,7 @@ impl PathRecorder {
         let mut cands: BTreeMap<u32, Candidate> = BTreeMap::new();
         // Planned functions whose CFG did not grow, as they are now.
         let mut unchanged = Vec::new();
-        // Path ends of live activations, not yet added to their functions': a long one (a
-        // main loop) is planned while it runs, and handed in at its next back edge.
-        let mut live: FxMap<u32, u64> = FxMap::default();
-        for a in self.stack.iter().filter(|a| a.cur != NONE && a.path_ends > 0) {
-            *live.entry(a.func).or_insert(0) += a.path_ends;
-        }
+        let live = self.live_path_ends();
         for f in 0..self.funcs.len() as u32 {
             let fun = &self.funcs[f as usize];
             if fun.path_ends + live.get(&f).copied().unwrap_or(0) < threshold {
@@ -169,7 +172,11 @@ impl PathRecorder {
                 }
             }
             let planned = self.instrumenter.planned.contains(&f);
-            if !planned && !self.config.instrument_every && !self.pays_to_instrument(f, tables) {
+            let f_live = live.get(&f).copied().unwrap_or(0);
+            if !planned
+                && !self.config.instrument_every
+                && !self.pays_to_instrument(f, f_live, tables)
+            {
                 continue;
             }
             if let Some(c) = self.plan_of(f, tables) {
@@ -360,37 +367,61 @@ impl PathRecorder {
         }
     }
 
-    /// True if function `f` runs cheaper instrumented than cold, as far as its recent history
-    /// says: since the last look, its path ends cost the ring at least
-    /// [`MIN_EVENTS_PER_PATH_END`] events each. Not before [`WARM_UP_LOOKS`] looks have seen
-    /// it past the thresholds: its first path ends run before its loops' superblocks.
-    fn pays_to_instrument(&mut self, f: u32, tables: &Tables) -> bool {
-        let (events, ends) = self.events_and_path_ends(f, tables);
-        let (looks, e0, n0) = self
+    /// Path ends of live activations, not yet added to their functions' (a long activation,
+    /// a main loop, is planned while it runs): by function, from the bottom and the top
+    /// [`LIVE_SCAN_FRAMES`] frames of the stack at most (a deep recursion's frames have few
+    /// each).
+    fn live_path_ends(&self) -> FxMap<u32, u64> {
+        let n = self.stack.len();
+        let scanned = match n <= 2 * LIVE_SCAN_FRAMES {
+            true => 0..n,
+            false => 0..LIVE_SCAN_FRAMES,
+        };
+        let top = (n - LIVE_SCAN_FRAMES.min(n)).max(scanned.end)..n;
+        let mut live: FxMap<u32, u64> = FxMap::default();
+        for a in self.stack[scanned].iter().chain(&self.stack[top]) {
+            if a.cur != NONE && a.path_ends > 0 {
+                *live.entry(a.func).or_insert(0) += a.path_ends;
+            }
+        }
+        live
+    }
+
+    /// True if function `f` (with `live` path ends in live activations) runs cheaper
+    /// instrumented than cold, as far as its recent history says: since the last look, its
+    /// path ends cost the ring at least [`MIN_EVENTS_PER_PATH_END`] events each, or at least
+    /// one each where its activations are short (at most [`SHORT_ACTIVATION_PATHS`] path ends
+    /// each: there calls and returns, the monitor's dearest events, are most of the work). Not
+    /// before [`WARM_UP_LOOKS`] looks have seen it past the thresholds: its first path ends run
+    /// before its loops' superblocks.
+    fn pays_to_instrument(&mut self, f: u32, live: u64, tables: &Tables) -> bool {
+        let (events, ends) = self.events_and_path_ends(f, live, tables);
+        let activations = self.funcs[f as usize].activations;
+        let now = (events, ends, activations);
+        let (looks, then) = self
             .instrumenter
             .window
-            .insert(f, (0, events, ends))
-            .unwrap_or((0, events, ends));
+            .insert(f, (0, now))
+            .unwrap_or((0, now));
         if looks < WARM_UP_LOOKS {
-            self.instrumenter.window.insert(f, (looks + 1, events, ends));
+            self.instrumenter.window.insert(f, (looks + 1, now));
             return false;
         }
-        let (events, ends) = (events.saturating_sub(e0), ends.saturating_sub(n0));
+        let events = events.saturating_sub(then.0);
+        let ends = ends.saturating_sub(then.1);
+        let activations = activations.saturating_sub(then.2);
         let (num, den) = MIN_EVENTS_PER_PATH_END;
-        ends > 0 && events.saturating_mul(den) >= ends.saturating_mul(num)
+        let short = activations.saturating_mul(SHORT_ACTIVATION_PATHS) >= ends;
+        ends > 0
+            && (events.saturating_mul(den) >= ends.saturating_mul(num)
+                || (short && events >= ends))
     }
 
     /// Function `f`'s ring events so far — events whose first block is one of its blocks, a
-    /// superblock's counted once for its whole trace — and its path ends (its live
-    /// activations' included).
-    fn events_and_path_ends(&self, f: u32, tables: &Tables) -> (u64, u64) {
+    /// superblock's counted once for its whole trace — and its path ends, `live` of them in
+    /// live activations.
+    fn events_and_path_ends(&self, f: u32, live: u64, tables: &Tables) -> (u64, u64) {
         let fun = &self.funcs[f as usize];
-        let live: u64 = self
-            .stack
-            .iter()
-            .filter(|a| a.func == f && a.cur != NONE)
-            .map(|a| a.path_ends)
-            .sum();
         let events: u64 = fun
             .node_addr
             .iter()
@@ -536,7 +567,7 @@ impl PathRecorder {
             } else {
                 match self.plan_or_why(f as u32, tables) {
                     Ok(_) if !self.config.instrument_every && {
-                        let (events, ends) = self.events_and_path_ends(f as u32, tables);
+                        let (events, ends) = self.events_and_path_ends(f as u32, 0, tables);
                         let (num, den) = MIN_EVENTS_PER_PATH_END;
                         events.saturating_mul(den) < ends.saturating_mul(num)
                     } => "cheaper cold (so far)",
@@ -576,7 +607,7 @@ impl PathRecorder {
             .collect();
         top.sort_unstable_by(|a, b| b.cmp(a));
         for &(_, f) in top.iter().take(5) {
-            let (events, ends) = self.events_and_path_ends(f, tables);
+            let (events, ends) = self.events_and_path_ends(f, 0, tables);
             eprintln!(
                 "hotpath:   {:<32} {ends:>12} path ends {events:>12} events: {:.3} a path end",
                 name(f),
@@ -597,19 +628,30 @@ impl PathRecorder {
 }
 
 /// Ring events per path end (numerator, denominator: 3/2) below which a function is left
-/// cold: there its loops run as unrolled superblocks, one event for several path ends, and a
-/// path end in instrumented code costs the guest about 25 instructions where an event costs it
-/// about 5 (and the monitor 5–50 ns, on its own core: loops' blocks cheap, calls and returns
-/// dear). Measured with hand-ins (docs/measurements.md, sixth session), by the ratio the rule
-/// weighs: bench_sieve's `main` (0.15 in steady state) ran 2.1× slower instrumented,
-/// bench_nbody's (1.3) 13 % slower; bench_fib's `fib` (1.9) 5.4× faster.
+/// cold, unless its activations are short: there its loops run as unrolled superblocks, one
+/// event for several path ends, and a path end in instrumented code costs the guest about 25
+/// instructions where an event costs it about 5 (and the monitor 5–50 ns, on its own core:
+/// loops' blocks cheap, calls and returns dear). Measured with hand-ins (docs/measurements.md,
+/// sixth session), by the ratio the rule weighs: bench_sieve's `main` (0.15 in steady state)
+/// ran 2.1× slower instrumented, bench_nbody's (1.0–1.3, one activation) 13 % slower.
 const MIN_EVENTS_PER_PATH_END: (u64, u64) = (3, 2);
+
+/// Path ends per activation at most of a function whose activations are short: one ring
+/// event per path end is enough for it to be planned. bench_fib's `fib` (1.4 path ends an
+/// activation) runs at 1.45 events per path end once its superblocks are built, below
+/// [`MIN_EVENTS_PER_PATH_END`]: judged by that alone it stayed cold in 2 runs of 8 (11 s
+/// against 1.9 s instrumented).
+const SHORT_ACTIVATION_PATHS: u64 = 8;
 
 /// Looks that see a function past the thresholds before its events per path end are
 /// weighed (over the interval since the last one): its first path ends, before the monitor
 /// asked for its loops' superblocks and they were built, cost an event per block. With one
 /// look, bench_sieve's `main` showed 1.4 events per path end; it runs at 0.15.
 const WARM_UP_LOOKS: u32 = 4;
+
+/// Frames at each end of the shadow stack whose live path ends count toward planning (each
+/// look would otherwise walk a deep recursion's 262 144 frames).
+const LIVE_SCAN_FRAMES: usize = 1024;
 
 /// A function that qualifies: its plan, its direct calls (callee entry, return point, call
 /// block index), its numbering.

@@ -121,9 +121,15 @@ impl Instrumentation {
     }
 
     /// The plan current for the function at `entry` that has the back edge from the block at
-    /// `from` to the block at `head`: the plan and the two blocks' indices.
+    /// `from` to the block at `head`, if it may still hand an activation in there (not dropped,
+    /// [`HAND_INS_PER_PLAN`] not reached): the plan and the two blocks' indices.
     fn back_edge(&self, entry: u64, from: u64, head: u64) -> Option<(&Arc<PathPlan>, u32, u32)> {
         let plan = self.plans.get(&entry)?;
+        if self.disabled.contains(&plan.numbering)
+            || self.hand_ins.get(&plan.numbering) >= Some(&HAND_INS_PER_PLAN)
+        {
+            return None;
+        }
         let u = plan.index_of(GuestAddr(from))?;
         let h = plan.index_of(GuestAddr(head))?;
         match plan.step(u, h) {
@@ -133,7 +139,7 @@ impl Instrumentation {
     }
 
     /// The entry of a function with a current plan that has the back edge `from → head`
-    /// (block starts), if any.
+    /// (block starts) and may still hand in there ([`Instrumentation::back_edge`]), if any.
     fn hand_in_entry(&self, from: u64, head: u64) -> Option<u64> {
         self.loop_heads
             .get(&head)?
@@ -750,13 +756,10 @@ impl Translator {
         if self.inst.hand_in_refusals.get(&exit) >= Some(&HAND_IN_REFUSALS) {
             return Ok(HandIn::NotASite);
         }
-        let Some((plan, _, h)) = self.inst.back_edge(entry, from.0, head.0) else {
+        let Some((plan, u, h)) = self.inst.back_edge(entry, from.0, head.0) else {
             return Ok(HandIn::NotASite);
         };
         let plan = plan.clone();
-        if self.inst.hand_ins.get(&plan.numbering) >= Some(&HAND_INS_PER_PLAN) {
-            return Ok(HandIn::NotASite);
-        }
         // The activation is the function's, as the guest's contexts (and so the monitor's
         // stack) see it, called from a site its plan lets in, and not in the one context past
         // the depth cap (which stands for every deeper frame).
@@ -772,7 +775,6 @@ impl Translator {
             && !called_out
             && !self.stepping
             && self.producer.is_some()
-            && !self.inst.disabled.contains(&plan.numbering)
             && !self.is_function_entry(head.0)
             && top_return.is_some_and(|rp| plan.enters_from(GuestAddr(rp)));
         if !may {
@@ -784,8 +786,7 @@ impl Translator {
         if installed.is_none() || generation != self.generation {
             return Ok(HandIn::Refused);
         }
-        let Some(EdgeStep::Back { restart, .. }) = plan.index_of(from).and_then(|u| plan.step(u, h))
-        else {
+        let Some(EdgeStep::Back { restart, .. }) = plan.step(u, h) else {
             unreachable!("`back_edge` found the back edge");
         };
         let contexts = self
