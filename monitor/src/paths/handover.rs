@@ -54,6 +54,7 @@ impl PathRecorder {
     /// Takes on the activations of hand-over `h` (module doc).
     pub(crate) fn hand_over(&mut self, h: &HandOver, tables: &mut Tables) {
         self.memo.last = NONE;
+        self.instrumenter.handed_over = true;
         if h.activations.is_empty() {
             return;
         }

@@ -74,6 +74,8 @@ pub(crate) struct Instrumenter {
     planned_entries: HashSet<u64>,
     /// Events recorded when regions were last looked for.
     last_look: u64,
+    /// A hand-over came since the last look (`instrumentation_request` looks at once).
+    pub(crate) handed_over: bool,
     /// Every numbering sent: its function (recorder index) and the numbering, to regenerate
     /// what the guest's counters hold.
     pub(crate) numberings: FxMap<u32, (u32, Numbering)>,
@@ -142,7 +144,10 @@ impl PathRecorder {
         events: u64,
     ) -> Option<Command> {
         let every = threshold.saturating_mul(64).clamp(256, LOOK_EVERY_EVENTS);
-        if events.saturating_sub(self.instrumenter.last_look) < every {
+        // A hand-over brings a look at once: instrumented code writes few events, and the
+        // function it left may need renumbering before its activation hands in again.
+        let handed_over = std::mem::take(&mut self.instrumenter.handed_over);
+        if events.saturating_sub(self.instrumenter.last_look) < every && !handed_over {
             return None;
         }
         self.instrumenter.last_look = events;

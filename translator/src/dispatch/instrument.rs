@@ -44,13 +44,16 @@ const HAND_OVERS_BEFORE_DROP: u32 = 256;
 /// is a trip through the dispatcher.
 const HAND_IN_REFUSALS: u32 = 64;
 
-/// Hand-ins a plan takes per thread; past them its cold back edges are linked as usual.
-/// Each hand-in starts a run subtree of its own in the guest's run trie (under a new hand-in
-/// root: the guest does not know the run before it), where the monitor's trie shares
-/// prefixes: bench strings, whose plans kept handing over at edges their numberings lacked
-/// and back in at the next back edge, filled the guest's 4 Mi run nodes with 554 hand-ins
-/// and abandoned runs the monitor kept. Activations live when a plan comes are few.
-const HAND_INS_PER_PLAN: u32 = 16;
+/// Hand-ins a function takes per thread, whatever its numbering; past them its cold back
+/// edges are linked as usual. Each hand-in starts a run subtree of its own in the guest's run
+/// trie (under a new hand-in root: the guest does not know the run before it), where the
+/// monitor's trie shares prefixes: the strings sample, whose plans kept handing over at edges
+/// their numberings lacked and back in at the next back edge, filled the guest's 4 Mi run
+/// nodes with 554 hand-ins and abandoned runs the monitor kept; with 16 per numbering, under
+/// CPU contention (later plans, more renumberings), it still did in 1 run of 6. Activations
+/// live when a plan comes are few, and a numbering found to lack an edge hands in no more
+/// (its activation would come back at its next back edge and hand over at the same edge).
+const HAND_INS_PER_FUNCTION: u32 = 16;
 
 /// What a cold jump does about handing its activation in (`Translator::hand_in`).
 pub(super) enum HandIn {
@@ -106,8 +109,11 @@ pub(crate) struct Instrumentation {
     loop_heads: HashMap<u64, Vec<u64>>,
     /// This generation: refusals to hand in, by exit index ([`HAND_IN_REFUSALS`]).
     hand_in_refusals: HashMap<u32, u32>,
-    /// Hand-ins each numbering took ([`HAND_INS_PER_PLAN`]).
-    hand_ins: HashMap<u32, u32>,
+    /// Hand-ins each function took, by its entry ([`HAND_INS_PER_FUNCTION`]).
+    hand_ins: HashMap<u64, u32>,
+    /// Numberings that handed an activation over at an edge they lack: no activation is
+    /// handed in under them (it would hand over there again; the monitor renumbers).
+    lacking: std::collections::HashSet<u32>,
 }
 
 impl Instrumentation {
@@ -122,11 +128,13 @@ impl Instrumentation {
 
     /// The plan current for the function at `entry` that has the back edge from the block at
     /// `from` to the block at `head`, if it may still hand an activation in there (not dropped,
-    /// [`HAND_INS_PER_PLAN`] not reached): the plan and the two blocks' indices.
+    /// no edge found lacking, [`HAND_INS_PER_FUNCTION`] not reached): the plan and the two
+    /// blocks' indices.
     fn back_edge(&self, entry: u64, from: u64, head: u64) -> Option<(&Arc<PathPlan>, u32, u32)> {
         let plan = self.plans.get(&entry)?;
         if self.disabled.contains(&plan.numbering)
-            || self.hand_ins.get(&plan.numbering) >= Some(&HAND_INS_PER_PLAN)
+            || self.lacking.contains(&plan.numbering)
+            || self.hand_ins.get(&entry) >= Some(&HAND_INS_PER_FUNCTION)
         {
             return None;
         }
@@ -622,6 +630,7 @@ impl Translator {
                 to,
             } => {
                 self.stats.hand_overs_new_edge += 1;
+                self.inst.lacking.insert(numbering);
                 let r = self.area.contexts.path;
                 self.hand_over(Some((numbering, HandedAt::Block { block: from, r })));
                 self.count_hand_over_at(numbering);
@@ -806,7 +815,7 @@ impl Translator {
         self.area.contexts.path = restart;
         self.area.contexts.run = run;
         self.stats.hand_ins += 1;
-        *self.inst.hand_ins.entry(plan.numbering).or_insert(0) += 1;
+        *self.inst.hand_ins.entry(entry).or_insert(0) += 1;
         if let Some(p) = &self.producer {
             let e = BorderEvent::HandIn {
                 numbering: plan.numbering,
