@@ -485,10 +485,16 @@ impl Tables {
         let Some(s) = self.successors.get(id as usize) else {
             return 0;
         };
-        let mut n: u64 = (0..2).filter(|&k| s.id[k] < IN_WIDE).map(|k| s.count[k]).sum();
+        let mut n: u64 = (0..2)
+            .filter(|&k| s.id[k] < IN_WIDE)
+            .map(|k| s.count[k])
+            .sum();
         if let Some(&w) = self.wide_of.get(id as usize).filter(|&&w| w != NONE) {
             let t = &self.wide[w as usize];
-            n += (0..WIDE_SLOTS).filter(|&k| t.id[k] != NONE).map(|k| t.count[k]).sum::<u64>();
+            n += (0..WIDE_SLOTS)
+                .filter(|&k| t.id[k] != NONE)
+                .map(|k| t.count[k])
+                .sum::<u64>();
         }
         n
     }

@@ -527,7 +527,10 @@ mod tests {
             })
         );
         assert_eq!(f.node(c).depth, 1, "paths are counted from the hand-in");
-        assert_eq!(m.node(i(c)).map(|n| (n.parent, n.hand_in)), Some((Some(i(h1)), false)));
+        assert_eq!(
+            m.node(i(c)).map(|n| (n.parent, n.hand_in)),
+            Some((Some(i(h1)), false))
+        );
         assert!(!m.node(i(root)).unwrap().hand_in);
     }
 

@@ -24,8 +24,8 @@ pub use context::{
 };
 pub use plan::{
     is_handover, BorderEvent, EdgeStep, HandOver, HandOverDecoder, HandedActivation, HandedAt,
-    PathPlan, PlanBackEdge, PlanEdge, TaggedEvent, CALL_OUT_WORDS, HANDOVER_EVENT, MAX_NUMBERING,
-    MAX_PLAN_PATHS, MAX_SITES, RETURN_IN_WORDS, HAND_IN_WORDS,
+    PathPlan, PlanBackEdge, PlanEdge, TaggedEvent, CALL_OUT_WORDS, HANDOVER_EVENT, HAND_IN_WORDS,
+    MAX_NUMBERING, MAX_PLAN_PATHS, MAX_SITES, RETURN_IN_WORDS,
 };
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,

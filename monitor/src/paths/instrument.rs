@@ -418,8 +418,15 @@ impl PathRecorder {
         let (num, den) = MIN_EVENTS_PER_PATH_END;
         let short = activations.saturating_mul(SHORT_ACTIVATION_PATHS) >= ends;
         ends > 0
-            && (events.saturating_mul(den) >= ends.saturating_mul(num)
-                || (short && events >= ends))
+            && (events.saturating_mul(den) >= ends.saturating_mul(num) || (short && events >= ends))
+    }
+
+    /// For the census: true if function `f`'s whole history so far says it runs cheaper cold
+    /// (fewer than [`MIN_EVENTS_PER_PATH_END`] ring events per path end).
+    fn cheaper_cold_so_far(&self, f: u32, tables: &Tables) -> bool {
+        let (events, ends) = self.events_and_path_ends(f, 0, tables);
+        let (num, den) = MIN_EVENTS_PER_PATH_END;
+        !self.config.instrument_every && events.saturating_mul(den) < ends.saturating_mul(num)
     }
 
     /// Function `f`'s ring events so far — events whose first block is one of its blocks, a
@@ -571,11 +578,7 @@ impl PathRecorder {
                 "instrumented"
             } else {
                 match self.plan_or_why(f as u32, tables) {
-                    Ok(_) if !self.config.instrument_every && {
-                        let (events, ends) = self.events_and_path_ends(f as u32, 0, tables);
-                        let (num, den) = MIN_EVENTS_PER_PATH_END;
-                        events.saturating_mul(den) < ends.saturating_mul(num)
-                    } => "cheaper cold (so far)",
+                    Ok(_) if self.cheaper_cold_so_far(f as u32, tables) => "cheaper cold (so far)",
                     Ok(_) => {
                         qualify.push(f as u32);
                         continue;

@@ -351,10 +351,13 @@ impl Translator {
         });
         // A superblock that runs one of its back edges inline (an unrolled loop) would keep
         // a live cold activation from being handed in there.
-        let loops_inline = plan
-            .back_edges
-            .iter()
-            .any(|b| b.to != 0 && self.links.inlined.contains(&plan.blocks[b.to as usize].start.0));
+        let loops_inline = plan.back_edges.iter().any(|b| {
+            b.to != 0
+                && self
+                    .links
+                    .inlined
+                    .contains(&plan.blocks[b.to as usize].start.0)
+        });
         if self.links.inlined.contains(&entry) || returns_inline || loops_inline || !room {
             // A superblock runs the function's cold code inline after a call (its calls would
             // never reach the head) or returns into it inline from a callee it calls out to
@@ -777,9 +780,10 @@ impl Translator {
         // A call out's callee runs cold by design (its caller's plan does not enter it), at
         // every call: one hand-in each would fill the run trie.
         let called_out = top.is_some_and(|f| self.inst.borders.contains_key(&f.host));
-        let ours = self.contexts.as_ref().is_some_and(|c| {
-            !c.in_deeper() && c.current_function() == entry && c.depth() >= 1
-        });
+        let ours = self
+            .contexts
+            .as_ref()
+            .is_some_and(|c| !c.in_deeper() && c.current_function() == entry && c.depth() >= 1);
         let may = ours
             && !called_out
             && !self.stepping
