@@ -104,8 +104,6 @@ pub(crate) struct Instrumenter {
     pub(crate) calls_out: FxMap<u32, Vec<u32>>,
     /// Each border site (a call out's or a tail out's): its numbering and block.
     pub(crate) sites: FxMap<u32, (u32, u32)>,
-    /// Numberings with tail calls out.
-    pub(crate) tails: HashSet<u32>,
     /// Numberings whose function is only ever a hole's root (`PathPlan::roots_only`: tail
     /// calls out, or no `ret` known): calls to it call out.
     pub(crate) roots_only: HashSet<u32>,
@@ -264,7 +262,6 @@ impl PathRecorder {
                     .insert(plan.first_site + k as u32, (numbering, block));
             }
             if !plan.tails_out.is_empty() {
-                i.tails.insert(numbering);
                 i.tails_out.insert(numbering, plan.tails_out.clone());
             }
             if plan.roots_only() {

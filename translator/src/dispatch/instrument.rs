@@ -146,14 +146,14 @@ impl Instrumentation {
         }
     }
 
-    /// The entry of a function with a current plan that has the back edge `from → head`
-    /// (block starts) and may still hand in there ([`Instrumentation::back_edge`]), if any.
-    fn hand_in_entry(&self, from: u64, head: u64) -> Option<u64> {
-        self.loop_heads
-            .get(&head)?
-            .iter()
-            .copied()
-            .find(|&e| self.back_edge(e, from, head).is_some())
+    /// The function with a current plan that has the back edge `from → head` (block starts)
+    /// and may still hand in there ([`Instrumentation::back_edge`]), if any: its entry, plan,
+    /// and the two blocks' indices.
+    fn hand_in_site(&self, from: u64, head: u64) -> Option<(u64, &Arc<PathPlan>, u32, u32)> {
+        self.loop_heads.get(&head)?.iter().find_map(|&e| {
+            let (plan, u, h) = self.back_edge(e, from, head)?;
+            Some((e, plan, u, h))
+        })
     }
 
     /// The installed heads of the plan for the function at `entry`, if any.
@@ -382,9 +382,11 @@ impl Translator {
         // the announcing head from now on, and instrumented ones to the quiet entry. When only
         // some call sites may enter, cold ones are unlinked instead: the dispatcher decides
         // each at its next run (`call_target`), where the return address is on the stack.
+        // Cold back edges linked before are unlinked: they go through the dispatcher again,
+        // where a live cold activation of the function is handed in (`hand_in`).
         let heads = installed.heads;
         let some_sites = plan.entry_sites.is_some();
-        let calls: Vec<(HostAddr, HostAddr)> = self
+        let patches: Vec<(HostAddr, HostAddr)> = self
             .exits
             .iter()
             .filter_map(|e| match e.kind {
@@ -418,18 +420,6 @@ impl Translator {
                         },
                     ))
                 }
-                _ => None,
-            })
-            .collect();
-        for (site, to) in calls {
-            self.cache.patch_rel32(site, to);
-        }
-        // Cold back edges linked before go through the dispatcher again, where a live cold
-        // activation of the function is handed in (`hand_in`).
-        let back: Vec<(HostAddr, HostAddr)> = self
-            .exits
-            .iter()
-            .filter_map(|e| match e.kind {
                 ExitKind::Direct {
                     target,
                     from,
@@ -443,8 +433,8 @@ impl Translator {
                 _ => None,
             })
             .collect();
-        for (site, stub) in back {
-            self.cache.patch_rel32(site, stub);
+        for (site, to) in patches {
+            self.cache.patch_rel32(site, to);
         }
         Ok(Some(installed))
     }
@@ -762,16 +752,13 @@ impl Translator {
         if self.inst.loop_heads.is_empty() {
             return Ok(HandIn::NotASite);
         }
-        let Some(entry) = self.inst.hand_in_entry(from.0, head.0) else {
-            return Ok(HandIn::NotASite);
-        };
-        if self.inst.hand_in_refusals.get(&exit) >= Some(&HAND_IN_REFUSALS) {
-            return Ok(HandIn::NotASite);
-        }
-        let Some((plan, u, h)) = self.inst.back_edge(entry, from.0, head.0) else {
+        let Some((entry, plan, u, h)) = self.inst.hand_in_site(from.0, head.0) else {
             return Ok(HandIn::NotASite);
         };
         let plan = plan.clone();
+        if self.inst.hand_in_refusals.get(&exit) >= Some(&HAND_IN_REFUSALS) {
+            return Ok(HandIn::NotASite);
+        }
         // The activation is the function's, as the guest's contexts (and so the monitor's
         // stack) see it, called from a site its plan lets in, and not in the one context past
         // the depth cap (which stands for every deeper frame).
@@ -837,7 +824,7 @@ impl Translator {
     /// True if `from → to` (block starts) is a back edge of a function with a current plan:
     /// a superblock does not run it inline (it is where a cold activation is handed in).
     pub(super) fn is_hand_in_edge(&self, from: u64, to: u64) -> bool {
-        self.inst.hand_in_entry(from, to).is_some()
+        self.inst.hand_in_site(from, to).is_some()
     }
 
     /// Counts a hand-over that plan `numbering`'s code keeps causing (an edge its numbering
