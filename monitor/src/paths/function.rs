@@ -171,6 +171,7 @@ impl PathRecorder {
             // A block already seen is now a function entry: a jump to it is a tail call, no
             // longer a step of the current path, so no memoised transition may be trusted.
             self.memo.invalidate();
+            self.bl.invalidate();
         }
         f
     }

@@ -32,6 +32,7 @@ impl PathRecorder {
     /// Takes word `w` of a hand-over ([`hotpath_events::is_handover`]); the last one makes it
     /// (the events before it recorded, everything they leave pending settled first).
     pub fn handover_word(&mut self, w: u32, tables: &mut Tables) {
+        self.bl_leave();
         let Some(e) = self.handover_words.push(w) else {
             return;
         };

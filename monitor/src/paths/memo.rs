@@ -306,9 +306,32 @@ impl PathRecorder {
             let exited = self.exits(sb, next);
             i = exited as usize;
             let run = if exited { next } else { sb };
-            self.run_event(run, self.memo.events[run as usize], 0, tables);
+            let mut pos = 0;
+            if self.bl_active() {
+                match self.bl_take(run, tables) {
+                    Ok(()) => pos = u32::MAX,
+                    Err(at) => {
+                        self.bl_leave();
+                        pos = at;
+                    }
+                }
+            }
+            if pos != u32::MAX {
+                self.run_event(run, self.memo.events[run as usize], pos, tables);
+            }
         }
         while i < events.len() {
+            if self.bl.enabled {
+                let (j, rest) = self.run_bl(events, i, tables);
+                i = j;
+                if let Some((run, pos)) = rest {
+                    self.run_event(run, self.memo.events[run as usize], pos, tables);
+                    continue;
+                }
+                if i >= events.len() {
+                    break;
+                }
+            }
             if self.memo.fast_backoff == 0 {
                 let (j, rest) = self.run_fast(events, i);
                 // Where they get nowhere (the general path's business at every event), the

@@ -72,6 +72,7 @@
 //!
 //! `docs/paths-design.md` is where this is going: the per-call work moves into translated code.
 
+mod bl;
 mod border;
 mod derive;
 mod fast;

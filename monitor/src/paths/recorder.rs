@@ -85,6 +85,8 @@ pub struct PathRecorder {
     pub(crate) stack: Vec<Activation>,
     /// The path trie.
     pub(crate) trie: Vec<TrieNode>,
+    /// The Ball-Larus loop's state (see `bl`).
+    pub(crate) bl: super::bl::BlState,
     /// Trie roots by `(function, start tag, node)`.
     pub(crate) roots: FxMap<(u32, u32, u32), u32>,
     /// Trie children by `(parent, node)` (behind `TrieNode::last_child`).
@@ -132,6 +134,10 @@ impl PathRecorder {
     /// An empty recorder.
     pub fn new(mut config: PathConfig) -> PathRecorder {
         config.symbols.sort_by_key(|s| s.addr);
+        let bl_enabled = config.guest_contexts
+            && config.k == 0
+            && config.instrument_threshold.is_none()
+            && !config.per_block;
         PathRecorder {
             config,
             funcs: Vec::new(),
@@ -146,6 +152,7 @@ impl PathRecorder {
             traces_at: FxMap::default(),
             stack: Vec::new(),
             trie: Vec::new(),
+            bl: super::bl::BlState::new(bl_enabled),
             roots: FxMap::default(),
             children: FxMap::default(),
             ends: FxMap::default(),
@@ -240,6 +247,7 @@ impl PathRecorder {
             self.expander.finish(tables, &mut expanded);
             self.record_blocks(&expanded, tables);
         } else {
+            self.bl_leave();
             self.flush_pending(tables);
         }
     }
@@ -326,11 +334,13 @@ impl PathRecorder {
     /// called): every block executed is then on a counted path. Adds the runs of memoised
     /// transitions to their paths' counts.
     pub fn finish(&mut self) {
+        self.bl_leave();
         while !self.stack.is_empty() {
             self.pop_activation();
         }
         self.prev = NONE;
         self.settle_memos();
+        self.settle_bl();
     }
 
     /// Distinct paths recorded so far.

@@ -100,7 +100,7 @@ fn dag_walk(g: &Graph, key: &[u32]) -> Vec<EdgeId> {
     let tag = if end == END_EXIT {
         TAG_PLAIN
     } else {
-        TAG_HEAD + 1 + end as u64
+        TAG_HEAD + 1 + g.map[&end] as u64
     };
     walk.push(g.id(*nodes.last().expect("a path has a block"), 1, tag));
     walk
@@ -228,11 +228,23 @@ impl PathRecorder {
         let mut pap_entries = Vec::new();
 
         for (f, fun) in rec.funcs.iter().enumerate() {
-            let paths = &by_func[f];
+            let addr_of = |n: u32| fun.node_addr[n as usize];
+            // In an order that depends on what the paths are, not on the order they were met
+            // in (recorders intern them in different orders): the graph's nodes, its edges'
+            // order and so the ids follow from it.
+            let mut paths = by_func[f].clone();
             if paths.is_empty() {
                 continue;
             }
-            let addr_of = |n: u32| fun.node_addr[n as usize];
+            paths.sort_by_cached_key(|&p| {
+                let key = &rec.paths[p as usize].key;
+                let addrs: Vec<u64> = key[2..]
+                    .iter()
+                    .map(|&n| if n == END_EXIT { u64::MAX } else { addr_of(n) })
+                    .collect();
+                (key[1], addrs)
+            });
+            let paths = &paths;
             // The DAG.
             let mut g = Graph::new();
             for &p in paths {
@@ -255,7 +267,7 @@ impl PathRecorder {
                 let tag = if end == END_EXIT {
                     TAG_PLAIN
                 } else {
-                    TAG_HEAD + 1 + end as u64
+                    TAG_HEAD + 1 + g.node(end, addr_of(end)) as u64
                 };
                 g.edge(*gn.last().expect("a path has a block"), 1, tag);
             }

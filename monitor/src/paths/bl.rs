@@ -1,0 +1,1123 @@
+//! The Ball-Larus loop: the common case of the recorder with each activation's path kept as a
+//! Ball-Larus register `r` instead of a trie node, so that a ring event costs a lookup keyed by
+//! the event pair and an add, not a load that depends on the previous event's (#38;
+//! docs/paths-design.md, "The recorder at the tables' cost").
+//!
+//! Source: the Ball-Larus lecture, steps 1–3 (a path's id is the sum of the values on its
+//! edges; a back edge `u -> h` ends the path with `r + val(u -> exit)` and restarts `r` at
+//! `val(entry -> h)`), with the numbering of `numbering.rs` (back edges by the address-order
+//! rule, an exit edge after every block so that an activation may end anywhere).
+//!
+//! **Programs.** What a run of an event (a block, a whole superblock, or a superblock up to
+//! its side exit) does after a given block is fixed: the edge from that block into the run's
+//! first block and the run's own edges, each classified as the per-block step classifies it
+//! (by the terminator of the block before, with the guest's calling contexts: a call pushes
+//! an activation, a `ret` pops one, anything else goes on in the activation, the address order
+//! telling back edges). So the pair (previous block, run) is compiled once into a short list of
+//! [`Step`]s — a sum of forward increments, a path end and restart, a call, a return — and
+//! kept in a two-slot cache per previous block (a map behind it). Programs are compiled
+//! against the current numberings; a renumbering or a new function entry drops them all (an
+//! epoch).
+//!
+//! **Frames.** While the loop runs, the activations it pushed or went on with are in
+//! Ball-Larus form: `cur` is [`IN_BL`], and a parallel stack holds each one's register and its
+//! last block's node; their `blocks` and `instructions` count everything the activation ran,
+//! its current path included. Outside the loop every frame is in trie form, as the rest of
+//! the recorder expects: when the loop stops, each Ball-Larus frame's current path is
+//! regenerated from `(r, last node)` (a Ball-Larus prefix is unique per node) and walked into
+//! the trie. So the numberings only change outside the loop: a program that meets an edge or
+//! a block its function's numbering lacks stops the loop, and the function is numbered again
+//! the next time the loop starts in it, after its counters are flushed.
+//!
+//! **Counts.** A path end adds one to its id's counter (a dense array per numbered function
+//! of at most [`DENSE_PATHS`] paths, else a map); counters become the interned paths' counts
+//! when the function is renumbered and when the profile is taken
+//! ([`PathRecorder::settle_bl`]). An activation that records a PAP run needs its paths' numbers
+//! in order: its path ends intern the id at once (a map per function). Calls and returns do
+//! what `push_activation` and `pop_activation` do, with the same call-tree node, PAP decision
+//! and counts. k-slab forests (`--k`) and instrumented functions are left to the other paths.
+
+use hotpath_events::{is_context, is_id};
+
+use super::ids::{FxMap, NONE, SETTLED};
+use super::memo::EventInfo;
+use super::numbering::{NumberedEnd, NumberedPath, NumberedStart, Numbering};
+use super::recorder::PathRecorder;
+use super::stack::{cached_call_child, Activation, K_CALL, K_INSTRUMENTED, K_RET};
+use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
+use crate::Tables;
+
+/// `Activation::cur` of a frame in Ball-Larus form (only while the loop runs).
+pub(crate) const IN_BL: u32 = u32::MAX - 3;
+
+/// Functions with at most this many paths count them in a dense array (8 bytes a path);
+/// larger ones in a map.
+const DENSE_PATHS: u64 = 4096;
+
+/// Events the other paths take after the loop took none (it could not start, or stopped at
+/// once), before it is tried again.
+const BL_BACKOFF: u32 = 8;
+
+/// What one step of a program does (see [`Step`]).
+const OP_FWD: u8 = 0;
+const OP_BACK: u8 = 1;
+const OP_KONST: u8 = 2;
+const OP_CALL: u8 = 3;
+const OP_RET: u8 = 4;
+
+/// One step of a program: an edge that changes the register other than by a sum (a back edge,
+/// a call, a return), or the first edge of the run, followed by the forward edges after it.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    op: u8,
+    /// `OP_CALL`: the callee. `OP_RET`: the function the caller must be in ([`NONE`]: the
+    /// program pushed it). Otherwise the function the step runs in.
+    func: u32,
+    /// `OP_BACK`: added to `r` to give the ended path's id. `OP_RET`: likewise, the callee's
+    /// exit. `OP_CALL`: the callee's register at its entry block. `OP_KONST`: the first of
+    /// its paths in `BlState::konst`.
+    a: u64,
+    /// Added to `r` after the step's own edge, for the forward edges that follow (`OP_BACK`:
+    /// the restart value plus them; `OP_KONST`: the register's value after the step).
+    b: u64,
+    /// `OP_CALL`: the caller's increment on its edge from the call to the return point.
+    ret_add: u64,
+    /// `OP_CALL`: the caller's node of the return point ([`NONE`]: none yet; the return
+    /// then stops the loop). `OP_RET`: the same, which the caller's frame must have.
+    /// `OP_KONST`: the number of paths it ends.
+    ret_node: u32,
+    /// `OP_CALL`: the guest return address of the call.
+    return_to: u64,
+    /// Blocks and guest instructions the step enters (its edge's target and the forward edges'
+    /// after it).
+    blocks: u32,
+    instr: u32,
+    /// Position in the run of the block the step's edge enters.
+    pos: u32,
+    /// The last block the step enters (block id) and its node in the function after the step.
+    last: u32,
+    node: u32,
+}
+
+/// A compiled pair (previous block, run): `steps[start..start + len]`, valid while `epoch` is
+/// the loop's and the top activation's function is `func`. `runs` counts its complete runs
+/// not yet added to the counters of its constant paths (`OP_KONST`).
+#[derive(Clone, Copy, Debug)]
+struct Program {
+    epoch: u32,
+    func: u32,
+    start: u32,
+    len: u32,
+    runs: u64,
+    konst: bool,
+}
+
+/// An activation in Ball-Larus form: its register, its last block's node, and, while it
+/// calls, the node of the return point and the increment of the edge there.
+#[derive(Clone, Copy, Debug)]
+struct Frame {
+    r: u64,
+    node: u32,
+    ret_node: u32,
+    ret_add: u64,
+}
+
+const NO_FRAME: Frame = Frame {
+    r: 0,
+    node: NONE,
+    ret_node: NONE,
+    ret_add: 0,
+};
+
+/// A numbered function as the loop uses it.
+#[derive(Clone, Debug)]
+struct BlFunc {
+    numbering: Numbering,
+    /// Forward edge `(from, to)` → increment.
+    fwd: FxMap<(u32, u32), u64>,
+    /// Back edge `(from, to)` → (end increment, restart value).
+    back: FxMap<(u32, u32), (u64, u64)>,
+    /// Back-edge head → the register's value at it after the back edge.
+    head: FxMap<u32, u64>,
+    /// Dense counters: `BlState::counts[base..base + num_paths]`, or [`NONE`]: `sparse`.
+    base: u32,
+    sparse: FxMap<u64, u64>,
+    /// Interned path numbers of ids (for PAP runs).
+    numbers: FxMap<u64, u32>,
+    /// An edge or block was met that this numbering lacks: number again before use.
+    stale: bool,
+}
+
+/// Per function: not numbered yet, numbered, or not numberable (more than 2^64 paths).
+#[derive(Clone, Debug)]
+enum Numbered {
+    No,
+    Yes(Box<BlFunc>),
+    Never,
+}
+
+/// The loop's state.
+#[derive(Clone)]
+pub(crate) struct BlState {
+    funcs: Vec<Numbered>,
+    counts: Vec<u64>,
+    /// Bumped when programs may no longer be trusted: a numbering changed, a function entry
+    /// appeared at a block already seen.
+    epoch: u32,
+    /// Per previous block id: two (run, program) slots.
+    slots: Vec<[(u32, u32); 2]>,
+    more: FxMap<(u32, u32), u32>,
+    programs: Vec<Program>,
+    steps: Vec<Step>,
+    /// Per trie node: `(numbering epoch, r)` of the prefix it stands for.
+    trie_r: Vec<(u32, u64)>,
+    /// Per function: the epoch its numbering was made in.
+    numbered_at: Vec<u32>,
+    /// Ball-Larus form of the frames `stack[low..]`, by stack index.
+    frames: Vec<Frame>,
+    /// Paths of `OP_KONST` steps: `(function, id)`.
+    konst: Vec<(u32, u64)>,
+    /// Programs whose `runs` are not zero.
+    dirty: Vec<u32>,
+    low: usize,
+    backoff: u32,
+    /// The loop is on (paths with the guest's contexts, no k-slab forest, no instrumentation,
+    /// not the per-block reference).
+    pub(crate) enabled: bool,
+    pub(crate) stats: [u64; 16],
+}
+
+impl Default for BlState {
+    fn default() -> Self {
+        BlState {
+            funcs: Vec::new(),
+            counts: Vec::new(),
+            epoch: 0,
+            slots: Vec::new(),
+            more: FxMap::default(),
+            programs: Vec::new(),
+            steps: Vec::new(),
+            trie_r: Vec::new(),
+            numbered_at: Vec::new(),
+            frames: Vec::new(),
+            konst: Vec::new(),
+            dirty: Vec::new(),
+            low: usize::MAX,
+            backoff: 0,
+            enabled: false,
+            stats: [0; 16],
+        }
+    }
+}
+
+impl BlState {
+    /// A loop with nothing numbered yet, on if `enabled`.
+    pub(crate) fn new(enabled: bool) -> BlState {
+        BlState {
+            enabled,
+            ..Default::default()
+        }
+    }
+
+    /// No program made so far may be used again.
+    pub(crate) fn invalidate(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// Function `f`'s numbering, if current.
+    fn func(&self, f: u32) -> Option<&BlFunc> {
+        self.numbered(f).filter(|b| !b.stale)
+    }
+
+    /// Function `f`'s numbering, current or stale (frames in Ball-Larus form and counters
+    /// are under it until it is numbered again).
+    fn numbered(&self, f: u32) -> Option<&BlFunc> {
+        match self.funcs.get(f as usize) {
+            Some(Numbered::Yes(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Counts one run of path `id` of function `f`.
+    #[inline]
+    fn count(&mut self, f: u32, id: u64) {
+        let Some(Numbered::Yes(b)) = self.funcs.get_mut(f as usize) else {
+            unreachable!("a path end in a numbered function");
+        };
+        if b.base != NONE {
+            self.counts[b.base as usize + id as usize] += 1;
+        } else {
+            *b.sparse.entry(id).or_insert(0) += 1;
+        }
+    }
+}
+
+/// Why the loop did not take a step: it stops there.
+struct Stop;
+
+impl PathRecorder {
+    /// The Ball-Larus loop from `events[i]` on (module doc). Returns the index of the first
+    /// event it did not take and, when it stopped inside an event, that event's id and the
+    /// position to go on from. When it took every event (a superblock at the end waits in
+    /// `memo.pending` for the next piece), its frames stay in Ball-Larus form for the next
+    /// piece; otherwise every frame is in trie form again and `prev` is the last block it
+    /// took, for the other paths to go on from.
+    pub(crate) fn run_bl(
+        &mut self,
+        events: &[u32],
+        mut i: usize,
+        tables: &Tables,
+    ) -> (usize, Option<(u32, u32)>) {
+        let i0 = i;
+        if !self.bl_active() {
+            if self.bl.backoff > 0 {
+                self.bl.backoff -= 1;
+                return (i, None);
+            }
+            self.bl.stats[2] += 1;
+            if !self.bl_enter() {
+                self.bl.backoff = BL_BACKOFF;
+                return (i, None);
+            }
+        }
+        let mut rest = None;
+        while let Some(&e) = events.get(i) {
+            if !is_id(e) {
+                if is_context(e) {
+                    self.bl.stats[12] += 1;
+                    break;
+                }
+                // A syscall event: nothing for paths.
+                i += 1;
+                continue;
+            }
+            if e as usize >= self.memo.events.len() {
+                break;
+            }
+            let info = self.memo.events[e as usize];
+            if info.is_superblock && i + 1 == events.len() {
+                // Its extent is the next piece's first event.
+                self.memo.pending = e;
+                return (events.len(), None);
+            }
+            let Some((run, info, taken)) = run_at(events, i, &self.memo.events) else {
+                self.bl.stats[13] += 1;
+                break;
+            };
+            let _ = info;
+            i += taken;
+            self.bl.stats[5] += 1;
+            if let Err(pos) = self.bl_take(run, tables) {
+                rest = Some((run, pos));
+                break;
+            }
+        }
+        if i == events.len() && rest.is_none() {
+            return (i, None);
+        }
+        self.bl_leave();
+        if i == i0 && rest.is_none() {
+            self.bl.backoff = BL_BACKOFF;
+        }
+        (i, rest)
+    }
+
+    /// Whether frames are in Ball-Larus form (the loop is between pieces of events).
+    pub(crate) fn bl_active(&self) -> bool {
+        self.bl.low != usize::MAX
+    }
+
+    /// Takes run `run` in the loop: `Err(pos)` if it stopped before the block at `pos` (every
+    /// step before it taken; `Err(0)`: none).
+    pub(crate) fn bl_take(&mut self, run: u32, tables: &Tables) -> Result<(), u32> {
+        let info = self.memo.events[run as usize];
+        match self.bl_program(run, info, tables) {
+            Some(p) => self.bl_execute(p),
+            None => {
+                self.bl.stats[14] += 1;
+                Err(0)
+            }
+        }
+    }
+
+    /// Puts the top frame in Ball-Larus form, numbering its function first if it must be.
+    /// False if the loop cannot start here.
+    fn bl_enter(&mut self) -> bool {
+        if self.prev == NONE || self.prev == SETTLED || self.stack.is_empty() {
+            return false;
+        }
+        if self.id_kind[self.prev as usize] == K_INSTRUMENTED {
+            return false;
+        }
+        let n = self.stack.len() - 1;
+        let a = self.stack[n];
+        if a.cur == NONE || a.func == NONE {
+            return false;
+        }
+        if !self.bl_number(a.func, true) {
+            return false;
+        }
+        let Some(r) = self.bl_register(a.cur) else {
+            return false;
+        };
+        let node = self.trie[a.cur as usize].node;
+        self.bl.low = n;
+        self.bl.frames.clear();
+        self.bl.frames.resize(n + 1, NO_FRAME);
+        self.bl.frames[n] = Frame {
+            r,
+            node,
+            ..NO_FRAME
+        };
+        self.to_bl_form(n);
+        self.memo.last = NONE;
+        true
+    }
+
+    /// Frame `n` (in trie form) goes to Ball-Larus form: its counts include its current path.
+    fn to_bl_form(&mut self, n: usize) {
+        let instr = self.path_instructions(self.stack[n].cur);
+        let a = &mut self.stack[n];
+        a.blocks += a.len as u64;
+        a.instructions += instr;
+        a.cur = IN_BL;
+        a.resume = NONE;
+    }
+
+    /// Every Ball-Larus frame goes back to trie form (before anything but the loop looks at the
+    /// frames).
+    pub(crate) fn bl_leave(&mut self) {
+        let low = std::mem::replace(&mut self.bl.low, usize::MAX);
+        if low == usize::MAX {
+            return;
+        }
+        self.bl.stats[3] += 1;
+        self.bl.stats[4] += (self.stack.len() - low) as u64;
+        let frames = std::mem::take(&mut self.bl.frames);
+        for (n, f) in frames.iter().enumerate().skip(low) {
+            self.materialize(n, f.r, f.node);
+        }
+        self.bl.frames = frames;
+        self.bl.frames.clear();
+    }
+
+    /// Frame `n`, whose register is `r` at node `node`, goes back to trie form.
+    fn materialize(&mut self, n: usize, r: u64, node: u32) {
+        let func = self.stack[n].func;
+        let b = self
+            .bl
+            .numbered(func)
+            .expect("a Ball-Larus frame's function is numbered");
+        let (start, blocks) = b
+            .numbering
+            .prefix(r, node)
+            .expect("a Ball-Larus register is a prefix sum");
+        let mut t = match start {
+            NumberedStart::Entry => self.root(func, START_ENTRY, blocks[0]),
+            NumberedStart::AfterBackEdge(h) => self.root(func, START_HEAD, h),
+        };
+        for &v in &blocks[1..] {
+            t = self.trie_step(t, v);
+        }
+        let instr = self.path_instructions(t);
+        let addr = self.funcs[func as usize].node_addr[node as usize];
+        let a = &mut self.stack[n];
+        a.cur = t;
+        a.len = blocks.len() as u32;
+        a.blocks -= blocks.len() as u64;
+        a.instructions -= instr;
+        a.last_addr = addr;
+    }
+
+    /// The register of the prefix trie node `t` stands for, under its function's numbering
+    /// (`None` if the numbering lacks one of its edges, or it starts where no path starts).
+    fn bl_register(&mut self, t: u32) -> Option<u64> {
+        let func = self.trie[t as usize].func;
+        let at = *self.bl.numbered_at.get(func as usize)?;
+        if let Some(&(e, r)) = self.bl.trie_r.get(t as usize) {
+            if e == at {
+                return Some(r);
+            }
+        }
+        let mut nodes = Vec::new();
+        let mut x = t;
+        while x != NONE {
+            nodes.push(self.trie[x as usize].node);
+            x = self.trie[x as usize].parent;
+        }
+        nodes.reverse();
+        let root = self.trie[t as usize].start_tag;
+        let b = self.bl.func(func)?;
+        let mut r = match root {
+            START_ENTRY if nodes[0] == 0 => b.numbering.start,
+            START_HEAD => *b.head.get(&nodes[0])?,
+            _ => return None,
+        };
+        for w in nodes.windows(2) {
+            r = r.wrapping_add(*b.fwd.get(&(w[0], w[1]))?);
+        }
+        if self.bl.trie_r.len() <= t as usize {
+            self.bl
+                .trie_r
+                .resize(self.trie.len().max(t as usize + 1), (NONE, 0));
+        }
+        self.bl.trie_r[t as usize] = (at, r);
+        Some(r)
+    }
+
+    /// Makes sure function `func` has a current numbering. A stale one is numbered again only
+    /// when `may_renumber` (no frame is in Ball-Larus form: outside the loop), after its
+    /// counters are flushed. False if it has none.
+    fn bl_number(&mut self, func: u32, may_renumber: bool) -> bool {
+        let f = func as usize;
+        if self.bl.funcs.len() <= f {
+            self.bl.funcs.resize(f + 1, Numbered::No);
+            self.bl.numbered_at.resize(f + 1, NONE);
+        }
+        match &self.bl.funcs[f] {
+            Numbered::Yes(b) if !b.stale => return true,
+            Numbered::Yes(_) if !may_renumber => return false,
+            Numbered::Never => return false,
+            _ => {}
+        }
+        self.flush_bl_programs();
+        self.flush_bl_counts(func);
+        let entry = self.funcs[f].entry;
+        let numbering = match self.numbering(entry) {
+            Some(Ok(n)) => n,
+            Some(Err(_)) => {
+                self.bl.funcs[f] = Numbered::Never;
+                return false;
+            }
+            None => return false,
+        };
+        let mut fwd = FxMap::default();
+        for e in &numbering.edges {
+            fwd.insert((e.from, e.to), e.add);
+        }
+        let mut back = FxMap::default();
+        let mut head = FxMap::default();
+        for e in &numbering.back_edges {
+            back.insert((e.from, e.to), (e.end, e.restart));
+            head.insert(e.to, e.restart);
+        }
+        let base = if numbering.num_paths <= DENSE_PATHS {
+            let base = self.bl.counts.len();
+            self.bl
+                .counts
+                .resize(base + numbering.num_paths as usize, 0);
+            base as u32
+        } else {
+            NONE
+        };
+        self.bl.funcs[f] = Numbered::Yes(Box::new(BlFunc {
+            numbering,
+            fwd,
+            back,
+            head,
+            base,
+            sparse: FxMap::default(),
+            numbers: FxMap::default(),
+            stale: false,
+        }));
+        self.bl.invalidate();
+        self.bl.numbered_at[f] = self.bl.epoch;
+        true
+    }
+
+    /// Adds the runs of programs to their constant paths' counters.
+    fn flush_bl_programs(&mut self) {
+        for p in std::mem::take(&mut self.bl.dirty) {
+            let pr = &mut self.bl.programs[p as usize];
+            let runs = std::mem::take(&mut pr.runs);
+            for k in pr.start..pr.start + pr.len {
+                let s = self.bl.steps[k as usize];
+                if s.op == OP_KONST {
+                    for x in s.a..s.a + s.ret_node as u64 {
+                        let (f, id) = self.bl.konst[x as usize];
+                        let Some(Numbered::Yes(b)) = self.bl.funcs.get_mut(f as usize) else {
+                            unreachable!("a numbered function");
+                        };
+                        if b.base != NONE {
+                            self.bl.counts[b.base as usize + id as usize] += runs;
+                        } else {
+                            *b.sparse.entry(id).or_insert(0) += runs;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds function `func`'s counters to its interned paths' counts and zeroes them.
+    fn flush_bl_counts(&mut self, func: u32) {
+        let Some(Numbered::Yes(b)) = self.bl.funcs.get_mut(func as usize) else {
+            return;
+        };
+        let mut counted: Vec<(u64, u64)> = std::mem::take(&mut b.sparse).into_iter().collect();
+        if b.base != NONE {
+            let base = b.base as usize;
+            for id in 0..b.numbering.num_paths as usize {
+                let c = std::mem::take(&mut self.bl.counts[base + id]);
+                if c > 0 {
+                    counted.push((id as u64, c));
+                }
+            }
+        }
+        for (id, c) in counted {
+            let p = self.bl_path_number(func, id);
+            self.paths[p as usize].count += c;
+        }
+    }
+
+    /// Adds every numbered function's counters to its paths' counts (when the profile is
+    /// taken).
+    pub(crate) fn settle_bl(&mut self) {
+        self.flush_bl_programs();
+        if std::env::var_os("HOTPATH_BL_STATS").is_some() {
+            eprintln!("bl stats: compiles {} ok {} enters {} leaves {} frames {} runs {} counts {} why {:?}", self.bl.stats[0], self.bl.stats[1], self.bl.stats[2], self.bl.stats[3], self.bl.stats[4], self.bl.stats[5], self.bl.counts.len(), &self.bl.stats[8..]);
+        }
+        for f in 0..self.bl.funcs.len() {
+            self.flush_bl_counts(f as u32);
+        }
+    }
+
+    /// The interned path number of id `id` of numbered function `func`.
+    fn bl_path_number(&mut self, func: u32, id: u64) -> u32 {
+        let Some(Numbered::Yes(b)) = self.bl.funcs.get(func as usize) else {
+            unreachable!("a numbered function");
+        };
+        if let Some(&p) = b.numbers.get(&id) {
+            return p;
+        }
+        let NumberedPath { start, blocks, end } = b
+            .numbering
+            .regenerate(id)
+            .expect("a counted id is a path of its numbering");
+        let mut t = match start {
+            NumberedStart::Entry => self.root(func, START_ENTRY, blocks[0]),
+            NumberedStart::AfterBackEdge(h) => self.root(func, START_HEAD, h),
+        };
+        for &v in &blocks[1..] {
+            t = self.trie_step(t, v);
+        }
+        let end = match end {
+            NumberedEnd::Exit => END_EXIT,
+            NumberedEnd::BackEdge(h) => h,
+        };
+        let p = self.path_of(t, end);
+        if let Some(Numbered::Yes(b)) = self.bl.funcs.get_mut(func as usize) {
+            b.numbers.insert(id, p);
+        }
+        p
+    }
+
+    /// The program of the top activation's `prev` followed by `run` (compiled if new), or
+    /// `None` if the loop cannot take it.
+    fn bl_program(&mut self, run: u32, info: EventInfo, tables: &Tables) -> Option<u32> {
+        let prev = self.prev as usize;
+        let func = self.stack.last()?.func;
+        if let Some(s) = self.bl.slots.get(prev) {
+            let k = (s[1].0 == run) as usize;
+            if s[k].0 == run {
+                let p = &self.bl.programs[s[k].1 as usize];
+                if p.epoch == self.bl.epoch && p.func == func {
+                    return Some(s[k].1);
+                }
+            }
+        }
+        if let Some(&p) = self.bl.more.get(&(prev as u32, run)) {
+            let pr = &self.bl.programs[p as usize];
+            if pr.epoch == self.bl.epoch && pr.func == func {
+                self.bl_cache(prev, run, p);
+                return Some(p);
+            }
+        }
+        self.bl.stats[0] += 1;
+        let p = self.bl_compile(run, info, func, tables)?;
+        self.bl.stats[1] += 1;
+        self.bl.more.insert((prev as u32, run), p);
+        self.bl_cache(prev, run, p);
+        Some(p)
+    }
+
+    fn bl_cache(&mut self, prev: usize, run: u32, p: u32) {
+        if self.bl.slots.len() <= prev {
+            self.bl
+                .slots
+                .resize(self.id_addr.len().max(prev + 1), [(NONE, NONE); 2]);
+        }
+        let s = &mut self.bl.slots[prev];
+        if s[0].0 == run {
+            s[0].1 = p;
+        } else if s[1].0 == run {
+            s[1].1 = p;
+        } else {
+            s[1] = s[0];
+            s[0] = (run, p);
+        }
+    }
+
+    /// Compiles the program of `prev` followed by `run`'s blocks, starting in function `func`
+    /// (module doc, "Programs"). `None` if a block or an edge is one the loop leaves to the
+    /// per-block step, or a numbering lacks it (then marked stale).
+    fn bl_compile(&mut self, run: u32, info: EventInfo, func: u32, tables: &Tables) -> Option<u32> {
+        let start = self.bl.steps.len() as u32;
+        match self.bl_compile_steps(info, func, tables) {
+            Ok(()) => {}
+            Err(Stop) => {
+                self.bl.steps.truncate(start as usize);
+                return None;
+            }
+        }
+        let _ = run;
+        let p = self.bl.programs.len() as u32;
+        let len = self.bl.steps.len() as u32 - start;
+        let konst = self.bl.steps[start as usize..]
+            .iter()
+            .any(|s| s.op == OP_KONST);
+        self.bl.programs.push(Program {
+            epoch: self.bl.epoch,
+            func,
+            start,
+            len,
+            runs: 0,
+            konst,
+        });
+        Some(p)
+    }
+
+    fn bl_compile_steps(
+        &mut self,
+        info: EventInfo,
+        func: u32,
+        tables: &Tables,
+    ) -> Result<(), Stop> {
+        let first = self.bl.steps.len();
+        // The activations the program itself pushed: each caller's function, the node of its
+        // call and its register if the program knows it.
+        let mut pushed: Vec<(u32, u32, Option<u64>)> = Vec::new();
+        let (mut cf, mut prev) = (func, self.prev);
+        let mut u = self.id_node_in(cf, prev)?;
+        // The current activation's register where the program knows it (after a back edge
+        // or a call in it): the paths its back edges end are then constant.
+        let mut known: Option<u64> = None;
+        let epoch0 = self.bl.epoch;
+        for pos in 0..info.len {
+            let b = self.memo.seq[(info.start + pos) as usize];
+            let instr = tables.blocks[b as usize].instructions;
+            let mut step = Step {
+                op: OP_FWD,
+                func: cf,
+                a: 0,
+                b: 0,
+                ret_add: 0,
+                ret_node: NONE,
+                return_to: 0,
+                blocks: 1,
+                instr,
+                pos,
+                last: b,
+                node: NONE,
+            };
+            match self.id_kind[prev as usize] {
+                K_CALL => {
+                    let callee = match self.id_entry[b as usize] {
+                        NONE => self.function_at(self.id_addr[b as usize]),
+                        f => f,
+                    };
+                    if !self.bl_number(callee, false) {
+                        return Err(Stop);
+                    }
+                    let v = self.node_of(callee, b, tables);
+                    let bf = self.bl.func(callee).ok_or(Stop)?;
+                    if v != 0 || v as usize >= bf.numbering.blocks.len() {
+                        self.bl_stale(callee);
+                        return Err(Stop);
+                    }
+                    let start = bf.numbering.start;
+                    // The caller's edge to its return point, if the numbering has it yet.
+                    let ret = self.id_ret[prev as usize];
+                    let caller = self.bl.func(cf).ok_or(Stop)?;
+                    let (ret_node, ret_add) = match self.funcs[cf as usize].nodes.get(&ret) {
+                        Some(&rn) => match caller.fwd.get(&(u, rn)) {
+                            Some(&add) => (rn, add),
+                            None => (NONE, 0),
+                        },
+                        None => (NONE, 0),
+                    };
+                    pushed.push((cf, u, known));
+                    step.op = OP_CALL;
+                    step.func = callee;
+                    step.a = start;
+                    step.ret_add = ret_add;
+                    step.ret_node = ret_node;
+                    step.return_to = ret;
+                    step.node = v;
+                    self.bl.steps.push(step);
+                    (cf, u, known) = (callee, v, Some(start));
+                }
+                K_RET => {
+                    let exit = *self
+                        .bl
+                        .func(cf)
+                        .ok_or(Stop)?
+                        .numbering
+                        .exits
+                        .get(u as usize)
+                        .ok_or(Stop)?;
+                    let (caller, call, caller_known, out) = match pushed.pop() {
+                        Some((g, call, k)) => (g, call, k, false),
+                        None => {
+                            // Returns out of the program: the caller is the function the
+                            // return point was last seen in, checked when the step runs.
+                            let g = self.id_node[b as usize].0;
+                            if g == NONE {
+                                return Err(Stop);
+                            }
+                            (g, NONE, None, true)
+                        }
+                    };
+                    if !self.bl_number(caller, false) {
+                        return Err(Stop);
+                    }
+                    let v = self.node_of(caller, b, tables);
+                    let bf = self.bl.func(caller).ok_or(Stop)?;
+                    if v as usize >= bf.numbering.blocks.len() {
+                        self.bl_stale(caller);
+                        return Err(Stop);
+                    }
+                    let add = match call {
+                        NONE => None,
+                        call => match bf.fwd.get(&(call, v)) {
+                            Some(&x) => Some(x),
+                            None => {
+                                self.bl_stale(caller);
+                                return Err(Stop);
+                            }
+                        },
+                    };
+                    step.op = OP_RET;
+                    step.func = if out { caller } else { NONE };
+                    step.a = exit;
+                    step.ret_node = v;
+                    step.node = v;
+                    self.bl.steps.push(step);
+                    known = caller_known.zip(add).map(|(r, x)| r.wrapping_add(x));
+                    (cf, u) = (caller, v);
+                }
+                K_INSTRUMENTED => return Err(Stop),
+                _ => {
+                    let v = self.node_of(cf, b, tables);
+                    let bf = self.bl.func(cf).ok_or(Stop)?;
+                    if v as usize >= bf.numbering.blocks.len() {
+                        self.bl_stale(cf);
+                        return Err(Stop);
+                    }
+                    let back = self.id_addr[b as usize] <= self.id_addr[prev as usize];
+                    if back {
+                        let Some(&(end, restart)) = bf.back.get(&(u, v)) else {
+                            self.bl_stale(cf);
+                            return Err(Stop);
+                        };
+                        match known {
+                            Some(r) => {
+                                // A constant path: counted from the program's runs.
+                                let id = r.wrapping_add(end);
+                                let k = self.bl.konst.len() as u64;
+                                self.bl.konst.push((cf, id));
+                                let mine = self.bl.steps.len() > first;
+                                let last = self
+                                    .bl
+                                    .steps
+                                    .last_mut()
+                                    .filter(|s| mine && s.op == OP_KONST && s.func == cf);
+                                match last {
+                                    Some(s) => {
+                                        s.ret_node += 1;
+                                        s.b = restart;
+                                        s.blocks += 1;
+                                        s.instr += instr;
+                                        s.last = b;
+                                        s.node = v;
+                                    }
+                                    None => {
+                                        step.op = OP_KONST;
+                                        step.a = k;
+                                        step.b = restart;
+                                        step.ret_node = 1;
+                                        step.node = v;
+                                        self.bl.steps.push(step);
+                                    }
+                                }
+                            }
+                            None => {
+                                step.op = OP_BACK;
+                                step.a = end;
+                                step.b = restart;
+                                step.node = v;
+                                self.bl.steps.push(step);
+                            }
+                        }
+                        known = Some(restart);
+                    } else {
+                        let Some(&add) = bf.fwd.get(&(u, v)) else {
+                            self.bl_stale(cf);
+                            return Err(Stop);
+                        };
+                        known = known.map(|r| r.wrapping_add(add));
+                        let fold = self.bl.steps.len() > first;
+                        match self.bl.steps.last_mut().filter(|_| fold) {
+                            Some(s) => {
+                                s.b = s.b.wrapping_add(add);
+                                s.blocks += 1;
+                                s.instr += instr;
+                                s.last = b;
+                                s.node = v;
+                            }
+                            None => {
+                                step.b = add;
+                                step.node = v;
+                                self.bl.steps.push(step);
+                            }
+                        }
+                    }
+                    u = v;
+                }
+            }
+            // A function entry made while compiling (the callee's first call): programs made
+            // before may no longer hold, this one is made under the new epoch.
+            if self.bl.epoch != epoch0 {
+                return Err(Stop);
+            }
+            prev = b;
+        }
+        Ok(())
+    }
+
+    /// The node of block `id` in function `func`, if it has one already.
+    fn id_node_in(&mut self, func: u32, id: u32) -> Result<u32, Stop> {
+        let (f, n) = self.id_node[id as usize];
+        if f == func {
+            Ok(n)
+        } else {
+            let addr = self.id_addr[id as usize];
+            self.funcs[func as usize]
+                .nodes
+                .get(&addr)
+                .copied()
+                .ok_or(Stop)
+        }
+    }
+
+    /// Function `func`'s numbering lacks an edge or a block: number it again before use.
+    fn bl_stale(&mut self, func: u32) {
+        if let Some(Numbered::Yes(b)) = self.bl.funcs.get_mut(func as usize) {
+            b.stale = true;
+        }
+    }
+
+    /// Runs program `p` on the frames (module doc). `Err(pos)`: it stopped before the step
+    /// entering the run's block at `pos`, with every step before it taken.
+    fn bl_execute(&mut self, p: u32) -> Result<(), u32> {
+        let prog = self.bl.programs[p as usize];
+        for k in prog.start..prog.start + prog.len {
+            let s = self.bl.steps[k as usize];
+            if let Err(pos) = self.bl_step(&s) {
+                // The constant paths of the steps taken are counted now, not with the runs.
+                for j in prog.start..k {
+                    let t = self.bl.steps[j as usize];
+                    if t.op == OP_KONST {
+                        for x in t.a..t.a + t.ret_node as u64 {
+                            let (f, id) = self.bl.konst[x as usize];
+                            self.bl.count(f, id);
+                        }
+                    }
+                }
+                return Err(pos);
+            }
+        }
+        if prog.konst {
+            let pr = &mut self.bl.programs[p as usize];
+            if pr.runs == 0 {
+                self.bl.dirty.push(p);
+            }
+            pr.runs += 1;
+        }
+        Ok(())
+    }
+
+    /// One step of a program (see [`PathRecorder::bl_execute`]).
+    #[inline]
+    fn bl_step(&mut self, s: &Step) -> Result<(), u32> {
+        let n = self.stack.len() - 1;
+        match s.op {
+            OP_FWD => {
+                let f = &mut self.bl.frames[n];
+                f.r = f.r.wrapping_add(s.b);
+                f.node = s.node;
+            }
+            OP_BACK => {
+                let id = self.bl.frames[n].r.wrapping_add(s.a);
+                self.bl_path_end(n, s.func, id);
+                let f = &mut self.bl.frames[n];
+                f.r = s.b;
+                f.node = s.node;
+            }
+            OP_KONST => {
+                let a = &mut self.stack[n];
+                a.path_ends += s.ret_node as u64;
+                if a.pap != NONE {
+                    for x in s.a..s.a + s.ret_node as u64 {
+                        if self.stack[n].pap == NONE {
+                            break;
+                        }
+                        let (f, id) = self.bl.konst[x as usize];
+                        let p = self.bl_path_number(f, id);
+                        self.pap_runs.push(&mut self.stack[n], p);
+                    }
+                }
+                let f = &mut self.bl.frames[n];
+                f.r = s.b;
+                f.node = s.node;
+            }
+            OP_CALL => {
+                if self.stack.len() >= self.stack_cap() {
+                    return Err(s.pos);
+                }
+                let parent = self.stack[n].call_node;
+                let mut call_node =
+                    cached_call_child(&self.calltree, &self.call_cache, parent, s.func);
+                if call_node == NONE {
+                    call_node = self.call_child(parent, s.func);
+                }
+                let fun = &mut self.funcs[s.func as usize];
+                fun.activations += 1;
+                let pap = if fun.path_ends >= self.config.pap_threshold {
+                    self.pap_runs.root(fun)
+                } else {
+                    NONE
+                };
+                self.stack.push(Activation {
+                    func: s.func,
+                    return_to: s.return_to,
+                    cur: IN_BL,
+                    len: 0,
+                    blocks: 0,
+                    instructions: 0,
+                    path_ends: 0,
+                    last_addr: 0,
+                    pap,
+                    pap_len: 0,
+                    call_node,
+                    resume: NONE,
+                });
+                let caller = &mut self.bl.frames[n];
+                caller.ret_node = s.ret_node;
+                caller.ret_add = s.ret_add;
+                self.bl.frames.push(Frame {
+                    r: s.a.wrapping_add(s.b),
+                    node: s.node,
+                    ..NO_FRAME
+                });
+            }
+            OP_RET => {
+                // A plain return (the guest's contexts announce any other): to the frame
+                // below, which must be in the function the program expects, numbered, and
+                // at the call whose return point this is.
+                if n < 1 {
+                    return Err(s.pos);
+                }
+                let below = self.stack[n - 1];
+                if s.func != NONE {
+                    if below.func != s.func || below.cur == NONE {
+                        return Err(s.pos);
+                    }
+                    if n - 1 < self.bl.low {
+                        // The caller is in trie form: it goes to Ball-Larus form.
+                        if !self.bl_number(below.func, false) {
+                            return Err(s.pos);
+                        }
+                        let Some(r) = self.bl_register(below.cur) else {
+                            return Err(s.pos);
+                        };
+                        let node = self.trie[below.cur as usize].node;
+                        let bf = self.bl.func(below.func).expect("just numbered");
+                        let Some(&ret_add) = bf.fwd.get(&(node, s.ret_node)) else {
+                            return Err(s.pos);
+                        };
+                        self.to_bl_form(n - 1);
+                        self.bl.frames[n - 1] = Frame {
+                            r,
+                            node,
+                            ret_node: s.ret_node,
+                            ret_add,
+                        };
+                        self.bl.low = n - 1;
+                    } else if self.bl.frames[n - 1].ret_node != s.ret_node {
+                        return Err(s.pos);
+                    }
+                }
+                let callee = self.bl.frames.pop().expect("the callee's frame");
+                let id = callee.r.wrapping_add(s.a);
+                let mut a = self.stack.pop().expect("the callee");
+                self.bl.count(a.func, id);
+                let node = &mut self.calltree[a.call_node as usize];
+                node.blocks += a.blocks;
+                node.instructions += a.instructions;
+                self.funcs[a.func as usize].path_ends += a.path_ends + 1;
+                if a.pap != NONE {
+                    let pn = self.bl_path_number(a.func, id);
+                    self.pap_runs.push(&mut a, pn);
+                    self.pap_runs.end(&a);
+                }
+                let f = &mut self.bl.frames[n - 1];
+                f.r = f.r.wrapping_add(f.ret_add).wrapping_add(s.b);
+                f.node = s.node;
+                f.ret_node = NONE;
+            }
+            _ => unreachable!("a step's op"),
+        }
+        let top = self.stack.last_mut().expect("an activation");
+        top.blocks += s.blocks as u64;
+        top.instructions += s.instr as u64;
+        self.prev = s.last;
+        Ok(())
+    }
+
+    /// A path of function `func` with id `id` ended in frame `n` at a back edge.
+    #[inline]
+    fn bl_path_end(&mut self, n: usize, func: u32, id: u64) {
+        self.bl.count(func, id);
+        let a = &mut self.stack[n];
+        a.path_ends += 1;
+        if a.pap != NONE {
+            let p = self.bl_path_number(func, id);
+            self.pap_runs.push(&mut self.stack[n], p);
+        }
+    }
+}
+
+/// The run of the event at `events[i]`: the id whose blocks ran (a superblock's side exit when
+/// the next event is one), its blocks, and how many events it takes. `None` where the loop
+/// stops: a superblock whose next event is not in `events`, an id not learnt yet, an
+/// instrumented function's event.
+#[inline]
+fn run_at(events: &[u32], i: usize, infos: &[EventInfo]) -> Option<(u32, EventInfo, usize)> {
+    let e = events[i];
+    let info = *infos.get(e as usize)?;
+    if info.len == 0 {
+        return None;
+    }
+    if !info.is_superblock {
+        return Some((e, info, 1));
+    }
+    let next = *events.get(i + 1)?;
+    let exited = match infos.get(next as usize) {
+        Some(n) => n.superblock == e,
+        None if !is_id(next) => false,
+        None => return None,
+    };
+    let run = if exited { next } else { e };
+    Some((run, infos[run as usize], 1 + exited as usize))
+}
