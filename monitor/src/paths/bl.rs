@@ -39,7 +39,7 @@
 
 use hotpath_events::{is_context, is_id};
 
-use super::ids::{FxMap, NONE, SETTLED};
+use super::ids::{cache_slot, FxMap, NONE, SETTLED};
 use super::memo::EventInfo;
 use super::numbering::{NumberedEnd, NumberedPath, NumberedStart, Numbering};
 use super::recorder::PathRecorder;
@@ -47,12 +47,18 @@ use super::stack::{cached_call_child, Activation, K_CALL, K_INSTRUMENTED, K_RET}
 use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
 use crate::Tables;
 
+/// A program key that names the previous block rather than the previous run.
+const BLOCK_KEY: u32 = 1 << 31;
+
 /// `Activation::cur` of a frame in Ball-Larus form (only while the loop runs).
 pub(crate) const IN_BL: u32 = u32::MAX - 3;
 
 /// Functions with at most this many paths count them in a dense array (8 bytes a path);
 /// larger ones in a map.
 const DENSE_PATHS: u64 = 4096;
+
+/// Slots of the direct-mapped program cache, a power of two (12 bytes each: 768 KiB).
+const WIDE_SLOTS: usize = 1 << 16;
 
 /// Events the other paths take after the loop took none (it could not start, or stopped at
 /// once), before it is tried again.
@@ -109,8 +115,46 @@ struct Program {
     start: u32,
     len: u32,
     runs: u64,
+    /// It has `OP_KONST` steps.
     konst: bool,
+    /// It stays in one activation and leaves `r` at a constant, `r_end` (it ends a path):
+    /// run again from `r_end` (an event that follows itself: a loop whose body is one event),
+    /// it ends the same paths — `BlState::konst[rep..rep + nrep]` are those of its
+    /// `OP_BACK` steps — and the same number of them, `ends`, each time.
+    selfrep: bool,
+    r_end: u64,
+    rep: u32,
+    nrep: u32,
+    ends: u32,
+    /// Blocks and guest instructions of a run.
+    blocks: u32,
+    instr: u32,
 }
+
+/// What a program does, as the loop's fast path reads it (one half cache line): an intra-
+/// procedural program either adds to `r` (`HOT_ADD`) or ends one path whose id is `r + add`
+/// and leaves `r` at `r_after` (`HOT_END`; the paths its later back edges end are constant,
+/// counted with its runs when `konst`); anything else (`HOT_STEPS`) runs its steps.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(32))]
+struct Hot {
+    epoch: u32,
+    func: u32,
+    add: u64,
+    r_after: u64,
+    kind: u8,
+    konst: bool,
+    selfrep: bool,
+    blocks: u16,
+    instr: u32,
+    ends: u32,
+    last: u32,
+    node: u32,
+}
+
+const HOT_ADD: u8 = 0;
+const HOT_END: u8 = 1;
+const HOT_STEPS: u8 = 2;
 
 /// An activation in Ball-Larus form: its register, its last block's node, and, while it
 /// calls, the node of the return point and the increment of the edge there.
@@ -142,8 +186,10 @@ struct BlFunc {
     /// Dense counters: `BlState::counts[base..base + num_paths]`, or [`NONE`]: `sparse`.
     base: u32,
     sparse: FxMap<u64, u64>,
-    /// Interned path numbers of ids (for PAP runs).
-    numbers: FxMap<u64, u32>,
+    /// Interned path numbers of ids (for PAP runs): by id for a function with dense counters
+    /// ([`NONE`]: not interned yet), else in `sparse_numbers`.
+    numbers: Vec<u32>,
+    sparse_numbers: FxMap<u64, u32>,
     /// An edge or block was met that this numbering lacks: number again before use.
     stale: bool,
 }
@@ -164,10 +210,20 @@ pub(crate) struct BlState {
     /// Bumped when programs may no longer be trusted: a numbering changed, a function entry
     /// appeared at a block already seen.
     epoch: u32,
-    /// Per previous block id: two (run, program) slots.
+    /// Per previous run (event id): two (run, program) slots.
     slots: Vec<[(u32, u32); 2]>,
+    /// The run before the next one, or [`NONE`] when the loop has just started (programs
+    /// are then found by the previous block, `BLOCK_KEY | prev`, in `more`). Keying by runs,
+    /// which the ring gives, keeps the lookup off the chain of loads from one event to the
+    /// next (the previous block would come from the last program's step).
+    prev_run: u32,
     more: FxMap<(u32, u32), u32>,
+    /// Direct-mapped cache in front of `more`: `(previous run, run, program)` (a dispatch
+    /// loop's indirect jump has more successors than two slots).
+    wide: Box<[(u32, u32, u32)]>,
     programs: Vec<Program>,
+    /// By program: what the fast path reads.
+    hot: Vec<Hot>,
     steps: Vec<Step>,
     /// Per trie node: `(numbering epoch, r)` of the prefix it stands for.
     trie_r: Vec<(u32, u64)>,
@@ -194,8 +250,11 @@ impl Default for BlState {
             counts: Vec::new(),
             epoch: 0,
             slots: Vec::new(),
+            prev_run: NONE,
             more: FxMap::default(),
+            wide: vec![(NONE, NONE, NONE); WIDE_SLOTS].into_boxed_slice(),
             programs: Vec::new(),
+            hot: Vec::new(),
             steps: Vec::new(),
             trie_r: Vec::new(),
             numbered_at: Vec::new(),
@@ -280,38 +339,8 @@ impl PathRecorder {
                 return (i, None);
             }
         }
-        let mut rest = None;
-        while let Some(&e) = events.get(i) {
-            if !is_id(e) {
-                if is_context(e) {
-                    self.bl.stats[12] += 1;
-                    break;
-                }
-                // A syscall event: nothing for paths.
-                i += 1;
-                continue;
-            }
-            if e as usize >= self.memo.events.len() {
-                break;
-            }
-            let info = self.memo.events[e as usize];
-            if info.is_superblock && i + 1 == events.len() {
-                // Its extent is the next piece's first event.
-                self.memo.pending = e;
-                return (events.len(), None);
-            }
-            let Some((run, info, taken)) = run_at(events, i, &self.memo.events) else {
-                self.bl.stats[13] += 1;
-                break;
-            };
-            let _ = info;
-            i += taken;
-            self.bl.stats[5] += 1;
-            if let Err(pos) = self.bl_take(run, tables) {
-                rest = Some((run, pos));
-                break;
-            }
-        }
+        let (j, rest) = self.bl_loop(events, i, tables);
+        i = j;
         if i == events.len() && rest.is_none() {
             return (i, None);
         }
@@ -320,6 +349,378 @@ impl PathRecorder {
             self.bl.backoff = BL_BACKOFF;
         }
         (i, rest)
+    }
+
+    /// The loop from `events[i]` on, with the top activation's register, node and counts in
+    /// locals (a step through memory would chain each event's `r` to the last one's store).
+    /// Returns the index of the first event it did not take and, when it stopped inside a
+    /// run, the run and the position of the block it stopped before. It took every event when
+    /// the index is `events.len()` (a superblock at the end waits in `memo.pending`).
+    #[inline(never)]
+    // The last write-back zeroes counts nothing reads after it.
+    #[allow(unused_assignments)]
+    fn bl_loop(
+        &mut self,
+        events: &[u32],
+        mut i: usize,
+        tables: &Tables,
+    ) -> (usize, Option<(u32, u32)>) {
+        let mut n = self.stack.len() - 1;
+        let (mut prev, mut prev_run) = (self.prev, self.bl.prev_run);
+        let (mut func, mut pap, mut base, mut r, mut node) = self.bl_regs(n);
+        let (mut blocks, mut instr, mut ends) = (0u64, 0u64, 0u64);
+        // Writes the registers back to the top frame.
+        macro_rules! write_back {
+            () => {{
+                let f = &mut self.bl.frames[n];
+                (f.r, f.node) = (r, node);
+                let top = &mut self.stack[n];
+                top.blocks += blocks;
+                top.instructions += instr;
+                top.path_ends += ends;
+                (blocks, instr, ends) = (0, 0, 0);
+                self.prev = prev;
+                self.bl.prev_run = prev_run;
+            }};
+        }
+        let mut rest = None;
+        'events: while let Some(&e) = events.get(i) {
+            if !is_id(e) {
+                if is_context(e) {
+                    break;
+                }
+                // A syscall event: nothing for paths.
+                i += 1;
+                continue;
+            }
+            let Some(&info) = self.memo.events.get(e as usize) else {
+                break;
+            };
+            if info.len == 0 {
+                break;
+            }
+            let (mut run, mut taken) = (e, 1);
+            if info.is_superblock {
+                let Some(&next) = events.get(i + 1) else {
+                    // Its extent is the next piece's first event.
+                    self.memo.pending = e;
+                    i += 1;
+                    break;
+                };
+                let exited = match self.memo.events.get(next as usize) {
+                    Some(x) => x.superblock == e,
+                    None if !is_id(next) => false,
+                    None => break,
+                };
+                // Branch-free: whether a superblock left early is the guest's own branch.
+                run = if exited { next } else { e };
+                taken += exited as usize;
+            }
+            let mut p = NONE;
+            if let Some(sl) = self.bl.slots.get(prev_run as usize) {
+                let k = (sl[1].0 == run) as usize;
+                if sl[k].0 == run {
+                    let h = &self.bl.hot[sl[k].1 as usize];
+                    if h.epoch == self.bl.epoch && h.func == func {
+                        p = sl[k].1;
+                    }
+                }
+            }
+            if p == NONE {
+                let (a, b, q) = self.bl.wide[cache_slot(prev_run, run, WIDE_SLOTS)];
+                if a == prev_run && b == run {
+                    let h = &self.bl.hot[q as usize];
+                    if h.epoch == self.bl.epoch && h.func == func {
+                        p = q;
+                    }
+                }
+            }
+            if p != NONE {
+                let h = self.bl.hot[p as usize];
+                let fast = h.kind == HOT_ADD || (h.kind == HOT_END && base != NONE);
+                if fast && !(run == prev_run && h.selfrep && r == h.r_after) {
+                    if h.kind == HOT_ADD {
+                        r = r.wrapping_add(h.add);
+                    } else {
+                        self.bl.counts[base as usize + r.wrapping_add(h.add) as usize] += 1;
+                        r = h.r_after;
+                        if h.konst {
+                            let pr = &mut self.bl.programs[p as usize];
+                            if pr.runs == 0 {
+                                self.bl.dirty.push(p);
+                            }
+                            pr.runs += 1;
+                        }
+                    }
+                    blocks += h.blocks as u64;
+                    instr += h.instr as u64;
+                    ends += h.ends as u64;
+                    (prev, node, prev_run) = (h.last, h.node, run);
+                    i += taken;
+                    continue;
+                }
+            }
+            if p == NONE {
+                write_back!();
+                match self.bl_program(run, self.memo.events[run as usize], tables) {
+                    Some(q) => p = q,
+                    None => {
+                        i += taken;
+                        rest = Some((run, 0));
+                        break;
+                    }
+                }
+            }
+            let prog = self.bl.programs[p as usize];
+            if run == prev_run
+                && prog.selfrep
+                && r == prog.r_end
+                && base != NONE
+                && run == e
+                && i > 0
+                && events[i - 1] == e
+            {
+                // A loop whose body is this one event, and `r` where the event leaves it:
+                // each run of the event from here on ends the same paths. A superblock's run
+                // stops before its last repeat, whose next event says whether it left early.
+                let j = repeat_run_end(events, i, e, info.is_superblock);
+                if j > i {
+                    let m = (j - i) as u64;
+                    for x in prog.rep..prog.rep + prog.nrep {
+                        let (_, id) = self.bl.konst[x as usize];
+                        self.bl.counts[base as usize + id as usize] += m;
+                    }
+                    if prog.konst {
+                        let pr = &mut self.bl.programs[p as usize];
+                        if pr.runs == 0 {
+                            self.bl.dirty.push(p);
+                        }
+                        pr.runs += m;
+                    }
+                    blocks += m * prog.blocks as u64;
+                    instr += m * prog.instr as u64;
+                    ends += m * prog.ends as u64;
+                    // The tables count them at once too (`Tables::record_with_repeats`).
+                    self.memo.repeats.push((i as u32, j as u32));
+                    i = j;
+                    continue;
+                }
+            }
+            i += taken;
+            for k in prog.start..prog.start + prog.len {
+                let st = self.bl.steps[k as usize];
+                match st.op {
+                    OP_FWD => r = r.wrapping_add(st.b),
+                    OP_BACK => {
+                        let id = r.wrapping_add(st.a);
+                        if base != NONE {
+                            self.bl.counts[base as usize + id as usize] += 1;
+                        } else {
+                            self.bl_path_end(n, func, id);
+                            if pap && self.stack[n].pap == NONE {
+                                // Its PAP run was abandoned (too long): counters from here.
+                                (_, pap, base, _, _) = self.bl_regs(n);
+                            }
+                        }
+                        ends += 1;
+                        r = st.b;
+                    }
+                    OP_KONST => {
+                        ends += st.ret_node as u64;
+                        if pap {
+                            self.bl_konst_pap(n, &st);
+                            if self.stack[n].pap == NONE {
+                                (_, pap, base, _, _) = self.bl_regs(n);
+                            }
+                        }
+                        r = st.b;
+                    }
+                    OP_CALL => {
+                        if self.stack.len() >= self.stack_cap() {
+                            write_back!();
+                            self.bl_count_konst(prog.start, k);
+                            rest = Some((run, st.pos));
+                            break 'events;
+                        }
+                        write_back!();
+                        self.bl_call(n, &st);
+                        n += 1;
+                        (func, pap, base, r, _) = self.bl_regs(n);
+                    }
+                    OP_RET => {
+                        write_back!();
+                        if !self.bl_return_ok(n, &st) {
+                            self.bl_count_konst(prog.start, k);
+                            rest = Some((run, st.pos));
+                            break 'events;
+                        }
+                        let id = r.wrapping_add(st.a);
+                        if base != NONE {
+                            self.bl.counts[base as usize + id as usize] += 1;
+                        } else {
+                            self.bl.count(func, id);
+                        }
+                        self.bl_pop(id);
+                        n -= 1;
+                        (func, pap, base, r, _) = self.bl_regs(n);
+                        let f = &mut self.bl.frames[n];
+                        r = r.wrapping_add(f.ret_add).wrapping_add(st.b);
+                        f.ret_node = NONE;
+                    }
+                    _ => unreachable!("a step's op"),
+                }
+                blocks += st.blocks as u64;
+                instr += st.instr as u64;
+                (prev, node) = (st.last, st.node);
+            }
+            if prog.konst {
+                let pr = &mut self.bl.programs[p as usize];
+                if pr.runs == 0 {
+                    self.bl.dirty.push(p);
+                }
+                pr.runs += 1;
+            }
+            prev_run = run;
+        }
+        write_back!();
+        (i, rest)
+    }
+
+    /// The registers of frame `n` (in Ball-Larus form): its function, whether it records a
+    /// PAP run, its function's dense counters' base ([`NONE`]: its path ends take the slow
+    /// way), its register and node.
+    #[inline]
+    fn bl_regs(&self, n: usize) -> (u32, bool, u32, u64, u32) {
+        let a = &self.stack[n];
+        let pap = a.pap != NONE;
+        let base = match self.bl.numbered(a.func) {
+            Some(b) if !pap => b.base,
+            _ => NONE,
+        };
+        let f = &self.bl.frames[n];
+        (a.func, pap, base, f.r, f.node)
+    }
+
+    /// Counts the constant paths of the `OP_KONST` steps `start..end` of a program stopped
+    /// before it completed (they are not counted with its runs).
+    fn bl_count_konst(&mut self, start: u32, end: u32) {
+        for j in start..end {
+            let t = self.bl.steps[j as usize];
+            if t.op == OP_KONST {
+                for x in t.a..t.a + t.ret_node as u64 {
+                    let (f, id) = self.bl.konst[x as usize];
+                    self.bl.count(f, id);
+                }
+            }
+        }
+    }
+
+    /// The constant paths of `OP_KONST` step `st` go to frame `n`'s PAP run.
+    #[cold]
+    fn bl_konst_pap(&mut self, n: usize, st: &Step) {
+        for x in st.a..st.a + st.ret_node as u64 {
+            if self.stack[n].pap == NONE {
+                break;
+            }
+            let (f, id) = self.bl.konst[x as usize];
+            let p = self.bl_path_number(f, id);
+            self.pap_runs.push(&mut self.stack[n], p);
+        }
+    }
+
+    /// `OP_CALL` step `st` from the top frame `n` (its registers written back): pushes the
+    /// callee's activation, as `push_activation` does.
+    fn bl_call(&mut self, n: usize, st: &Step) {
+        let parent = self.stack[n].call_node;
+        let mut call_node = cached_call_child(&self.calltree, &self.call_cache, parent, st.func);
+        if call_node == NONE {
+            call_node = self.call_child(parent, st.func);
+        }
+        let fun = &mut self.funcs[st.func as usize];
+        fun.activations += 1;
+        let pap = if fun.path_ends >= self.config.pap_threshold {
+            self.pap_runs.root(fun)
+        } else {
+            NONE
+        };
+        self.stack.push(Activation {
+            func: st.func,
+            return_to: st.return_to,
+            cur: IN_BL,
+            len: 0,
+            blocks: 0,
+            instructions: 0,
+            path_ends: 0,
+            last_addr: 0,
+            pap,
+            pap_len: 0,
+            call_node,
+            resume: NONE,
+        });
+        let caller = &mut self.bl.frames[n];
+        caller.ret_node = st.ret_node;
+        caller.ret_add = st.ret_add;
+        self.bl.frames.push(Frame {
+            r: st.a.wrapping_add(st.b),
+            node: st.node,
+            ..NO_FRAME
+        });
+    }
+
+    /// Whether `OP_RET` step `st` from the top frame `n` is a plain return the loop takes: to
+    /// the frame below, in the function the program expects, numbered, at the call whose
+    /// return point this is (a caller in trie form goes to Ball-Larus form here).
+    fn bl_return_ok(&mut self, n: usize, st: &Step) -> bool {
+        if n < 1 {
+            return false;
+        }
+        let below = self.stack[n - 1];
+        if st.func == NONE {
+            return true;
+        }
+        if below.func != st.func || below.cur == NONE {
+            return false;
+        }
+        if n - 1 >= self.bl.low {
+            return self.bl.frames[n - 1].ret_node == st.ret_node;
+        }
+        // The caller is in trie form: it goes to Ball-Larus form.
+        if !self.bl_number(below.func, false) {
+            return false;
+        }
+        let Some(r) = self.bl_register(below.cur) else {
+            return false;
+        };
+        let node = self.trie[below.cur as usize].node;
+        let bf = self.bl.func(below.func).expect("just numbered");
+        let Some(&ret_add) = bf.fwd.get(&(node, st.ret_node)) else {
+            return false;
+        };
+        self.to_bl_form(n - 1);
+        self.bl.frames[n - 1] = Frame {
+            r,
+            node,
+            ret_node: st.ret_node,
+            ret_add,
+        };
+        self.bl.low = n - 1;
+        true
+    }
+
+    /// Pops the top activation, whose exit path `id` is counted, as `pop_activation` does:
+    /// its counts go to its call-tree node and function, its PAP run is counted.
+    fn bl_pop(&mut self, id: u64) {
+        self.bl.frames.pop();
+        let mut a = self.stack.pop().expect("the callee");
+        let node = &mut self.calltree[a.call_node as usize];
+        node.blocks += a.blocks;
+        node.instructions += a.instructions;
+        self.funcs[a.func as usize].path_ends += a.path_ends + 1;
+        if a.pap != NONE {
+            let pn = self.bl_path_number(a.func, id);
+            self.pap_runs.push(&mut a, pn);
+            self.pap_runs.end(&a);
+        }
     }
 
     /// Whether frames are in Ball-Larus form (the loop is between pieces of events).
@@ -332,7 +733,11 @@ impl PathRecorder {
     pub(crate) fn bl_take(&mut self, run: u32, tables: &Tables) -> Result<(), u32> {
         let info = self.memo.events[run as usize];
         match self.bl_program(run, info, tables) {
-            Some(p) => self.bl_execute(p),
+            Some(p) => {
+                self.bl_execute(p)?;
+                self.bl.prev_run = run;
+                Ok(())
+            }
             None => {
                 self.bl.stats[14] += 1;
                 Err(0)
@@ -344,6 +749,7 @@ impl PathRecorder {
     /// False if the loop cannot start here.
     fn bl_enter(&mut self) -> bool {
         if self.prev == NONE || self.prev == SETTLED || self.stack.is_empty() {
+            self.bl.stats[15] += 1;
             return false;
         }
         if self.id_kind[self.prev as usize] == K_INSTRUMENTED {
@@ -352,13 +758,24 @@ impl PathRecorder {
         let n = self.stack.len() - 1;
         let a = self.stack[n];
         if a.cur == NONE || a.func == NONE {
+            self.bl.stats[14] += 1;
             return false;
         }
         if !self.bl_number(a.func, true) {
+            self.bl.stats[13] += 1;
             return false;
         }
-        let Some(r) = self.bl_register(a.cur) else {
-            return false;
+        let r = match self.bl_register(a.cur) {
+            Some(r) => r,
+            // Numbered again with what the prefix took, once.
+            None if self.bl_number(a.func, true) => match self.bl_register(a.cur) {
+                Some(r) => r,
+                None => {
+                    self.bl.stats[12] += 1;
+                    return false;
+                }
+            },
+            None => return false,
         };
         let node = self.trie[a.cur as usize].node;
         self.bl.low = n;
@@ -371,6 +788,7 @@ impl PathRecorder {
         };
         self.to_bl_form(n);
         self.memo.last = NONE;
+        self.bl.prev_run = NONE;
         true
     }
 
@@ -391,6 +809,7 @@ impl PathRecorder {
         if low == usize::MAX {
             return;
         }
+        self.bl.prev_run = NONE;
         self.bl.stats[3] += 1;
         self.bl.stats[4] += (self.stack.len() - low) as u64;
         let frames = std::mem::take(&mut self.bl.frames);
@@ -453,8 +872,20 @@ impl PathRecorder {
             START_HEAD => *b.head.get(&nodes[0])?,
             _ => return None,
         };
+        let mut missing = false;
         for w in nodes.windows(2) {
-            r = r.wrapping_add(*b.fwd.get(&(w[0], w[1]))?);
+            match b.fwd.get(&(w[0], w[1])) {
+                Some(x) => r = r.wrapping_add(*x),
+                None => {
+                    missing = true;
+                    break;
+                }
+            }
+        }
+        if missing {
+            // The prefix took an edge (or reached a block) the numbering lacks.
+            self.bl_stale(func);
+            return None;
         }
         if self.bl.trie_r.len() <= t as usize {
             self.bl
@@ -501,6 +932,7 @@ impl PathRecorder {
             back.insert((e.from, e.to), (e.end, e.restart));
             head.insert(e.to, e.restart);
         }
+        let numbering_paths = numbering.num_paths;
         let base = if numbering.num_paths <= DENSE_PATHS {
             let base = self.bl.counts.len();
             self.bl
@@ -517,7 +949,12 @@ impl PathRecorder {
             head,
             base,
             sparse: FxMap::default(),
-            numbers: FxMap::default(),
+            numbers: if base != NONE {
+                vec![NONE; numbering_paths as usize]
+            } else {
+                Vec::new()
+            },
+            sparse_numbers: FxMap::default(),
             stale: false,
         }));
         self.bl.invalidate();
@@ -575,7 +1012,7 @@ impl PathRecorder {
     pub(crate) fn settle_bl(&mut self) {
         self.flush_bl_programs();
         if std::env::var_os("HOTPATH_BL_STATS").is_some() {
-            eprintln!("bl stats: compiles {} ok {} enters {} leaves {} frames {} runs {} counts {} why {:?}", self.bl.stats[0], self.bl.stats[1], self.bl.stats[2], self.bl.stats[3], self.bl.stats[4], self.bl.stats[5], self.bl.counts.len(), &self.bl.stats[8..]);
+            eprintln!("bl stats: programs {} events {} compiles {} ok {} enters {} leaves {} frames {} runs {} counts {} why {:?}", self.bl.stats[6], self.bl.stats[7], self.bl.stats[0], self.bl.stats[1], self.bl.stats[2], self.bl.stats[3], self.bl.stats[4], self.bl.stats[5], self.bl.counts.len(), &self.bl.stats[8..]);
         }
         for f in 0..self.bl.funcs.len() {
             self.flush_bl_counts(f as u32);
@@ -587,8 +1024,12 @@ impl PathRecorder {
         let Some(Numbered::Yes(b)) = self.bl.funcs.get(func as usize) else {
             unreachable!("a numbered function");
         };
-        if let Some(&p) = b.numbers.get(&id) {
-            return p;
+        let known = match b.numbers.get(id as usize) {
+            Some(&p) => p,
+            None => b.sparse_numbers.get(&id).copied().unwrap_or(NONE),
+        };
+        if known != NONE {
+            return known;
         }
         let NumberedPath { start, blocks, end } = b
             .numbering
@@ -607,7 +1048,12 @@ impl PathRecorder {
         };
         let p = self.path_of(t, end);
         if let Some(Numbered::Yes(b)) = self.bl.funcs.get_mut(func as usize) {
-            b.numbers.insert(id, p);
+            match b.numbers.get_mut(id as usize) {
+                Some(x) => *x = p,
+                None => {
+                    b.sparse_numbers.insert(id, p);
+                }
+            }
         }
         p
     }
@@ -615,8 +1061,12 @@ impl PathRecorder {
     /// The program of the top activation's `prev` followed by `run` (compiled if new), or
     /// `None` if the loop cannot take it.
     fn bl_program(&mut self, run: u32, info: EventInfo, tables: &Tables) -> Option<u32> {
-        let prev = self.prev as usize;
+        let prev = match self.bl.prev_run {
+            NONE => (self.prev | BLOCK_KEY) as usize,
+            r => r as usize,
+        };
         let func = self.stack.last()?.func;
+        self.bl.stats[6] += 1;
         if let Some(s) = self.bl.slots.get(prev) {
             let k = (s[1].0 == run) as usize;
             if s[k].0 == run {
@@ -642,6 +1092,10 @@ impl PathRecorder {
     }
 
     fn bl_cache(&mut self, prev: usize, run: u32, p: u32) {
+        if prev >= BLOCK_KEY as usize {
+            return;
+        }
+        self.bl.wide[cache_slot(prev as u32, run, WIDE_SLOTS)] = (prev as u32, run, p);
         if self.bl.slots.len() <= prev {
             self.bl
                 .slots
@@ -673,9 +1127,82 @@ impl PathRecorder {
         let _ = run;
         let p = self.bl.programs.len() as u32;
         let len = self.bl.steps.len() as u32 - start;
-        let konst = self.bl.steps[start as usize..]
-            .iter()
-            .any(|s| s.op == OP_KONST);
+        let steps = &self.bl.steps[start as usize..];
+        let konst = steps.iter().any(|s| s.op == OP_KONST);
+        let intra = steps.iter().all(|s| s.op <= OP_KONST);
+        let blocks = steps.iter().map(|s| s.blocks).sum();
+        let instr = steps.iter().map(|s| s.instr).sum();
+        let mut ends = 0;
+        // Where `r` ends, if constant, and the paths its back edges end when it starts there.
+        let mut r_end = None;
+        for s in steps {
+            match s.op {
+                OP_FWD => r_end = r_end.map(|r: u64| r.wrapping_add(s.b)),
+                OP_BACK => {
+                    ends += 1;
+                    r_end = Some(s.b);
+                }
+                OP_KONST => {
+                    ends += s.ret_node;
+                    r_end = Some(s.b);
+                }
+                _ => {}
+            }
+        }
+        let (selfrep, r_end) = match r_end {
+            Some(r) if intra => (true, r),
+            _ => (false, 0),
+        };
+        let rep = self.bl.konst.len() as u32;
+        if selfrep {
+            let mut r = r_end;
+            for k in start..start + len {
+                let s = self.bl.steps[k as usize];
+                match s.op {
+                    OP_FWD => r = r.wrapping_add(s.b),
+                    OP_BACK => {
+                        self.bl.konst.push((func, r.wrapping_add(s.a)));
+                        r = s.b;
+                    }
+                    _ => r = s.b,
+                }
+            }
+        }
+        let nrep = self.bl.konst.len() as u32 - rep;
+        // The fast path's view: a sum, or one variable path end (the first back edge: later
+        // ones end constant paths, as `r` is then known) and a constant register after it.
+        let steps = &self.bl.steps[start as usize..];
+        let backs = steps.iter().filter(|s| s.op == OP_BACK).count();
+        let (kind, add, r_after) = if !intra || blocks > u16::MAX as u32 {
+            (HOT_STEPS, 0, 0)
+        } else if backs == 0 {
+            (HOT_ADD, steps.iter().map(|s| s.b).fold(0u64, u64::wrapping_add), 0)
+        } else {
+            let at = steps.iter().position(|s| s.op == OP_BACK).expect("a back edge");
+            let before = steps[..at].iter().map(|s| s.b).fold(0u64, u64::wrapping_add);
+            let first_konst_or_back_after = steps[at + 1..].iter().all(|s| s.op != OP_BACK);
+            if first_konst_or_back_after {
+                (HOT_END, before.wrapping_add(steps[at].a), r_end)
+            } else {
+                (HOT_STEPS, 0, 0)
+            }
+        };
+        let last = steps.last().map_or(NONE, |s| s.last);
+        let node = steps.last().map_or(NONE, |s| s.node);
+        self.bl.hot.push(Hot {
+            epoch: self.bl.epoch,
+            func,
+            add,
+            r_after,
+            kind,
+            konst,
+            selfrep,
+            blocks: blocks as u16,
+            instr,
+            ends,
+            last,
+            node,
+        });
         self.bl.programs.push(Program {
             epoch: self.bl.epoch,
             func,
@@ -683,6 +1210,13 @@ impl PathRecorder {
             len,
             runs: 0,
             konst,
+            selfrep,
+            r_end,
+            rep,
+            nrep,
+            ends,
+            blocks,
+            instr,
         });
         Some(p)
     }
@@ -960,6 +1494,7 @@ impl PathRecorder {
             OP_BACK => {
                 let id = self.bl.frames[n].r.wrapping_add(s.a);
                 self.bl_path_end(n, s.func, id);
+                self.stack[n].path_ends += 1;
                 let f = &mut self.bl.frames[n];
                 f.r = s.b;
                 f.node = s.node;
@@ -1089,13 +1624,29 @@ impl PathRecorder {
     #[inline]
     fn bl_path_end(&mut self, n: usize, func: u32, id: u64) {
         self.bl.count(func, id);
-        let a = &mut self.stack[n];
-        a.path_ends += 1;
+        let a = &self.stack[n];
         if a.pap != NONE {
             let p = self.bl_path_number(func, id);
             self.pap_runs.push(&mut self.stack[n], p);
         }
     }
+}
+
+/// Where a run of event `e` that repeats from `events[next]` on ends: the index of the first
+/// event that is not a repeat. A superblock's run stops before its last repeat, whose next
+/// event says whether it left early.
+#[inline(always)]
+fn repeat_run_end(events: &[u32], mut next: usize, e: u32, is_superblock: bool) -> usize {
+    if is_superblock {
+        while events.get(next) == Some(&e) && events.get(next + 1) == Some(&e) {
+            next += 1;
+        }
+    } else {
+        while events.get(next) == Some(&e) {
+            next += 1;
+        }
+    }
+    next
 }
 
 /// The run of the event at `events[i]`: the id whose blocks ran (a superblock's side exit when
