@@ -19,6 +19,17 @@ fn scratch() -> PathBuf {
 
 /// Runs `exe args` under `hotpath run --quiet --report FILE extra...`; returns the report.
 fn run_report(exe: &Path, tag: &str, args: &[&str], extra: &[&str]) -> Value {
+    run_report_with(exe, tag, args, extra, &[])
+}
+
+/// [`run_report`] with the variables `env` set for hotpath (and so for the guest too).
+fn run_report_with(
+    exe: &Path,
+    tag: &str,
+    args: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
     let hotpath =
         hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
     let report = scratch().join(format!("{tag}.json"));
@@ -34,6 +45,7 @@ fn run_report(exe: &Path, tag: &str, args: &[&str], extra: &[&str]) -> Value {
         .arg(exe)
         .args(args);
     hotpath_e2e::set_guest_environment(&mut cmd, &scratch());
+    cmd.envs(env.iter().copied());
     let what = runner::describe(&cmd);
     let outcome =
         runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -655,6 +667,36 @@ fn memoised_paths_match_the_per_block_reference() {
         "superblocks ran in only {with_superblocks} of {} samples",
         runs.len()
     );
+}
+
+/// The Ball-Larus loop (#38, in progress: on with `HOTPATH_PATHS_BL=1` until it is faster
+/// than the memoised one) gives the per-block reference's profile: with every function
+/// recording PAP runs (its path ends then intern their paths in order) and with PAP runs
+/// only for hot functions (its counters, constant paths and repeat runs), superblocks built
+/// as early as possible.
+#[test]
+fn ball_larus_paths_match_the_per_block_reference() {
+    let runs = deterministic_runs(&[
+        "paths_branchy.S",
+        "paths_loops.c",
+        "paths_recursion.S",
+        "paths_jump_return.S",
+    ]);
+    let env = [("HOTPATH_PATHS_BL", "1")];
+    let configs: [&[&str]; 2] = [
+        &["--superblock-threshold", "1", "--pap-threshold", "0"],
+        &["--superblock-threshold", "1"],
+    ];
+    for (c, config) in configs.iter().enumerate() {
+        for (name, exe, args) in &runs {
+            let bl = run_report_with(exe, &format!("bl{c}-{name}"), args, config, &env);
+            let mut per_block = config.to_vec();
+            per_block.push("--paths-per-block");
+            let reference =
+                run_report_with(exe, &format!("bl-ref{c}-{name}"), args, &per_block, &env);
+            assert_same_profile(&format!("{name} ({config:?}, Ball-Larus)"), &bl, &reference);
+        }
+    }
 }
 
 /// With functions instrumented as soon as the monitor looks (`--instrument-paths 1`, #21 stage

@@ -136,7 +136,6 @@ struct Program {
 /// and leaves `r` at `r_after` (`HOT_END`; the paths its later back edges end are constant,
 /// counted with its runs when `konst`); anything else (`HOT_STEPS`) runs its steps.
 #[derive(Clone, Copy, Debug)]
-#[repr(C, align(32))]
 struct Hot {
     epoch: u32,
     func: u32,
@@ -150,7 +149,40 @@ struct Hot {
     ends: u32,
     last: u32,
     node: u32,
+    /// `blocks << 32 | ends`, as the fast loop adds them.
+    be: u64,
 }
+
+const NO_HOT: Hot = Hot {
+    epoch: NONE,
+    func: NONE,
+    add: 0,
+    r_after: 0,
+    kind: HOT_STEPS,
+    konst: false,
+    selfrep: false,
+    blocks: 0,
+    instr: 0,
+    ends: 0,
+    last: NONE,
+    node: NONE,
+    be: 0,
+};
+
+/// A program slot: the run it follows with, the program, and its hot view (so that the fast
+/// path reads one slot, not a slot and then the program).
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    run: u32,
+    p: u32,
+    hot: Hot,
+}
+
+const NO_SLOT: Slot = Slot {
+    run: NONE,
+    p: NONE,
+    hot: NO_HOT,
+};
 
 const HOT_ADD: u8 = 0;
 const HOT_END: u8 = 1;
@@ -211,7 +243,7 @@ pub(crate) struct BlState {
     /// appeared at a block already seen.
     epoch: u32,
     /// Per previous run (event id): two (run, program) slots.
-    slots: Vec<[(u32, u32); 2]>,
+    slots: Vec<[Slot; 2]>,
     /// The run before the next one, or [`NONE`] when the loop has just started (programs
     /// are then found by the previous block, `BLOCK_KEY | prev`, in `more`). Keying by runs,
     /// which the ring gives, keeps the lookup off the chain of loads from one event to the
@@ -240,7 +272,6 @@ pub(crate) struct BlState {
     /// The loop is on (paths with the guest's contexts, no k-slab forest, no instrumentation,
     /// not the per-block reference).
     pub(crate) enabled: bool,
-    pub(crate) stats: [u64; 16],
 }
 
 impl Default for BlState {
@@ -264,7 +295,6 @@ impl Default for BlState {
             low: usize::MAX,
             backoff: 0,
             enabled: false,
-            stats: [0; 16],
         }
     }
 }
@@ -333,7 +363,6 @@ impl PathRecorder {
                 self.bl.backoff -= 1;
                 return (i, None);
             }
-            self.bl.stats[2] += 1;
             if !self.bl_enter() {
                 self.bl.backoff = BL_BACKOFF;
                 return (i, None);
@@ -367,6 +396,8 @@ impl PathRecorder {
     ) -> (usize, Option<(u32, u32)>) {
         let mut n = self.stack.len() - 1;
         let (mut prev, mut prev_run) = (self.prev, self.bl.prev_run);
+        // Programs made under another epoch are not used (compiling may change it).
+        let mut epoch = self.bl.epoch;
         let (mut func, mut pap, mut base, mut r, mut node) = self.bl_regs(n);
         let (mut blocks, mut instr, mut ends) = (0u64, 0u64, 0u64);
         // Writes the registers back to the top frame.
@@ -384,7 +415,46 @@ impl PathRecorder {
             }};
         }
         let mut rest = None;
-        'events: while let Some(&e) = events.get(i) {
+        'events: while i < events.len() {
+            if base != NONE {
+                // The common case, in a small loop whose state fits in registers.
+                let mut regs = FastRegs {
+                    r,
+                    prev_run,
+                    last: (prev, node),
+                    blocks_ends: 0,
+                    instr: 0,
+                };
+                let j = bl_fast(
+                    FastTables {
+                        slots: &self.bl.slots,
+                        wide: &self.bl.wide,
+                        hot: &self.bl.hot,
+                        infos: &self.memo.events,
+                        counts: &mut self.bl.counts,
+                        programs: &mut self.bl.programs,
+                        dirty: &mut self.bl.dirty,
+                    },
+                    events,
+                    i,
+                    &mut regs,
+                    epoch,
+                    func,
+                    base,
+                );
+                if j != i {
+                    i = j;
+                    (r, prev_run, (prev, node)) = (regs.r, regs.prev_run, regs.last);
+                    blocks += regs.blocks_ends >> 32;
+                    ends += regs.blocks_ends & 0xffff_ffff;
+                    instr += regs.instr;
+                    let Some(&e2) = events.get(i) else {
+                        break;
+                    };
+                    let _ = e2;
+                }
+            }
+            let e = events[i];
             if !is_id(e) {
                 if is_context(e) {
                     break;
@@ -417,26 +487,24 @@ impl PathRecorder {
                 taken += exited as usize;
             }
             let mut p = NONE;
+            let mut h = NO_HOT;
             if let Some(sl) = self.bl.slots.get(prev_run as usize) {
-                let k = (sl[1].0 == run) as usize;
-                if sl[k].0 == run {
-                    let h = &self.bl.hot[sl[k].1 as usize];
-                    if h.epoch == self.bl.epoch && h.func == func {
-                        p = sl[k].1;
-                    }
+                let k = (sl[1].run == run) as usize;
+                let x = &sl[k];
+                if x.run == run && x.hot.epoch == epoch && x.hot.func == func {
+                    (p, h) = (x.p, x.hot);
                 }
             }
             if p == NONE {
                 let (a, b, q) = self.bl.wide[cache_slot(prev_run, run, WIDE_SLOTS)];
                 if a == prev_run && b == run {
-                    let h = &self.bl.hot[q as usize];
-                    if h.epoch == self.bl.epoch && h.func == func {
-                        p = q;
+                    let x = &self.bl.hot[q as usize];
+                    if x.epoch == epoch && x.func == func {
+                        (p, h) = (q, *x);
                     }
                 }
             }
             if p != NONE {
-                let h = self.bl.hot[p as usize];
                 let fast = h.kind == HOT_ADD || (h.kind == HOT_END && base != NONE);
                 if fast && !(run == prev_run && h.selfrep && r == h.r_after) {
                     if h.kind == HOT_ADD {
@@ -462,7 +530,9 @@ impl PathRecorder {
             }
             if p == NONE {
                 write_back!();
-                match self.bl_program(run, self.memo.events[run as usize], tables) {
+                let program = self.bl_program(run, self.memo.events[run as usize], tables);
+                epoch = self.bl.epoch;
+                match program {
                     Some(q) => p = q,
                     None => {
                         i += taken;
@@ -738,10 +808,7 @@ impl PathRecorder {
                 self.bl.prev_run = run;
                 Ok(())
             }
-            None => {
-                self.bl.stats[14] += 1;
-                Err(0)
-            }
+            None => Err(0),
         }
     }
 
@@ -749,7 +816,6 @@ impl PathRecorder {
     /// False if the loop cannot start here.
     fn bl_enter(&mut self) -> bool {
         if self.prev == NONE || self.prev == SETTLED || self.stack.is_empty() {
-            self.bl.stats[15] += 1;
             return false;
         }
         if self.id_kind[self.prev as usize] == K_INSTRUMENTED {
@@ -758,11 +824,9 @@ impl PathRecorder {
         let n = self.stack.len() - 1;
         let a = self.stack[n];
         if a.cur == NONE || a.func == NONE {
-            self.bl.stats[14] += 1;
             return false;
         }
         if !self.bl_number(a.func, true) {
-            self.bl.stats[13] += 1;
             return false;
         }
         let r = match self.bl_register(a.cur) {
@@ -771,7 +835,6 @@ impl PathRecorder {
             None if self.bl_number(a.func, true) => match self.bl_register(a.cur) {
                 Some(r) => r,
                 None => {
-                    self.bl.stats[12] += 1;
                     return false;
                 }
             },
@@ -810,8 +873,6 @@ impl PathRecorder {
             return;
         }
         self.bl.prev_run = NONE;
-        self.bl.stats[3] += 1;
-        self.bl.stats[4] += (self.stack.len() - low) as u64;
         let frames = std::mem::take(&mut self.bl.frames);
         for (n, f) in frames.iter().enumerate().skip(low) {
             self.materialize(n, f.r, f.node);
@@ -1011,9 +1072,6 @@ impl PathRecorder {
     /// taken).
     pub(crate) fn settle_bl(&mut self) {
         self.flush_bl_programs();
-        if std::env::var_os("HOTPATH_BL_STATS").is_some() {
-            eprintln!("bl stats: programs {} events {} compiles {} ok {} enters {} leaves {} frames {} runs {} counts {} why {:?}", self.bl.stats[6], self.bl.stats[7], self.bl.stats[0], self.bl.stats[1], self.bl.stats[2], self.bl.stats[3], self.bl.stats[4], self.bl.stats[5], self.bl.counts.len(), &self.bl.stats[8..]);
-        }
         for f in 0..self.bl.funcs.len() {
             self.flush_bl_counts(f as u32);
         }
@@ -1066,13 +1124,12 @@ impl PathRecorder {
             r => r as usize,
         };
         let func = self.stack.last()?.func;
-        self.bl.stats[6] += 1;
         if let Some(s) = self.bl.slots.get(prev) {
-            let k = (s[1].0 == run) as usize;
-            if s[k].0 == run {
-                let p = &self.bl.programs[s[k].1 as usize];
+            let k = (s[1].run == run) as usize;
+            if s[k].run == run {
+                let p = &self.bl.programs[s[k].p as usize];
                 if p.epoch == self.bl.epoch && p.func == func {
-                    return Some(s[k].1);
+                    return Some(s[k].p);
                 }
             }
         }
@@ -1083,9 +1140,7 @@ impl PathRecorder {
                 return Some(p);
             }
         }
-        self.bl.stats[0] += 1;
         let p = self.bl_compile(run, info, func, tables)?;
-        self.bl.stats[1] += 1;
         self.bl.more.insert((prev as u32, run), p);
         self.bl_cache(prev, run, p);
         Some(p)
@@ -1099,16 +1154,21 @@ impl PathRecorder {
         if self.bl.slots.len() <= prev {
             self.bl
                 .slots
-                .resize(self.id_addr.len().max(prev + 1), [(NONE, NONE); 2]);
+                .resize(self.id_addr.len().max(prev + 1), [NO_SLOT; 2]);
         }
+        let slot = Slot {
+            run,
+            p,
+            hot: self.bl.hot[p as usize],
+        };
         let s = &mut self.bl.slots[prev];
-        if s[0].0 == run {
-            s[0].1 = p;
-        } else if s[1].0 == run {
-            s[1].1 = p;
+        if s[0].run == run {
+            s[0] = slot;
+        } else if s[1].run == run {
+            s[1] = slot;
         } else {
             s[1] = s[0];
-            s[0] = (run, p);
+            s[0] = slot;
         }
     }
 
@@ -1176,10 +1236,20 @@ impl PathRecorder {
         let (kind, add, r_after) = if !intra || blocks > u16::MAX as u32 {
             (HOT_STEPS, 0, 0)
         } else if backs == 0 {
-            (HOT_ADD, steps.iter().map(|s| s.b).fold(0u64, u64::wrapping_add), 0)
+            (
+                HOT_ADD,
+                steps.iter().map(|s| s.b).fold(0u64, u64::wrapping_add),
+                0,
+            )
         } else {
-            let at = steps.iter().position(|s| s.op == OP_BACK).expect("a back edge");
-            let before = steps[..at].iter().map(|s| s.b).fold(0u64, u64::wrapping_add);
+            let at = steps
+                .iter()
+                .position(|s| s.op == OP_BACK)
+                .expect("a back edge");
+            let before = steps[..at]
+                .iter()
+                .map(|s| s.b)
+                .fold(0u64, u64::wrapping_add);
             let first_konst_or_back_after = steps[at + 1..].iter().all(|s| s.op != OP_BACK);
             if first_konst_or_back_after {
                 (HOT_END, before.wrapping_add(steps[at].a), r_end)
@@ -1202,6 +1272,7 @@ impl PathRecorder {
             ends,
             last,
             node,
+            be: (blocks as u64) << 32 | ends as u64,
         });
         self.bl.programs.push(Program {
             epoch: self.bl.epoch,
@@ -1632,6 +1703,117 @@ impl PathRecorder {
     }
 }
 
+/// The registers of [`bl_fast`]: the top activation's `r`, the previous run, the last block
+/// and node, and the counts it took (blocks in the high half of `blocks_ends`, path ends in
+/// the low one: at most [`FAST_EVENTS`] events of at most `MAX_TRACE_BLOCKS` blocks each).
+struct FastRegs {
+    r: u64,
+    prev_run: u32,
+    last: (u32, u32),
+    blocks_ends: u64,
+    instr: u64,
+}
+
+/// What [`bl_fast`] reads and counts in.
+struct FastTables<'a> {
+    slots: &'a [[Slot; 2]],
+    wide: &'a [(u32, u32, u32)],
+    hot: &'a [Hot],
+    infos: &'a [EventInfo],
+    counts: &'a mut [u64],
+    programs: &'a mut [Program],
+    dirty: &'a mut Vec<u32>,
+}
+
+/// Events [`bl_fast`] takes at most per call (its packed counts cannot overflow).
+const FAST_EVENTS: usize = 1 << 16;
+
+/// The loop's common case from `events[i]` on: runs whose program is in their previous
+/// run's slots, made under `epoch` for the top activation's function `func`, and adds to `r`
+/// or ends one path counted in the dense counters at `base` (module doc). Returns the index
+/// of the first event it did not take; `regs` holds the state after the last one it took.
+#[inline(never)]
+fn bl_fast(
+    t: FastTables<'_>,
+    events: &[u32],
+    mut i: usize,
+    regs: &mut FastRegs,
+    epoch: u32,
+    func: u32,
+    base: u32,
+) -> usize {
+    let (mut r, mut prev_run) = (regs.r, regs.prev_run);
+    let (mut be, mut instr) = (0u64, 0u64);
+    let mut last = NONE as usize;
+    let end = events.len().min(i + FAST_EVENTS);
+    while i < end {
+        let e = events[i];
+        let Some(info) = t.infos.get(e as usize) else {
+            break;
+        };
+        let (mut run, mut taken) = (e, 1);
+        if info.is_superblock {
+            let Some(&next) = events.get(i + 1) else {
+                break;
+            };
+            let exited = match t.infos.get(next as usize) {
+                Some(x) => x.superblock == e,
+                None if !is_id(next) => false,
+                None => break,
+            };
+            // Branch-free: whether a superblock left early is the guest's own branch.
+            run = if exited { next } else { e };
+            taken += exited as usize;
+        }
+        let Some(sl) = t.slots.get(prev_run as usize) else {
+            break;
+        };
+        let k = (sl[1].run == run) as usize;
+        let x = &sl[k];
+        let (p, h) = if x.run == run {
+            (x.p, &x.hot)
+        } else {
+            // More successors than two (a dispatch loop): the direct-mapped cache.
+            let (a, b, q) = t.wide[cache_slot(prev_run, run, WIDE_SLOTS)];
+            if a != prev_run || b != run {
+                break;
+            }
+            (q, &t.hot[q as usize])
+        };
+        if h.epoch != epoch || h.func != func || h.kind == HOT_STEPS {
+            break;
+        }
+        if run == prev_run && h.selfrep && r == h.r_after {
+            // A repeat run: the general loop counts it at once.
+            break;
+        }
+        if h.kind == HOT_ADD {
+            r = r.wrapping_add(h.add);
+        } else {
+            t.counts[base as usize + r.wrapping_add(h.add) as usize] += 1;
+            r = h.r_after;
+            if h.konst {
+                let pr = &mut t.programs[p as usize];
+                if pr.runs == 0 {
+                    t.dirty.push(p);
+                }
+                pr.runs += 1;
+            }
+        }
+        be += h.be;
+        instr += h.instr as u64;
+        last = p as usize;
+        prev_run = run;
+        i += taken;
+    }
+    if last != NONE as usize {
+        let h = &t.hot[last];
+        regs.last = (h.last, h.node);
+        (regs.r, regs.prev_run, regs.blocks_ends, regs.instr) = (r, prev_run, be, instr);
+    }
+    i
+}
+
 /// Where a run of event `e` that repeats from `events[next]` on ends: the index of the first
 /// event that is not a repeat. A superblock's run stops before its last repeat, whose next
 /// event says whether it left early.
@@ -1647,28 +1829,4 @@ fn repeat_run_end(events: &[u32], mut next: usize, e: u32, is_superblock: bool) 
         }
     }
     next
-}
-
-/// The run of the event at `events[i]`: the id whose blocks ran (a superblock's side exit when
-/// the next event is one), its blocks, and how many events it takes. `None` where the loop
-/// stops: a superblock whose next event is not in `events`, an id not learnt yet, an
-/// instrumented function's event.
-#[inline]
-fn run_at(events: &[u32], i: usize, infos: &[EventInfo]) -> Option<(u32, EventInfo, usize)> {
-    let e = events[i];
-    let info = *infos.get(e as usize)?;
-    if info.len == 0 {
-        return None;
-    }
-    if !info.is_superblock {
-        return Some((e, info, 1));
-    }
-    let next = *events.get(i + 1)?;
-    let exited = match infos.get(next as usize) {
-        Some(n) => n.superblock == e,
-        None if !is_id(next) => false,
-        None => return None,
-    };
-    let run = if exited { next } else { e };
-    Some((run, infos[run as usize], 1 + exited as usize))
 }
