@@ -70,10 +70,22 @@ fn name(symbolize: Symbolizer, addr: u64) -> Option<String> {
 
 /// The share of the thread `tid` whose events `tables` counted (every id known).
 pub fn thread_report(tid: u32, tables: &Tables, ring_waits: u64, ring_wait_ns: u64) -> Thread {
-    let counts = tables.block_counts();
+    thread_report_with(tid, tables, tables, ring_waits, ring_wait_ns)
+}
+
+/// [`thread_report`] with the ids' metadata read from `meta` (tables over the same ids that
+/// learned every id `tables` counted).
+pub fn thread_report_with(
+    tid: u32,
+    tables: &Tables,
+    meta: &Tables,
+    ring_waits: u64,
+    ring_wait_ns: u64,
+) -> Thread {
+    let counts = tables.block_counts_with(meta);
     let mut by_addr: HashMap<u64, u64> = HashMap::new();
     let (mut blocks_executed, mut guest_instructions) = (0, 0);
-    for (b, &c) in tables.blocks.iter().zip(&counts) {
+    for (b, &c) in meta.blocks.iter().zip(&counts) {
         if c == 0 {
             continue;
         }

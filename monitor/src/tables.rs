@@ -599,6 +599,12 @@ impl Tables {
 
     /// [`Tables::edges`] as the event stream shows them (without the derived ones).
     fn stream_edges(&self) -> Vec<(u32, u32, u64)> {
+        self.stream_edges_with(self)
+    }
+
+    /// [`Tables::stream_edges`] with the ids' metadata read from `meta` (tables over the same
+    /// ids that learned at least every id these counted).
+    fn stream_edges_with(&self, meta: &Tables) -> Vec<(u32, u32, u64)> {
         let mut out: FxHashMap<(u32, u32), u64> = FxHashMap::default();
         let mut add = |f: u32, t: u32, c: u64| *out.entry((f, t)).or_insert(0) += c;
         let mut inner = |trace: &[BlockId], upto: usize, c: u64| {
@@ -608,9 +614,9 @@ impl Tables {
         };
         let mut outer: Vec<(u32, u32, u64)> = Vec::new();
         for (from, to, c) in self.raw_edges() {
-            match self.kinds.get(from as usize) {
+            match meta.kinds.get(from as usize) {
                 Some(IdKind::Superblock { blocks }) => {
-                    let ended_after = match self.kinds.get(to as usize) {
+                    let ended_after = match meta.kinds.get(to as usize) {
                         Some(IdKind::SideExit { superblock, after }) if superblock.0 == from => {
                             Some(*after as usize)
                         }
@@ -620,15 +626,15 @@ impl Tables {
                         Some(after) => inner(blocks, after, c),
                         None => {
                             inner(blocks, blocks.len() - 1, c);
-                            if let Some(t) = self.first_block(to) {
+                            if let Some(t) = meta.first_block(to) {
                                 outer.push((blocks[blocks.len() - 1].0, t, c));
                             }
                         }
                     }
                 }
                 _ => {
-                    let f = self.last_block(from);
-                    if let (Some(t), true) = (self.first_block(to), f != NONE) {
+                    let f = meta.last_block(from);
+                    if let (Some(t), true) = (meta.first_block(to), f != NONE) {
                         outer.push((f, t, c));
                     }
                 }
@@ -637,7 +643,7 @@ impl Tables {
         // The last event of each stream: a superblock that was running when the guest ended
         // ran to its end (a fault inside it would have been followed by its side exit).
         for last in self.last_events() {
-            if let Some(trace) = self.trace(last) {
+            if let Some(trace) = meta.trace(last) {
                 inner(trace, trace.len() - 1, 1);
             }
         }
@@ -651,19 +657,26 @@ impl Tables {
     /// block run (which has no out-edge yet). Superblock and side-exit ids count 0 (their
     /// blocks are counted).
     pub fn block_counts(&self) -> Vec<u64> {
-        let mut counts = vec![0u64; self.blocks.len().max(self.successors.len())];
-        for (from, _, c) in self.stream_edges() {
+        self.block_counts_with(self)
+    }
+
+    /// [`Tables::block_counts`] with the ids' metadata read from `meta` (tables over the same
+    /// ids that learned at least every id these counted): a thread's counts need not learn
+    /// every id of the process.
+    pub fn block_counts_with(&self, meta: &Tables) -> Vec<u64> {
+        let mut counts = vec![0u64; meta.blocks.len().max(self.successors.len())];
+        for (from, _, c) in self.stream_edges_with(meta) {
             counts[from as usize] += c;
         }
         for last in self.last_events() {
-            if let Some(n) = counts.get_mut(self.last_block(last) as usize) {
+            if let Some(n) = counts.get_mut(meta.last_block(last) as usize) {
                 *n += 1;
             }
         }
-        counts.truncate(self.blocks.len());
+        counts.truncate(meta.blocks.len());
         // An instrumented function's announcing event and `ret` alias are no blocks: its
         // blocks' counts are derived from its paths.
-        for (id, k) in self.kinds.iter().enumerate() {
+        for (id, k) in meta.kinds.iter().enumerate() {
             if matches!(
                 k,
                 IdKind::InstrumentedEntry { .. } | IdKind::InstrumentedReturn { .. }

@@ -67,11 +67,54 @@ pub struct ThreadState {
     pub waits: hotpath_events::WaitStats,
 }
 
-/// What a monitor kept: per guest thread, in the order the threads started, and every id's
-/// metadata.
+/// What a monitor kept: the guest threads it still holds whole, in the order they started
+/// (the first thread, and those that ran until the end), what it folded of the others as they
+/// ended, and every id's metadata.
 pub struct MonitorResult {
     pub threads: Vec<ThreadState>,
+    pub ended: Ended,
     pub catalog: Arc<BlockCatalog>,
+}
+
+/// What the monitor keeps of the threads that ended while others ran on, folded as each one
+/// ends so that its memory does not grow with the threads a program starts and joins (a
+/// thread's tables are sized to every block id of the process): their tables summed, each
+/// one's row of the report's per-thread section, and the path recorder of the one that ran
+/// the most events (the one whose paths the report shows, if it is the busiest of all).
+#[derive(Default)]
+pub struct Ended {
+    /// Every ended thread's counts over one id space (edges, system calls, last events).
+    pub tables: Tables,
+    /// Each ended thread's report row, with its position among the process's threads.
+    pub threads: Vec<(usize, hotpath_report::Thread)>,
+    /// Time the monitor spent on their events, in nanoseconds.
+    pub busy_ns: u64,
+    /// The path recorder of the ended thread with the most events, and its events.
+    pub paths: Option<(u64, PathRecorder)>,
+}
+
+impl Ended {
+    /// Folds the finished thread `t` in (its tables need not know every id: these learn
+    /// the new ones from `catalog`, once for all threads).
+    fn fold(&mut self, t: ThreadState, catalog: &BlockCatalog) {
+        self.tables.learn_from(catalog);
+        let row = crate::profile::thread_report_with(
+            t.tid,
+            &t.state.tables,
+            &self.tables,
+            t.waits.waits,
+            t.waits.wait_ns,
+        );
+        self.threads.push((t.state.started, row));
+        self.tables.merge(&t.state.tables);
+        self.busy_ns += t.state.busy_ns;
+        let events = t.state.tables.events;
+        if let Some(rec) = t.state.paths {
+            if self.paths.as_ref().is_none_or(|(n, _)| events > *n) {
+                self.paths = Some((events, rec));
+            }
+        }
+    }
 }
 
 /// A running monitor thread.
@@ -139,6 +182,7 @@ pub fn spawn(
             let mut monitor = Monitor {
                 live: Vec::new(),
                 done: Vec::new(),
+                ended: Ended::default(),
                 catalog,
                 template,
             };
@@ -156,6 +200,7 @@ pub fn spawn(
                     threads.sort_by_key(|t| t.state.started);
                     Ok(MonitorResult {
                         threads,
+                        ended: monitor.ended,
                         catalog: monitor.catalog,
                     })
                 }
@@ -196,7 +241,11 @@ struct Live {
 /// The monitor thread's state: the rings it drains, and the metadata of every id.
 struct Monitor {
     live: Vec<Live>,
+    /// Finished threads kept whole: the first one (a failed exec goes on from its state), and
+    /// every one that finished once no other ran.
     done: Vec<ThreadState>,
+    /// The other finished threads, folded.
+    ended: Ended,
     /// Every id's metadata, in id order (each thread's tables learn from it).
     catalog: Arc<BlockCatalog>,
     /// A new thread's initial state.
@@ -205,7 +254,7 @@ struct Monitor {
 
 impl Monitor {
     fn add(&mut self, s: Stream, mut state: MonitorState) {
-        state.started = self.live.len() + self.done.len();
+        state.started = self.live.len() + self.done.len() + self.ended.threads.len();
         if let Some(p) = &mut state.paths {
             p.contexts = s.contexts.clone();
         }
@@ -253,8 +302,18 @@ impl Monitor {
                     let l = self.live.swap_remove(i);
                     let contexts = l.contexts.clone();
                     let mut t = l.finish_ring();
-                    self.finish_state(&mut t.state, contexts.as_ref());
-                    self.done.push(t);
+                    // A thread that ends while others run on is folded (its tables alone are
+                    // as large as the program's code); the first one and the last ones are
+                    // kept whole. Without paths, a folded thread's tables learn no id.
+                    let fold = t.state.started != 0 && !self.live.is_empty() && !stopping;
+                    if !fold || t.state.paths.is_some() {
+                        self.finish_state(&mut t.state, contexts.as_ref());
+                    }
+                    if fold {
+                        self.ended.fold(t, &self.catalog);
+                    } else {
+                        self.done.push(t);
+                    }
                 } else {
                     i += 1;
                 }

@@ -124,6 +124,30 @@ fn check_counts(linkage: Linkage, hotpath_args: &[&str], tag: &str) {
     }
 }
 
+/// A program that starts and joins 512 threads (8 rounds of 64): the monitor folds each one
+/// that ends while others run (its tables are as large as the program's code), and the
+/// report's per-thread section still has every thread, whose counts add up to the totals.
+#[test]
+fn churned_threads_each_keep_their_row() {
+    let exe =
+        guest_build::build("thread_cases.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let run = run_with_report(&exe, &["many"], &scratch(), "thread_many", &[]);
+    assert_eq!(run.outcome.termination, Termination::Exited(0));
+    let json = &run.report.json;
+    let threads = json["threads"].as_array().expect("a threads section");
+    assert_eq!(threads.len(), 1 + 8 * 64, "main and every worker");
+    let mut tids: Vec<u64> = threads.iter().map(|t| as_u64(&t["tid"])).collect();
+    tids.sort_unstable();
+    tids.dedup();
+    assert_eq!(tids.len(), threads.len(), "distinct tids");
+    for field in ["events", "blocks_executed", "guest_instructions"] {
+        let sum: u64 = threads.iter().map(|t| as_u64(&t[field])).sum();
+        assert_eq!(sum, as_u64(&json["totals"][field]), "Σ threads.{field}");
+    }
+    // Every worker ran its function: none is an empty row.
+    assert!(threads.iter().all(|t| as_u64(&t["blocks_executed"]) > 0));
+}
+
 #[test]
 fn per_thread_counts_follow_the_source() {
     for linkage in [Linkage::Static, Linkage::Dynamic] {

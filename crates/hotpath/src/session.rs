@@ -671,24 +671,29 @@ fn finish_report(
     }
     let modules = ModuleMap::read(&translator.modules());
     let symbolize = |addr: u64| modules.symbolize(addr);
-    // The process's tables: every thread's counts over one id space.
+    // The process's tables: every thread's counts over one id space, the threads the
+    // monitor folded as they ended included.
     let mut tables = Tables::default();
     tables.learn_from(&result.catalog);
-    let mut threads = Vec::new();
-    let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, 0);
+    let ended = result.ended;
+    tables.merge(&ended.tables);
+    let mut threads = ended.threads;
+    let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, ended.busy_ns);
+    for (_, t) in &threads {
+        waits += t.ring_waits;
+        wait_ns += t.ring_wait_ns;
+    }
     // Path profiles are per thread (each has its shadow stack); the report shows the one of
     // the thread that ran the most events.
-    let mut paths: Option<(u64, PathRecorder)> = None;
+    let mut paths: Option<(u64, PathRecorder)> = ended.paths;
     for t in result.threads {
         tables.merge(&t.state.tables);
         waits += t.waits.waits;
         wait_ns += t.waits.wait_ns;
         busy_ns += t.state.busy_ns;
-        threads.push(thread_report(
-            t.tid,
-            &t.state.tables,
-            t.waits.waits,
-            t.waits.wait_ns,
+        threads.push((
+            t.state.started,
+            thread_report(t.tid, &t.state.tables, t.waits.waits, t.waits.wait_ns),
         ));
         if let Some(rec) = t.state.paths {
             if paths
@@ -699,6 +704,9 @@ fn finish_report(
             }
         }
     }
+    // In the order the threads started.
+    threads.sort_by_key(|&(started, _)| started);
+    let threads: Vec<_> = threads.into_iter().map(|(_, t)| t).collect();
     let stats = translator.stats();
     let run = RunInfo {
         program: program.display().to_string(),
