@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -315,6 +316,29 @@ static int case_seccomp(const char *mode)
     return 2;
 }
 
+/* Which standard descriptors are open (the test starts this case with one of them closed:
+ * `prog <&-`), then a write to descriptor 1; the findings go to descriptor 2 and, if it is
+ * open, 1. Exit 7 if the write failed. */
+static int case_std_fds(void)
+{
+    char line[128];
+    int n = 0;
+    for (int fd = 0; fd < 3; fd++) {
+        struct stat st;
+        int r = fstat(fd, &st);
+        n += snprintf(line + n, sizeof line - n, "fd%d=%s ", fd,
+                      r == 0 ? "open" : errno == EBADF ? "EBADF" : "other");
+    }
+    ssize_t w = write(1, line, n);
+    int e = errno;
+    char tail[64];
+    int m = snprintf(tail, sizeof tail, "write1=%s\n",
+                     w >= 0 ? "ok" : e == EBADF ? "EBADF" : "other");
+    if (write(2, line, n) < 0 || write(2, tail, m) < 0)
+        return 8;
+    return w >= 0 ? 0 : 7;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -330,6 +354,8 @@ int main(int argc, char **argv)
         return case_auxv();
     if (!strcmp(c, "unshare"))
         return case_unshare();
+    if (!strcmp(c, "std-fds"))
+        return case_std_fds();
     if (!strcmp(c, "unknown-syscalls"))
         return case_unknown_syscalls();
     if (!strcmp(c, "uretprobe"))

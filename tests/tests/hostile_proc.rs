@@ -101,6 +101,42 @@ fn cases_match_native() {
 
 /// `PR_SET_MM_MAP` needs no capability: an unprivileged guest sees its own command line,
 /// name and auxv too.
+/// A program started with one of descriptors 0, 1 and 2 closed (`prog <&-`, `posix_spawn`
+/// with a close action) finds it closed under hotpath too: `fstat` fails with EBADF and a
+/// write to a closed standard output fails (Rust's start-up opens `/dev/null` on closed ones;
+/// hotpath closes them again before the guest runs).
+#[test]
+fn closed_standard_descriptors_stay_closed() {
+    use std::os::unix::process::CommandExt;
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let exe = guest_build::build(SOURCE, Linkage::Static).expect("sample builds");
+    let args: &[&str] = &["std-fds"];
+    let mut problems = Vec::new();
+    for fd in 0..3 {
+        let close = move |cmd: &mut Command| {
+            // SAFETY: between fork and exec the child only closes a descriptor.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::close(fd);
+                    Ok(())
+                });
+            }
+        };
+        let mut native_cmd = native_command(&exe, args);
+        close(&mut native_cmd);
+        let native = runner::run(&mut native_cmd, CASE_TIMEOUT).expect("native run");
+        for mode in MonitorMode::ALL {
+            let mut cmd = hotpath_command(&hotpath, mode, &exe, args);
+            close(&mut cmd);
+            let translated = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
+            if let Err(e) = compare::compare_outcomes(&native, &translated) {
+                problems.push(format!("fd {fd} closed [{}]:\n{e}", mode.label()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 #[test]
 fn identity_matches_native_as_an_unprivileged_user() {
     // SAFETY: geteuid has no preconditions.
