@@ -98,6 +98,11 @@ SNIPPET(ud2, "ud2")
 SNIPPET(hlt, "hlt")
 SNIPPET(in_dx, "in %dx, %al")
 SNIPPET(cli, "cli")
+/* System instructions: #GP(0) in user mode on every x86-64 CPU (SIGSEGV, SI_KERNEL, trap 13). */
+SNIPPET(swapgs, "mov $5, %eax\n swapgs")
+SNIPPET(sysretq, "mov $5, %eax\n sysretq")
+SNIPPET(sysretl, "mov $5, %eax\n sysretl")
+SNIPPET(sysexit, "mov $5, %eax\n .byte 0x0f, 0x35")
 SNIPPET(bad_opcode, ".byte 0x06")
 /* Page faults: read, write, fetch; unmapped, PROT_NONE, read-only, not executable. */
 SNIPPET(read_hole, "mov $0x500300002010, %rax\n mov (%rax), %rbx")
@@ -205,6 +210,10 @@ static struct code_case builtin[] = {
     CASE(hlt, AT_START),
     CASE(in_dx, AT_START),
     CASE(cli, AT_START),
+    CASE(swapgs, AT_START),
+    CASE(sysretq, AT_START),
+    CASE(sysretl, AT_START),
+    CASE(sysexit, AT_START),
     CASE(bad_opcode, AT_START),
     CASE(read_hole, AT_START),
     CASE(write_hole, AT_START),
@@ -270,7 +279,8 @@ static const unsigned char *const builtin_ends[] = {
     case_nothing_end, case_div_zero_end, case_idiv_overflow_end, case_div8_zero_end,
     case_divss_unmasked_end, case_divss_masked_end, case_x87_unmasked_end, case_int3_end,
     case_int_3_long_end, case_icebp_end, case_int_4_end, case_int_0x21_end, case_into_end,
-    case_ud2_end, case_hlt_end, case_in_dx_end, case_cli_end, case_bad_opcode_end,
+    case_ud2_end, case_hlt_end, case_in_dx_end, case_cli_end, case_swapgs_end, case_sysretq_end, case_sysretl_end,
+    case_sysexit_end, case_bad_opcode_end,
     case_read_hole_end, case_write_hole_end, case_read_none_end, case_write_none_end,
     case_read_ro_end, case_write_ro_end, case_async_signal_end, case_rmw_ro_end, case_push_ro_end, case_jump_nx_end,
     case_call_hole_end, case_jump_none_end, case_read_null_end, case_read_kernel_end,

@@ -137,9 +137,7 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
             // With protection keys, PKRU also governs hotpath's own memory (key 0): the
             // dispatcher checks the value first (see `special`). Without them it is #UD.
             Mnemonic::Wrpkru if crate::special::host_pku() => trap(TrapKind::Unsupported),
-            Mnemonic::Sysenter | Mnemonic::Sysexit | Mnemonic::Sysret | Mnemonic::Swapgs => {
-                trap(TrapKind::Undefined)
-            }
+            _ if crate::special::is_system_instruction(inst) => trap(TrapKind::Unsupported),
             _ => None,
         },
         FlowControl::UnconditionalBranch if inst.is_jmp_short_or_near() => Some(Terminator::Jump {
@@ -177,6 +175,7 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
             Code::Int_imm8 if inst.immediate8() == 0x80 => trap(TrapKind::Unsupported),
             _ => trap(TrapKind::Privileged),
         },
+        _ if crate::special::is_system_instruction(inst) => trap(TrapKind::Unsupported),
         FlowControl::Exception => trap(TrapKind::Undefined),
         // Far transfers, iret, xbegin/xabort and anything else that changes control in ways
         // a user-mode x86-64 Linux program does not use.

@@ -233,6 +233,13 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
         out
     };
     match i.mnemonic() {
+        _ if is_system_instruction(i) => match probe_system_instruction(at, i.len()) {
+            Some(f) => Action::Raise(f),
+            None => Action::Refuse(format!(
+                "{} (a system instruction that does not fault on this machine)",
+                text()
+            )),
+        },
         Mnemonic::Retf => far_return(i, at, area, &text()),
         Mnemonic::Iretq => iretq(at, area),
         Mnemonic::Xbegin if !xbegin_runs() => {
@@ -272,6 +279,166 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
         )),
         _ => Action::Refuse(text()),
     }
+}
+
+/// Whether `i` is a system instruction whose fault in user mode differs between machines (by
+/// vendor, or by hypervisor: `sysenter` is #UD on AMD in 64-bit mode and a compat system call
+/// entry on Intel; `vmcall` and `vmmcall` are what the hypervisor makes of them), or that
+/// faults without exception on every one (`swapgs`, `sysret`, `sysexit`: #GP), which
+/// [`probe_system_instruction`] finds out on this machine.
+pub fn is_system_instruction(i: &Instruction) -> bool {
+    matches!(
+        i.mnemonic(),
+        Mnemonic::Swapgs
+            | Mnemonic::Sysret
+            | Mnemonic::Sysretq
+            | Mnemonic::Sysexit
+            | Mnemonic::Sysexitq
+            | Mnemonic::Sysenter
+            | Mnemonic::Vmcall
+            | Mnemonic::Vmmcall
+    )
+}
+
+/// What the system instruction at guest `at` (`len` bytes) does in user mode on this machine,
+/// probed once per instruction encoding by running it in a forked child with a handler for
+/// every fault signal: the fault to raise in the guest, exactly as the kernel reported it to
+/// the child (signal, `si_code`, address and RIP relative to the instruction, trap number,
+/// error code), or `None` if it did not fault there (a hypervisor that answers `vmmcall`).
+fn probe_system_instruction(at: u64, len: usize) -> Option<GuestFault> {
+    static PROBED: std::sync::Mutex<Vec<(Vec<u8>, Option<[u64; 6]>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut bytes = [0u8; 15];
+    let n = guest_mem::read_partial(at, &mut bytes).min(len);
+    let bytes = bytes[..n].to_vec();
+    let found = {
+        let mut probed = PROBED.lock().unwrap_or_else(|e| e.into_inner());
+        match probed.iter().find(|(b, _)| *b == bytes) {
+            Some((_, r)) => *r,
+            None => {
+                let r = probe_in_child(&bytes);
+                probed.push((bytes, r));
+                r
+            }
+        }
+    };
+    let [sig, code, addr_off, rip_off, trapno, err] = found?;
+    let addr = if addr_off == u64::MAX {
+        0
+    } else {
+        at.wrapping_add(addr_off)
+    };
+    let mut f = fault(
+        sig as i32,
+        code as i32,
+        addr,
+        at.wrapping_add(rip_off),
+        trapno,
+        err,
+    );
+    // A trap reports the next instruction with RF clear, a fault the instruction with RF set.
+    f.trap.rf = rip_off == 0;
+    Some(f)
+}
+
+/// Runs `code` (one instruction) in a forked child: `[signal, si_code, si_addr − start
+/// (u64::MAX for none), RIP − start, trap number, error code]` of the fault it raised, or
+/// `None` if it ran on (or the probe could not run).
+fn probe_in_child(code: &[u8]) -> Option<[u64; 6]> {
+    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+    static START: AtomicU64 = AtomicU64::new(0);
+    static PIPE: AtomicI32 = AtomicI32::new(-1);
+    extern "C" fn on_fault(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        let start = START.load(Ordering::Relaxed);
+        // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
+        let (addr, g) = unsafe {
+            (
+                (*info).si_addr() as u64,
+                (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs,
+            )
+        };
+        let code = unsafe { (*info).si_code };
+        let out: [u64; 6] = [
+            sig as u64,
+            code as u64,
+            if addr == 0 {
+                u64::MAX
+            } else {
+                addr.wrapping_sub(start)
+            },
+            (g[libc::REG_RIP as usize] as u64).wrapping_sub(start),
+            g[libc::REG_TRAPNO as usize] as u64,
+            g[libc::REG_ERR as usize] as u64,
+        ];
+        // SAFETY: async-signal-safe; the child ends here.
+        unsafe {
+            libc::write(PIPE.load(Ordering::Relaxed), out.as_ptr().cast(), 48);
+            libc::_exit(0);
+        }
+    }
+    let mut fds = [0i32; 2];
+    // SAFETY: a pipe for the child's answer; both ends are closed below.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    let code = code.to_vec();
+    // SAFETY: the child maps a page, installs handlers, runs the instruction and `_exit`s, all
+    // async-signal-safe (no allocation: `code` was copied before the fork).
+    let status = run_in_child(|| unsafe {
+        PIPE.store(fds[1], Ordering::Relaxed);
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        ) as *mut u8;
+        if page as *mut libc::c_void == libc::MAP_FAILED {
+            libc::_exit(2);
+        }
+        std::ptr::copy_nonoverlapping(code.as_ptr(), page, code.len());
+        // `ret` after it: an instruction that runs on comes back here.
+        *page.add(code.len()) = 0xc3;
+        START.store(page as u64, Ordering::Relaxed);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_fault as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGBUS,
+            libc::SIGFPE,
+        ] {
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        // The 32-bit system call `sysenter` may become on some CPUs: getpid's number there.
+        std::arch::asm!(
+            "call {page}",
+            page = in(reg) page,
+            inout("eax") 20 => _,
+            out("rcx") _,
+            out("rdx") _,
+            out("r11") _,
+            clobber_abi("C"),
+        );
+        libc::_exit(1);
+    });
+    let mut out = [0u64; 6];
+    // SAFETY: reading what the child wrote (48 bytes, or nothing); the ends are ours.
+    let n = unsafe {
+        libc::close(fds[1]);
+        let n = libc::read(fds[0], out.as_mut_ptr().cast(), 48);
+        libc::close(fds[0]);
+        n
+    };
+    let exited = status.is_some_and(|s| libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 0);
+    (exited && n == 48).then_some(out)
 }
 
 /// EFLAGS.TF: single-step (a #DB trap after each instruction).
@@ -715,6 +882,17 @@ mod tests {
         assert!(!canonical(0x8000_0000_0000_0000));
         assert!(canonical(0xffff_8000_0000_0000));
         assert!(canonical(VSYSCALL_PAGE));
+    }
+
+    /// `swapgs` faults with #GP(0) in user mode on every x86-64 CPU: the probe reports
+    /// SIGSEGV, SI_KERNEL, no address, at the instruction, trap 13, error code 0.
+    #[test]
+    fn system_instruction_probe_reports_the_kernels_signal() {
+        let got = probe_in_child(&[0x0f, 0x01, 0xf8]);
+        assert_eq!(
+            got,
+            Some([libc::SIGSEGV as u64, SI_KERNEL as u64, u64::MAX, 0, 13, 0])
+        );
     }
 
     /// The probe sees one of the two answers machines give: it runs, traps and reports.
