@@ -755,6 +755,35 @@ fn dynamic_mutants_match_the_kernel() {
     );
 }
 
+/// A static (`ET_EXEC`) program whose PT_INTERP names a static program at the same addresses:
+/// the kernel maps the interpreter over the program and starts it (hotpath once refused with
+/// "cannot map ... File exists"). The PT_NOTE header becomes the PT_INTERP, its path written
+/// over the note's bytes.
+#[test]
+fn static_interpreter_over_a_static_program_matches_the_kernel() {
+    let base = base_bytes(Linkage::Static);
+    write_exe(&corpus_dir().join("i-static"), &base);
+    let phoff = get(&base, 32, 8) as usize;
+    let phnum = get(&base, 56, 2) as usize;
+    let note = (0..phnum)
+        .map(|i| phoff + i * PHDR_SIZE)
+        .find(|&p| get(&base, p, 4) == 4)
+        .expect("a PT_NOTE");
+    let off = get(&base, note + 8, 8) as usize;
+    let mut b = base.clone();
+    let path = b"i-static\0";
+    b[off..off + path.len()].copy_from_slice(path);
+    put(&mut b, note, 4, PT_INTERP);
+    put(&mut b, note + 32, 8, path.len() as u64);
+    put(&mut b, note + 40, 8, path.len() as u64);
+    let cases = vec![Mutant::new("static-interp-over-program".into(), &base, &b)];
+    let problems = run_corpus("static-interp", &base, cases);
+    assert!(
+        problems.is_empty(),
+        "hotpath differs from the kernel:\n{problems}"
+    );
+}
+
 /// `execve` of a FIFO fails with EACCES; opening it to read its header would wait for a writer.
 #[test]
 fn fifo_is_refused() {

@@ -203,7 +203,11 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         return Err(killed(format!("entry point {entry:#x} outside user space")));
     }
     let interpreter = match interp {
-        Some(opened) => Some(load_interpreter(&abs, opened)?),
+        Some(opened) => Some(load_interpreter(
+            &abs,
+            opened,
+            (base, hi.wrapping_add(load_bias)),
+        )?),
         None => None,
     };
     let image_end = hi.wrapping_add(load_bias);
@@ -355,7 +359,15 @@ fn open_interpreter(program: &Path, interp: &Path) -> Result<OpenedInterpreter, 
 
 /// Loads the interpreter opened by [`open_interpreter`] wherever there is room (past the
 /// kernel's point of no return: a failure kills the process).
-fn load_interpreter(program: &Path, opened: OpenedInterpreter) -> Result<Interpreter, LoadError> {
+/// Maps the interpreter `opened` of `program`, whose image is at `[program_range.0,
+/// program_range.1)`. An `ET_EXEC` interpreter goes at its own addresses over whatever of the
+/// program is there, as the kernel maps it (`MAP_FIXED`, `load_elf_interp`); anywhere else it
+/// must find the room free.
+fn load_interpreter(
+    program: &Path,
+    opened: OpenedInterpreter,
+    program_range: (u64, u64),
+) -> Result<Interpreter, LoadError> {
     let killed = |reason: String| LoadError::Killed {
         path: program.to_path_buf(),
         reason: format!("interpreter {}: {reason}", opened.path.display()),
@@ -381,6 +393,15 @@ fn load_interpreter(program: &Path, opened: OpenedInterpreter) -> Result<Interpr
         ElfKind::StaticPie => Placement::Anywhere,
     };
     let (lo, hi) = plan.span;
+    if placement == Placement::Fixed {
+        // The part of the program it covers is replaced (the rest must be free, below).
+        let (s, e) = (lo.max(program_range.0), hi.min(program_range.1));
+        if s < e {
+            // SAFETY: unmaps only the program's own image, which the interpreter replaces
+            // as it does natively; nothing of hotpath's is in that range.
+            unsafe { libc::munmap(s as *mut c_void, (e - s) as usize) };
+        }
+    }
     // The kernel does not align an interpreter to its p_align.
     let base =
         reserve(&opened.path, placement, lo, hi - lo, PAGE_SIZE).map_err(|e| killed(e.reason()))?;
