@@ -11,6 +11,7 @@
 #include <linux/seccomp.h>
 #include <pthread.h>
 #include <sched.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #ifndef PR_GET_AUXV
@@ -316,6 +318,63 @@ static int case_seccomp(const char *mode)
     return 2;
 }
 
+/* The time-stamp counter turned off for the thread (prctl PR_SET_TSC): rdtsc and rdtscp then
+ * raise SIGSEGV (#GP), reported here field by field; PR_GET_TSC says the mode; turned on again
+ * they run; a bad mode is EINVAL. The program's own work goes on meanwhile. */
+static sigjmp_buf tsc_back;
+static volatile int tsc_sig, tsc_code;
+static volatile long long tsc_trapno, tsc_err;
+
+static void tsc_handler(int sig, siginfo_t *si, void *uc_)
+{
+    ucontext_t *uc = uc_;
+    tsc_sig = sig;
+    tsc_code = si->si_code;
+    tsc_trapno = uc->uc_mcontext.gregs[REG_TRAPNO];
+    tsc_err = uc->uc_mcontext.gregs[REG_ERR];
+    siglongjmp(tsc_back, 1);
+}
+
+static void tsc_try(const char *what, int rdtscp)
+{
+    tsc_sig = 0;
+    if (!sigsetjmp(tsc_back, 1)) {
+        unsigned lo, hi, aux;
+        if (rdtscp)
+            __asm__ volatile("rdtscp" : "=a"(lo), "=d"(hi), "=c"(aux));
+        else
+            __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+        printf("%s: ran\n", what);
+    } else {
+        printf("%s: sig=%d code=%d trapno=%lld err=%lld\n", what, tsc_sig, tsc_code, tsc_trapno,
+               tsc_err);
+    }
+}
+
+static int case_tsc(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = tsc_handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    int mode = -1;
+    int r = prctl(PR_GET_TSC, &mode);
+    printf("get: %d mode %d\n", r, mode);
+    tsc_try("rdtsc enabled", 0);
+    printf("set sigsegv: %d\n", prctl(PR_SET_TSC, PR_TSC_SIGSEGV));
+    r = prctl(PR_GET_TSC, &mode);
+    printf("get: %d mode %d\n", r, mode);
+    tsc_try("rdtsc", 0);
+    tsc_try("rdtscp", 1);
+    r = prctl(PR_SET_TSC, 7);
+    int e = errno;
+    printf("set 7: %d errno %d\n", r, e);
+    printf("set enable: %d\n", prctl(PR_SET_TSC, PR_TSC_ENABLE));
+    tsc_try("rdtsc again", 0);
+    return 0;
+}
+
 /* Which standard descriptors are open (the test starts this case with one of them closed:
  * `prog <&-`), then a write to descriptor 1; the findings go to descriptor 2 and, if it is
  * open, 1. Exit 7 if the write failed. */
@@ -354,6 +413,8 @@ int main(int argc, char **argv)
         return case_auxv();
     if (!strcmp(c, "unshare"))
         return case_unshare();
+    if (!strcmp(c, "tsc"))
+        return case_tsc();
     if (!strcmp(c, "std-fds"))
         return case_std_fds();
     if (!strcmp(c, "unknown-syscalls"))

@@ -24,6 +24,7 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The cases whose hotpath run must equal the native run.
 const SAME_AS_NATIVE: &[&[&str]] = &[
     &["comm"],
+    &["tsc"],
     &["cmdline"],
     &["auxv"],
     &["unknown-syscalls"],

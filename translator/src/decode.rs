@@ -138,6 +138,11 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
             // dispatcher checks the value first (see `special`). Without them it is #UD.
             Mnemonic::Wrpkru if crate::special::host_pku() => trap(TrapKind::Unsupported),
             _ if crate::special::is_system_instruction(inst) => trap(TrapKind::Unsupported),
+            // With the time-stamp counter disabled (`PR_SET_TSC`): #GP, as in user mode with
+            // CR4.TSD set.
+            Mnemonic::Rdtsc | Mnemonic::Rdtscp if crate::special::tsc_sigsegv() => {
+                trap(TrapKind::Privileged)
+            }
             _ => None,
         },
         FlowControl::UnconditionalBranch if inst.is_jmp_short_or_near() => Some(Terminator::Jump {

@@ -378,7 +378,9 @@ impl Translator {
             clone,
             mask,
             reply,
+            tsc_sigsegv,
         } = start;
+        crate::special::set_tsc_sigsegv(tsc_sigsegv);
         let built = (|| {
             let host = HostFeatures::detect()?;
             // A thread's memory serves a new one once the monitor has let go of its ring.
@@ -1383,6 +1385,7 @@ impl Translator {
             clone,
             mask: crate::linux::signals::guest_mask(),
             reply: tx,
+            tsc_sigsegv: crate::special::tsc_sigsegv(),
         };
         if let Err(e) = spawner(start) {
             return -(e.raw_os_error().unwrap_or(libc::EAGAIN) as i64);

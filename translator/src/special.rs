@@ -281,6 +281,24 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
     }
 }
 
+thread_local! {
+    /// The guest thread disabled its time-stamp counter (`prctl(PR_SET_TSC,
+    /// PR_TSC_SIGSEGV)`): its `rdtsc` and `rdtscp` raise #GP as the kernel's CR4.TSD makes
+    /// them do. Emulated, not passed on: the kernel's setting would stop hotpath's own clock.
+    static TSC_SIGSEGV: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this guest thread's `rdtsc` and `rdtscp` fault ([`set_tsc_sigsegv`]).
+pub fn tsc_sigsegv() -> bool {
+    TSC_SIGSEGV.with(|t| t.get())
+}
+
+/// Sets this guest thread's time-stamp counter mode (`PR_SET_TSC`; a new thread inherits its
+/// creator's). The caller discards translations made under the other mode.
+pub fn set_tsc_sigsegv(on: bool) {
+    TSC_SIGSEGV.with(|t| t.set(on));
+}
+
 /// Whether `i` is a system instruction whose fault in user mode differs between machines (by
 /// vendor, or by hypervisor: `sysenter` is #UD on AMD in 64-bit mode and a compat system call
 /// entry on Intel; `vmcall` and `vmmcall` are what the hypervisor makes of them), or that

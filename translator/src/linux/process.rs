@@ -195,6 +195,8 @@ pub struct ThreadStart {
     pub(crate) mask: u64,
     /// The child sends its tid here once it can run (or the error that stopped it).
     pub(crate) reply: Sender<Result<u32, String>>,
+    /// The creator's time-stamp counter mode (`PR_SET_TSC`), which the child inherits.
+    pub(crate) tsc_sigsegv: bool,
 }
 
 /// Creates a host thread for a new guest thread (given by the embedder).

@@ -672,8 +672,34 @@ fn sys_seccomp(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome
 }
 
 fn sys_prctl(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
-    match a[0] {
-        seccomp::PR_SET_SECCOMP => Outcome::Return(seccomp::prctl_set_seccomp(p, a)),
+    match a[0] as i32 {
+        x if x as u64 == seccomp::PR_SET_SECCOMP => {
+            Outcome::Return(seccomp::prctl_set_seccomp(p, a))
+        }
+        // The time-stamp counter setting is the thread's and is emulated: the kernel's would
+        // make hotpath's own clock (the vDSO's `rdtscp`) fault.
+        libc::PR_GET_TSC => {
+            let mode = if crate::special::tsc_sigsegv() {
+                libc::PR_TSC_SIGSEGV
+            } else {
+                libc::PR_TSC_ENABLE
+            };
+            Outcome::Return(guest_mem::write(a[1], &mode.to_le_bytes()).map_or_else(|e| e, |_| 0))
+        }
+        libc::PR_SET_TSC => {
+            let on = match a[1] as i32 {
+                libc::PR_TSC_ENABLE => false,
+                libc::PR_TSC_SIGSEGV => true,
+                _ => return Outcome::Return(-(libc::EINVAL as i64)),
+            };
+            if on != crate::special::tsc_sigsegv() {
+                crate::special::set_tsc_sigsegv(on);
+                // Translations made under the other mode: this thread's go (its code cache
+                // is its own).
+                p.invalidate.push((0, 1 << 47));
+            }
+            Outcome::Return(0)
+        }
         _ => Outcome::Return(guest_syscall(157, a)),
     }
 }
