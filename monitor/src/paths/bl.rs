@@ -39,6 +39,7 @@
 
 use hotpath_events::{is_context, is_id};
 
+use super::fast::repeat_run_end;
 use super::ids::{cache_slot, FxMap, NONE, SETTLED};
 use super::memo::EventInfo;
 use super::numbering::{NumberedEnd, NumberedPath, NumberedStart, Numbering};
@@ -1571,17 +1572,9 @@ impl PathRecorder {
                 f.node = s.node;
             }
             OP_KONST => {
-                let a = &mut self.stack[n];
-                a.path_ends += s.ret_node as u64;
-                if a.pap != NONE {
-                    for x in s.a..s.a + s.ret_node as u64 {
-                        if self.stack[n].pap == NONE {
-                            break;
-                        }
-                        let (f, id) = self.bl.konst[x as usize];
-                        let p = self.bl_path_number(f, id);
-                        self.pap_runs.push(&mut self.stack[n], p);
-                    }
+                self.stack[n].path_ends += s.ret_node as u64;
+                if self.stack[n].pap != NONE {
+                    self.bl_konst_pap(n, s);
                 }
                 let f = &mut self.bl.frames[n];
                 f.r = s.b;
@@ -1591,92 +1584,15 @@ impl PathRecorder {
                 if self.stack.len() >= self.stack_cap() {
                     return Err(s.pos);
                 }
-                let parent = self.stack[n].call_node;
-                let mut call_node =
-                    cached_call_child(&self.calltree, &self.call_cache, parent, s.func);
-                if call_node == NONE {
-                    call_node = self.call_child(parent, s.func);
-                }
-                let fun = &mut self.funcs[s.func as usize];
-                fun.activations += 1;
-                let pap = if fun.path_ends >= self.config.pap_threshold {
-                    self.pap_runs.root(fun)
-                } else {
-                    NONE
-                };
-                self.stack.push(Activation {
-                    func: s.func,
-                    return_to: s.return_to,
-                    cur: IN_BL,
-                    len: 0,
-                    blocks: 0,
-                    instructions: 0,
-                    path_ends: 0,
-                    last_addr: 0,
-                    pap,
-                    pap_len: 0,
-                    call_node,
-                    resume: NONE,
-                });
-                let caller = &mut self.bl.frames[n];
-                caller.ret_node = s.ret_node;
-                caller.ret_add = s.ret_add;
-                self.bl.frames.push(Frame {
-                    r: s.a.wrapping_add(s.b),
-                    node: s.node,
-                    ..NO_FRAME
-                });
+                self.bl_call(n, s);
             }
             OP_RET => {
-                // A plain return (the guest's contexts announce any other): to the frame
-                // below, which must be in the function the program expects, numbered, and
-                // at the call whose return point this is.
-                if n < 1 {
+                if !self.bl_return_ok(n, s) {
                     return Err(s.pos);
                 }
-                let below = self.stack[n - 1];
-                if s.func != NONE {
-                    if below.func != s.func || below.cur == NONE {
-                        return Err(s.pos);
-                    }
-                    if n - 1 < self.bl.low {
-                        // The caller is in trie form: it goes to Ball-Larus form.
-                        if !self.bl_number(below.func, false) {
-                            return Err(s.pos);
-                        }
-                        let Some(r) = self.bl_register(below.cur) else {
-                            return Err(s.pos);
-                        };
-                        let node = self.trie[below.cur as usize].node;
-                        let bf = self.bl.func(below.func).expect("just numbered");
-                        let Some(&ret_add) = bf.fwd.get(&(node, s.ret_node)) else {
-                            return Err(s.pos);
-                        };
-                        self.to_bl_form(n - 1);
-                        self.bl.frames[n - 1] = Frame {
-                            r,
-                            node,
-                            ret_node: s.ret_node,
-                            ret_add,
-                        };
-                        self.bl.low = n - 1;
-                    } else if self.bl.frames[n - 1].ret_node != s.ret_node {
-                        return Err(s.pos);
-                    }
-                }
-                let callee = self.bl.frames.pop().expect("the callee's frame");
-                let id = callee.r.wrapping_add(s.a);
-                let mut a = self.stack.pop().expect("the callee");
-                self.bl.count(a.func, id);
-                let node = &mut self.calltree[a.call_node as usize];
-                node.blocks += a.blocks;
-                node.instructions += a.instructions;
-                self.funcs[a.func as usize].path_ends += a.path_ends + 1;
-                if a.pap != NONE {
-                    let pn = self.bl_path_number(a.func, id);
-                    self.pap_runs.push(&mut a, pn);
-                    self.pap_runs.end(&a);
-                }
+                let id = self.bl.frames[n].r.wrapping_add(s.a);
+                self.bl.count(self.stack[n].func, id);
+                self.bl_pop(id);
                 let f = &mut self.bl.frames[n - 1];
                 f.r = f.r.wrapping_add(f.ret_add).wrapping_add(s.b);
                 f.node = s.node;
@@ -1812,21 +1728,4 @@ fn bl_fast(
         (regs.r, regs.prev_run, regs.blocks_ends, regs.instr) = (r, prev_run, be, instr);
     }
     i
-}
-
-/// Where a run of event `e` that repeats from `events[next]` on ends: the index of the first
-/// event that is not a repeat. A superblock's run stops before its last repeat, whose next
-/// event says whether it left early.
-#[inline(always)]
-fn repeat_run_end(events: &[u32], mut next: usize, e: u32, is_superblock: bool) -> usize {
-    if is_superblock {
-        while events.get(next) == Some(&e) && events.get(next + 1) == Some(&e) {
-            next += 1;
-        }
-    } else {
-        while events.get(next) == Some(&e) {
-            next += 1;
-        }
-    }
-    next
 }

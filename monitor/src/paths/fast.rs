@@ -46,7 +46,12 @@ fn event_at(events: &[u32], i: usize, infos: &[EventInfo]) -> Option<(u32, Event
 /// event, already taken once): the index of the first event that is not a repeat. A
 /// superblock's run stops before its last repeat, whose next event says whether it left early.
 #[inline(always)]
-fn repeat_run_end(events: &[u32], mut next: usize, e: u32, is_superblock: bool) -> usize {
+pub(crate) fn repeat_run_end(
+    events: &[u32],
+    mut next: usize,
+    e: u32,
+    is_superblock: bool,
+) -> usize {
     if is_superblock {
         while events.get(next) == Some(&e) && events.get(next + 1) == Some(&e) {
             next += 1;
