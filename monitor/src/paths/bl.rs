@@ -188,6 +188,10 @@ const NO_SLOT: Slot = Slot {
 const HOT_ADD: u8 = 0;
 const HOT_END: u8 = 1;
 const HOT_STEPS: u8 = 2;
+/// A call (`[FWD?, CALL]`) or a return out of the program (`[FWD?, RET]`): taken in the
+/// general loop without the steps' dispatch.
+const HOT_CALL: u8 = 3;
+const HOT_RET: u8 = 4;
 
 /// An activation in Ball-Larus form: its register, its last block's node, and, while it
 /// calls, the node of the return point and the increment of the edge there.
@@ -529,6 +533,57 @@ impl PathRecorder {
                     continue;
                 }
             }
+            let room = h.kind == HOT_RET || self.stack.len() < self.stack_cap();
+            if p != NONE && h.kind >= HOT_CALL && room {
+                let prog = self.bl.programs[p as usize];
+                let st = self.bl.steps[(prog.start + prog.len - 1) as usize];
+                // The forward edges before the call or return, if the run has any.
+                let pre = (prog.len == 2).then(|| self.bl.steps[prog.start as usize]);
+                let (add, pre_blocks, pre_instr) =
+                    pre.map_or((0, 0, 0), |s| (s.b, s.blocks, s.instr));
+                if h.kind == HOT_CALL {
+                    r = r.wrapping_add(add);
+                    blocks += pre_blocks as u64;
+                    instr += pre_instr as u64;
+                    if let Some(s) = pre {
+                        (prev, node) = (s.last, s.node);
+                    }
+                    write_back!();
+                    self.bl_call(n, &st);
+                    n += 1;
+                    (func, pap, base, r, _) = self.bl_regs(n);
+                    blocks += st.blocks as u64;
+                    instr += st.instr as u64;
+                    (prev, node) = (st.last, st.node);
+                    prev_run = run;
+                    i += taken;
+                    continue;
+                }
+                if n >= 1 && self.bl_return_ok_fast(n, &st) {
+                    r = r.wrapping_add(add);
+                    blocks += pre_blocks as u64;
+                    instr += pre_instr as u64;
+                    write_back!();
+                    let id = r.wrapping_add(st.a);
+                    if base != NONE {
+                        self.bl.counts[base as usize + id as usize] += 1;
+                    } else {
+                        self.bl.count(func, id);
+                    }
+                    self.bl_pop(id);
+                    n -= 1;
+                    (func, pap, base, r, _) = self.bl_regs(n);
+                    let f = &mut self.bl.frames[n];
+                    r = r.wrapping_add(f.ret_add).wrapping_add(st.b);
+                    f.ret_node = NONE;
+                    blocks += st.blocks as u64;
+                    instr += st.instr as u64;
+                    (prev, node) = (st.last, st.node);
+                    prev_run = run;
+                    i += taken;
+                    continue;
+                }
+            }
             if p == NONE {
                 write_back!();
                 let program = self.bl_program(run, self.memo.events[run as usize], tables);
@@ -776,6 +831,14 @@ impl PathRecorder {
         };
         self.bl.low = n - 1;
         true
+    }
+
+    /// [`PathRecorder::bl_return_ok`] when the caller is in Ball-Larus form already.
+    #[inline]
+    fn bl_return_ok_fast(&self, n: usize, st: &Step) -> bool {
+        n - 1 >= self.bl.low
+            && self.stack[n - 1].func == st.func
+            && self.bl.frames[n - 1].ret_node == st.ret_node
     }
 
     /// Pops the top activation, whose exit path `id` is counted, as `pop_activation` does:
@@ -1234,7 +1297,16 @@ impl PathRecorder {
         // ones end constant paths, as `r` is then known) and a constant register after it.
         let steps = &self.bl.steps[start as usize..];
         let backs = steps.iter().filter(|s| s.op == OP_BACK).count();
-        let (kind, add, r_after) = if !intra || blocks > u16::MAX as u32 {
+        let shape = |op: u8| match steps {
+            [s] => s.op == op,
+            [f, s] => f.op == OP_FWD && s.op == op,
+            _ => false,
+        };
+        let (kind, add, r_after) = if shape(OP_CALL) {
+            (HOT_CALL, 0, 0)
+        } else if shape(OP_RET) && steps[steps.len() - 1].func != NONE {
+            (HOT_RET, 0, 0)
+        } else if !intra || blocks > u16::MAX as u32 {
             (HOT_STEPS, 0, 0)
         } else if backs == 0 {
             (
@@ -1696,7 +1768,7 @@ fn bl_fast(
             }
             (q, &t.hot[q as usize])
         };
-        if h.epoch != epoch || h.func != func || h.kind == HOT_STEPS {
+        if h.epoch != epoch || h.func != func || h.kind >= HOT_STEPS {
             break;
         }
         if run == prev_run && h.selfrep && r == h.r_after {
