@@ -238,6 +238,8 @@ pub const SAMPLES: &[Sample] = &[
         "SIGTERM reaching a child as it enters pause()"),
     sample("fork_exec", "fork_exec.c", &[], Exit(0),
         "fork + execve of /bin/echo, a failing exec, execvp, /bin/sh, /proc/self/exe"),
+    sample("fork_exec_kill_early", "fork_exec.c", &["kill-early"], Exit(0),
+        "SIGTERM reaching a child before, during or just after its execve: it dies of it"),
     sample("sigchld", "sigchld.c", &[], Exit(0),
         "a SIGCHLD handler reaping and counting children; CLD_STOPPED/CONTINUED/EXITED"),
     sample("sigchld_sigsuspend", "sigchld.c", &["sigsuspend"], Exit(0),

@@ -59,6 +59,7 @@ sample_tests! {
     fork_wait,
     fork_kill_paused,
     fork_exec,
+    fork_exec_kill_early,
     sigchld,
     sigchld_sigsuspend,
     cpu_features,

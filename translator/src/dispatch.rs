@@ -188,6 +188,15 @@ pub enum Forked {
     Child,
 }
 
+/// A guest `execve` waiting for the session to write the profile (see `Translator::exec`).
+struct ExecRequest {
+    nr: u64,
+    args: [u64; 6],
+    at: u64,
+    rcx: u64,
+    r11: u64,
+}
+
 /// One guest thread's translator.
 pub struct Translator {
     area: &'static mut ThreadArea,
@@ -205,8 +214,10 @@ pub struct Translator {
     stats: Stats,
     /// Where `run` goes on.
     next: Next,
-    /// The pending `execve` arguments (`nr`, args).
-    exec_request: Option<(u64, [u64; 6])>,
+    /// The pending `execve`: `nr`, its arguments, the guest address of its `syscall`
+    /// instruction and the guest's RCX and R11 before it (to make the call again after a
+    /// signal that came first).
+    exec_request: Option<ExecRequest>,
     /// The pending `fork`'s `clone` arguments.
     fork_request: Option<CloneArgs>,
     /// How to run an exec'd program under hotpath (`None`: natively).
@@ -862,10 +873,19 @@ impl Translator {
     /// Performs the guest's pending `execve` (after [`Stop::Exec`]). Returns only if it
     /// failed; the guest then sees the error and `run` goes on.
     pub fn exec(&mut self) {
-        if let Some((nr, args)) = self.exec_request.take() {
+        if let Some(r) = self.exec_request.take() {
             let ret =
-                crate::linux::exec::exec(&self.process, self.exec_wrapper.as_ref(), nr, &args);
-            self.area.gpr[thread_area::RAX] = ret as u64;
+                crate::linux::exec::exec(&self.process, self.exec_wrapper.as_ref(), r.nr, &r.args);
+            if ret == GATE_REFUSED {
+                // A signal came before the call (while the profile was written, say): it is
+                // delivered first, then the `syscall` instruction runs again, as natively.
+                // Made anyway, the new image would never see it.
+                self.area.gpr[thread_area::RCX] = r.rcx;
+                self.area.gpr[thread_area::R11] = r.r11;
+                self.next = Next::Guest(r.at);
+            } else {
+                self.area.gpr[thread_area::RAX] = ret as u64;
+            }
         }
     }
 
@@ -1338,7 +1358,13 @@ impl Translator {
             Outcome::Exit(exit) => Ok(Err(Stop::Exit(exit))),
             Outcome::Unsupported(message) => Err(TranslateError::UnsupportedSyscall { message }),
             Outcome::Exec => {
-                self.exec_request = Some((nr, args));
+                self.exec_request = Some(ExecRequest {
+                    nr,
+                    args,
+                    at,
+                    rcx,
+                    r11,
+                });
                 self.next = Next::Guest(next);
                 Ok(Err(Stop::Exec))
             }
@@ -1498,6 +1524,9 @@ impl Translator {
                 ));
                 self.ctl = ctl.clone();
                 shared.after_fork_child(hold, ctl);
+                // The parent's pending signals are not the child's; this is done before the
+                // guest's mask is back, so a signal sent to the child from now on stays.
+                self.process.signals.after_fork_child();
             }
             pid
         };
@@ -1534,7 +1563,6 @@ impl Translator {
         self.area.gpr[thread_area::RAX] = 0;
         self.cache.adopt(copy)?;
         self.process.signals.set_rw_delta(self.cache.rw_delta());
-        self.process.signals.after_fork_child();
         // The child has a monitor of its own, which knows none of the parent's numberings: its
         // instrumented code goes (the guest goes on by guest address, `next`).
         self.forget_instrumentation();

@@ -12,7 +12,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::guest_mem;
-use crate::linux::host::guest_syscall;
+use crate::linux::host::gated_syscall;
 use crate::linux::thread::GuestThread;
 
 /// How to run a new program under hotpath: `hotpath` with `args` before the program.
@@ -36,8 +36,9 @@ const MAX_ARG_COUNT: usize = 1 << 17;
 /// Performs the guest's `execve` (`nr` 59) or `execveat` (322) with `args`, under hotpath when
 /// `wrapper` is given, the guest has installed no seccomp filter, and the file is one the
 /// kernel would run, else as the guest asked (with
-/// `/proc/self/exe` meaning the guest's program). Returns only on failure, with the negative
-/// errno.
+/// `/proc/self/exe` meaning the guest's program), through the syscall gate. Returns only on
+/// failure, with the negative errno, or with `GATE_REFUSED` when a signal is waiting (the
+/// call was not made: the signal comes first).
 pub fn exec(p: &GuestThread, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64; 6]) -> i64 {
     // Under the guest's own seccomp filter a new hotpath could not run: the program runs
     // untranslated (`seccomp::guest_filter_installed`).
@@ -53,7 +54,7 @@ pub fn exec(p: &GuestThread, wrapper: Option<&ExecWrapper>, nr: u64, args: &[u64
     if let Some(exe) = &exe {
         a[path_arg] = exe.as_ptr() as u64;
     }
-    guest_syscall(nr, &a)
+    gated_syscall(nr, &a)
 }
 
 /// Executes hotpath on the guest's program, or returns `None` when the guest's own call
@@ -95,7 +96,7 @@ fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -
     let argv_ptrs = null_terminated(&new_argv);
     let envp_ptrs = null_terminated(&envp);
     let hotpath = CString::new(w.hotpath.as_os_str().as_bytes()).ok()?;
-    Some(guest_syscall(
+    Some(gated_syscall(
         59,
         &[
             hotpath.as_ptr() as u64,

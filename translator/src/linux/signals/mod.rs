@@ -949,9 +949,18 @@ impl SignalState {
     }
 
     /// Clears what a forked child must not inherit: pending signals (the kernel does not pass
-    /// them on either).
+    /// them on either), their queued details and the gate's flag. Call with every signal
+    /// blocked: one sent to the child itself must survive it.
     pub fn after_fork_child(&mut self) {
         self.shared.pending.store(0, Ordering::Release);
+        // SAFETY: every signal is blocked (the caller's contract), so the handler, the only
+        // other writer, cannot run on this thread.
+        unsafe {
+            for q in (*self.shared.infos.get()).iter_mut() {
+                q.len = 0;
+            }
+            std::ptr::write_volatile(&mut (*self.shared.area).gate_pending, 0);
+        }
     }
 }
 
