@@ -1,5 +1,8 @@
-//! The code cache: one memfd mapped twice, executable near the guest and writable elsewhere,
-//! so no page is ever writable and executable through the same mapping (W^X).
+//! The code cache: one shared anonymous mapping seen twice, executable near the guest and
+//! writable elsewhere, so no page is ever writable and executable through the same mapping
+//! (W^X). Shared anonymous memory (not a memfd) so that host profilers treat the executable
+//! view as JIT code and name it from `/tmp/perf-PID.map` (`--perf-map`): perf takes a
+//! mapping of `/dev/zero` for anonymous memory, and a `memfd:` one for a file it cannot read.
 //!
 //! Who writes: only the guest thread's dispatcher, while no code of the cache runs on that
 //! thread (it is in Rust). Translated code only executes the RX view.
@@ -65,50 +68,14 @@ impl CodeCache {
     /// range at `rx_addr`.
     ///
     /// # Errors
-    /// [`TranslateError::CodeCache`] if the memfd or a mapping cannot be created.
+    /// [`TranslateError::CodeCache`] if a mapping cannot be made.
     pub fn create(rx_addr: u64, size: u64) -> Result<CodeCache, TranslateError> {
-        let err = |what: &str| TranslateError::CodeCache {
-            reason: format!("{what}: {}", std::io::Error::last_os_error()),
-        };
-        // SAFETY: plain syscalls on a file descriptor we own.
-        let fd = unsafe { libc::memfd_create(c"hotpath-code-cache".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(err("memfd_create"));
+        let rw = shared_anonymous(size)?;
+        if let Err(e) = alias(rw, size, rx_addr, libc::PROT_READ | libc::PROT_EXEC) {
+            // SAFETY: the mapping just made, which nothing uses.
+            unsafe { libc::munmap(rw as *mut c_void, size as usize) };
+            return Err(e);
         }
-        // SAFETY: as above.
-        if unsafe { libc::ftruncate(fd, size as i64) } != 0 {
-            return Err(err("ftruncate"));
-        }
-        // SAFETY: MAP_FIXED over the caller's own PROT_NONE reservation at `rx_addr`.
-        let rx = unsafe {
-            libc::mmap(
-                rx_addr as *mut c_void,
-                size as usize,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd,
-                0,
-            )
-        };
-        if rx == libc::MAP_FAILED {
-            return Err(err("mmap RX view"));
-        }
-        // SAFETY: a new shared mapping of the same memfd, wherever the kernel likes.
-        let rw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if rw == libc::MAP_FAILED {
-            return Err(err("mmap RW view"));
-        }
-        // SAFETY: both views keep the memfd alive.
-        unsafe { libc::close(fd) };
         Ok(CodeCache {
             blocks: Box::leak(Box::new(BlockMap {
                 map: UnsafeCell::new(BTreeMap::new()),
@@ -221,69 +188,49 @@ impl CodeCache {
         self.patch_rel32(HostAddr(at.0 + 1), target);
     }
 
-    /// Copies the cache into a new memfd, for a child about to be forked: the cache's memfd is
-    /// shared across `fork`, so parent and child would otherwise write each other's code. Call
-    /// before forking (nothing changes the cache then), then [`adopt`](Self::adopt) the copy in
-    /// the child and drop it in the parent.
+    /// Copies the cache into new shared memory, for a child about to be forked: the cache's
+    /// memory is shared across `fork`, so parent and child would otherwise write each other's
+    /// code. Call before forking (nothing changes the cache then), then
+    /// [`adopt`](Self::adopt) the copy in the child and drop it in the parent.
     ///
     /// # Errors
-    /// [`TranslateError::CodeCache`] if the memfd cannot be made.
-    pub fn snapshot(&self) -> Result<std::os::fd::OwnedFd, TranslateError> {
-        use std::os::fd::FromRawFd;
-        let err = |what: &str| TranslateError::CodeCache {
-            reason: format!("{what}: {}", std::io::Error::last_os_error()),
+    /// [`TranslateError::CodeCache`] if the memory cannot be mapped.
+    pub fn snapshot(&self) -> Result<CacheCopy, TranslateError> {
+        let at = shared_anonymous(self.size)?;
+        let copy = CacheCopy {
+            at,
+            size: self.size,
         };
-        // SAFETY: plain syscalls on a file descriptor we own.
-        let fd = unsafe { libc::memfd_create(c"hotpath-code-cache".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(err("memfd_create"));
-        }
-        // SAFETY: `fd` is a new descriptor nobody else owns.
-        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        // SAFETY: as above.
-        if unsafe { libc::ftruncate(fd, self.size as i64) } != 0 {
-            return Err(err("ftruncate"));
-        }
-        let used = self.cursor as usize;
-        // SAFETY: reading the used part of our own RW view.
-        let n = unsafe { libc::pwrite(fd, self.rw_base as *const c_void, used, 0) };
-        if n != used as isize {
-            return Err(err("copying the code cache"));
-        }
-        Ok(owned)
+        // SAFETY: the used part of our own RW view into the new mapping, of the same size.
+        unsafe { std::ptr::copy_nonoverlapping(self.rw_base, at as *mut u8, self.cursor as usize) };
+        Ok(copy)
     }
 
-    /// Maps `copy` (from [`snapshot`](Self::snapshot)) over both views: this process's cache is
-    /// now its own.
+    /// Puts `copy` (from [`snapshot`](Self::snapshot)) under both views: this process's cache
+    /// is now its own.
     ///
     /// # Errors
     /// [`TranslateError::CodeCache`] if a mapping fails.
-    pub fn adopt(&mut self, copy: std::os::fd::OwnedFd) -> Result<(), TranslateError> {
-        use std::os::fd::AsRawFd;
-        let fd = copy.as_raw_fd();
-        // SAFETY: replacing both views, at their own addresses, with the copy; no translated
-        // code runs while the dispatcher does this.
-        let (rx, rw) = unsafe {
-            (
-                libc::mmap(
-                    self.rx_base as *mut c_void,
-                    self.size as usize,
-                    libc::PROT_READ | libc::PROT_EXEC,
-                    libc::MAP_SHARED | libc::MAP_FIXED,
-                    fd,
-                    0,
-                ),
-                libc::mmap(
-                    self.rw_base as *mut c_void,
-                    self.size as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED | libc::MAP_FIXED,
-                    fd,
-                    0,
-                ),
+    pub fn adopt(&mut self, copy: CacheCopy) -> Result<(), TranslateError> {
+        alias(
+            copy.at,
+            self.size,
+            self.rx_base,
+            libc::PROT_READ | libc::PROT_EXEC,
+        )?;
+        // The copy itself becomes the writable view (the old one, shared with the parent, goes).
+        // SAFETY: moving our own mapping over our own RW view; no translated code runs while
+        // the dispatcher does this.
+        let rw = unsafe {
+            libc::mremap(
+                copy.at as *mut c_void,
+                self.size as usize,
+                self.size as usize,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                self.rw_base as *mut c_void,
             )
         };
-        if rx == libc::MAP_FAILED || rw == libc::MAP_FAILED {
+        if rw == libc::MAP_FAILED {
             return Err(TranslateError::CodeCache {
                 reason: format!(
                     "remapping the code cache: {}",
@@ -291,6 +238,7 @@ impl CodeCache {
                 ),
             });
         }
+        std::mem::forget(copy);
         Ok(())
     }
 
@@ -298,6 +246,11 @@ impl CodeCache {
     pub fn flush(&mut self) {
         self.cursor = self.floor;
         self.layouts_mut().clear();
+    }
+
+    /// Host addresses `[start, end)` of the gateway's routines (the code below the floor).
+    pub fn gateway_range(&self) -> (u64, u64) {
+        (self.rx_base, self.rx_base + self.floor)
     }
 
     /// The layouts of the blocks in the cache, by host code start.
@@ -346,4 +299,69 @@ impl CodeCache {
             libc::munmap(self.rw_base as *mut c_void, self.size as usize);
         }
     }
+}
+
+/// A copy of a code cache for a forked child ([`CodeCache::snapshot`]); unmapped when dropped
+/// (in the parent), taken over by [`CodeCache::adopt`] (in the child).
+pub struct CacheCopy {
+    at: u64,
+    size: u64,
+}
+
+impl Drop for CacheCopy {
+    fn drop(&mut self) {
+        // SAFETY: the copy's own mapping, which nothing else uses.
+        unsafe { libc::munmap(self.at as *mut c_void, self.size as usize) };
+    }
+}
+
+/// A new shared anonymous mapping of `size` bytes, readable and writable, wherever the kernel
+/// likes. Returns its address.
+fn shared_anonymous(size: u64) -> Result<u64, TranslateError> {
+    // SAFETY: a fresh mapping.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            // No commit charge for the whole size up front: pages are used as code fills them.
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(TranslateError::CodeCache {
+            reason: format!("mmap: {}", std::io::Error::last_os_error()),
+        });
+    }
+    Ok(p as u64)
+}
+
+/// Maps the pages of the shared mapping at `from` (`size` bytes) a second time at `at`,
+/// replacing what is there, with protection `prot`: `mremap` with an old size of 0 makes a new
+/// mapping of the same pages.
+fn alias(from: u64, size: u64, at: u64, prot: i32) -> Result<(), TranslateError> {
+    let err = |what: &str| TranslateError::CodeCache {
+        reason: format!("{what}: {}", std::io::Error::last_os_error()),
+    };
+    // SAFETY: a second view of our own shared mapping, over a range the caller owns (its
+    // reservation or its old view); it gets `prot` before any code runs.
+    let p = unsafe {
+        libc::mremap(
+            from as *mut c_void,
+            0,
+            size as usize,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            at as *mut c_void,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(err("mremap (second view)"));
+    }
+    // SAFETY: the view just made.
+    if unsafe { libc::mprotect(at as *mut c_void, size as usize, prot) } != 0 {
+        return Err(err("mprotect"));
+    }
+    Ok(())
 }

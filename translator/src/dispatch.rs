@@ -22,8 +22,9 @@ use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
 use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
+use crate::code_log::{CodeKind, CodeRecord};
 use crate::decode::{decode_block_limited, MAX_BLOCK_INSTRUCTIONS};
-use crate::emit::{emit_block, EmitContext, Exit, ExitKind};
+use crate::emit::{emit_block, EmitContext, Exit, ExitKind, HostLayout};
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
     EXIT_SPECIAL_BASE,
@@ -56,6 +57,8 @@ pub struct Config {
     /// Keep each thread's calling contexts in its translated calls and returns
     /// (`hotpath_contexts`; docs/paths-design.md, stage 1).
     pub contexts: bool,
+    /// Record where translated code goes, for host profilers ([`Translator::code_records`]).
+    pub perf_map: bool,
 }
 
 /// Counters of the translator's own work.
@@ -365,7 +368,11 @@ impl Translator {
             area,
             signals,
         };
+        if cfg.perf_map {
+            *lock(&shared.code_log) = Some(Default::default());
+        }
         let mut t = Translator::assemble(shared, resources, cfg, host);
+        t.note_gateway();
         t.next = Next::Guest(image.start());
         Ok(t)
     }
@@ -444,6 +451,7 @@ impl Translator {
             }
         };
         let mut t = Translator::assemble(process, resources, cfg, host);
+        t.note_gateway();
         t.area.gpr = gpr;
         t.area.rflags = rflags;
         t.area.fs_base = fs_base;
@@ -571,6 +579,41 @@ impl Translator {
     /// The ELF images mapped into the guest so far, in mapping order.
     pub fn modules(&self) -> Vec<crate::modules::GuestModule> {
         lock(&self.process.shared.memory).modules.all().to_vec()
+    }
+
+    /// Records that `layout`'s code is in the cache, when host profilers asked
+    /// ([`Config::perf_map`]).
+    pub(crate) fn note_code(&self, layout: &HostLayout, kind: CodeKind) {
+        if let Some(log) = lock(&self.process.shared.code_log).as_mut() {
+            log.push(CodeRecord {
+                host_start: layout.code_start,
+                host_end: layout.code_end,
+                guest: layout.guest_start,
+                kind,
+            });
+        }
+    }
+
+    /// Records this thread's gateway (after the cache or the thread is made).
+    fn note_gateway(&self) {
+        if let Some(log) = lock(&self.process.shared.code_log).as_mut() {
+            let (start, end) = self.cache.gateway_range();
+            log.push(CodeRecord {
+                host_start: start,
+                host_end: end,
+                guest: 0,
+                kind: CodeKind::Gateway,
+            });
+        }
+    }
+
+    /// Where the process's translated code is now, by host address (empty unless
+    /// [`Config::perf_map`]): every block, superblock block, instrumented block, context stub
+    /// and gateway of every thread whose code is still where it was put.
+    pub fn code_records(&self) -> Vec<CodeRecord> {
+        lock(&self.process.shared.code_log)
+            .as_ref()
+            .map_or_else(Vec::new, |log| log.current())
     }
 
     /// Counters so far, of every thread of the process.
@@ -1031,6 +1074,9 @@ impl Translator {
         self.exits.extend(trace.exits);
         self.note_exits(first);
         self.note_inlined(&blocks);
+        for l in &trace.layouts {
+            self.note_code(l, CodeKind::Superblock);
+        }
         let layouts = self.cache.layouts_mut();
         for l in trace.layouts {
             layouts.insert(l.code_start, l);
@@ -1789,6 +1835,7 @@ impl Translator {
         self.process.signals.move_cache(&setup);
         let old = std::mem::replace(&mut self.cache, cache);
         self.gateway = gateway;
+        self.note_gateway();
         self.flush();
         // SAFETY: this thread is in the dispatcher, its handler and lookup table point at the
         // new cache, and no other thread runs or links into a thread's cache.
@@ -1923,6 +1970,7 @@ impl Translator {
         let first = self.exits.len();
         self.exits.extend(emitted.exits);
         self.note_exits(first);
+        self.note_code(&emitted.layout, CodeKind::Block);
         self.cache
             .layouts_mut()
             .insert(emitted.layout.code_start, emitted.layout);

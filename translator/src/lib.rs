@@ -18,6 +18,7 @@
 //! reaches through GS.
 
 pub mod code_cache;
+pub mod code_log;
 mod context_steps;
 pub mod decode;
 mod dispatch;

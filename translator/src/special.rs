@@ -324,8 +324,9 @@ pub fn is_system_instruction(i: &Instruction) -> bool {
 /// the child (signal, `si_code`, address and RIP relative to the instruction, trap number,
 /// error code), or `None` if it did not fault there (a hypervisor that answers `vmmcall`).
 fn probe_system_instruction(at: u64, len: usize) -> Option<GuestFault> {
-    static PROBED: std::sync::Mutex<Vec<(Vec<u8>, Option<[u64; 6]>)>> =
-        std::sync::Mutex::new(Vec::new());
+    /// An encoding probed, and what the child saw (see `probe_in_child`).
+    type Probed = (Vec<u8>, Option<[u64; 6]>);
+    static PROBED: std::sync::Mutex<Vec<Probed>> = std::sync::Mutex::new(Vec::new());
     let mut bytes = [0u8; 15];
     let n = guest_mem::read_partial(at, &mut bytes).min(len);
     let bytes = bytes[..n].to_vec();

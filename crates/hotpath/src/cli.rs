@@ -190,6 +190,11 @@ pub struct RunArgs {
     /// Give the guest no vDSO (as valgrind does): its time functions make system calls.
     #[arg(long)]
     pub no_vdso: bool,
+    /// Write /tmp/perf-PID.map when the process ends or execs, naming every translated block
+    /// by its guest function, so that `perf record` / `perf report` on this run attribute host
+    /// time to the guest's code (as QEMU's -perfmap).
+    #[arg(long)]
+    pub perf_map: bool,
     /// The program and its arguments.
     #[arg(
         trailing_var_arg = true,

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod identity;
 pub mod modules;
 pub mod outputs;
+pub mod perf_map;
 pub mod session;
 
 use std::path::PathBuf;

@@ -183,6 +183,7 @@ impl RunCtx {
                 Ok(Stop::Exec) => {
                     // The kernel ends every other thread at an execve.
                     translator.stop_other_threads();
+                    self.write_perf_map(&translator);
                     let mut monitoring = self.monitoring();
                     if let Some(result) = monitoring.stop(&translator) {
                         let resume = first_thread_state(&result);
@@ -222,6 +223,22 @@ impl RunCtx {
         }
     }
 
+    /// Writes the perf map if `--perf-map` asked for it (a failure is reported, not fatal).
+    fn write_perf_map(&self, translator: &Translator) {
+        if !self.args.perf_map {
+            return;
+        }
+        match crate::perf_map::write(translator) {
+            Ok((path, n)) if !self.args.quiet => {
+                // One write: forked children announce theirs at the same time.
+                let line = format!("hotpath: perf map: {} ({n} entries)\n", path.display());
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("hotpath: cannot write the perf map: {e}"),
+        }
+    }
+
     /// Ends the process from the calling guest thread: stops the others, writes the
     /// profile, and exits as the guest did.
     fn end(&self, translator: &Translator, outcome: Result<GuestExit, TranslateError>) -> ! {
@@ -251,6 +268,7 @@ impl RunCtx {
                 self.args.quiet,
             );
         }
+        self.write_perf_map(translator);
         if !self.args.quiet {
             let s = translator.stats();
             eprintln!(
@@ -406,6 +424,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         superblocks: monitor_on && !args.no_superblocks,
         vdso: !args.no_vdso,
         contexts: args.guest_contexts(),
+        perf_map: args.perf_map,
     };
     let mut translator = match Translator::new(&image, &stack, cfg) {
         Ok(t) => t,
@@ -568,6 +587,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     };
     if args.no_monitor {
         opt("--no-monitor", None);
+    }
+    if args.perf_map {
+        opt("--perf-map", None);
     }
     opt("--ring-entries", Some(args.ring_entries.to_string().into()));
     if let Some(cpu) = args.monitor_cpu {

@@ -807,7 +807,7 @@ impl PathRecorder {
         if below.func != st.func || below.cur == NONE {
             return false;
         }
-        if n - 1 >= self.bl.low {
+        if n > self.bl.low {
             return self.bl.frames[n - 1].ret_node == st.ret_node;
         }
         // The caller is in trie form: it goes to Ball-Larus form.
@@ -836,7 +836,7 @@ impl PathRecorder {
     /// [`PathRecorder::bl_return_ok`] when the caller is in Ball-Larus form already.
     #[inline]
     fn bl_return_ok_fast(&self, n: usize, st: &Step) -> bool {
-        n - 1 >= self.bl.low
+        n > self.bl.low
             && self.stack[n - 1].func == st.func
             && self.bl.frames[n - 1].ret_node == st.ret_node
     }

@@ -173,19 +173,18 @@ impl Translator {
         // at a jump entry (`Next::Host`) and may have to turn it into the guest address first
         // (a signal or another thread's news before it enters the cache). Nothing in the stub
         // faults; its registers are borrowed from the start.
-        self.cache.layouts_mut().insert(
-            host.0,
-            HostLayout {
-                code_start: host.0,
-                entry: host.0,
-                guest_start: entry,
-                code_end: host.0 + code.len() as u64,
-                term_start: host.0,
-                term_guest: entry,
-                rcx_borrowed_from: Some(host.0),
-                ..HostLayout::default()
-            },
-        );
+        let layout = HostLayout {
+            code_start: host.0,
+            entry: host.0,
+            guest_start: entry,
+            code_end: host.0 + code.len() as u64,
+            term_start: host.0,
+            term_guest: entry,
+            rcx_borrowed_from: Some(host.0),
+            ..HostLayout::default()
+        };
+        self.note_code(&layout, crate::code_log::CodeKind::ContextStub);
+        self.cache.layouts_mut().insert(host.0, layout);
         self.links.jump_entries.insert(entry, host);
         Ok(Some(host))
     }

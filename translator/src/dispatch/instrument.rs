@@ -527,6 +527,10 @@ impl Translator {
         self.cache.insert(&emitted.block.code);
         self.exits.extend(emitted.block.exits);
         let entry = emitted.block.entry;
+        self.note_code(
+            &emitted.block.layout,
+            crate::code_log::CodeKind::Instrumented,
+        );
         self.cache
             .layouts_mut()
             .insert(emitted.block.layout.code_start, emitted.block.layout);

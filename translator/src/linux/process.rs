@@ -53,6 +53,7 @@ pub struct ForkHold<'a> {
     pool: MutexGuard<'a, Vec<crate::dispatch::ThreadResources>>,
     mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
     _function_entries: MutexGuard<'a, std::collections::HashSet<u64>>,
+    _code_log: MutexGuard<'a, Option<crate::code_log::CodeLog>>,
     _smc: crate::smc::PagesHold<'a>,
 }
 
@@ -241,6 +242,8 @@ pub struct ProcessShared {
     /// Guest addresses that calls translated or made so far went to (with calling contexts:
     /// a jump there is a tail call).
     pub function_entries: Mutex<std::collections::HashSet<u64>>,
+    /// Where translated code was put, for host profilers (`None`: not asked for).
+    pub code_log: Mutex<Option<crate::code_log::CodeLog>>,
 }
 
 impl ProcessShared {
@@ -268,6 +271,7 @@ impl ProcessShared {
             mem_fds: Mutex::new(std::collections::BTreeSet::new()),
             function_symbols: std::sync::OnceLock::new(),
             function_entries: Mutex::new(std::collections::HashSet::new()),
+            code_log: Mutex::new(None),
         }
     }
 
@@ -295,6 +299,7 @@ impl ProcessShared {
             pool: try_lock(&self.pool)?,
             mem_fds: try_lock(&self.mem_fds)?,
             _function_entries: try_lock(&self.function_entries)?,
+            _code_log: try_lock(&self.code_log)?,
             _smc: self.smc.try_hold()?,
         })
     }
