@@ -822,7 +822,7 @@ impl PathRecorder {
         let Some(&ret_add) = bf.fwd.get(&(node, st.ret_node)) else {
             return false;
         };
-        self.to_bl_form(n - 1);
+        self.frame_to_bl(n - 1);
         self.bl.frames[n - 1] = Frame {
             r,
             node,
@@ -913,14 +913,14 @@ impl PathRecorder {
             node,
             ..NO_FRAME
         };
-        self.to_bl_form(n);
+        self.frame_to_bl(n);
         self.memo.last = NONE;
         self.bl.prev_run = NONE;
         true
     }
 
     /// Frame `n` (in trie form) goes to Ball-Larus form: its counts include its current path.
-    fn to_bl_form(&mut self, n: usize) {
+    fn frame_to_bl(&mut self, n: usize) {
         let instr = self.path_instructions(self.stack[n].cur);
         let a = &mut self.stack[n];
         a.blocks += a.len as u64;

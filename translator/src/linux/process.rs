@@ -461,6 +461,7 @@ mod tests {
                     pool,
                     mem_fds,
                     function_entries,
+                    code_log,
                 } = &shared;
                 assert!(memory.try_lock().is_err(), "memory");
                 assert!(registry.try_lock().is_err(), "registry");
@@ -473,6 +474,7 @@ mod tests {
                 assert!(pool.try_lock().is_err(), "pool");
                 assert!(mem_fds.try_lock().is_err(), "mem_fds");
                 assert!(function_entries.try_lock().is_err(), "function_entries");
+                assert!(code_log.try_lock().is_err(), "code_log");
             });
         });
         drop(hold);
