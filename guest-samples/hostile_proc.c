@@ -1,6 +1,6 @@
 /* Guests that look at the process from the kernel's side: system calls hotpath has no row for,
- * /proc/self/{comm,cmdline,auxv}, prctl(PR_GET_NAME/PR_GET_AUXV), unshare, and seccomp in
- * strict and filter mode. One case per run, named by argv[1]; every case prints what it saw
+ * /proc/self/{comm,cmdline,auxv}, prctl(PR_GET_NAME/PR_GET_AUXV), unshare, seccomp in
+ * strict and filter mode, the TSC setting, and an address space used up under RLIMIT_AS. One case per run, named by argv[1]; every case prints what it saw
  * (never addresses, which differ from run to run) so a run under hotpath is compared with the
  * native run byte for byte. Used by tests/tests/hostile_proc.rs. */
 #define _GNU_SOURCE
@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
@@ -398,6 +400,57 @@ static int case_std_fds(void)
     return w >= 0 ? 0 : 7;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    return *(const int *)a - *(const int *)b;
+}
+
+/* The process uses up its address space: RLIMIT_AS is set 256 MiB above its size now, then
+ * anonymous mappings of halving sizes (64 MiB down to a page) fill it until each size fails.
+ * Afterwards the program runs code it never ran before (qsort, printf of doubles), which
+ * under hotpath must be translated with the address space full, gives the space back and
+ * maps again. Prints only what does not depend on where the limit fell. */
+static int case_address_space_full(void)
+{
+    char statm[256];
+    long n = slurp("/proc/self/statm", statm, sizeof statm - 1);
+    if (n <= 0)
+        return 3;
+    statm[n] = 0;
+    unsigned long pages = strtoul(statm, NULL, 10);
+    struct rlimit r = {pages * 4096 + (256ul << 20), pages * 4096 + (256ul << 20)};
+    if (setrlimit(RLIMIT_AS, &r) != 0)
+        return 4;
+    static void *maps[4096];
+    static size_t sizes[4096];
+    int count = 0, enomem = 0;
+    for (size_t sz = 64ul << 20; sz >= 4096 && count < 4096; sz /= 2) {
+        for (;;) {
+            void *p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) {
+                enomem += errno == ENOMEM;
+                break;
+            }
+            maps[count] = p;
+            sizes[count++] = sz;
+            if (count == 4096)
+                break;
+        }
+    }
+    printf("mapped: %s, every failure ENOMEM: %s\n", count > 0 ? "yes" : "no",
+           enomem == 15 ? "yes" : "no");
+    int v[64];
+    for (int i = 0; i < 64; i++)
+        v[i] = (i * 37) % 64;
+    qsort(v, 64, sizeof v[0], by_value);
+    printf("sorted: %d %d %d, %.3f %e\n", v[0], v[31], v[63], 2.0 / 3.0, 6.02e23);
+    for (int i = 0; i < count; i++)
+        munmap(maps[i], sizes[i]);
+    void *again = mmap(NULL, 16ul << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    printf("after unmapping: %s\n", again != MAP_FAILED ? "mapped again" : "still full");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -415,6 +468,8 @@ int main(int argc, char **argv)
         return case_unshare();
     if (!strcmp(c, "tsc"))
         return case_tsc();
+    if (!strcmp(c, "address-space-full"))
+        return case_address_space_full();
     if (!strcmp(c, "std-fds"))
         return case_std_fds();
     if (!strcmp(c, "unknown-syscalls"))

@@ -2,8 +2,9 @@
 //! each case run natively and under hotpath (monitor off, on, eager superblocks; static,
 //! static-pie and dynamic builds) and compared: system calls hotpath has no row for
 //! (`uretprobe`'s SIGILL, numbers past the table), `/proc/self/comm`, `cmdline` and `auxv`,
-//! seccomp in strict mode and with filters (errno, kill, trap, TSYNC), and the documented
-//! difference of `unshare(CLONE_NEWUSER)`.
+//! seccomp in strict mode and with filters (errno, kill, trap, TSYNC), `PR_SET_TSC`, a guest
+//! that uses up its `RLIMIT_AS` and goes on running new code, and the documented difference of
+//! `unshare(CLONE_NEWUSER)`.
 
 use hotpath_e2e::catalog::Linkage;
 use hotpath_e2e::{
@@ -25,6 +26,7 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(20);
 const SAME_AS_NATIVE: &[&[&str]] = &[
     &["comm"],
     &["tsc"],
+    &["address-space-full"],
     &["cmdline"],
     &["auxv"],
     &["unknown-syscalls"],

@@ -366,7 +366,7 @@ fn sys_brk(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcom
     }
     let (old_end, new_end) = (page_ceil(p.brk), page_ceil(want));
     if new_end > old_end {
-        if want - p.brk_start > data_limit() {
+        if want - p.brk_start > data_limit() || address_space_short(new_end - old_end) {
             return old;
         }
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
@@ -412,11 +412,42 @@ fn data_limit() -> u64 {
     r.rlim_cur
 }
 
+/// Address space (bytes) kept free for hotpath under a finite `RLIMIT_AS`: a guest mapping
+/// that would leave less is refused with ENOMEM, as the kernel refuses one past the limit, so
+/// that translation and the monitor can still allocate after the guest has used up its share
+/// (they would otherwise abort the process where natively malloc returns NULL).
+const AS_HEADROOM: u64 = 64 << 20;
+
+/// True if the guest may not grow its address space by `grow` bytes: `RLIMIT_AS` is finite
+/// and the process's size plus `grow` would come within [`AS_HEADROOM`] of it.
+fn address_space_short(grow: u64) -> bool {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    if grow == 0
+        || unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } != 0
+        || r.rlim_cur == libc::RLIM_INFINITY
+    {
+        return false;
+    }
+    // The process's size in pages: the first field of /proc/self/statm.
+    let size = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split(' ').next()?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * hotpath_loader::PAGE_SIZE);
+    size.saturating_add(grow).saturating_add(AS_HEADROOM) > r.rlim_cur
+}
+
 fn sys_mmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     let mut p = lock(&thread.shared.memory);
     let (addr, len, flags) = (a[0], a[1], a[3] as i32);
     let fixed = flags & libc::MAP_FIXED != 0 && flags & libc::MAP_FIXED_NOREPLACE == 0;
     if fixed && p.overlaps_hotpath(addr, page_ceil(len)) {
+        return Outcome::Return(-ENOMEM);
+    }
+    if address_space_short(page_ceil(len)) {
         return Outcome::Return(-ENOMEM);
     }
     let r = guest_syscall(9, a);
@@ -469,6 +500,9 @@ fn sys_mremap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Out
     }
     if flags & libc::MREMAP_FIXED != 0 && p.overlaps_hotpath(new_addr, new_len) {
         return Outcome::Return(-EINVAL);
+    }
+    if address_space_short(new_len.saturating_sub(old_len)) {
+        return Outcome::Return(-ENOMEM);
     }
     let r = guest_syscall(25, a);
     if !is_error(r) {
