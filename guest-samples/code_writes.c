@@ -16,6 +16,9 @@
  *   madvise-anon   madvise(MADV_DONTNEED) of the RWX page, then new code stored into it
  *   madvise-file   madvise(MADV_DONTNEED) of a private RWX file page holding code stored over
  *                  the file's: the page reads as the file again, so the file's code runs
+ *   same-block     code in an RWX page that stores into its own next instruction (the
+ *                  immediate of a `mov`) and then runs it: the CPU runs the stored bytes, also
+ *                  the first time, with a loop around it and in a page whose code ran before
  *
  * After the change, the RWX cases store `mov eax, 3; ret` and call once more: the page must be
  * as writable as the program made it. */
@@ -74,6 +77,36 @@ static void report(const char *name, int before, long ret, int after)
     printf("%s: before %d, call returned %ld, after %d\n", name, before, ret, after);
 }
 
+/* mov byte [rip + 1], dil   (patches the imm8 below: the store's next instruction)
+ * mov al, 0                  (b0 imm8)
+ * ret
+ * Returns the byte it was called with, since the CPU runs the bytes as stored. */
+static const uint8_t PATCH_NEXT[] = { 0x40, 0x88, 0x3d, 0x01, 0, 0, 0, 0xb0, 0x00, 0xc3 };
+
+/* mov ecx, edi; xor eax, eax
+ * loop: mov byte [rip + 1], cl; add al, 0; dec ecx; jnz loop; ret
+ * (each iteration stores the counter into its own `add` immediate, then runs it: the sum of
+ * n, n-1, ..., 1 as a byte) */
+static const uint8_t PATCH_LOOP[] = { 0x89, 0xf9, 0x31, 0xc0,
+                                      0x88, 0x0d, 0x01, 0, 0, 0,
+                                      0x04, 0x00,
+                                      0xff, 0xc9,
+                                      0x75, 0xf4,
+                                      0xc3 };
+
+static int same_block(void)
+{
+    uint8_t *page = rwx_page();
+    memcpy(page, PATCH_NEXT, sizeof PATCH_NEXT);
+    int (*patch)(int) = (int (*)(int))page;
+    int a = patch(5) & 0xff, b = patch(9) & 0xff;
+    memcpy(page + 64, PATCH_LOOP, sizeof PATCH_LOOP);
+    int (*loop)(int) = (int (*)(int))(page + 64);
+    int c = loop(10) & 0xff, d = loop(4) & 0xff;
+    printf("same-block: %d %d, loop %d %d\n", a, b, c, d);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -81,6 +114,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *c = argv[1];
+    if (strcmp(c, "same-block") == 0)
+        return same_block();
     /* Through a volatile pointer: the compiler must call what is in memory. */
     fn_t volatile f;
     if (strcmp(c, "procmem-text") == 0) {

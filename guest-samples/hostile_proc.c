@@ -400,6 +400,64 @@ static int case_std_fds(void)
     return w >= 0 ? 0 : 7;
 }
 
+static sigjmp_buf foreign_back;
+static volatile long foreign_code, foreign_addr;
+
+static void foreign_handler(int sig, siginfo_t *info, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    foreign_code = info->si_code;
+    foreign_addr = (long)info->si_addr;
+    siglongjmp(foreign_back, 1);
+}
+
+/* Calls into every executable mapping of /proc/self/maps that is not one of the program's
+ * own (its executable, ld.so and the libraries it loaded, the vDSO, vsyscall): natively there
+ * is none; under hotpath these are hotpath's own (its code cache, its binary), which must
+ * fault as unmapped memory does. One line per mapping: its kind and what the call gave. */
+static int case_jump_into_foreign_code(void)
+{
+    char maps[1 << 16];
+    long n = slurp("/proc/self/maps", maps, sizeof maps - 1);
+    if (n <= 0)
+        return 3;
+    maps[n] = 0;
+    char self[4096];
+    ssize_t m = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[m > 0 ? m : 0] = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = foreign_handler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGILL, &sa, NULL);
+    sigaction(SIGTRAP, &sa, NULL);
+    int found = 0;
+    for (char *line = strtok(maps, "\n"); line; line = strtok(NULL, "\n")) {
+        unsigned long start, end;
+        char perms[8], path[4096] = "";
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %4095[^\n]", &start, &end, perms, path) < 3)
+            continue;
+        if (perms[2] != 'x' || strstr(path, "[vdso]") || strstr(path, "[vsyscall]") ||
+            !strcmp(path, self) || strstr(path, "/ld-linux") || strstr(path, "/libc.so"))
+            continue;
+        found++;
+        const char *kind = path[0] == '/' && !strstr(path, "(deleted)") ? "file" : "anonymous";
+        foreign_code = 0;
+        if (sigsetjmp(foreign_back, 1) == 0) {
+            ((void (*)(void))start)();
+            printf("%s: returned\n", kind);
+        } else {
+            printf("%s: signal code %ld at %s\n", kind, foreign_code,
+                   foreign_addr == (long)start ? "its start" : "another address");
+        }
+    }
+    printf("%d foreign executable mappings\n", found);
+    return 0;
+}
+
 static int by_value(const void *a, const void *b)
 {
     return *(const int *)a - *(const int *)b;
@@ -468,6 +526,8 @@ int main(int argc, char **argv)
         return case_unshare();
     if (!strcmp(c, "tsc"))
         return case_tsc();
+    if (!strcmp(c, "jump-into-foreign-code"))
+        return case_jump_into_foreign_code();
     if (!strcmp(c, "address-space-full"))
         return case_address_space_full();
     if (!strcmp(c, "std-fds"))

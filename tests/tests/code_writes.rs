@@ -30,6 +30,7 @@ const CASES: &[&str] = &[
     "recv-dgram",
     "madvise-anon",
     "madvise-file",
+    "same-block",
 ];
 
 #[test]

@@ -140,6 +140,45 @@ fn closed_standard_descriptors_stay_closed() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// A call into hotpath's own executable memory (the code cache, hotpath's binary: what
+/// `/proc/self/maps` shows beside the program's own mappings) faults as a call into nothing
+/// does natively (SIGSEGV, SEGV_MAPERR at the target), instead of running hotpath's code as
+/// the guest's. Natively there is no such mapping, so this is checked under hotpath alone.
+#[test]
+fn calls_into_hotpath_code_fault_as_unmapped() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let exe = guest_build::build(SOURCE, Linkage::Static).expect("sample builds");
+    let args: &[&str] = &["jump-into-foreign-code"];
+    let native = runner::run(&mut native_command(&exe, args), CASE_TIMEOUT).expect("native");
+    assert_eq!(
+        String::from_utf8_lossy(&native.stdout),
+        "0 foreign executable mappings\n",
+        "natively the program has no executable mapping but its own"
+    );
+    for mode in MonitorMode::ALL {
+        let out = runner::run(
+            &mut hotpath_command(&hotpath, mode, &exe, args),
+            CASE_TIMEOUT,
+        )
+        .expect("hotpath run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        let (last, each) = lines.split_last().expect("a summary line");
+        assert!(
+            last.ends_with("foreign executable mappings") && !each.is_empty(),
+            "[{}] hotpath's code cache is executable memory the program can see:\n{text}",
+            mode.label()
+        );
+        for line in each {
+            assert!(
+                line.ends_with("signal code 1 at its start"),
+                "[{}] a call into hotpath's memory did not fault as unmapped (SEGV_MAPERR):\n{text}",
+                mode.label()
+            );
+        }
+    }
+}
+
 #[test]
 fn identity_matches_native_as_an_unprivileged_user() {
     // SAFETY: geteuid has no preconditions.

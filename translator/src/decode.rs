@@ -2,11 +2,12 @@
 //!
 //! A block ends at the first control transfer, `syscall`, trapping instruction, instruction
 //! hotpath must not run (one that changes GS, which hotpath owns), unreadable or undecodable bytes,
-//! or after [`MAX_BLOCK_INSTRUCTIONS`] instructions.
+//! or after [`MAX_BLOCK_INSTRUCTIONS`] instructions; code on pages the guest may write also
+//! ends after each instruction that writes memory ([`decode_block_split`]).
 
 use iced_x86::{
-    Code, ConditionCode, Decoder, DecoderError, DecoderOptions, FlowControl, Instruction, Mnemonic,
-    OpKind, Register,
+    Code, ConditionCode, Decoder, DecoderError, DecoderOptions, FlowControl, Instruction,
+    InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
 };
 
 use hotpath_ir::{Block, Cond, GuestAddr, Inst, Terminator, TrapKind};
@@ -40,7 +41,21 @@ pub fn decode_block_limited(
     max: usize,
     fetch: impl FnOnce(u64, &mut [u8]) -> usize,
 ) -> Block {
+    decode_block_split(start, max, false, fetch)
+}
+
+/// [`decode_block_limited`], ending the block after every instruction that may write memory
+/// when `split_after_writes`: code on a page the guest may write, so that a store into the
+/// running block is seen before its next instruction (the store's write fault sends the
+/// thread out of the code cache at the block's end, `smc`).
+pub fn decode_block_split(
+    start: GuestAddr,
+    max: usize,
+    split_after_writes: bool,
+    fetch: impl FnOnce(u64, &mut [u8]) -> usize,
+) -> Block {
     let max = max.clamp(1, MAX_BLOCK_INSTRUCTIONS);
+    let mut writes = split_after_writes.then(InstructionInfoFactory::new);
     let mut buf = vec![0u8; MAX_BLOCK_BYTES];
     let readable = fetch(start.0, &mut buf);
     buf.truncate(readable);
@@ -111,11 +126,24 @@ pub fn decode_block_limited(
                     .then(|| decoder.get_constant_offsets(&inst))
                     .filter(|o| o.has_displacement() && o.displacement_size() == 4)
                     .map(|o| o.displacement_offset() as u8);
-                body.push(Inst::new(inst).with_rip_disp_offset(disp))
+                body.push(Inst::new(inst).with_rip_disp_offset(disp));
+                if writes.as_mut().is_some_and(|f| writes_memory(f, &inst)) {
+                    return finish(body, None, Terminator::FallThrough { next }, next.0);
+                }
             }
             Some(term) => return finish(body, Some(Inst::new(inst)), term, next.0),
         }
     }
+}
+
+/// Whether `inst` may write memory (explicit operands, the stack, string destinations).
+fn writes_memory(factory: &mut InstructionInfoFactory, inst: &Instruction) -> bool {
+    factory.info(inst).used_memory().iter().any(|m| {
+        matches!(
+            m.access(),
+            OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+        )
+    })
 }
 
 /// The terminator `inst` ends its block with, or `None` if it belongs in the body.

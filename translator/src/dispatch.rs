@@ -23,7 +23,7 @@ use iced_x86::{Formatter, IntelFormatter};
 
 use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
 use crate::code_log::{CodeKind, CodeRecord};
-use crate::decode::{decode_block_limited, MAX_BLOCK_INSTRUCTIONS};
+use crate::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
 use crate::emit::{emit_block, EmitContext, Exit, ExitKind, HostLayout};
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
@@ -230,6 +230,9 @@ pub struct Translator {
     /// How many of the process's published invalidations this thread has applied.
     invalidations_seen: u64,
     host: HostFeatures,
+    /// The vDSO's range when the guest was given it: code the guest may run that is not in
+    /// its regions (`Memory::guest_run`).
+    vdso: Option<(u64, u64)>,
     /// The first id of the current code cache generation: older ids were flushed.
     generation_first_id: u32,
     /// Guest addresses whose entry is a superblock (this generation).
@@ -551,6 +554,7 @@ impl Translator {
             ctl,
             invalidations_seen,
             host,
+            vdso: crate::vdso_range().filter(|_| cfg.vdso),
             generation_first_id: 0,
             superblock_heads: HashSet::new(),
             step_blocks: HashMap::new(),
@@ -995,6 +999,12 @@ impl Translator {
                 return false;
             };
             if id.0 < self.generation_first_id || known.kind != IdKind::Block {
+                return false;
+            }
+            if self.code_writable(known.summary.start.0) {
+                // A trace runs on from block to block without the exits a store into its
+                // code sends the thread out through: code the guest may write stays in
+                // blocks (`decode_block_split`).
                 return false;
             }
             let block = self.decode(known.summary.start, MAX_BLOCK_INSTRUCTIONS);
@@ -1633,6 +1643,15 @@ impl Translator {
             self.flush();
             return Ok(Next::Guest(at.0));
         }
+        if kind == TrapKind::FetchFault {
+            // Cut by hotpath's own memory (its code cache, binary, heap) before the mappings
+            // cut it: there the guest has nothing mapped, natively.
+            let guest = guest_run(&self.process.shared, self.vdso, at.0, 15);
+            if guest < self.process.maps.executable_len(at.0, 15) {
+                let f = special::fetch_fault_unmapped(at.0, at.0 + guest);
+                return self.act(special::Action::Raise(f));
+            }
+        }
         let action = special::trap(kind, at.0, next.0, &mut self.process.maps, self.area);
         if let special::Action::Refuse(text) = action {
             return Err(TranslateError::UnsupportedInstruction { at: at.0, text });
@@ -1645,10 +1664,14 @@ impl Translator {
     /// read): the first byte that could not be fetched (`at`, or the start of the next page
     /// when the instruction runs into it) is fetchable under fresh mappings.
     fn fetchable_now(&mut self, at: u64) -> bool {
+        let (shared, vdso) = (&self.process.shared, self.vdso);
         let maps = &mut self.process.maps;
         maps.refresh();
-        let mut fetchable =
-            |a: u64| maps.executable_len(a, 1) == 1 && guest_mem::read_partial(a, &mut [0]) == 1;
+        let mut fetchable = |a: u64| {
+            maps.executable_len(a, 1) == 1
+                && guest_run(shared, vdso, a, 1) == 1
+                && guest_mem::read_partial(a, &mut [0]) == 1
+        };
         let first_cut = if fetchable(at) {
             hotpath_loader::page_floor(at) + hotpath_loader::PAGE_SIZE
         } else {
@@ -1885,9 +1908,14 @@ impl Translator {
     /// an unreadable page, and `/proc/self/mem` for execute-only pages
     /// ([`guest_mem::read_code`]).
     fn decode(&mut self, start: GuestAddr, max: usize) -> hotpath_ir::Block {
+        let (shared, vdso) = (self.process.shared.clone(), self.vdso);
+        let split = self.code_writable(start.0);
         let maps = &mut self.process.maps;
-        decode_block_limited(start, max, |addr, buf| {
-            let executable = maps.executable_len(addr, buf.len() as u64) as usize;
+        decode_block_split(start, max, split, |addr, buf| {
+            let len = buf.len() as u64;
+            let executable = maps
+                .executable_len(addr, len)
+                .min(guest_run(&shared, vdso, addr, len)) as usize;
             let buf = &mut buf[..executable];
             if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
                 buf.len()
@@ -1895,6 +1923,21 @@ impl Translator {
                 guest_mem::read_code(addr, buf)
             }
         })
+    }
+
+    /// Whether the guest may write the page of `at` or the next (a block's code is on them):
+    /// by its own protection, also where hotpath write-protected the page to watch its code.
+    fn code_writable(&mut self, at: u64) -> bool {
+        let page = hotpath_loader::page_floor(at);
+        [page, page + hotpath_loader::PAGE_SIZE]
+            .into_iter()
+            .any(|p| {
+                let prot = match self.process.signals.protected_pages().guest_prot(p) {
+                    Some(prot) => Some(prot),
+                    None => self.process.maps.prot(p),
+                };
+                prot.is_some_and(|x| x & libc::PROT_WRITE != 0 && x & libc::PROT_EXEC != 0)
+            })
     }
 
     /// Write-protects the guest pages of `start..end` (code just translated) where the guest
@@ -2012,4 +2055,17 @@ fn disassemble(code: &[u8], at: u64) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Bytes from guest `addr` (at most `len`) in consecutive guest regions or the vDSO given to
+/// the guest (`vdso`): what the guest may fetch code from. hotpath's own executable mappings
+/// (code caches, its binary and libraries) are not the guest's: a jump there faults as into
+/// nothing, natively.
+fn guest_run(shared: &ProcessShared, vdso: Option<(u64, u64)>, addr: u64, len: u64) -> u64 {
+    if let Some((s, e)) = vdso {
+        if addr >= s && addr < e {
+            return len.min(e - addr);
+        }
+    }
+    lock(&shared.memory).guest_run(addr, len)
 }

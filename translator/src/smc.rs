@@ -148,6 +148,11 @@ impl ProtectedPages {
         })
     }
 
+    /// The guest's protection of `page` if hotpath write-protected it to watch its code.
+    pub fn guest_prot(&self, page: u64) -> Option<i32> {
+        self.with_map(|pages| pages.get(&(page & !(PAGE - 1))).copied())
+    }
+
     /// Forgets the pages of `[start, end)` (the guest changed their mapping or protection
     /// itself; the kernel's protection is now the guest's).
     pub fn forget(&self, start: u64, end: u64) {

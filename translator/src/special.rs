@@ -167,6 +167,21 @@ pub fn trap(
     }
 }
 
+/// The page fault of fetching the instruction at `at` whose byte at `addr` is in memory the
+/// guest does not have (hotpath's own): SIGSEGV, SEGV_MAPERR, as where nothing is mapped.
+pub fn fetch_fault_unmapped(at: u64, addr: u64) -> GuestFault {
+    let mut f = fault(
+        libc::SIGSEGV,
+        SEGV_MAPERR,
+        addr,
+        at,
+        TRAP_PF,
+        PF_USER | PF_INSTR,
+    );
+    f.trap.cr2 = addr;
+    f
+}
+
 /// The page fault of fetching the instruction at `at`, whose bytes stop being readable and
 /// executable somewhere in its first 15: SIGSEGV at the first byte that cannot be fetched,
 /// SEGV_MAPERR where nothing is mapped, SEGV_ACCERR where the mapping forbids it.

@@ -297,6 +297,19 @@ impl Memory {
         }
     }
 
+    /// Bytes from `addr` (at most `len`) covered by consecutive guest regions.
+    pub fn guest_run(&self, addr: u64, len: u64) -> u64 {
+        let end = addr.saturating_add(len);
+        let mut at = addr;
+        while at < end {
+            match self.guest_regions.range(..=at).next_back() {
+                Some((_, &re)) if re > at => at = re,
+                _ => break,
+            }
+        }
+        at.min(end) - addr
+    }
+
     /// True if `[start, end)` overlaps one of the guest's regions.
     pub fn overlaps_guest(&self, start: u64, end: u64) -> bool {
         self.guest_regions
