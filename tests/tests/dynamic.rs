@@ -960,6 +960,55 @@ fn dlopen_report_is_written() {
     }
 }
 
+/// A path of a function that jumps into another module's code (a PLT stub, which the
+/// guest's calling contexts count as the function it is called as, going on into the library
+/// function it leads to) names those blocks by their own module and symbol, as the report's
+/// blocks are named, not as the stub's name plus an offset across modules
+/// (`libc.so.6+0x262c0+0xe94fd0`).
+#[test]
+fn path_blocks_are_named_by_their_own_module() {
+    let exe =
+        guest_build::build("count_libc.c", Linkage::Dynamic).unwrap_or_else(|e| panic!("{e}"));
+    let run = run_with_report(&exe, &[], scratch(), "count_libc_paths", &["--paths"]);
+    assert_eq!(run.outcome.termination, Termination::Exited(0));
+    let json = &run.report.json;
+    let addr = |v: &serde_json::Value| {
+        u64::from_str_radix(v.as_str().expect("an address").trim_start_matches("0x"), 16)
+            .expect("a hex address")
+    };
+    let modules: Vec<(u64, u64, String)> = json["modules"]
+        .as_array()
+        .expect("modules[]")
+        .iter()
+        .map(|m| {
+            let path = m["path"].as_str().unwrap_or_default();
+            let file = path.rsplit('/').next().unwrap_or(path).to_string();
+            (addr(&m["base"]), m["size"].as_u64().unwrap_or(0), file)
+        })
+        .collect();
+    let module_of = |a: u64| modules.iter().rposition(|m| a >= m.0 && a < m.0 + m.1);
+    let mut across = 0;
+    for p in json["path_profile"]["paths"].as_array().expect("paths[]") {
+        let function = p["function"].as_str().unwrap_or_default();
+        let home = module_of(addr(&p["function_addr"]));
+        let names = p["names"].as_array().expect("names[]");
+        for (b, name) in p["blocks"].as_array().expect("blocks[]").iter().zip(names) {
+            let (m, name) = (module_of(addr(b)), name.as_str().unwrap_or_default());
+            if m == home || m.is_none() {
+                continue;
+            }
+            across += 1;
+            // The program's own symbols are named without its file name.
+            let file = &modules[m.unwrap()].2;
+            assert!(
+                !name.starts_with(function) && (m == Some(0) || name.starts_with(file.as_str())),
+                "block {b} of {function} is in {file} but named {name}"
+            );
+        }
+    }
+    assert!(across > 0, "no path went from one module into another");
+}
+
 /// Runs gcc with `args`.
 ///
 /// # Panics

@@ -343,12 +343,20 @@ impl PathSum {
             s.stack = frames.join(";");
         }
         for mut e in p.paths {
+            let old = e.function.clone();
             rename(&mut e.function);
             e.function_addr = rb.addr(e.function_addr);
             for a in &mut e.blocks {
                 *a = rb.addr(*a);
             }
-            e.names = PathEntry::block_names(&e.function, e.function_addr, &e.blocks);
+            // Names made from the function's (and bare addresses) follow it; a block named by
+            // its own module and symbol keeps its name.
+            let fresh = PathEntry::block_names(&e.function, e.function_addr, &e.blocks);
+            for (name, f) in e.names.iter_mut().zip(fresh) {
+                if *name == old || name.starts_with(&format!("{old}+")) || name.starts_with("0x") {
+                    *name = f;
+                }
+            }
             if let Some(pap) = &mut e.pap {
                 for b in &mut pap.breakpoints {
                     b.block = rb.addr(b.block);

@@ -481,7 +481,8 @@ pub struct PathEntry {
     pub end: PathEnd,
     /// Its blocks in order (a PAP run: at most the first 1000).
     pub blocks: Vec<Addr>,
-    /// The same as `function+0xOFF`.
+    /// The same, named by symbol (`function+0xOFF`; a block in another module or symbol by
+    /// its own, `module!symbol+0xOFF`), see docs/report-schema.md.
     pub names: Vec<String>,
     /// `pap` only: the run's breakpoints and Ball-Larus iterations.
     #[serde(default, skip_serializing_if = "Option::is_none")]

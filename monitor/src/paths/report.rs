@@ -171,9 +171,35 @@ fn path_end(tag: u32) -> PathEnd {
     }
 }
 
+/// The `names` of a path's `blocks` in function `function` (entered at `entry`): each block
+/// by its own module and symbol as `name_of` gives it (`function+0xOFF` for the function's own
+/// blocks; `libc.so.6!memmove+0x40` for code of another module the function jumped into, such
+/// as the function a PLT stub leads to; `libc.so.6+0x16d800` in a library without a symbol
+/// there), or as [`PathEntry::block_names`] does where no module or symbol covers it.
+fn block_names(
+    function: &str,
+    entry: u64,
+    blocks: &[Addr],
+    name_of: &dyn Fn(u64) -> String,
+) -> Vec<String> {
+    PathEntry::block_names(function, Addr(entry), blocks)
+        .into_iter()
+        .zip(blocks)
+        .map(|(name, a)| {
+            let own = name_of(a.0);
+            if own.starts_with("sub_") {
+                name
+            } else {
+                own
+            }
+        })
+        .collect()
+}
+
 impl PathRecorder {
     /// The reported path profile of a finished recorder (see [`PathRecorder::finish`]);
-    /// `name_of(addr)` names a function entry.
+    /// `name_of(addr)` names a function entry, or any guest address (`symbol+0xOFF`, `sub_…`
+    /// where no symbol covers it).
     pub fn profile(&self, name_of: &dyn Fn(u64) -> String) -> PathProfile {
         let rec = self;
         let mut out = PathProfile {
@@ -398,7 +424,7 @@ impl PathRecorder {
                             kind: PathKind::Pap,
                             id: trace.as_ref().map(|t| t.last),
                             count,
-                            names: PathEntry::block_names(&names[f], Addr(fun.entry), &blocks),
+                            names: block_names(&names[f], fun.entry, &blocks, name_of),
                             blocks,
                             len,
                             start: PathStart::Entry,
@@ -450,7 +476,7 @@ impl PathRecorder {
                 kind: PathKind::Bl,
                 id: bl_id[p],
                 count: path.count,
-                names: PathEntry::block_names(&names[f], Addr(fun.entry), &blocks),
+                names: block_names(&names[f], fun.entry, &blocks, name_of),
                 blocks,
                 len: (key.len() - 3) as u64,
                 start: path_start(key[1]),
