@@ -242,6 +242,10 @@ pub struct Translator {
     step_blocks: HashMap<u64, HostAddr>,
     /// The code about to run, or that just ran, is one single-stepped instruction.
     stepping: bool,
+    /// A resume after a ring refill was turned into a resume by guest address: the enqueue
+    /// stub there may have left its value in a register the guest overwrites next (`RcxSave`),
+    /// so no signal is delivered before the thread has run translated code again.
+    hold_delivery: bool,
     /// That instruction ends in a single-step trap (not `syscall`).
     step_traps: bool,
     /// The monitor's requests.
@@ -559,6 +563,7 @@ impl Translator {
             superblock_heads: HashSet::new(),
             step_blocks: HashMap::new(),
             stepping: false,
+            hold_delivery: false,
             step_traps: false,
             commands: None,
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
@@ -733,7 +738,8 @@ impl Translator {
                 self.take_invalidations();
             }
             let mut next = self.next;
-            let resuming = matches!(next, Next::Resume(_));
+            let resuming =
+                matches!(next, Next::Resume(_)) || std::mem::take(&mut self.hold_delivery);
             if matches!(next, Next::Signal) || (!resuming && self.process.signals.deliverable()) {
                 let rip = self.guest_rip_settled(next);
                 self.guest_fpu_ip();
@@ -896,6 +902,9 @@ impl Translator {
     /// [`Translator::guest_rip`] for a dispatcher that goes on at the guest address instead of
     /// `next`'s host address, after what a jump entry there owes (`settle_jump_entry`).
     fn guest_rip_settled(&mut self, next: Next) -> u64 {
+        if matches!(next, Next::Resume(_)) {
+            self.hold_delivery = true;
+        }
         self.leave_hole();
         self.settle_jump_entry(next);
         self.guest_rip(next)
