@@ -42,8 +42,8 @@ use hotpath_contexts::{ContextArea, Frame, Node, MAX_DEPTH};
 use hotpath_events::ContextEvent;
 use hotpath_ir::{GuestAddr, HostAddr};
 
-use crate::emit;
 use crate::gateway::{emit_ibl_lookup, Gateway, GS};
+use crate::stubs;
 use crate::thread_area::off;
 
 /// GS offset of `frames[top]` when `frame_top` is in RAX: `CONTEXTS + RAX`.
@@ -187,7 +187,7 @@ fn push_frame(
         ; .u8 GS ; mov QWORD [rax + FRAME + RETURN_TO], rcx
     );
     // `lea rcx, [rip + rel32]`: three bytes before the rel32.
-    emit::align_patchable(ops, landing.base, 3);
+    stubs::align_patchable(ops, landing.base, 3);
     match landing.stub {
         Some(l) => dynasm!(ops ; .arch x64 ; lea rcx, [=>l]),
         None => dynasm!(ops ; .arch x64 ; .u8 0x48 ; .u8 0x8d ; .u8 0x0d ; .u32 0),
@@ -481,13 +481,13 @@ pub(crate) fn jump_entry(
         restore_rdx(ops, near.is_none());
         let stub = ops.new_dynamic_label();
         dynasm!(ops ; .arch x64 ; jmp =>stub);
-        emit::enqueue_stub_at(
+        stubs::enqueue_stub_at(
             ops,
             stub,
             ContextEvent::TAIL_CALL_WORD,
             ring_entries,
-            emit::Slow::Resume,
-            emit::RcxSave::Scratch,
+            stubs::Slow::Resume,
+            stubs::RcxSave::Scratch,
             exit_addr,
         );
         dynasm!(ops ; .arch x64 ; jmp extern block.0 as usize);

@@ -146,6 +146,25 @@ fn writes_memory(factory: &mut InstructionInfoFactory, inst: &Instruction) -> bo
     })
 }
 
+/// Whether `i` is a system instruction whose fault in user mode differs between machines (by
+/// vendor, or by hypervisor: `sysenter` is #UD on AMD in 64-bit mode and a compat system call
+/// entry on Intel; `vmcall` and `vmmcall` are what the hypervisor makes of them), or that
+/// faults without exception on every one (`swapgs`, `sysret`, `sysexit`: #GP), which
+/// [`probe_system_instruction`] finds out on this machine.
+pub fn is_system_instruction(i: &Instruction) -> bool {
+    matches!(
+        i.mnemonic(),
+        Mnemonic::Swapgs
+            | Mnemonic::Sysret
+            | Mnemonic::Sysretq
+            | Mnemonic::Sysexit
+            | Mnemonic::Sysexitq
+            | Mnemonic::Sysenter
+            | Mnemonic::Vmcall
+            | Mnemonic::Vmmcall
+    )
+}
+
 /// The terminator `inst` ends its block with, or `None` if it belongs in the body.
 fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
     let at = GuestAddr(inst.ip());
@@ -164,11 +183,11 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
             Mnemonic::Popf | Mnemonic::Popfq => trap(TrapKind::Unsupported),
             // With protection keys, PKRU also governs hotpath's own memory (key 0): the
             // dispatcher checks the value first (see `special`). Without them it is #UD.
-            Mnemonic::Wrpkru if crate::special::host_pku() => trap(TrapKind::Unsupported),
-            _ if crate::special::is_system_instruction(inst) => trap(TrapKind::Unsupported),
+            Mnemonic::Wrpkru if crate::cpu::host_pku() => trap(TrapKind::Unsupported),
+            _ if is_system_instruction(inst) => trap(TrapKind::Unsupported),
             // With the time-stamp counter disabled (`PR_SET_TSC`): #GP, as in user mode with
             // CR4.TSD set.
-            Mnemonic::Rdtsc | Mnemonic::Rdtscp if crate::special::tsc_sigsegv() => {
+            Mnemonic::Rdtsc | Mnemonic::Rdtscp if crate::cpu::tsc_sigsegv() => {
                 trap(TrapKind::Privileged)
             }
             _ => None,
@@ -208,7 +227,7 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
             Code::Int_imm8 if inst.immediate8() == 0x80 => trap(TrapKind::Unsupported),
             _ => trap(TrapKind::Privileged),
         },
-        _ if crate::special::is_system_instruction(inst) => trap(TrapKind::Unsupported),
+        _ if is_system_instruction(inst) => trap(TrapKind::Unsupported),
         FlowControl::Exception => trap(TrapKind::Undefined),
         // Far transfers, iret, xbegin/xabort and anything else that changes control in ways
         // a user-mode x86-64 Linux program does not use.
@@ -260,6 +279,15 @@ pub fn writes_gs(inst: &Instruction) -> bool {
 /// emitter runs it with the prefix turned into a DS prefix, which 64-bit mode ignores.
 pub fn gs_memory(inst: &Instruction) -> bool {
     inst.segment_prefix() == Register::GS
+}
+
+/// Bytes a `ret` (at `inst`) takes off the stack: the return address and its `imm16`.
+pub(crate) fn return_pop(inst: &Instruction) -> i32 {
+    8 + if inst.code() == Code::Retnq_imm16 {
+        inst.immediate16() as i32
+    } else {
+        0
+    }
 }
 
 #[cfg(test)]

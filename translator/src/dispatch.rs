@@ -22,9 +22,11 @@ use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
 use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
+use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::code_log::{CodeKind, CodeRecord};
+pub use crate::config::{Config, Stats};
 use crate::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
-use crate::emit::{emit_block, EmitContext, Exit, ExitKind, HostLayout};
+use crate::emit::{emit_block, EmitContext};
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
     EXIT_SPECIAL_BASE,
@@ -32,6 +34,7 @@ use crate::gateway::{
 use crate::guest_mem;
 use crate::linux::host::{raw_syscall, GATE_REFUSED};
 use crate::linux::kernel_writes;
+use crate::linux::process::ThreadResources;
 use crate::linux::process::{
     lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
 };
@@ -42,111 +45,6 @@ use crate::special;
 use crate::superblock::{emit_superblock, side_exit_id};
 use crate::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
-
-/// Translator settings.
-#[derive(Clone, Copy, Debug)]
-pub struct Config {
-    /// Emit the enqueue stub at every block head (the monitor is on).
-    pub enqueue: bool,
-    /// Event ring capacity in entries (a power of two).
-    pub ring_entries: u64,
-    /// Build the superblocks the monitor asks for (`--no-superblocks` turns it off).
-    pub superblocks: bool,
-    /// The guest was given the vDSO ([`crate::guest_vdso`]; `--no-vdso` turns it off).
-    pub vdso: bool,
-    /// Keep each thread's calling contexts in its translated calls and returns
-    /// (`hotpath_contexts`; docs/paths-design.md, stage 1).
-    pub contexts: bool,
-    /// Record where translated code goes, for host profilers ([`Translator::code_records`]).
-    pub perf_map: bool,
-}
-
-/// Counters of the translator's own work.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Stats {
-    /// Blocks translated (re-translations after a flush included).
-    pub blocks_translated: u64,
-    /// Direct branches chained.
-    pub links: u64,
-    /// Indirect branches that missed the lookup table.
-    pub ibl_misses: u64,
-    /// Guest system calls.
-    pub syscalls: u64,
-    /// Code cache flushes.
-    pub flushes: u64,
-    /// Times a code cache moved out of the guest's way (see `Translator::move_cache`).
-    pub cache_moves: u64,
-    /// Exits at the end of a ring lap (to wait for the monitor and start the next lap).
-    pub ring_refills: u64,
-    /// Superblocks built (re-built ones after a flush included).
-    pub superblocks: u64,
-    /// Superblock requests dropped: stale after a flush, or the guest code changed.
-    pub superblocks_dropped: u64,
-    /// Wall time spent translating basic blocks (decode, emit, install), in nanoseconds.
-    pub translation_ns: u64,
-    /// Calling contexts made (with [`Config::contexts`]).
-    pub contexts: u64,
-    /// Calls and returns whose context step went to the runtime (a new context, a cache
-    /// entry that held another callee, a full frame stack, a return to another frame).
-    pub context_exits: u64,
-    /// Context resynchronisations (deeper and orphan returns, tail calls, jump returns).
-    pub context_resyncs: u64,
-    /// Plans (function numberings, renumberings included) the monitor sent that this thread
-    /// took (#21 stage 2).
-    pub instrumented: u64,
-    /// Instrumentation requests dropped (not a closed region, or the code changed).
-    pub instrument_dropped: u64,
-    /// Hand-overs: times this thread's instrumented activations turned cold.
-    pub hand_overs: u64,
-    /// Those at an edge the numbering lacked (the CFG grew since).
-    pub hand_overs_new_edge: u64,
-    /// Hand-ins: cold activations of instrumented functions that went on instrumented at a
-    /// back edge.
-    pub hand_ins: u64,
-    /// Path ends of instrumented code whose run step went to the runtime (a run prefix not
-    /// taken last from its node).
-    pub run_misses: u64,
-}
-
-impl Stats {
-    /// Adds `o`'s counts to these.
-    pub fn add(&mut self, o: &Stats) {
-        self.blocks_translated += o.blocks_translated;
-        self.links += o.links;
-        self.ibl_misses += o.ibl_misses;
-        self.syscalls += o.syscalls;
-        self.flushes += o.flushes;
-        self.cache_moves += o.cache_moves;
-        self.ring_refills += o.ring_refills;
-        self.superblocks += o.superblocks;
-        self.superblocks_dropped += o.superblocks_dropped;
-        self.translation_ns += o.translation_ns;
-        self.contexts += o.contexts;
-        self.context_exits += o.context_exits;
-        self.context_resyncs += o.context_resyncs;
-        self.instrumented += o.instrumented;
-        self.instrument_dropped += o.instrument_dropped;
-        self.hand_overs += o.hand_overs;
-        self.hand_overs_new_edge += o.hand_overs_new_edge;
-        self.hand_ins += o.hand_ins;
-        self.run_misses += o.run_misses;
-    }
-}
-
-/// What a guest thread's translator owns apart from its bookkeeping: its code cache (with
-/// the gateway at its bottom), its thread area and its signal state. Kept for reuse when the
-/// thread ends (a program that starts and joins threads in a loop maps them once).
-pub struct ThreadResources {
-    cache: CodeCache,
-    gateway: Gateway,
-    area: &'static mut ThreadArea,
-    signals: SignalState,
-}
-
-// SAFETY: a thread's resources are used by one host thread at a time: its own while it runs,
-// then handed to the next through the process's pool under its lock. The code cache's raw
-// pointer is its writable view, mapped for the process's life.
-unsafe impl Send for ThreadResources {}
 
 /// Where to go next.
 #[derive(Clone, Copy, Debug)]
@@ -405,7 +303,7 @@ impl Translator {
             reply,
             tsc_sigsegv,
         } = start;
-        crate::special::set_tsc_sigsegv(tsc_sigsegv);
+        crate::cpu::set_tsc_sigsegv(tsc_sigsegv);
         let built = (|| {
             let host = HostFeatures::detect()?;
             // A thread's memory serves a new one once the monitor has let go of its ring.
@@ -1476,7 +1374,7 @@ impl Translator {
             clone,
             mask: crate::linux::signals::guest_mask(),
             reply: tx,
-            tsc_sigsegv: crate::special::tsc_sigsegv(),
+            tsc_sigsegv: crate::cpu::tsc_sigsegv(),
         };
         if let Err(e) = spawner(start) {
             return -(e.raw_os_error().unwrap_or(libc::EAGAIN) as i64);

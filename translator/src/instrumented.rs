@@ -42,12 +42,12 @@ use hotpath_events::{BorderEvent, EdgeStep, PathPlan};
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Terminator};
 use iced_x86::Code;
 
+use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
 use crate::emit::{
     append_body, assembled, enqueue_stub, enqueue_words, exit_stub, jcc, load_indirect_target,
     patchable_jcc, patchable_jmp, push_return_address, rcx_branch, resolve_exit_stubs, return_pop,
-    return_through_lookup, Code_, EmitContext, EmittedBlock, Exit, ExitKind, HostLayout, RcxSave,
-    RingWord, Slow,
+    return_through_lookup, Code_, EmitContext, EmittedBlock, RcxSave, RingWord, Slow,
 };
 use crate::gateway::{emit_ibl, GS};
 use crate::path_steps::{path_add, path_end, path_start};

@@ -19,18 +19,22 @@
 
 pub mod code_cache;
 pub mod code_log;
+mod config;
 mod context_steps;
+mod cpu;
 pub mod decode;
 mod dispatch;
 pub mod emit;
 pub mod gateway;
 pub mod guest_mem;
 pub mod instrumented;
+mod links;
 pub mod linux;
 pub mod modules;
 pub mod path_steps;
 mod smc;
 mod special;
+mod stubs;
 pub mod superblock;
 pub mod thread_area;
 

@@ -17,6 +17,8 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic
 
 use hotpath_ir::TrapKind;
 
+use crate::cpu::set_guest_pkru;
+use crate::decode::is_system_instruction;
 use crate::guest_mem;
 use crate::linux::host::raw_syscall;
 pub use crate::linux::signals::{GuestFault, TrapDetails};
@@ -296,43 +298,6 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
     }
 }
 
-thread_local! {
-    /// The guest thread disabled its time-stamp counter (`prctl(PR_SET_TSC,
-    /// PR_TSC_SIGSEGV)`): its `rdtsc` and `rdtscp` raise #GP as the kernel's CR4.TSD makes
-    /// them do. Emulated, not passed on: the kernel's setting would stop hotpath's own clock.
-    static TSC_SIGSEGV: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether this guest thread's `rdtsc` and `rdtscp` fault ([`set_tsc_sigsegv`]).
-pub fn tsc_sigsegv() -> bool {
-    TSC_SIGSEGV.with(|t| t.get())
-}
-
-/// Sets this guest thread's time-stamp counter mode (`PR_SET_TSC`; a new thread inherits its
-/// creator's). The caller discards translations made under the other mode.
-pub fn set_tsc_sigsegv(on: bool) {
-    TSC_SIGSEGV.with(|t| t.set(on));
-}
-
-/// Whether `i` is a system instruction whose fault in user mode differs between machines (by
-/// vendor, or by hypervisor: `sysenter` is #UD on AMD in 64-bit mode and a compat system call
-/// entry on Intel; `vmcall` and `vmmcall` are what the hypervisor makes of them), or that
-/// faults without exception on every one (`swapgs`, `sysret`, `sysexit`: #GP), which
-/// [`probe_system_instruction`] finds out on this machine.
-pub fn is_system_instruction(i: &Instruction) -> bool {
-    matches!(
-        i.mnemonic(),
-        Mnemonic::Swapgs
-            | Mnemonic::Sysret
-            | Mnemonic::Sysretq
-            | Mnemonic::Sysexit
-            | Mnemonic::Sysexitq
-            | Mnemonic::Sysenter
-            | Mnemonic::Vmcall
-            | Mnemonic::Vmmcall
-    )
-}
-
 /// What the system instruction at guest `at` (`len` bytes) does in user mode on this machine,
 /// probed once per instruction encoding by running it in a forked child with a handler for
 /// every fault signal: the fault to raise in the guest, exactly as the kernel reported it to
@@ -551,11 +516,6 @@ pub fn is_indirect(pc: u64) -> bool {
     })
 }
 
-/// The host has protection keys enabled (CPUID.(EAX=7,ECX=0):ECX.OSPKE, bit 4).
-pub fn host_pku() -> bool {
-    std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 4) != 0
-}
-
 /// `wrpkru` on a host with protection keys: hotpath's own memory has key 0 and the guest's
 /// PKRU is live while hotpath runs (it is part of the XSAVE state swapped at each
 /// transition), so a value that denies access or writes to key 0 is refused; any other is
@@ -576,38 +536,6 @@ fn wrpkru(at: u64, next: u64, area: &mut ThreadArea) -> Action {
         return Action::Refuse("wrpkru (no room for PKRU in the saved state)".into());
     }
     Action::Continue(next)
-}
-
-/// Writes `pkru` as the PKRU of the guest's saved XSAVE state `xsave` (standard format), which
-/// the next entry to the cache loads. False if `xsave` has no room for it.
-pub fn set_guest_pkru(xsave: &mut [u8], pkru: u32) -> bool {
-    // XSAVE component 9 (PKRU): its offset in the standard format, and its XSTATE_BV bit.
-    let offset = std::arch::x86_64::__cpuid_count(0xd, 9).ebx as usize;
-    let Some(slot) = xsave.get_mut(offset..offset + 4) else {
-        return false;
-    };
-    slot.copy_from_slice(&pkru.to_le_bytes());
-    xsave[512 + 1] |= 1 << 1; // XSTATE_BV bit 9: byte 513, bit 1
-    true
-}
-
-/// The PKRU a process starts with, and a signal handler runs with (the kernel's
-/// `init_pkru_value`, 0x55555554 by default: every key but 0 denied), on a host with protection
-/// keys; `None` without them. Read from hotpath's own PKRU the first time (the kernel set it at
-/// `execve`, and hotpath never changes it), which is before any guest code runs.
-pub fn initial_pkru() -> Option<u32> {
-    static PKRU: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *PKRU.get_or_init(|| {
-        host_pku().then(|| {
-            let pkru: u32;
-            // SAFETY: `rdpkru` (ECX = 0) reads the thread's PKRU; OSPKE is set (checked).
-            unsafe {
-                std::arch::asm!("rdpkru", in("ecx") 0, out("eax") pkru, out("edx") _,
-                    options(nomem, nostack, preserves_flags));
-            }
-            pkru
-        })
-    })
 }
 
 /// True if `i` (which writes GS) writes the null selector or base 0 from a register: the
@@ -829,7 +757,7 @@ pub fn noncanonical_branch(site: Option<u64>, target: u64, area: &mut ThreadArea
     if let Some(i) = decode_at(site) {
         let rsp = &mut area.gpr[thread_area::RSP];
         match i.mnemonic() {
-            Mnemonic::Ret => *rsp = rsp.wrapping_sub(crate::emit::return_pop(&i) as u64),
+            Mnemonic::Ret => *rsp = rsp.wrapping_sub(crate::decode::return_pop(&i) as u64),
             Mnemonic::Call => *rsp = rsp.wrapping_add(8),
             _ => {}
         }

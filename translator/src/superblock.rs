@@ -30,11 +30,12 @@ use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembl
 use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
+use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
 use crate::emit::{
     append_body, assembled, call_exits, emit_terminator, enqueue_stub, exit_stub, jcc,
     patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_,
-    EmitContext, Exit, ExitKind, HostLayout, RcxSave, Slow,
+    EmitContext, RcxSave, Slow,
 };
 use crate::gateway::GS;
 use crate::thread_area::off;

@@ -7,8 +7,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
+use hotpath_translator::code_cache::Exit;
 use hotpath_translator::decode::decode_block;
-use hotpath_translator::emit::{emit_block, EmitContext, Exit};
+use hotpath_translator::emit::{emit_block, EmitContext};
 use hotpath_translator::gateway::Gateway;
 use hotpath_translator::superblock::emit_superblock;
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};

@@ -7,8 +7,8 @@ use hotpath_events::{ContextChange, ContextEvent};
 use hotpath_ir::{GuestAddr, HostAddr, Terminator};
 
 use super::{Next, Stop, Translator};
+use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
-use crate::emit::{Exit, ExitKind, HostLayout};
 use crate::gateway::EXIT_SPECIAL_BASE;
 use crate::guest_mem;
 use crate::linux::process::{lock, FunctionMap};

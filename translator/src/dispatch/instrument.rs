@@ -24,7 +24,8 @@ use hotpath_events::{
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
 
 use super::{lock, Next, Stop, Translator, EXIT_SPECIAL_BASE, MAX_BLOCK_INSTRUCTIONS};
-use crate::emit::{EmitContext, ExitKind};
+use crate::code_cache::ExitKind;
+use crate::emit::EmitContext;
 use crate::instrumented::{emit_instrumented, EntryHeads};
 use crate::TranslateError;
 

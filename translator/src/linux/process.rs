@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crossbeam::channel::Sender;
 use hotpath_events::{BlockCatalog, CatalogWriter, NewBlock};
 
-use crate::dispatch::{Config, Stats};
+use crate::config::{Config, Stats};
 use crate::linux::signals::{Actions, HandlerShared};
 use crate::modules::ModuleList;
 use crate::smc::ProtectedPages;
@@ -50,7 +50,7 @@ pub struct ForkHold<'a> {
     _ended_stats: MutexGuard<'a, Stats>,
     _invalidations: MutexGuard<'a, Vec<(u64, u64)>>,
     _spawner: MutexGuard<'a, Option<Spawner>>,
-    pool: MutexGuard<'a, Vec<crate::dispatch::ThreadResources>>,
+    pool: MutexGuard<'a, Vec<ThreadResources>>,
     mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
     _function_entries: MutexGuard<'a, std::collections::HashSet<u64>>,
     _code_log: MutexGuard<'a, Option<crate::code_log::CodeLog>>,
@@ -229,7 +229,7 @@ pub struct ProcessShared {
     /// Creates host threads for new guest threads (the embedder's).
     pub spawner: Mutex<Option<Spawner>>,
     /// Reusable per-thread resources of threads that ended.
-    pub pool: Mutex<Vec<crate::dispatch::ThreadResources>>,
+    pub pool: Mutex<Vec<ThreadResources>>,
     /// Threads started so far (the first included).
     pub threads_started: AtomicU32,
     /// The guest's file descriptors open on its own memory file (`/proc/self/mem` and its
@@ -416,6 +416,21 @@ impl ProcessShared {
             .unwrap_or_else(|| Arc::from(Vec::new()))
     }
 }
+
+/// What a guest thread's translator owns apart from its bookkeeping: its code cache (with
+/// the gateway at its bottom), its thread area and its signal state. Kept for reuse when the
+/// thread ends (a program that starts and joins threads in a loop maps them once).
+pub struct ThreadResources {
+    pub(crate) cache: crate::code_cache::CodeCache,
+    pub(crate) gateway: crate::gateway::Gateway,
+    pub(crate) area: &'static mut crate::thread_area::ThreadArea,
+    pub(crate) signals: crate::linux::signals::SignalState,
+}
+
+// SAFETY: a thread's resources are used by one host thread at a time: its own while it runs,
+// then handed to the next through the process's pool under its lock. The code cache's raw
+// pointer is its writable view, mapped for the process's life.
+unsafe impl Send for ThreadResources {}
 
 #[cfg(test)]
 mod tests {

@@ -726,7 +726,7 @@ fn sys_prctl(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
         // The time-stamp counter setting is the thread's and is emulated: the kernel's would
         // make hotpath's own clock (the vDSO's `rdtscp`) fault.
         libc::PR_GET_TSC => {
-            let mode = if crate::special::tsc_sigsegv() {
+            let mode = if crate::cpu::tsc_sigsegv() {
                 libc::PR_TSC_SIGSEGV
             } else {
                 libc::PR_TSC_ENABLE
@@ -739,8 +739,8 @@ fn sys_prctl(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
                 libc::PR_TSC_SIGSEGV => true,
                 _ => return Outcome::Return(-(libc::EINVAL as i64)),
             };
-            if on != crate::special::tsc_sigsegv() {
-                crate::special::set_tsc_sigsegv(on);
+            if on != crate::cpu::tsc_sigsegv() {
+                crate::cpu::set_tsc_sigsegv(on);
                 // Translations made under the other mode: this thread's go (its code cache
                 // is its own).
                 p.invalidate.push((0, 1 << 47));

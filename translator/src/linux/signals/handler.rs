@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::emit::HostLayout;
+use crate::code_cache::HostLayout;
 use crate::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {

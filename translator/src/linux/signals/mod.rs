@@ -30,7 +30,7 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crate::emit::Exit;
+use crate::code_cache::Exit;
 use crate::guest_mem;
 use crate::linux::host::raw_syscall;
 use crate::thread_area::ThreadArea;
@@ -158,10 +158,10 @@ struct SyncFault {
     /// Trap number, error code, CR2 and RF of the fault.
     trap: TrapDetails,
     /// The side-exit event of the superblock block it happened in (see
-    /// [`HostLayout::trace_exit`](crate::emit::HostLayout::trace_exit)).
+    /// [`HostLayout::trace_exit`](crate::code_cache::HostLayout::trace_exit)).
     trace_exit: Option<u32>,
     /// The instrumented block it happened in (see
-    /// [`HostLayout::path_block`](crate::emit::HostLayout::path_block)).
+    /// [`HostLayout::path_block`](crate::code_cache::HostLayout::path_block)).
     path_block: Option<(u32, u32)>,
 }
 

@@ -1,0 +1,92 @@
+//! The translator's settings and the counters of its work: shared by the dispatcher and the
+//! process state (which keeps the counters of threads that ended). A leaf.
+
+/// Translator settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Emit the enqueue stub at every block head (the monitor is on).
+    pub enqueue: bool,
+    /// Event ring capacity in entries (a power of two).
+    pub ring_entries: u64,
+    /// Build the superblocks the monitor asks for (`--no-superblocks` turns it off).
+    pub superblocks: bool,
+    /// The guest was given the vDSO ([`crate::guest_vdso`]; `--no-vdso` turns it off).
+    pub vdso: bool,
+    /// Keep each thread's calling contexts in its translated calls and returns
+    /// (`hotpath_contexts`; docs/paths-design.md, stage 1).
+    pub contexts: bool,
+    /// Record where translated code goes, for host profilers ([`Translator::code_records`]).
+    pub perf_map: bool,
+}
+
+/// Counters of the translator's own work.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Blocks translated (re-translations after a flush included).
+    pub blocks_translated: u64,
+    /// Direct branches chained.
+    pub links: u64,
+    /// Indirect branches that missed the lookup table.
+    pub ibl_misses: u64,
+    /// Guest system calls.
+    pub syscalls: u64,
+    /// Code cache flushes.
+    pub flushes: u64,
+    /// Times a code cache moved out of the guest's way (see `Translator::move_cache`).
+    pub cache_moves: u64,
+    /// Exits at the end of a ring lap (to wait for the monitor and start the next lap).
+    pub ring_refills: u64,
+    /// Superblocks built (re-built ones after a flush included).
+    pub superblocks: u64,
+    /// Superblock requests dropped: stale after a flush, or the guest code changed.
+    pub superblocks_dropped: u64,
+    /// Wall time spent translating basic blocks (decode, emit, install), in nanoseconds.
+    pub translation_ns: u64,
+    /// Calling contexts made (with [`Config::contexts`]).
+    pub contexts: u64,
+    /// Calls and returns whose context step went to the runtime (a new context, a cache
+    /// entry that held another callee, a full frame stack, a return to another frame).
+    pub context_exits: u64,
+    /// Context resynchronisations (deeper and orphan returns, tail calls, jump returns).
+    pub context_resyncs: u64,
+    /// Plans (function numberings, renumberings included) the monitor sent that this thread
+    /// took (#21 stage 2).
+    pub instrumented: u64,
+    /// Instrumentation requests dropped (not a closed region, or the code changed).
+    pub instrument_dropped: u64,
+    /// Hand-overs: times this thread's instrumented activations turned cold.
+    pub hand_overs: u64,
+    /// Those at an edge the numbering lacked (the CFG grew since).
+    pub hand_overs_new_edge: u64,
+    /// Hand-ins: cold activations of instrumented functions that went on instrumented at a
+    /// back edge.
+    pub hand_ins: u64,
+    /// Path ends of instrumented code whose run step went to the runtime (a run prefix not
+    /// taken last from its node).
+    pub run_misses: u64,
+}
+
+impl Stats {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &Stats) {
+        self.blocks_translated += o.blocks_translated;
+        self.links += o.links;
+        self.ibl_misses += o.ibl_misses;
+        self.syscalls += o.syscalls;
+        self.flushes += o.flushes;
+        self.cache_moves += o.cache_moves;
+        self.ring_refills += o.ring_refills;
+        self.superblocks += o.superblocks;
+        self.superblocks_dropped += o.superblocks_dropped;
+        self.translation_ns += o.translation_ns;
+        self.contexts += o.contexts;
+        self.context_exits += o.context_exits;
+        self.context_resyncs += o.context_resyncs;
+        self.instrumented += o.instrumented;
+        self.instrument_dropped += o.instrument_dropped;
+        self.hand_overs += o.hand_overs;
+        self.hand_overs_new_edge += o.hand_overs_new_edge;
+        self.hand_ins += o.hand_ins;
+        self.run_misses += o.run_misses;
+    }
+}

@@ -1,0 +1,213 @@
+//! What the code cache holds besides code: each translation's layout (host addresses back to
+//! guest state, for the dispatcher and the signal handler) and its exits (where it leaves the
+//! cache, and the link sites chaining patches). The emitters make them; the cache, the
+//! dispatcher and the signal handler read them.
+
+use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
+
+/// Why a block's exit stub leaves the code cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    /// A direct branch not yet chained: translate `target`, patch the rel32 at `site`.
+    /// `stub` is the exit stub the rel32 points at until then (and again after an unlink).
+    /// `call`: the jump of a `call` to its callee (with calling contexts, jumps to a function's
+    /// entry that are not calls are tail calls, linked through the entry's jump entry).
+    /// `from`: the guest start of the basic block whose terminator this is (for a superblock
+    /// landing, the call block's): a jump to a loop head of an instrumented function from
+    /// one of its blocks may hand a cold activation in (`dispatch::instrument`).
+    Direct {
+        target: GuestAddr,
+        from: GuestAddr,
+        site: HostAddr,
+        stub: HostAddr,
+        call: bool,
+    },
+    /// The guest executed `syscall` at `at`; it resumes at `next`.
+    Syscall { at: GuestAddr, next: GuestAddr },
+    /// A superblock's side exit found the ring's lap full: enqueue `marker`, then go on at
+    /// guest `target` (the dispatcher does what the side exit's enqueue stub would have).
+    SideExit { marker: BlockId, target: GuestAddr },
+    /// The same for a `ret` inlined in a superblock whose return address was not the
+    /// predicted one: enqueue `marker`, then return (pop the address and `pop - 8` more bytes)
+    /// as the `ret` at guest `at` does.
+    SideExitReturn {
+        marker: BlockId,
+        at: GuestAddr,
+        pop: u32,
+    },
+    /// A call's context step needs the runtime (`context_steps`): the frame stack is `full`
+    /// (nothing pushed yet), or the node's cache did not hold the callee. The callee is
+    /// `callee`, or for an indirect call (`None`) in `ibl_target`. In a superblock, `marker` is
+    /// the side-exit event that says where the trace ended (enqueued first).
+    ContextCall {
+        callee: Option<GuestAddr>,
+        full: bool,
+        marker: Option<BlockId>,
+    },
+    /// A `ret`'s target (in `ibl_target`) is not the top frame's return address: the runtime
+    /// resynchronises the contexts, then the return goes on through the lookup.
+    ContextReturn,
+    /// An indirect jump's target (in `ibl_target`) is the top frame's return address: the
+    /// runtime pops to it (a jump return), then the jump goes on through the lookup.
+    ContextJumpReturn,
+    /// A jump reached the entry of function `entry` (through its jump entry, see
+    /// `context_steps::jump_entry`) from another function's context: a tail call.
+    ContextTailCall { entry: GuestAddr },
+    /// An instrumented block's edge to block `to` of the plan numbered `numbering` (#21 stage
+    /// 2; `instrumented`), its path register step already made: linked like a direct exit, to
+    /// that block's instrumented translation.
+    PathEdge {
+        numbering: u32,
+        from: u32,
+        to: u32,
+        site: HostAddr,
+        stub: HostAddr,
+    },
+    /// An instrumented call's jump (frame pushed, context stepped) to the quiet entry of the
+    /// instrumented function at `callee`, linked like a direct exit.
+    PathCall {
+        numbering: u32,
+        from: u32,
+        callee: GuestAddr,
+        site: HostAddr,
+        stub: HostAddr,
+    },
+    /// An instrumented block's edge to guest `to` that numbering `numbering` does not have
+    /// (the CFG grew): the runtime hands the thread's instrumented activations over and goes
+    /// on at `to`, cold.
+    PathLeave {
+        numbering: u32,
+        from: u32,
+        to: GuestAddr,
+    },
+    /// An instrumented activation's start found the current context without counters of
+    /// numbering `numbering`: the runtime makes them and goes on at `quiet` (the start).
+    PathCounters { numbering: u32, quiet: HostAddr },
+    /// An instrumented call's context step needs the runtime: the frame stack is `full`
+    /// (nothing pushed), or the node's cache missed (the frame, with `r` and the reload stub
+    /// `reload` as its host, is pushed).
+    PathContextCall {
+        numbering: u32,
+        from: u32,
+        callee: GuestAddr,
+        full: bool,
+        reload: HostAddr,
+    },
+    /// A call out of an instrumented region (block `from` of numbering `numbering`, its
+    /// call-out event written) needs the runtime for its context step: the frame stack is
+    /// `full` (nothing pushed), or the node's cache missed (the frame, its host the border
+    /// reload stub, is pushed). The callee is `callee`, or for an indirect call (`None`) in
+    /// `ibl_target`.
+    PathCallOut {
+        numbering: u32,
+        from: u32,
+        callee: Option<GuestAddr>,
+        full: bool,
+    },
+    /// The path end of instrumented block `from`, a tail call out to guest `target`, found
+    /// another child in its run node's cache (nothing done yet): the runtime ends the path and
+    /// the run, writes the tail-out event and makes the jump.
+    PathTailMiss {
+        numbering: u32,
+        from: u32,
+        target: GuestAddr,
+    },
+    /// A path end of instrumented block `from` found another child in its run node's cache
+    /// (nothing done yet): the runtime ends the path — on the back edge to block `to`, or at
+    /// the activation's end (`to` is `None`), whose `ret` pops `pop` bytes and goes on as the
+    /// translated return would — and goes on at the next block.
+    PathRunMiss {
+        numbering: u32,
+        from: u32,
+        to: Option<u32>,
+        pop: i32,
+    },
+    /// The `ret` of block `from` of an instrumented function with several `ret`s (popping
+    /// `pop` bytes) does not return to the top frame (nothing of it done): the runtime hands
+    /// the hole over, the top activation at `from`, then makes the `ret` cold.
+    PathReturnElsewhere { numbering: u32, from: u32, pop: i32 },
+    /// An instrumented `ret` (its path counted) whose target, in `ibl_target`, is not the top
+    /// frame's return address: the runtime hands the rest over, then resynchronises.
+    PathContextReturn { numbering: u32 },
+    /// An instrumented `ret` (its path counted) popped a frame with no host address: it goes
+    /// on at its target, in `ibl_target`, cold.
+    PathReturnNoHost { numbering: u32 },
+    /// The guest reached a trapping instruction at `at`; `next` is the address after it.
+    Trap {
+        kind: TrapKind,
+        at: GuestAddr,
+        next: GuestAddr,
+    },
+}
+
+impl ExitKind {
+    /// The patchable rel32 of a linkable exit and the exit stub it aims at when unlinked.
+    pub fn link_site(&self) -> Option<(HostAddr, HostAddr)> {
+        match *self {
+            ExitKind::Direct { site, stub, .. }
+            | ExitKind::PathEdge { site, stub, .. }
+            | ExitKind::PathCall { site, stub, .. } => Some((site, stub)),
+            _ => None,
+        }
+    }
+
+    /// True for the exits of instrumented translations.
+    pub fn is_instrumented(&self) -> bool {
+        matches!(
+            self,
+            ExitKind::PathEdge { .. }
+                | ExitKind::PathCall { .. }
+                | ExitKind::PathLeave { .. }
+                | ExitKind::PathCounters { .. }
+                | ExitKind::PathContextCall { .. }
+                | ExitKind::PathCallOut { .. }
+                | ExitKind::PathTailMiss { .. }
+                | ExitKind::PathContextReturn { .. }
+                | ExitKind::PathReturnNoHost { .. }
+                | ExitKind::PathReturnElsewhere { .. }
+                | ExitKind::PathRunMiss { .. }
+        )
+    }
+}
+
+/// One exit of an emitted block.
+#[derive(Clone, Copy, Debug)]
+pub struct Exit {
+    /// The block the exit belongs to.
+    pub block: BlockId,
+    /// What to do when it is taken.
+    pub kind: ExitKind,
+}
+
+/// Where the parts of a block's host code are, so a fault or signal at a host address can be
+/// mapped back to a precise guest state.
+#[derive(Clone, Debug, Default)]
+pub struct HostLayout {
+    /// Host address of the first byte of the block's code (the ring slow path, if any).
+    pub code_start: u64,
+    /// Host address of the block entry.
+    pub entry: u64,
+    /// Guest address of the block.
+    pub guest_start: u64,
+    /// One past the last byte.
+    pub code_end: u64,
+    /// `(host address, guest address)` of every body instruction, in order.
+    pub body: Vec<(u64, u64)>,
+    /// Host address where the terminator's code starts.
+    pub term_start: u64,
+    /// Guest address of the terminating instruction (the block's end when it has none).
+    pub term_guest: u64,
+    /// From this host address on (to the end), RCX holds a borrowed value; the guest's is in
+    /// `scratch_rcx`.
+    pub rcx_borrowed_from: Option<u64>,
+    /// `(host address, register number)` of each instruction that runs with a register
+    /// borrowed to address a far RIP-relative operand (see `emit::encode_at`): at a fault there,
+    /// the guest's value of that register is in the thread area's `scratch_far` slot.
+    pub far_borrows: Vec<(u64, u8)>,
+    /// For one block of a superblock: the side-exit event that says "the superblock ended
+    /// after this block", which the dispatcher enqueues when a fault here ends the trace.
+    pub trace_exit: Option<u32>,
+    /// For an instrumented block (#21 stage 2): its plan's numbering and its index in it, so
+    /// that an activation interrupted here can be handed over.
+    pub path_block: Option<(u32, u32)>,
+}

@@ -1,0 +1,230 @@
+//! Code pieces every emitter of translated code shares (blocks, superblocks, instrumented
+//! blocks, calling-context steps): the enqueue stub that writes an event to the ring, and the
+//! padding that keeps a patchable branch's rel32 aligned. Below `emit` and `context_steps`,
+//! which both use them.
+
+use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+use iced_x86::Register;
+
+use crate::gateway::{EXIT_RING_FULL, GS};
+use crate::thread_area::off;
+
+/// The x86 register number (0 = RAX … 15 = R15) of a 64-bit general-purpose register.
+pub(crate) fn gpr(r: Register) -> u8 {
+    debug_assert!(r.is_gpr64());
+    (r as u32 - Register::RAX as u32) as u8
+}
+
+/// What an enqueue stub does when the ring's lap is full (`cursor == 0`).
+#[derive(Clone, Copy)]
+pub(crate) enum Slow {
+    /// Exit with `EXIT_RING_FULL`, resuming at the stub's entry afterwards (a block or
+    /// superblock head).
+    Resume,
+    /// Exit through exit index `n` (a superblock's side exit: the dispatcher enqueues the event
+    /// itself and goes on at the exit's target).
+    Exit(u32),
+}
+
+/// Where an enqueue stub keeps the guest's RCX while it uses RCX for the ring's cursor
+/// (`jrcxz` is the only flag-free conditional branch, and it tests RCX).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RcxSave {
+    /// In the thread area's scratch slot: one store and one load (always possible).
+    Scratch,
+    /// Nowhere: RCX is dead at the block's entry (see `hotpath_ir::scratch_register`).
+    Dead,
+    /// In this 64-bit register, dead at the block's entry: two register moves.
+    Register(Register),
+}
+
+impl RcxSave {
+    /// The cheapest way for the stub at the head of `body` (the guest instructions that run
+    /// right after it).
+    pub(crate) fn for_body(body: &[hotpath_ir::Inst]) -> RcxSave {
+        match hotpath_ir::scratch_register(body) {
+            None => RcxSave::Scratch,
+            Some(Register::RCX) => RcxSave::Dead,
+            Some(r) => RcxSave::Register(r),
+        }
+    }
+}
+
+/// Appends an enqueue stub for event `event` on a ring of `ring_entries` entries: its slow
+/// path first, then the entry, which loads the ring's cursor (`jrcxz` to the slow path when
+/// the lap is full), stores `event` at `entries_end[cursor]`, advances the cursor and gives
+/// RCX back. Flag-free. The guest's RCX is kept as `save` says; with `RcxSave::Dead` or
+/// `RcxSave::Register` the stub clobbers a register the guest overwrites before it reads it,
+/// so the guest cannot tell (the dispatcher never delivers a signal at a stub's entry after a
+/// ring refill, see `Next::Resume`). Returns the entry's offset from the assembler's start.
+///
+/// The cursor is the only state and a signal handler never touches it (a pending signal
+/// unlinks the blocks instead, see `signals`), so a stub a signal interrupts just finishes.
+/// Until its cursor store the stub changes nothing the guest could see, so the slow path
+/// resumes at its entry and runs it again after the refill.
+// dynasm's `Rq(n)` expands to `n.into()`, which clippy finds useless for a `u8`.
+#[allow(clippy::useless_conversion)]
+pub(crate) fn enqueue_stub(
+    ops: &mut VecAssembler<X64Relocation>,
+    event: u32,
+    ring_entries: u64,
+    slow: Slow,
+    save: RcxSave,
+    exit_addr: usize,
+) -> u64 {
+    let entry_label = ops.new_dynamic_label();
+    enqueue_stub_at(ops, entry_label, event, ring_entries, slow, save, exit_addr)
+}
+
+/// [`enqueue_stub`] with its entry at `entry_label`, for code that jumps over its slow path.
+#[allow(clippy::useless_conversion)]
+pub(crate) fn enqueue_stub_at(
+    ops: &mut VecAssembler<X64Relocation>,
+    entry_label: DynamicLabel,
+    event: u32,
+    ring_entries: u64,
+    slow: Slow,
+    save: RcxSave,
+    exit_addr: usize,
+) -> u64 {
+    let slow_label = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; =>slow_label);
+    match slow {
+        Slow::Resume => {
+            // The exit routine expects the guest's RCX in its scratch slot.
+            match save {
+                RcxSave::Scratch => {}
+                RcxSave::Dead => {
+                    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx)
+                }
+                RcxSave::Register(r) => {
+                    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], Rq(gpr(r)))
+                }
+            }
+            dynasm!(ops
+                ; .arch x64
+                ; lea rcx, [=>entry_label]
+                ; .u8 GS ; mov QWORD [off::RESUME], rcx
+                ; mov ecx, EXIT_RING_FULL as i32
+                ; jmp extern exit_addr
+            )
+        }
+        // The guest's RCX is in its scratch slot already, as the exit routine expects.
+        Slow::Exit(index) => {
+            assert_eq!(save, RcxSave::Scratch, "a side exit's stub saves RCX");
+            dynasm!(ops
+                ; .arch x64
+                ; mov ecx, index as i32
+                ; jmp extern exit_addr
+            )
+        }
+    }
+    let entry = ops.offset().0 as u64;
+    let entries_end = off::entries_end(ring_entries);
+    dynasm!(ops ; .arch x64 ; =>entry_label);
+    match save {
+        RcxSave::Scratch => dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx),
+        RcxSave::Dead => {}
+        RcxSave::Register(r) => dynasm!(ops ; .arch x64 ; mov Rq(gpr(r)), rcx),
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rcx, QWORD [off::RING_CURSOR]
+        ; jrcxz =>slow_label
+        ; .u8 GS ; mov DWORD [rcx * 4 + entries_end], event as i32
+        ; lea rcx, [rcx + 1]
+        ; .u8 GS ; mov QWORD [off::RING_CURSOR], rcx
+    );
+    match save {
+        RcxSave::Scratch => dynasm!(ops ; .arch x64 ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]),
+        RcxSave::Dead => {}
+        RcxSave::Register(r) => dynasm!(ops ; .arch x64 ; mov rcx, Rq(gpr(r))),
+    }
+    entry
+}
+
+/// A word a border event writes to the ring (`instrumented`, calls out of a region): a
+/// constant, or a constant plus a value of the thread's context state (the constant's low 28
+/// bits are 0 and the value fits them, so the sum is their OR).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RingWord {
+    /// This word.
+    Const(u32),
+    /// The current context's id (`hotpath_contexts::Node::id`) plus this.
+    ContextId(u32),
+}
+
+/// Appends the writes of `words` to the ring, one enqueue stub each (exit on a full lap,
+/// resuming at that word's stub), run in line: each jumps over its slow path. Flag-free, every
+/// guest register as it was (RCX and RAX borrowed through their scratch slots).
+pub(crate) fn enqueue_words(
+    ops: &mut VecAssembler<X64Relocation>,
+    words: &[RingWord],
+    ring_entries: u64,
+    exit_addr: usize,
+) {
+    let entries_end = off::entries_end(ring_entries);
+    for &w in words {
+        let entry = ops.new_dynamic_label();
+        dynasm!(ops ; .arch x64 ; jmp =>entry);
+        if let RingWord::Const(c) = w {
+            enqueue_stub_at(
+                ops,
+                entry,
+                c,
+                ring_entries,
+                Slow::Resume,
+                RcxSave::Scratch,
+                exit_addr,
+            );
+            continue;
+        }
+        let slow = ops.new_dynamic_label();
+        dynasm!(ops
+            ; .arch x64
+            ; =>slow
+            ; lea rcx, [=>entry]
+            ; .u8 GS ; mov QWORD [off::RESUME], rcx
+            ; mov ecx, EXIT_RING_FULL as i32
+            ; jmp extern exit_addr
+            ; =>entry
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::RING_CURSOR]
+            ; jrcxz =>slow
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        );
+        match w {
+            RingWord::ContextId(c) => dynasm!(ops
+                ; .arch x64
+                ; .u8 GS ; mov rax, QWORD [off::CTX]
+                ; mov eax, DWORD [rax + hotpath_contexts::Node::ID as i32]
+                ; lea eax, [rax + c as i32]
+            ),
+            RingWord::Const(_) => unreachable!("constants have their own stub"),
+        }
+        dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov DWORD [rcx * 4 + entries_end], eax
+            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+            ; lea rcx, [rcx + 1]
+            ; .u8 GS ; mov QWORD [off::RING_CURSOR], rcx
+            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        );
+    }
+}
+
+/// Pads with one NOP of 0–3 bytes so that the rel32 of a branch whose opcode (`opcode_len`
+/// bytes) comes next starts at a multiple of 4 bytes. Another thread may unlink the branch
+/// while this thread runs it (`kick` → `unlink_all`): an aligned 4-byte store is seen whole by
+/// a concurrent instruction fetch, but one that crosses a cache line can be fetched half old,
+/// half new. (Seen: a linked self-loop, rel32 `bf ff ff ff`, fetched with the unlinked high
+/// byte `00`, jumped 16 MiB into the cache.) DynamoRIO pads its patchable exits the same way.
+pub(crate) fn align_patchable(ops: &mut VecAssembler<X64Relocation>, base: u64, opcode_len: u64) {
+    let at = base + ops.offset().0 as u64 + opcode_len;
+    match (4 - at % 4) % 4 {
+        0 => {}
+        1 => dynasm!(ops ; .arch x64 ; nop),
+        2 => dynasm!(ops ; .arch x64 ; .u8 0x66 ; nop),
+        _ => dynasm!(ops ; .arch x64 ; .u8 0x0f ; .u8 0x1f ; .u8 0x00),
+    }
+}

@@ -1,0 +1,139 @@
+//! The translator's modules import one way (#39, "Layout"): no cycle among the files of
+//! `translator/src`, counting every `crate::…` and `super::…` path in a file's code (comments
+//! and `#[cfg(test)]` modules left out) as an import of the module it names. A cycle is
+//! reported with the names each edge uses, so the type to move is plain.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Module path (`emit`, `linux::signals`, `` for lib.rs) → its source, tests cut off.
+fn modules() -> BTreeMap<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("translator/src") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&root).unwrap().with_extension("");
+            let name = rel
+                .to_string_lossy()
+                .replace('/', "::")
+                .trim_end_matches("::mod")
+                .to_string();
+            let name = if name == "lib" { String::new() } else { name };
+            let text = std::fs::read_to_string(&path).expect("a source file");
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let code: String = code
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            out.insert(name, code);
+        }
+    }
+    out
+}
+
+/// The `a::b::c` paths after each occurrence of `prefix` in `code`.
+fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(prefix) {
+        let before = rest[..at].chars().last();
+        let tail = &rest[at + prefix.len()..];
+        let len = tail
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            out.push(tail[..len].trim_end_matches(':'));
+        }
+        rest = &tail[len..];
+    }
+    out
+}
+
+/// The longest module that `path` (from the crate root) starts with.
+fn resolve(mods: &BTreeSet<String>, path: &str) -> Option<String> {
+    let parts: Vec<&str> = path.split("::").collect();
+    (1..=parts.len())
+        .rev()
+        .map(|n| parts[..n].join("::"))
+        .find(|m| mods.contains(m))
+}
+
+#[test]
+fn translator_modules_import_one_way() {
+    let sources = modules();
+    let mods: BTreeSet<String> = sources.keys().cloned().collect();
+    // (from, to) → names used.
+    let mut edges: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for (m, code) in &sources {
+        let parent = m.rsplit_once("::").map_or("", |(p, _)| p);
+        let mut targets = Vec::new();
+        for p in paths_after(code, "crate::") {
+            targets.push(p.to_string());
+        }
+        for p in paths_after(code, "super::") {
+            targets.push(if parent.is_empty() {
+                p.to_string()
+            } else {
+                format!("{parent}::{p}")
+            });
+        }
+        for t in targets {
+            if let Some(to) = resolve(&mods, &t).filter(|to| to != m) {
+                let name = t.rsplit("::").next().unwrap_or_default().to_string();
+                edges.entry((m.clone(), to)).or_default().insert(name);
+            }
+        }
+    }
+    // A module reaches itself through the import graph: a cycle.
+    let mut cycles = Vec::new();
+    for start in &mods {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        while let Some((at, path)) = stack.pop() {
+            for ((from, to), _) in edges.range((at.clone(), String::new())..) {
+                if from != &at {
+                    break;
+                }
+                if to == start {
+                    let mut cycle = path.clone();
+                    cycle.push(to.clone());
+                    cycles.push(cycle);
+                } else if seen.insert(to.clone()) {
+                    let mut p = path.clone();
+                    p.push(to.clone());
+                    stack.push((to.clone(), p));
+                }
+            }
+        }
+        if !cycles.is_empty() {
+            break;
+        }
+    }
+    let described: Vec<String> = cycles
+        .iter()
+        .map(|c| {
+            c.windows(2)
+                .map(|w| {
+                    let names = &edges[&(w[0].clone(), w[1].clone())];
+                    format!("{} -> {} ({names:?})", w[0], w[1])
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "translator/src has import cycles:\n{}",
+        described.join("\n")
+    );
+}
