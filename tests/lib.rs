@@ -61,7 +61,7 @@ pub mod runner;
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -196,10 +196,29 @@ pub fn native_command(exe: &Path, args: &[&str]) -> Command {
     cmd
 }
 
-/// The command that runs `exe` with `args` under `hotpath run --quiet [--no-monitor]`.
+/// The translation cache every hotpath run of this test process shares (a scratch
+/// directory, private as hotpath requires, empty when the process starts). So the suite runs
+/// each sample cold in the first mode that emits its code one way and warm in the next
+/// (monitor on, then eager superblocks), with many tests writing one cache at once.
+pub fn suite_cache_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| private_dir(paths::scratch_dir("translation-cache")))
+}
+
+/// `dir`, made private to this user (mode 0700): a translation cache directory.
+pub fn private_dir(dir: PathBuf) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .unwrap_or_else(|e| panic!("chmod 0700 {}: {e}", dir.display()));
+    dir
+}
+
+/// The command that runs `exe` with `args` under `hotpath run --quiet [--no-monitor]`, with
+/// the suite's translation cache ([`suite_cache_dir`]).
 pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(hotpath);
     cmd.arg("run").arg("--quiet");
+    cmd.arg("--cache-dir").arg(suite_cache_dir());
     match mode {
         MonitorMode::Off => {
             cmd.arg("--no-monitor");

@@ -30,6 +30,11 @@ pub struct RunInfo {
     pub ending: Ending,
     /// Blocks the translator translated (re-translations included).
     pub blocks_translated: u64,
+    /// Of those, blocks placed from the persisted translation cache.
+    pub blocks_loaded: u64,
+    /// Translation cache files that could not be written, or a cache directory that could
+    /// not be used.
+    pub translation_cache_errors: u64,
     /// Wall time the translator spent translating them, in nanoseconds (all threads).
     pub translation_ns: u64,
 }
@@ -116,6 +121,8 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
     let mut by_addr: BTreeMap<u64, Block> = BTreeMap::new();
     let mut totals = Totals {
         blocks_translated: run.blocks_translated,
+        blocks_loaded: run.blocks_loaded,
+        translation_cache_errors: run.translation_cache_errors,
         translation_ns: run.translation_ns,
         events: tables.events,
         ..Totals::default()

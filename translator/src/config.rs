@@ -22,8 +22,14 @@ pub struct Config {
 /// Counters of the translator's own work.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
-    /// Blocks translated (re-translations after a flush included).
+    /// Blocks translated (re-translations after a flush included), decoded and emitted
+    /// afresh or placed from the persisted store.
     pub blocks_translated: u64,
+    /// Of those, blocks placed from the persisted store (`persist`) instead.
+    pub blocks_loaded: u64,
+    /// Blocks decoded and emitted afresh in a module the store could hold them for (its
+    /// misses).
+    pub blocks_missed: u64,
     /// Direct branches chained.
     pub links: u64,
     /// Indirect branches that missed the lookup table.
@@ -70,6 +76,8 @@ impl Stats {
     /// Adds `o`'s counts to these.
     pub fn add(&mut self, o: &Stats) {
         self.blocks_translated += o.blocks_translated;
+        self.blocks_loaded += o.blocks_loaded;
+        self.blocks_missed += o.blocks_missed;
         self.links += o.links;
         self.ibl_misses += o.ibl_misses;
         self.syscalls += o.syscalls;

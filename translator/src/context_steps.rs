@@ -263,7 +263,9 @@ fn pop_and_go(
         ; lookup:
     );
     match no_host {
-        None => emit_ibl_lookup(ops, gateway),
+        None => {
+            emit_ibl_lookup(ops, gateway);
+        }
         Some(index) => dynasm!(ops
             ; .arch x64
             ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx

@@ -27,6 +27,9 @@ use crate::code_log::{CodeKind, CodeRecord};
 pub use crate::config::{Config, Stats};
 use crate::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
 use crate::emit::{emit_block, EmitContext};
+use crate::modules::FileId;
+use crate::persist::record::BlockRecord;
+use crate::persist::Store;
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
     EXIT_SPECIAL_BASE,
@@ -244,14 +247,14 @@ impl Translator {
         };
         memory
             .modules
-            .add(image.path.clone(), image.image_start, image.image_end);
+            .add(image.path.clone(), image.image_start, image.image_end, FileId::of_path(&image.path));
         if let Some(interp) = &image.interpreter {
             memory
                 .modules
-                .add(interp.path.clone(), interp.range.0, interp.range.1);
+                .add(interp.path.clone(), interp.range.0, interp.range.1, FileId::of_path(&interp.path));
         }
         if let Some((start, end)) = crate::vdso_range().filter(|_| cfg.vdso) {
-            memory.modules.add("[vdso]".into(), start, end);
+            memory.modules.add("[vdso]".into(), start, end, None);
         }
         memory.add_region(image.image_start, image.image_end);
         if let Some(interp) = &image.interpreter {
@@ -521,6 +524,33 @@ impl Translator {
         lock(&self.process.shared.code_log)
             .as_ref()
             .map_or_else(Vec::new, |log| log.current())
+    }
+
+    /// Reads and adds to the persisted translations in the cache directory `dir` (see
+    /// [`crate::persist`]); a directory that cannot be used is counted in
+    /// [`Self::cache_stats`] and otherwise ignored. Not with calling contexts, whose steps
+    /// are not persisted.
+    pub fn use_translation_cache(&self, dir: &std::path::Path) {
+        if self.cfg.contexts {
+            return;
+        }
+        let key = crate::persist::EmitKey::current(self.cfg.enqueue.then_some(self.cfg.ring_entries));
+        let _ = self.process.shared.store.set(Arc::new(Store::new(dir, key)));
+    }
+
+    /// Writes the blocks translated afresh since the last call into the cache directory, with
+    /// this process's hits and misses (when [`Self::use_translation_cache`] was called).
+    pub fn write_translation_cache(&self) {
+        let Some(store) = self.process.shared.store.get() else {
+            return;
+        };
+        let s = self.stats();
+        store.write(s.blocks_loaded, s.blocks_missed);
+    }
+
+    /// The persisted store's counters (`None` without a cache).
+    pub fn cache_stats(&self) -> Option<crate::persist::StoreStats> {
+        self.process.shared.store.get().map(|s| s.stats())
     }
 
     /// Counters so far, of every thread of the process.
@@ -1863,8 +1893,18 @@ impl Translator {
     }
 
     /// [`Self::translate`] with at most `max` instructions; a block of fewer than the usual
-    /// most is a single-step block, kept apart from the lookup map.
+    /// most is a single-step block, kept apart from the lookup map. A block of a module the
+    /// persisted store holds is placed from its record when its guest bytes are unchanged;
+    /// one translated afresh there is kept for the store.
     fn translate_limited(&mut self, pc: u64, max: usize) -> Result<HostAddr, TranslateError> {
+        let module = (max == MAX_BLOCK_INSTRUCTIONS)
+            .then(|| self.persisted_module(pc))
+            .flatten();
+        if let Some(module) = &module {
+            if let Some(entry) = self.place_persisted(pc, module)? {
+                return Ok(entry);
+            }
+        }
         let block = self.decode(GuestAddr(pc), max);
         // Watch the code's pages for writes if the guest may write them (undecodable bytes
         // too: code written there later must replace the trap). Not when nothing could be
@@ -1905,6 +1945,103 @@ impl Translator {
             registry = lock(&shared.registry);
             flushed = true;
         };
+        if let Some((store, start, file)) = &module {
+            if let Some(r) = BlockRecord::capture(&emitted, &block, pc - start) {
+                store.keep(file, r);
+            }
+            self.stats.blocks_missed += 1;
+        }
+        let end = block.end().0.max(pc + 1);
+        let summary = block.summary();
+        self.install_block(pc, max, emitted, summary, block.code.into_boxed_slice(), end, registry)
+    }
+
+    /// The persisted store and the module holding `pc` (its start and file), when a block
+    /// there may be placed from the store or kept for it: a file-backed module, on pages the
+    /// guest cannot write.
+    fn persisted_module(&mut self, pc: u64) -> Option<(Arc<Store>, u64, FileId)> {
+        let store = self.process.shared.store.get()?.clone();
+        let (start, file) = {
+            let memory = lock(&self.process.shared.memory);
+            let m = memory.modules.containing(pc)?;
+            (m.start, m.file.clone()?)
+        };
+        if self.code_writable(pc) {
+            return None;
+        }
+        Some((store, start, file))
+    }
+
+    /// Places the block at `pc` from the persisted store (`module`: see
+    /// [`Self::persisted_module`]) if the store has it, its guest bytes are the ones mapped and
+    /// executable now, and its code can be relocated here. Returns its entry, or `None` to
+    /// translate it afresh.
+    fn place_persisted(
+        &mut self,
+        pc: u64,
+        module: &(Arc<Store>, u64, FileId),
+    ) -> Result<Option<HostAddr>, TranslateError> {
+        let (store, start, file) = module;
+        let Some(records) = store.records(file) else {
+            return Ok(None);
+        };
+        let Some(record) = records.get(&(pc - start)) else {
+            return Ok(None);
+        };
+        let len = record.guest.len() as u64;
+        let shared = self.process.shared.clone();
+        let maps = &mut self.process.maps;
+        if maps.executable_len(pc, len).min(guest_run(&shared, self.vdso, pc, len)) < len {
+            return Ok(None);
+        }
+        let mut now = vec![0u8; len as usize];
+        let read = if maps.readable(pc, len) && guest_mem::read_mapped(pc, &mut now) {
+            now.len()
+        } else {
+            guest_mem::read_code(pc, &mut now)
+        };
+        if read != now.len() || now != record.guest {
+            return Ok(None);
+        }
+        let mut registry = lock(&shared.registry);
+        if record.code.len() as u64 + 15 > self.cache.room()
+            || self.exits.len() + record.exits.len() > EXIT_SPECIAL_BASE as usize
+        {
+            drop(registry);
+            self.flush();
+            registry = lock(&shared.registry);
+        }
+        let id = BlockId(registry.next_id);
+        let first_exit = self.exits.len() as u32;
+        let at = self.cache.next_addr();
+        let Some(placed) = record.place(GuestAddr(pc), at, id, first_exit, &self.gateway) else {
+            return Ok(None);
+        };
+        if placed.emitted.code.len() as u64 > self.cache.room() {
+            return Ok(None);
+        }
+        self.protect_code(pc, pc + len);
+        self.stats.blocks_loaded += 1;
+        let code = record.guest.clone().into_boxed_slice();
+        let entry = self.install_block(pc, MAX_BLOCK_INSTRUCTIONS, placed.emitted, placed.summary, code, pc + len, registry)?;
+        Ok(Some(entry))
+    }
+
+    /// Puts `emitted`, the translation of the block at `pc` (at most `max` instructions,
+    /// guest bytes `code` up to `end`, summarised by `summary`) into the code cache under the
+    /// next id of `registry`, records its exits and layout, and announces it to the monitor.
+    /// Returns its entry.
+    #[allow(clippy::too_many_arguments)]
+    fn install_block(
+        &mut self,
+        pc: u64,
+        max: usize,
+        emitted: crate::emit::EmittedBlock,
+        summary: hotpath_ir::BlockSummary,
+        code: Box<[u8]>,
+        end: u64,
+        mut registry: std::sync::MutexGuard<'_, crate::linux::process::Registry>,
+    ) -> Result<HostAddr, TranslateError> {
         let id = BlockId(registry.next_id);
         registry.next_id += 1;
         let at = self.cache.next_addr();
@@ -1929,16 +2066,15 @@ impl Translator {
         } else {
             self.blocks.insert(pc, emitted.entry);
         }
-        let end = block.end().0.max(pc + 1);
         let span = self.spans.entry(pc).or_insert(end);
         *span = (*span).max(end);
         self.stats.blocks_translated += 1;
-        let terminator = block.terminator;
+        let terminator = summary.terminator;
         registry.announce(NewBlock {
             id,
-            summary: block.summary(),
+            summary,
             kind: IdKind::Block,
-            code: block.code.into_boxed_slice(),
+            code,
         });
         drop(registry);
         let generation = self.generation;

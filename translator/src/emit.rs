@@ -29,6 +29,7 @@ use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
 pub(crate) use crate::decode::return_pop;
 use crate::gateway::{emit_ibl, Gateway, GS};
+use crate::relocs::{RelocKind, Relocs, Routine};
 pub(crate) use crate::stubs::{
     align_patchable, enqueue_stub, enqueue_words, gpr, RcxSave, RingWord, Slow,
 };
@@ -45,6 +46,9 @@ pub struct EmittedBlock {
     pub exits: Vec<Exit>,
     /// Where each guest instruction landed, for mapping faults back to the guest.
     pub layout: HostLayout,
+    /// The fields that depend on where the code sits and what it was given (id, exits,
+    /// gateway, the guest's address): what the persisted store patches to reuse it.
+    pub relocs: Relocs,
 }
 
 /// What the emitter needs to know besides the block.
@@ -116,12 +120,18 @@ pub fn emit_block(
         code_start: at.0,
         ..HostLayout::default()
     };
+    let mut relocs = Relocs {
+        complete: !cx.contexts && !cx.tail_call,
+        ..Relocs::default()
+    };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let entry;
     if let Some(ring_entries) = cx.enqueue {
         let save = RcxSave::for_body(&block.body);
         let stub = enqueue_stub(&mut ops, id.0, ring_entries, Slow::Resume, save, exit_addr);
-        entry = HostAddr(code.base + stub);
+        entry = HostAddr(code.base + stub.entry);
+        relocs.add(code.base + stub.event_at, RelocKind::BlockId);
+        relocs.add(code.base + stub.exit_at, RelocKind::Gateway(Routine::Exit));
     } else {
         entry = HostAddr(code.base);
     }
@@ -129,7 +139,7 @@ pub fn emit_block(
     layout.guest_start = block.start.0;
     code.append(assembled(ops, "block entry")?);
 
-    append_body(block, &mut code, &mut layout)?;
+    append_body(block, &mut code, &mut layout, &mut relocs)?;
 
     // Terminator and exit stubs.
     let mut exits = Vec::new();
@@ -141,6 +151,7 @@ pub fn emit_block(
         &mut exits,
         cx,
         &mut layout,
+        &mut relocs,
     )?;
     layout.code_end = code.addr();
     resolve_exit_stubs(&mut exits, &code);
@@ -149,15 +160,18 @@ pub fn emit_block(
         entry,
         exits,
         layout,
+        relocs,
     })
 }
 
 /// Appends `block`'s body, moved to its new address, and records where each instruction
-/// landed in `layout` (with where the terminator's code will start).
+/// landed in `layout` (with where the terminator's code will start) and its relocated fields
+/// in `relocs`.
 pub(crate) fn append_body(
     block: &Block,
     code: &mut Code_,
     layout: &mut HostLayout,
+    relocs: &mut Relocs,
 ) -> Result<(), TranslateError> {
     if !block.body.is_empty() {
         let base = code.addr();
@@ -177,6 +191,7 @@ pub(crate) fn append_body(
         layout
             .far_borrows
             .extend(encoded.borrows.iter().map(|&(o, r)| (base + o, r)));
+        relocs.add_all(base, &encoded.relocs);
         code.append(encoded.bytes);
     }
     layout.term_start = code.addr();
@@ -215,6 +230,9 @@ pub(crate) struct Encoded {
     /// register holding its far operand's address; the guest's value waits in the thread
     /// area's `scratch_far` slot.
     pub borrows: Vec<(u64, u8)>,
+    /// `(offset, what)` of each field holding a guest address: patched displacements and the
+    /// addresses of rewritten far operands.
+    pub relocs: Vec<(u64, RelocKind)>,
 }
 
 /// How far (bytes) a RIP-relative operand may be from the instruction's host address and
@@ -260,6 +278,7 @@ impl Relocator {
                 bytes: Vec::with_capacity(count * 5),
                 offsets: Vec::with_capacity(count),
                 borrows: Vec::new(),
+                relocs: Vec::new(),
             },
         }
     }
@@ -307,6 +326,13 @@ impl Relocator {
                         self.out.bytes.extend_from_slice(bytes);
                         let d = start + disp_at as usize;
                         self.out.bytes[d..d + 4].copy_from_slice(&(disp as i32).to_le_bytes());
+                        self.out.relocs.push((
+                            d as u64,
+                            RelocKind::GuestRel32 {
+                                target,
+                                end: (bytes.len() - disp_at as usize) as u8,
+                            },
+                        ));
                         return Ok(());
                     }
                 }
@@ -386,6 +412,23 @@ impl Relocator {
                 reason: e.to_string(),
             })?;
         let mut bytes = encoder.take_buffer();
+        let start = self.out.bytes.len() as u64;
+        let end = start + bytes.len() as u64;
+        if part.is_ip_rel_memory_operand() {
+            let offsets = encoder.get_constant_offsets();
+            debug_assert!(offsets.has_displacement() && offsets.displacement_size() == 4);
+            let disp = offsets.displacement_offset() as u64;
+            let target = GuestAddr(part.ip_rel_memory_address());
+            let end = (bytes.len() as u64 - disp) as u8;
+            let kind = RelocKind::GuestRel32 { target, end };
+            self.out.relocs.push((start + disp, kind));
+        } else if let Some(target) = far_address(part, guest) {
+            let kind = match part.code() {
+                Code::Mov_r64_imm64 => (end - 8, RelocKind::GuestAbs64 { target }),
+                _ => (end - 4, RelocKind::GuestLow32 { target }),
+            };
+            self.out.relocs.push(kind);
+        }
         self.out.bytes.extend_from_slice(&bytes);
         bytes.clear();
         encoder.set_buffer(bytes);
@@ -395,6 +438,21 @@ impl Relocator {
     /// The host code and where each instruction landed.
     pub fn finish(self) -> Encoded {
         self.out
+    }
+}
+
+/// The guest address `part` (one host instruction of `guest`'s far-operand sequence) loads as
+/// an immediate: `mov r64, imm64` or a 32-bit `lea`'s `mov r32, imm32` of `guest`'s far
+/// RIP-relative operand (see [`far_operand_sequence`]).
+fn far_address(part: &Instruction, guest: &Instruction) -> Option<GuestAddr> {
+    if !guest.is_ip_rel_memory_operand() {
+        return None;
+    }
+    let target = guest.ip_rel_memory_address();
+    match part.code() {
+        Code::Mov_r64_imm64 if part.immediate64() == target => Some(GuestAddr(target)),
+        Code::Mov_r32_imm32 if guest.code() == Code::Lea_r32_m => Some(GuestAddr(target)),
+        _ => None,
     }
 }
 
@@ -553,20 +611,23 @@ const ALL_GPR64: [Register; 16] = [
     Register::R15,
 ];
 
-/// Appends the exit stub for exit index `index` at label `label`.
+/// Appends the exit stub for exit index `index` at label `label`. Returns the offsets (from
+/// the assembler's start) of its 4-byte index and of its `rel32` to the gateway's exit.
 pub(crate) fn exit_stub(
     ops: &mut VecAssembler<X64Relocation>,
     label: DynamicLabel,
     index: u32,
     exit_addr: usize,
-) {
+) -> (u64, u64) {
     dynasm!(ops
         ; .arch x64
         ; =>label
         ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
         ; mov ecx, index as i32
-        ; jmp extern exit_addr
     );
+    let index_at = ops.offset().0 as u64 - 4;
+    dynasm!(ops ; .arch x64 ; jmp extern exit_addr);
+    (index_at, ops.offset().0 as u64 - 4)
 }
 
 /// Emits `jcc rel32` with condition nibble `cc` to `label`.
@@ -652,14 +713,21 @@ pub(crate) fn rcx_branch(
 /// places with [`ReturnLiteral::place`] where execution never falls through to it (after an
 /// unconditional jump) in the same assembler.
 #[must_use = "the push reads the literal: place it"]
-pub(crate) struct ReturnLiteral(Option<(DynamicLabel, u64)>);
+pub(crate) struct ReturnLiteral {
+    /// The literal's label and value, for a push of a 64-bit address.
+    literal: Option<(DynamicLabel, u64)>,
+    /// For a `push imm32`: its immediate's offset from the assembler's start and the address.
+    pub imm: Option<(u64, GuestAddr)>,
+}
 
 impl ReturnLiteral {
-    /// Emits the literal here.
-    pub(crate) fn place(self, ops: &mut VecAssembler<X64Relocation>) {
-        if let Some((label, value)) = self.0 {
-            dynasm!(ops ; .arch x64 ; =>label ; .u64 value);
-        }
+    /// Emits the literal here. Returns its offset from the assembler's start and the guest
+    /// address it holds.
+    pub(crate) fn place(self, ops: &mut VecAssembler<X64Relocation>) -> Option<(u64, GuestAddr)> {
+        let (label, value) = self.literal?;
+        let at = ops.offset().0 as u64;
+        dynasm!(ops ; .arch x64 ; =>label ; .u64 value);
+        Some((at, GuestAddr(value)))
     }
 }
 
@@ -674,12 +742,20 @@ pub(crate) fn push_return_address(
     ret: GuestAddr,
 ) -> ReturnLiteral {
     if let Ok(imm) = i32::try_from(ret.0) {
-        dynasm!(ops ; .arch x64 ; push imm);
-        return ReturnLiteral(None);
+        // Always `push imm32` (68 id), whatever the value: the persisted store patches those
+        // four bytes.
+        dynasm!(ops ; .arch x64 ; .u8 0x68 ; .i32 imm);
+        return ReturnLiteral {
+            literal: None,
+            imm: Some((ops.offset().0 as u64 - 4, ret)),
+        };
     }
     let label = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; push QWORD [=>label]);
-    ReturnLiteral(Some((label, ret.0)))
+    ReturnLiteral {
+        literal: Some((label, ret.0)),
+        imm: None,
+    }
 }
 
 pub(crate) fn emit_terminator(
@@ -690,9 +766,25 @@ pub(crate) fn emit_terminator(
     exits: &mut Vec<Exit>,
     cx: &EmitContext,
     layout: &mut HostLayout,
+    relocs: &mut Relocs,
 ) -> Result<(), TranslateError> {
     let exit_addr = cx.gateway.exit.0 as usize;
     let chunk_base = code.addr();
+    // Records the fields of exit stub `index`'s stub (at offsets `at` from `base`).
+    let stub_fields = |relocs: &mut Relocs, base: u64, index: u32, at: (u64, u64)| {
+        relocs.add(base + at.0, RelocKind::Exit(index - first_exit));
+        relocs.add(base + at.1, RelocKind::Gateway(Routine::Exit));
+    };
+    // Records a pushed return address (an immediate, or the literal placed for it).
+    let pushed = |relocs: &mut Relocs, base: u64, at: Option<(u64, GuestAddr)>, wide: bool| {
+        if let Some((at, target)) = at {
+            let kind = match wide {
+                true => RelocKind::GuestAbs64 { target },
+                false => RelocKind::GuestSigned32 { target },
+            };
+            relocs.add(base + at, kind);
+        }
+    };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
     let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr, call: bool| {
         exits.push(Exit {
@@ -712,10 +804,12 @@ pub(crate) fn emit_terminator(
             let l = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, chunk_base, l);
             let index = direct(exits, target, site, false);
-            exit_stub(&mut ops, l, index, exit_addr);
+            let at = exit_stub(&mut ops, l, index, exit_addr);
+            stub_fields(relocs, chunk_base, index, at);
         }
         Terminator::Call { target, return_to } => {
             let literal = push_return_address(&mut ops, return_to);
+            pushed(relocs, chunk_base, literal.imm, false);
             // A call to the next instruction (`call 1f; 1: pop reg`, get-pc) is no call: it
             // has no return.
             let mut landing = None;
@@ -733,12 +827,14 @@ pub(crate) fn emit_terminator(
             let l = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, chunk_base, l);
             let index = direct(exits, target, site, true);
-            exit_stub(&mut ops, l, index, exit_addr);
+            let at = exit_stub(&mut ops, l, index, exit_addr);
+            stub_fields(relocs, chunk_base, index, at);
             if let Some((stub, site)) = landing {
                 let index = direct(exits, return_to, site, false);
                 exit_stub(&mut ops, stub, index, exit_addr);
             }
-            literal.place(&mut ops);
+            let at = literal.place(&mut ops);
+            pushed(relocs, chunk_base, at, true);
         }
         Terminator::Branch {
             cond,
@@ -773,8 +869,10 @@ pub(crate) fn emit_terminator(
                     (it, in_)
                 }
             };
-            exit_stub(&mut ops, lt, it, exit_addr);
-            exit_stub(&mut ops, ln, in_, exit_addr);
+            let at = exit_stub(&mut ops, lt, it, exit_addr);
+            stub_fields(relocs, chunk_base, it, at);
+            let at = exit_stub(&mut ops, ln, in_, exit_addr);
+            stub_fields(relocs, chunk_base, in_, at);
         }
         Terminator::Syscall { next } => {
             let at = block
@@ -787,7 +885,9 @@ pub(crate) fn emit_terminator(
                 kind: ExitKind::Syscall { at, next },
             });
             let l = ops.new_dynamic_label();
-            exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+            let index = first_exit + exits.len() as u32 - 1;
+            let at = exit_stub(&mut ops, l, index, exit_addr);
+            stub_fields(relocs, chunk_base, index, at);
         }
         Terminator::Trap { kind, at } => {
             exits.push(Exit {
@@ -799,7 +899,9 @@ pub(crate) fn emit_terminator(
                 },
             });
             let l = ops.new_dynamic_label();
-            exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
+            let index = first_exit + exits.len() as u32 - 1;
+            let at = exit_stub(&mut ops, l, index, exit_addr);
+            stub_fields(relocs, chunk_base, index, at);
         }
         Terminator::Return => {
             let inst = &block
@@ -814,9 +916,12 @@ pub(crate) fn emit_terminator(
                 });
                 first_exit + exits.len() as u32 - 1
             });
-            let borrowed =
+            let (borrowed, miss) =
                 return_through_lookup(&mut ops, return_pop(inst), &cx.gateway, mismatch, None);
             layout.rcx_borrowed_from = Some(chunk_base + borrowed);
+            if let Some(miss) = miss {
+                relocs.add(chunk_base + miss, RelocKind::Gateway(Routine::IblMiss));
+            }
         }
         Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
             let inst = block
@@ -824,13 +929,14 @@ pub(crate) fn emit_terminator(
                 .as_ref()
                 .expect("an indirect branch has its instruction")
                 .inst;
-            load_indirect_target(ops, &inst, code, layout, "indirect branch")?;
+            load_indirect_target(ops, &inst, code, layout, relocs, "indirect branch")?;
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
             let mut landing = None;
             let literal = match block.terminator {
                 Terminator::IndirectCall { return_to } => {
                     let literal = push_return_address(&mut tail, return_to);
+                    pushed(relocs, tail_base, literal.imm, false);
                     if cx.contexts {
                         let calls = call_exits(exits, id, None, None, first_exit);
                         let stub = tail.new_dynamic_label();
@@ -844,7 +950,10 @@ pub(crate) fn emit_terminator(
                     }
                     literal
                 }
-                _ => ReturnLiteral(None),
+                _ => ReturnLiteral {
+                    literal: None,
+                    imm: None,
+                },
             };
             if cx.contexts && matches!(block.terminator, Terminator::IndirectJump) {
                 exits.push(Exit {
@@ -854,13 +963,15 @@ pub(crate) fn emit_terminator(
                 let index = first_exit + exits.len() as u32 - 1;
                 context_steps::jump_and_lookup(&mut tail, index, &cx.gateway);
             } else {
-                emit_ibl(&mut tail, &cx.gateway);
+                let miss = emit_ibl(&mut tail, &cx.gateway);
+                relocs.add(tail_base + miss, RelocKind::Gateway(Routine::IblMiss));
             }
             if let Some((stub, site, return_to)) = landing {
                 let index = direct(exits, return_to, site, false);
                 exit_stub(&mut tail, stub, index, exit_addr);
             }
-            literal.place(&mut tail);
+            let at = literal.place(&mut tail);
+            pushed(relocs, tail_base, at, true);
             code.append(assembled(tail, "indirect branch")?);
             return Ok(());
         }
@@ -877,6 +988,7 @@ pub(crate) fn load_indirect_target(
     inst: &Instruction,
     code: &mut Code_,
     layout: &mut HostLayout,
+    relocs: &mut Relocs,
     what: &'static str,
 ) -> Result<(), TranslateError> {
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
@@ -888,6 +1000,7 @@ pub(crate) fn load_indirect_target(
     layout
         .far_borrows
         .extend(encoded.borrows.iter().map(|&(o, r)| (base + o, r)));
+    relocs.add_all(base, &encoded.relocs);
     code.append(encoded.bytes);
     Ok(())
 }
@@ -895,14 +1008,15 @@ pub(crate) fn load_indirect_target(
 /// Appends a `ret` popping `pop` bytes, as a jump through the indirect branch lookup; with
 /// `Some(exit index)`, the return's context step comes first (`context_steps`), exiting there
 /// when the target is not the top frame's. Returns the assembler offset from which RCX holds
-/// the borrowed target (the guest's is in `scratch_rcx`).
+/// the borrowed target (the guest's is in `scratch_rcx`) and, without the context step, the
+/// offset of the lookup's `rel32` to the gateway's miss routine.
 pub(crate) fn return_through_lookup(
     ops: &mut VecAssembler<X64Relocation>,
     pop: i32,
     gateway: &Gateway,
     context_mismatch: Option<u32>,
     no_host: Option<u32>,
-) -> u64 {
+) -> (u64, Option<u64>) {
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
     let borrowed = ops.offset().0 as u64;
     dynasm!(ops
@@ -910,11 +1024,14 @@ pub(crate) fn return_through_lookup(
         ; mov rcx, QWORD [rsp]
         ; lea rsp, [rsp + pop]
     );
-    match context_mismatch {
-        Some(index) => context_steps::return_and_lookup(ops, index, gateway, no_host),
-        None => emit_ibl(ops, gateway),
-    }
-    borrowed
+    let miss = match context_mismatch {
+        Some(index) => {
+            context_steps::return_and_lookup(ops, index, gateway, no_host);
+            None
+        }
+        None => Some(emit_ibl(ops, gateway)),
+    };
+    (borrowed, miss)
 }
 
 /// Pushes the two exits of a call's context step (`callee`: `None` for an indirect call;
@@ -1044,7 +1161,7 @@ mod tests {
             bytes: Vec::new(),
         };
         let mut layout = HostLayout::default();
-        append_body(&block, &mut code, &mut layout).unwrap();
+        append_body(&block, &mut code, &mut layout, &mut Relocs::default()).unwrap();
         // Same length, same bytes but the two displacements.
         assert_eq!(code.bytes.len(), bytes.len());
         assert_eq!(code.bytes[..5], bytes[..5]);
@@ -1072,7 +1189,7 @@ mod tests {
             bytes: Vec::new(),
         };
         let mut layout = HostLayout::default();
-        append_body(&block, &mut code, &mut layout).unwrap();
+        append_body(&block, &mut code, &mut layout, &mut Relocs::default()).unwrap();
         let out = decode_all(&code.bytes, FAR);
         assert!(out.iter().all(|i| !i.is_ip_rel_memory_operand()));
         assert!(out

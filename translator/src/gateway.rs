@@ -281,20 +281,22 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
 /// Emits the indirect branch lookup for a guest target in RCX (guest RCX already saved in
 /// `scratch_rcx`): on a hit, restores RAX, RCX, RDX and jumps to the target's block; on a
 /// miss, goes to the gateway's miss routine. Flags are never written: `movzx`, `lea`, `mov`
-/// and `jrcxz` leave them alone.
-pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) {
+/// and `jrcxz` leave them alone. Returns the offset (from the assembler's start) of its
+/// `rel32` to the miss routine.
+pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) -> u64 {
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
         ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
         ; mov rdx, rcx                                    // rdx = guest target
     );
-    emit_ibl_lookup(ops, gateway);
+    emit_ibl_lookup(ops, gateway)
 }
 
 /// The lookup of [`emit_ibl`] after its first step: the guest target in RDX, the guest's RAX,
-/// RCX and RDX in their scratch slots, RAX and RCX free.
-pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) {
+/// RCX and RDX in their scratch slots, RAX and RCX free. Returns the offset (from the
+/// assembler's start) of its `rel32` to the gateway's miss routine.
+pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) -> u64 {
     let miss = gateway.ibl_miss.0 as usize;
     dynasm!(ops
         ; .arch x64
@@ -309,6 +311,10 @@ pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway)
         ; lea rax, [<site]
         ; .u8 GS ; mov QWORD [off::IBL_SITE], rax
         ; jmp extern miss
+    );
+    let miss_at = ops.offset().0 as u64 - 4;
+    dynasm!(ops
+        ; .arch x64
         ; hit:
         ; .u8 GS ; mov rax, QWORD [rax * 8 + off::IBL + 8]
         ; .u8 GS ; mov QWORD [off::JUMP_TO], rax
@@ -317,4 +323,5 @@ pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway)
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
         ; .u8 GS ; jmp QWORD [off::JUMP_TO]
     );
+    miss_at
 }

@@ -44,6 +44,7 @@ use iced_x86::Code;
 
 use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
+use crate::relocs::Relocs;
 use crate::emit::{
     append_body, assembled, enqueue_stub, enqueue_words, exit_stub, jcc, load_indirect_target,
     patchable_jcc, patchable_jmp, push_return_address, rcx_branch, resolve_exit_stubs, return_pop,
@@ -119,7 +120,7 @@ pub fn emit_instrumented(
                     RcxSave::Scratch,
                     exit_addr,
                 );
-                HostAddr(code.base + stub)
+                HostAddr(code.base + stub.entry)
             }
             None => HostAddr(code.base),
         };
@@ -140,7 +141,8 @@ pub fn emit_instrumented(
     }
     let entry = HostAddr(code.addr());
     layout.entry = entry.0;
-    append_body(block, &mut code, &mut layout)?;
+    // Never persisted: its relocations are not kept.
+        append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
     let reload = emit_path_terminator(
         block,
         plan,
@@ -160,6 +162,10 @@ pub fn emit_instrumented(
             entry,
             exits,
             layout,
+            relocs: Relocs {
+                complete: false,
+                ..Relocs::default()
+            },
         },
         heads,
         reload,
@@ -340,7 +346,7 @@ fn emit_path_terminator(
                     .ok_or_else(|| not_closed(block, "a call out without a ring"))?,
                 exit_addr,
             };
-            load_indirect_target(ops, &inst, code, layout, "call out")?;
+            load_indirect_target(ops, &inst, code, layout, &mut Relocs::default(), "call out")?;
             let base = code.addr();
             let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
             let literal = push_return_address(&mut ops, return_to);

@@ -32,6 +32,8 @@ mod links;
 pub mod linux;
 pub mod modules;
 pub mod path_steps;
+pub mod persist;
+pub mod relocs;
 mod smc;
 mod special;
 mod stubs;

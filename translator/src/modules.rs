@@ -4,6 +4,78 @@
 
 use std::path::PathBuf;
 
+/// What identifies a module's file and its contents: where it is (device, inode), its size
+/// and times, and its GNU build id (empty when it has none or it is not in the file's first
+/// 8 KiB). Two mappings with equal ids map the same bytes unless the file was changed in place
+/// within the times' resolution; the persisted store compares each block's bytes anyway.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+    pub build_id: Vec<u8>,
+}
+
+impl FileId {
+    /// The id of the file open as `fd`; `None` if it is not a regular file.
+    pub fn of_fd(fd: i32) -> Option<FileId> {
+        // SAFETY: fstat writes the struct we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG
+        {
+            return None;
+        }
+        let mut head = vec![0u8; 8192];
+        // SAFETY: pread into our own buffer of that length.
+        let n = unsafe { libc::pread(fd, head.as_mut_ptr().cast(), head.len(), 0) };
+        head.truncate(n.max(0) as usize);
+        Some(FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            mtime_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
+            ctime_ns: st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128,
+            build_id: build_id(&head).unwrap_or_default(),
+        })
+    }
+
+    /// The id of the file at `path`.
+    pub fn of_path(path: &std::path::Path) -> Option<FileId> {
+        let f = std::fs::File::open(path).ok()?;
+        FileId::of_fd(std::os::fd::AsRawFd::as_raw_fd(&f))
+    }
+}
+
+/// The GNU build id in the PT_NOTE segments of the ELF file whose first bytes are `head`.
+fn build_id(head: &[u8]) -> Option<Vec<u8>> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(head.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(head.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(head.get(o..o + 8)?.try_into().ok()?));
+    if head.get(..5)? != b"\x7fELF\x02" {
+        return None;
+    }
+    let (phoff, phentsize, phnum) = (u64_at(32)? as usize, u16_at(54)? as usize, u16_at(56)?);
+    for i in 0..phnum as usize {
+        let ph = phoff + i * phentsize;
+        if u32_at(ph)? != 4 {
+            continue; // not PT_NOTE
+        }
+        let (mut o, end) = (u64_at(ph + 8)? as usize, (u64_at(ph + 8)? + u64_at(ph + 32)?) as usize);
+        while o + 12 <= end.min(head.len()) {
+            let (namesz, descsz, kind) = (u32_at(o)? as usize, u32_at(o + 4)? as usize, u32_at(o + 8)?);
+            let name = o + 12;
+            let desc = name + namesz.next_multiple_of(4);
+            if kind == 3 && head.get(name..name + namesz)? == b"GNU\0" {
+                return Some(head.get(desc..desc + descsz)?.to_vec());
+            }
+            o = desc + descsz.next_multiple_of(4);
+        }
+    }
+    None
+}
+
 /// One ELF image mapped into the guest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GuestModule {
@@ -16,6 +88,8 @@ pub struct GuestModule {
     pub end: u64,
     /// The guest unmapped it (dlclose); a later load at the same place is a new entry.
     pub unloaded: bool,
+    /// Its file's identity when it was mapped (`None` for the vDSO).
+    pub file: Option<FileId>,
 }
 
 /// The modules in the order they were mapped.
@@ -25,14 +99,23 @@ pub struct ModuleList {
 }
 
 impl ModuleList {
-    /// Records a module mapped at `[start, end)`.
-    pub fn add(&mut self, path: PathBuf, start: u64, end: u64) {
+    /// Records a module mapped at `[start, end)` from the file `file` identifies.
+    pub fn add(&mut self, path: PathBuf, start: u64, end: u64, file: Option<FileId>) {
         self.modules.push(GuestModule {
             path,
             start,
             end,
             unloaded: false,
+            file,
         });
+    }
+
+    /// The module mapped last that holds guest address `addr` and is still mapped.
+    pub fn containing(&self, addr: u64) -> Option<&GuestModule> {
+        self.modules
+            .iter()
+            .rev()
+            .find(|m| !m.unloaded && m.start <= addr && addr < m.end)
     }
 
     /// Records a guest `mmap` that succeeded at `addr` (`len` bytes, page-aligned) from file
@@ -51,7 +134,8 @@ impl ModuleList {
         // SAFETY: pread into our own buffer from a descriptor the guest just mapped.
         let n = unsafe { libc::pread(fd as i32, magic.as_mut_ptr().cast(), 4, 0) };
         if n == 4 && &magic == b"\x7fELF" {
-            self.add(path, addr, addr + len);
+            let file = FileId::of_fd(fd as i32);
+            self.add(path, addr, addr + len, file);
         }
     }
 

@@ -50,13 +50,24 @@ impl RcxSave {
     }
 }
 
+/// Where an enqueue stub's parts are, as offsets from the assembler's start.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EnqueueStub {
+    /// The stub's entry (after its slow path).
+    pub entry: u64,
+    /// The 4-byte event the stub writes.
+    pub event_at: u64,
+    /// The slow path's `rel32` to the gateway's exit.
+    pub exit_at: u64,
+}
+
 /// Appends an enqueue stub for event `event` on a ring of `ring_entries` entries: its slow
 /// path first, then the entry, which loads the ring's cursor (`jrcxz` to the slow path when
 /// the lap is full), stores `event` at `entries_end[cursor]`, advances the cursor and gives
 /// RCX back. Flag-free. The guest's RCX is kept as `save` says; with `RcxSave::Dead` or
 /// `RcxSave::Register` the stub clobbers a register the guest overwrites before it reads it,
 /// so the guest cannot tell (the dispatcher never delivers a signal at a stub's entry after a
-/// ring refill, see `Next::Resume`). Returns the entry's offset from the assembler's start.
+/// ring refill, see `Next::Resume`). Returns where its entry and relocated fields are.
 ///
 /// The cursor is the only state and a signal handler never touches it (a pending signal
 /// unlinks the blocks instead, see `signals`), so a stub a signal interrupts just finishes.
@@ -71,7 +82,7 @@ pub(crate) fn enqueue_stub(
     slow: Slow,
     save: RcxSave,
     exit_addr: usize,
-) -> u64 {
+) -> EnqueueStub {
     let entry_label = ops.new_dynamic_label();
     enqueue_stub_at(ops, entry_label, event, ring_entries, slow, save, exit_addr)
 }
@@ -86,7 +97,7 @@ pub(crate) fn enqueue_stub_at(
     slow: Slow,
     save: RcxSave,
     exit_addr: usize,
-) -> u64 {
+) -> EnqueueStub {
     let slow_label = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; =>slow_label);
     match slow {
@@ -119,6 +130,7 @@ pub(crate) fn enqueue_stub_at(
             )
         }
     }
+    let exit_at = ops.offset().0 as u64 - 4;
     let entry = ops.offset().0 as u64;
     let entries_end = off::entries_end(ring_entries);
     dynasm!(ops ; .arch x64 ; =>entry_label);
@@ -132,6 +144,10 @@ pub(crate) fn enqueue_stub_at(
         ; .u8 GS ; mov rcx, QWORD [off::RING_CURSOR]
         ; jrcxz =>slow_label
         ; .u8 GS ; mov DWORD [rcx * 4 + entries_end], event as i32
+    );
+    let event_at = ops.offset().0 as u64 - 4;
+    dynasm!(ops
+        ; .arch x64
         ; lea rcx, [rcx + 1]
         ; .u8 GS ; mov QWORD [off::RING_CURSOR], rcx
     );
@@ -140,7 +156,11 @@ pub(crate) fn enqueue_stub_at(
         RcxSave::Dead => {}
         RcxSave::Register(r) => dynasm!(ops ; .arch x64 ; mov rcx, Rq(gpr(r))),
     }
-    entry
+    EnqueueStub {
+        entry,
+        event_at,
+        exit_at,
+    }
 }
 
 /// A word a border event writes to the ring (`instrumented`, calls out of a region): a

@@ -32,6 +32,7 @@ use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
 use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
+use crate::relocs::Relocs;
 use crate::emit::{
     append_body, assembled, call_exits, emit_terminator, enqueue_stub, exit_stub, jcc,
     patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_,
@@ -124,7 +125,7 @@ pub fn emit_superblock(
         .expect("superblocks are built only when the monitor is on");
     let save = RcxSave::for_body(&blocks[0].body);
     let stub = enqueue_stub(&mut ops, sb.0, ring_entries, Slow::Resume, save, exit_addr);
-    let entry = HostAddr(code.base + stub);
+    let entry = HostAddr(code.base + stub.entry);
     code.append(assembled(ops, "superblock entry")?);
 
     for (i, block) in blocks.iter().enumerate() {
@@ -136,7 +137,8 @@ pub fn emit_superblock(
             trace_exit: Some(side_exit_id(sb, i).0),
             ..HostLayout::default()
         };
-        append_body(block, &mut code, &mut layout)?;
+        // Never persisted: its relocations are not kept.
+        append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
         if i + 1 == blocks.len() {
             let mut last_exits = Vec::new();
             let first = first_exit + exits.len() as u32;
@@ -148,6 +150,7 @@ pub fn emit_superblock(
                 &mut last_exits,
                 cx,
                 &mut layout,
+                &mut Relocs::default(),
             )?;
             exits.extend(last_exits);
         } else {
@@ -354,7 +357,7 @@ pub fn emit_superblock(
             }
         };
         code.append(assembled(ops, "side exit")?);
-        let stub_entry = start + stub;
+        let stub_entry = start + stub.entry;
         let rel = stub_entry as i64 - (code.base as i64 + rel32_off as i64 + 4);
         let rel = i32::try_from(rel).expect("a superblock is smaller than 2 GiB");
         code.bytes[rel32_off..rel32_off + 4].copy_from_slice(&rel.to_le_bytes());

@@ -38,6 +38,21 @@ pub enum Command {
     /// Time PROGRAM natively, under hotpath in each mode, and under qemu-x86_64 when
     /// installed; print medians and ratios to native.
     Bench(BenchArgs),
+    /// Show where the translation cache is, its size, hits and misses; `cache clear` empties
+    /// it.
+    Cache(CacheArgs),
+}
+
+/// `hotpath cache`.
+#[derive(clap::Args, Debug)]
+pub struct CacheArgs {
+    /// `clear`: remove every persisted translation and the counts.
+    #[arg(value_parser = ["clear"])]
+    pub action: Option<String>,
+    /// The cache directory (default: `$HOTPATH_CACHE_DIR`, else `$XDG_CACHE_HOME/hotpath`,
+    /// else `~/.cache/hotpath`).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// Files rendered from a profile, by `run` and by `report`.
@@ -195,6 +210,13 @@ pub struct RunArgs {
     /// time to the guest's code (as QEMU's -perfmap).
     #[arg(long)]
     pub perf_map: bool,
+    /// Neither read nor write the translation cache (also `HOTPATH_CACHE=off`).
+    #[arg(long)]
+    pub no_cache: bool,
+    /// The translation cache's directory (default: `$HOTPATH_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/hotpath`, else `~/.cache/hotpath`).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(
         trailing_var_arg = true,
@@ -205,6 +227,21 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// The translation cache's directory: `--cache-dir`, else the default location
+    /// ([`hotpath_translator::persist::CacheDir::location`]); `None` with `--no-cache` or
+    /// `HOTPATH_CACHE=off`.
+    pub fn translation_cache(&self) -> Option<PathBuf> {
+        if self.no_cache {
+            return None;
+        }
+        let off = std::env::var_os("HOTPATH_CACHE").is_some_and(|v| v == "off" || v == "0");
+        match &self.cache_dir {
+            Some(d) if !off => Some(d.clone()),
+            Some(_) => None,
+            None => hotpath_translator::persist::CacheDir::location(),
+        }
+    }
+
     /// Whether translated code keeps each thread's calling contexts (and the path profile
     /// follows them): with paths unless `--no-guest-contexts`, or with `--guest-contexts`.
     pub fn guest_contexts(&self) -> bool {

@@ -6,6 +6,7 @@
 //! hotpath report FILE.json [OUTPUTS]        outputs.rs: text, DOT, flame graph, drcov, callgrind
 //! hotpath merge A.json B.json... -o OUT     hotpath_report::merge
 //! hotpath bench [--runs N] PROGRAM [ARGS]   bench.rs: native vs each mode vs qemu, medians
+//! hotpath cache [clear]                     the persisted translations (hotpath_translator::persist)
 //! ```
 
 pub mod bench;
@@ -21,7 +22,8 @@ use std::process::ExitCode;
 
 use hotpath_report::{merge, Report};
 
-use cli::{MergeArgs, ReportArgs};
+use cli::{CacheArgs, MergeArgs, ReportArgs};
+use hotpath_translator::persist::CacheDir;
 
 /// `hotpath report`: the text summary of a saved report on stdout, and the files asked for.
 pub fn report(args: ReportArgs) -> ExitCode {
@@ -41,6 +43,47 @@ pub fn report(args: ReportArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// `hotpath cache`: where the translation cache is, its size and counts; with `clear`,
+/// empties it.
+pub fn cache(args: CacheArgs) -> ExitCode {
+    let Some(path) = args.cache_dir.or_else(CacheDir::location) else {
+        eprintln!("hotpath: no translation cache: HOTPATH_CACHE=off, or none of HOTPATH_CACHE_DIR, XDG_CACHE_HOME and HOME is set");
+        return ExitCode::from(1);
+    };
+    let dir = match CacheDir::open(&path) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("hotpath: the translation cache is not used: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if args.action.as_deref() == Some("clear") {
+        return match dir.clear() {
+            Ok(n) => {
+                println!("cleared {} ({n} files)", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("hotpath: cannot clear {}: {e}", path.display());
+                ExitCode::from(1)
+            }
+        };
+    }
+    let s = dir.summary();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let lookups = s.hits + s.misses;
+    println!("cache directory   {}", path.display());
+    println!("files             {}", s.files);
+    println!("size              {:.1} MiB of {:.1} MiB", mib(s.bytes), mib(s.limit));
+    println!(
+        "blocks            {} hits, {} misses ({:.1} % hits)",
+        s.hits,
+        s.misses,
+        if lookups == 0 { 0.0 } else { 100.0 * s.hits as f64 / lookups as f64 }
+    );
+    ExitCode::SUCCESS
 }
 
 /// `hotpath merge`: sums the reports into one and writes it.

@@ -46,5 +46,6 @@ fn main() -> ExitCode {
         Command::Report(args) => hotpath::report(args),
         Command::Merge(args) => hotpath::merge(args),
         Command::Bench(args) => hotpath::bench::bench(args),
+        Command::Cache(args) => hotpath::cache(args),
     }
 }

@@ -183,6 +183,7 @@ impl RunCtx {
                 Ok(Stop::Exec) => {
                     // The kernel ends every other thread at an execve.
                     translator.stop_other_threads();
+                    translator.write_translation_cache();
                     self.write_perf_map(&translator);
                     let mut monitoring = self.monitoring();
                     if let Some(result) = monitoring.stop(&translator) {
@@ -243,6 +244,7 @@ impl RunCtx {
     /// profile, and exits as the guest did.
     fn end(&self, translator: &Translator, outcome: Result<GuestExit, TranslateError>) -> ! {
         translator.stop_other_threads();
+        translator.write_translation_cache();
         let ending = match &outcome {
             Ok(GuestExit::Exited(code)) => Ending::Exited { code: *code },
             Ok(GuestExit::Signaled(sig)) => Ending::Signaled {
@@ -272,8 +274,9 @@ impl RunCtx {
         if !self.args.quiet {
             let s = translator.stats();
             eprintln!(
-                "hotpath: translator: {} blocks translated in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes ({} moving the cache out of the guest's way), {} ring refills, {} threads",
+                "hotpath: translator: {} blocks translated ({} from the translation cache) in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes ({} moving the cache out of the guest's way), {} ring refills, {} threads",
                 s.blocks_translated,
+                s.blocks_loaded,
                 s.translation_ns as f64 / 1e9,
                 s.superblocks,
                 s.superblocks_dropped,
@@ -436,6 +439,9 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     if args.guest_contexts() {
         translator.set_function_symbols(image.symbols.iter().map(|s| (s.addr, s.size)).collect());
     }
+    if let Some(dir) = args.translation_cache() {
+        translator.use_translation_cache(&dir);
+    }
     let core = match args.monitor_cpu {
         Some(id) => Some(core_affinity::CoreId { id }),
         None => monitor_core(cores),
@@ -591,6 +597,11 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     if args.perf_map {
         opt("--perf-map", None);
     }
+    // The cache this run resolved, whatever the environment the guest gives its child.
+    match args.translation_cache() {
+        Some(dir) => opt("--cache-dir", Some(dir.into())),
+        None => opt("--no-cache", None),
+    }
     opt("--ring-entries", Some(args.ring_entries.to_string().into()));
     if let Some(cpu) = args.monitor_cpu {
         opt("--monitor-cpu", Some(cpu.to_string().into()));
@@ -739,6 +750,8 @@ fn finish_report(
             .collect(),
         ending,
         blocks_translated: stats.blocks_translated,
+        blocks_loaded: stats.blocks_loaded,
+        translation_cache_errors: translator.cache_stats().map_or(0, |s| s.errors),
         translation_ns: stats.translation_ns,
     };
     let mut report = report_of(&tables, &symbolize, run);

@@ -190,6 +190,8 @@ impl Merger {
         t.blocks_executed += u.blocks_executed;
         t.guest_instructions += u.guest_instructions;
         t.blocks_translated += u.blocks_translated;
+        t.blocks_loaded += u.blocks_loaded;
+        t.translation_cache_errors += u.translation_cache_errors;
         t.translation_ns += u.translation_ns;
         t.events += u.events;
         t.ring_waits += u.ring_waits;

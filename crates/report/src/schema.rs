@@ -130,6 +130,14 @@ pub struct Totals {
     pub distinct_blocks: u64,
     /// Translations made (a block translated again after a flush counts twice).
     pub blocks_translated: u64,
+    /// Of those, blocks placed from the persisted translation cache instead of decoded and
+    /// emitted (0 in reports written before it existed).
+    #[serde(default)]
+    pub blocks_loaded: u64,
+    /// Translation cache files this run could not write, or 1 for a cache directory it could
+    /// not use (not private to the user, not creatable): the run went on without it.
+    #[serde(default)]
+    pub translation_cache_errors: u64,
     /// Wall time spent translating, all threads, in nanoseconds.
     pub translation_ns: u64,
     /// Events the monitor read (fewer than blocks by what superblocks saved).

@@ -55,6 +55,7 @@ pub struct ForkHold<'a> {
     _function_entries: MutexGuard<'a, std::collections::HashSet<u64>>,
     _code_log: MutexGuard<'a, Option<crate::code_log::CodeLog>>,
     _smc: crate::smc::PagesHold<'a>,
+    store: Option<crate::persist::StoreHold<'a>>,
 }
 
 /// The guest's address space as hotpath tracks it.
@@ -244,6 +245,8 @@ pub struct ProcessShared {
     pub function_entries: Mutex<std::collections::HashSet<u64>>,
     /// Where translated code was put, for host profilers (`None`: not asked for).
     pub code_log: Mutex<Option<crate::code_log::CodeLog>>,
+    /// The persisted translations this process reads and adds to (unset: no cache).
+    pub store: std::sync::OnceLock<Arc<crate::persist::Store>>,
 }
 
 impl ProcessShared {
@@ -272,6 +275,7 @@ impl ProcessShared {
             function_symbols: std::sync::OnceLock::new(),
             function_entries: Mutex::new(std::collections::HashSet::new()),
             code_log: Mutex::new(None),
+            store: Default::default(),
         }
     }
 
@@ -301,6 +305,10 @@ impl ProcessShared {
             _function_entries: try_lock(&self.function_entries)?,
             _code_log: try_lock(&self.code_log)?,
             _smc: self.smc.try_hold()?,
+            store: match self.store.get() {
+                Some(s) => Some(s.try_hold()?),
+                None => None,
+            },
         })
     }
 
@@ -314,6 +322,10 @@ impl ProcessShared {
         hold.pool.clear();
         // The child's descriptors on `/proc/self/mem` show its parent's memory, not its own.
         hold.mem_fds.clear();
+        // What the parent translated before the fork is the parent's to write.
+        if let Some(store) = &mut hold.store {
+            store.forget_pending();
+        }
         self.exiting.store(false, Ordering::SeqCst);
         self.threads_started.store(1, Ordering::SeqCst);
         drop(hold);
@@ -477,6 +489,7 @@ mod tests {
                     mem_fds,
                     function_entries,
                     code_log,
+                    store: _,
                 } = &shared;
                 assert!(memory.try_lock().is_err(), "memory");
                 assert!(registry.try_lock().is_err(), "registry");

@@ -1,0 +1,488 @@
+//! One persisted basic block: its guest bytes, what the monitor is told about it, and its host
+//! code with the layout, exits and relocations that let another process place the code at
+//! another host address, for another guest address and block id (Reddi et al., "Persistent
+//! code caching", CGO 2007, §3: code kept with what it needs to be relocated).
+//!
+//! Every guest address is kept as a delta from the block's start and every host address as an
+//! offset from its code's start, so a record is independent of ASLR and of where the code
+//! cache is. A record is used only if its guest bytes equal the bytes mapped now.
+
+use serde::{Deserialize, Serialize};
+
+use hotpath_ir::{BlockId, BlockSummary, Cond, GuestAddr, HostAddr, Terminator};
+
+use crate::emit::EmittedBlock;
+use crate::gateway::Gateway;
+use crate::links::{Exit, ExitKind, HostLayout};
+use crate::relocs::{RelocKind, Routine};
+
+/// A persisted basic block (see the module doc for the units of its fields).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BlockRecord {
+    /// Guest offset of the block's start from its module's start (bytes).
+    pub offset: u64,
+    /// The guest bytes the block covers.
+    pub guest: Vec<u8>,
+    /// Guest instructions per run of the block.
+    pub instructions: u32,
+    /// The terminating instruction's address, from the block's start.
+    pub term_at: i64,
+    /// How the block ends.
+    pub term: TermRecord,
+    /// The host code as emitted (unlinked), from the ring slow path.
+    pub code: Vec<u8>,
+    /// The block's entry, from the code's start.
+    pub entry: u32,
+    /// The fields to patch.
+    pub relocs: Vec<RelocRecord>,
+    /// The exits, in index order.
+    pub exits: Vec<ExitRecord>,
+    /// `(host offset, guest delta)` of each body instruction.
+    pub body: Vec<(u32, i64)>,
+    /// Host offset where the terminator's code starts.
+    pub term_start: u32,
+    /// Guest delta of the terminating instruction.
+    pub term_guest: i64,
+    /// Host offset from which RCX is borrowed, if any.
+    pub rcx_borrowed_from: Option<u32>,
+    /// `(host offset, register number)` of instructions that run with a borrowed register.
+    pub far_borrows: Vec<(u32, u8)>,
+}
+
+/// A block's terminator with its guest addresses as deltas from the block's start.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum TermRecord {
+    Jump(i64),
+    Branch { cond: u8, taken: i64, not_taken: i64 },
+    Call { target: i64, return_to: i64 },
+    FallThrough(i64),
+    IndirectJump,
+    IndirectCall(i64),
+    Return,
+    Syscall(i64),
+}
+
+/// One relocated field: its offset from the code's start and what it holds (guest addresses
+/// as deltas from the block's start).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum RelocRecord {
+    BlockId(u32),
+    Exit { at: u32, k: u32 },
+    GatewayExit(u32),
+    GatewayIblMiss(u32),
+    GuestRel32 { at: u32, delta: i64, end: u8 },
+    GuestAbs64 { at: u32, delta: i64 },
+    GuestLow32 { at: u32, delta: i64 },
+    GuestSigned32 { at: u32, delta: i64 },
+}
+
+/// One exit, guest addresses as deltas, host addresses as offsets.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ExitRecord {
+    Direct {
+        target: i64,
+        site: u32,
+        stub: u32,
+        call: bool,
+    },
+    Syscall {
+        at: i64,
+        next: i64,
+    },
+}
+
+/// Every condition, in the order its index is persisted.
+const CONDS: [Cond; 18] = [
+    Cond::O,
+    Cond::No,
+    Cond::B,
+    Cond::Ae,
+    Cond::E,
+    Cond::Ne,
+    Cond::Be,
+    Cond::A,
+    Cond::S,
+    Cond::Ns,
+    Cond::P,
+    Cond::Np,
+    Cond::L,
+    Cond::Ge,
+    Cond::Le,
+    Cond::G,
+    Cond::RcxZero,
+    Cond::Loop,
+];
+
+/// A block placed from its record: what translating it would have given.
+pub struct Placed {
+    /// The host code, exits and layout, for the address and id it was placed for.
+    pub emitted: EmittedBlock,
+    /// What the monitor is told.
+    pub summary: BlockSummary,
+}
+
+impl BlockRecord {
+    /// The record of `emitted`, the translation of `block` found `offset` bytes into its
+    /// module; `None` when it cannot be persisted: its
+    /// relocations are incomplete (calling contexts, instrumentation), it traps, or it has an
+    /// exit or layout part a record does not describe.
+    pub fn capture(
+        emitted: &EmittedBlock,
+        block: &hotpath_ir::Block,
+        offset: u64,
+    ) -> Option<BlockRecord> {
+        if !emitted.relocs.complete || block.code.len() != block.len_bytes as usize {
+            return None;
+        }
+        let start = block.start.0;
+        let base = emitted.layout.code_start;
+        let g = |a: u64| a.wrapping_sub(start) as i64;
+        let gd = |a: GuestAddr| g(a.0);
+        let h = |a: u64| u32::try_from(a.checked_sub(base)?).ok();
+        let term = match block.terminator {
+            Terminator::Jump { target } => TermRecord::Jump(gd(target)),
+            Terminator::Branch {
+                cond,
+                taken,
+                not_taken,
+            } => TermRecord::Branch {
+                cond: CONDS.iter().position(|&c| c == cond)? as u8,
+                taken: gd(taken),
+                not_taken: gd(not_taken),
+            },
+            Terminator::Call { target, return_to } => TermRecord::Call {
+                target: gd(target),
+                return_to: gd(return_to),
+            },
+            Terminator::FallThrough { next } => TermRecord::FallThrough(gd(next)),
+            Terminator::IndirectJump => TermRecord::IndirectJump,
+            Terminator::IndirectCall { return_to } => TermRecord::IndirectCall(gd(return_to)),
+            Terminator::Return => TermRecord::Return,
+            Terminator::Syscall { next } => TermRecord::Syscall(gd(next)),
+            Terminator::Trap { .. } => return None,
+        };
+        let mut relocs = Vec::with_capacity(emitted.relocs.list.len());
+        for r in &emitted.relocs.list {
+            let at = h(r.at)?;
+            relocs.push(match r.kind {
+                RelocKind::BlockId => RelocRecord::BlockId(at),
+                RelocKind::Exit(k) => RelocRecord::Exit { at, k },
+                RelocKind::Gateway(Routine::Exit) => RelocRecord::GatewayExit(at),
+                RelocKind::Gateway(Routine::IblMiss) => RelocRecord::GatewayIblMiss(at),
+                RelocKind::GuestRel32 { target, end } => RelocRecord::GuestRel32 {
+                    at,
+                    delta: gd(target),
+                    end,
+                },
+                RelocKind::GuestAbs64 { target } => RelocRecord::GuestAbs64 {
+                    at,
+                    delta: gd(target),
+                },
+                RelocKind::GuestLow32 { target } => RelocRecord::GuestLow32 {
+                    at,
+                    delta: gd(target),
+                },
+                RelocKind::GuestSigned32 { target } => RelocRecord::GuestSigned32 {
+                    at,
+                    delta: gd(target),
+                },
+            });
+        }
+        let mut exits = Vec::with_capacity(emitted.exits.len());
+        for e in &emitted.exits {
+            exits.push(match e.kind {
+                ExitKind::Direct {
+                    target,
+                    from,
+                    site,
+                    stub,
+                    call,
+                } if from == block.start => ExitRecord::Direct {
+                    target: gd(target),
+                    site: h(site.0)?,
+                    stub: h(stub.0)?,
+                    call,
+                },
+                ExitKind::Syscall { at, next } => ExitRecord::Syscall {
+                    at: gd(at),
+                    next: gd(next),
+                },
+                _ => return None,
+            });
+        }
+        let l = &emitted.layout;
+        if l.trace_exit.is_some() || l.path_block.is_some() || l.guest_start != start {
+            return None;
+        }
+        let summary = block.summary();
+        Some(BlockRecord {
+            offset,
+            guest: block.code.clone(),
+            instructions: summary.instructions,
+            term_at: gd(summary.terminator_addr),
+            term,
+            code: emitted.code.clone(),
+            entry: h(l.entry)?,
+            relocs,
+            exits,
+            body: l
+                .body
+                .iter()
+                .map(|&(host, guest)| Some((h(host)?, g(guest))))
+                .collect::<Option<_>>()?,
+            term_start: h(l.term_start)?,
+            term_guest: g(l.term_guest),
+            rcx_borrowed_from: match l.rcx_borrowed_from {
+                Some(a) => Some(h(a)?),
+                None => None,
+            },
+            far_borrows: l
+                .far_borrows
+                .iter()
+                .map(|&(host, r)| Some((h(host)?, r)))
+                .collect::<Option<_>>()?,
+        })
+    }
+
+    /// The block placed at host address `at` for guest address `start`, with id `id` and exits
+    /// from index `first_exit`, its gateway `gateway`; `None` when a field cannot hold its new
+    /// value (a RIP-relative operand now out of a displacement's reach, a pushed return
+    /// address now above 2^31): the block is then translated afresh.
+    pub fn place(
+        &self,
+        start: GuestAddr,
+        at: HostAddr,
+        id: BlockId,
+        first_exit: u32,
+        gateway: &Gateway,
+    ) -> Option<Placed> {
+        let base = at.0;
+        let guest = |d: i64| start.0.wrapping_add(d as u64);
+        let host = |o: u32| base + o as u64;
+        let mut code = self.code.clone();
+        let mut put = |at: u32, bytes: &[u8]| -> Option<()> {
+            let at = at as usize;
+            code.get_mut(at..at + bytes.len())?.copy_from_slice(bytes);
+            Some(())
+        };
+        let rel32 = |field: u32, end: u64, target: u64| -> Option<[u8; 4]> {
+            let from = host(field) + end;
+            let d = i32::try_from(target.wrapping_sub(from) as i64).ok()?;
+            Some(d.to_le_bytes())
+        };
+        for r in &self.relocs {
+            match *r {
+                RelocRecord::BlockId(f) => put(f, &id.0.to_le_bytes())?,
+                RelocRecord::Exit { at, k } => put(at, &(first_exit + k).to_le_bytes())?,
+                RelocRecord::GatewayExit(f) => put(f, &rel32(f, 4, gateway.exit.0)?)?,
+                RelocRecord::GatewayIblMiss(f) => put(f, &rel32(f, 4, gateway.ibl_miss.0)?)?,
+                RelocRecord::GuestRel32 { at, delta, end } => {
+                    put(at, &rel32(at, end as u64, guest(delta))?)?
+                }
+                RelocRecord::GuestAbs64 { at, delta } => put(at, &guest(delta).to_le_bytes())?,
+                RelocRecord::GuestLow32 { at, delta } => {
+                    put(at, &(guest(delta) as u32).to_le_bytes())?
+                }
+                RelocRecord::GuestSigned32 { at, delta } => {
+                    let v = i32::try_from(guest(delta)).ok()?;
+                    put(at, &v.to_le_bytes())?
+                }
+            }
+        }
+        let exits = self
+            .exits
+            .iter()
+            .map(|e| Exit {
+                block: id,
+                kind: match *e {
+                    ExitRecord::Direct {
+                        target,
+                        site,
+                        stub,
+                        call,
+                    } => ExitKind::Direct {
+                        target: GuestAddr(guest(target)),
+                        from: start,
+                        site: HostAddr(host(site)),
+                        stub: HostAddr(host(stub)),
+                        call,
+                    },
+                    ExitRecord::Syscall { at, next } => ExitKind::Syscall {
+                        at: GuestAddr(guest(at)),
+                        next: GuestAddr(guest(next)),
+                    },
+                },
+            })
+            .collect();
+        let layout = HostLayout {
+            code_start: base,
+            entry: host(self.entry),
+            guest_start: start.0,
+            code_end: base + code.len() as u64,
+            body: self.body.iter().map(|&(h, g)| (host(h), guest(g))).collect(),
+            term_start: host(self.term_start),
+            term_guest: guest(self.term_guest),
+            rcx_borrowed_from: self.rcx_borrowed_from.map(host),
+            far_borrows: self.far_borrows.iter().map(|&(h, r)| (host(h), r)).collect(),
+            trace_exit: None,
+            path_block: None,
+        };
+        let g = |d: i64| GuestAddr(guest(d));
+        let terminator = match self.term {
+            TermRecord::Jump(t) => Terminator::Jump { target: g(t) },
+            TermRecord::Branch {
+                cond,
+                taken,
+                not_taken,
+            } => Terminator::Branch {
+                cond: *CONDS.get(cond as usize)?,
+                taken: g(taken),
+                not_taken: g(not_taken),
+            },
+            TermRecord::Call { target, return_to } => Terminator::Call {
+                target: g(target),
+                return_to: g(return_to),
+            },
+            TermRecord::FallThrough(n) => Terminator::FallThrough { next: g(n) },
+            TermRecord::IndirectJump => Terminator::IndirectJump,
+            TermRecord::IndirectCall(r) => Terminator::IndirectCall { return_to: g(r) },
+            TermRecord::Return => Terminator::Return,
+            TermRecord::Syscall(n) => Terminator::Syscall { next: g(n) },
+        };
+        Some(Placed {
+            emitted: EmittedBlock {
+                code,
+                entry: HostAddr(host(self.entry)),
+                exits,
+                layout,
+                relocs: Default::default(),
+            },
+            summary: BlockSummary {
+                start,
+                terminator_addr: g(self.term_at),
+                len_bytes: self.guest.len() as u32,
+                instructions: self.instructions,
+                terminator,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::decode_block_from;
+    use crate::emit::{emit_block, EmitContext};
+
+    /// The executable bytes of this test binary (a large x86-64 program: Rust's standard
+    /// library, iced, dynasm) and the virtual address they are linked at.
+    fn own_text() -> (Vec<u8>, u64) {
+        let elf = std::fs::read("/proc/self/exe").unwrap();
+        let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+        let (phoff, phentsize, phnum) = (u64_at(32) as usize, u16_at(54), u16_at(56));
+        for i in 0..phnum {
+            let ph = phoff + i * phentsize;
+            let (kind, flags) = (u32::from_le_bytes(elf[ph..ph + 4].try_into().unwrap()), elf[ph + 4]);
+            if kind == 1 && flags & 1 != 0 {
+                let (off, vaddr, size) = (u64_at(ph + 8) as usize, u64_at(ph + 16), u64_at(ph + 32) as usize);
+                return (elf[off..off + size].to_vec(), vaddr);
+            }
+        }
+        panic!("no executable segment");
+    }
+
+    /// Gateway routines `base`-relative, as a thread's cache would have them.
+    fn gateway(base: u64) -> Gateway {
+        Gateway {
+            enter: HostAddr(base),
+            exit: HostAddr(base + 0x100),
+            ibl_miss: HostAddr(base + 0x200),
+            ibl_empty: HostAddr(base + 0x300),
+            exit_from_signal: HostAddr(base + 0x400),
+        }
+    }
+
+    /// Every block of a linear sweep over this binary's code, translated for guest address
+    /// `g1` and host address `h1`, recorded, and placed for `g2` and `h2` with another id and
+    /// first exit, is what translating it there directly gives: the same bytes, exits and
+    /// layout. `h - g` is the same in both places, so each operand has the same reach.
+    fn placed_equals_translated(enqueue: Option<u64>, far: bool) {
+        let (text, vaddr) = own_text();
+        let text = &text[..text.len().min(400_000)];
+        let cx = |h: u64| EmitContext {
+            enqueue,
+            gateway: gateway(h & !0xfff_ffff),
+            contexts: false,
+            tail_call: false,
+        };
+        // Near: code 1 GiB after its guest; far: 64 TiB away (every RIP-relative operand is
+        // rewritten). The second place is ASLR-like: both moved by the same 0x5a5a_5000.
+        let (g1, h1) = (0x5555_0000_0000 + vaddr, if far { 0x1000_0000 } else { 0x5555_4000_0000 });
+        let shift = 0x5a5a_5000;
+        let (mut at, mut checked, mut pushes) = (0usize, 0, 0);
+        while at + 16 < text.len() {
+            let fetch = |base: u64| move |addr: u64, buf: &mut [u8]| {
+                let o = (addr - base) as usize;
+                let n = buf.len().min(text.len() - o);
+                buf[..n].copy_from_slice(&text[o..o + n]);
+                n
+            };
+            let b1 = decode_block_from(GuestAddr(g1 + at as u64), fetch(g1));
+            let len = (b1.len_bytes as usize).max(1);
+            let e1 = emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
+            if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64) {
+                let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
+                let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
+                let e2 = emit_block(&b2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
+                let p = r
+                    .place(b2.start, HostAddr(h2), BlockId(4242), 1000, &cx(h1 + shift).gateway)
+                    .expect("the same reach places");
+                assert_eq!(p.emitted.code, e2.code, "block at +{at:#x}");
+                assert_eq!(p.emitted.entry, e2.entry);
+                assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
+                assert_eq!(format!("{:?}", p.emitted.layout), format!("{:?}", e2.layout));
+                assert_eq!(p.summary, b2.summary());
+                pushes += matches!(b1.terminator, Terminator::Call { .. } | Terminator::IndirectCall { .. }) as u32;
+                checked += 1;
+            }
+            at += len;
+        }
+        assert!(checked > 10_000 && pushes > 500, "{checked} blocks, {pushes} calls");
+    }
+
+    #[test]
+    fn a_placed_block_is_its_translation_there_near() {
+        placed_equals_translated(Some(1024), false);
+    }
+
+    #[test]
+    fn a_placed_block_is_its_translation_there_far() {
+        placed_equals_translated(Some(4096), true);
+    }
+
+    #[test]
+    fn a_placed_block_is_its_translation_there_without_the_monitor() {
+        placed_equals_translated(None, false);
+    }
+
+    #[test]
+    fn a_field_out_of_reach_is_refused_not_wrapped() {
+        // lea rax, [rip + 0x100]; ret — emitted near, placed 4 GiB away from its guest.
+        let code = [0x48, 0x8d, 0x05, 0x00, 0x01, 0, 0, 0xc3];
+        let b = decode_block_from(GuestAddr(0x40_0000), |_, buf: &mut [u8]| {
+            buf[..code.len()].copy_from_slice(&code);
+            code.len()
+        });
+        let cx = EmitContext {
+            enqueue: None,
+            gateway: gateway(0x7000_0000),
+            contexts: false,
+            tail_call: false,
+        };
+        let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
+        let r = BlockRecord::capture(&e, &b, 0).unwrap();
+        assert!(r.place(GuestAddr(0x40_0000), HostAddr(0x7000_2000), BlockId(2), 0, &cx.gateway).is_some());
+        assert!(r.place(GuestAddr(0x1_4000_0000), HostAddr(0x7000_2000), BlockId(2), 0, &cx.gateway).is_none());
+    }
+}

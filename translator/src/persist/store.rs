@@ -1,0 +1,550 @@
+//! The cache directory and its files: where they are, who may have written them, reading and
+//! checking one, writing one atomically, the size bound, and the hit and miss counts.
+
+use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::record::BlockRecord;
+use crate::modules::FileId;
+
+/// The start of every store file, then the format's version.
+const MAGIC: &[u8; 4] = b"HPTC";
+/// Bumped when [`BlockRecord`] or the file layout changes.
+const FORMAT: u32 = 1;
+/// The default size bound of the cache directory, in bytes.
+const DEFAULT_LIMIT: u64 = 1 << 30;
+/// What the directory is trimmed to when it is over its bound: this share of the bound, so
+/// that every write does not trim again.
+const TRIM_TO_PERCENT: u64 = 90;
+/// The hit/miss log is summed into one line when it grows past this many bytes.
+const STATS_COMPACT_BYTES: u64 = 64 << 10;
+/// Suffix of store files.
+const SUFFIX: &str = "hpc";
+
+/// What besides the module decides the code hotpath emits for it: hotpath's own build, the
+/// host CPU's features the code depends on (`AT_HWCAP`, `AT_HWCAP2`: e.g. FSGSBASE for
+/// `rdgsbase`), and the event ring's size in entries (0: no enqueue stub, the monitor off).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EmitKey {
+    /// hotpath's version and its executable's device, inode, size and modification time.
+    pub hotpath: String,
+    pub hwcap: u64,
+    pub hwcap2: u64,
+    pub ring_entries: u64,
+}
+
+impl EmitKey {
+    /// The key of this hotpath on this CPU, with the enqueue stub for a ring of
+    /// `ring_entries` entries (`None`: the monitor is off).
+    pub fn current(ring_entries: Option<u64>) -> EmitKey {
+        let exe = fs::metadata("/proc/self/exe")
+            .map(|m| format!("{}:{}:{}:{}", m.dev(), m.ino(), m.size(), m.mtime_nsec() + m.mtime() * 1_000_000_000))
+            .unwrap_or_default();
+        // SAFETY: getauxval has no preconditions.
+        let (hwcap, hwcap2) = unsafe { (libc::getauxval(libc::AT_HWCAP), libc::getauxval(libc::AT_HWCAP2)) };
+        EmitKey {
+            hotpath: format!("{} {exe}", env!("CARGO_PKG_VERSION")),
+            hwcap,
+            hwcap2,
+            ring_entries: ring_entries.unwrap_or(0),
+        }
+    }
+}
+
+/// What a store file holds: its key, then the records.
+#[derive(Serialize, Deserialize)]
+struct Contents {
+    key: (EmitKey, FileId),
+    records: Vec<BlockRecord>,
+}
+
+/// The cache directory, checked to be the user's own (see the module doc of `persist`).
+#[derive(Clone, Debug)]
+pub struct CacheDir {
+    path: PathBuf,
+    /// Size bound in bytes.
+    limit: u64,
+}
+
+/// What `hotpath cache` shows.
+#[derive(Clone, Debug, Default)]
+pub struct CacheSummary {
+    /// Store files.
+    pub files: u64,
+    /// Their size, in bytes.
+    pub bytes: u64,
+    /// The size bound, in bytes.
+    pub limit: u64,
+    /// Blocks taken from the cache, over every run that wrote its counts.
+    pub hits: u64,
+    /// Blocks translated afresh in modules the cache could have held.
+    pub misses: u64,
+}
+
+impl CacheDir {
+    /// Where the cache is: `$HOTPATH_CACHE_DIR`, else `$XDG_CACHE_HOME/hotpath`, else
+    /// `$HOME/.cache/hotpath`; `None` when `HOTPATH_CACHE=off` or none of them is set.
+    pub fn location() -> Option<PathBuf> {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        if var("HOTPATH_CACHE").is_some_and(|v| v == "off" || v == "0") {
+            return None;
+        }
+        if let Some(d) = var("HOTPATH_CACHE_DIR") {
+            return Some(d.into());
+        }
+        if let Some(d) = var("XDG_CACHE_HOME") {
+            return Some(Path::new(&d).join("hotpath"));
+        }
+        var("HOME").map(|h| Path::new(&h).join(".cache").join("hotpath"))
+    }
+
+    /// The size bound: `$HOTPATH_CACHE_SIZE` in bytes, with an optional `K`, `M` or `G`
+    /// suffix; 1 GiB by default.
+    fn limit() -> u64 {
+        let Some(v) = std::env::var("HOTPATH_CACHE_SIZE").ok() else {
+            return DEFAULT_LIMIT;
+        };
+        let v = v.trim();
+        let (num, shift) = match v.chars().last().map(|c| c.to_ascii_uppercase()) {
+            Some('K') => (&v[..v.len() - 1], 10),
+            Some('M') => (&v[..v.len() - 1], 20),
+            Some('G') => (&v[..v.len() - 1], 30),
+            _ => (v, 0),
+        };
+        num.trim().parse::<u64>().map_or(DEFAULT_LIMIT, |n| n << shift)
+    }
+
+    /// Opens (creating it, mode 0700, if needed) the cache directory at `path`.
+    ///
+    /// # Errors
+    /// A one-line reason when it cannot be created, or is not a directory owned by this user
+    /// without group or other permissions (a symlink included).
+    pub fn open(path: &Path) -> Result<CacheDir, String> {
+        if let Some(parent) = path.parent() {
+            let _ = fs::create_dir_all(parent);
+        }
+        match fs::DirBuilder::new().mode(0o700).create(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", path.display())),
+        }
+        let m = fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if !m.file_type().is_dir() {
+            return Err(format!("{} is not a directory", path.display()));
+        }
+        if m.uid() != me || m.mode() & 0o077 != 0 {
+            return Err(format!(
+                "{} is not private to this user (owner {}, mode {:o})",
+                path.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+        Ok(CacheDir {
+            path: path.to_path_buf(),
+            limit: CacheDir::limit(),
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file name of the store for `key`.
+    fn file_name(key: &(EmitKey, FileId)) -> String {
+        // SipHash with fixed keys: stable for one hotpath build, which is in the key.
+        let mut h = std::hash::DefaultHasher::new();
+        key.hash(&mut h);
+        format!("{:016x}.{SUFFIX}", h.finish())
+    }
+
+    /// The contents of store file `name`, if it is a regular file owned by this user, mode
+    /// 0600 or stricter, whose checksum and key are right; its modification time is set to
+    /// now (the size bound removes the least recently used first).
+    fn read(&self, name: &str, key: &(EmitKey, FileId)) -> Option<Vec<BlockRecord>> {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.path.join(name))
+            .ok()?;
+        let m = f.metadata().ok()?;
+        // SAFETY: geteuid has no preconditions.
+        if !m.file_type().is_file() || m.uid() != unsafe { libc::geteuid() } || m.mode() & 0o077 != 0 {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(m.len() as usize);
+        f.read_to_end(&mut bytes).ok()?;
+        let contents = decode(&bytes)?;
+        if contents.key != *key {
+            return None;
+        }
+        let _ = f.set_modified(std::time::SystemTime::now());
+        Some(contents.records)
+    }
+
+    /// Writes store file `name` atomically: a temporary file (mode 0600) renamed into place.
+    fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        let tmp = self.path.join(format!(
+            ".{name}.{}.{}.tmp",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.write_all(bytes)?;
+            drop(f);
+            fs::rename(&tmp, self.path.join(name))
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// The store files, with their sizes and modification times.
+    fn files(&self) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+        let Ok(entries) = fs::read_dir(&self.path) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == SUFFIX))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((e.path(), m.len(), m.modified().ok()?))
+            })
+            .collect()
+    }
+
+    /// Removes the least recently used store files while the directory is over its bound.
+    fn trim(&self) {
+        let mut files = self.files();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        if total <= self.limit {
+            return;
+        }
+        files.sort_by_key(|f| f.2);
+        let target = self.limit / 100 * TRIM_TO_PERCENT;
+        for (path, size, _) in files {
+            if total <= target {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total -= size;
+            }
+        }
+    }
+
+    /// Adds a run's counts to the directory's hit/miss log (one short `O_APPEND` write, so
+    /// concurrent runs do not mix their lines); a long log is summed into one line first.
+    fn add_counts(&self, hits: u64, misses: u64) {
+        let log = self.path.join("stats");
+        if fs::metadata(&log).is_ok_and(|m| m.len() > STATS_COMPACT_BYTES) {
+            let (h, m) = read_counts(&log);
+            let _ = self.write("stats", format!("{h} {m}\n").as_bytes());
+        }
+        if let Ok(mut f) = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&log)
+        {
+            let _ = f.write_all(format!("{hits} {misses}\n").as_bytes());
+        }
+    }
+
+    /// What is in the directory.
+    pub fn summary(&self) -> CacheSummary {
+        let files = self.files();
+        let (hits, misses) = read_counts(&self.path.join("stats"));
+        CacheSummary {
+            files: files.len() as u64,
+            bytes: files.iter().map(|f| f.1).sum(),
+            limit: self.limit,
+            hits,
+            misses,
+        }
+    }
+
+    /// Removes every store file and the counts; returns how many files were removed.
+    ///
+    /// # Errors
+    /// The first removal that failed.
+    pub fn clear(&self) -> std::io::Result<u64> {
+        let mut n = 0;
+        for (path, _, _) in self.files() {
+            fs::remove_file(path)?;
+            n += 1;
+        }
+        match fs::remove_file(self.path.join("stats")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        Ok(n)
+    }
+}
+
+/// The sums of the `hits misses` lines of the log at `path`.
+fn read_counts(path: &Path) -> (u64, u64) {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let mut sums = (0u64, 0u64);
+    for line in text.lines() {
+        let mut w = line.split(' ').map(|x| x.parse::<u64>());
+        if let (Some(Ok(h)), Some(Ok(m))) = (w.next(), w.next()) {
+            sums.0 += h;
+            sums.1 += m;
+        }
+    }
+    sums
+}
+
+/// A store file's bytes: magic, format, CRC-32 of the payload, payload length, payload.
+fn encode(contents: &Contents) -> Option<Vec<u8>> {
+    let payload = postcard::to_stdvec(contents).ok()?;
+    let mut out = Vec::with_capacity(payload.len() + 20);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Some(out)
+}
+
+/// The contents of a store file's bytes, if they are whole and unchanged.
+fn decode(bytes: &[u8]) -> Option<Contents> {
+    if bytes.get(..4)? != MAGIC || bytes.get(4..8)? != FORMAT.to_le_bytes() {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?);
+    let len = u64::from_le_bytes(bytes.get(12..20)?.try_into().ok()?);
+    let payload = bytes.get(20..)?;
+    if payload.len() as u64 != len || crc32fast::hash(payload) != crc {
+        return None;
+    }
+    postcard::from_bytes(payload).ok()
+}
+
+/// One module's records: those read from its file, and those this process translated.
+#[derive(Default)]
+struct ModuleStore {
+    /// By guest offset from the module's start.
+    records: Arc<HashMap<u64, BlockRecord>>,
+    /// New ones, not in `records`, to write at the end.
+    pending: Vec<BlockRecord>,
+}
+
+/// Counters of the store's work in this process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreStats {
+    /// Store files that could not be written, or a cache directory that could not be used.
+    pub errors: u64,
+    /// Store files read.
+    pub files_read: u64,
+    /// Store files written.
+    pub files_written: u64,
+}
+
+/// The store's lock, held (see [`Store::try_hold`]).
+pub struct StoreHold<'a>(std::sync::MutexGuard<'a, HashMap<FileId, ModuleStore>>);
+
+impl StoreHold<'_> {
+    /// Forgets the records kept so far: in a forked child, they are its parent's to write.
+    pub fn forget_pending(&mut self) {
+        for m in self.0.values_mut() {
+            m.pending.clear();
+        }
+    }
+}
+
+/// A process's view of the persisted translations: the cache directory, the modules' records
+/// read so far, and the records translated here (shared by the process's threads).
+pub struct Store {
+    dir: Option<CacheDir>,
+    key: EmitKey,
+    modules: Mutex<HashMap<FileId, ModuleStore>>,
+    errors: AtomicU64,
+    files_read: AtomicU64,
+    files_written: AtomicU64,
+}
+
+impl Store {
+    /// The store in the cache directory at `path`, for code emitted as `key` says. A directory
+    /// that cannot be used gives a store that reads and writes nothing, with one error counted.
+    pub fn new(path: &Path, key: EmitKey) -> Store {
+        let dir = CacheDir::open(path).ok();
+        Store {
+            errors: AtomicU64::new(dir.is_none() as u64),
+            dir,
+            key,
+            modules: Mutex::new(HashMap::new()),
+            files_read: AtomicU64::new(0),
+            files_written: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<FileId, ModuleStore>> {
+        self.modules.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The records of the module in file `file`, read from its store file the first time.
+    pub fn records(&self, file: &FileId) -> Option<Arc<HashMap<u64, BlockRecord>>> {
+        let dir = self.dir.as_ref()?;
+        let mut modules = self.lock();
+        if let Some(m) = modules.get(file) {
+            return Some(m.records.clone());
+        }
+        let key = (self.key.clone(), file.clone());
+        let records: HashMap<u64, BlockRecord> = match dir.read(&CacheDir::file_name(&key), &key) {
+            Some(list) => {
+                self.files_read.fetch_add(1, Ordering::Relaxed);
+                list.into_iter().map(|r| (r.offset, r)).collect()
+            }
+            None => HashMap::new(),
+        };
+        let records = Arc::new(records);
+        modules.insert(
+            file.clone(),
+            ModuleStore {
+                records: records.clone(),
+                pending: Vec::new(),
+            },
+        );
+        Some(records)
+    }
+
+    /// Keeps `record`, translated in this process from the module in file `file`, for
+    /// [`write`](Self::write).
+    pub fn keep(&self, file: &FileId, record: BlockRecord) {
+        if self.dir.is_none() {
+            return;
+        }
+        let mut modules = self.lock();
+        let m = modules.entry(file.clone()).or_default();
+        if !m.records.contains_key(&record.offset) {
+            m.pending.push(record);
+        }
+    }
+
+    /// The store's lock, if it is free: held across a `fork` with the process's other locks
+    /// (`ProcessShared::hold_for_fork`).
+    pub fn try_hold(&self) -> Option<StoreHold<'_>> {
+        match self.modules.try_lock() {
+            Ok(g) => Some(StoreHold(g)),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(StoreHold(e.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Writes the records kept since the last write into their modules' store files (merged
+    /// with what the files hold now: another process may have written them meanwhile), trims
+    /// the directory, and adds `hits` and `misses` to its counts.
+    pub fn write(&self, hits: u64, misses: u64) {
+        let Some(dir) = &self.dir else { return };
+        let mut modules = self.lock();
+        let mut wrote = false;
+        for (file, m) in modules.iter_mut() {
+            if m.pending.is_empty() {
+                continue;
+            }
+            let key = (self.key.clone(), file.clone());
+            let name = CacheDir::file_name(&key);
+            let mut records: HashMap<u64, BlockRecord> = dir
+                .read(&name, &key)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| (r.offset, r))
+                .collect();
+            for r in m.pending.drain(..) {
+                records.insert(r.offset, r);
+            }
+            let mut list: Vec<BlockRecord> = records.into_values().collect();
+            list.sort_by_key(|r| r.offset);
+            let written = encode(&Contents { key, records: list })
+                .is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+            if written {
+                self.files_written.fetch_add(1, Ordering::Relaxed);
+                wrote = true;
+            } else {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(modules);
+        if wrote {
+            dir.trim();
+        }
+        if hits + misses > 0 {
+            dir.add_counts(hits, misses);
+        }
+    }
+
+    /// This process's counters.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            errors: self.errors.load(Ordering::Relaxed),
+            files_read: self.files_read.load(Ordering::Relaxed),
+            files_written: self.files_written.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> FileId {
+        FileId {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: 4,
+            ctime_ns: 5,
+            build_id: vec![6],
+        }
+    }
+
+    #[test]
+    fn a_file_is_read_back_only_whole_and_for_its_key() {
+        let key = (EmitKey::current(Some(1024)), file());
+        let contents = Contents {
+            key: key.clone(),
+            records: Vec::new(),
+        };
+        let bytes = encode(&contents).unwrap();
+        assert!(decode(&bytes).is_some_and(|c| c.key == key));
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x20;
+            assert!(decode(&bad).is_none_or(|c| c.key != key), "byte {i} flipped");
+        }
+        assert!(decode(&bytes[..bytes.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn sizes_take_suffixes() {
+        std::env::set_var("HOTPATH_CACHE_SIZE", "3M");
+        assert_eq!(CacheDir::limit(), 3 << 20);
+        std::env::set_var("HOTPATH_CACHE_SIZE", "12345");
+        assert_eq!(CacheDir::limit(), 12345);
+        std::env::remove_var("HOTPATH_CACHE_SIZE");
+        assert_eq!(CacheDir::limit(), DEFAULT_LIMIT);
+    }
+}
