@@ -1958,8 +1958,12 @@ impl Translator {
 
     /// The persisted store and the module holding `pc` (its start and file), when a block
     /// there may be placed from the store or kept for it: a file-backed module, on pages the
-    /// guest cannot write.
+    /// guest cannot write, while the guest's `rdtsc` runs (decoding depends on nothing else
+    /// of the process's state: with `PR_TSC_SIGSEGV` it traps).
     fn persisted_module(&mut self, pc: u64) -> Option<(Arc<Store>, u64, FileId)> {
+        if crate::cpu::tsc_sigsegv() {
+            return None;
+        }
         let store = self.process.shared.store.get()?.clone();
         let (start, file) = {
             let memory = lock(&self.process.shared.memory);

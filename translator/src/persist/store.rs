@@ -31,13 +31,15 @@ const SUFFIX: &str = "hpc";
 
 /// What besides the module decides the code hotpath emits for it: hotpath's own build, the
 /// host CPU's features the code depends on (`AT_HWCAP`, `AT_HWCAP2`: e.g. FSGSBASE for
-/// `rdgsbase`), and the event ring's size in entries (0: no enqueue stub, the monitor off).
+/// `rdgsbase`; protection keys for `wrpkru`), and the event ring's size in entries (0: no
+/// enqueue stub, the monitor off).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EmitKey {
     /// hotpath's version and its executable's device, inode, size and modification time.
     pub hotpath: String,
     pub hwcap: u64,
     pub hwcap2: u64,
+    pub pku: bool,
     pub ring_entries: u64,
 }
 
@@ -54,6 +56,7 @@ impl EmitKey {
             hotpath: format!("{} {exe}", env!("CARGO_PKG_VERSION")),
             hwcap,
             hwcap2,
+            pku: crate::cpu::host_pku(),
             ring_entries: ring_entries.unwrap_or(0),
         }
     }
