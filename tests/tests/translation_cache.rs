@@ -28,23 +28,31 @@ fn native(exe: &Path, args: &[&str], cwd: &Path) -> Outcome {
 /// Runs `exe args` under hotpath with the cache in `cache` (and `extra` options), writing a
 /// report; checks the outcome against `native` and returns the report (null with
 /// `--no-monitor`, which writes none).
-fn run(exe: &Path, args: &[&str], cache: &Path, extra: &[&str], native: &Outcome, cwd: &Path) -> Value {
+fn run(
+    exe: &Path,
+    args: &[&str],
+    cache: &Path,
+    extra: &[&str],
+    native: &Outcome,
+    cwd: &Path,
+) -> Value {
     let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
     static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let report = cwd.join(format!("report-{n}.json"));
     let profiled = !extra.contains(&"--no-monitor");
     let mut cmd = Command::new(&hotpath);
-    cmd.args(["run", "--quiet", "--cache-dir"]).arg(cache).args(extra);
+    cmd.args(["run", "--quiet", "--cache-dir"])
+        .arg(cache)
+        .args(extra);
     if profiled {
         cmd.arg("--report").arg(&report);
     }
-    cmd.arg("--")
-        .arg(exe)
-        .args(args);
+    cmd.arg("--").arg(exe).args(args);
     set_guest_environment(&mut cmd, cwd);
     let what = runner::describe(&cmd);
-    let out = runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let out =
+        runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
     if let Err(e) = compare::compare_outcomes(native, &out) {
         panic!("{what} differs from the native run:\n{e}");
     }
@@ -59,7 +67,12 @@ fn run(exe: &Path, args: &[&str], cache: &Path, extra: &[&str], native: &Outcome
 /// The store files in `cache`.
 fn store_files(cache: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(cache)
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "hpc")).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "hpc"))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -74,22 +87,45 @@ fn profile(r: &Value) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| (m["path"].as_str().unwrap().to_string(), as_u64(&m["base"]), as_u64(&m["size"])))
+        .map(|m| {
+            (
+                m["path"].as_str().unwrap().to_string(),
+                as_u64(&m["base"]),
+                as_u64(&m["size"]),
+            )
+        })
         .collect();
     // An address as module + offset (the latest module mapped there).
     let rel = |v: &Value| {
         let a = as_u64(v);
-        match modules.iter().rev().find(|(_, base, size)| *base <= a && a < base + size) {
+        match modules
+            .iter()
+            .rev()
+            .find(|(_, base, size)| *base <= a && a < base + size)
+        {
             Some((path, base, _)) => format!("{path}+{:#x}", a - base),
             None => format!("{a:#x}"),
         }
     };
     let mut out = Vec::new();
     for b in r["blocks"].as_array().unwrap() {
-        out.push(format!("block {} {} {} {} {}", rel(&b["addr"]), b["count"], b["instructions"], b["bytes"], b["terminator"]));
+        out.push(format!(
+            "block {} {} {} {} {}",
+            rel(&b["addr"]),
+            b["count"],
+            b["instructions"],
+            b["bytes"],
+            b["terminator"]
+        ));
     }
     for e in r["edges"].as_array().unwrap() {
-        out.push(format!("edge {} {} {} {}", rel(&e["from"]), rel(&e["to"]), e["kind"], e["count"]));
+        out.push(format!(
+            "edge {} {} {} {}",
+            rel(&e["from"]),
+            rel(&e["to"]),
+            e["kind"],
+            e["count"]
+        ));
     }
     for s in r["syscalls"].as_array().unwrap() {
         out.push(format!("syscall {} {}", s["nr"], s["count"]));
@@ -105,7 +141,8 @@ fn profile(r: &Value) -> Vec<String> {
 
 /// The profile lines of `a` missing from `b` and the other way round.
 fn diff(a: &[String], b: &[String]) -> String {
-    let (sa, sb): (std::collections::BTreeSet<_>, std::collections::BTreeSet<_>) = (a.iter().collect(), b.iter().collect());
+    let (sa, sb): (std::collections::BTreeSet<_>, std::collections::BTreeSet<_>) =
+        (a.iter().collect(), b.iter().collect());
     let only_a: Vec<_> = sa.difference(&sb).take(10).collect();
     let only_b: Vec<_> = sb.difference(&sa).take(10).collect();
     format!("cold only: {only_a:#?}\nwarm only: {only_b:#?}")
@@ -118,22 +155,44 @@ fn cold_then_warm(exe: &Path, args: &[&str], extra: &[&str], what: &str) {
     let cache = dir.join("cache");
     let n = native(exe, args, &dir);
     let cold = run(exe, args, &cache, extra, &n, &dir);
-    assert!(!store_files(&cache).is_empty(), "{what}: the cold run wrote no store file");
+    assert!(
+        !store_files(&cache).is_empty(),
+        "{what}: the cold run wrote no store file"
+    );
     let warm = run(exe, args, &cache, extra, &n, &dir);
     if cold.is_null() {
         // No profile without the monitor: the cache's own counts say what the runs did, one
         // `hits misses` line each.
         let log = std::fs::read_to_string(cache.join("stats")).unwrap_or_default();
-        let lines: Vec<Vec<u64>> =
-            log.lines().map(|l| l.split(' ').map(|w| w.parse().unwrap()).collect()).collect();
-        assert!(lines.len() == 2 && lines[0][0] == 0 && lines[1][1] == 0 && lines[1][0] > 0, "{what}: {log}");
+        let lines: Vec<Vec<u64>> = log
+            .lines()
+            .map(|l| l.split(' ').map(|w| w.parse().unwrap()).collect())
+            .collect();
+        assert!(
+            lines.len() == 2 && lines[0][0] == 0 && lines[1][1] == 0 && lines[1][0] > 0,
+            "{what}: {log}"
+        );
         return;
     }
-    assert_eq!(as_u64(&cold["totals"]["blocks_loaded"]), 0, "{what}: a cold run loads nothing");
-    let (translated, loaded) = (as_u64(&warm["totals"]["blocks_translated"]), as_u64(&warm["totals"]["blocks_loaded"]));
-    assert!(loaded > 0 && loaded * 10 >= translated * 9, "{what}: the warm run placed {loaded} of {translated} blocks");
+    assert_eq!(
+        as_u64(&cold["totals"]["blocks_loaded"]),
+        0,
+        "{what}: a cold run loads nothing"
+    );
+    let (translated, loaded) = (
+        as_u64(&warm["totals"]["blocks_translated"]),
+        as_u64(&warm["totals"]["blocks_loaded"]),
+    );
+    assert!(
+        loaded > 0 && loaded * 10 >= translated * 9,
+        "{what}: the warm run placed {loaded} of {translated} blocks"
+    );
     let (pc, pw) = (profile(&cold), profile(&warm));
-    assert!(pc == pw, "{what}: the warm profile differs from the cold one:\n{}", diff(&pc, &pw));
+    assert!(
+        pc == pw,
+        "{what}: the warm profile differs from the cold one:\n{}",
+        diff(&pc, &pw)
+    );
 }
 
 #[test]
@@ -141,7 +200,12 @@ fn a_warm_run_has_the_cold_runs_profile() {
     for linkage in [Linkage::Static, Linkage::StaticPie, Linkage::Dynamic] {
         let exe = guest_build::build("jumptable.c", linkage).unwrap_or_else(|e| panic!("{e}"));
         cold_then_warm(&exe, &[], &[], &format!("jumptable-{linkage}"));
-        cold_then_warm(&exe, &[], &["--no-monitor"], &format!("jumptable-{linkage}-nomon"));
+        cold_then_warm(
+            &exe,
+            &[],
+            &["--no-monitor"],
+            &format!("jumptable-{linkage}-nomon"),
+        );
     }
     let exe = guest_build::build("recursion.c", Linkage::Dynamic).unwrap_or_else(|e| panic!("{e}"));
     cold_then_warm(&exe, &[], &[], "recursion");
@@ -172,10 +236,17 @@ fn a_damaged_or_foreign_cache_changes_nothing_but_its_use() {
         std::fs::write(&f, &bytes).unwrap();
     }
     let r = run(&exe, &[], &cache, &[], &n, &dir);
-    assert_eq!(as_u64(&r["totals"]["blocks_loaded"]), 0, "a damaged file was used");
+    assert_eq!(
+        as_u64(&r["totals"]["blocks_loaded"]),
+        0,
+        "a damaged file was used"
+    );
     // It was written again whole.
     let r = run(&exe, &[], &cache, &[], &n, &dir);
-    assert!(as_u64(&r["totals"]["blocks_loaded"]) > 0, "the damaged file was not replaced");
+    assert!(
+        as_u64(&r["totals"]["blocks_loaded"]) > 0,
+        "the damaged file was not replaced"
+    );
 
     // A directory others may write is not used, nor is a store file others may write.
     use std::os::unix::fs::PermissionsExt;
@@ -188,7 +259,11 @@ fn a_damaged_or_foreign_cache_changes_nothing_but_its_use() {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
     }
     let r = run(&exe, &[], &cache, &[], &n, &dir);
-    assert_eq!(as_u64(&r["totals"]["blocks_loaded"]), 0, "a world-writable store file was used");
+    assert_eq!(
+        as_u64(&r["totals"]["blocks_loaded"]),
+        0,
+        "a world-writable store file was used"
+    );
 
     // --no-cache neither reads nor writes.
     let fresh = dir.join("fresh");
@@ -210,7 +285,10 @@ fn concurrent_runs_share_one_cache() {
             s.spawn(|| run(&exe, &[], &cache, &[], &n, &dir));
         }
     });
-    assert!(!std::fs::read_dir(&cache).unwrap().flatten().any(|e| e.file_name().to_string_lossy().ends_with(".tmp")));
+    assert!(!std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().ends_with(".tmp")));
     let r = run(&exe, &[], &cache, &[], &n, &dir);
     assert!(as_u64(&r["totals"]["blocks_loaded"]) > 0);
 }
@@ -225,12 +303,25 @@ fn the_cache_command_shows_and_clears() {
     run(&exe, &[], &cache, &[], &n, &dir);
     let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
     let show = |args: &[&str]| {
-        let out = Command::new(&hotpath).arg("cache").args(args).arg("--cache-dir").arg(&cache).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(&hotpath)
+            .arg("cache")
+            .args(args)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = show(&[]);
-    assert!(text.contains(&format!("files             {}", store_files(&cache).len())), "{text}");
+    assert!(
+        text.contains(&format!("files             {}", store_files(&cache).len())),
+        "{text}"
+    );
     let line = text.lines().find(|l| l.starts_with("blocks")).unwrap();
     let hits: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(hits > 0, "{text}");

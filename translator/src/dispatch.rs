@@ -27,9 +27,6 @@ use crate::code_log::{CodeKind, CodeRecord};
 pub use crate::config::{Config, Stats};
 use crate::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
 use crate::emit::{emit_block, EmitContext};
-use crate::modules::FileId;
-use crate::persist::record::BlockRecord;
-use crate::persist::Store;
 use crate::gateway::{
     emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
     EXIT_SPECIAL_BASE,
@@ -44,6 +41,9 @@ use crate::linux::process::{
 use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
 use crate::linux::thread::GuestThread;
+use crate::modules::FileId;
+use crate::persist::record::BlockRecord;
+use crate::persist::Store;
 use crate::special;
 use crate::superblock::{emit_superblock, side_exit_id};
 use crate::thread_area::{self, IblEntry, ThreadArea};
@@ -245,13 +245,19 @@ impl Translator {
             guest_regions: BTreeMap::new(),
             modules: Default::default(),
         };
-        memory
-            .modules
-            .add(image.path.clone(), image.image_start, image.image_end, FileId::of_path(&image.path));
+        memory.modules.add(
+            image.path.clone(),
+            image.image_start,
+            image.image_end,
+            FileId::of_path(&image.path),
+        );
         if let Some(interp) = &image.interpreter {
-            memory
-                .modules
-                .add(interp.path.clone(), interp.range.0, interp.range.1, FileId::of_path(&interp.path));
+            memory.modules.add(
+                interp.path.clone(),
+                interp.range.0,
+                interp.range.1,
+                FileId::of_path(&interp.path),
+            );
         }
         if let Some((start, end)) = crate::vdso_range().filter(|_| cfg.vdso) {
             memory.modules.add("[vdso]".into(), start, end, None);
@@ -534,8 +540,13 @@ impl Translator {
         if self.cfg.contexts {
             return;
         }
-        let key = crate::persist::EmitKey::current(self.cfg.enqueue.then_some(self.cfg.ring_entries));
-        let _ = self.process.shared.store.set(Arc::new(Store::new(dir, key)));
+        let key =
+            crate::persist::EmitKey::current(self.cfg.enqueue.then_some(self.cfg.ring_entries));
+        let _ = self
+            .process
+            .shared
+            .store
+            .set(Arc::new(Store::new(dir, key)));
     }
 
     /// Writes the blocks translated afresh since the last call into the cache directory, with
@@ -1953,7 +1964,15 @@ impl Translator {
         }
         let end = block.end().0.max(pc + 1);
         let summary = block.summary();
-        self.install_block(pc, max, emitted, summary, block.code.into_boxed_slice(), end, registry)
+        self.install_block(
+            pc,
+            max,
+            emitted,
+            summary,
+            block.code.into_boxed_slice(),
+            end,
+            registry,
+        )
     }
 
     /// The persisted store and the module holding `pc` (its start and file), when a block
@@ -1995,7 +2014,11 @@ impl Translator {
         let len = record.guest.len() as u64;
         let shared = self.process.shared.clone();
         let maps = &mut self.process.maps;
-        if maps.executable_len(pc, len).min(guest_run(&shared, self.vdso, pc, len)) < len {
+        if maps
+            .executable_len(pc, len)
+            .min(guest_run(&shared, self.vdso, pc, len))
+            < len
+        {
             return Ok(None);
         }
         let mut now = vec![0u8; len as usize];
@@ -2027,7 +2050,15 @@ impl Translator {
         self.protect_code(pc, pc + len);
         self.stats.blocks_loaded += 1;
         let code = record.guest.clone().into_boxed_slice();
-        let entry = self.install_block(pc, MAX_BLOCK_INSTRUCTIONS, placed.emitted, placed.summary, code, pc + len, registry)?;
+        let entry = self.install_block(
+            pc,
+            MAX_BLOCK_INSTRUCTIONS,
+            placed.emitted,
+            placed.summary,
+            code,
+            pc + len,
+            registry,
+        )?;
         Ok(Some(entry))
     }
 

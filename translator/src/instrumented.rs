@@ -44,7 +44,6 @@ use iced_x86::Code;
 
 use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
-use crate::relocs::Relocs;
 use crate::emit::{
     append_body, assembled, enqueue_stub, enqueue_words, exit_stub, jcc, load_indirect_target,
     patchable_jcc, patchable_jmp, push_return_address, rcx_branch, resolve_exit_stubs, return_pop,
@@ -52,6 +51,7 @@ use crate::emit::{
 };
 use crate::gateway::{emit_ibl, GS};
 use crate::path_steps::{path_add, path_end, path_start};
+use crate::relocs::Relocs;
 use crate::thread_area::off;
 use crate::TranslateError;
 
@@ -142,7 +142,7 @@ pub fn emit_instrumented(
     let entry = HostAddr(code.addr());
     layout.entry = entry.0;
     // Never persisted: its relocations are not kept.
-        append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
+    append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
     let reload = emit_path_terminator(
         block,
         plan,

@@ -23,8 +23,7 @@ impl FileId {
     pub fn of_fd(fd: i32) -> Option<FileId> {
         // SAFETY: fstat writes the struct we own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG
-        {
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return None;
         }
         let mut head = vec![0u8; 8192];
@@ -62,9 +61,13 @@ fn build_id(head: &[u8]) -> Option<Vec<u8>> {
         if u32_at(ph)? != 4 {
             continue; // not PT_NOTE
         }
-        let (mut o, end) = (u64_at(ph + 8)? as usize, (u64_at(ph + 8)? + u64_at(ph + 32)?) as usize);
+        let (mut o, end) = (
+            u64_at(ph + 8)? as usize,
+            (u64_at(ph + 8)? + u64_at(ph + 32)?) as usize,
+        );
         while o + 12 <= end.min(head.len()) {
-            let (namesz, descsz, kind) = (u32_at(o)? as usize, u32_at(o + 4)? as usize, u32_at(o + 8)?);
+            let (namesz, descsz, kind) =
+                (u32_at(o)? as usize, u32_at(o + 4)? as usize, u32_at(o + 8)?);
             let name = o + 12;
             let desc = name + namesz.next_multiple_of(4);
             if kind == 3 && head.get(name..name + namesz)? == b"GNU\0" {

@@ -77,7 +77,10 @@ impl Relocs {
 
     /// Records the fields of `offsets` (offsets from host address `base`).
     pub fn add_all(&mut self, base: u64, offsets: &[(u64, RelocKind)]) {
-        self.list
-            .extend(offsets.iter().map(|&(o, kind)| Reloc { at: base + o, kind }));
+        self.list.extend(
+            offsets
+                .iter()
+                .map(|&(o, kind)| Reloc { at: base + o, kind }),
+        );
     }
 }

@@ -32,13 +32,13 @@ use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
 use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
-use crate::relocs::Relocs;
 use crate::emit::{
     append_body, assembled, call_exits, emit_terminator, enqueue_stub, exit_stub, jcc,
     patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_,
     EmitContext, RcxSave, Slow,
 };
 use crate::gateway::GS;
+use crate::relocs::Relocs;
 use crate::thread_area::off;
 use crate::TranslateError;
 

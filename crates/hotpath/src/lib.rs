@@ -76,12 +76,20 @@ pub fn cache(args: CacheArgs) -> ExitCode {
     let lookups = s.hits + s.misses;
     println!("cache directory   {}", path.display());
     println!("files             {}", s.files);
-    println!("size              {:.1} MiB of {:.1} MiB", mib(s.bytes), mib(s.limit));
+    println!(
+        "size              {:.1} MiB of {:.1} MiB",
+        mib(s.bytes),
+        mib(s.limit)
+    );
     println!(
         "blocks            {} hits, {} misses ({:.1} % hits)",
         s.hits,
         s.misses,
-        if lookups == 0 { 0.0 } else { 100.0 * s.hits as f64 / lookups as f64 }
+        if lookups == 0 {
+            0.0
+        } else {
+            100.0 * s.hits as f64 / lookups as f64
+        }
     );
     ExitCode::SUCCESS
 }

@@ -53,8 +53,15 @@ pub struct BlockRecord {
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum TermRecord {
     Jump(i64),
-    Branch { cond: u8, taken: i64, not_taken: i64 },
-    Call { target: i64, return_to: i64 },
+    Branch {
+        cond: u8,
+        taken: i64,
+        not_taken: i64,
+    },
+    Call {
+        target: i64,
+        return_to: i64,
+    },
     FallThrough(i64),
     IndirectJump,
     IndirectCall(i64),
@@ -319,11 +326,19 @@ impl BlockRecord {
             entry: host(self.entry),
             guest_start: start.0,
             code_end: base + code.len() as u64,
-            body: self.body.iter().map(|&(h, g)| (host(h), guest(g))).collect(),
+            body: self
+                .body
+                .iter()
+                .map(|&(h, g)| (host(h), guest(g)))
+                .collect(),
             term_start: host(self.term_start),
             term_guest: guest(self.term_guest),
             rcx_borrowed_from: self.rcx_borrowed_from.map(host),
-            far_borrows: self.far_borrows.iter().map(|&(h, r)| (host(h), r)).collect(),
+            far_borrows: self
+                .far_borrows
+                .iter()
+                .map(|&(h, r)| (host(h), r))
+                .collect(),
             trace_exit: None,
             path_block: None,
         };
@@ -383,9 +398,16 @@ mod tests {
         let (phoff, phentsize, phnum) = (u64_at(32) as usize, u16_at(54), u16_at(56));
         for i in 0..phnum {
             let ph = phoff + i * phentsize;
-            let (kind, flags) = (u32::from_le_bytes(elf[ph..ph + 4].try_into().unwrap()), elf[ph + 4]);
+            let (kind, flags) = (
+                u32::from_le_bytes(elf[ph..ph + 4].try_into().unwrap()),
+                elf[ph + 4],
+            );
             if kind == 1 && flags & 1 != 0 {
-                let (off, vaddr, size) = (u64_at(ph + 8) as usize, u64_at(ph + 16), u64_at(ph + 32) as usize);
+                let (off, vaddr, size) = (
+                    u64_at(ph + 8) as usize,
+                    u64_at(ph + 16),
+                    u64_at(ph + 32) as usize,
+                );
                 return (elf[off..off + size].to_vec(), vaddr);
             }
         }
@@ -418,37 +440,59 @@ mod tests {
         };
         // Near: code 1 GiB after its guest; far: 64 TiB away (every RIP-relative operand is
         // rewritten). The second place is ASLR-like: both moved by the same 0x5a5a_5000.
-        let (g1, h1) = (0x5555_0000_0000 + vaddr, if far { 0x1000_0000 } else { 0x5555_4000_0000 });
+        let (g1, h1) = (
+            0x5555_0000_0000 + vaddr,
+            if far { 0x1000_0000 } else { 0x5555_4000_0000 },
+        );
         let shift = 0x5a5a_5000;
         let (mut at, mut checked, mut pushes) = (0usize, 0, 0);
         while at + 16 < text.len() {
-            let fetch = |base: u64| move |addr: u64, buf: &mut [u8]| {
-                let o = (addr - base) as usize;
-                let n = buf.len().min(text.len() - o);
-                buf[..n].copy_from_slice(&text[o..o + n]);
-                n
+            let fetch = |base: u64| {
+                move |addr: u64, buf: &mut [u8]| {
+                    let o = (addr - base) as usize;
+                    let n = buf.len().min(text.len() - o);
+                    buf[..n].copy_from_slice(&text[o..o + n]);
+                    n
+                }
             };
             let b1 = decode_block_from(GuestAddr(g1 + at as u64), fetch(g1));
             let len = (b1.len_bytes as usize).max(1);
-            let e1 = emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
+            let e1 =
+                emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
             if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64) {
                 let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
                 let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
-                let e2 = emit_block(&b2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
+                let e2 =
+                    emit_block(&b2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
                 let p = r
-                    .place(b2.start, HostAddr(h2), BlockId(4242), 1000, &cx(h1 + shift).gateway)
+                    .place(
+                        b2.start,
+                        HostAddr(h2),
+                        BlockId(4242),
+                        1000,
+                        &cx(h1 + shift).gateway,
+                    )
                     .expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "block at +{at:#x}");
                 assert_eq!(p.emitted.entry, e2.entry);
                 assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
-                assert_eq!(format!("{:?}", p.emitted.layout), format!("{:?}", e2.layout));
+                assert_eq!(
+                    format!("{:?}", p.emitted.layout),
+                    format!("{:?}", e2.layout)
+                );
                 assert_eq!(p.summary, b2.summary());
-                pushes += matches!(b1.terminator, Terminator::Call { .. } | Terminator::IndirectCall { .. }) as u32;
+                pushes += matches!(
+                    b1.terminator,
+                    Terminator::Call { .. } | Terminator::IndirectCall { .. }
+                ) as u32;
                 checked += 1;
             }
             at += len;
         }
-        assert!(checked > 10_000 && pushes > 500, "{checked} blocks, {pushes} calls");
+        assert!(
+            checked > 10_000 && pushes > 500,
+            "{checked} blocks, {pushes} calls"
+        );
     }
 
     #[test]
@@ -482,7 +526,23 @@ mod tests {
         };
         let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
         let r = BlockRecord::capture(&e, &b, 0).unwrap();
-        assert!(r.place(GuestAddr(0x40_0000), HostAddr(0x7000_2000), BlockId(2), 0, &cx.gateway).is_some());
-        assert!(r.place(GuestAddr(0x1_4000_0000), HostAddr(0x7000_2000), BlockId(2), 0, &cx.gateway).is_none());
+        assert!(r
+            .place(
+                GuestAddr(0x40_0000),
+                HostAddr(0x7000_2000),
+                BlockId(2),
+                0,
+                &cx.gateway
+            )
+            .is_some());
+        assert!(r
+            .place(
+                GuestAddr(0x1_4000_0000),
+                HostAddr(0x7000_2000),
+                BlockId(2),
+                0,
+                &cx.gateway
+            )
+            .is_none());
     }
 }

@@ -48,10 +48,23 @@ impl EmitKey {
     /// `ring_entries` entries (`None`: the monitor is off).
     pub fn current(ring_entries: Option<u64>) -> EmitKey {
         let exe = fs::metadata("/proc/self/exe")
-            .map(|m| format!("{}:{}:{}:{}", m.dev(), m.ino(), m.size(), m.mtime_nsec() + m.mtime() * 1_000_000_000))
+            .map(|m| {
+                format!(
+                    "{}:{}:{}:{}",
+                    m.dev(),
+                    m.ino(),
+                    m.size(),
+                    m.mtime_nsec() + m.mtime() * 1_000_000_000
+                )
+            })
             .unwrap_or_default();
         // SAFETY: getauxval has no preconditions.
-        let (hwcap, hwcap2) = unsafe { (libc::getauxval(libc::AT_HWCAP), libc::getauxval(libc::AT_HWCAP2)) };
+        let (hwcap, hwcap2) = unsafe {
+            (
+                libc::getauxval(libc::AT_HWCAP),
+                libc::getauxval(libc::AT_HWCAP2),
+            )
+        };
         EmitKey {
             hotpath: format!("{} {exe}", env!("CARGO_PKG_VERSION")),
             hwcap,
@@ -122,7 +135,9 @@ impl CacheDir {
             Some('G') => (&v[..v.len() - 1], 30),
             _ => (v, 0),
         };
-        num.trim().parse::<u64>().map_or(DEFAULT_LIMIT, |n| n << shift)
+        num.trim()
+            .parse::<u64>()
+            .map_or(DEFAULT_LIMIT, |n| n << shift)
     }
 
     /// Opens (creating it, mode 0700, if needed) the cache directory at `path`.
@@ -183,7 +198,10 @@ impl CacheDir {
             .ok()?;
         let m = f.metadata().ok()?;
         // SAFETY: geteuid has no preconditions.
-        if !m.file_type().is_file() || m.uid() != unsafe { libc::geteuid() } || m.mode() & 0o077 != 0 {
+        if !m.file_type().is_file()
+            || m.uid() != unsafe { libc::geteuid() }
+            || m.mode() & 0o077 != 0
+        {
             return None;
         }
         let mut bytes = Vec::with_capacity(m.len() as usize);
@@ -536,7 +554,10 @@ mod tests {
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x20;
-            assert!(decode(&bad).is_none_or(|c| c.key != key), "byte {i} flipped");
+            assert!(
+                decode(&bad).is_none_or(|c| c.key != key),
+                "byte {i} flipped"
+            );
         }
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());
     }
