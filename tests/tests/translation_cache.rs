@@ -219,13 +219,20 @@ fn a_shell_script_runs_warm_in_every_process() {
     cold_then_warm(bb, &["sh", "-c", script], &[], "busybox-sh");
 }
 
-#[test]
-fn a_damaged_or_foreign_cache_changes_nothing_but_its_use() {
+/// The static jumptable sample, a scratch directory for `what`, a cache there with one cold
+/// run in it, and the native outcome.
+fn primed(what: &str) -> (PathBuf, PathBuf, PathBuf, Outcome) {
     let exe = guest_build::build("jumptable.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-    let dir = scratch("damaged");
+    let dir = scratch(what);
     let cache = dir.join("cache");
     let n = native(&exe, &[], &dir);
     run(&exe, &[], &cache, &[], &n, &dir);
+    (exe, dir, cache, n)
+}
+
+#[test]
+fn a_damaged_or_foreign_cache_changes_nothing_but_its_use() {
+    let (exe, dir, cache, n) = primed("damaged");
     // Every byte position class: header, middle, last byte.
     for f in store_files(&cache) {
         let mut bytes = std::fs::read(&f).unwrap();
@@ -295,11 +302,7 @@ fn concurrent_runs_share_one_cache() {
 
 #[test]
 fn the_cache_command_shows_and_clears() {
-    let exe = guest_build::build("jumptable.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-    let dir = scratch("command");
-    let cache = dir.join("cache");
-    let n = native(&exe, &[], &dir);
-    run(&exe, &[], &cache, &[], &n, &dir);
+    let (exe, dir, cache, n) = primed("command");
     run(&exe, &[], &cache, &[], &n, &dir);
     let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
     let show = |args: &[&str]| {

@@ -1856,21 +1856,27 @@ impl Translator {
     /// an unreadable page, and `/proc/self/mem` for execute-only pages
     /// ([`guest_mem::read_code`]).
     fn decode(&mut self, start: GuestAddr, max: usize) -> hotpath_ir::Block {
-        let (shared, vdso) = (self.process.shared.clone(), self.vdso);
         let split = self.code_writable(start.0);
+        decode_block_split(start, max, split, |addr, buf| self.fetch_code(addr, buf))
+    }
+
+    /// Fills `buf` with the guest's code from `addr` up to the first byte the guest could not
+    /// fetch (see [`Self::decode`]); returns how many bytes it read.
+    fn fetch_code(&mut self, addr: u64, buf: &mut [u8]) -> usize {
+        let len = buf.len() as u64;
         let maps = &mut self.process.maps;
-        decode_block_split(start, max, split, |addr, buf| {
-            let len = buf.len() as u64;
-            let executable = maps
-                .executable_len(addr, len)
-                .min(guest_run(&shared, vdso, addr, len)) as usize;
-            let buf = &mut buf[..executable];
-            if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
-                buf.len()
-            } else {
-                guest_mem::read_code(addr, buf)
-            }
-        })
+        let executable = maps.executable_len(addr, len).min(guest_run(
+            &self.process.shared,
+            self.vdso,
+            addr,
+            len,
+        )) as usize;
+        let buf = &mut buf[..executable];
+        if maps.readable(addr, buf.len() as u64) && guest_mem::read_mapped(addr, buf) {
+            buf.len()
+        } else {
+            guest_mem::read_code(addr, buf)
+        }
     }
 
     /// Whether the guest may write the page of `at` or the next (a block's code is on them):
@@ -2012,24 +2018,11 @@ impl Translator {
             return Ok(None);
         };
         let len = record.guest.len() as u64;
-        let shared = self.process.shared.clone();
-        let maps = &mut self.process.maps;
-        if maps
-            .executable_len(pc, len)
-            .min(guest_run(&shared, self.vdso, pc, len))
-            < len
-        {
-            return Ok(None);
-        }
         let mut now = vec![0u8; len as usize];
-        let read = if maps.readable(pc, len) && guest_mem::read_mapped(pc, &mut now) {
-            now.len()
-        } else {
-            guest_mem::read_code(pc, &mut now)
-        };
-        if read != now.len() || now != record.guest {
+        if self.fetch_code(pc, &mut now) != now.len() || now != record.guest {
             return Ok(None);
         }
+        let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
         if record.code.len() as u64 + 15 > self.cache.room()
             || self.exits.len() + record.exits.len() > EXIT_SPECIAL_BASE as usize

@@ -231,15 +231,11 @@ impl RunArgs {
     /// ([`hotpath_translator::persist::CacheDir::location`]); `None` with `--no-cache` or
     /// `HOTPATH_CACHE=off`.
     pub fn translation_cache(&self) -> Option<PathBuf> {
-        if self.no_cache {
+        use hotpath_translator::persist::CacheDir;
+        if self.no_cache || CacheDir::switched_off() {
             return None;
         }
-        let off = std::env::var_os("HOTPATH_CACHE").is_some_and(|v| v == "off" || v == "0");
-        match &self.cache_dir {
-            Some(d) if !off => Some(d.clone()),
-            Some(_) => None,
-            None => hotpath_translator::persist::CacheDir::location(),
-        }
+        self.cache_dir.clone().or_else(CacheDir::location)
     }
 
     /// Whether translated code keeps each thread's calling contexts (and the path profile

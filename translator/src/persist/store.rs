@@ -110,7 +110,7 @@ impl CacheDir {
     /// `$HOME/.cache/hotpath`; `None` when `HOTPATH_CACHE=off` or none of them is set.
     pub fn location() -> Option<PathBuf> {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-        if var("HOTPATH_CACHE").is_some_and(|v| v == "off" || v == "0") {
+        if CacheDir::switched_off() {
             return None;
         }
         if let Some(d) = var("HOTPATH_CACHE_DIR") {
@@ -120,6 +120,11 @@ impl CacheDir {
             return Some(Path::new(&d).join("hotpath"));
         }
         var("HOME").map(|h| Path::new(&h).join(".cache").join("hotpath"))
+    }
+
+    /// Whether `HOTPATH_CACHE` is `off` (or `0`): no cache, wherever it would be.
+    pub fn switched_off() -> bool {
+        std::env::var_os("HOTPATH_CACHE").is_some_and(|v| v == "off" || v == "0")
     }
 
     /// The size bound: `$HOTPATH_CACHE_SIZE` in bytes, with an optional `K`, `M` or `G`
