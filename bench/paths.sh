@@ -40,7 +40,7 @@ done
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 if [ -n "${HOTPATH_BIN:-}" ]; then hotpath="$HOTPATH_BIN"; else
     [ "$build" = 1 ] && (cd "$root" && cargo build --release -q -p hotpath)
-    hotpath="$target_dir/release/hotpath"
+    hotpath="$target_dir/x86_64-unknown-linux-gnu/release/hotpath"
 fi
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }

@@ -13,7 +13,7 @@
 # so a change that saves instructions is then timed with HOTPATH_REPLAY (README).
 #
 # Usage: bench/recorder-instructions.sh [-s "sample[:arg] ..."] [OLD_BIN] [NEW_BIN]
-# Default binary: target/release/hotpath (CARGO_TARGET_DIR honoured; built if missing).
+# Default binary: target/x86_64-unknown-linux-gnu/release/hotpath (CARGO_TARGET_DIR honoured; built if missing).
 # Default samples: bench_fib:24 bench_interp:30 bench_sieve:2000000 funcptr_qsort (about
 # 10-20 s each under callgrind).
 set -euo pipefail
@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
 done
 command -v valgrind >/dev/null || { echo "bench/recorder-instructions.sh: valgrind not installed" >&2; exit 1; }
 if [ $# -eq 0 ]; then
-    bin="${CARGO_TARGET_DIR:-$root/target}/release/hotpath"
+    bin="${CARGO_TARGET_DIR:-$root/target}/x86_64-unknown-linux-gnu/release/hotpath"
     [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p hotpath)
     set -- "$bin"
 fi

@@ -68,7 +68,7 @@ else
         echo "building hotpath (release)..." >&2
         cargo build --release --manifest-path "$root/Cargo.toml" -p hotpath --bin hotpath >&2
     fi
-    hotpath="$target_dir/release/hotpath"
+    hotpath="$target_dir/x86_64-unknown-linux-gnu/release/hotpath"
 fi
 [ -x "$hotpath" ] || { echo "bench/run.sh: no hotpath binary at $hotpath" >&2; exit 1; }
 

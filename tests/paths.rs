@@ -18,7 +18,7 @@ pub fn expected_dir() -> PathBuf {
     samples_dir().join("expected")
 }
 
-/// The profile directory the running test executable lives in, e.g. `target/release`
+/// The profile directory the running test executable lives in, e.g. `target/x86_64-unknown-linux-gnu/release`
 /// (test executables are `target/<profile>/deps/<name>-<hash>`).
 pub fn profile_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;

@@ -2014,7 +2014,7 @@ impl Translator {
         let Some(records) = store.records(file) else {
             return Ok(None);
         };
-        let Some(record) = records.get(&(pc - start)) else {
+        let Some(record) = records.get(pc - start) else {
             return Ok(None);
         };
         let len = record.guest.len() as u64;

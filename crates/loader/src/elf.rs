@@ -40,17 +40,22 @@ pub enum ElfKind {
 const ELF_ET_DYN_BASE: u64 = 0x5555_5555_4000;
 
 /// Room in bytes (64 GiB) a guest heap placed at [`ELF_ET_DYN_BASE`] gets before hotpath's own
-/// binary, which the kernel put at `ELF_ET_DYN_BASE` plus a random offset of up to 1 TiB.
+/// memory: its binary (when hotpath is a PIE with an interpreter, the kernel puts it at
+/// `ELF_ET_DYN_BASE` plus a random offset of up to 1 TiB) or its own brk heap (hotpath is
+/// static-pie, whose brk the kernel starts at `ELF_ET_DYN_BASE` plus up to 32 MiB).
 const DYN_BASE_ROOM: u64 = 64 << 30;
 
 /// Where a PIE with an interpreter goes (and a static-pie's brk starts): at
-/// [`ELF_ET_DYN_BASE`] as natively, unless hotpath's own binary lies less than
+/// [`ELF_ET_DYN_BASE`] as natively, unless hotpath's own binary or brk heap lies less than
 /// [`DYN_BASE_ROOM`] above it, where the guest's brk heap would soon meet it (natively nothing
 /// is there): then that much lower.
 fn dyn_base() -> u64 {
     // An address inside hotpath's text, which its binary's first segments precede by a few MiB.
     let own = (dyn_base as *const () as u64).saturating_sub(64 << 20);
-    if own.wrapping_sub(ELF_ET_DYN_BASE) < DYN_BASE_ROOM {
+    // SAFETY: sbrk(0) only reads the process's current break.
+    let own_brk = unsafe { libc::sbrk(0) } as u64;
+    let near = |a: u64| a.wrapping_sub(ELF_ET_DYN_BASE) < DYN_BASE_ROOM;
+    if near(own) || near(own_brk) {
         ELF_ET_DYN_BASE - DYN_BASE_ROOM
     } else {
         ELF_ET_DYN_BASE

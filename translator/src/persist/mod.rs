@@ -8,8 +8,9 @@
 //! ```
 //!
 //! One file per module and emission setting, in the cache directory ([`CacheDir`]), named by a
-//! hash of its key and carrying the key itself, a CRC-32 of its contents, and one
-//! [`record::BlockRecord`] per basic block. Blocks are placed lazily, when they are first
+//! hash of its key and carrying the key itself, an index by guest offset, and one
+//! [`record::BlockRecord`] per basic block, each with its own CRC-32 (layout: `format`), so a
+//! process reads the file once and decodes only the records it places. Blocks are placed lazily, when they are first
 //! reached, in the order a cold run translates them, so block ids (and every profile count)
 //! are those of a cold run. What is not persisted: superblocks, instrumented code, blocks with
 //! calling-context steps, blocks on pages the guest may write, blocks that trap, the vDSO.
@@ -22,7 +23,9 @@
 //! removing the least recently used files. A cache that cannot be read or written is skipped:
 //! the guest runs as it would without it, and the report counts the failure.
 
+mod format;
 pub mod record;
 mod store;
 
-pub use store::{CacheDir, CacheSummary, EmitKey, Store, StoreHold, StoreStats};
+pub use format::{EmitKey, ModuleRecords};
+pub use store::{CacheDir, CacheSummary, Store, StoreHold, StoreStats};

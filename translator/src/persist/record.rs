@@ -22,6 +22,7 @@ pub struct BlockRecord {
     /// Guest offset of the block's start from its module's start (bytes).
     pub offset: u64,
     /// The guest bytes the block covers.
+    #[serde(with = "serde_bytes")]
     pub guest: Vec<u8>,
     /// Guest instructions per run of the block.
     pub instructions: u32,
@@ -30,6 +31,7 @@ pub struct BlockRecord {
     /// How the block ends.
     pub term: TermRecord,
     /// The host code as emitted (unlinked), from the ring slow path.
+    #[serde(with = "serde_bytes")]
     pub code: Vec<u8>,
     /// The block's entry, from the code's start.
     pub entry: u32,

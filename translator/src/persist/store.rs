@@ -1,7 +1,7 @@
 //! The cache directory and its files: where they are, who may have written them, reading and
 //! checking one, writing one atomically, the size bound, and the hit and miss counts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
@@ -10,15 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
+use super::format::{self, EmitKey, Key, ModuleRecords};
 use super::record::BlockRecord;
 use crate::modules::FileId;
 
-/// The start of every store file, then the format's version.
-const MAGIC: &[u8; 4] = b"HPTC";
-/// Bumped when [`BlockRecord`] or the file layout changes.
-const FORMAT: u32 = 1;
 /// The default size bound of the cache directory, in bytes.
 const DEFAULT_LIMIT: u64 = 1 << 30;
 /// What the directory is trimmed to when it is over its bound: this share of the bound, so
@@ -28,59 +23,6 @@ const TRIM_TO_PERCENT: u64 = 90;
 const STATS_COMPACT_BYTES: u64 = 64 << 10;
 /// Suffix of store files.
 const SUFFIX: &str = "hpc";
-
-/// What besides the module decides the code hotpath emits for it: hotpath's own build, the
-/// host CPU's features the code depends on (`AT_HWCAP`, `AT_HWCAP2`: e.g. FSGSBASE for
-/// `rdgsbase`; protection keys for `wrpkru`), and the event ring's size in entries (0: no
-/// enqueue stub, the monitor off).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct EmitKey {
-    /// hotpath's version and its executable's device, inode, size and modification time.
-    pub hotpath: String,
-    pub hwcap: u64,
-    pub hwcap2: u64,
-    pub pku: bool,
-    pub ring_entries: u64,
-}
-
-impl EmitKey {
-    /// The key of this hotpath on this CPU, with the enqueue stub for a ring of
-    /// `ring_entries` entries (`None`: the monitor is off).
-    pub fn current(ring_entries: Option<u64>) -> EmitKey {
-        let exe = fs::metadata("/proc/self/exe")
-            .map(|m| {
-                format!(
-                    "{}:{}:{}:{}",
-                    m.dev(),
-                    m.ino(),
-                    m.size(),
-                    m.mtime_nsec() + m.mtime() * 1_000_000_000
-                )
-            })
-            .unwrap_or_default();
-        // SAFETY: getauxval has no preconditions.
-        let (hwcap, hwcap2) = unsafe {
-            (
-                libc::getauxval(libc::AT_HWCAP),
-                libc::getauxval(libc::AT_HWCAP2),
-            )
-        };
-        EmitKey {
-            hotpath: format!("{} {exe}", env!("CARGO_PKG_VERSION")),
-            hwcap,
-            hwcap2,
-            pku: crate::cpu::host_pku(),
-            ring_entries: ring_entries.unwrap_or(0),
-        }
-    }
-}
-
-/// What a store file holds: its key, then the records.
-#[derive(Serialize, Deserialize)]
-struct Contents {
-    key: (EmitKey, FileId),
-    records: Vec<BlockRecord>,
-}
 
 /// The cache directory, checked to be the user's own (see the module doc of `persist`).
 #[derive(Clone, Debug)]
@@ -185,17 +127,18 @@ impl CacheDir {
     }
 
     /// The file name of the store for `key`.
-    fn file_name(key: &(EmitKey, FileId)) -> String {
+    fn file_name(key: &Key) -> String {
         // SipHash with fixed keys: stable for one hotpath build, which is in the key.
         let mut h = std::hash::DefaultHasher::new();
         key.hash(&mut h);
         format!("{:016x}.{SUFFIX}", h.finish())
     }
 
-    /// The contents of store file `name`, if it is a regular file owned by this user, mode
-    /// 0600 or stricter, whose checksum and key are right; its modification time is set to
-    /// now (the size bound removes the least recently used first).
-    fn read(&self, name: &str, key: &(EmitKey, FileId)) -> Option<Vec<BlockRecord>> {
+    /// The records of store file `name`, if it is a regular file owned by this user, mode
+    /// 0600 or stricter, whose header, key and index are whole and whose key is `key` (see
+    /// [`ModuleRecords::parse`]); its modification time is set to now (the size bound removes
+    /// the least recently used first).
+    fn read(&self, name: &str, key: &Key) -> Option<ModuleRecords> {
         let mut f = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -211,12 +154,9 @@ impl CacheDir {
         }
         let mut bytes = Vec::with_capacity(m.len() as usize);
         f.read_to_end(&mut bytes).ok()?;
-        let contents = decode(&bytes)?;
-        if contents.key != *key {
-            return None;
-        }
+        let records = ModuleRecords::parse(bytes, key)?;
         let _ = f.set_modified(std::time::SystemTime::now());
-        Some(contents.records)
+        Some(records)
     }
 
     /// Writes store file `name` atomically: a temporary file (mode 0600) renamed into place.
@@ -343,37 +283,11 @@ fn read_counts(path: &Path) -> (u64, u64) {
     sums
 }
 
-/// A store file's bytes: magic, format, CRC-32 of the payload, payload length, payload.
-fn encode(contents: &Contents) -> Option<Vec<u8>> {
-    let payload = postcard::to_stdvec(contents).ok()?;
-    let mut out = Vec::with_capacity(payload.len() + 20);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&payload);
-    Some(out)
-}
-
-/// The contents of a store file's bytes, if they are whole and unchanged.
-fn decode(bytes: &[u8]) -> Option<Contents> {
-    if bytes.get(..4)? != MAGIC || bytes.get(4..8)? != FORMAT.to_le_bytes() {
-        return None;
-    }
-    let crc = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?);
-    let len = u64::from_le_bytes(bytes.get(12..20)?.try_into().ok()?);
-    let payload = bytes.get(20..)?;
-    if payload.len() as u64 != len || crc32fast::hash(payload) != crc {
-        return None;
-    }
-    postcard::from_bytes(payload).ok()
-}
-
 /// One module's records: those read from its file, and those this process translated.
 #[derive(Default)]
 struct ModuleStore {
-    /// By guest offset from the module's start.
-    records: Arc<HashMap<u64, BlockRecord>>,
+    /// As read from the module's store file.
+    records: Arc<ModuleRecords>,
     /// New ones, not in `records`, to write at the end.
     pending: Vec<BlockRecord>,
 }
@@ -432,19 +346,19 @@ impl Store {
     }
 
     /// The records of the module in file `file`, read from its store file the first time.
-    pub fn records(&self, file: &FileId) -> Option<Arc<HashMap<u64, BlockRecord>>> {
+    pub fn records(&self, file: &FileId) -> Option<Arc<ModuleRecords>> {
         let dir = self.dir.as_ref()?;
         let mut modules = self.lock();
         if let Some(m) = modules.get(file) {
             return Some(m.records.clone());
         }
         let key = (self.key.clone(), file.clone());
-        let records: HashMap<u64, BlockRecord> = match dir.read(&CacheDir::file_name(&key), &key) {
-            Some(list) => {
+        let records = match dir.read(&CacheDir::file_name(&key), &key) {
+            Some(records) => {
                 self.files_read.fetch_add(1, Ordering::Relaxed);
-                list.into_iter().map(|r| (r.offset, r)).collect()
+                records
             }
-            None => HashMap::new(),
+            None => ModuleRecords::default(),
         };
         let records = Arc::new(records);
         modules.insert(
@@ -465,7 +379,7 @@ impl Store {
         }
         let mut modules = self.lock();
         let m = modules.entry(file.clone()).or_default();
-        if !m.records.contains_key(&record.offset) {
+        if !m.records.contains(record.offset) {
             m.pending.push(record);
         }
     }
@@ -493,19 +407,16 @@ impl Store {
             }
             let key = (self.key.clone(), file.clone());
             let name = CacheDir::file_name(&key);
-            let mut records: HashMap<u64, BlockRecord> = dir
+            let mut records: BTreeMap<u64, BlockRecord> = dir
                 .read(&name, &key)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|r| (r.offset, r))
-                .collect();
+                .map(|file| file.all().map(|r| (r.offset, r)).collect())
+                .unwrap_or_default();
             for r in m.pending.drain(..) {
                 records.insert(r.offset, r);
             }
-            let mut list: Vec<BlockRecord> = records.into_values().collect();
-            list.sort_by_key(|r| r.offset);
-            let written = encode(&Contents { key, records: list })
-                .is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+            let list: Vec<BlockRecord> = records.into_values().collect();
+            let written =
+                format::encode(&key, &list).is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
             if written {
                 self.files_written.fetch_add(1, Ordering::Relaxed);
                 wrote = true;
@@ -535,37 +446,6 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn file() -> FileId {
-        FileId {
-            dev: 1,
-            ino: 2,
-            size: 3,
-            mtime_ns: 4,
-            ctime_ns: 5,
-            build_id: vec![6],
-        }
-    }
-
-    #[test]
-    fn a_file_is_read_back_only_whole_and_for_its_key() {
-        let key = (EmitKey::current(Some(1024)), file());
-        let contents = Contents {
-            key: key.clone(),
-            records: Vec::new(),
-        };
-        let bytes = encode(&contents).unwrap();
-        assert!(decode(&bytes).is_some_and(|c| c.key == key));
-        for i in 0..bytes.len() {
-            let mut bad = bytes.clone();
-            bad[i] ^= 0x20;
-            assert!(
-                decode(&bad).is_none_or(|c| c.key != key),
-                "byte {i} flipped"
-            );
-        }
-        assert!(decode(&bytes[..bytes.len() - 1]).is_none());
-    }
 
     #[test]
     fn sizes_take_suffixes() {

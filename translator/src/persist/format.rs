@@ -1,0 +1,308 @@
+//! The layout of a store file: a header, the key, an index sorted by guest offset, and one
+//! record per basic block, each checked by its own CRC-32 when it is first used. Opening a
+//! file checks only its header, key and index; a process decodes just the records of the
+//! blocks it reaches (a library's file holds the blocks of every program that ran it).
+//!
+//! ```text
+//! header   32 bytes, little-endian: "HPTC", format u32, key_len u32, count u32,
+//!          index_crc u32 (CRC-32 of key and index), 0 u32, records_len u64
+//! key      postcard of (EmitKey, FileId)
+//! index    count × 24 bytes: offset u64 (guest, from the module's start), at u32 (from the
+//!          records' start), len u32, crc u32 (CRC-32 of the record's bytes), 0 u32
+//! records  postcard of each BlockRecord, in index order
+//! ```
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+use super::record::BlockRecord;
+use crate::modules::FileId;
+
+/// The start of every store file, then the format's version.
+const MAGIC: &[u8; 4] = b"HPTC";
+/// Bumped when [`BlockRecord`] or the file layout changes.
+const FORMAT: u32 = 2;
+/// Header size in bytes.
+const HEADER: usize = 32;
+/// Index entry size in bytes.
+const ENTRY: usize = 24;
+
+/// What besides the module decides the code hotpath emits for it: hotpath's own build, the
+/// host CPU's features the code depends on (`AT_HWCAP`, `AT_HWCAP2`: e.g. FSGSBASE for
+/// `rdgsbase`; protection keys for `wrpkru`), and the event ring's size in entries (0: no
+/// enqueue stub, the monitor off).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EmitKey {
+    /// hotpath's version and its executable's device, inode, size and modification time.
+    pub hotpath: String,
+    pub hwcap: u64,
+    pub hwcap2: u64,
+    pub pku: bool,
+    pub ring_entries: u64,
+}
+
+impl EmitKey {
+    /// The key of this hotpath on this CPU, with the enqueue stub for a ring of
+    /// `ring_entries` entries (`None`: the monitor is off).
+    pub fn current(ring_entries: Option<u64>) -> EmitKey {
+        let exe = fs::metadata("/proc/self/exe")
+            .map(|m| {
+                format!(
+                    "{}:{}:{}:{}",
+                    m.dev(),
+                    m.ino(),
+                    m.size(),
+                    m.mtime_nsec() + m.mtime() * 1_000_000_000
+                )
+            })
+            .unwrap_or_default();
+        // SAFETY: getauxval has no preconditions.
+        let (hwcap, hwcap2) = unsafe {
+            (
+                libc::getauxval(libc::AT_HWCAP),
+                libc::getauxval(libc::AT_HWCAP2),
+            )
+        };
+        EmitKey {
+            hotpath: format!("{} {exe}", env!("CARGO_PKG_VERSION")),
+            hwcap,
+            hwcap2,
+            pku: crate::cpu::host_pku(),
+            ring_entries: ring_entries.unwrap_or(0),
+        }
+    }
+}
+
+/// What a store file is for: the emission setting and the module's file.
+pub type Key = (EmitKey, FileId);
+
+/// The records of one module as read from its store file (possibly none), looked up by guest
+/// offset and decoded on use.
+#[derive(Default)]
+pub struct ModuleRecords {
+    /// The whole file.
+    bytes: Vec<u8>,
+    /// Where the index starts in `bytes`.
+    index_at: usize,
+    /// Index entries.
+    count: usize,
+    /// Where the records start in `bytes`.
+    records_at: usize,
+}
+
+/// A little-endian integer of `N` bytes at `at`, if `bytes` holds it.
+fn le<const N: usize>(bytes: &[u8], at: usize) -> Option<[u8; N]> {
+    bytes.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
+impl ModuleRecords {
+    /// The records of the store file `bytes`, if its header, key and index are whole and
+    /// unchanged and its key is `key`.
+    pub fn parse(bytes: Vec<u8>, key: &Key) -> Option<ModuleRecords> {
+        let u32_at = |at| le::<4>(&bytes, at).map(u32::from_le_bytes);
+        if bytes.get(..4)? != MAGIC || u32_at(4)? != FORMAT || u32_at(20)? != 0 {
+            return None;
+        }
+        let key_len = u32_at(8)? as usize;
+        let count = u32_at(12)? as usize;
+        let index_crc = u32_at(16)?;
+        let records_len = u64::from_le_bytes(le::<8>(&bytes, 24)?);
+        let index_at = HEADER.checked_add(key_len)?;
+        let records_at = index_at.checked_add(count.checked_mul(ENTRY)?)?;
+        if records_at as u64 + records_len != bytes.len() as u64 {
+            return None;
+        }
+        if crc32fast::hash(&bytes[HEADER..records_at]) != index_crc {
+            return None;
+        }
+        let stored: Key = postcard::from_bytes(&bytes[HEADER..index_at]).ok()?;
+        if stored != *key {
+            return None;
+        }
+        Some(ModuleRecords {
+            bytes,
+            index_at,
+            count,
+            records_at,
+        })
+    }
+
+    /// Index entry `i`: `(offset, at, len, crc)`.
+    fn entry(&self, i: usize) -> (u64, usize, usize, u32) {
+        let e = self.index_at + i * ENTRY;
+        let b = &self.bytes[e..e + ENTRY];
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
+        (
+            u64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
+            u32_at(8) as usize,
+            u32_at(12) as usize,
+            u32_at(16),
+        )
+    }
+
+    /// The index entry of guest offset `offset`, by binary search.
+    fn find(&self, offset: u64) -> Option<usize> {
+        let (mut lo, mut hi) = (0, self.count);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.entry(mid).0.cmp(&offset) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(mid),
+            }
+        }
+        None
+    }
+
+    /// Whether the file has a record for guest offset `offset` (not checked or decoded).
+    pub fn contains(&self, offset: u64) -> bool {
+        self.find(offset).is_some()
+    }
+
+    /// Records in the file.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether the file has no records.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Record `i` of the index, if its bytes are unchanged and decode to a record of its
+    /// offset.
+    fn decode(&self, i: usize) -> Option<BlockRecord> {
+        let (offset, at, len, crc) = self.entry(i);
+        let start = self.records_at.checked_add(at)?;
+        let bytes = self.bytes.get(start..start.checked_add(len)?)?;
+        if crc32fast::hash(bytes) != crc {
+            return None;
+        }
+        let record: BlockRecord = postcard::from_bytes(bytes).ok()?;
+        (record.offset == offset).then_some(record)
+    }
+
+    /// The record of the block at guest offset `offset`, if the file has one and it is whole.
+    pub fn get(&self, offset: u64) -> Option<BlockRecord> {
+        self.decode(self.find(offset)?)
+    }
+
+    /// Every whole record, in offset order (a damaged one is left out).
+    pub fn all(&self) -> impl Iterator<Item = BlockRecord> + '_ {
+        (0..self.count).filter_map(|i| self.decode(i))
+    }
+}
+
+/// The bytes of a store file for `key` holding `records`, which must be sorted by offset
+/// without duplicates; `None` if a part is too large for its field.
+pub fn encode(key: &Key, records: &[BlockRecord]) -> Option<Vec<u8>> {
+    let key_bytes = postcard::to_stdvec(key).ok()?;
+    let mut index = Vec::with_capacity(records.len() * ENTRY);
+    let mut blobs = Vec::new();
+    for r in records {
+        let blob = postcard::to_stdvec(r).ok()?;
+        index.extend_from_slice(&r.offset.to_le_bytes());
+        index.extend_from_slice(&u32::try_from(blobs.len()).ok()?.to_le_bytes());
+        index.extend_from_slice(&u32::try_from(blob.len()).ok()?.to_le_bytes());
+        index.extend_from_slice(&crc32fast::hash(&blob).to_le_bytes());
+        index.extend_from_slice(&0u32.to_le_bytes());
+        blobs.extend_from_slice(&blob);
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&key_bytes);
+    crc.update(&index);
+    let mut out = Vec::with_capacity(HEADER + key_bytes.len() + index.len() + blobs.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(key_bytes.len()).ok()?.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(records.len()).ok()?.to_le_bytes());
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(blobs.len() as u64).to_le_bytes());
+    out.extend_from_slice(&key_bytes);
+    out.extend_from_slice(&index);
+    out.extend_from_slice(&blobs);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persist::record::{ExitRecord, RelocRecord, TermRecord};
+
+    fn key() -> Key {
+        let file = FileId {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: 4,
+            ctime_ns: 5,
+            build_id: vec![6],
+        };
+        (EmitKey::current(Some(1024)), file)
+    }
+
+    fn record(offset: u64) -> BlockRecord {
+        BlockRecord {
+            offset,
+            guest: vec![0x48, 0x89, 0xc3, 0xeb, 0xfe],
+            instructions: 2,
+            term_at: 3,
+            term: TermRecord::Jump(3),
+            code: vec![0x90; 40 + offset as usize % 7],
+            entry: 8,
+            relocs: vec![RelocRecord::BlockId(2), RelocRecord::Exit { at: 20, k: 0 }],
+            exits: vec![ExitRecord::Direct {
+                target: 3,
+                site: 24,
+                stub: 30,
+                call: false,
+            }],
+            body: vec![(8, 0)],
+            term_start: 12,
+            term_guest: 3,
+            rcx_borrowed_from: None,
+            far_borrows: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn records_are_found_by_offset_and_checked_on_use() {
+        let records: Vec<_> = [0x10u64, 0x40, 0x41, 0x900].map(record).into();
+        let bytes = encode(&key(), &records).unwrap();
+        let file = ModuleRecords::parse(bytes.clone(), &key()).unwrap();
+        assert_eq!(file.len(), 4);
+        for r in &records {
+            assert_eq!(file.get(r.offset).as_ref(), Some(r));
+        }
+        assert!(file.get(0x11).is_none() && !file.contains(0x11));
+        assert_eq!(file.all().collect::<Vec<_>>(), records);
+        let records_at = bytes.len()
+            - records
+                .iter()
+                .map(|r| postcard::to_stdvec(r).unwrap().len())
+                .sum::<usize>();
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x20;
+            match ModuleRecords::parse(bad, &key()) {
+                // The header, key or index changed: the file is refused whole.
+                None => assert!(i < records_at, "byte {i} of a record refused the file"),
+                // A record's bytes changed: that record alone is refused.
+                Some(f) => {
+                    assert!(i >= records_at, "byte {i} of the header or index not seen");
+                    let whole = records
+                        .iter()
+                        .filter(|r| f.get(r.offset).as_ref() == Some(r));
+                    assert_eq!(whole.count(), 3, "byte {i} flipped");
+                }
+            }
+        }
+        assert!(ModuleRecords::parse(bytes[..bytes.len() - 1].to_vec(), &key()).is_none());
+        let mut other = key();
+        other.1.ino += 1;
+        assert!(ModuleRecords::parse(bytes, &other).is_none());
+    }
+}
