@@ -171,15 +171,18 @@ impl ModuleRecords {
         self.count == 0
     }
 
-    /// Record `i` of the index, if its bytes are unchanged and decode to a record of its
-    /// offset.
-    fn decode(&self, i: usize) -> Option<BlockRecord> {
+    /// The bytes of record `i` of the index with its offset, if they are unchanged.
+    fn blob(&self, i: usize) -> Option<(u64, &[u8])> {
         let (offset, at, len, crc) = self.entry(i);
         let start = self.records_at.checked_add(at)?;
         let bytes = self.bytes.get(start..start.checked_add(len)?)?;
-        if crc32fast::hash(bytes) != crc {
-            return None;
-        }
+        (crc32fast::hash(bytes) == crc).then_some((offset, bytes))
+    }
+
+    /// Record `i` of the index, if its bytes are unchanged and decode to a record of its
+    /// offset.
+    fn decode(&self, i: usize) -> Option<BlockRecord> {
+        let (offset, bytes) = self.blob(i)?;
         let record: BlockRecord = postcard::from_bytes(bytes).ok()?;
         (record.offset == offset).then_some(record)
     }
@@ -195,35 +198,71 @@ impl ModuleRecords {
     }
 }
 
-/// The bytes of a store file for `key` holding `records`, which must be sorted by offset
-/// without duplicates; `None` if a part is too large for its field.
-pub fn encode(key: &Key, records: &[BlockRecord]) -> Option<Vec<u8>> {
+/// The bytes of a store file for `key` holding the records of `old` and `new` (a new one
+/// replaces an old one at the same offset). Old records are copied as they are, without
+/// decoding them (a damaged one is left out): a library's file holds tens of thousands.
+/// `None` if a part is too large for its field.
+pub fn encode_merged(
+    key: &Key,
+    old: Option<&ModuleRecords>,
+    new: &[BlockRecord],
+) -> Option<Vec<u8>> {
+    let mut fresh = new
+        .iter()
+        .map(|r| Some((r.offset, postcard::to_stdvec(r).ok()?)))
+        .collect::<Option<Vec<_>>>()?;
+    fresh.sort_by_key(|f| f.0);
+    fresh.dedup_by_key(|f| f.0);
+    let kept: Vec<(u64, &[u8])> = old.map_or(Vec::new(), |o| {
+        (0..o.count).filter_map(|i| o.blob(i)).collect()
+    });
+    // Both sorted by offset: merge them, the new record winning a tie.
+    let mut parts: Vec<(u64, &[u8])> = Vec::with_capacity(kept.len() + fresh.len());
+    let (mut k, mut f) = (kept.iter().peekable(), fresh.iter().peekable());
+    loop {
+        let take_fresh = match (k.peek(), f.peek()) {
+            (None, None) => break,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some(a), Some(b)) => b.0 <= a.0,
+        };
+        if take_fresh {
+            let (offset, blob) = f.next()?;
+            if k.peek().is_some_and(|a| a.0 == *offset) {
+                k.next();
+            }
+            parts.push((*offset, blob));
+        } else {
+            parts.push(*k.next()?);
+        }
+    }
     let key_bytes = postcard::to_stdvec(key).ok()?;
-    let mut index = Vec::with_capacity(records.len() * ENTRY);
-    let mut blobs = Vec::new();
-    for r in records {
-        let blob = postcard::to_stdvec(r).ok()?;
-        index.extend_from_slice(&r.offset.to_le_bytes());
-        index.extend_from_slice(&u32::try_from(blobs.len()).ok()?.to_le_bytes());
+    let mut index = Vec::with_capacity(parts.len() * ENTRY);
+    let mut at = 0usize;
+    for (offset, blob) in &parts {
+        index.extend_from_slice(&offset.to_le_bytes());
+        index.extend_from_slice(&u32::try_from(at).ok()?.to_le_bytes());
         index.extend_from_slice(&u32::try_from(blob.len()).ok()?.to_le_bytes());
-        index.extend_from_slice(&crc32fast::hash(&blob).to_le_bytes());
+        index.extend_from_slice(&crc32fast::hash(blob).to_le_bytes());
         index.extend_from_slice(&0u32.to_le_bytes());
-        blobs.extend_from_slice(&blob);
+        at += blob.len();
     }
     let mut crc = crc32fast::Hasher::new();
     crc.update(&key_bytes);
     crc.update(&index);
-    let mut out = Vec::with_capacity(HEADER + key_bytes.len() + index.len() + blobs.len());
+    let mut out = Vec::with_capacity(HEADER + key_bytes.len() + index.len() + at);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
     out.extend_from_slice(&u32::try_from(key_bytes.len()).ok()?.to_le_bytes());
-    out.extend_from_slice(&u32::try_from(records.len()).ok()?.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(parts.len()).ok()?.to_le_bytes());
     out.extend_from_slice(&crc.finalize().to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&(blobs.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(at as u64).to_le_bytes());
     out.extend_from_slice(&key_bytes);
     out.extend_from_slice(&index);
-    out.extend_from_slice(&blobs);
+    for (_, blob) in &parts {
+        out.extend_from_slice(blob);
+    }
     Some(out)
 }
 
@@ -271,7 +310,7 @@ mod tests {
     #[test]
     fn records_are_found_by_offset_and_checked_on_use() {
         let records: Vec<_> = [0x10u64, 0x40, 0x41, 0x900].map(record).into();
-        let bytes = encode(&key(), &records).unwrap();
+        let bytes = encode_merged(&key(), None, &records).unwrap();
         let file = ModuleRecords::parse(bytes.clone(), &key()).unwrap();
         assert_eq!(file.len(), 4);
         for r in &records {
@@ -304,5 +343,21 @@ mod tests {
         let mut other = key();
         other.1.ino += 1;
         assert!(ModuleRecords::parse(bytes, &other).is_none());
+    }
+
+    #[test]
+    fn a_merge_keeps_old_records_and_replaces_them_by_new_ones() {
+        let old: Vec<_> = [0x10u64, 0x40, 0x900].map(record).into();
+        let bytes = encode_merged(&key(), None, &old).unwrap();
+        let file = ModuleRecords::parse(bytes, &key()).unwrap();
+        let mut newer = record(0x40);
+        newer.instructions = 9;
+        let new = vec![record(0x41), newer.clone(), record(0x5)];
+        let merged = encode_merged(&key(), Some(&file), &new).unwrap();
+        let merged = ModuleRecords::parse(merged, &key()).unwrap();
+        let offsets: Vec<u64> = merged.all().map(|r| r.offset).collect();
+        assert_eq!(offsets, [0x5, 0x10, 0x40, 0x41, 0x900]);
+        assert_eq!(merged.get(0x40), Some(newer));
+        assert_eq!(merged.get(0x900), Some(record(0x900)));
     }
 }

@@ -1,7 +1,7 @@
 //! The cache directory and its files: where they are, who may have written them, reading and
 //! checking one, writing one atomically, the size bound, and the hit and miss counts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
@@ -21,6 +21,11 @@ const DEFAULT_LIMIT: u64 = 1 << 30;
 const TRIM_TO_PERCENT: u64 = 90;
 /// The hit/miss log is summed into one line when it grows past this many bytes.
 const STATS_COMPACT_BYTES: u64 = 64 << 10;
+/// A store file is rewritten with this process's new records when there are at least this
+/// many of them, ...
+const REWRITE_MIN_NEW: usize = 256;
+/// ... or when they are at least 1/`REWRITE_SHARE` of the records the file held.
+const REWRITE_SHARE: usize = 32;
 /// Suffix of store files.
 const SUFFIX: &str = "hpc";
 
@@ -402,21 +407,21 @@ impl Store {
         let mut modules = self.lock();
         let mut wrote = false;
         for (file, m) in modules.iter_mut() {
-            if m.pending.is_empty() {
+            // A rewrite costs about what the file holds; a few new blocks are not worth it
+            // (they are translated again next time): python3 meets a dozen new ones on each
+            // run (its hashes are randomised), in a 7.7 MB file.
+            if m.pending.len() < REWRITE_MIN_NEW
+                && m.pending.len() * REWRITE_SHARE < m.records.len()
+            {
+                m.pending.clear();
                 continue;
             }
             let key = (self.key.clone(), file.clone());
             let name = CacheDir::file_name(&key);
-            let mut records: BTreeMap<u64, BlockRecord> = dir
-                .read(&name, &key)
-                .map(|file| file.all().map(|r| (r.offset, r)).collect())
-                .unwrap_or_default();
-            for r in m.pending.drain(..) {
-                records.insert(r.offset, r);
-            }
-            let list: Vec<BlockRecord> = records.into_values().collect();
-            let written =
-                format::encode(&key, &list).is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+            let old = dir.read(&name, &key);
+            let written = format::encode_merged(&key, old.as_ref(), &m.pending)
+                .is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+            m.pending.clear();
             if written {
                 self.files_written.fetch_add(1, Ordering::Relaxed);
                 wrote = true;
