@@ -267,11 +267,11 @@ pub fn encode_merged(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::persist::record::{ExitRecord, RelocRecord, TermRecord};
 
-    fn key() -> Key {
+    pub(crate) fn key() -> Key {
         let file = FileId {
             dev: 1,
             ino: 2,
@@ -283,7 +283,7 @@ mod tests {
         (EmitKey::current(Some(1024)), file)
     }
 
-    fn record(offset: u64) -> BlockRecord {
+    pub(crate) fn record(offset: u64) -> BlockRecord {
         BlockRecord {
             offset,
             guest: vec![0x48, 0x89, 0xc3, 0xeb, 0xfe],

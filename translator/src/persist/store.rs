@@ -451,6 +451,44 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::persist::format::tests::{key, record};
+
+    #[test]
+    fn a_file_is_rewritten_for_enough_new_records_only() {
+        let dir = std::env::temp_dir().join(format!("hotpath-store-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (emit, file) = key();
+        let in_file = |n: usize| {
+            let store = Store::new(&dir, emit.clone());
+            assert_eq!(store.records(&file).unwrap().len(), n);
+        };
+        // A new file: written whatever it holds.
+        let store = Store::new(&dir, emit.clone());
+        assert!(store.records(&file).unwrap().is_empty());
+        for i in 0..40 {
+            store.keep(&file, record(i * 16));
+        }
+        store.write(0, 40);
+        in_file(40);
+        // One new record against 40: fewer than 1/32, not worth a rewrite.
+        let store = Store::new(&dir, emit.clone());
+        store.records(&file);
+        store.keep(&file, record(0x1000));
+        store.write(40, 1);
+        in_file(40);
+        // Two: 1/20 of the file, rewritten, the old records kept.
+        let store = Store::new(&dir, emit.clone());
+        store.records(&file);
+        store.keep(&file, record(0x1000));
+        store.keep(&file, record(0x1010));
+        store.write(40, 2);
+        in_file(42);
+        let store = Store::new(&dir, emit.clone());
+        let records = store.records(&file).unwrap();
+        assert_eq!(records.get(0x10), Some(record(0x10)));
+        assert_eq!(records.get(0x1010), Some(record(0x1010)));
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn sizes_take_suffixes() {
