@@ -29,19 +29,20 @@ pub fn profile_dir() -> Option<PathBuf> {
     Some(deps.parent()?.to_path_buf())
 }
 
-/// The cargo target directory: the nearest ancestor of [`profile_dir`] holding the
-/// `CACHEDIR.TAG` cargo writes at the top of every target dir (this skips a
-/// `<target-triple>/` level), else `<workspace>/target`.
+/// The cargo target directory: `<target>` of [`profile_dir`]'s `<target>/<profile>` or
+/// `<target>/<triple>/<profile>` (cargo writes a `CACHEDIR.TAG` at the top of a target dir, and
+/// also in each `<triple>/` below it, so the higher one with a tag is taken), else
+/// `<workspace>/target`.
 pub fn target_dir() -> PathBuf {
     if let Some(profile) = profile_dir() {
-        let mut dir = profile.parent();
-        while let Some(d) = dir {
+        let parent = profile.parent();
+        let above = parent.and_then(|p| p.parent());
+        for d in [above, parent].into_iter().flatten() {
             if d.join("CACHEDIR.TAG").is_file() {
                 return d.to_path_buf();
             }
-            dir = d.parent();
         }
-        if let Some(parent) = profile.parent() {
+        if let Some(parent) = parent {
             return parent.to_path_buf();
         }
     }
