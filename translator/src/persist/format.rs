@@ -193,6 +193,7 @@ impl ModuleRecords {
     }
 
     /// Every whole record, in offset order (a damaged one is left out).
+    #[cfg(test)]
     pub fn all(&self) -> impl Iterator<Item = BlockRecord> + '_ {
         (0..self.count).filter_map(|i| self.decode(i))
     }

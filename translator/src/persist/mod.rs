@@ -10,10 +10,11 @@
 //! One file per module and emission setting, in the cache directory ([`CacheDir`]), named by a
 //! hash of its key and carrying the key itself, an index by guest offset, and one
 //! [`record::BlockRecord`] per basic block, each with its own CRC-32 (layout: `format`), so a
-//! process reads the file once and decodes only the records it places. Blocks are placed lazily, when they are first
-//! reached, in the order a cold run translates them, so block ids (and every profile count)
-//! are those of a cold run. What is not persisted: superblocks, instrumented code, blocks with
-//! calling-context steps, blocks on pages the guest may write, blocks that trap, the vDSO.
+//! process reads the file once and decodes only the records it places. Blocks are placed
+//! lazily, when they are first reached, in the order a cold run translates them, so block ids
+//! (and every profile count) are those of a cold run. What is not persisted: superblocks,
+//! instrumented code, blocks with calling-context steps, blocks on pages the guest may write,
+//! blocks that trap, the vDSO.
 //!
 //! Policy (decided in #39): the directory is `$HOTPATH_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/hotpath`, else `~/.cache/hotpath`; it must be a directory owned by the

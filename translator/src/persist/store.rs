@@ -410,8 +410,9 @@ impl Store {
             // A rewrite costs about what the file holds; a few new blocks are not worth it
             // (they are translated again next time): python3 meets a dozen new ones on each
             // run (its hashes are randomised), in a 7.7 MB file.
-            if m.pending.len() < REWRITE_MIN_NEW
-                && m.pending.len() * REWRITE_SHARE < m.records.len()
+            if m.pending.is_empty()
+                || (m.pending.len() < REWRITE_MIN_NEW
+                    && m.pending.len() * REWRITE_SHARE < m.records.len())
             {
                 m.pending.clear();
                 continue;
