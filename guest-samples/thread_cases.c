@@ -6,6 +6,10 @@
  *   kill      - pthread_kill(SIGUSR1) reaches the one worker it names, blocked in sigsuspend;
  *   cancel    - pthread_cancel of a worker blocked in pause(), joined as PTHREAD_CANCELED;
  *   many      - 8 rounds of 64 threads created and joined;
+ *   serial    - 200 threads created and joined one after another, each summing 0..999;
+ *   newcode   - 5 times: main writes `mov eax, v; ret` into a page, a new thread calls it
+ *               and is joined, the page is unmapped and mapped again (a thread that starts
+ *               runs the code as it is now, not what an ended thread ran there);
  *   exit      - main calls exit(3) while a worker spins in a loop forever;
  *   fork      - 10 times, a worker forks while two others take a mutex and malloc in a loop;
  *               the child (the forking thread alone) starts and joins threads of its own
@@ -28,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -219,6 +224,58 @@ static int many(void)
         }
     }
     printf("many: 512 threads, sum %ld\n", sum);
+    return 0;
+}
+
+static void *sum_to_1000(void *arg)
+{
+    long s = (intptr_t)arg;
+    for (int i = 0; i < 1000; i++)
+        s += i;
+    return (void *)(intptr_t)s;
+}
+
+static int serial(void)
+{
+    long sum = 0;
+    for (int i = 0; i < 200; i++) {
+        pthread_t t;
+        void *r;
+        if (pthread_create(&t, NULL, sum_to_1000, (void *)(intptr_t)i) != 0) {
+            printf("serial: pthread_create failed\n");
+            return 1;
+        }
+        pthread_join(t, &r);
+        sum += (intptr_t)r;
+    }
+    printf("serial: 200 threads, sum %ld\n", sum);
+    return 0;
+}
+
+static unsigned char *new_code;
+
+static void *call_new_code(void *arg)
+{
+    (void)arg;
+    return (void *)(intptr_t)((int (*)(void))new_code)();
+}
+
+static int newcode(void)
+{
+    new_code = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    for (int v = 1; v <= 5; v++) {
+        unsigned char insns[] = {0xb8, (unsigned char)v, 0, 0, 0, 0xc3}; /* mov eax, v; ret */
+        mprotect(new_code, 4096, PROT_READ | PROT_WRITE);
+        memcpy(new_code, insns, sizeof insns);
+        mprotect(new_code, 4096, PROT_READ | PROT_EXEC);
+        pthread_t t;
+        void *r;
+        pthread_create(&t, NULL, call_new_code, NULL);
+        pthread_join(t, &r);
+        printf("newcode: thread %d returned %ld\n", v, (long)(intptr_t)r);
+        munmap(new_code, 4096);
+        new_code = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
     return 0;
 }
 
@@ -494,6 +551,10 @@ int main(int argc, char **argv)
         return cancel();
     if (!strcmp(c, "many"))
         return many();
+    if (!strcmp(c, "serial"))
+        return serial();
+    if (!strcmp(c, "newcode"))
+        return newcode();
     if (!strcmp(c, "exit"))
         return exit_case();
     if (!strcmp(c, "fork"))

@@ -72,6 +72,8 @@ sample_tests! {
     thread_kill,
     thread_cancel,
     thread_many,
+    thread_serial,
+    thread_newcode,
     thread_exit,
     thread_fork,
     thread_exec,

@@ -34,10 +34,10 @@ use crate::gateway::{
 use crate::guest_mem;
 use crate::linux::host::{raw_syscall, GATE_REFUSED};
 use crate::linux::kernel_writes;
-use crate::linux::process::ThreadResources;
 use crate::linux::process::{
     lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
 };
+use crate::linux::process::{KeptTranslations, ThreadResources};
 use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
 use crate::linux::thread::GuestThread;
@@ -281,6 +281,7 @@ impl Translator {
             gateway,
             area,
             signals,
+            kept: None,
         };
         if cfg.perf_map {
             *lock(&shared.code_log) = Some(Default::default());
@@ -352,6 +353,7 @@ impl Translator {
                         gateway,
                         area,
                         signals,
+                        kept: None,
                     }
                 }
             };
@@ -366,6 +368,9 @@ impl Translator {
         };
         let mut t = Translator::assemble(process, resources, cfg, host);
         t.note_gateway();
+        // Translations kept from an ended thread: what changed in guest code since goes
+        // before any of them runs.
+        t.take_invalidations();
         t.area.gpr = gpr;
         t.area.rflags = rflags;
         t.area.fs_base = fs_base;
@@ -400,6 +405,7 @@ impl Translator {
             gateway,
             area,
             signals,
+            kept,
         } = resources;
         let mut fs = 0u64;
         // SAFETY: ARCH_GET_FS writes one u64 into `fs`.
@@ -422,7 +428,16 @@ impl Translator {
         shared
             .threads_started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let invalidations_seen = shared.invalidation_count();
+        let kept = kept.unwrap_or_else(|| KeptTranslations {
+            blocks: HashMap::new(),
+            spans: BTreeMap::new(),
+            exits: Vec::new(),
+            generation: 0,
+            generation_first_id: 0,
+            superblock_heads: HashSet::new(),
+            step_blocks: HashMap::new(),
+            invalidations_seen: shared.invalidation_count(),
+        });
         let contexts = if cfg.contexts {
             // SAFETY: the area is mapped for the process's life and used by this thread alone;
             // its context part is written only by this thread's translated code and the
@@ -451,10 +466,10 @@ impl Translator {
             cache,
             gateway,
             cfg,
-            blocks: HashMap::new(),
-            spans: BTreeMap::new(),
-            exits: Vec::new(),
-            generation: 0,
+            blocks: kept.blocks,
+            spans: kept.spans,
+            exits: kept.exits,
+            generation: kept.generation,
             process,
             producer,
             stats: Stats::default(),
@@ -463,12 +478,12 @@ impl Translator {
             fork_request: None,
             exec_wrapper: None,
             ctl,
-            invalidations_seen,
+            invalidations_seen: kept.invalidations_seen,
             host,
             vdso: crate::vdso_range().filter(|_| cfg.vdso),
-            generation_first_id: 0,
-            superblock_heads: HashSet::new(),
-            step_blocks: HashMap::new(),
+            generation_first_id: kept.generation_first_id,
+            superblock_heads: kept.superblock_heads,
+            step_blocks: kept.step_blocks,
             stepping: false,
             hold_delivery: false,
             step_traps: false,
@@ -1463,25 +1478,53 @@ impl Translator {
     }
 
     /// Gives this thread's resources back to the process for the next thread (after
-    /// [`Stop::ThreadExit`]; the translator is gone).
+    /// [`Stop::ThreadExit`]; the translator is gone), with its translations: a program that
+    /// starts threads one after another to run the same code translates it once, and its
+    /// block ids (so the monitor's tables) stop growing with the threads it starts. Code
+    /// with calling-context steps or path instrumentation is not kept: its translations hold
+    /// the state of the thread's own activations.
     pub fn recycle(self) {
         crate::linux::signals::block_all();
         let shared = self.process.shared.clone();
+        let keep = self.contexts.is_none() && self.inst.is_empty();
         let Translator {
             mut cache,
             gateway,
             area,
             process,
+            blocks,
+            spans,
+            exits,
+            generation,
+            generation_first_id,
+            superblock_heads,
+            step_blocks,
+            invalidations_seen,
             ..
         } = self;
-        cache.flush();
-        area.clear_ibl(gateway.ibl_empty.0);
+        let kept = if keep {
+            Some(KeptTranslations {
+                blocks,
+                spans,
+                exits,
+                generation,
+                generation_first_id,
+                superblock_heads,
+                step_blocks,
+                invalidations_seen,
+            })
+        } else {
+            cache.flush();
+            area.clear_ibl(gateway.ibl_empty.0);
+            None
+        };
         let signals = process.signals;
         lock(&shared.pool).push(ThreadResources {
             cache,
             gateway,
             area,
             signals,
+            kept,
         });
     }
 

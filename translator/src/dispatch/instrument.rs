@@ -118,6 +118,11 @@ pub(crate) struct Instrumentation {
 }
 
 impl Instrumentation {
+    /// True when this thread took no plan: its code holds no instrumented translation.
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_numbering.is_empty()
+    }
+
     /// Forgets this generation's translations (a flush); the plans stay.
     pub(super) fn clear_generation(&mut self) {
         self.installed.clear();
