@@ -164,6 +164,20 @@ pub struct Translator {
 const ARCH_SET_GS: i32 = 0x1001;
 const ARCH_GET_FS: i32 = 0x1003;
 
+/// Builds every table iced-x86 builds on first use (the decoder's handlers, the encoder's, the
+/// Intel formatter's), or waits for the thread that is building one, before a `fork`: a table
+/// another thread was building at the fork stays half built in the child for good (its `Once`
+/// waits for a thread the child does not have). A process whose blocks all came from the
+/// translation cache first decodes late, in any thread, and a child forked meanwhile hung on
+/// its first decode.
+fn build_iced_tables() {
+    use iced_x86::{Decoder, DecoderOptions, Encoder, InstructionInfoFactory};
+    let nop = Decoder::with_ip(64, &[0x90], 0, DecoderOptions::NONE).decode();
+    let _ = Encoder::new(64).encode(&nop, 0);
+    let _ = InstructionInfoFactory::new().info(&nop);
+    IntelFormatter::new().format(&nop, &mut String::new());
+}
+
 /// Makes `area` the calling thread's GS base.
 fn set_gs(area: &ThreadArea) -> Result<(), TranslateError> {
     let addr = area as *const ThreadArea as u64;
@@ -1541,6 +1555,7 @@ impl Translator {
             return Ok(Forked::Parent);
         };
         let exit_signal = clone.flags & 0xff;
+        build_iced_tables();
         let copy = self.cache.snapshot()?;
         let shared = self.process.shared.clone();
         let pid = {

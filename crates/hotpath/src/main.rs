@@ -29,22 +29,18 @@ extern "C" fn note_closed_std_fds() {
 #[link_section = ".init_array"]
 static NOTE_CLOSED_STD_FDS: extern "C" fn() = note_closed_std_fds;
 
-/// Makes every allocation of hotpath's own (every thread's: the monitor's tables, the
-/// translator's buffers) come from its brk heap, never from `mmap`: the guest's
-/// `mmap(NULL, ..)` calls share the kernel's top-down mapping area with hotpath, and an
-/// allocation the monitor maps and frees while the guest runs leaves a hole the guest's next
-/// mapping may fill, so where the guest's memory lands would depend on the monitor's timing
-/// (ld.so's start-up allocator takes a different branch when its new page happens to follow
-/// its last one: 11 cold runs in 100 of a dynamic sample, none with this). glibc's other
-/// arenas are `mmap`ed heaps, so there is one arena; a large block is taken from the heap
-/// too. Must run before any thread starts.
+/// Makes hotpath's own large allocations (the monitor's tables, the translator's buffers) come
+/// from the allocator's heaps, never from `mmap`s of their own: the guest's `mmap(NULL, ..)`
+/// calls share the kernel's top-down mapping area with hotpath, and a block the monitor maps
+/// and frees while the guest runs leaves a hole the guest's next mapping may fill, so where the
+/// guest's memory lands would depend on the monitor's timing (ld.so's start-up allocator takes
+/// a different branch when its new page happens to follow its last one: 11 cold runs in 100 of
+/// a dynamic sample, none with this). Each thread's arena is made when the thread starts, in
+/// step with the guest. Must run before any thread starts.
 fn keep_own_heap_out_of_guest_mappings() {
     // SAFETY: mallopt only sets the allocator's parameters; no thread allocates concurrently
     // yet. A failure (0) leaves glibc's defaults, which are correct, only less transparent.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-        libc::mallopt(libc::M_MMAP_MAX, 0);
-    }
+    unsafe { libc::mallopt(libc::M_MMAP_MAX, 0) };
 }
 
 fn main() -> ExitCode {
