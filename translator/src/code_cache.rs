@@ -8,7 +8,7 @@
 //! thread (it is in Rust). Translated code only executes the RX view.
 
 use std::cell::UnsafeCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::c_void;
 
 use hotpath_ir::HostAddr;
@@ -40,6 +40,48 @@ impl BlockMap {
     pub unsafe fn read_in_handler(&self) -> &BTreeMap<u64, HostLayout> {
         // SAFETY: see the function's contract: the dispatcher is not writing.
         unsafe { &*self.map.get() }
+    }
+}
+
+/// What a dispatcher knows about the translations in its code cache: where each guest block's
+/// code is, its guest span, every exit stub's exit, the superblocks and single-step blocks,
+/// and how many of the process's published invalidations it reflects. It goes with the cache
+/// from a thread that ended to the next one: nothing in translated code belongs to one thread
+/// (it reaches its thread's state through GS), so the next thread runs the code as it is,
+/// with the same block ids, after applying the invalidations published since.
+pub(crate) struct CacheIndex {
+    /// Guest block start → host entry.
+    pub(crate) blocks: HashMap<u64, HostAddr>,
+    /// Guest block start → guest end, for invalidation.
+    pub(crate) spans: BTreeMap<u64, u64>,
+    /// Every exit stub's exit, by exit index.
+    pub(crate) exits: Vec<Exit>,
+    /// How many times the cache was flushed.
+    pub(crate) generation: u64,
+    /// The first block id of the current generation: older ids were flushed.
+    pub(crate) generation_first_id: u32,
+    /// Guest addresses whose entry is a superblock (this generation).
+    pub(crate) superblock_heads: HashSet<u64>,
+    /// Single-instruction blocks for single-stepping (EFLAGS.TF): guest address → host entry
+    /// (this generation).
+    pub(crate) step_blocks: HashMap<u64, HostAddr>,
+    /// How many of the process's published invalidations these translations reflect.
+    pub(crate) invalidations_seen: u64,
+}
+
+impl CacheIndex {
+    /// The index of an empty cache, made when `invalidations_seen` had been published.
+    pub(crate) fn new(invalidations_seen: u64) -> CacheIndex {
+        CacheIndex {
+            blocks: HashMap::new(),
+            spans: BTreeMap::new(),
+            exits: Vec::new(),
+            generation: 0,
+            generation_first_id: 0,
+            superblock_heads: HashSet::new(),
+            step_blocks: HashMap::new(),
+            invalidations_seen,
+        }
     }
 }
 

@@ -7,7 +7,7 @@ mod instrument;
 
 use instrument::HandIn;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -21,8 +21,8 @@ use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
-use crate::code_cache::{CodeCache, CODE_CACHE_SIZE};
-use crate::code_cache::{Exit, ExitKind, HostLayout};
+use crate::code_cache::{CacheIndex, CodeCache, CODE_CACHE_SIZE};
+use crate::code_cache::{ExitKind, HostLayout};
 use crate::code_log::{CodeKind, CodeRecord};
 pub use crate::config::{Config, Stats};
 use crate::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
@@ -34,10 +34,10 @@ use crate::gateway::{
 use crate::guest_mem;
 use crate::linux::host::{raw_syscall, GATE_REFUSED};
 use crate::linux::kernel_writes;
+use crate::linux::process::ThreadResources;
 use crate::linux::process::{
     lock, CloneArgs, Memory, ProcessShared, ThreadCtl, ThreadPlace, ThreadStart,
 };
-use crate::linux::process::{KeptTranslations, ThreadResources};
 use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
 use crate::linux::thread::GuestThread;
@@ -107,12 +107,8 @@ pub struct Translator {
     cache: CodeCache,
     gateway: Gateway,
     cfg: Config,
-    /// Guest block start → host entry.
-    blocks: HashMap<u64, HostAddr>,
-    /// Guest block start → guest end, for invalidation.
-    spans: BTreeMap<u64, u64>,
-    exits: Vec<Exit>,
-    generation: u64,
+    /// What this thread knows about the translations in `cache`.
+    index: CacheIndex,
     process: GuestThread,
     producer: Option<RingProducer>,
     stats: Stats,
@@ -128,19 +124,10 @@ pub struct Translator {
     exec_wrapper: Option<crate::linux::exec::ExecWrapper>,
     /// This thread as the others see it.
     ctl: Arc<ThreadCtl>,
-    /// How many of the process's published invalidations this thread has applied.
-    invalidations_seen: u64,
     host: HostFeatures,
     /// The vDSO's range when the guest was given it: code the guest may run that is not in
     /// its regions (`Memory::guest_run`).
     vdso: Option<(u64, u64)>,
-    /// The first id of the current code cache generation: older ids were flushed.
-    generation_first_id: u32,
-    /// Guest addresses whose entry is a superblock (this generation).
-    superblock_heads: HashSet<u64>,
-    /// Single-instruction blocks for single-stepping (EFLAGS.TF): guest address → host entry
-    /// (this generation).
-    step_blocks: HashMap<u64, HostAddr>,
     /// The code about to run, or that just ran, is one single-stepped instruction.
     stepping: bool,
     /// A resume after a ring refill was turned into a resume by guest address: the enqueue
@@ -442,16 +429,7 @@ impl Translator {
         shared
             .threads_started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let kept = kept.unwrap_or_else(|| KeptTranslations {
-            blocks: HashMap::new(),
-            spans: BTreeMap::new(),
-            exits: Vec::new(),
-            generation: 0,
-            generation_first_id: 0,
-            superblock_heads: HashSet::new(),
-            step_blocks: HashMap::new(),
-            invalidations_seen: shared.invalidation_count(),
-        });
+        let index = kept.unwrap_or_else(|| CacheIndex::new(shared.invalidation_count()));
         let contexts = if cfg.contexts {
             // SAFETY: the area is mapped for the process's life and used by this thread alone;
             // its context part is written only by this thread's translated code and the
@@ -480,10 +458,7 @@ impl Translator {
             cache,
             gateway,
             cfg,
-            blocks: kept.blocks,
-            spans: kept.spans,
-            exits: kept.exits,
-            generation: kept.generation,
+            index,
             process,
             producer,
             stats: Stats::default(),
@@ -492,12 +467,8 @@ impl Translator {
             fork_request: None,
             exec_wrapper: None,
             ctl,
-            invalidations_seen: kept.invalidations_seen,
             host,
             vdso: crate::vdso_range().filter(|_| cfg.vdso),
-            generation_first_id: kept.generation_first_id,
-            superblock_heads: kept.superblock_heads,
-            step_blocks: kept.step_blocks,
             stepping: false,
             hold_delivery: false,
             step_traps: false,
@@ -774,10 +745,10 @@ impl Translator {
             };
             // From here to the cache a signal's handler may unlink blocks; a signal that came
             // during the critical section is caught by this check instead.
-            self.process.signals.set_critical(false, &self.exits);
+            self.process.signals.set_critical(false, &self.index.exits);
             if self.process.signals.kicked() {
                 // Another thread has news for this one (see `run`'s top).
-                self.process.signals.set_critical(true, &self.exits);
+                self.process.signals.set_critical(true, &self.index.exits);
                 self.next = if resuming {
                     next
                 } else {
@@ -790,7 +761,7 @@ impl Translator {
                     // Run the block to its end, where it leaves the cache unchained.
                     self.process.signals.unlink_now(self.area);
                 } else {
-                    self.process.signals.set_critical(true, &self.exits);
+                    self.process.signals.set_critical(true, &self.index.exits);
                     self.next = Next::Guest(self.guest_rip_settled(Next::Host(host)));
                     continue;
                 }
@@ -808,7 +779,7 @@ impl Translator {
             if self.stepping {
                 self.area.rflags |= special::EFLAGS_TF;
             }
-            self.process.signals.set_critical(true, &self.exits);
+            self.process.signals.set_critical(true, &self.index.exits);
             let exit = self.handle_exit();
             self.links.exited();
             let stepped = std::mem::take(&mut self.stepping);
@@ -847,9 +818,9 @@ impl Translator {
         if let Some((ranges, seen)) = self
             .process
             .shared
-            .invalidations_since(self.invalidations_seen)
+            .invalidations_since(self.index.invalidations_seen)
         {
-            self.invalidations_seen = seen;
+            self.index.invalidations_seen = seen;
             // A host address to go on at (a block just linked or looked up) may be in code the
             // discard flushes: go on at its guest address instead, as after a caught write.
             if !matches!(self.next, Next::Signal) {
@@ -975,7 +946,7 @@ impl Translator {
             let Some(known) = catalog.get(id) else {
                 return false;
             };
-            if id.0 < self.generation_first_id || known.kind != IdKind::Block {
+            if id.0 < self.index.generation_first_id || known.kind != IdKind::Block {
                 return false;
             }
             if self.code_writable(known.summary.start.0) {
@@ -1017,14 +988,14 @@ impl Translator {
             }
         }
         let head = blocks[0].start.0;
-        let Some(&old_entry) = self.blocks.get(&head) else {
+        let Some(&old_entry) = self.index.blocks.get(&head) else {
             return false;
         };
-        if self.superblock_heads.contains(&head) {
+        if self.index.superblock_heads.contains(&head) {
             return false;
         }
         let sb = BlockId(registry.next_id);
-        let first_exit = self.exits.len() as u32;
+        let first_exit = self.index.exits.len() as u32;
         let cx = EmitContext {
             enqueue: Some(self.cfg.ring_entries),
             gateway: self.gateway,
@@ -1057,8 +1028,8 @@ impl Translator {
             );
         }
         self.cache.insert(&trace.code);
-        let first = self.exits.len();
-        self.exits.extend(trace.exits);
+        let first = self.index.exits.len();
+        self.index.exits.extend(trace.exits);
         self.note_exits(first);
         self.note_inlined(&blocks);
         for l in &trace.layouts {
@@ -1093,8 +1064,8 @@ impl Translator {
         // table by its entry — except a function entry's slot while contexts are kept, which
         // holds its jump entry: a jump through the table may be a tail call, whose context
         // step the jump entry makes before it goes on to the old entry, now a jump here.
-        self.blocks.insert(head, trace.entry);
-        self.superblock_heads.insert(head);
+        self.index.blocks.insert(head, trace.entry);
+        self.index.superblock_heads.insert(head);
         self.cache.patch_jump(old_entry, trace.entry);
         let keep_jump_entry = self.contexts.is_some() && self.is_function_entry(head);
         let slot = &mut self.area.ibl[ThreadArea::ibl_index(head)];
@@ -1146,7 +1117,7 @@ impl Translator {
                 self.lookup_miss(self.area.ibl_target)
             }
             index => {
-                let exit = self.exits[index as usize];
+                let exit = self.index.exits[index as usize];
                 match exit.kind {
                     ExitKind::Direct {
                         target,
@@ -1165,7 +1136,7 @@ impl Translator {
                                 HandIn::NotASite => {}
                             }
                         }
-                        let generation = self.generation;
+                        let generation = self.index.generation;
                         let host = if call {
                             self.call_target(target.0)?
                         } else {
@@ -1179,7 +1150,7 @@ impl Translator {
                             }
                         };
                         // A single-step block always comes back here.
-                        if link && generation == self.generation && !self.stepping {
+                        if link && generation == self.index.generation && !self.stepping {
                             self.cache.patch_rel32(site, host);
                             self.stats.links += 1;
                         }
@@ -1506,27 +1477,11 @@ impl Translator {
             gateway,
             area,
             process,
-            blocks,
-            spans,
-            exits,
-            generation,
-            generation_first_id,
-            superblock_heads,
-            step_blocks,
-            invalidations_seen,
+            index,
             ..
         } = self;
         let kept = if keep {
-            Some(KeptTranslations {
-                blocks,
-                spans,
-                exits,
-                generation,
-                generation_first_id,
-                superblock_heads,
-                step_blocks,
-                invalidations_seen,
-            })
+            Some(index)
         } else {
             cache.flush();
             area.clear_ibl(gateway.ibl_empty.0);
@@ -1771,7 +1726,7 @@ impl Translator {
             // Its lookup must miss, whatever the table holds.
             self.area.clear_ibl(self.gateway.ibl_empty.0);
         }
-        if let Some(&h) = self.step_blocks.get(&pc) {
+        if let Some(&h) = self.index.step_blocks.get(&pc) {
             return Ok(Ok(h));
         }
         self.translate_limited(pc, 1).map(Ok)
@@ -1808,7 +1763,8 @@ impl Translator {
         }
         let hit = ranges.iter().any(|&(s, e)| {
             // Blocks are at most a few hundred bytes: look a page back for ones that start before.
-            self.spans
+            self.index
+                .spans
                 .range(s.saturating_sub(4096)..e)
                 .any(|(&bs, &be)| bs < e && be > s)
         });
@@ -1880,14 +1836,14 @@ impl Translator {
         self.hand_over_suspended(1, self.area.contexts.depth());
         self.inst.clear_generation();
         self.cache.flush();
-        self.blocks.clear();
-        self.spans.clear();
-        self.exits.clear();
+        self.index.blocks.clear();
+        self.index.spans.clear();
+        self.index.exits.clear();
         self.area.clear_ibl(self.gateway.ibl_empty.0);
-        self.generation += 1;
-        self.generation_first_id = lock(&self.process.shared.registry).next_id;
-        self.superblock_heads.clear();
-        self.step_blocks.clear();
+        self.index.generation += 1;
+        self.index.generation_first_id = lock(&self.process.shared.registry).next_id;
+        self.index.superblock_heads.clear();
+        self.index.step_blocks.clear();
         self.links.clear();
         if let Some(c) = &mut self.contexts {
             c.forget_hosts();
@@ -1897,7 +1853,7 @@ impl Translator {
 
     /// The host entry of the block at guest address `pc`, translating it if needed.
     fn lookup_or_translate(&mut self, pc: u64) -> Result<HostAddr, TranslateError> {
-        if let Some(&h) = self.blocks.get(&pc) {
+        if let Some(&h) = self.index.blocks.get(&pc) {
             return Ok(h);
         }
         let started = std::time::Instant::now();
@@ -2003,7 +1959,7 @@ impl Translator {
         let mut flushed = false;
         let emitted = loop {
             let id = BlockId(registry.next_id);
-            let first_exit = self.exits.len() as u32;
+            let first_exit = self.index.exits.len() as u32;
             let emitted = emit_block(&block, id, self.cache.next_addr(), first_exit, &cx)?;
             let fits = emitted.code.len() as u64 <= self.cache.room()
                 && first_exit as u64 + emitted.exits.len() as u64 <= EXIT_SPECIAL_BASE as u64;
@@ -2083,14 +2039,14 @@ impl Translator {
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
         if record.code.len() as u64 + 15 > self.cache.room()
-            || self.exits.len() + record.exits.len() > EXIT_SPECIAL_BASE as usize
+            || self.index.exits.len() + record.exits.len() > EXIT_SPECIAL_BASE as usize
         {
             drop(registry);
             self.flush();
             registry = lock(&shared.registry);
         }
         let id = BlockId(registry.next_id);
-        let first_exit = self.exits.len() as u32;
+        let first_exit = self.index.exits.len() as u32;
         let at = self.cache.next_addr();
         let Some(placed) = record.place(GuestAddr(pc), at, id, first_exit, &self.gateway) else {
             return Ok(None);
@@ -2140,19 +2096,19 @@ impl Translator {
             );
         }
         self.cache.insert(&emitted.code);
-        let first = self.exits.len();
-        self.exits.extend(emitted.exits);
+        let first = self.index.exits.len();
+        self.index.exits.extend(emitted.exits);
         self.note_exits(first);
         self.note_code(&emitted.layout, CodeKind::Block);
         self.cache
             .layouts_mut()
             .insert(emitted.layout.code_start, emitted.layout);
         if max < MAX_BLOCK_INSTRUCTIONS {
-            self.step_blocks.insert(pc, emitted.entry);
+            self.index.step_blocks.insert(pc, emitted.entry);
         } else {
-            self.blocks.insert(pc, emitted.entry);
+            self.index.blocks.insert(pc, emitted.entry);
         }
-        let span = self.spans.entry(pc).or_insert(end);
+        let span = self.index.spans.entry(pc).or_insert(end);
         *span = (*span).max(end);
         self.stats.blocks_translated += 1;
         let terminator = summary.terminator;
@@ -2163,9 +2119,9 @@ impl Translator {
             code,
         });
         drop(registry);
-        let generation = self.generation;
+        let generation = self.index.generation;
         self.note_translated(&terminator)?;
-        if generation != self.generation {
+        if generation != self.index.generation {
             // Making the callee an entry flushed the cache (a superblock ran it inline).
             return self.lookup_or_translate(pc);
         }

@@ -79,15 +79,15 @@ impl Translator {
         if jumps.is_empty() && !self.area.ibl[slot].holds(entry) {
             return Ok(());
         }
-        let generation = self.generation;
+        let generation = self.index.generation;
         let Some(host) = self.jump_entry(entry)? else {
             return Ok(());
         };
-        if generation != self.generation {
+        if generation != self.index.generation {
             return Ok(());
         }
         for index in jumps {
-            if let ExitKind::Direct { site, .. } = self.exits[index as usize].kind {
+            if let ExitKind::Direct { site, .. } = self.index.exits[index as usize].kind {
                 self.cache.patch_rel32(site, host);
             }
         }
@@ -102,7 +102,7 @@ impl Translator {
         if self.contexts.is_none() {
             return;
         }
-        for (i, e) in self.exits.iter().enumerate().skip(first) {
+        for (i, e) in self.index.exits.iter().enumerate().skip(first) {
             if let ExitKind::Direct {
                 target,
                 call: false,
@@ -143,11 +143,12 @@ impl Translator {
             return Ok(Some(h));
         }
         let block = self.lookup_or_translate(entry)?;
-        if self.cache.room() < JUMP_ENTRY_MAX || self.exits.len() + 1 >= EXIT_SPECIAL_BASE as usize
+        if self.cache.room() < JUMP_ENTRY_MAX
+            || self.index.exits.len() + 1 >= EXIT_SPECIAL_BASE as usize
         {
             return Ok(None);
         }
-        let index = self.exits.len() as u32;
+        let index = self.index.exits.len() as u32;
         let at = self.cache.next_addr();
         let mut ops = dynasmrt::VecAssembler::new(at.0 as usize);
         context_steps::jump_entry(
@@ -162,7 +163,7 @@ impl Translator {
             reason: format!("jump entry: {e:?}"),
         })?;
         debug_assert!(code.len() as u64 <= JUMP_ENTRY_MAX);
-        self.exits.push(Exit {
+        self.index.exits.push(Exit {
             block: hotpath_ir::BlockId(u32::MAX),
             kind: ExitKind::ContextTailCall {
                 entry: GuestAddr(entry),

@@ -393,6 +393,7 @@ impl Translator {
         let heads = installed.heads;
         let some_sites = plan.entry_sites.is_some();
         let patches: Vec<(HostAddr, HostAddr)> = self
+            .index
             .exits
             .iter()
             .filter_map(|e| match e.kind {
@@ -486,7 +487,7 @@ impl Translator {
             Some(i) => i.announce,
             None => BlockId(registry.next_id),
         };
-        let first_exit = self.exits.len() as u32;
+        let first_exit = self.index.exits.len() as u32;
         let at = self.cache.next_addr();
         let emitted = emit_instrumented(&block, plan, index, announce, at, first_exit, &cx)?;
         let fits = emitted.block.code.len() as u64 <= self.cache.room()
@@ -531,7 +532,7 @@ impl Translator {
             );
         }
         self.cache.insert(&emitted.block.code);
-        self.exits.extend(emitted.block.exits);
+        self.index.exits.extend(emitted.block.exits);
         let entry = emitted.block.entry;
         self.note_code(
             &emitted.block.layout,
@@ -541,7 +542,7 @@ impl Translator {
             .layouts_mut()
             .insert(emitted.block.layout.code_start, emitted.block.layout);
         let end = block.end().0.max(pc + 1);
-        let span = self.spans.entry(pc).or_insert(end);
+        let span = self.index.spans.entry(pc).or_insert(end);
         *span = (*span).max(end);
         if let Some(r) = emitted.reload {
             match emitted.calls_out {
@@ -618,9 +619,9 @@ impl Translator {
             } => {
                 // The caller's frame (its host the reload stub) says where it is.
                 self.inst.pending = Some(None);
-                let generation = self.generation;
+                let generation = self.index.generation;
                 let next = self.call_instrumented(callee, Some(site));
-                if self.inst.pending.is_none() && generation == self.generation {
+                if self.inst.pending.is_none() && generation == self.index.generation {
                     // The callee could not be entered instrumented: the hole was handed
                     // over. A caller whose calls keep doing that goes cold.
                     self.count_hand_over_at(numbering);
@@ -791,9 +792,9 @@ impl Translator {
             *self.inst.hand_in_refusals.entry(exit).or_insert(0) += 1;
             return Ok(HandIn::Refused);
         }
-        let generation = self.generation;
+        let generation = self.index.generation;
         let installed = self.install(plan.numbering, true);
-        if installed.is_none() || generation != self.generation {
+        if installed.is_none() || generation != self.index.generation {
             return Ok(HandIn::Refused);
         }
         let Some(EdgeStep::Back { restart, .. }) = plan.step(u, h) else {
@@ -853,13 +854,13 @@ impl Translator {
     /// where `pending` says the top activation is; or, when it cannot be had, hands the hole
     /// over and goes on at the block's guest address, cold.
     fn go_instrumented(&mut self, plan: &Arc<PathPlan>, to: u32, site: Option<HostAddr>) -> Next {
-        let generation = self.generation;
+        let generation = self.index.generation;
         let host = self.translate_instrumented(plan, to).unwrap_or_else(|e| {
             self.give_up(plan.numbering, &e);
             None
         });
         match host {
-            Some(h) if generation == self.generation => {
+            Some(h) if generation == self.index.generation => {
                 if let (Some(site), false) = (site, self.stepping) {
                     self.cache.patch_rel32(site, h);
                     self.stats.links += 1;
@@ -982,7 +983,7 @@ impl Translator {
         callee: GuestAddr,
         site: Option<HostAddr>,
     ) -> Result<Result<Next, Stop>, TranslateError> {
-        let generation = self.generation;
+        let generation = self.index.generation;
         let numbering = match self.inst.plans.get(&callee.0) {
             Some(p) if p.entry_sites.is_none() && !p.roots_only() => Some(p.numbering),
             Some(p) => p
@@ -995,7 +996,7 @@ impl Translator {
             None => None,
         };
         match installed {
-            Some(i) if generation == self.generation => {
+            Some(i) if generation == self.index.generation => {
                 if let (Some(site), false) = (site, self.stepping) {
                     self.cache.patch_rel32(site, i.heads.quiet);
                     self.stats.links += 1;
@@ -1240,9 +1241,9 @@ impl Translator {
             return Ok(h.announce);
         }
         if let Some(numbering) = self.inst.plans.get(&pc).map(|p| p.numbering) {
-            let generation = self.generation;
+            let generation = self.index.generation;
             if let Some(i) = self.install(numbering, true) {
-                if generation == self.generation {
+                if generation == self.index.generation {
                     return Ok(i.heads.announce);
                 }
             }

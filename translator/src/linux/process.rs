@@ -440,30 +440,7 @@ pub struct ThreadResources {
     pub(crate) signals: crate::linux::signals::SignalState,
     /// The translations in `cache` (and the thread area's lookup table) when they were kept
     /// for the next thread; `None` for an empty cache.
-    pub(crate) kept: Option<KeptTranslations>,
-}
-
-/// What a dispatcher knows about the translations in its code cache, handed with the cache
-/// from a thread that ended to the next one: nothing in translated code belongs to one
-/// thread (it reaches its thread's state through GS), so the next thread runs it as it is,
-/// with the same block ids, after applying the invalidations published since.
-pub(crate) struct KeptTranslations {
-    /// Guest block start → host entry.
-    pub(crate) blocks: std::collections::HashMap<u64, hotpath_ir::HostAddr>,
-    /// Guest block start → guest end.
-    pub(crate) spans: BTreeMap<u64, u64>,
-    /// Every exit stub's exit, by exit index.
-    pub(crate) exits: Vec<crate::links::Exit>,
-    /// The cache's flush count.
-    pub(crate) generation: u64,
-    /// The first block id of the cache's generation.
-    pub(crate) generation_first_id: u32,
-    /// Guest addresses whose entry is a superblock.
-    pub(crate) superblock_heads: std::collections::HashSet<u64>,
-    /// Single-instruction blocks for single-stepping: guest address → host entry.
-    pub(crate) step_blocks: std::collections::HashMap<u64, hotpath_ir::HostAddr>,
-    /// How many of the process's published invalidations these translations reflect.
-    pub(crate) invalidations_seen: u64,
+    pub(crate) kept: Option<crate::code_cache::CacheIndex>,
 }
 
 // SAFETY: a thread's resources are used by one host thread at a time: its own while it runs,
