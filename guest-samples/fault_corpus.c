@@ -126,6 +126,8 @@ SNIPPET(read_kernel, "mov $0xffffffff81000000, %rax\n mov (%rax), %rbx")
 SNIPPET(read_noncanon, "mov $0x8000000000000000, %rax\n mov (%rax), %rbx")
 SNIPPET(jmp_noncanon, "mov $0x8000000000000000, %rax\n jmp *%rax")
 SNIPPET(call_noncanon, "mov $0x8000000000000000, %rax\n call *%rax")
+/* The same with RSP in the scratch area: the word below it stays as it was (no push). */
+SNIPPET(call_noncanon_scratch, "mov %rbx, %rsp\n mov $0x8000000000000000, %rax\n call *%rax")
 SNIPPET(ret_noncanon, "mov $0x8000000000000000, %rax\n push %rax\n ret")
 SNIPPET(jmp_noncanon_low, "mov $0x0000800000000000, %rax\n jmp *%rax")
 /* Alignment check: EFLAGS.AC set, a misaligned load. */
@@ -232,6 +234,7 @@ static struct code_case builtin[] = {
     CASE(read_noncanon, AT_START),
     CASE(jmp_noncanon, AT_START),
     CASE(call_noncanon, AT_START),
+    CASE(call_noncanon_scratch, AT_START),
     CASE(ret_noncanon, AT_START),
     CASE(jmp_noncanon_low, AT_START),
     CASE(align_check, AT_START),
@@ -285,6 +288,7 @@ static const unsigned char *const builtin_ends[] = {
     case_read_ro_end, case_write_ro_end, case_async_signal_end, case_rmw_ro_end, case_push_ro_end, case_jump_nx_end,
     case_call_hole_end, case_jump_none_end, case_read_null_end, case_read_kernel_end,
     case_read_noncanon_end, case_jmp_noncanon_end, case_call_noncanon_end,
+    case_call_noncanon_scratch_end,
     case_ret_noncanon_end, case_jmp_noncanon_low_end, case_align_check_end,
     case_trap_flag_end, case_step_walk_end, case_vsyscall_gtod_end, case_vsyscall_time_end,
     case_vsyscall_getcpu_end, case_vsyscall_middle_end, case_vsyscall_read_end,

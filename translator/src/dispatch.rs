@@ -1181,7 +1181,8 @@ impl Translator {
                         match guest_mem::read(rsp, &mut ret) {
                             Ok(()) if !special::canonical(u64::from_le_bytes(ret)) => {
                                 let target = u64::from_le_bytes(ret);
-                                let fault = special::noncanonical_branch(None, target, self.area);
+                                let fault =
+                                    special::noncanonical_branch(None, target, self.area, false);
                                 // The `ret` itself faults, with nothing popped.
                                 let fault = GuestFault { rip: at.0, ..fault };
                                 self.process.signals.raise(fault);
@@ -1250,7 +1251,8 @@ impl Translator {
             }
             // The CPU faults at the branch, not at its target.
             let site = self.branch_at(self.area.ibl_site);
-            let fault = special::noncanonical_branch(site, target, self.area);
+            let pushed = self.contexts.is_some();
+            let fault = special::noncanonical_branch(site, target, self.area, pushed);
             self.process.signals.raise(fault);
             return Ok(Ok(Next::Signal));
         }

@@ -28,7 +28,7 @@ use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Inst, Terminator};
 use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
 pub(crate) use crate::decode::return_pop;
-use crate::gateway::{emit_ibl, Gateway, GS};
+use crate::gateway::{emit_ibl, emit_ibl_call, Gateway, GS};
 use crate::relocs::{RelocKind, Relocs, Routine};
 pub(crate) use crate::stubs::{
     align_patchable, enqueue_stub, enqueue_words, gpr, RcxSave, RingWord, Slow,
@@ -932,6 +932,40 @@ pub(crate) fn emit_terminator(
             load_indirect_target(ops, &inst, code, layout, relocs, "indirect branch")?;
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
+            if let (Terminator::IndirectCall { return_to }, false) = (block.terminator, cx.contexts)
+            {
+                // The return address is pushed after the lookup (nothing is written below RSP
+                // for a non-canonical target), on its hit and miss paths.
+                let mut literal: Option<ReturnLiteral> = None;
+                let mut imms = Vec::new();
+                let misses = emit_ibl_call(&mut tail, &cx.gateway, &mut |ops| {
+                    let l = match &literal {
+                        Some(ReturnLiteral {
+                            literal: Some((label, _)),
+                            ..
+                        }) => {
+                            let label = *label;
+                            dynasm!(ops ; .arch x64 ; push QWORD [=>label]);
+                            return;
+                        }
+                        _ => push_return_address(ops, return_to),
+                    };
+                    imms.extend(l.imm);
+                    literal.get_or_insert(l);
+                });
+                for at in imms {
+                    pushed(relocs, tail_base, Some(at), false);
+                }
+                for miss in misses {
+                    relocs.add(tail_base + miss, RelocKind::Gateway(Routine::IblMiss));
+                }
+                if let Some(literal) = literal {
+                    let at = literal.place(&mut tail);
+                    pushed(relocs, tail_base, at, true);
+                }
+                code.append(assembled(tail, "indirect call")?);
+                return Ok(());
+            }
             let mut landing = None;
             let literal = match block.terminator {
                 Terminator::IndirectCall { return_to } => {

@@ -748,17 +748,25 @@ fn run_in_child(child: impl FnOnce()) -> Option<i32> {
 
 /// A control transfer to the non-canonical `target` by the guest branch at `site`: the CPU
 /// raises #GP at the branch itself (before a `call` pushes or a `ret` pops), so the stack the
-/// translated branch already changed is put back. `site` is `None` when the branch is not
-/// known, and the fault is then reported at the target.
-pub fn noncanonical_branch(site: Option<u64>, target: u64, area: &mut ThreadArea) -> GuestFault {
+/// translated branch already changed is put back. A direct `call` has pushed its return
+/// address; an indirect one has not (its lookup comes first, `gateway::emit_ibl_call`) unless
+/// `indirect_call_pushed` (code with calling-context steps pushes first). `site` is `None`
+/// when the branch is not known, and the fault is then reported at the target.
+pub fn noncanonical_branch(
+    site: Option<u64>,
+    target: u64,
+    area: &mut ThreadArea,
+    indirect_call_pushed: bool,
+) -> GuestFault {
     let Some(site) = site else {
         return general_protection(target, 0);
     };
     if let Some(i) = decode_at(site) {
         let rsp = &mut area.gpr[thread_area::RSP];
+        let direct = i.op0_kind() == iced_x86::OpKind::NearBranch64;
         match i.mnemonic() {
             Mnemonic::Ret => *rsp = rsp.wrapping_sub(crate::decode::return_pop(&i) as u64),
-            Mnemonic::Call => *rsp = rsp.wrapping_add(8),
+            Mnemonic::Call if direct || indirect_call_pushed => *rsp = rsp.wrapping_add(8),
             _ => {}
         }
     }
