@@ -284,12 +284,7 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
 /// and `jrcxz` leave them alone. Returns the offset (from the assembler's start) of its
 /// `rel32` to the miss routine.
 pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) -> u64 {
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-        ; mov rdx, rcx                                    // rdx = guest target
-    );
+    take_target(ops);
     emit_ibl_lookup(ops, gateway)
 }
 
@@ -298,64 +293,49 @@ pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) -> u64
 /// no register or flag) after the lookup instead of before it: the CPU faults at a call to a
 /// non-canonical address before it pushes, so nothing may be written below RSP then. On a hit
 /// the push comes just before the jump to the target's block; on a miss, before the gateway's
-/// miss routine, unless the target is non-canonical. The test is flag-free: target + 2^47 is
-/// below 2^48 exactly for a canonical target, so its two high bytes, brought down by `bswap`,
-/// are zero. Returns the offsets (from the assembler's start) of the two `rel32`s to the miss
-/// routine.
+/// miss routine, unless the target is non-canonical. Returns the offsets (from the
+/// assembler's start) of the two `rel32`s to the miss routine.
 pub fn emit_ibl_call(
     ops: &mut VecAssembler<X64Relocation>,
     gateway: &Gateway,
     push: &mut dyn FnMut(&mut VecAssembler<X64Relocation>),
 ) -> [u64; 2] {
-    let miss = gateway.ibl_miss.0 as usize;
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-        ; mov rdx, rcx                                    // rdx = guest target
-        ; movzx eax, dx
-        ; lea rax, [rax + rax]
-        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]
-        ; lea rcx, [rcx + rdx + 1]
-        ; jrcxz >hit
-        ; mov rax, QWORD 1 << 47
-        ; lea rcx, [rdx + rax]
-        ; bswap rcx
-        ; movzx ecx, cx                                   // 0 iff the target is canonical
-        ; jrcxz >canonical
-        ; site:
-        ; lea rax, [<site]
-        ; .u8 GS ; mov QWORD [off::IBL_SITE], rax
-        ; jmp extern miss
-    );
-    let first = ops.offset().0 as u64 - 4;
-    dynasm!(ops ; .arch x64 ; canonical:);
-    push(ops);
-    dynasm!(ops
-        ; .arch x64
-        ; lea rax, [<site]
-        ; .u8 GS ; mov QWORD [off::IBL_SITE], rax
-        ; jmp extern miss
-    );
-    let second = ops.offset().0 as u64 - 4;
-    dynasm!(ops
-        ; .arch x64
-        ; hit:
-        ; .u8 GS ; mov rax, QWORD [rax * 8 + off::IBL + 8]
-        ; .u8 GS ; mov QWORD [off::JUMP_TO], rax
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
-        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-    );
-    push(ops);
-    dynasm!(ops ; .arch x64 ; .u8 GS ; jmp QWORD [off::JUMP_TO]);
-    [first, second]
+    take_target(ops);
+    let (first, second) = lookup(ops, gateway, Some(push));
+    [
+        first,
+        second.expect("a call's lookup has a second miss path"),
+    ]
 }
 
 /// The lookup of [`emit_ibl`] after its first step: the guest target in RDX, the guest's RAX,
 /// RCX and RDX in their scratch slots, RAX and RCX free. Returns the offset (from the
 /// assembler's start) of its `rel32` to the gateway's miss routine.
 pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) -> u64 {
+    lookup(ops, gateway, None).0
+}
+
+/// The lookup's first step: the guest's RAX and RDX to their scratch slots, the target from
+/// RCX to RDX.
+fn take_target(ops: &mut VecAssembler<X64Relocation>) {
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; mov rdx, rcx                                    // rdx = guest target
+    );
+}
+
+/// The lookup of [`emit_ibl_lookup`], with a call's `push` on its hit path and on the miss
+/// path of a canonical target (see [`emit_ibl_call`]); the test is flag-free: target + 2^47
+/// is below 2^48 exactly for a canonical target, so its two high bytes, brought down by
+/// `bswap`, are zero. Returns the offsets of the `rel32`s to the miss routine (the second
+/// with `push` only).
+fn lookup(
+    ops: &mut VecAssembler<X64Relocation>,
+    gateway: &Gateway,
+    mut push: Option<&mut dyn FnMut(&mut VecAssembler<X64Relocation>)>,
+) -> (u64, Option<u64>) {
     let miss = gateway.ibl_miss.0 as usize;
     dynasm!(ops
         ; .arch x64
@@ -364,14 +344,38 @@ pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway)
         ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // !(slot's guest address)
         ; lea rcx, [rcx + rdx + 1]                        // 0 iff the slot holds the target
         ; jrcxz >hit
-        // A miss records where it happened (RAX is saved): the dispatcher finds the guest
-        // branch from it when the target cannot be run (a non-canonical address).
+    );
+    if push.is_some() {
+        dynasm!(ops
+            ; .arch x64
+            ; mov rax, QWORD 1 << 47
+            ; lea rcx, [rdx + rax]
+            ; bswap rcx
+            ; movzx ecx, cx                               // 0 iff the target is canonical
+            ; jrcxz >canonical
+        );
+    }
+    // A miss records where it happened (RAX is saved): the dispatcher finds the guest branch
+    // from it when the target cannot be run (a non-canonical address).
+    dynasm!(ops
+        ; .arch x64
         ; site:
         ; lea rax, [<site]
         ; .u8 GS ; mov QWORD [off::IBL_SITE], rax
         ; jmp extern miss
     );
-    let miss_at = ops.offset().0 as u64 - 4;
+    let first = ops.offset().0 as u64 - 4;
+    let second = push.as_mut().map(|push| {
+        dynasm!(ops ; .arch x64 ; canonical:);
+        push(ops);
+        dynasm!(ops
+            ; .arch x64
+            ; lea rax, [<site]
+            ; .u8 GS ; mov QWORD [off::IBL_SITE], rax
+            ; jmp extern miss
+        );
+        ops.offset().0 as u64 - 4
+    });
     dynasm!(ops
         ; .arch x64
         ; hit:
@@ -380,7 +384,10 @@ pub fn emit_ibl_lookup(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway)
         ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
         ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
     );
-    miss_at
+    if let Some(push) = push {
+        push(ops);
+    }
+    dynasm!(ops ; .arch x64 ; .u8 GS ; jmp QWORD [off::JUMP_TO]);
+    (first, second)
 }
