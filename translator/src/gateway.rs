@@ -298,7 +298,7 @@ pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) -> u64
 pub fn emit_ibl_call(
     ops: &mut VecAssembler<X64Relocation>,
     gateway: &Gateway,
-    push: &mut dyn FnMut(&mut VecAssembler<X64Relocation>),
+    push: PushReturn<'_>,
 ) -> [u64; 2] {
     take_target(ops);
     let (first, second) = lookup(ops, gateway, Some(push));
@@ -307,6 +307,9 @@ pub fn emit_ibl_call(
         second.expect("a call's lookup has a second miss path"),
     ]
 }
+
+/// Emits a call's push of its return address (no register or flag changed).
+pub type PushReturn<'a> = &'a mut dyn FnMut(&mut VecAssembler<X64Relocation>);
 
 /// The lookup of [`emit_ibl`] after its first step: the guest target in RDX, the guest's RAX,
 /// RCX and RDX in their scratch slots, RAX and RCX free. Returns the offset (from the
@@ -334,7 +337,7 @@ fn take_target(ops: &mut VecAssembler<X64Relocation>) {
 fn lookup(
     ops: &mut VecAssembler<X64Relocation>,
     gateway: &Gateway,
-    mut push: Option<&mut dyn FnMut(&mut VecAssembler<X64Relocation>)>,
+    mut push: Option<PushReturn<'_>>,
 ) -> (u64, Option<u64>) {
     let miss = gateway.ibl_miss.0 as usize;
     dynasm!(ops
