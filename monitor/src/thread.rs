@@ -513,12 +513,18 @@ fn discard_until_closed(
             rings.push(s.ring);
         }
         let mut n = 0;
-        rings.retain_mut(|r| {
-            let closed = r.is_closed();
-            let d = r.drain(true, |_| {});
+        let mut i = 0;
+        while i < rings.len() {
+            let closed = rings[i].is_closed();
+            let d = rings[i].drain(true, |_| {});
             n += d;
-            !(closed && d == 0)
-        });
+            if closed && d == 0 {
+                // Its memory may serve a new thread.
+                rings.swap_remove(i).release();
+            } else {
+                i += 1;
+            }
+        }
         if n == 0 {
             if stopping && rings.is_empty() {
                 return;

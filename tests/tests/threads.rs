@@ -175,8 +175,9 @@ fn threads_started_one_after_another_translate_their_code_once() {
         as_u64(&json["totals"]["blocks_translated"]),
         as_u64(&json["totals"]["distinct_blocks"]),
     );
-    // A thread that starts before the monitor has let go of the last one's ring gets a
-    // fresh cache: some blocks are translated more than once, never 200 times.
+    // A thread that starts waits (up to 20 ms) for the monitor to let go of the last one's
+    // ring and takes its translations; only a monitor kept off its core longer than that
+    // leaves a thread a fresh cache (CI saw 3,144 for 1,488 before the wait, under load).
     assert!(
         translated < 2 * distinct,
         "{translated} blocks translated for {distinct} distinct ones"

@@ -317,15 +317,7 @@ impl Translator {
         crate::cpu::set_tsc_sigsegv(tsc_sigsegv);
         let built = (|| {
             let host = HostFeatures::detect()?;
-            // A thread's memory serves a new one once the monitor has let go of its ring.
-            let pooled = {
-                let mut pool = lock(&process.pool);
-                let free = pool
-                    .iter()
-                    .position(|r| !cfg.enqueue || r.area.ring.is_released());
-                free.map(|i| pool.swap_remove(i))
-            };
-            let resources = match pooled {
+            let resources = match process.take_pooled(cfg.enqueue) {
                 Some(mut r) => {
                     set_gs(r.area)?;
                     r.signals

@@ -291,6 +291,35 @@ impl ProcessShared {
         }
     }
 
+    /// Takes an ended thread's resources for a new thread, if the pool has any it may use:
+    /// with the monitor on (`enqueue`), only those whose ring the monitor has let go of.
+    /// Resources that keep translations are preferred, and worth a wait of up to
+    /// [`POOL_WAIT`] for the monitor to drain and let go of a ring the last thread closed
+    /// just now: the monitor naps up to a millisecond when idle, and a new thread that
+    /// misses them translates everything it runs again (5 µs a block) in a code cache
+    /// that then stays in the pool. `None` when nothing fits (the caller maps new ones).
+    pub(crate) fn take_pooled(&self, enqueue: bool) -> Option<ThreadResources> {
+        let started = std::time::Instant::now();
+        loop {
+            let mut pool = lock(&self.pool);
+            let usable = |r: &ThreadResources| !enqueue || r.area.ring.is_released();
+            let best = pool
+                .iter()
+                .position(|r| usable(r) && r.kept.is_some())
+                .or_else(|| pool.iter().position(usable));
+            let awaited = pool.iter().any(|r| r.kept.is_some() && !usable(r));
+            match best {
+                Some(i) if pool[i].kept.is_some() || !awaited => return Some(pool.swap_remove(i)),
+                _ if !awaited || started.elapsed() >= POOL_WAIT => {
+                    return best.map(|i| pool.swap_remove(i))
+                }
+                _ => {}
+            }
+            drop(pool);
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+
     fn try_hold_for_fork(&self) -> Option<ForkHold<'_>> {
         Some(ForkHold {
             _memory: try_lock(&self.memory)?,
@@ -428,6 +457,13 @@ impl ProcessShared {
             .unwrap_or_else(|| Arc::from(Vec::new()))
     }
 }
+
+/// Longest a new thread waits for the monitor to let go of an ended thread's ring whose
+/// translations it would take over (see [`ProcessShared::take_pooled`]). Well past the
+/// monitor's longest nap (1 ms), so that only a monitor kept off its core by other work
+/// makes the thread translate again; short next to what a thread start costs when it does
+/// (a thousand blocks translated take 5 ms).
+pub(crate) const POOL_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// What a guest thread's translator owns apart from its bookkeeping: its code cache (with
 /// the gateway at its bottom), its thread area and its signal state. Kept for reuse when the
