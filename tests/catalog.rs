@@ -248,6 +248,9 @@ pub const SAMPLES: &[Sample] = &[
         "cpuid feature bits and XCR0 as glibc's ifunc resolvers see them"),
     sample("jit_remap", "jit_remap.c", &[], Exit(0),
         "code generated at run time, then replaced (mprotect, munmap+mmap, MAP_FIXED)"),
+    sample("constant_slots", "constant_slots.c", &[], Exit(0),
+        "indirect jumps and calls through a read-only slot (a GOT after relocation), changed \
+         by mprotect + store, a /proc/self/mem write and MADV_DONTNEED"),
     sample("jit_rwx", "jit_rwx.c", &[], Exit(0),
         "code rewritten in place in an RWX page (no mprotect), data stored into the code page, \
          and read(2) writing code into it"),

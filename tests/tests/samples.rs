@@ -64,6 +64,7 @@ sample_tests! {
     sigchld_sigsuspend,
     cpu_features,
     jit_remap,
+    constant_slots,
     jit_rwx,
     threads,
     thread_counts,

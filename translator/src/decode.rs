@@ -281,6 +281,42 @@ pub fn gs_memory(inst: &Instruction) -> bool {
     inst.segment_prefix() == Register::GS
 }
 
+/// The 8-byte slot an indirect `jmp` or `call` ending `block` takes its target from, when
+/// that is a plain RIP-relative operand (`jmp [rip+disp]`, a PLT entry's jump through its GOT
+/// slot; `call [rip+disp]`, a call compiled with `-fno-plt`): no base, index or segment
+/// override. Where the slot cannot change without a system call, the translator may take the
+/// target read there as constant ([`with_direct_target`]).
+pub fn constant_slot(block: &Block) -> Option<GuestAddr> {
+    if !matches!(
+        block.terminator,
+        Terminator::IndirectJump | Terminator::IndirectCall { .. }
+    ) {
+        return None;
+    }
+    let inst = &block.term_inst.as_ref()?.inst;
+    let plain = matches!(inst.code(), Code::Jmp_rm64 | Code::Call_rm64)
+        && inst.op0_kind() == OpKind::Memory
+        && inst.memory_base() == Register::RIP
+        && inst.memory_index() == Register::None
+        && inst.segment_prefix() == Register::None;
+    plain.then(|| GuestAddr(inst.ip_rel_memory_address()))
+}
+
+/// `block`, whose indirect `jmp` or `call` reads [`constant_slot`], as the direct jump or call
+/// to `target`, the slot's value: the block to emit. Its body, bytes and terminating
+/// instruction are the same; the monitor still learns the block as decoded (an indirect
+/// branch), and sees it go to `target` as it would.
+pub fn with_direct_target(block: &Block, target: GuestAddr) -> Block {
+    let terminator = match block.terminator {
+        Terminator::IndirectCall { return_to } => Terminator::Call { target, return_to },
+        _ => Terminator::Jump { target },
+    };
+    Block {
+        terminator,
+        ..block.clone()
+    }
+}
+
 /// Bytes a `ret` (at `inst`) takes off the stack: the return address and its `imm16`.
 pub(crate) fn return_pop(inst: &Instruction) -> i32 {
     8 + if inst.code() == Code::Retnq_imm16 {
@@ -298,6 +334,42 @@ mod tests {
         // Put the bytes somewhere readable and decode them in place.
         let leaked: &'static [u8] = Box::leak(bytes.to_vec().into_boxed_slice());
         decode_block(GuestAddr(leaked.as_ptr() as u64))
+    }
+
+    /// Only a plain RIP-relative `jmp`/`call` operand is a slot that may be constant.
+    #[test]
+    fn constant_slots_are_plain_rip_relative_operands() {
+        // jmp [rip+0x10]: the slot is 0x10 past the instruction's end.
+        let b = decode_bytes(&[0xff, 0x25, 0x10, 0, 0, 0]);
+        assert_eq!(constant_slot(&b), Some(GuestAddr(b.start.0 + 6 + 0x10)));
+        let direct = with_direct_target(&b, GuestAddr(0x1234));
+        assert!(matches!(
+            direct.terminator,
+            Terminator::Jump {
+                target: GuestAddr(0x1234)
+            }
+        ));
+        assert_eq!(
+            (direct.body.len(), direct.len_bytes),
+            (b.body.len(), b.len_bytes)
+        );
+        // call [rip-8]
+        let b = decode_bytes(&[0xff, 0x15, 0xf8, 0xff, 0xff, 0xff]);
+        assert_eq!(constant_slot(&b), Some(GuestAddr(b.start.0 + 6 - 8)));
+        let return_to = GuestAddr(b.start.0 + 6);
+        assert!(matches!(
+            with_direct_target(&b, GuestAddr(0x1234)).terminator,
+            Terminator::Call { target: GuestAddr(0x1234), return_to: r } if r == return_to
+        ));
+        for bytes in [
+            &[0xff, 0xe0][..],                  // jmp rax
+            &[0xff, 0x20],                      // jmp [rax]
+            &[0x64, 0xff, 0x25, 0x10, 0, 0, 0], // jmp fs:[rip+0x10]
+            &[0xff, 0x24, 0xc5, 0, 0x10, 0, 0], // jmp [rax*8+0x1000]
+            &[0xc3],                            // ret
+        ] {
+            assert_eq!(constant_slot(&decode_bytes(bytes)), None, "{bytes:x?}");
+        }
     }
 
     #[test]

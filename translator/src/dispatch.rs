@@ -994,7 +994,20 @@ impl Translator {
             contexts: self.contexts.is_some(),
             tail_call: false,
         };
-        let trace = match emit_superblock(&blocks, sb, self.cache.next_addr(), first_exit, &cx) {
+        // The last block's indirect branch through a constant slot goes on as a direct one,
+        // as the block's own translation does (the monitor still learns the blocks as decoded).
+        let last = blocks.len() - 1;
+        let folded = match self.contexts {
+            None => self.constant_target(&blocks[last]),
+            Some(_) => None,
+        };
+        let direct = folded.map(|(_, target)| {
+            let mut direct = blocks.clone();
+            direct[last] = crate::decode::with_direct_target(&blocks[last], target);
+            direct
+        });
+        let to_emit = direct.as_deref().unwrap_or(&blocks);
+        let trace = match emit_superblock(to_emit, sb, self.cache.next_addr(), first_exit, &cx) {
             Ok(t) => t,
             Err(e) => {
                 if self.trace_translation {
@@ -1020,6 +1033,9 @@ impl Translator {
             );
         }
         self.cache.insert(&trace.code);
+        if let Some((slot, _)) = folded {
+            self.depend_on_slot(slot);
+        }
         let first = self.index.exits.len();
         self.index.exits.extend(trace.exits);
         self.note_exits(first);
@@ -1902,6 +1918,40 @@ impl Translator {
             })
     }
 
+    /// The slot and target of `block`'s indirect branch when the slot
+    /// ([`crate::decode::constant_slot`]) holds a constant: on a private page the guest can
+    /// read but not write ([`crate::smc::MapsCache::constant`]; a GOT after relocation), so it
+    /// changes only through a system call that discards this translation. `None` for a
+    /// non-canonical value, which must fault at the branch.
+    fn constant_target(&mut self, block: &hotpath_ir::Block) -> Option<(GuestAddr, GuestAddr)> {
+        let slot = crate::decode::constant_slot(block)?;
+        Some((slot, self.constant_value(slot)?))
+    }
+
+    /// The 8-byte value at guest `slot` if it is a constant there (see
+    /// [`Self::constant_target`]) and a canonical address.
+    fn constant_value(&mut self, slot: GuestAddr) -> Option<GuestAddr> {
+        let guest_writable = [slot.0, slot.0 + 7].into_iter().any(|a| {
+            let prot = self.process.signals.protected_pages().guest_prot(a);
+            prot.is_some_and(|p| p & libc::PROT_WRITE != 0)
+        });
+        if guest_writable || !self.process.maps.constant(slot.0, 8) {
+            return None;
+        }
+        let mut value = [0u8; 8];
+        guest_mem::read(slot.0, &mut value).ok()?;
+        let target = u64::from_le_bytes(value);
+        (target < 1 << 47).then_some(GuestAddr(target))
+    }
+
+    /// Makes the constant `slot` count as guest bytes of the translations in the cache: a
+    /// system call that changes it (reprotects, unmaps, remaps or discards its page, or
+    /// writes it through /proc/self/mem) discards them.
+    fn depend_on_slot(&mut self, slot: GuestAddr) {
+        let span = self.index.spans.entry(slot.0).or_insert(slot.0 + 8);
+        *span = (*span).max(slot.0 + 8);
+    }
+
     /// Write-protects the guest pages of `start..end` (code just translated) where the guest
     /// may write them, so that a write there discards the translation (`smc`).
     fn protect_code(&mut self, start: u64, end: u64) {
@@ -1942,6 +1992,13 @@ impl Translator {
         if !fetched_nothing {
             self.protect_code(pc, block.end().0.max(pc + 1));
         }
+        // An indirect branch through a slot that cannot change without a system call is
+        // translated as a direct one to the slot's value (not while calling contexts are
+        // kept: a jump's context step needs the lookup).
+        let folded = (max == MAX_BLOCK_INSTRUCTIONS && self.contexts.is_none())
+            .then(|| self.constant_target(&block))
+            .flatten();
+        let direct = folded.map(|(_, target)| crate::decode::with_direct_target(&block, target));
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway: self.gateway,
@@ -1954,7 +2011,8 @@ impl Translator {
         let emitted = loop {
             let id = BlockId(registry.next_id);
             let first_exit = self.index.exits.len() as u32;
-            let emitted = emit_block(&block, id, self.cache.next_addr(), first_exit, &cx)?;
+            let to_emit = direct.as_ref().unwrap_or(&block);
+            let emitted = emit_block(to_emit, id, self.cache.next_addr(), first_exit, &cx)?;
             let fits = emitted.code.len() as u64 <= self.cache.room()
                 && first_exit as u64 + emitted.exits.len() as u64 <= EXIT_SPECIAL_BASE as u64;
             if fits {
@@ -1971,10 +2029,13 @@ impl Translator {
             flushed = true;
         };
         if let Some((store, start, file)) = &module {
-            if let Some(r) = BlockRecord::capture(&emitted, &block, pc - start) {
+            if let Some(r) = BlockRecord::capture(&emitted, &block, pc - start, folded) {
                 store.keep(file, r);
             }
             self.stats.blocks_missed += 1;
+        }
+        if let Some((slot, _)) = folded {
+            self.depend_on_slot(slot);
         }
         let end = block.end().0.max(pc + 1);
         let summary = block.summary();
@@ -2030,6 +2091,16 @@ impl Translator {
         if self.fetch_code(pc, &mut now) != now.len() || now != record.guest {
             return Ok(None);
         }
+        // A block translated with its slot's value as constant: the value in this process.
+        let slot = record.slot.map(|d| GuestAddr(pc.wrapping_add(d as u64)));
+        let folded = match slot {
+            Some(slot) if self.contexts.is_none() => match self.constant_value(slot) {
+                Some(target) => Some(target),
+                None => return Ok(None),
+            },
+            Some(_) => return Ok(None),
+            None => None,
+        };
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
         if record.code.len() as u64 + 15 > self.cache.room()
@@ -2042,13 +2113,17 @@ impl Translator {
         let id = BlockId(registry.next_id);
         let first_exit = self.index.exits.len() as u32;
         let at = self.cache.next_addr();
-        let Some(placed) = record.place(GuestAddr(pc), at, id, first_exit, &self.gateway) else {
+        let Some(placed) = record.place(GuestAddr(pc), at, id, first_exit, &self.gateway, folded)
+        else {
             return Ok(None);
         };
         if placed.emitted.code.len() as u64 > self.cache.room() {
             return Ok(None);
         }
         self.protect_code(pc, pc + len);
+        if let Some(slot) = slot {
+            self.depend_on_slot(slot);
+        }
         self.stats.blocks_loaded += 1;
         let code = record.guest.clone().into_boxed_slice();
         let entry = self.install_block(

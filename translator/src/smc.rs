@@ -247,8 +247,8 @@ const MAX_STALE_RANGES: usize = 64;
 /// (the kernel grew the stack, another thread mapped it).
 #[derive(Default)]
 pub struct MapsCache {
-    /// `(start, end, PROT_*)`, sorted by start.
-    ranges: Vec<(u64, u64, i32)>,
+    /// `(start, end, PROT_*, private)`, sorted by start (`private`: not `MAP_SHARED`).
+    ranges: Vec<(u64, u64, i32, bool)>,
     /// Guest ranges `[start, end)` changed since the last read.
     stale: Vec<(u64, u64)>,
     /// Everything may have changed since the last read.
@@ -279,7 +279,7 @@ impl MapsCache {
             .ranges
             .partition_point(|r| r.0 <= addr)
             .checked_sub(1)?;
-        let (s, e, prot) = self.ranges[i];
+        let (s, e, prot, _) = self.ranges[i];
         (s <= addr && addr < e).then_some((i, s, e, prot))
     }
 
@@ -305,7 +305,7 @@ impl MapsCache {
         if prot & libc::PROT_READ == 0 {
             return false;
         }
-        for &(s, e, prot) in &self.ranges[i + 1..] {
+        for &(s, e, prot, _) in &self.ranges[i + 1..] {
             if run_end >= end || s != run_end || prot & libc::PROT_READ == 0 {
                 break;
             }
@@ -337,10 +337,12 @@ impl MapsCache {
         n
     }
 
-    /// Whether any of `[start, end)` may hold code: true if the cache, current there, shows
-    /// an executable mapping overlapping it, or if the cache is not current there (no read of
-    /// `/proc/self/maps`: a cheap, conservative answer). Code is translated only from
-    /// executable pages, and making a page executable discards its translations anyway.
+    /// Whether any of `[start, end)` may hold code or a constant a translation depends on:
+    /// true if the cache, current there, shows an executable or a read-only mapping
+    /// overlapping it, or if the cache is not current there (no read of `/proc/self/maps`: a
+    /// cheap, conservative answer). Code is translated only from executable pages, constants
+    /// are read only from pages that are not writable (see [`Self::constant`]), and making a
+    /// page executable or read-only discards its translations anyway.
     pub fn may_hold_code(&self, start: u64, end: u64) -> bool {
         if !self.fresh(start, end) {
             return true;
@@ -349,7 +351,27 @@ impl MapsCache {
         self.ranges[first..]
             .iter()
             .take_while(|r| r.0 < end)
-            .any(|r| r.2 & libc::PROT_EXEC != 0)
+            .any(|r| {
+                r.2 & libc::PROT_EXEC != 0
+                    || r.2 & (libc::PROT_READ | libc::PROT_WRITE) == libc::PROT_READ
+            })
+    }
+
+    /// Whether the `len` bytes at `addr` are mapped readable, not writable and private: memory
+    /// that changes only after a system call (`mprotect`, `munmap`, `mremap`, `mmap` over it,
+    /// `madvise`, a write to `/proc/self/mem`), each of which discards the translations of
+    /// the range it touches. A translation may then take a value read there as a constant
+    /// (a GOT slot after relocation: `jmp [rip+slot]` of a PLT entry).
+    pub fn constant(&mut self, addr: u64, len: u64) -> bool {
+        let end = addr.saturating_add(len);
+        if !self.fresh(addr, end) {
+            self.reload();
+        }
+        let Some((i, _, run_end, _)) = self.find(addr) else {
+            return false;
+        };
+        let (_, _, prot, private) = self.ranges[i];
+        end <= run_end && private && prot & libc::PROT_READ != 0 && prot & libc::PROT_WRITE == 0
     }
 
     /// Bytes from `addr` up to `end` covered by consecutive executable cached mappings.
@@ -360,7 +382,7 @@ impl MapsCache {
         if prot & libc::PROT_EXEC == 0 {
             return 0;
         }
-        for &(s, e, prot) in &self.ranges[i + 1..] {
+        for &(s, e, prot, _) in &self.ranges[i + 1..] {
             if run_end >= end || s != run_end || prot & libc::PROT_EXEC == 0 {
                 break;
             }
@@ -398,7 +420,7 @@ impl MapsCache {
             if p.get(2) == Some(&b'x') {
                 prot |= libc::PROT_EXEC;
             }
-            self.ranges.push((s, e, prot));
+            self.ranges.push((s, e, prot, p.get(3) == Some(&b'p')));
         }
     }
 }
@@ -458,6 +480,27 @@ mod tests {
                 maps.may_hold_code(a + 2 * PAGE, a + 3 * PAGE),
                 "stale: maybe"
             );
+            // Constants: readable, not writable, private; a shared view is not one.
+            assert!(maps.constant(a + PAGE - 8, 8));
+            assert!(
+                !maps.constant(a + 2 * PAGE - 4, 8),
+                "runs into an unreadable page"
+            );
+            let shared = libc::mmap(
+                std::ptr::null_mut(),
+                PAGE as usize,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(shared, libc::MAP_FAILED);
+            maps.invalidate_range(shared as u64, shared as u64 + PAGE);
+            assert!(!maps.constant(shared as u64, 8));
+            libc::munmap(shared, PAGE as usize);
+            libc::mprotect(p, PAGE as usize, libc::PROT_READ | libc::PROT_WRITE);
+            maps.invalidate_range(a, a + PAGE);
+            assert!(!maps.constant(a, 8), "writable");
             libc::munmap(p, 3 * PAGE as usize);
             maps.invalidate_range(a, a + 3 * PAGE);
             assert_eq!(maps.prot(a), None);

@@ -23,7 +23,7 @@ use crate::modules::FileId;
 /// The start of every store file, then the format's version.
 const MAGIC: &[u8; 4] = b"HPTC";
 /// Bumped when [`BlockRecord`] or the file layout changes.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 /// Header size in bytes.
 const HEADER: usize = 32;
 /// Index entry size in bytes.
@@ -305,6 +305,7 @@ pub(crate) mod tests {
             term_guest: 3,
             rcx_borrowed_from: None,
             far_borrows: Vec::new(),
+            slot: None,
         }
     }
 

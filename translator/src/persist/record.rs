@@ -49,6 +49,10 @@ pub struct BlockRecord {
     pub rcx_borrowed_from: Option<u32>,
     /// `(host offset, register number)` of instructions that run with a borrowed register.
     pub far_borrows: Vec<(u32, u8)>,
+    /// The slot (guest delta) the block's indirect `jmp`/`call` reads, when it was translated
+    /// as a direct one to the slot's value (`decode::constant_slot`): placing it needs the
+    /// slot's value in this process, which [`ExitRecord::Folded`] goes to.
+    pub slot: Option<i64>,
 }
 
 /// A block's terminator with its guest addresses as deltas from the block's start.
@@ -98,6 +102,13 @@ pub enum ExitRecord {
         at: i64,
         next: i64,
     },
+    /// A direct exit to the value of the block's constant slot ([`BlockRecord::slot`]), which
+    /// may be in another module (so is no delta).
+    Folded {
+        site: u32,
+        stub: u32,
+        call: bool,
+    },
 }
 
 /// Every condition, in the order its index is persisted.
@@ -132,13 +143,15 @@ pub struct Placed {
 
 impl BlockRecord {
     /// The record of `emitted`, the translation of `block` found `offset` bytes into its
-    /// module; `None` when it cannot be persisted: its
+    /// module (with its indirect branch through `folded`'s slot translated as a direct one to
+    /// `folded`'s target, if given); `None` when it cannot be persisted: its
     /// relocations are incomplete (calling contexts, instrumentation), it traps, or it has an
     /// exit or layout part a record does not describe.
     pub fn capture(
         emitted: &EmittedBlock,
         block: &hotpath_ir::Block,
         offset: u64,
+        folded: Option<(GuestAddr, GuestAddr)>,
     ) -> Option<BlockRecord> {
         if !emitted.relocs.complete || block.code.len() != block.len_bytes as usize {
             return None;
@@ -206,6 +219,19 @@ impl BlockRecord {
                     site,
                     stub,
                     call,
+                } if from == block.start && folded.is_some_and(|(_, t)| t == target) => {
+                    ExitRecord::Folded {
+                        site: h(site.0)?,
+                        stub: h(stub.0)?,
+                        call,
+                    }
+                }
+                ExitKind::Direct {
+                    target,
+                    from,
+                    site,
+                    stub,
+                    call,
                 } if from == block.start => ExitRecord::Direct {
                     target: gd(target),
                     site: h(site.0)?,
@@ -250,13 +276,16 @@ impl BlockRecord {
                 .iter()
                 .map(|&(host, r)| Some((h(host)?, r)))
                 .collect::<Option<_>>()?,
+            slot: folded.map(|(slot, _)| gd(slot)),
         })
     }
 
     /// The block placed at host address `at` for guest address `start`, with id `id` and exits
-    /// from index `first_exit`, its gateway `gateway`; `None` when a field cannot hold its new
-    /// value (a RIP-relative operand now out of a displacement's reach, a pushed return
-    /// address now above 2^31): the block is then translated afresh.
+    /// from index `first_exit`, its gateway `gateway`, and `folded` the value its constant
+    /// slot holds now (see [`Self::slot`]); `None` when a field cannot hold its new value (a
+    /// RIP-relative operand now out of a displacement's reach, a pushed return address now
+    /// above 2^31) or the record needs a slot's value `folded` does not give: the block is
+    /// then translated afresh.
     pub fn place(
         &self,
         start: GuestAddr,
@@ -264,7 +293,11 @@ impl BlockRecord {
         id: BlockId,
         first_exit: u32,
         gateway: &Gateway,
+        folded: Option<GuestAddr>,
     ) -> Option<Placed> {
+        if self.slot.is_some() != folded.is_some() {
+            return None;
+        }
         let base = at.0;
         let guest = |d: i64| start.0.wrapping_add(d as u64);
         let host = |o: u32| base + o as u64;
@@ -304,6 +337,13 @@ impl BlockRecord {
             .map(|e| Exit {
                 block: id,
                 kind: match *e {
+                    ExitRecord::Folded { site, stub, call } => ExitKind::Direct {
+                        target: folded.unwrap_or(GuestAddr(0)),
+                        from: start,
+                        site: HostAddr(host(site)),
+                        stub: HostAddr(host(stub)),
+                        call,
+                    },
                     ExitRecord::Direct {
                         target,
                         site,
@@ -447,7 +487,7 @@ mod tests {
             if far { 0x1000_0000 } else { 0x5555_4000_0000 },
         );
         let shift = 0x5a5a_5000;
-        let (mut at, mut checked, mut pushes) = (0usize, 0, 0);
+        let (mut at, mut checked, mut pushes, mut folded) = (0usize, 0, 0, 0);
         while at + 16 < text.len() {
             let fetch = |base: u64| {
                 move |addr: u64, buf: &mut [u8]| {
@@ -461,7 +501,7 @@ mod tests {
             let len = (b1.len_bytes as usize).max(1);
             let e1 =
                 emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
-            if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64) {
+            if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64, None) {
                 let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
                 let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
                 let e2 =
@@ -473,6 +513,7 @@ mod tests {
                         BlockId(4242),
                         1000,
                         &cx(h1 + shift).gateway,
+                        None,
                     )
                     .expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "block at +{at:#x}");
@@ -489,11 +530,42 @@ mod tests {
                 ) as u32;
                 checked += 1;
             }
+            // The same block with its slot's value taken as constant, if it has such a slot:
+            // placed with the value the slot holds in the second process (another module's
+            // address, not moved with this one).
+            if let Some(slot) = crate::decode::constant_slot(&b1) {
+                let (t1, t2) = (GuestAddr(0x7f00_1234_5000), GuestAddr(0x7f77_0000_9000));
+                let d1 = crate::decode::with_direct_target(&b1, t1);
+                let e1 =
+                    emit_block(&d1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
+                let r = BlockRecord::capture(&e1, &b1, at as u64, Some((slot, t1)))
+                    .expect("a folded block is persisted");
+                let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
+                let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
+                let d2 = crate::decode::with_direct_target(&b2, t2);
+                let e2 =
+                    emit_block(&d2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
+                let gw = &cx(h1 + shift).gateway;
+                let p = r
+                    .place(b2.start, HostAddr(h2), BlockId(4242), 1000, gw, Some(t2))
+                    .expect("the same reach places");
+                assert_eq!(p.emitted.code, e2.code, "folded block at +{at:#x}");
+                assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
+                assert_eq!(
+                    p.summary,
+                    b2.summary(),
+                    "the monitor learns the indirect branch"
+                );
+                assert!(r
+                    .place(b2.start, HostAddr(h2), BlockId(1), 0, gw, None)
+                    .is_none());
+                folded += 1;
+            }
             at += len;
         }
         assert!(
-            checked > 10_000 && pushes > 500,
-            "{checked} blocks, {pushes} calls"
+            checked > 10_000 && pushes > 500 && folded > 50,
+            "{checked} blocks, {pushes} calls, {folded} through constant slots"
         );
     }
 
@@ -527,14 +599,15 @@ mod tests {
             tail_call: false,
         };
         let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
-        let r = BlockRecord::capture(&e, &b, 0).unwrap();
+        let r = BlockRecord::capture(&e, &b, 0, None).unwrap();
         assert!(r
             .place(
                 GuestAddr(0x40_0000),
                 HostAddr(0x7000_2000),
                 BlockId(2),
                 0,
-                &cx.gateway
+                &cx.gateway,
+                None
             )
             .is_some());
         assert!(r
@@ -543,7 +616,8 @@ mod tests {
                 HostAddr(0x7000_2000),
                 BlockId(2),
                 0,
-                &cx.gateway
+                &cx.gateway,
+                None
             )
             .is_none());
     }
