@@ -219,25 +219,18 @@ impl BlockRecord {
                     site,
                     stub,
                     call,
-                } if from == block.start && folded.is_some_and(|(_, t)| t == target) => {
-                    ExitRecord::Folded {
-                        site: h(site.0)?,
-                        stub: h(stub.0)?,
-                        call,
+                } if from == block.start => {
+                    let (site, stub) = (h(site.0)?, h(stub.0)?);
+                    match folded {
+                        Some((_, t)) if t == target => ExitRecord::Folded { site, stub, call },
+                        _ => ExitRecord::Direct {
+                            target: gd(target),
+                            site,
+                            stub,
+                            call,
+                        },
                     }
                 }
-                ExitKind::Direct {
-                    target,
-                    from,
-                    site,
-                    stub,
-                    call,
-                } if from == block.start => ExitRecord::Direct {
-                    target: gd(target),
-                    site: h(site.0)?,
-                    stub: h(stub.0)?,
-                    call,
-                },
                 ExitKind::Syscall { at, next } => ExitRecord::Syscall {
                     at: gd(at),
                     next: gd(next),
