@@ -142,13 +142,11 @@ pub fn emit_block(
     append_body(block, &mut code, &mut layout, &mut relocs)?;
 
     // Terminator and exit stubs.
-    let mut exits = Vec::new();
-    emit_terminator(
+    let mut exits = emit_terminator(
         block,
         id,
         &mut code,
         first_exit,
-        &mut exits,
         cx,
         &mut layout,
         &mut relocs,
@@ -758,16 +756,24 @@ pub(crate) fn push_return_address(
     }
 }
 
+/// Appends to `code` the host code of `block`'s terminator (block or superblock `id`): chained
+/// direct exits with their exit stubs, the indirect branch lookup, system call and trap exits.
+/// Returns its exits, whose indices start at `first_exit`; `layout` and `relocs` get the
+/// terminator's parts.
+///
+/// # Errors
+/// [`TranslateError`] if dynasm or iced rejects the code (a bug in hotpath).
 pub(crate) fn emit_terminator(
     block: &Block,
     id: BlockId,
     code: &mut Code_,
     first_exit: u32,
-    exits: &mut Vec<Exit>,
     cx: &EmitContext,
     layout: &mut HostLayout,
     relocs: &mut Relocs,
-) -> Result<(), TranslateError> {
+) -> Result<Vec<Exit>, TranslateError> {
+    let mut exit_list = Vec::new();
+    let exits = &mut exit_list;
     let exit_addr = cx.gateway.exit.0 as usize;
     let chunk_base = code.addr();
     // Records the fields of exit stub `index`'s stub (at offsets `at` from `base`).
@@ -964,7 +970,7 @@ pub(crate) fn emit_terminator(
                     pushed(relocs, tail_base, at, true);
                 }
                 code.append(assembled(tail, "indirect call")?);
-                return Ok(());
+                return Ok(exit_list);
             }
             let mut landing = None;
             let literal = match block.terminator {
@@ -1007,11 +1013,11 @@ pub(crate) fn emit_terminator(
             let at = literal.place(&mut tail);
             pushed(relocs, tail_base, at, true);
             code.append(assembled(tail, "indirect branch")?);
-            return Ok(());
+            return Ok(exit_list);
         }
     }
     code.append(assembled(ops, "terminator")?);
-    Ok(())
+    Ok(exit_list)
 }
 
 /// Appends `ops` and then the load of indirect branch `inst`'s target into RCX, with the

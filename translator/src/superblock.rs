@@ -140,14 +140,12 @@ pub fn emit_superblock(
         // Never persisted: its relocations are not kept.
         append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
         if i + 1 == blocks.len() {
-            let mut last_exits = Vec::new();
             let first = first_exit + exits.len() as u32;
-            emit_terminator(
+            let last_exits = emit_terminator(
                 block,
                 sb,
                 &mut code,
                 first,
-                &mut last_exits,
                 cx,
                 &mut layout,
                 &mut Relocs::default(),
