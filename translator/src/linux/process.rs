@@ -303,17 +303,12 @@ impl ProcessShared {
         loop {
             let mut pool = lock(&self.pool);
             let usable = |r: &ThreadResources| !enqueue || r.area.ring.is_released();
-            let best = pool
-                .iter()
-                .position(|r| usable(r) && r.kept.is_some())
-                .or_else(|| pool.iter().position(usable));
-            let awaited = pool.iter().any(|r| r.kept.is_some() && !usable(r));
-            match best {
-                Some(i) if pool[i].kept.is_some() || !awaited => return Some(pool.swap_remove(i)),
-                _ if !awaited || started.elapsed() >= POOL_WAIT => {
-                    return best.map(|i| pool.swap_remove(i))
-                }
-                _ => {}
+            let kept = |r: &ThreadResources| r.kept.is_some();
+            let with_translations = pool.iter().position(|r| usable(r) && kept(r));
+            let awaited = pool.iter().any(|r| kept(r) && !usable(r));
+            if with_translations.is_some() || !awaited || started.elapsed() >= POOL_WAIT {
+                let pick = with_translations.or_else(|| pool.iter().position(usable));
+                return pick.map(|i| pool.swap_remove(i));
             }
             drop(pool);
             std::thread::sleep(std::time::Duration::from_micros(20));
