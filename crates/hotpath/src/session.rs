@@ -141,13 +141,23 @@ impl Monitoring {
         }
     }
 
+    /// True if nothing of the profile is shown or written (`--quiet`, no report, no file).
+    fn unread(&self, quiet: bool) -> bool {
+        quiet && self.report.is_none() && !self.outputs.any_file()
+    }
+
     /// Closes the ring (the other threads' are closed or stopped) and collects what the
-    /// monitor kept.
-    fn stop(&mut self, translator: &Translator) -> Option<MonitorResult> {
+    /// monitor kept (not completed if `unread`: nobody will read it).
+    fn stop(&mut self, translator: &Translator, unread: bool) -> Option<MonitorResult> {
         let handle = self.handle.take()?;
         self.streams = None;
         translator.ring_producer()?.close();
-        match handle.finish() {
+        let result = if unread {
+            handle.finish_unread()
+        } else {
+            handle.finish()
+        };
+        match result {
             Ok(result) => Some(result),
             Err(e) => {
                 eprintln!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile");
@@ -186,17 +196,20 @@ impl RunCtx {
                     translator.write_translation_cache();
                     self.write_perf_map(&translator);
                     let mut monitoring = self.monitoring();
-                    if let Some(result) = monitoring.stop(&translator) {
+                    let unread = monitoring.unread(true);
+                    if let Some(result) = monitoring.stop(&translator, unread) {
                         let resume = first_thread_state(&result);
-                        finish_report(
-                            &self.args,
-                            &self.program,
-                            &translator,
-                            &monitoring,
-                            result,
-                            Ending::Exec,
-                            true,
-                        );
+                        if !unread {
+                            finish_report(
+                                &self.args,
+                                &self.program,
+                                &translator,
+                                &monitoring,
+                                result,
+                                Ending::Exec,
+                                true,
+                            );
+                        }
                         translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
                         translator.exec();
                         // The exec failed: the guest goes on, and so does its profile.
@@ -259,7 +272,8 @@ impl RunCtx {
             eprintln!("hotpath: {}: {e}", self.program.display());
         }
         let mut monitoring = self.monitoring();
-        if let Some(result) = monitoring.stop(translator) {
+        let unread = monitoring.unread(self.args.quiet);
+        if let Some(result) = monitoring.stop(translator, unread).filter(|_| !unread) {
             finish_report(
                 &self.args,
                 &self.program,
@@ -698,10 +712,6 @@ fn finish_report(
     ending: Ending,
     quiet: bool,
 ) {
-    if quiet && monitoring.report.is_none() && !monitoring.outputs.any_file() {
-        // Nobody reads the profile: building it would cost more than many short runs take.
-        return;
-    }
     let modules = ModuleMap::read(&translator.modules());
     let symbolize = |addr: u64| modules.symbolize(addr);
     // The process's tables: every thread's counts over one id space, the threads the

