@@ -46,8 +46,9 @@ pub struct Stats {
     pub superblocks: u64,
     /// Superblock requests dropped: stale after a flush, or the guest code changed.
     pub superblocks_dropped: u64,
-    /// Wall time spent translating basic blocks (decode, emit, install), in nanoseconds.
-    pub translation_ns: u64,
+    /// Wall time spent translating basic blocks (decode, emit, install), in time-stamp
+    /// counter ticks ([`translation_ns`](Self::translation_ns) in nanoseconds).
+    pub translation_ticks: u64,
     /// Calling contexts made (with [`Config::contexts`]).
     pub contexts: u64,
     /// Calls and returns whose context step went to the runtime (a new context, a cache
@@ -73,6 +74,11 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Wall time spent translating basic blocks, in nanoseconds.
+    pub fn translation_ns(&self) -> u64 {
+        crate::cpu::tsc_ns(self.translation_ticks)
+    }
+
     /// Adds `o`'s counts to these.
     pub fn add(&mut self, o: &Stats) {
         self.blocks_translated += o.blocks_translated;
@@ -86,7 +92,7 @@ impl Stats {
         self.ring_refills += o.ring_refills;
         self.superblocks += o.superblocks;
         self.superblocks_dropped += o.superblocks_dropped;
-        self.translation_ns += o.translation_ns;
+        self.translation_ticks += o.translation_ticks;
         self.contexts += o.contexts;
         self.context_exits += o.context_exits;
         self.context_resyncs += o.context_resyncs;

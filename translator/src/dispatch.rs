@@ -1866,9 +1866,9 @@ impl Translator {
         if let Some(&h) = self.index.blocks.get(&pc) {
             return Ok(h);
         }
-        let started = std::time::Instant::now();
+        let started = crate::cpu::tsc();
         let entry = self.translate(pc);
-        self.stats.translation_ns += started.elapsed().as_nanos() as u64;
+        self.stats.translation_ticks += crate::cpu::tsc().wrapping_sub(started);
         entry
     }
 

@@ -291,7 +291,7 @@ impl RunCtx {
                 "hotpath: translator: {} blocks translated ({} from the translation cache) in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} syscalls, {} flushes ({} moving the cache out of the guest's way), {} ring refills, {} threads",
                 s.blocks_translated,
                 s.blocks_loaded,
-                s.translation_ns as f64 / 1e9,
+                s.translation_ns() as f64 / 1e9,
                 s.superblocks,
                 s.superblocks_dropped,
                 s.links,
@@ -762,7 +762,7 @@ fn finish_report(
         blocks_translated: stats.blocks_translated,
         blocks_loaded: stats.blocks_loaded,
         translation_cache_errors: translator.cache_stats().map_or(0, |s| s.errors),
-        translation_ns: stats.translation_ns,
+        translation_ns: stats.translation_ns(),
     };
     let mut report = report_of(&tables, &symbolize, run);
     report.threads = threads;
