@@ -273,7 +273,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
 
     // Asynchronous: record it and make the thread reach a safe point soon.
     // SAFETY: the dispatcher reads a slot only with every signal blocked.
-    unsafe { (*shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
+    unsafe { (&mut *shared.infos.get())[sig as usize - 1].push(sig, info_bytes) };
     shared.pending.fetch_or(1 << (sig - 1), Ordering::AcqRel);
     // The kernel let the signal through, so the guest's mask does too: it is deliverable.
     // SAFETY: this thread's own area; the dispatcher it interrupted writes the field only

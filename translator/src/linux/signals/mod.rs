@@ -93,12 +93,38 @@ fn clear_pending_queues(queues: &mut [SigQueue; NSIG], pending: u64) {
     }
 }
 
-/// One empty queue per signal (512 KiB), allocated zeroed: the pages are the kernel's zero
-/// pages until a signal arrives. (Built on the stack and moved, it cost a tenth of a short
-/// program's start-up.)
-fn empty_queues() -> Box<[SigQueue; NSIG]> {
-    // SAFETY: all-zero bytes are a valid `SigQueue`: `len` 0, no pending instance.
-    unsafe { Box::<[SigQueue; NSIG]>::new_zeroed().assume_init() }
+/// One queue per signal (512 KiB) in an anonymous mapping of its own, so its pages stay the
+/// kernel's zero page until a signal arrives: allocated zeroed from the heap (which never
+/// maps: `M_MMAP_MAX` is 0), `calloc` cleared all of it, a tenth of a `busybox true`'s
+/// start-up. (Built on the stack and moved, it cost as much.)
+struct Queues(memmap2::MmapMut);
+
+impl Queues {
+    /// Empty queues.
+    ///
+    /// # Panics
+    /// If 512 KiB cannot be mapped (hotpath cannot start a thread without them).
+    fn new() -> Queues {
+        let map = memmap2::MmapMut::map_anon(std::mem::size_of::<[SigQueue; NSIG]>())
+            .expect("mapping the signal queues");
+        Queues(map)
+    }
+}
+
+impl std::ops::Deref for Queues {
+    type Target = [SigQueue; NSIG];
+    fn deref(&self) -> &Self::Target {
+        // SAFETY: the mapping is page-aligned and as large as the array; all-zero bytes (a
+        // fresh mapping) are valid queues: `len` 0, no pending instance.
+        unsafe { &*(self.0.as_ptr() as *const [SigQueue; NSIG]) }
+    }
+}
+
+impl std::ops::DerefMut for Queues {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        // SAFETY: as in `deref`; `&mut self` is the only access.
+        unsafe { &mut *(self.0.as_mut_ptr() as *mut [SigQueue; NSIG]) }
+    }
 }
 
 impl SigQueue {
@@ -201,7 +227,7 @@ pub struct HandlerShared {
     pending: AtomicU64,
     /// The `siginfo` of each pending signal: one per standard signal (they coalesce, as in
     /// the kernel), a queue per real-time signal (each instance is delivered).
-    infos: UnsafeCell<Box<[SigQueue; NSIG]>>,
+    infos: UnsafeCell<Queues>,
     sync: UnsafeCell<Option<SyncFault>>,
     area: *mut ThreadArea,
     /// The thread's code cache as the handler sees it; replaced only by the dispatcher, with
@@ -476,7 +502,7 @@ impl SignalState {
         } = setup;
         let shared = Box::leak(Box::new(HandlerShared {
             pending: AtomicU64::new(0),
-            infos: UnsafeCell::new(empty_queues()),
+            infos: UnsafeCell::new(Queues::new()),
             sync: UnsafeCell::new(None),
             area,
             view: UnsafeCell::new(CacheView {
@@ -870,7 +896,7 @@ impl SignalState {
             }
             let sig = pending.trailing_zeros() as i32 + 1;
             // SAFETY: signals are blocked; the queue was written before the pending bit.
-            let queue = unsafe { &mut (*self.shared.infos.get())[sig as usize - 1] };
+            let queue = unsafe { &mut (&mut *self.shared.infos.get())[sig as usize - 1] };
             let info = queue.pop();
             if queue.is_empty() {
                 self.shared
