@@ -2104,7 +2104,7 @@ impl Translator {
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
         if record.code.len() as u64 + 15 > self.cache.room()
-            || self.index.exits.len() + record.exits.len() > EXIT_SPECIAL_BASE as usize
+            || self.index.exits.len() + record.exit_count() > EXIT_SPECIAL_BASE as usize
         {
             drop(registry);
             self.flush();
@@ -2125,7 +2125,7 @@ impl Translator {
             self.depend_on_slot(slot);
         }
         self.stats.blocks_loaded += 1;
-        let code = record.guest.clone().into_boxed_slice();
+        let code: Box<[u8]> = record.guest.into();
         let entry = self.install_block(
             pc,
             MAX_BLOCK_INSTRUCTIONS,

@@ -9,7 +9,7 @@
 //! key      postcard of (EmitKey, FileId)
 //! index    count × 24 bytes: offset u64 (guest, from the module's start), at u32 (from the
 //!          records' start), len u32, crc u32 (CRC-32 of the record's bytes), 0 u32
-//! records  postcard of each BlockRecord, in index order
+//! records  each BlockRecord in the layout `RecordView` reads, in index order
 //! ```
 
 use std::fs;
@@ -17,13 +17,13 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::{Deserialize, Serialize};
 
-use super::record::BlockRecord;
+use super::record::{BlockRecord, RecordView};
 use crate::modules::FileId;
 
 /// The start of every store file, then the format's version.
 const MAGIC: &[u8; 4] = b"HPTC";
 /// Bumped when [`BlockRecord`] or the file layout changes.
-const FORMAT: u32 = 3;
+const FORMAT: u32 = 4;
 /// Header size in bytes.
 const HEADER: usize = 32;
 /// Index entry size in bytes.
@@ -181,21 +181,21 @@ impl ModuleRecords {
 
     /// Record `i` of the index, if its bytes are unchanged and decode to a record of its
     /// offset.
-    fn decode(&self, i: usize) -> Option<BlockRecord> {
+    fn decode(&self, i: usize) -> Option<RecordView<'_>> {
         let (offset, bytes) = self.blob(i)?;
-        let record: BlockRecord = postcard::from_bytes(bytes).ok()?;
+        let record = RecordView::parse(bytes)?;
         (record.offset == offset).then_some(record)
     }
 
     /// The record of the block at guest offset `offset`, if the file has one and it is whole.
-    pub fn get(&self, offset: u64) -> Option<BlockRecord> {
+    pub fn get(&self, offset: u64) -> Option<RecordView<'_>> {
         self.decode(self.find(offset)?)
     }
 
     /// Every whole record, in offset order (a damaged one is left out).
     #[cfg(test)]
     pub fn all(&self) -> impl Iterator<Item = BlockRecord> + '_ {
-        (0..self.count).filter_map(|i| self.decode(i))
+        (0..self.count).filter_map(|i| self.decode(i)?.to_record())
     }
 }
 
@@ -210,8 +210,8 @@ pub fn encode_merged(
 ) -> Option<Vec<u8>> {
     let mut fresh = new
         .iter()
-        .map(|r| Some((r.offset, postcard::to_stdvec(r).ok()?)))
-        .collect::<Option<Vec<_>>>()?;
+        .map(|r| (r.offset, r.encode()))
+        .collect::<Vec<_>>();
     fresh.sort_by_key(|f| f.0);
     fresh.dedup_by_key(|f| f.0);
     let kept: Vec<(u64, &[u8])> = old.map_or(Vec::new(), |o| {
@@ -316,14 +316,14 @@ pub(crate) mod tests {
         let file = ModuleRecords::parse(bytes.clone(), &key()).unwrap();
         assert_eq!(file.len(), 4);
         for r in &records {
-            assert_eq!(file.get(r.offset).as_ref(), Some(r));
+            assert_eq!(file.get(r.offset).and_then(|v| v.to_record()).as_ref(), Some(r));
         }
         assert!(file.get(0x11).is_none() && !file.contains(0x11));
         assert_eq!(file.all().collect::<Vec<_>>(), records);
         let records_at = bytes.len()
             - records
                 .iter()
-                .map(|r| postcard::to_stdvec(r).unwrap().len())
+                .map(|r| r.encode().len())
                 .sum::<usize>();
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
@@ -336,7 +336,7 @@ pub(crate) mod tests {
                     assert!(i >= records_at, "byte {i} of the header or index not seen");
                     let whole = records
                         .iter()
-                        .filter(|r| f.get(r.offset).as_ref() == Some(r));
+                        .filter(|r| f.get(r.offset).and_then(|v| v.to_record()).as_ref() == Some(r));
                     assert_eq!(whole.count(), 3, "byte {i} flipped");
                 }
             }
@@ -359,7 +359,10 @@ pub(crate) mod tests {
         let merged = ModuleRecords::parse(merged, &key()).unwrap();
         let offsets: Vec<u64> = merged.all().map(|r| r.offset).collect();
         assert_eq!(offsets, [0x5, 0x10, 0x40, 0x41, 0x900]);
-        assert_eq!(merged.get(0x40), Some(newer));
-        assert_eq!(merged.get(0x900), Some(record(0x900)));
+        assert_eq!(merged.get(0x40).and_then(|v| v.to_record()), Some(newer));
+        assert_eq!(
+            merged.get(0x900).and_then(|v| v.to_record()),
+            Some(record(0x900))
+        );
     }
 }

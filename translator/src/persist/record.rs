@@ -7,8 +7,6 @@
 //! offset from its code's start, so a record is independent of ASLR and of where the code
 //! cache is. A record is used only if its guest bytes equal the bytes mapped now.
 
-use serde::{Deserialize, Serialize};
-
 use hotpath_ir::{BlockId, BlockSummary, Cond, GuestAddr, HostAddr, Terminator};
 
 use crate::emit::EmittedBlock;
@@ -17,12 +15,11 @@ use crate::links::{Exit, ExitKind, HostLayout};
 use crate::relocs::{RelocKind, Routine};
 
 /// A persisted basic block (see the module doc for the units of its fields).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockRecord {
     /// Guest offset of the block's start from its module's start (bytes).
     pub offset: u64,
     /// The guest bytes the block covers.
-    #[serde(with = "serde_bytes")]
     pub guest: Vec<u8>,
     /// Guest instructions per run of the block.
     pub instructions: u32,
@@ -31,7 +28,6 @@ pub struct BlockRecord {
     /// How the block ends.
     pub term: TermRecord,
     /// The host code as emitted (unlinked), from the ring slow path.
-    #[serde(with = "serde_bytes")]
     pub code: Vec<u8>,
     /// The block's entry, from the code's start.
     pub entry: u32,
@@ -56,7 +52,7 @@ pub struct BlockRecord {
 }
 
 /// A block's terminator with its guest addresses as deltas from the block's start.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TermRecord {
     Jump(i64),
     Branch {
@@ -77,7 +73,7 @@ pub enum TermRecord {
 
 /// One relocated field: its offset from the code's start and what it holds (guest addresses
 /// as deltas from the block's start).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RelocRecord {
     BlockId(u32),
     Exit { at: u32, k: u32 },
@@ -90,7 +86,7 @@ pub enum RelocRecord {
 }
 
 /// One exit, guest addresses as deltas, host addresses as offsets.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitRecord {
     Direct {
         target: i64,
@@ -273,6 +269,342 @@ impl BlockRecord {
         })
     }
 
+    /// The record's bytes in a store file (the layout [`RecordView`] reads).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(
+            FIXED + self.guest.len() + self.code.len()
+                + RELOC * self.relocs.len()
+                + EXIT * self.exits.len()
+                + BODY * self.body.len()
+                + FAR * self.far_borrows.len(),
+        );
+        let u32_ = |w: &mut Vec<u8>, v: u32| w.extend_from_slice(&v.to_le_bytes());
+        let i64_ = |w: &mut Vec<u8>, v: i64| w.extend_from_slice(&v.to_le_bytes());
+        w.extend_from_slice(&self.offset.to_le_bytes());
+        u32_(&mut w, self.instructions);
+        i64_(&mut w, self.term_at);
+        let (kind, cond, a, b) = match self.term {
+            TermRecord::Jump(t) => (0, 0, t, 0),
+            TermRecord::Branch {
+                cond,
+                taken,
+                not_taken,
+            } => (1, cond, taken, not_taken),
+            TermRecord::Call { target, return_to } => (2, 0, target, return_to),
+            TermRecord::FallThrough(n) => (3, 0, n, 0),
+            TermRecord::IndirectJump => (4, 0, 0, 0),
+            TermRecord::IndirectCall(r) => (5, 0, r, 0),
+            TermRecord::Return => (6, 0, 0, 0),
+            TermRecord::Syscall(n) => (7, 0, n, 0),
+        };
+        w.extend_from_slice(&[kind, cond]);
+        i64_(&mut w, a);
+        i64_(&mut w, b);
+        u32_(&mut w, self.entry);
+        u32_(&mut w, self.term_start);
+        i64_(&mut w, self.term_guest);
+        u32_(&mut w, self.rcx_borrowed_from.unwrap_or(u32::MAX));
+        w.push(self.slot.is_some() as u8);
+        i64_(&mut w, self.slot.unwrap_or(0));
+        for n in [
+            self.guest.len(),
+            self.code.len(),
+            self.relocs.len(),
+            self.exits.len(),
+            self.body.len(),
+            self.far_borrows.len(),
+        ] {
+            u32_(&mut w, n as u32);
+        }
+        w.extend_from_slice(&self.guest);
+        w.extend_from_slice(&self.code);
+        for r in &self.relocs {
+            let (kind, end, at, value) = match *r {
+                RelocRecord::BlockId(at) => (0, 0, at, 0),
+                RelocRecord::Exit { at, k } => (1, 0, at, k as i64),
+                RelocRecord::GatewayExit(at) => (2, 0, at, 0),
+                RelocRecord::GatewayIblMiss(at) => (3, 0, at, 0),
+                RelocRecord::GuestRel32 { at, delta, end } => (4, end, at, delta),
+                RelocRecord::GuestAbs64 { at, delta } => (5, 0, at, delta),
+                RelocRecord::GuestLow32 { at, delta } => (6, 0, at, delta),
+                RelocRecord::GuestSigned32 { at, delta } => (7, 0, at, delta),
+            };
+            w.extend_from_slice(&[kind, end]);
+            u32_(&mut w, at);
+            i64_(&mut w, value);
+        }
+        for e in &self.exits {
+            let (kind, call, site, stub, a, b) = match *e {
+                ExitRecord::Direct {
+                    target,
+                    site,
+                    stub,
+                    call,
+                } => (0, call, site, stub, target, 0),
+                ExitRecord::Syscall { at, next } => (1, false, 0, 0, at, next),
+                ExitRecord::Folded { site, stub, call } => (2, call, site, stub, 0, 0),
+            };
+            w.extend_from_slice(&[kind, call as u8]);
+            u32_(&mut w, site);
+            u32_(&mut w, stub);
+            i64_(&mut w, a);
+            i64_(&mut w, b);
+        }
+        for &(h, g) in &self.body {
+            u32_(&mut w, h);
+            i64_(&mut w, g);
+        }
+        for &(h, r) in &self.far_borrows {
+            u32_(&mut w, h);
+            w.push(r);
+        }
+        w
+    }
+
+    /// The block placed as [`RecordView::place`] places it (the record through its bytes).
+    pub fn place(
+        &self,
+        start: GuestAddr,
+        at: HostAddr,
+        id: BlockId,
+        first_exit: u32,
+        gateway: &Gateway,
+        folded: Option<GuestAddr>,
+    ) -> Option<Placed> {
+        RecordView::parse(&self.encode())?.place(start, at, id, first_exit, gateway, folded)
+    }
+}
+
+/// Bytes of a record's fixed part (see [`RecordView`]).
+const FIXED: usize = 8 + 4 + 8 + 18 + 4 + 4 + 8 + 4 + 9 + 6 * 4;
+/// Bytes of one relocation, exit, body entry and far borrow.
+const RELOC: usize = 14;
+const EXIT: usize = 26;
+const BODY: usize = 12;
+const FAR: usize = 5;
+
+/// A little-endian reader over a record's bytes; every read is `None` past the end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.bytes.len() {
+            return None;
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Some(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.array::<1>()?[0])
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.array()?))
+    }
+
+    fn i64(&mut self) -> Option<i64> {
+        Some(i64::from_le_bytes(self.array()?))
+    }
+}
+
+/// A record read in place from a store file, without decoding its parts into vectors: the
+/// fixed fields, then the variable parts as byte slices that [`place`](Self::place) walks.
+/// (Decoding each record into vectors first, with `postcard`, made a warm `busybox true` 6 %
+/// slower.)
+///
+/// ```text
+/// offset u64, instructions u32, term_at i64,
+/// terminator: kind u8 (Jump, Branch, Call, FallThrough, IndirectJump, IndirectCall, Return,
+///             Syscall), condition u8, two deltas i64,
+/// entry u32, term_start u32, term_guest i64, rcx_borrowed_from u32 (u32::MAX: none),
+/// slot: present u8, delta i64,
+/// counts u32 × 6: guest bytes, code bytes, relocations, exits, body entries, far borrows
+/// guest bytes, code bytes,
+/// relocations  14 bytes each: kind u8 (RelocRecord's order), end u8, at u32, value i64
+/// exits        26 bytes each: kind u8 (Direct, Syscall, Folded), call u8, site u32,
+///              stub u32, two values i64
+/// body         12 bytes each: host offset u32, guest delta i64
+/// far borrows   5 bytes each: host offset u32, register u8
+/// ```
+pub struct RecordView<'a> {
+    /// As [`BlockRecord`]'s fields of the same names.
+    pub offset: u64,
+    pub instructions: u32,
+    term_at: i64,
+    term: TermRecord,
+    entry: u32,
+    term_start: u32,
+    term_guest: i64,
+    rcx_borrowed_from: Option<u32>,
+    pub slot: Option<i64>,
+    pub guest: &'a [u8],
+    pub code: &'a [u8],
+    relocs: &'a [u8],
+    exits: &'a [u8],
+    body: &'a [u8],
+    far_borrows: &'a [u8],
+}
+
+impl<'a> RecordView<'a> {
+    /// The record in `bytes`, if they are one whole record (its parts' lengths add up to
+    /// `bytes` exactly and its terminator is known).
+    pub fn parse(bytes: &'a [u8]) -> Option<RecordView<'a>> {
+        let mut r = Reader { bytes };
+        let offset = u64::from_le_bytes(r.array()?);
+        let instructions = r.u32()?;
+        let term_at = r.i64()?;
+        let (kind, cond, a, b) = (r.u8()?, r.u8()?, r.i64()?, r.i64()?);
+        let term = match kind {
+            0 => TermRecord::Jump(a),
+            1 => TermRecord::Branch {
+                cond,
+                taken: a,
+                not_taken: b,
+            },
+            2 => TermRecord::Call {
+                target: a,
+                return_to: b,
+            },
+            3 => TermRecord::FallThrough(a),
+            4 => TermRecord::IndirectJump,
+            5 => TermRecord::IndirectCall(a),
+            6 => TermRecord::Return,
+            7 => TermRecord::Syscall(a),
+            _ => return None,
+        };
+        let entry = r.u32()?;
+        let term_start = r.u32()?;
+        let term_guest = r.i64()?;
+        let rcx_borrowed_from = Some(r.u32()?).filter(|&v| v != u32::MAX);
+        let slot = match (r.u8()?, r.i64()?) {
+            (0, _) => None,
+            (_, d) => Some(d),
+        };
+        let mut n = [0usize; 6];
+        for n in &mut n {
+            *n = r.u32()? as usize;
+        }
+        let view = RecordView {
+            offset,
+            instructions,
+            term_at,
+            term,
+            entry,
+            term_start,
+            term_guest,
+            rcx_borrowed_from,
+            slot,
+            guest: r.take(n[0])?,
+            code: r.take(n[1])?,
+            relocs: r.take(n[2].checked_mul(RELOC)?)?,
+            exits: r.take(n[3].checked_mul(EXIT)?)?,
+            body: r.take(n[4].checked_mul(BODY)?)?,
+            far_borrows: r.take(n[5].checked_mul(FAR)?)?,
+        };
+        r.bytes.is_empty().then_some(view)
+    }
+
+    /// Exits of the block.
+    pub fn exit_count(&self) -> usize {
+        self.exits.len() / EXIT
+    }
+
+    /// The relocations (`None` for one of an unknown kind).
+    fn relocs(&self) -> impl Iterator<Item = Option<RelocRecord>> + 'a {
+        self.relocs.chunks_exact(RELOC).map(|c| {
+            let mut r = Reader { bytes: c };
+            let (kind, end, at, value) = (r.u8()?, r.u8()?, r.u32()?, r.i64()?);
+            Some(match kind {
+                0 => RelocRecord::BlockId(at),
+                1 => RelocRecord::Exit {
+                    at,
+                    k: u32::try_from(value).ok()?,
+                },
+                2 => RelocRecord::GatewayExit(at),
+                3 => RelocRecord::GatewayIblMiss(at),
+                4 => RelocRecord::GuestRel32 {
+                    at,
+                    delta: value,
+                    end,
+                },
+                5 => RelocRecord::GuestAbs64 { at, delta: value },
+                6 => RelocRecord::GuestLow32 { at, delta: value },
+                7 => RelocRecord::GuestSigned32 { at, delta: value },
+                _ => return None,
+            })
+        })
+    }
+
+    /// The exits, in index order (`None` for one of an unknown kind).
+    fn exits(&self) -> impl Iterator<Item = Option<ExitRecord>> + 'a {
+        self.exits.chunks_exact(EXIT).map(|c| {
+            let mut r = Reader { bytes: c };
+            let (kind, call) = (r.u8()?, r.u8()? != 0);
+            let (site, stub, a, b) = (r.u32()?, r.u32()?, r.i64()?, r.i64()?);
+            Some(match kind {
+                0 => ExitRecord::Direct {
+                    target: a,
+                    site,
+                    stub,
+                    call,
+                },
+                1 => ExitRecord::Syscall { at: a, next: b },
+                2 => ExitRecord::Folded { site, stub, call },
+                _ => return None,
+            })
+        })
+    }
+
+    /// `(host offset, guest delta)` of each body instruction.
+    fn body(&self) -> impl Iterator<Item = (u32, i64)> + 'a {
+        self.body.chunks_exact(BODY).map(|c| {
+            let (h, g) = c.split_at(4);
+            (
+                u32::from_le_bytes(h.try_into().unwrap_or_default()),
+                i64::from_le_bytes(g.try_into().unwrap_or_default()),
+            )
+        })
+    }
+
+    /// `(host offset, register number)` of each instruction run with a borrowed register.
+    fn far_borrows(&self) -> impl Iterator<Item = (u32, u8)> + 'a {
+        self.far_borrows.chunks_exact(FAR).map(|c| {
+            (
+                u32::from_le_bytes(c[..4].try_into().unwrap_or_default()),
+                c[4],
+            )
+        })
+    }
+
+    /// The record as owned vectors (`None` if a part is of an unknown kind).
+    pub fn to_record(&self) -> Option<BlockRecord> {
+        Some(BlockRecord {
+            offset: self.offset,
+            guest: self.guest.to_vec(),
+            instructions: self.instructions,
+            term_at: self.term_at,
+            term: self.term,
+            code: self.code.to_vec(),
+            entry: self.entry,
+            relocs: self.relocs().collect::<Option<_>>()?,
+            exits: self.exits().collect::<Option<_>>()?,
+            body: self.body().collect(),
+            term_start: self.term_start,
+            term_guest: self.term_guest,
+            rcx_borrowed_from: self.rcx_borrowed_from,
+            far_borrows: self.far_borrows().collect(),
+            slot: self.slot,
+        })
+    }
+
     /// The block placed at host address `at` for guest address `start`, with id `id` and exits
     /// from index `first_exit`, its gateway `gateway`, and `folded` the value its constant
     /// slot holds now (see [`Self::slot`]); `None` when a field cannot hold its new value (a
@@ -294,7 +626,7 @@ impl BlockRecord {
         let base = at.0;
         let guest = |d: i64| start.0.wrapping_add(d as u64);
         let host = |o: u32| base + o as u64;
-        let mut code = self.code.clone();
+        let mut code = self.code.to_vec();
         let mut put = |at: u32, bytes: &[u8]| -> Option<()> {
             let at = at as usize;
             code.get_mut(at..at + bytes.len())?.copy_from_slice(bytes);
@@ -305,8 +637,8 @@ impl BlockRecord {
             let d = i32::try_from(target.wrapping_sub(from) as i64).ok()?;
             Some(d.to_le_bytes())
         };
-        for r in &self.relocs {
-            match *r {
+        for r in self.relocs() {
+            match r? {
                 RelocRecord::BlockId(f) => put(f, &id.0.to_le_bytes())?,
                 RelocRecord::Exit { at, k } => put(at, &(first_exit + k).to_le_bytes())?,
                 RelocRecord::GatewayExit(f) => put(f, &rel32(f, 4, gateway.exit.0)?)?,
@@ -325,11 +657,11 @@ impl BlockRecord {
             }
         }
         let exits = self
-            .exits
-            .iter()
-            .map(|e| Exit {
+            .exits()
+            .map(|e| {
+                Some(Exit {
                 block: id,
-                kind: match *e {
+                kind: match e? {
                     ExitRecord::Folded { site, stub, call } => ExitKind::Direct {
                         target: folded.unwrap_or(GuestAddr(0)),
                         from: start,
@@ -355,25 +687,18 @@ impl BlockRecord {
                     },
                 },
             })
-            .collect();
+            })
+            .collect::<Option<Vec<Exit>>>()?;
         let layout = HostLayout {
             code_start: base,
             entry: host(self.entry),
             guest_start: start.0,
             code_end: base + code.len() as u64,
-            body: self
-                .body
-                .iter()
-                .map(|&(h, g)| (host(h), guest(g)))
-                .collect(),
+            body: self.body().map(|(h, g)| (host(h), guest(g))).collect(),
             term_start: host(self.term_start),
             term_guest: guest(self.term_guest),
             rcx_borrowed_from: self.rcx_borrowed_from.map(host),
-            far_borrows: self
-                .far_borrows
-                .iter()
-                .map(|&(h, r)| (host(h), r))
-                .collect(),
+            far_borrows: self.far_borrows().map(|(h, r)| (host(h), r)).collect(),
             trace_exit: None,
             path_block: None,
         };
@@ -415,8 +740,7 @@ impl BlockRecord {
                 terminator,
             },
         })
-    }
-}
+    }}
 
 #[cfg(test)]
 mod tests {
@@ -613,5 +937,80 @@ mod tests {
                 None
             )
             .is_none());
+    }
+
+    #[test]
+    fn a_record_reads_back_from_its_bytes_and_nothing_else_does() {
+        let terms = [
+            TermRecord::Jump(-5),
+            TermRecord::Branch {
+                cond: 4,
+                taken: 9,
+                not_taken: -1 << 40,
+            },
+            TermRecord::Call {
+                target: 1 << 33,
+                return_to: 5,
+            },
+            TermRecord::FallThrough(7),
+            TermRecord::IndirectJump,
+            TermRecord::IndirectCall(3),
+            TermRecord::Return,
+            TermRecord::Syscall(2),
+        ];
+        for (i, term) in terms.into_iter().enumerate() {
+            let r = BlockRecord {
+                offset: 0x1234 + i as u64,
+                guest: vec![0xc3; i + 1],
+                instructions: 3,
+                term_at: 2,
+                term,
+                code: (0..40).collect(),
+                entry: 8,
+                relocs: vec![
+                    RelocRecord::BlockId(1),
+                    RelocRecord::Exit { at: 2, k: 3 },
+                    RelocRecord::GatewayExit(4),
+                    RelocRecord::GatewayIblMiss(5),
+                    RelocRecord::GuestRel32 {
+                        at: 6,
+                        delta: -7,
+                        end: 5,
+                    },
+                    RelocRecord::GuestAbs64 { at: 8, delta: 1 << 50 },
+                    RelocRecord::GuestLow32 { at: 9, delta: 10 },
+                    RelocRecord::GuestSigned32 { at: 11, delta: -12 },
+                ],
+                exits: vec![
+                    ExitRecord::Direct {
+                        target: -3,
+                        site: 20,
+                        stub: 30,
+                        call: true,
+                    },
+                    ExitRecord::Syscall { at: 1, next: 2 },
+                    ExitRecord::Folded {
+                        site: 21,
+                        stub: 31,
+                        call: false,
+                    },
+                ],
+                body: vec![(8, 0), (12, 1)],
+                term_start: 16,
+                term_guest: 2,
+                rcx_borrowed_from: (i % 2 == 0).then_some(14),
+                far_borrows: vec![(10, 2)],
+                slot: (i % 3 == 0).then_some(-64),
+            };
+            let bytes = r.encode();
+            assert_eq!(RecordView::parse(&bytes).and_then(|v| v.to_record()), Some(r));
+            assert!(RecordView::parse(&bytes[..bytes.len() - 1]).is_none());
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(RecordView::parse(&longer).is_none());
+            let mut bad_term = bytes.clone();
+            bad_term[20] = 8;
+            assert!(RecordView::parse(&bad_term).is_none());
+        }
     }
 }
