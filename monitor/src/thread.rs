@@ -120,20 +120,10 @@ impl Ended {
 /// A running monitor thread.
 pub struct MonitorHandle {
     handle: JoinHandle<Result<MonitorResult, String>>,
-    stop: Arc<StopRequest>,
+    /// Set to make the monitor finish once every ring it knows is closed and drained.
+    stop: Arc<AtomicBool>,
     /// The core it was pinned to, if any.
     pub pinned_to: Option<usize>,
-}
-
-/// What a [`MonitorHandle`] tells its monitor thread.
-#[derive(Default)]
-struct StopRequest {
-    /// Set to make the monitor finish once every ring it knows is closed and drained.
-    stop: AtomicBool,
-    /// Set before `stop` when nobody will read the result ([`MonitorHandle::finish_unread`]):
-    /// the threads still running then are not completed (their tables learn no ids, their
-    /// paths stay open).
-    unread: AtomicBool,
 }
 
 /// How long the monitor first naps when every ring stays without a batch after spinning, in
@@ -170,7 +160,7 @@ pub fn spawn(
     template: MonitorState,
 ) -> MonitorHandle {
     let pinned_to = core.map(|c| c.id);
-    let stop = Arc::new(StopRequest::default());
+    let stop = Arc::new(AtomicBool::new(false));
     let stop_seen = stop.clone();
     // Signals are the guest threads' business: a process-directed signal must reach one (to
     // interrupt its system call), never this thread. The new thread inherits the mask it is
@@ -281,7 +271,7 @@ impl Monitor {
     /// The monitor's work: drain every ring in order into its thread's tables (and paths)
     /// until told to stop and every ring is closed, asking each thread for superblocks as
     /// pairs of its events become hot.
-    fn drain_loop(&mut self, streams: &Receiver<Stream>, request: &StopRequest) {
+    fn drain_loop(&mut self, streams: &Receiver<Stream>, stop: &AtomicBool) {
         let mut idle_since: Option<Instant> = None;
         let mut nap = IDLE_NAP_US;
         let replays = std::env::var("HOTPATH_REPLAY")
@@ -294,8 +284,7 @@ impl Monitor {
         });
         let mut kept = Vec::new();
         loop {
-            let stopping = request.stop.load(Ordering::Acquire);
-            let unread = stopping && request.unread.load(Ordering::Relaxed);
+            let stopping = stop.load(Ordering::Acquire);
             while let Ok(s) = streams.try_recv() {
                 let fresh = self.template.clone();
                 self.add(s, fresh);
@@ -317,7 +306,7 @@ impl Monitor {
                     // as large as the program's code); the first one and the last ones are
                     // kept whole. Without paths, a folded thread's tables learn no id.
                     let fold = t.state.started != 0 && !self.live.is_empty() && !stopping;
-                    if (!fold || t.state.paths.is_some()) && !unread {
+                    if !fold || t.state.paths.is_some() {
                         self.finish_state(&mut t.state, contexts.as_ref());
                     }
                     if fold {
@@ -516,10 +505,10 @@ fn replay(
 fn discard_until_closed(
     rings: &mut Vec<RingConsumer>,
     streams: &Receiver<Stream>,
-    request: &StopRequest,
+    stop: &AtomicBool,
 ) {
     loop {
-        let stopping = request.stop.load(Ordering::Acquire);
+        let stopping = stop.load(Ordering::Acquire);
         while let Ok(s) = streams.try_recv() {
             rings.push(s.ring);
         }
@@ -553,23 +542,11 @@ impl MonitorHandle {
     /// The panic message, if the monitor failed (a bug in hotpath); the guest went on
     /// unaffected but its profile is lost.
     pub fn finish(self) -> Result<MonitorResult, String> {
-        self.stop.stop.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
         self.handle.thread().unpark();
         match self.handle.join() {
             Ok(result) => result,
             Err(_) => Err("the monitor thread ended abnormally".into()),
         }
-    }
-
-    /// As [`finish`](Self::finish), for a caller that will not read the profile (no report,
-    /// no summary): the threads still running are not completed (their tables learn no ids,
-    /// their paths stay open), which for a forked child means not learning every id its
-    /// parent translated (about 30 ns each).
-    ///
-    /// # Errors
-    /// As [`finish`](Self::finish).
-    pub fn finish_unread(self) -> Result<MonitorResult, String> {
-        self.stop.unread.store(true, Ordering::Relaxed);
-        self.finish()
     }
 }

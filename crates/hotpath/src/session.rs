@@ -141,23 +141,29 @@ impl Monitoring {
         }
     }
 
+    /// Leaves the monitor thread to the process's end, for an ending process whose profile
+    /// nobody reads: it only reads rings and counts (it writes nothing outside its own
+    /// memory, takes no lock the exit path takes, prints nothing), so `exit_group` may end
+    /// it wherever it is. Stopping it and waiting for it cost a short run 0.2 ms.
+    fn abandon(&mut self) {
+        self.streams = None;
+        if let Some(handle) = self.handle.take() {
+            std::mem::forget(handle);
+        }
+    }
+
     /// True if nothing of the profile is shown or written (`--quiet`, no report, no file).
     fn unread(&self, quiet: bool) -> bool {
         quiet && self.report.is_none() && !self.outputs.any_file()
     }
 
     /// Closes the ring (the other threads' are closed or stopped) and collects what the
-    /// monitor kept (not completed if `unread`: nobody will read it).
-    fn stop(&mut self, translator: &Translator, unread: bool) -> Option<MonitorResult> {
+    /// monitor kept.
+    fn stop(&mut self, translator: &Translator) -> Option<MonitorResult> {
         let handle = self.handle.take()?;
         self.streams = None;
         translator.ring_producer()?.close();
-        let result = if unread {
-            handle.finish_unread()
-        } else {
-            handle.finish()
-        };
-        match result {
+        match handle.finish() {
             Ok(result) => Some(result),
             Err(e) => {
                 eprintln!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile");
@@ -196,20 +202,25 @@ impl RunCtx {
                     translator.write_translation_cache();
                     self.write_perf_map(&translator);
                     let mut monitoring = self.monitoring();
-                    let unread = monitoring.unread(true);
-                    if let Some(result) = monitoring.stop(&translator, unread) {
+                    let unread = monitoring.handle.is_some() && monitoring.unread(true);
+                    if unread {
+                        // Nobody reads this image's profile: the monitor is left running, for
+                        // the new image to end (or for the guest to go on with, if the exec
+                        // fails).
+                        translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
+                        translator.exec();
+                        translator.exec_failed();
+                    } else if let Some(result) = monitoring.stop(&translator) {
                         let resume = first_thread_state(&result);
-                        if !unread {
-                            finish_report(
-                                &self.args,
-                                &self.program,
-                                &translator,
-                                &monitoring,
-                                result,
-                                Ending::Exec,
-                                true,
-                            );
-                        }
+                        finish_report(
+                            &self.args,
+                            &self.program,
+                            &translator,
+                            &monitoring,
+                            result,
+                            Ending::Exec,
+                            true,
+                        );
                         translator.set_exec_wrapper(exec_wrapper(&self.args, &monitoring));
                         translator.exec();
                         // The exec failed: the guest goes on, and so does its profile.
@@ -272,8 +283,9 @@ impl RunCtx {
             eprintln!("hotpath: {}: {e}", self.program.display());
         }
         let mut monitoring = self.monitoring();
-        let unread = monitoring.unread(self.args.quiet);
-        if let Some(result) = monitoring.stop(translator, unread).filter(|_| !unread) {
+        if monitoring.unread(self.args.quiet) {
+            monitoring.abandon();
+        } else if let Some(result) = monitoring.stop(translator) {
             finish_report(
                 &self.args,
                 &self.program,
