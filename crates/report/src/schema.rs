@@ -666,10 +666,14 @@ impl Report {
     /// # Errors
     /// [`ReportError::Io`] if the file cannot be written or renamed.
     pub fn write(&self, path: &Path) -> Result<(), ReportError> {
-        write_atomically(path, |w| {
-            serde_json::to_writer(&mut *w, self).map_err(std::io::Error::from)?;
-            w.write_all(b"\n")
-        })
+        // Serialised in memory first, then written at once: serde_json's many small writes
+        // through a `BufWriter` made writing a short run's 225 KB report slower.
+        let mut json = serde_json::to_vec(self).map_err(|e| ReportError::Io {
+            path: path.to_path_buf(),
+            source: e.into(),
+        })?;
+        json.push(b'\n');
+        write_atomically(path, |w| w.write_all(&json))
     }
 
     /// Sets the module list and names every block's module and offset from it.
