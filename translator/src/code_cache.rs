@@ -8,7 +8,9 @@
 //! thread (it is in Rust). Translated code only executes the RX view.
 
 use std::cell::UnsafeCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::ffi::c_void;
 
 use hotpath_ir::HostAddr;
@@ -51,7 +53,7 @@ impl BlockMap {
 /// with the same block ids, after applying the invalidations published since.
 pub(crate) struct CacheIndex {
     /// Guest block start → host entry.
-    pub(crate) blocks: HashMap<u64, HostAddr>,
+    pub(crate) blocks: FxHashMap<u64, HostAddr>,
     /// Guest block start → guest end, for invalidation.
     pub(crate) spans: BTreeMap<u64, u64>,
     /// Every exit stub's exit, by exit index.
@@ -61,10 +63,10 @@ pub(crate) struct CacheIndex {
     /// The first block id of the current generation: older ids were flushed.
     pub(crate) generation_first_id: u32,
     /// Guest addresses whose entry is a superblock (this generation).
-    pub(crate) superblock_heads: HashSet<u64>,
+    pub(crate) superblock_heads: FxHashSet<u64>,
     /// Single-instruction blocks for single-stepping (EFLAGS.TF): guest address → host entry
     /// (this generation).
-    pub(crate) step_blocks: HashMap<u64, HostAddr>,
+    pub(crate) step_blocks: FxHashMap<u64, HostAddr>,
     /// How many of the process's published invalidations these translations reflect.
     pub(crate) invalidations_seen: u64,
 }
@@ -73,13 +75,13 @@ impl CacheIndex {
     /// The index of an empty cache, made when `invalidations_seen` had been published.
     pub(crate) fn new(invalidations_seen: u64) -> CacheIndex {
         CacheIndex {
-            blocks: HashMap::new(),
+            blocks: FxHashMap::default(),
             spans: BTreeMap::new(),
             exits: Vec::new(),
             generation: 0,
             generation_first_id: 0,
-            superblock_heads: HashSet::new(),
-            step_blocks: HashMap::new(),
+            superblock_heads: FxHashSet::default(),
+            step_blocks: FxHashMap::default(),
             invalidations_seen,
         }
     }
