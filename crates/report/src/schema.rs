@@ -797,7 +797,16 @@ mod tests {
 
     #[test]
     fn addresses_are_written_as_display_writes_them_and_read_back() {
-        for a in [0, 1, 0xf, 0x10, 0x40_1000, 0x7fff_ffff_f000, 1 << 63, u64::MAX] {
+        for a in [
+            0,
+            1,
+            0xf,
+            0x10,
+            0x40_1000,
+            0x7fff_ffff_f000,
+            1 << 63,
+            u64::MAX,
+        ] {
             let json = serde_json::to_string(&Addr(a)).unwrap();
             assert_eq!(json, format!("\"{}\"", Addr(a)));
             assert_eq!(serde_json::from_str::<Addr>(&json).unwrap(), Addr(a));

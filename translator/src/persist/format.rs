@@ -316,15 +316,14 @@ pub(crate) mod tests {
         let file = ModuleRecords::parse(bytes.clone(), &key()).unwrap();
         assert_eq!(file.len(), 4);
         for r in &records {
-            assert_eq!(file.get(r.offset).and_then(|v| v.to_record()).as_ref(), Some(r));
+            assert_eq!(
+                file.get(r.offset).and_then(|v| v.to_record()).as_ref(),
+                Some(r)
+            );
         }
         assert!(file.get(0x11).is_none() && !file.contains(0x11));
         assert_eq!(file.all().collect::<Vec<_>>(), records);
-        let records_at = bytes.len()
-            - records
-                .iter()
-                .map(|r| r.encode().len())
-                .sum::<usize>();
+        let records_at = bytes.len() - records.iter().map(|r| r.encode().len()).sum::<usize>();
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x20;
@@ -334,9 +333,9 @@ pub(crate) mod tests {
                 // A record's bytes changed: that record alone is refused.
                 Some(f) => {
                     assert!(i >= records_at, "byte {i} of the header or index not seen");
-                    let whole = records
-                        .iter()
-                        .filter(|r| f.get(r.offset).and_then(|v| v.to_record()).as_ref() == Some(r));
+                    let whole = records.iter().filter(|r| {
+                        f.get(r.offset).and_then(|v| v.to_record()).as_ref() == Some(r)
+                    });
                     assert_eq!(whole.count(), 3, "byte {i} flipped");
                 }
             }

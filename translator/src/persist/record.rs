@@ -272,7 +272,9 @@ impl BlockRecord {
     /// The record's bytes in a store file (the layout [`RecordView`] reads).
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(
-            FIXED + self.guest.len() + self.code.len()
+            FIXED
+                + self.guest.len()
+                + self.code.len()
                 + RELOC * self.relocs.len()
                 + EXIT * self.exits.len()
                 + BODY * self.body.len()
@@ -660,33 +662,33 @@ impl<'a> RecordView<'a> {
             .exits()
             .map(|e| {
                 Some(Exit {
-                block: id,
-                kind: match e? {
-                    ExitRecord::Folded { site, stub, call } => ExitKind::Direct {
-                        target: folded.unwrap_or(GuestAddr(0)),
-                        from: start,
-                        site: HostAddr(host(site)),
-                        stub: HostAddr(host(stub)),
-                        call,
+                    block: id,
+                    kind: match e? {
+                        ExitRecord::Folded { site, stub, call } => ExitKind::Direct {
+                            target: folded.unwrap_or(GuestAddr(0)),
+                            from: start,
+                            site: HostAddr(host(site)),
+                            stub: HostAddr(host(stub)),
+                            call,
+                        },
+                        ExitRecord::Direct {
+                            target,
+                            site,
+                            stub,
+                            call,
+                        } => ExitKind::Direct {
+                            target: GuestAddr(guest(target)),
+                            from: start,
+                            site: HostAddr(host(site)),
+                            stub: HostAddr(host(stub)),
+                            call,
+                        },
+                        ExitRecord::Syscall { at, next } => ExitKind::Syscall {
+                            at: GuestAddr(guest(at)),
+                            next: GuestAddr(guest(next)),
+                        },
                     },
-                    ExitRecord::Direct {
-                        target,
-                        site,
-                        stub,
-                        call,
-                    } => ExitKind::Direct {
-                        target: GuestAddr(guest(target)),
-                        from: start,
-                        site: HostAddr(host(site)),
-                        stub: HostAddr(host(stub)),
-                        call,
-                    },
-                    ExitRecord::Syscall { at, next } => ExitKind::Syscall {
-                        at: GuestAddr(guest(at)),
-                        next: GuestAddr(guest(next)),
-                    },
-                },
-            })
+                })
             })
             .collect::<Option<Vec<Exit>>>()?;
         let layout = HostLayout {
@@ -740,7 +742,8 @@ impl<'a> RecordView<'a> {
                 terminator,
             },
         })
-    }}
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -977,7 +980,10 @@ mod tests {
                         delta: -7,
                         end: 5,
                     },
-                    RelocRecord::GuestAbs64 { at: 8, delta: 1 << 50 },
+                    RelocRecord::GuestAbs64 {
+                        at: 8,
+                        delta: 1 << 50,
+                    },
                     RelocRecord::GuestLow32 { at: 9, delta: 10 },
                     RelocRecord::GuestSigned32 { at: 11, delta: -12 },
                 ],
@@ -1003,7 +1009,10 @@ mod tests {
                 slot: (i % 3 == 0).then_some(-64),
             };
             let bytes = r.encode();
-            assert_eq!(RecordView::parse(&bytes).and_then(|v| v.to_record()), Some(r));
+            assert_eq!(
+                RecordView::parse(&bytes).and_then(|v| v.to_record()),
+                Some(r)
+            );
             assert!(RecordView::parse(&bytes[..bytes.len() - 1]).is_none());
             let mut longer = bytes.clone();
             longer.push(0);

@@ -489,8 +489,14 @@ mod tests {
         in_file(42);
         let store = Store::new(&dir, emit.clone());
         let records = store.records(&file).unwrap();
-        assert_eq!(records.get(0x10).and_then(|v| v.to_record()), Some(record(0x10)));
-        assert_eq!(records.get(0x1010).and_then(|v| v.to_record()), Some(record(0x1010)));
+        assert_eq!(
+            records.get(0x10).and_then(|v| v.to_record()),
+            Some(record(0x10))
+        );
+        assert_eq!(
+            records.get(0x1010).and_then(|v| v.to_record()),
+            Some(record(0x1010))
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 
