@@ -362,19 +362,6 @@ impl BlockRecord {
         }
         w
     }
-
-    /// The block placed as [`RecordView::place`] places it (the record through its bytes).
-    pub fn place(
-        &self,
-        start: GuestAddr,
-        at: HostAddr,
-        id: BlockId,
-        first_exit: u32,
-        gateway: &Gateway,
-        folded: Option<GuestAddr>,
-    ) -> Option<Placed> {
-        RecordView::parse(&self.encode())?.place(start, at, id, first_exit, gateway, folded)
-    }
 }
 
 /// Bytes of a record's fixed part (see [`RecordView`]).
@@ -822,6 +809,9 @@ mod tests {
             let e1 =
                 emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
             if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64, None) {
+                // Placed through its bytes, as a store file gives it.
+                let bytes = r.encode();
+                let r = RecordView::parse(&bytes).expect("a record reads back");
                 let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
                 let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
                 let e2 =
@@ -858,8 +848,10 @@ mod tests {
                 let d1 = crate::decode::with_direct_target(&b1, t1);
                 let e1 =
                     emit_block(&d1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
-                let r = BlockRecord::capture(&e1, &b1, at as u64, Some((slot, t1)))
-                    .expect("a folded block is persisted");
+                let bytes = BlockRecord::capture(&e1, &b1, at as u64, Some((slot, t1)))
+                    .expect("a folded block is persisted")
+                    .encode();
+                let r = RecordView::parse(&bytes).expect("a record reads back");
                 let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
                 let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
                 let d2 = crate::decode::with_direct_target(&b2, t2);
@@ -919,7 +911,8 @@ mod tests {
             tail_call: false,
         };
         let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
-        let r = BlockRecord::capture(&e, &b, 0, None).unwrap();
+        let bytes = BlockRecord::capture(&e, &b, 0, None).unwrap().encode();
+        let r = RecordView::parse(&bytes).unwrap();
         assert!(r
             .place(
                 GuestAddr(0x40_0000),
