@@ -28,6 +28,8 @@ pub use paths::{
     CfgEdge, FunctionSymbol, NumberedEnd, NumberedPath, NumberedStart, Numbering, PathConfig,
     PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP, PAP_LISTED, PAP_MAX_PATHS, PAP_PATHS_TOP,
 };
-pub use profile::{add_code, report_of, thread_report, RunInfo, Symbolizer, THREAD_HOTTEST};
+pub use profile::{
+    add_code, report_of, thread_report, thread_row_of, RunInfo, Symbolizer, THREAD_HOTTEST,
+};
 pub use tables::{SyscallCount, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Stream, ThreadState};

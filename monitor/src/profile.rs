@@ -111,6 +111,29 @@ pub fn thread_report_with(
     }
 }
 
+/// The row of a process's only thread, read off the process's `report` (what
+/// [`thread_report`] gives for the same tables, without counting the blocks again): its
+/// `events`, the report's totals and its hottest blocks.
+pub fn thread_row_of(
+    tid: u32,
+    report: &Report,
+    events: u64,
+    ring_waits: u64,
+    ring_wait_ns: u64,
+) -> Thread {
+    let mut hottest = most_frequent_first(report.blocks.iter().map(|b| (b.addr, b.count)));
+    hottest.truncate(THREAD_HOTTEST);
+    Thread {
+        tid,
+        events,
+        blocks_executed: report.totals.blocks_executed,
+        guest_instructions: report.totals.guest_instructions,
+        ring_waits,
+        ring_wait_ns,
+        hottest,
+    }
+}
+
 /// The report of `tables` (every thread's counts over one id space) for `run`: blocks, edges,
 /// indirect sites, system calls and superblocks aggregated by guest address, blocks named
 /// with `symbolize`. Threads, modules and path profiles are left empty for the caller.

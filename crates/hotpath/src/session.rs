@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::{
-    add_code, report_of, thread_report, FunctionSymbol, MonitorHandle, MonitorResult, MonitorState,
-    PathConfig, PathRecorder, RunInfo, Stream, Tables,
+    add_code, report_of, thread_report, thread_row_of, FunctionSymbol, MonitorHandle,
+    MonitorResult, MonitorState, PathConfig, PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
@@ -726,22 +726,42 @@ fn finish_report(
 ) {
     let modules = ModuleMap::read(&translator.modules());
     let symbolize = |addr: u64| modules.symbolize(addr);
-    // The process's tables: every thread's counts over one id space, the threads the
-    // monitor folded as they ended included.
-    let mut tables = Tables::default();
-    tables.learn_from(&result.catalog);
     let ended = result.ended;
-    tables.merge(&ended.tables);
     let mut threads = ended.threads;
     let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, ended.busy_ns);
     for (_, t) in &threads {
         waits += t.ring_waits;
         wait_ns += t.ring_wait_ns;
     }
+    // The process's tables: every thread's counts over one id space, the threads the
+    // monitor folded as they ended included. A process that ran one thread has that
+    // thread's (which learned every id when the monitor finished it), and its thread row is
+    // read off the report instead of counted again (a fifth of a short run's report).
     // Path profiles are per thread (each has its shadow stack); the report shows the one of
     // the thread that ran the most events.
     let mut paths: Option<(u64, PathRecorder)> = ended.paths;
-    for t in result.threads {
+    let mut result_threads = result.threads;
+    let mut only_row = None;
+    let mut tables = if threads.is_empty() && result_threads.len() == 1 {
+        let t = result_threads.remove(0);
+        let events = t.state.tables.events;
+        waits += t.waits.waits;
+        wait_ns += t.waits.wait_ns;
+        busy_ns += t.state.busy_ns;
+        only_row = Some((t.tid, events, t.waits.waits, t.waits.wait_ns));
+        if let Some(rec) = t.state.paths {
+            if paths.as_ref().is_none_or(|(n, _)| events > *n) {
+                paths = Some((events, rec));
+            }
+        }
+        t.state.tables
+    } else {
+        let mut tables = Tables::default();
+        tables.learn_from(&result.catalog);
+        tables.merge(&ended.tables);
+        tables
+    };
+    for t in result_threads {
         tables.merge(&t.state.tables);
         waits += t.waits.waits;
         wait_ns += t.waits.wait_ns;
@@ -777,7 +797,10 @@ fn finish_report(
         translation_ns: stats.translation_ns(),
     };
     let mut report = report_of(&tables, &symbolize, run);
-    report.threads = threads;
+    report.threads = match only_row {
+        Some((tid, events, w, w_ns)) => vec![thread_row_of(tid, &report, events, w, w_ns)],
+        None => threads,
+    };
     report.totals.ring_waits = waits;
     report.totals.ring_wait_ns = wait_ns;
     report.totals.monitor_busy_ns = busy_ns;
