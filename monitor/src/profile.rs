@@ -141,7 +141,10 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
     let counts = tables.block_counts();
     let blocks = &tables.blocks;
 
-    let mut by_addr: BTreeMap<u64, Block> = BTreeMap::new();
+    // Ids counted, by guest address and then id: the blocks of one address (translated again
+    // after its code changed) are summed under the first one's metadata. Sorted, not put in
+    // a B-tree: a short run's report has a thousand blocks and edges, each a B-tree insert.
+    let mut counted: Vec<(u64, usize)> = Vec::new();
     let mut totals = Totals {
         blocks_translated: run.blocks_translated,
         blocks_loaded: run.blocks_loaded,
@@ -154,25 +157,34 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
         let c = counts[id];
         totals.blocks_executed += c;
         totals.guest_instructions += c * b.instructions as u64;
-        if c == 0 {
-            continue;
+        if c != 0 {
+            counted.push((b.start.0, id));
         }
-        let e = by_addr.entry(b.start.0).or_insert_with(|| Block {
-            addr: Addr(b.start.0),
-            count: 0,
-            instructions: b.instructions,
-            bytes: b.len_bytes,
-            terminator: terminator(b.kind()),
-            symbol: name(symbolize, b.start.0),
-            module: None,
-            offset: None,
-            code: None,
-        });
-        e.count += c;
     }
-    totals.distinct_blocks = by_addr.len() as u64;
+    counted.sort_unstable();
+    let mut report_blocks: Vec<Block> = Vec::new();
+    for &(addr, id) in &counted {
+        match report_blocks.last_mut() {
+            Some(last) if last.addr.0 == addr => last.count += counts[id],
+            _ => {
+                let b = &blocks[id];
+                report_blocks.push(Block {
+                    addr: Addr(addr),
+                    count: counts[id],
+                    instructions: b.instructions,
+                    bytes: b.len_bytes,
+                    terminator: terminator(b.kind()),
+                    symbol: name(symbolize, addr),
+                    module: None,
+                    offset: None,
+                    code: None,
+                });
+            }
+        }
+    }
+    totals.distinct_blocks = report_blocks.len() as u64;
 
-    let mut edges: BTreeMap<(u64, u64, EdgeKind), u64> = BTreeMap::new();
+    let mut edge_counts: Vec<((u64, u64, EdgeKind), u64)> = Vec::new();
     let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();
     for (from, to, c) in tables.edges() {
         let (Some(f), Some(t)) = (blocks.get(from as usize), blocks.get(to as usize)) else {
@@ -194,17 +206,21 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
             }
             _ => EdgeKind::Other,
         };
-        *edges.entry((f.start.0, t.start.0, kind)).or_insert(0) += c;
+        edge_counts.push(((f.start.0, t.start.0, kind), c));
     }
-    let edges = edges
-        .into_iter()
-        .map(|((from, to, kind), count)| Edge {
-            from: Addr(from),
-            to: Addr(to),
-            kind,
-            count,
-        })
-        .collect();
+    edge_counts.sort_unstable_by_key(|&(key, _)| key);
+    let mut edges: Vec<Edge> = Vec::with_capacity(edge_counts.len());
+    for ((from, to, kind), count) in edge_counts {
+        match edges.last_mut() {
+            Some(e) if (e.from.0, e.to.0, e.kind) == (from, to, kind) => e.count += count,
+            _ => edges.push(Edge {
+                from: Addr(from),
+                to: Addr(to),
+                kind,
+                count,
+            }),
+        }
+    }
     let indirect_jumps = indirect
         .into_iter()
         .map(|(site, (kind, targets))| {
@@ -272,7 +288,7 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
         ending: run.ending,
         totals,
         threads: Vec::new(),
-        blocks: by_addr.into_values().collect(),
+        blocks: report_blocks,
         modules: Vec::new(),
         edges,
         indirect_jumps,
