@@ -743,12 +743,30 @@ pub fn write_atomically(
         let mut f = std::io::BufWriter::with_capacity(WRITE_BUFFER, std::fs::File::create(&tmp)?);
         write(&mut f)?;
         f.into_inner().map_err(|e| e.into_error())?;
-        std::fs::rename(&tmp, &target)
+        replace(&tmp, &target)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result.map_err(io)
+}
+
+/// Puts the complete file `tmp` in `target`'s place, atomically: readers see the old file
+/// or the new one, never neither. Over an existing regular file the two are exchanged
+/// (`RENAME_EXCHANGE`) and the old one, now at `tmp`, removed: renaming over an existing file
+/// makes ext4 allocate and start writing the new one at once (`auto_da_alloc`), 0.25 ms of a
+/// short run whose report replaces the last one's (the same command run again).
+fn replace(tmp: &Path, target: &Path) -> std::io::Result<()> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    let is_file = std::fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_file());
+    if is_file && renameat_with(CWD, tmp, CWD, target, RenameFlags::EXCHANGE).is_ok() {
+        if std::fs::remove_file(tmp).is_ok() {
+            return Ok(());
+        }
+        // `target` became something else meanwhile (a directory): put it back.
+        renameat_with(CWD, tmp, CWD, target, RenameFlags::EXCHANGE)?;
+    }
+    std::fs::rename(tmp, target)
 }
 
 /// Symbolic links followed by [`follow_symlinks`] before it gives up (the kernel's limit).
@@ -794,6 +812,28 @@ mod tests {
 
     fn read(v: &serde_json::Value) -> Result<Report, ReportError> {
         Report::from_json(v.to_string().as_bytes(), Path::new("r.json"))
+    }
+
+    #[test]
+    fn a_file_is_replaced_whole_and_a_directory_is_not() {
+        let dir = std::env::temp_dir().join(format!("hotpath-replace-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (target, other) = (dir.join("r.json"), dir.join("d"));
+        for text in ["first", "second, longer"] {
+            write_atomically(&target, |w| w.write_all(text.as_bytes())).unwrap();
+            assert_eq!(std::fs::read_to_string(&target).unwrap(), text);
+        }
+        std::fs::create_dir(&other).unwrap();
+        assert!(write_atomically(&other, |w| w.write_all(b"x")).is_err());
+        assert!(other.is_dir(), "a directory in the way stays where it was");
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["d", "r.json"], "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
