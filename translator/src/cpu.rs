@@ -41,7 +41,7 @@ fn rdtsc() -> u64 {
 
 /// The time-stamp counter now, in ticks: a clock for hotpath's own work that is read around
 /// each block translated, where `clock_gettime` (20–70 ns through the vDSO on the VMs
-/// measured) cost a warm `python3 -c pass` 3 % of its run. [`tsc_ns`] turns ticks into
+/// measured) cost a warm `python3 -c pass` 5 % of its run. [`tsc_ns`] turns ticks into
 /// nanoseconds.
 pub fn tsc() -> u64 {
     TSC_EPOCH.get_or_init(|| (Instant::now(), rdtsc()));

@@ -423,9 +423,12 @@ impl<'a> Reader<'a> {
 /// body         12 bytes each: host offset u32, guest delta i64
 /// far borrows   5 bytes each: host offset u32, register u8
 /// ```
+///
+/// Its fields are [`BlockRecord`]'s of the same names; the variable parts are byte slices.
 pub struct RecordView<'a> {
-    /// As [`BlockRecord`]'s fields of the same names.
+    /// Guest offset of the block's start from its module's start (bytes).
     pub offset: u64,
+    /// Guest instructions per run of the block.
     pub instructions: u32,
     term_at: i64,
     term: TermRecord,
@@ -433,8 +436,11 @@ pub struct RecordView<'a> {
     term_start: u32,
     term_guest: i64,
     rcx_borrowed_from: Option<u32>,
+    /// The constant slot's guest delta, for a block translated through one.
     pub slot: Option<i64>,
+    /// The guest bytes the block covers.
     pub guest: &'a [u8],
+    /// The host code as emitted.
     pub code: &'a [u8],
     relocs: &'a [u8],
     exits: &'a [u8],
