@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use hotpath_events::{BlockCatalog, IdKind};
 use hotpath_ir::{syscall_name, Terminator, TerminatorKind};
 use hotpath_report::{
-    most_frequent_first, Addr, Block, Count, Edge, EdgeKind, Ending, IndirectSite, Report,
-    SideExit, Superblock, Syscall, Thread, Totals, SCHEMA,
+    most_frequent, most_frequent_first, Addr, Block, Count, Edge, EdgeKind, Ending, IndirectSite,
+    Report, SideExit, Superblock, Syscall, Thread, Totals, SCHEMA,
 };
 
 use crate::Tables;
@@ -60,22 +60,6 @@ fn sorted_desc(m: HashMap<u64, u64>) -> Vec<Count> {
     most_frequent_first(m.into_iter().map(|(a, c)| (Addr(a), c)))
 }
 
-/// The [`THREAD_HOTTEST`] most frequent of `pairs`, as [`most_frequent_first`] orders them
-/// (without sorting the rest: a thread of `python3 -c pass` ran 38,000 blocks).
-fn hottest(pairs: impl IntoIterator<Item = (Addr, u64)>) -> Vec<Count> {
-    let mut v: Vec<Count> = pairs
-        .into_iter()
-        .map(|(addr, count)| Count { addr, count })
-        .collect();
-    let order = |a: &Count, b: &Count| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr));
-    if v.len() > THREAD_HOTTEST {
-        v.select_nth_unstable_by(THREAD_HOTTEST, order);
-        v.truncate(THREAD_HOTTEST);
-    }
-    v.sort_by(order);
-    v
-}
-
 /// `symbol` or `symbol+0xOFF` of `addr`, when `symbolize` knows it.
 fn name(symbolize: Symbolizer, addr: u64) -> Option<String> {
     symbolize(addr).map(
@@ -114,7 +98,10 @@ pub fn thread_report_with(
         guest_instructions += c * b.instructions as u64;
         *by_addr.entry(b.start.0).or_insert(0) += c;
     }
-    let hottest = hottest(by_addr.into_iter().map(|(a, c)| (Addr(a), c)));
+    let hottest = most_frequent(
+        by_addr.into_iter().map(|(a, c)| (Addr(a), c)),
+        THREAD_HOTTEST,
+    );
     Thread {
         tid,
         events: tables.events,
@@ -136,7 +123,10 @@ pub fn thread_row_of(
     ring_waits: u64,
     ring_wait_ns: u64,
 ) -> Thread {
-    let hottest = hottest(report.blocks.iter().map(|b| (b.addr, b.count)));
+    let hottest = most_frequent(
+        report.blocks.iter().map(|b| (b.addr, b.count)),
+        THREAD_HOTTEST,
+    );
     Thread {
         tid,
         events,
@@ -326,30 +316,6 @@ pub fn add_code(report: &mut Report, catalog: &BlockCatalog) {
     for b in &mut report.blocks {
         if let Some(bytes) = code.get(&b.addr.0).filter(|c| c.len() == b.bytes as usize) {
             b.code = Some(hotpath_report::HexBytes(bytes.to_vec()));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The hottest blocks of a thread row are the head of the whole list in
-        /// `most_frequent_first`'s order, ties in count included.
-        #[test]
-        fn the_hottest_are_the_head_of_the_whole_order(
-            counts in proptest::collection::vec(0u64..6, 0..80)
-        ) {
-            let pairs: Vec<(Addr, u64)> = counts
-                .iter()
-                .enumerate()
-                .map(|(i, &c)| (Addr(0x1000 + 16 * i as u64), c))
-                .collect();
-            let mut want = most_frequent_first(pairs.clone());
-            want.truncate(THREAD_HOTTEST);
-            prop_assert_eq!(hottest(pairs), want);
         }
     }
 }

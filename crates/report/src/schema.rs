@@ -364,11 +364,22 @@ impl IndirectSite {
 
 /// `(address, count)` pairs as [`Count`]s, most frequent first, equal counts by address.
 pub fn most_frequent_first(pairs: impl IntoIterator<Item = (Addr, u64)>) -> Vec<Count> {
+    most_frequent(pairs, usize::MAX)
+}
+
+/// The `n` most frequent of `pairs`, in [`most_frequent_first`]'s order, without sorting the
+/// rest (a thread row's twenty of a run's 38,000 blocks).
+pub fn most_frequent(pairs: impl IntoIterator<Item = (Addr, u64)>, n: usize) -> Vec<Count> {
     let mut v: Vec<Count> = pairs
         .into_iter()
         .map(|(addr, count)| Count { addr, count })
         .collect();
-    v.sort_by(|a, b| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr)));
+    let order = |a: &Count, b: &Count| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr));
+    if v.len() > n {
+        v.select_nth_unstable_by(n, order);
+        v.truncate(n);
+    }
+    v.sort_by(order);
     v
 }
 
@@ -812,6 +823,24 @@ mod tests {
 
     fn read(v: &serde_json::Value) -> Result<Report, ReportError> {
         Report::from_json(v.to_string().as_bytes(), Path::new("r.json"))
+    }
+
+    proptest::proptest! {
+        /// The `n` most frequent are the head of the whole order, ties in count included.
+        #[test]
+        fn the_most_frequent_are_the_head_of_the_whole_order(
+            counts in proptest::collection::vec(0u64..6, 0..80),
+            n in 0usize..30,
+        ) {
+            let pairs: Vec<(Addr, u64)> = counts
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| (Addr(0x1000 + 16 * i as u64), c))
+                .collect();
+            let mut want = most_frequent_first(pairs.clone());
+            want.truncate(n);
+            proptest::prop_assert_eq!(most_frequent(pairs, n), want);
+        }
     }
 
     #[test]
