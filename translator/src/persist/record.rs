@@ -560,22 +560,17 @@ impl<'a> RecordView<'a> {
 
     /// `(host offset, guest delta)` of each body instruction.
     fn body(&self) -> impl Iterator<Item = (u32, i64)> + 'a {
-        self.body.chunks_exact(BODY).map(|c| {
-            let (h, g) = c.split_at(4);
-            (
-                u32::from_le_bytes(h.try_into().unwrap_or_default()),
-                i64::from_le_bytes(g.try_into().unwrap_or_default()),
-            )
+        self.body.chunks_exact(BODY).filter_map(|c| {
+            let mut r = Reader { bytes: c };
+            Some((r.u32()?, r.i64()?))
         })
     }
 
     /// `(host offset, register number)` of each instruction run with a borrowed register.
     fn far_borrows(&self) -> impl Iterator<Item = (u32, u8)> + 'a {
-        self.far_borrows.chunks_exact(FAR).map(|c| {
-            (
-                u32::from_le_bytes(c[..4].try_into().unwrap_or_default()),
-                c[4],
-            )
+        self.far_borrows.chunks_exact(FAR).filter_map(|c| {
+            let mut r = Reader { bytes: c };
+            Some((r.u32()?, r.u8()?))
         })
     }
 
