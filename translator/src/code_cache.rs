@@ -1,14 +1,16 @@
-//! The code cache: one shared anonymous mapping seen twice, executable near the guest and
-//! writable elsewhere, so no page is ever writable and executable through the same mapping
-//! (W^X). Shared anonymous memory (not a memfd) so that host profilers treat the executable
-//! view as JIT code and name it from `/tmp/perf-PID.map` (`--perf-map`): perf takes a
-//! mapping of `/dev/zero` for anonymous memory, and a `memfd:` one for a file it cannot read.
+//! The code cache: regions, each one shared anonymous mapping seen twice, executable beside
+//! the guest code it holds and writable elsewhere, so no page is ever writable and executable
+//! through the same mapping (W^X). Shared anonymous memory (not a memfd) so that host
+//! profilers treat the executable view as JIT code and name it from `/tmp/perf-PID.map`
+//! (`--perf-map`): perf takes a mapping of `/dev/zero` for anonymous memory, and a `memfd:`
+//! one for a file it cannot read.
 //!
 //! Who writes: only the guest thread's dispatcher, while no code of the cache runs on that
 //! thread (it is in Rust). Translated code only executes the RX view.
 
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::ffi::c_void;
@@ -87,11 +89,71 @@ impl CacheIndex {
     }
 }
 
-/// Size of the code cache in bytes (64 MiB). When it fills, the whole cache is flushed.
+/// Size of each of a code cache's regions in bytes (64 MiB). When one fills, the whole cache
+/// is flushed.
 pub const CODE_CACHE_SIZE: u64 = 64 << 20;
 
-/// The code cache's two views and its allocation cursor.
-pub struct CodeCache {
+/// Most regions one code cache has: its home region and those beside far guest code.
+pub const MAX_REGIONS: usize = 16;
+
+/// Guest bytes on each side of a block's address that its region must reach with a 32-bit
+/// displacement (256 MiB): a module's code and the data its RIP-relative operands address.
+const GUEST_WINDOW: u64 = 256 << 20;
+
+/// Largest distance a `rel32` or a RIP-relative displacement spans, less a margin for the
+/// instruction's own length.
+const REL32_REACH: u64 = (1 << 31) - 64;
+
+/// The executable range and writable-view offset of each region of one code cache, for the
+/// thread's signal handler and for threads that unlink its links (`kick`): is a PC translated
+/// code, where is the writable byte of a link site.
+///
+/// Who writes: the owning dispatcher, appending a region (its fields first, then the count
+/// with a release store). Entries never change after they are published; a cache that moves
+/// gets a new table.
+pub struct RegionTable {
+    len: AtomicUsize,
+    entries: [RegionEntry; MAX_REGIONS],
+}
+
+#[derive(Default)]
+struct RegionEntry {
+    start: AtomicU64,
+    end: AtomicU64,
+    rw_delta: AtomicU64,
+}
+
+impl RegionTable {
+    /// The region holding host address `addr`: its executable range `[start, end)` and the
+    /// bytes to add to an executable-view address to reach the writable view.
+    pub fn find(&self, addr: u64) -> Option<(u64, u64, u64)> {
+        let len = self.len.load(Ordering::Acquire);
+        self.entries[..len].iter().find_map(|e| {
+            let (start, end) = (
+                e.start.load(Ordering::Relaxed),
+                e.end.load(Ordering::Relaxed),
+            );
+            (addr >= start && addr < end).then(|| (start, end, e.rw_delta.load(Ordering::Relaxed)))
+        })
+    }
+
+    /// True if `addr` is translated code's (inside a region's executable view).
+    pub fn contains(&self, addr: u64) -> bool {
+        self.find(addr).is_some()
+    }
+
+    fn push(&self, start: u64, end: u64, rw_delta: u64) {
+        let len = self.len.load(Ordering::Relaxed);
+        let e = &self.entries[len];
+        e.start.store(start, Ordering::Relaxed);
+        e.end.store(end, Ordering::Relaxed);
+        e.rw_delta.store(rw_delta, Ordering::Relaxed);
+        self.len.store(len + 1, Ordering::Release);
+    }
+}
+
+/// One region of a code cache: a shared anonymous mapping seen twice, and its cursor.
+struct Region {
     /// Base of the executable view (the addresses code is assembled for).
     rx_base: u64,
     /// Base of the writable view of the same pages.
@@ -100,40 +162,86 @@ pub struct CodeCache {
     size: u64,
     /// Offset of the next free byte.
     cursor: u64,
-    /// Offset below which code survives a flush (the gateway routines).
+    /// Offset below which code survives a flush (the gateway, or the region's veneers to it).
     floor: u64,
+    /// The gateway's routines as code in this region reaches them (set when the gateway is
+    /// known).
+    routines: GatewayJumps,
+}
+
+/// The gateway routines translated code jumps to with a `rel32` (host addresses): its exit
+/// and its indirect branch lookup's miss routine. In the home region they are the routines
+/// themselves; elsewhere, veneers to them at the region's start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GatewayJumps {
+    /// The exit routine.
+    pub exit: HostAddr,
+    /// The lookup's miss routine.
+    pub ibl_miss: HostAddr,
+}
+
+impl Region {
+    fn contains(&self, addr: u64) -> bool {
+        addr >= self.rx_base && addr < self.rx_base + self.size
+    }
+
+    /// True if every byte of the region is within a `rel32`'s reach of every byte of
+    /// `[lo, hi)`.
+    fn reaches(&self, lo: u64, hi: u64) -> bool {
+        let end = self.rx_base + self.size;
+        hi.max(end) - lo.min(self.rx_base) < REL32_REACH
+    }
+}
+
+/// A thread's code cache: its *home* region, where the gateway is (within reach of the
+/// program's image for the first thread), and regions made beside guest code that lies out of
+/// the home region's reach (libraries, the interpreter, the vDSO: terabytes away), so that
+/// their RIP-relative operands stay RIP-relative and their blocks' `rel32`s reach the gateway
+/// (through two veneers at each region's start). A direct branch between regions is linked
+/// through a veneer in the branch's region (`jmp [rip+literal]`).
+///
+/// Code is inserted into the *current* region ([`select`](Self::select)), which the
+/// dispatcher picks for each translation ([`region_for`](Self::region_for)).
+pub struct CodeCache {
+    regions: Vec<Region>,
+    /// Index of the region inserts go to.
+    current: usize,
+    /// The veneers made for links between regions: `(region, target)` → veneer.
+    veneers: FxHashMap<(usize, u64), HostAddr>,
     /// The layouts of the blocks in the cache (shared with the thread's signal handler, hence
     /// leaked: a cache lives as long as the process).
     blocks: &'static BlockMap,
+    /// The regions as the signal handler sees them (leaked for the same reason).
+    table: &'static RegionTable,
 }
 
 impl CodeCache {
-    /// Maps a cache of `size` bytes whose executable view replaces the reserved (PROT_NONE)
-    /// range at `rx_addr`.
+    /// Maps a cache whose home region of `size` bytes has its executable view replace the
+    /// reserved (PROT_NONE) range at `rx_addr`.
     ///
     /// # Errors
     /// [`TranslateError::CodeCache`] if a mapping cannot be made.
     pub fn create(rx_addr: u64, size: u64) -> Result<CodeCache, TranslateError> {
-        let rw = shared_anonymous(size)?;
-        if let Err(e) = alias(rw, size, rx_addr, libc::PROT_READ | libc::PROT_EXEC) {
-            // SAFETY: the mapping just made, which nothing uses.
-            unsafe { libc::munmap(rw as *mut c_void, size as usize) };
-            return Err(e);
-        }
-        Ok(CodeCache {
+        let table: &'static RegionTable = Box::leak(Box::new(RegionTable {
+            len: AtomicUsize::new(0),
+            entries: Default::default(),
+        }));
+        let mut cache = CodeCache {
+            regions: Vec::new(),
+            current: 0,
+            veneers: FxHashMap::default(),
             blocks: Box::leak(Box::new(BlockMap {
                 map: UnsafeCell::new(BTreeMap::new()),
             })),
-            rx_base: rx_addr,
-            rw_base: rw as *mut u8,
-            size,
-            cursor: 0,
-            floor: 0,
-        })
+            table,
+        };
+        cache.map_region(rx_addr, size)?;
+        Ok(cache)
     }
 
-    /// Maps a cache of `size` bytes wherever the kernel finds room (a thread's cache; its
-    /// code reaches far guest operands as `emit` rewrites them).
+    /// Maps a cache whose home region of `size` bytes is wherever the kernel finds room (a
+    /// thread's cache; its code reaches far guest operands as `emit` rewrites them, or
+    /// through regions made beside them).
     ///
     /// # Errors
     /// [`TranslateError::CodeCache`] if the reservation or the cache cannot be mapped.
@@ -157,18 +265,112 @@ impl CodeCache {
         CodeCache::create(at as u64, size)
     }
 
-    /// Host address where the next inserted code will start.
+    /// Maps a region's two views, the executable one over the reservation at `rx_addr`, and
+    /// publishes it to the handler. Returns its index.
+    fn map_region(&mut self, rx_addr: u64, size: u64) -> Result<usize, TranslateError> {
+        let rw = shared_anonymous(size)?;
+        if let Err(e) = alias(rw, size, rx_addr, libc::PROT_READ | libc::PROT_EXEC) {
+            // SAFETY: the mapping just made, which nothing uses.
+            unsafe { libc::munmap(rw as *mut c_void, size as usize) };
+            return Err(e);
+        }
+        self.regions.push(Region {
+            rx_base: rx_addr,
+            rw_base: rw as *mut u8,
+            size,
+            cursor: 0,
+            floor: 0,
+            routines: GatewayJumps::default(),
+        });
+        self.table
+            .push(rx_addr, rx_addr + size, rw.wrapping_sub(rx_addr));
+        Ok(self.regions.len() - 1)
+    }
+
+    /// Records where the gateway's routines are (emitted at the start of the home region):
+    /// code in the home region reaches them directly.
+    pub fn set_gateway(&mut self, routines: GatewayJumps) {
+        self.regions[0].routines = routines;
+    }
+
+    /// The gateway's routines as code in the current region reaches them.
+    pub fn gateway_jumps(&self) -> GatewayJumps {
+        self.regions[self.current].routines
+    }
+
+    /// A region whose code reaches guest code at `pc` and the data around it
+    /// (`GUEST_WINDOW`) with 32-bit displacements: the current one if it does, else another
+    /// made before, else a new one reserved beside `pc` with veneers to the gateway's routines.
+    /// The home region when none reaches and no new one can be made (no room in the address
+    /// space there, or [`MAX_REGIONS`] made): far operands are rewritten there, as before.
+    pub fn region_for(&mut self, pc: u64) -> usize {
+        let (lo, hi) = (
+            pc.saturating_sub(GUEST_WINDOW),
+            pc.saturating_add(GUEST_WINDOW),
+        );
+        if self.regions[self.current].reaches(lo, hi) {
+            return self.current;
+        }
+        if let Some(i) = self.regions.iter().position(|r| r.reaches(lo, hi)) {
+            return i;
+        }
+        if self.regions.len() >= MAX_REGIONS {
+            return 0;
+        }
+        let Some(at) = hotpath_loader::reserve_within_reach(lo, hi, CODE_CACHE_SIZE) else {
+            return 0;
+        };
+        let Ok(i) = self.map_region(at, CODE_CACHE_SIZE) else {
+            // SAFETY: the reservation just made, which nothing uses.
+            unsafe { libc::munmap(at as *mut c_void, CODE_CACHE_SIZE as usize) };
+            return 0;
+        };
+        let home = self.regions[0].routines;
+        let routines = GatewayJumps {
+            exit: self.emit_veneer(i, home.exit),
+            ibl_miss: self.emit_veneer(i, home.ibl_miss),
+        };
+        let r = &mut self.regions[i];
+        r.routines = routines;
+        r.floor = r.cursor;
+        i
+    }
+
+    /// Makes region `r` the one inserts go to.
+    pub fn select(&mut self, r: usize) {
+        self.current = r;
+    }
+
+    /// Makes the home region the one inserts go to.
+    pub fn select_home(&mut self) {
+        self.current = 0;
+    }
+
+    /// Writes `jmp qword [rip+0]; dq target` (16 bytes with padding) at region `r`'s cursor.
+    fn emit_veneer(&mut self, r: usize, target: HostAddr) -> HostAddr {
+        let mut code = [0xccu8; VENEER_SIZE];
+        code[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+        code[6..14].copy_from_slice(&target.0.to_le_bytes());
+        let saved = std::mem::replace(&mut self.current, r);
+        let at = self.insert(&code);
+        self.current = saved;
+        at
+    }
+
+    /// Host address where the next inserted code will start (in the current region).
     pub fn next_addr(&self) -> HostAddr {
-        HostAddr(self.rx_base + self.cursor)
+        let r = &self.regions[self.current];
+        HostAddr(r.rx_base + r.cursor)
     }
 
-    /// Free bytes left.
+    /// Free bytes left in the current region.
     pub fn room(&self) -> u64 {
-        self.size - self.cursor
+        let r = &self.regions[self.current];
+        r.size - r.cursor
     }
 
-    /// Appends `code`, which must have been assembled for [`next_addr`](Self::next_addr).
-    /// Returns its host address.
+    /// Appends `code` to the current region; it must have been assembled for
+    /// [`next_addr`](Self::next_addr). Returns its host address.
     ///
     /// # Panics
     /// If `code` does not fit ([`room`](Self::room) is the caller's to check: a bug otherwise).
@@ -178,42 +380,70 @@ impl CodeCache {
             "code cache overflow (caller did not check room)"
         );
         let at = self.next_addr();
+        let r = &mut self.regions[self.current];
         // SAFETY: the RW view covers [cursor, cursor + len); no code runs while we write.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 code.as_ptr(),
-                self.rw_base.add(self.cursor as usize),
+                r.rw_base.add(r.cursor as usize),
                 code.len(),
             )
         };
-        self.cursor += code.len() as u64;
+        r.cursor += code.len() as u64;
         // Keep blocks 16-byte aligned (branch targets fetch better).
-        self.cursor = (self.cursor + 15) & !15;
+        r.cursor = (r.cursor + 15) & !15;
         at
     }
 
-    /// Makes everything inserted so far survive [`flush`](Self::flush).
+    /// Makes everything inserted so far into the current region survive
+    /// [`flush`](Self::flush).
     pub fn seal_floor(&mut self) {
-        self.floor = self.cursor;
+        let r = &mut self.regions[self.current];
+        r.floor = r.cursor;
+    }
+
+    /// The region holding host address `addr`.
+    fn region_of(&self, addr: HostAddr) -> Option<usize> {
+        self.regions.iter().position(|r| r.contains(addr.0))
     }
 
     /// Points the 32-bit displacement at `site` (the last four bytes of a `jmp`/`jcc rel32`)
-    /// to `target`: the chaining of a direct branch.
+    /// to `target`: the chaining of a direct branch. A target in another region out of the
+    /// `rel32`'s reach is reached through a veneer in the site's region; when that region has
+    /// no room for one, the site is left as it is (it exits to the dispatcher until the next
+    /// flush). Returns whether the site now leads to `target`.
     ///
     /// # Panics
     /// If `site` is outside the cache (a bug in hotpath).
-    pub fn patch_rel32(&mut self, site: HostAddr, target: HostAddr) {
-        assert!(
-            self.contains(site) && self.contains(HostAddr(site.0 + 3)),
-            "patch site {site} outside the code cache"
-        );
-        let rel = target.0 as i64 - (site.0 as i64 + 4);
-        let rel = i32::try_from(rel).expect("code cache spans less than 2 GiB");
-        let off = (site.0 - self.rx_base) as usize;
-        // SAFETY: inside the RW view; the patched block is not running (we are in Rust).
-        unsafe {
-            std::ptr::copy_nonoverlapping(rel.to_le_bytes().as_ptr(), self.rw_base.add(off), 4)
+    pub fn patch_rel32(&mut self, site: HostAddr, target: HostAddr) -> bool {
+        let r = self
+            .region_of(site)
+            .filter(|&r| self.regions[r].contains(site.0 + 3))
+            .unwrap_or_else(|| panic!("patch site {site} outside the code cache"));
+        let reach = |to: HostAddr| i32::try_from(to.0 as i64 - (site.0 as i64 + 4)).ok();
+        let rel = match reach(target) {
+            Some(rel) => rel,
+            None => {
+                let veneer = match self.veneers.get(&(r, target.0)) {
+                    Some(&v) => v,
+                    None if self.regions[r].size - self.regions[r].cursor >= VENEER_SIZE as u64 => {
+                        let v = self.emit_veneer(r, target);
+                        self.veneers.insert((r, target.0), v);
+                        v
+                    }
+                    None => return false,
+                };
+                reach(veneer).expect("a region spans less than 2 GiB")
+            }
         };
+        let region = &self.regions[r];
+        let off = (site.0 - region.rx_base) as usize;
+        // SAFETY: inside the region's RW view; the patched block is not running (we are in
+        // Rust).
+        unsafe {
+            std::ptr::copy_nonoverlapping(rel.to_le_bytes().as_ptr(), region.rw_base.add(off), 4)
+        };
+        true
     }
 
     /// Writes `jmp rel32` to `target` over the 5 bytes at `at`: an old block entry that now
@@ -222,14 +452,17 @@ impl CodeCache {
     /// # Panics
     /// If `at` is outside the cache (a bug in hotpath).
     pub fn patch_jump(&mut self, at: HostAddr, target: HostAddr) {
-        assert!(
-            self.contains(at) && self.contains(HostAddr(at.0 + 4)),
-            "patch site {at} outside the code cache"
-        );
-        let off = (at.0 - self.rx_base) as usize;
-        // SAFETY: inside the RW view; no translated code runs while the dispatcher patches.
-        unsafe { *self.rw_base.add(off) = 0xe9 };
-        self.patch_rel32(HostAddr(at.0 + 1), target);
+        let r = self
+            .region_of(at)
+            .filter(|&r| self.regions[r].contains(at.0 + 4))
+            .unwrap_or_else(|| panic!("patch site {at} outside the code cache"));
+        // The displacement first (the jump it completes is not there yet), then the opcode.
+        if self.patch_rel32(HostAddr(at.0 + 1), target) {
+            let region = &self.regions[r];
+            let off = (at.0 - region.rx_base) as usize;
+            // SAFETY: inside the RW view; no translated code runs while the dispatcher patches.
+            unsafe { *region.rw_base.add(off) = 0xe9 };
+        }
     }
 
     /// Copies the cache into new shared memory, for a child about to be forked: the cache's
@@ -240,61 +473,67 @@ impl CodeCache {
     /// # Errors
     /// [`TranslateError::CodeCache`] if the memory cannot be mapped.
     pub fn snapshot(&self) -> Result<CacheCopy, TranslateError> {
-        let at = shared_anonymous(self.size)?;
-        let copy = CacheCopy {
-            at,
-            size: self.size,
+        let mut copy = CacheCopy {
+            regions: Vec::with_capacity(self.regions.len()),
         };
-        // SAFETY: the used part of our own RW view into the new mapping, of the same size.
-        unsafe { std::ptr::copy_nonoverlapping(self.rw_base, at as *mut u8, self.cursor as usize) };
+        for r in &self.regions {
+            let at = shared_anonymous(r.size)?;
+            copy.regions.push((at, r.size));
+            // SAFETY: the used part of the region's RW view into the new mapping, of the same
+            // size.
+            unsafe { std::ptr::copy_nonoverlapping(r.rw_base, at as *mut u8, r.cursor as usize) };
+        }
         Ok(copy)
     }
 
-    /// Puts `copy` (from [`snapshot`](Self::snapshot)) under both views: this process's cache
-    /// is now its own.
+    /// Puts `copy` (from [`snapshot`](Self::snapshot)) under both views of every region: this
+    /// process's cache is now its own. The views stay where they were.
     ///
     /// # Errors
     /// [`TranslateError::CodeCache`] if a mapping fails.
-    pub fn adopt(&mut self, copy: CacheCopy) -> Result<(), TranslateError> {
-        alias(
-            copy.at,
-            self.size,
-            self.rx_base,
-            libc::PROT_READ | libc::PROT_EXEC,
-        )?;
-        // The copy itself becomes the writable view (the old one, shared with the parent, goes).
-        // SAFETY: moving our own mapping over our own RW view; no translated code runs while
-        // the dispatcher does this.
-        let rw = unsafe {
-            libc::mremap(
-                copy.at as *mut c_void,
-                self.size as usize,
-                self.size as usize,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                self.rw_base as *mut c_void,
-            )
-        };
-        if rw == libc::MAP_FAILED {
-            return Err(TranslateError::CodeCache {
-                reason: format!(
-                    "remapping the code cache: {}",
-                    std::io::Error::last_os_error()
-                ),
-            });
+    pub fn adopt(&mut self, mut copy: CacheCopy) -> Result<(), TranslateError> {
+        for (r, (at, size)) in self.regions.iter().zip(std::mem::take(&mut copy.regions)) {
+            alias(at, size, r.rx_base, libc::PROT_READ | libc::PROT_EXEC)?;
+            // The copy itself becomes the writable view (the old one, shared with the parent,
+            // goes).
+            // SAFETY: moving our own mapping over our own RW view; no translated code runs
+            // while the dispatcher does this.
+            let rw = unsafe {
+                libc::mremap(
+                    at as *mut c_void,
+                    size as usize,
+                    size as usize,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                    r.rw_base as *mut c_void,
+                )
+            };
+            if rw == libc::MAP_FAILED {
+                return Err(TranslateError::CodeCache {
+                    reason: format!(
+                        "remapping the code cache: {}",
+                        std::io::Error::last_os_error()
+                    ),
+                });
+            }
         }
-        std::mem::forget(copy);
         Ok(())
     }
 
-    /// Forgets every block (not the gateway) and its layout: the next insert reuses the space.
+    /// Forgets every block (not the gateway nor the regions' veneers to it) and its layout:
+    /// the next insert reuses the space.
     pub fn flush(&mut self) {
-        self.cursor = self.floor;
+        for r in &mut self.regions {
+            r.cursor = r.floor;
+        }
+        self.veneers.clear();
         self.layouts_mut().clear();
     }
 
-    /// Host addresses `[start, end)` of the gateway's routines (the code below the floor).
+    /// Host addresses `[start, end)` of the gateway's routines (the code below the home
+    /// region's floor).
     pub fn gateway_range(&self) -> (u64, u64) {
-        (self.rx_base, self.rx_base + self.floor)
+        let home = &self.regions[0];
+        (home.rx_base, home.rx_base + home.floor)
     }
 
     /// The layouts of the blocks in the cache, by host code start.
@@ -315,47 +554,57 @@ impl CodeCache {
         self.blocks
     }
 
-    /// True if `addr` is inside the executable view.
+    /// The region table, for the thread's signal handler.
+    pub fn region_table(&self) -> &'static RegionTable {
+        self.table
+    }
+
+    /// True if `addr` is inside a region's executable view.
     pub fn contains(&self, addr: HostAddr) -> bool {
-        addr.0 >= self.rx_base && addr.0 < self.rx_base + self.size
+        self.region_of(addr).is_some()
     }
 
-    /// Bytes to add to an executable-view address to reach the same byte in the writable view.
-    pub fn rw_delta(&self) -> u64 {
-        (self.rw_base as u64).wrapping_sub(self.rx_base)
+    /// True if `[start, end)` overlaps a region's executable view.
+    pub fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.regions
+            .iter()
+            .any(|r| start < r.rx_base + r.size && end > r.rx_base)
     }
 
-    /// The executable view's range `(start, end)`.
-    pub fn range(&self) -> (u64, u64) {
-        (self.rx_base, self.rx_base + self.size)
-    }
-
-    /// Unmaps both views, giving their address ranges back (to the guest). The layout map
-    /// stays allocated (the signal handler held a `&'static` to it).
+    /// Unmaps both views of every region, giving their address ranges back (to the guest).
+    /// The layout map and the region table stay allocated (the signal handler held
+    /// `&'static`s to them).
     ///
     /// # Safety
     /// No code of this cache may run again on any thread, and nothing may jump to it: the
     /// caller's thread has left it and pointed its handler elsewhere.
     pub unsafe fn release(self) {
-        // SAFETY: see the function's contract; both mappings are this cache's own.
-        unsafe {
-            libc::munmap(self.rx_base as *mut c_void, self.size as usize);
-            libc::munmap(self.rw_base as *mut c_void, self.size as usize);
+        for r in &self.regions {
+            // SAFETY: see the function's contract; both mappings are this cache's own.
+            unsafe {
+                libc::munmap(r.rx_base as *mut c_void, r.size as usize);
+                libc::munmap(r.rw_base as *mut c_void, r.size as usize);
+            }
         }
     }
 }
 
-/// A copy of a code cache for a forked child ([`CodeCache::snapshot`]); unmapped when dropped
-/// (in the parent), taken over by [`CodeCache::adopt`] (in the child).
+/// Bytes of a veneer: `jmp qword [rip+0]` (6), its 8-byte target, 2 bytes of padding.
+const VENEER_SIZE: usize = 16;
+
+/// A copy of a code cache for a forked child ([`CodeCache::snapshot`]): one mapping
+/// `(address, size)` per region; unmapped when dropped (in the parent), taken over by
+/// [`CodeCache::adopt`] (in the child).
 pub struct CacheCopy {
-    at: u64,
-    size: u64,
+    regions: Vec<(u64, u64)>,
 }
 
 impl Drop for CacheCopy {
     fn drop(&mut self) {
-        // SAFETY: the copy's own mapping, which nothing else uses.
-        unsafe { libc::munmap(self.at as *mut c_void, self.size as usize) };
+        for &(at, size) in &self.regions {
+            // SAFETY: the copy's own mapping, which nothing else uses.
+            unsafe { libc::munmap(at as *mut c_void, size as usize) };
+        }
     }
 }
 
@@ -408,4 +657,91 @@ fn alias(from: u64, size: u64, at: u64, prot: i32) -> Result<(), TranslateError>
         return Err(err("mprotect"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host address a `jmp qword [rip+0]` veneer at `at` goes to.
+    fn veneer_target(at: HostAddr) -> u64 {
+        // SAFETY: the executable view is readable; the veneer is 14 bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(at.0 as *const u8, 14) };
+        assert_eq!(bytes[..6], [0xff, 0x25, 0, 0, 0, 0], "not a veneer at {at}");
+        u64::from_le_bytes(bytes[6..14].try_into().unwrap())
+    }
+
+    /// Where the `rel32` at `site` leads.
+    fn rel32_target(site: HostAddr) -> u64 {
+        // SAFETY: the executable view is readable.
+        let rel = unsafe { std::ptr::read_unaligned(site.0 as *const i32) };
+        (site.0 as i64 + 4 + rel as i64) as u64
+    }
+
+    #[test]
+    fn far_code_gets_a_region_in_reach_and_links_between_regions_go_through_veneers() {
+        let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE).unwrap();
+        // A stand-in gateway: two routines at the home region's start.
+        let exit = cache.insert(&[0xcc; 16]);
+        let ibl_miss = cache.insert(&[0xcc; 16]);
+        cache.seal_floor();
+        cache.set_gateway(GatewayJumps { exit, ibl_miss });
+        let home = cache.regions[0].rx_base;
+        let pc = if home > 0x4000_0000_0000 {
+            0x1000_0000_0000
+        } else {
+            0x6000_0000_0000
+        };
+        assert_eq!(
+            cache.region_for(home + 4096),
+            0,
+            "the home region reaches itself"
+        );
+
+        let r = cache.region_for(pc);
+        assert_ne!(r, 0, "a region is made beside far code");
+        assert!(cache.regions[r].reaches(pc - GUEST_WINDOW, pc + GUEST_WINDOW));
+        assert_eq!(
+            cache.region_for(pc + (1 << 20)),
+            r,
+            "and reused for code near it"
+        );
+        cache.select(r);
+        let jumps = cache.gateway_jumps();
+        assert_eq!(veneer_target(jumps.exit), exit.0);
+        assert_eq!(veneer_target(jumps.ibl_miss), ibl_miss.0);
+        let (start, end, _) = cache.region_table().find(jumps.exit.0).unwrap();
+        assert!(start <= jumps.exit.0 && jumps.exit.0 < end);
+        assert!(cache.contains(jumps.exit) && !cache.contains(HostAddr(pc)));
+
+        // A jump in the far region to a block at home, and one at home to the far region.
+        let far_jump = cache.insert(&[0x90, 0x90, 0x90, 0xe9, 0, 0, 0, 0]);
+        cache.select_home();
+        let home_block = cache.insert(&[0x90, 0x90, 0x90, 0xe9, 0, 0, 0, 0]);
+        let (far_site, home_site) = (HostAddr(far_jump.0 + 4), HostAddr(home_block.0 + 4));
+        assert!(cache.patch_rel32(far_site, home_block));
+        assert!(cache.patch_rel32(home_site, far_jump));
+        assert_eq!(
+            veneer_target(HostAddr(rel32_target(far_site))),
+            home_block.0
+        );
+        assert_eq!(veneer_target(HostAddr(rel32_target(home_site))), far_jump.0);
+        assert_eq!(cache.veneers.len(), 2);
+        // A second link to the same target reuses its veneer; a near one needs none.
+        assert!(cache.patch_rel32(far_site, home_block));
+        assert_eq!(cache.veneers.len(), 2);
+        let near = cache.insert(&[0x90; 16]);
+        assert!(cache.patch_rel32(home_site, near));
+        assert_eq!(rel32_target(home_site), near.0);
+
+        // A flush keeps each region's veneers to the gateway, not those of links.
+        let floors: Vec<u64> = cache.regions.iter().map(|r| r.rx_base + r.floor).collect();
+        cache.flush();
+        assert!(cache.veneers.is_empty());
+        cache.select(r);
+        assert_eq!(cache.next_addr().0, floors[r]);
+        assert_eq!(veneer_target(cache.gateway_jumps().exit), exit.0);
+        // SAFETY: nothing runs this cache's code.
+        unsafe { cache.release() };
+    }
 }

@@ -201,10 +201,9 @@ fn handler_setup(
 ) -> HandlerSetup {
     HandlerSetup {
         area: area as *mut ThreadArea,
-        cache: cache.range(),
+        regions: cache.region_table(),
         exit_from_signal: gateway.exit_from_signal.0,
         fsgsbase: host.fsgsbase,
-        rw_delta: cache.rw_delta(),
         blocks: cache.block_map(),
         xsave_size: host.xsave_size as usize,
         xsave_mask: host.xsave_mask,
@@ -988,9 +987,10 @@ impl Translator {
         }
         let sb = BlockId(registry.next_id);
         let first_exit = self.index.exits.len() as u32;
+        let gateway = self.select_region(head);
         let cx = EmitContext {
             enqueue: Some(self.cfg.ring_entries),
-            gateway: self.gateway,
+            gateway,
             contexts: self.contexts.is_some(),
             tail_call: false,
         };
@@ -1589,7 +1589,6 @@ impl Translator {
         }
         self.area.gpr[thread_area::RAX] = 0;
         self.cache.adopt(copy)?;
-        self.process.signals.set_rw_delta(self.cache.rw_delta());
         // The child has a monitor of its own, which knows none of the parent's numberings: its
         // instrumented code goes (the guest goes on by guest address, `next`).
         self.forget_instrumentation();
@@ -1698,9 +1697,9 @@ impl Translator {
     ///   non-canonical address based on RSP or RBP is a stack-segment fault (#SS, SIGBUS)
     ///   where the guest's GS-relative access is a #GP (SIGSEGV).
     fn correct_fault(&mut self) {
-        let cache = self.cache.range();
+        let cache = &self.cache;
         self.process.signals.adjust_fault(|f| {
-            let reserved = (cache.0..cache.1).contains(&f.addr);
+            let reserved = cache.contains(HostAddr(f.addr));
             if f.sig == libc::SIGSEGV && f.code == special::SEGV_ACCERR && reserved {
                 f.code = special::SEGV_MAPERR;
             }
@@ -1789,8 +1788,7 @@ impl Translator {
     /// `brk` growing into it, or `mmap` at a hint or a fixed address overlapping it.
     fn cache_in_the_way(&self, nr: u64, args: &[u64; 6], outcome: &Outcome) -> bool {
         const PAGE: u64 = hotpath_loader::PAGE_SIZE;
-        let (lo, hi) = self.cache.range();
-        let overlaps = |start: u64, end: u64| start < hi && end > lo;
+        let overlaps = |start: u64, end: u64| self.cache.overlaps(start, end);
         let &Outcome::Return(ret) = outcome else {
             return false;
         };
@@ -1999,9 +1997,10 @@ impl Translator {
             .then(|| self.constant_target(&block))
             .flatten();
         let direct = folded.map(|(_, target)| crate::decode::with_direct_target(&block, target));
+        let gateway = self.select_region(pc);
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
-            gateway: self.gateway,
+            gateway,
             contexts: self.contexts.is_some(),
             tail_call: false,
         };
@@ -2048,6 +2047,24 @@ impl Translator {
             end,
             registry,
         )
+    }
+
+    /// Makes the code cache put the next translation, of guest code at `pc`, in a region
+    /// within reach of it (`CodeCache::region_for`; the home region while calling contexts
+    /// are kept, whose stubs and frames assume one region), and returns the gateway as code
+    /// there reaches it.
+    fn select_region(&mut self, pc: u64) -> Gateway {
+        let region = match self.contexts {
+            None => self.cache.region_for(pc),
+            Some(_) => 0,
+        };
+        self.cache.select(region);
+        let jumps = self.cache.gateway_jumps();
+        Gateway {
+            exit: jumps.exit,
+            ibl_miss: jumps.ibl_miss,
+            ..self.gateway
+        }
     }
 
     /// The persisted store and the module holding `pc` (its start and file), when a block
@@ -2101,6 +2118,7 @@ impl Translator {
             Some(_) => return Ok(None),
             None => None,
         };
+        let gateway = self.select_region(pc);
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
         if record.code.len() as u64 + 15 > self.cache.room()
@@ -2113,8 +2131,7 @@ impl Translator {
         let id = BlockId(registry.next_id);
         let first_exit = self.index.exits.len() as u32;
         let at = self.cache.next_addr();
-        let Some(placed) = record.place(GuestAddr(pc), at, id, first_exit, &self.gateway, folded)
-        else {
+        let Some(placed) = record.place(GuestAddr(pc), at, id, first_exit, &gateway, folded) else {
             return Ok(None);
         };
         if placed.emitted.code.len() as u64 > self.cache.room() {

@@ -8,7 +8,7 @@
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_ir::HostAddr;
 
-use crate::code_cache::CodeCache;
+use crate::code_cache::{CodeCache, GatewayJumps};
 use crate::thread_area::off;
 use crate::TranslateError;
 
@@ -107,6 +107,7 @@ pub struct Gateway {
 /// # Errors
 /// [`TranslateError::Assemble`] if dynasm rejects the code (a bug in hotpath).
 pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway, TranslateError> {
+    cache.select_home();
     let base = cache.next_addr().0;
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
     let mask_lo = host.xsave_mask as u32 as i32;
@@ -269,13 +270,18 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
     let at = cache.insert(&code);
     debug_assert_eq!(at.0, base);
     cache.seal_floor();
-    Ok(Gateway {
+    let gateway = Gateway {
         enter: HostAddr(base + enter.0 as u64),
         exit: HostAddr(exit_addr),
         ibl_miss: HostAddr(base + ibl_miss.0 as u64),
         ibl_empty: HostAddr(base + ibl_empty.0 as u64),
         exit_from_signal: HostAddr(base + exit_from_signal.0 as u64),
-    })
+    };
+    cache.set_gateway(GatewayJumps {
+        exit: gateway.exit,
+        ibl_miss: gateway.ibl_miss,
+    });
+    Ok(gateway)
 }
 
 /// Emits the indirect branch lookup for a guest target in RCX (guest RCX already saved in

@@ -728,12 +728,26 @@ fn reserve_near(start: u64, end: u64, len: u64) -> u64 {
     if len == 0 {
         return 0;
     }
+    reserve_within_reach(start, end, len)
+        .or_else(|| map_reservation(0, len, 0))
+        .unwrap_or(0)
+}
+
+/// Reserves `len` bytes of address space (PROT_NONE, no commit charge) whose every byte lies
+/// within a RIP-relative displacement's reach (2 GiB) of every byte of the guest range
+/// `[start, end)`, leaving 16 MiB free next to the range for the guest's own mappings: below
+/// it where it lies above 4 GiB, else as high in its reach as is free (away from a brk that
+/// grows up from the range). Returns the reservation's address (page-aligned), or `None` when
+/// no candidate address is free. A code cache there keeps the range's RIP-relative operands
+/// RIP-relative.
+pub fn reserve_within_reach(start: u64, end: u64, len: u64) -> Option<u64> {
+    let len = page_ceil(len);
     let mut candidates = Vec::new();
-    // Below the image, where it lies high enough that no low address is taken.
-    if start >= (1 << 32) + EXTRA_GAP + len {
-        candidates.push(start - EXTRA_GAP - len);
+    // Below the range, where it lies high enough that no low address is taken.
+    if start >= (1 << 32) + EXTRA_GAP + len && end - start + EXTRA_GAP + len <= RIP_REACH {
+        candidates.push(page_floor(start - EXTRA_GAP - len));
     }
-    // The top of the image's reach, then down toward its end one reservation at a time.
+    // The top of the range's reach, then down toward its end one reservation at a time.
     let top = page_floor((start + RIP_REACH).saturating_sub(len + EXTRA_GAP));
     let mut at = top;
     while at >= end + EXTRA_GAP && candidates.len() < 16 {
@@ -743,14 +757,14 @@ fn reserve_near(start: u64, end: u64, len: u64) -> u64 {
     for at in candidates {
         if let Some(p) = map_reservation(at, len, libc::MAP_FIXED_NOREPLACE) {
             if p == at {
-                return p;
+                return Some(p);
             }
             // An old kernel took FIXED_NOREPLACE as a hint.
             // SAFETY: the reservation just made, elsewhere.
             unsafe { libc::munmap(p as *mut c_void, len as usize) };
         }
     }
-    map_reservation(0, len, 0).unwrap_or(0)
+    None
 }
 
 /// A PROT_NONE, MAP_NORESERVE anonymous mapping of `len` bytes at `at` with `flags`.

@@ -116,7 +116,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     let pc = gregs[REG_RIP] as u64;
     // SAFETY: this thread's handler.
     let view = unsafe { shared.view() };
-    let in_cache = pc >= view.range.0 && pc < view.range.1;
+    let in_cache = shared.regions().contains(pc);
 
     // Rust's thread-locals live behind the host FS base; translated code runs with the guest's.
     let fs = read_fs(shared.fsgsbase);
@@ -333,12 +333,15 @@ fn current() -> Option<&'static HandlerShared> {
 pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
     let ptr = shared.exits.load(Ordering::Relaxed);
     let len = shared.exits_len.load(Ordering::Relaxed) as usize;
-    let delta = shared.rw_delta.load(Ordering::Relaxed);
+    let regions = shared.regions();
     if !ptr.is_null() {
         // SAFETY: published by the dispatcher, which is not changing it (not critical).
         let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
         for e in exits {
             if let Some((site, stub)) = e.kind.link_site() {
+                let Some((_, _, delta)) = regions.find(site.0) else {
+                    continue;
+                };
                 let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
                 // SAFETY: the site is a 4-byte aligned rel32 (`emit::patchable_jmp`) inside
                 // the code cache's writable view. One atomic store: the owner may be running

@@ -30,7 +30,7 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crate::code_cache::Exit;
+use crate::code_cache::{Exit, RegionTable};
 use crate::guest_mem;
 use crate::linux::host::raw_syscall;
 use crate::thread_area::ThreadArea;
@@ -243,8 +243,9 @@ pub struct HandlerShared {
     /// sections.
     exits: AtomicPtr<Exit>,
     exits_len: AtomicU64,
-    /// Executable-view address + `rw_delta` = writable-view address of the same code byte.
-    rw_delta: AtomicU64,
+    /// The code cache's regions: which PCs are translated code, and where each region's
+    /// writable view is (replaced only by the dispatcher when the cache moves).
+    regions: AtomicPtr<RegionTable>,
     /// Guest pages write-protected because code was translated from them (the process's).
     smc: std::sync::Arc<crate::smc::ProtectedPages>,
     /// Set by another thread that needs this one out of the code cache (see `kick`).
@@ -262,8 +263,6 @@ unsafe impl Send for HandlerShared {}
 /// What the handler needs to know of its thread's code cache.
 #[derive(Clone, Copy)]
 pub(super) struct CacheView {
-    /// The executable view's host range `[start, end)`.
-    pub(super) range: (u64, u64),
     /// The gateway's `exit_from_signal` routine (host address).
     pub(super) exit_from_signal: u64,
     /// The layouts of every block in the cache.
@@ -271,6 +270,13 @@ pub(super) struct CacheView {
 }
 
 impl HandlerShared {
+    /// The code cache's regions as they are now (any thread).
+    pub(super) fn regions(&self) -> &'static RegionTable {
+        // SAFETY: always a leaked table of this thread's current or an earlier cache (tables
+        // are never freed).
+        unsafe { &*self.regions.load(Ordering::Acquire) }
+    }
+
     /// The code cache as it is now.
     ///
     /// # Safety
@@ -398,14 +404,12 @@ extern "C" {
 pub struct HandlerSetup {
     /// The guest thread's area (also its GS base).
     pub area: *mut ThreadArea,
-    /// The code cache's executable range `(start, end)`.
-    pub cache: (u64, u64),
+    /// The code cache's regions.
+    pub regions: &'static RegionTable,
     /// The gateway's `exit_from_signal` routine.
     pub exit_from_signal: u64,
     /// `rdfsbase`/`wrfsbase` are usable.
     pub fsgsbase: bool,
-    /// Executable-view address + `rw_delta` = writable-view address of a code byte.
-    pub rw_delta: u64,
     /// The code cache's block layouts.
     pub blocks: &'static crate::code_cache::BlockMap,
     /// Bytes of the XSAVE image copied into signal frames.
@@ -492,10 +496,9 @@ impl SignalState {
     ) -> std::io::Result<SignalState> {
         let HandlerSetup {
             area,
-            cache,
+            regions,
             exit_from_signal,
             fsgsbase,
-            rw_delta,
             blocks,
             xsave_size,
             xsave_mask,
@@ -506,7 +509,6 @@ impl SignalState {
             sync: UnsafeCell::new(None),
             area,
             view: UnsafeCell::new(CacheView {
-                range: cache,
                 exit_from_signal,
                 blocks,
             }),
@@ -514,7 +516,7 @@ impl SignalState {
             critical: std::sync::atomic::AtomicBool::new(true),
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
-            rw_delta: AtomicU64::new(rw_delta),
+            regions: AtomicPtr::new(regions as *const RegionTable as *mut RegionTable),
             smc,
             kicked: std::sync::atomic::AtomicBool::new(false),
             refused: UnsafeCell::new(None),
@@ -762,19 +764,14 @@ impl SignalState {
         // no other thread reads it.
         unsafe {
             *self.shared.view.get() = CacheView {
-                range: setup.cache,
                 exit_from_signal: setup.exit_from_signal,
                 blocks: setup.blocks,
             }
         };
-        self.shared
-            .rw_delta
-            .store(setup.rw_delta, Ordering::Relaxed);
-    }
-
-    /// Updates the writable view's offset (after a forked child adopted its own cache copy).
-    pub fn set_rw_delta(&self, delta: u64) {
-        self.shared.rw_delta.store(delta, Ordering::Relaxed);
+        self.shared.regions.store(
+            setup.regions as *const RegionTable as *mut RegionTable,
+            Ordering::Release,
+        );
     }
 
     /// Takes the side-exit event of the superblock a fault just ended, if it happened in one
