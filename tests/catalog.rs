@@ -315,6 +315,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("superblock_fault", "superblock_fault.c", &[], Exit(0),
         "faults in the middle of a hot loop's superblock (an unrolled trace): the fault address, \
          the guest state at it, and a handler that siglongjmps out, 40 times"),
+    sample("indirect_traces", "indirect_traces.c", &[], Exit(0),
+        "hot indirect calls, a jump table and a computed goto with a usual target, one whose \
+         target changes half way, and branches to a non-canonical address in a hot trace"),
     sample("bench_sieve", "bench_sieve.c", &["300000"], Exit(0),
         "segmented sieve (benchmark, small size)"),
     sample("bench_crc", "bench_crc.c", &["3"], Exit(0),

@@ -11,8 +11,8 @@
 //! reached only from basic blocks is left alone. From the head the trace follows each
 //! block's most frequent successor (the monitor's exact edge counts) while the successor is a
 //! static one (direct jump, fall-through, call or either branch direction) or the usual target
-//! of a return, until it comes back to the head, reaches another indirect branch, a system
-//! call or a trap, or grows too long; a trace that runs into a superblock takes over that
+//! of a return, indirect jump or indirect call, until it comes back to the head, reaches an
+//! indirect branch without a usual target, a system call or a trap, or grows too long; a trace that runs into a superblock takes over that
 //! superblock's blocks and ends with them.
 //! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
 //! event (and one full-ring check) covers several iterations.
@@ -186,9 +186,9 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
             Terminator::Branch {
                 taken, not_taken, ..
             } => taken == n.start || not_taken == n.start,
-            // A return whose target is predictable enough (the share test above): inlined
-            // behind a compare with the predicted return address.
-            Terminator::Return => true,
+            // A return, indirect jump or indirect call whose target is predictable enough
+            // (the share test above): inlined behind a compare with the predicted target.
+            Terminator::Return | Terminator::IndirectJump | Terminator::IndirectCall { .. } => true,
             _ => false,
         };
         if !static_successor {
@@ -278,6 +278,57 @@ mod tests {
         // 8 instructions per iteration: 6 copies reach 48.
         assert_eq!(requested(&cmds), vec![[0, 1].repeat(6)]);
         assert_eq!(d.requests, 1);
+    }
+
+    /// A loop whose body calls through a pointer: a trace follows the call to its usual
+    /// callee (9 calls in 10: block 0 → 1 in a trace); where the pointer's two targets are as
+    /// frequent, every trace ends at the call (nothing follows block 0).
+    #[test]
+    fn a_trace_follows_an_indirect_call_to_its_usual_target_only() {
+        for usual_share in [9u32, 5] {
+            let mut t = Tables::default();
+            t.hot_threshold = 50;
+            let (head, usual, other, back) = (0x3000, 0x3100, 0x3200, 0x3010);
+            block(
+                &mut t,
+                0,
+                head,
+                4,
+                Terminator::IndirectCall {
+                    return_to: GuestAddr(back),
+                },
+            );
+            block(&mut t, 1, usual, 3, Terminator::Return);
+            block(&mut t, 2, other, 3, Terminator::Return);
+            let loop_back = Terminator::Branch {
+                cond: Cond::Ne,
+                taken: GuestAddr(head),
+                not_taken: GuestAddr(0x3020),
+            };
+            block(&mut t, 3, back, 2, loop_back);
+            let mut d = Decisions::default();
+            let mut cmds = Vec::new();
+            for i in 0..200 {
+                let callee = if i % 10 < usual_share { 1 } else { 2 };
+                t.record(&[0, callee, 3]);
+                cmds.extend(d.decide(&mut t));
+            }
+            let got = requested(&cmds);
+            let follows = |from: u32| {
+                got.iter()
+                    .flat_map(|trace| trace.windows(2))
+                    .filter(|w| w[0] == from)
+                    .map(|w| w[1])
+                    .collect::<Vec<u32>>()
+            };
+            if usual_share == 9 {
+                assert!(follows(0).contains(&1), "into the usual callee: {got:?}");
+                assert!(!follows(0).contains(&2), "not into the other: {got:?}");
+            } else {
+                assert!(follows(0).is_empty(), "past an even call: {got:?}");
+                assert!(!got.is_empty(), "the loop still gets a trace: {got:?}");
+            }
+        }
     }
 
     /// A block whose successor was a basic block and then the superblock that replaced it

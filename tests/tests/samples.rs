@@ -95,6 +95,7 @@ sample_tests! {
     count_libc,
     auxv_count,
     superblock_fault,
+    indirect_traces,
     bench_sieve,
     bench_crc,
     bench_fib,

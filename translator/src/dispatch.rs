@@ -966,7 +966,13 @@ impl Translator {
                 // head; nor a return into a region from its call out (the return must reach
                 // the frame's host, the border reload stub).
                 let returned = matches!(blocks[i - 1].terminator, Terminator::Return);
-                (!called && self.is_function_entry(b.start.0))
+                // Nor past an indirect jump or call: its context step needs the runtime.
+                let indirect = matches!(
+                    blocks[i - 1].terminator,
+                    Terminator::IndirectJump | Terminator::IndirectCall { .. }
+                );
+                indirect
+                    || (!called && self.is_function_entry(b.start.0))
                     || self.has_plan(b.start.0)
                     // Nor an instrumented function's back edge: it is where a cold
                     // activation of it is handed in.
@@ -1210,6 +1216,35 @@ impl Translator {
                             // itself fault.
                             Err(_) => Ok(Ok(Next::Guest(at.0))),
                         }
+                    }
+                    ExitKind::SideExitIndirect {
+                        marker,
+                        at,
+                        return_to,
+                    } => {
+                        if let Some(p) = &self.producer {
+                            p.push(marker.0);
+                        }
+                        let target = self.area.ibl_target;
+                        if !special::canonical(target) {
+                            // The branch itself faults, with nothing pushed.
+                            let fault =
+                                special::noncanonical_branch(None, target, self.area, false);
+                            self.process
+                                .signals
+                                .raise(GuestFault { rip: at.0, ..fault });
+                            return Ok(Ok(Next::Signal));
+                        }
+                        if let Some(ret) = return_to {
+                            let rsp = self.area.gpr[thread_area::RSP].wrapping_sub(8);
+                            if guest_mem::write(rsp, &ret.0.to_le_bytes()).is_err() {
+                                // The stack cannot take the return address: let the `call`
+                                // itself fault.
+                                return Ok(Ok(Next::Guest(at.0)));
+                            }
+                            self.area.gpr[thread_area::RSP] = rsp;
+                        }
+                        Ok(Ok(Next::Guest(target)))
                     }
                     ExitKind::ContextCall {
                         callee,

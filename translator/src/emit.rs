@@ -940,35 +940,14 @@ pub(crate) fn emit_terminator(
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
             if let (Terminator::IndirectCall { return_to }, false) = (block.terminator, cx.contexts)
             {
-                // The return address is pushed after the lookup (nothing is written below RSP
-                // for a non-canonical target), on its hit and miss paths.
-                let mut literal: Option<ReturnLiteral> = None;
-                let mut imms = Vec::new();
-                let misses = emit_ibl_call(&mut tail, &cx.gateway, &mut |ops| {
-                    let l = match &literal {
-                        Some(ReturnLiteral {
-                            literal: Some((label, _)),
-                            ..
-                        }) => {
-                            let label = *label;
-                            dynasm!(ops ; .arch x64 ; push QWORD [=>label]);
-                            return;
-                        }
-                        _ => push_return_address(ops, return_to),
-                    };
-                    imms.extend(l.imm);
-                    literal.get_or_insert(l);
-                });
-                for at in imms {
+                let lookup = indirect_call_lookup(&mut tail, &cx.gateway, return_to);
+                for at in lookup.imms {
                     pushed(relocs, tail_base, Some(at), false);
                 }
-                for miss in misses {
+                for miss in lookup.misses {
                     relocs.add(tail_base + miss, RelocKind::Gateway(Routine::IblMiss));
                 }
-                if let Some(literal) = literal {
-                    let at = literal.place(&mut tail);
-                    pushed(relocs, tail_base, at, true);
-                }
+                pushed(relocs, tail_base, lookup.literal, true);
                 code.append(assembled(tail, "indirect call")?);
                 return Ok(exit_list);
             }
@@ -1018,6 +997,51 @@ pub(crate) fn emit_terminator(
     }
     code.append(assembled(ops, "terminator")?);
     Ok(exit_list)
+}
+
+/// Where the parts of an [`indirect_call_lookup`] that depend on its placement are, as offsets
+/// from the assembler's start.
+pub(crate) struct IndirectCallLookup {
+    /// The two `rel32`s to the gateway's miss routine.
+    pub misses: [u64; 2],
+    /// Each `push imm32`'s immediate and the address it pushes.
+    pub imms: Vec<(u64, GuestAddr)>,
+    /// The 64-bit literal a `push qword [rip+literal]` reads, and its address.
+    pub literal: Option<(u64, GuestAddr)>,
+}
+
+/// The lookup of an indirect call whose target is in RCX (the guest's RCX in its scratch
+/// slot), pushing `return_to` after the lookup (nothing is written below RSP for a
+/// non-canonical target) on its hit and miss paths, and the literal a 64-bit return address
+/// is pushed from placed after it.
+pub(crate) fn indirect_call_lookup(
+    ops: &mut VecAssembler<X64Relocation>,
+    gateway: &Gateway,
+    return_to: GuestAddr,
+) -> IndirectCallLookup {
+    let mut literal: Option<ReturnLiteral> = None;
+    let mut imms = Vec::new();
+    let misses = emit_ibl_call(ops, gateway, &mut |ops| {
+        let l = match &literal {
+            Some(ReturnLiteral {
+                literal: Some((label, _)),
+                ..
+            }) => {
+                let label = *label;
+                dynasm!(ops ; .arch x64 ; push QWORD [=>label]);
+                return;
+            }
+            _ => push_return_address(ops, return_to),
+        };
+        imms.extend(l.imm);
+        literal.get_or_insert(l);
+    });
+    let literal = literal.and_then(|l| l.place(ops));
+    IndirectCallLookup {
+        misses,
+        imms,
+        literal,
+    }
 }
 
 /// Appends `ops` and then the load of indirect branch `inst`'s target into RCX, with the

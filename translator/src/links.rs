@@ -35,6 +35,14 @@ pub enum ExitKind {
         at: GuestAddr,
         pop: u32,
     },
+    /// The same for an indirect `jmp` (`return_to` `None`) or `call` (pushing `return_to`)
+    /// at guest `at` inlined in a superblock whose target, in `ibl_target`, was not the
+    /// trace's next block: enqueue `marker`, then branch there as the instruction does.
+    SideExitIndirect {
+        marker: BlockId,
+        at: GuestAddr,
+        return_to: Option<GuestAddr>,
+    },
     /// A call's context step needs the runtime (`context_steps`): the frame stack is `full`
     /// (nothing pushed yet), or the node's cache did not hold the callee. The callee is
     /// `callee`, or for an indirect call (`None`) in `ibl_target`. In a superblock, `marker` is

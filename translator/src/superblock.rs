@@ -6,14 +6,16 @@
 //! ring_slow / entry: the enqueue stub for the superblock's id (one event for the whole trace)
 //! block 0 body ; inline terminator: nothing (jump, fall-through), the return address push
 //!                (call), the branch inverted so the hot direction falls through, its cold
-//!                direction jumping to side exit 0, or (ret) a flag-free compare of the
-//!                return address with the next block's, a mismatch jumping to side exit 0
+//!                direction jumping to side exit 0, or (ret, indirect jmp or call) a
+//!                flag-free compare of the return address or target with the next block's,
+//!                a mismatch jumping to side exit 0 (an indirect branch's target waiting in
+//!                `ibl_target`; a call pushes its return address after the compare)
 //! block 1 body ; inline terminator ...
 //! block n-1 body ; its terminator as in a basic block (chained exits, lookup, syscall exit)
 //! side exit i: enqueue stub for the side-exit event "ended after block i" (its slow path
 //!              exits to the dispatcher, which enqueues it and goes on at the target);
-//!              jmp rel32 to the cold target (chained like any direct exit), or for a `ret`
-//!              the return through the indirect branch lookup
+//!              jmp rel32 to the cold target (chained like any direct exit), or for a `ret`,
+//!              indirect `jmp` or `call` the branch through the indirect branch lookup
 //! ```
 //!
 //! The event stream stays exact (DESIGN.md, invariant 2): the superblock's event says its
@@ -33,11 +35,11 @@ use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::context_steps;
 use crate::emit::{
-    append_body, assembled, call_exits, emit_terminator, enqueue_stub, exit_stub, jcc,
-    patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop, return_through_lookup, Code_,
-    EmitContext, RcxSave, Slow,
+    append_body, assembled, call_exits, emit_terminator, enqueue_stub, exit_stub,
+    indirect_call_lookup, jcc, load_indirect_target, patchable_jmp, rcx_branch, resolve_exit_stubs,
+    return_pop, return_through_lookup, Code_, EmitContext, RcxSave, Slow,
 };
-use crate::gateway::GS;
+use crate::gateway::{emit_ibl, GS};
 use crate::relocs::Relocs;
 use crate::thread_area::off;
 use crate::TranslateError;
@@ -63,11 +65,50 @@ enum Cold {
     /// A `ret` (at guest `at`, popping `pop` bytes) whose return address is not the trace's
     /// next block: it returns through the lookup.
     Return { at: GuestAddr, pop: i32 },
+    /// An indirect `jmp` (or `call`, pushing `return_to`) at guest `at` whose target, waiting
+    /// in `ibl_target`, is not the trace's next block: it goes on through the lookup.
+    Indirect {
+        at: GuestAddr,
+        return_to: Option<GuestAddr>,
+    },
 }
 
 /// The id of the side-exit event "superblock `sb` ended after the block at `position`".
 pub fn side_exit_id(sb: BlockId, position: usize) -> BlockId {
     BlockId(sb.0 + 1 + position as u32)
+}
+
+/// Pushes the 64-bit guest address `ret` as a call does: `push imm32` below 2^31, else `push
+/// qword [rip + disp32]` from the trace's literal pool (`literal_sites` gets the displacement's
+/// offset in `ops` and the value), as `emit::push_return_address` does within a block.
+fn push_return(
+    ops: &mut VecAssembler<X64Relocation>,
+    ret: GuestAddr,
+    literal_sites: &mut Vec<(usize, u64)>,
+) {
+    match i32::try_from(ret.0) {
+        Ok(imm) => dynasm!(ops ; .arch x64 ; push imm),
+        Err(_) => {
+            dynasm!(ops ; .arch x64 ; .u8 0xff ; .u8 0x35 ; .u32 0);
+            literal_sites.push((ops.offset().0 - 4, ret.0));
+        }
+    }
+}
+
+/// Adds the 64-bit constant `value` to RCX without touching the flags: `lea` with a 32-bit
+/// displacement when it fits, else with RAX lending the constant (saved and restored around
+/// it).
+fn add_to_rcx(ops: &mut VecAssembler<X64Relocation>, value: u64) {
+    match i32::try_from(value as i64) {
+        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
+        Err(_) => dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
+            ; mov rax, QWORD value as i64
+            ; lea rcx, [rcx + rax]
+            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
+        ),
+    }
 }
 
 /// Why a trace cannot be laid out: block `position` does not lead to the next one.
@@ -161,15 +202,7 @@ pub fn emit_superblock(
                 Terminator::Jump { target } | Terminator::FallThrough { next: target }
                     if target == next => {}
                 Terminator::Call { target, return_to } if target == next => {
-                    match i32::try_from(return_to.0) {
-                        Ok(imm) => dynasm!(ops ; .arch x64 ; push imm),
-                        Err(_) => {
-                            // `push qword [rip + disp32]` from the trace's literal pool, as
-                            // `emit::push_return_address` does within a block.
-                            dynasm!(ops ; .arch x64 ; .u8 0xff ; .u8 0x35 ; .u32 0);
-                            literal_sites.push((ops.offset().0 - 4, return_to.0));
-                        }
-                    }
+                    push_return(&mut ops, return_to, &mut literal_sites);
                     if cx.contexts && target != return_to {
                         // The call's context step; a miss leaves the trace after this block
                         // (the dispatcher enqueues the side-exit event, then goes on at the
@@ -243,16 +276,7 @@ pub fn emit_superblock(
                     let l = ops.new_dynamic_label();
                     let minus_next = 0u64.wrapping_sub(next.0) as i64;
                     dynasm!(ops ; .arch x64 ; mov rcx, QWORD [rsp]);
-                    match i32::try_from(minus_next) {
-                        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
-                        Err(_) => dynasm!(ops
-                            ; .arch x64
-                            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-                            ; mov rax, QWORD minus_next
-                            ; lea rcx, [rcx + rax]
-                            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-                        ),
-                    }
+                    add_to_rcx(&mut ops, minus_next as u64);
                     dynasm!(ops
                         ; .arch x64
                         ; jrcxz >hit
@@ -279,6 +303,57 @@ pub fn emit_superblock(
                         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
                         ; lea rsp, [rsp + pop]
                     );
+                }
+                // The target is compared with the next block's without touching the flags,
+                // as for a return; a mismatch leaves it in `ibl_target` for the side exit's
+                // lookup. Not with calling contexts (a jump's or call's context step needs
+                // the runtime).
+                Terminator::IndirectJump | Terminator::IndirectCall { .. } if !cx.contexts => {
+                    let inst = block
+                        .term_inst
+                        .as_ref()
+                        .ok_or_else(|| broken(blocks, i))?
+                        .inst;
+                    let prefix = std::mem::replace(&mut ops, VecAssembler::new(0));
+                    load_indirect_target(
+                        prefix,
+                        &inst,
+                        &mut code,
+                        &mut layout,
+                        &mut Relocs::default(),
+                        "superblock indirect branch",
+                    )?;
+                    ops = VecAssembler::new(code.addr() as usize);
+                    let l = ops.new_dynamic_label();
+                    add_to_rcx(&mut ops, 0u64.wrapping_sub(next.0));
+                    dynasm!(ops ; .arch x64 ; jrcxz >hit);
+                    add_to_rcx(&mut ops, next.0);
+                    dynasm!(ops
+                        ; .arch x64
+                        ; .u8 GS ; mov QWORD [off::IBL_TARGET], rcx
+                        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+                        ; jmp =>l
+                    );
+                    let return_to = match block.terminator {
+                        Terminator::IndirectCall { return_to } => Some(return_to),
+                        _ => None,
+                    };
+                    side_rel32 = Some((
+                        ops.offset().0 - 4,
+                        Cold::Indirect {
+                            at: GuestAddr(inst.ip()),
+                            return_to,
+                        },
+                    ));
+                    dynasm!(ops
+                        ; .arch x64
+                        ; =>l
+                        ; hit:
+                        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+                    );
+                    if let Some(return_to) = return_to {
+                        push_return(&mut ops, return_to, &mut literal_sites);
+                    }
                 }
                 _ => return Err(broken(blocks, i)),
             }
@@ -313,6 +388,11 @@ pub fn emit_superblock(
                     marker,
                     at,
                     pop: pop as u32,
+                },
+                Cold::Indirect { at, return_to } => ExitKind::SideExitIndirect {
+                    marker,
+                    at,
+                    return_to,
                 },
             },
         });
@@ -351,6 +431,24 @@ pub fn emit_superblock(
                     first_exit + exits.len() as u32 - 1
                 });
                 return_through_lookup(&mut ops, pop, &cx.gateway, mismatch, None);
+                at.0
+            }
+            Cold::Indirect { at, return_to } => {
+                // The branch as a basic block's terminator makes it, its target taken back
+                // from `ibl_target`; a call's return address pushed after the lookup.
+                dynasm!(ops
+                    ; .arch x64
+                    ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
+                    ; .u8 GS ; mov rcx, QWORD [off::IBL_TARGET]
+                );
+                match return_to {
+                    None => {
+                        emit_ibl(&mut ops, &cx.gateway);
+                    }
+                    Some(ret) => {
+                        indirect_call_lookup(&mut ops, &cx.gateway, ret);
+                    }
+                }
                 at.0
             }
         };
