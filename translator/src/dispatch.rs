@@ -1000,16 +1000,23 @@ impl Translator {
             contexts: self.contexts.is_some(),
             tail_call: false,
         };
-        // The last block's indirect branch through a constant slot goes on as a direct one,
-        // as the block's own translation does (the monitor still learns the blocks as decoded).
-        let last = blocks.len() - 1;
-        let folded = match self.contexts {
-            None => self.constant_target(&blocks[last]),
-            Some(_) => None,
+        // An indirect branch through a constant slot goes on as a direct one, as the block's
+        // own translation does: inside the trace with nothing to check (its target is the
+        // next block's), at its end chained (the monitor still learns the blocks as decoded).
+        let folded: Vec<(usize, GuestAddr, GuestAddr)> = match self.contexts {
+            None => (0..blocks.len())
+                .filter_map(|i| {
+                    let (slot, target) = self.constant_target(&blocks[i])?;
+                    Some((i, slot, target))
+                })
+                .collect(),
+            Some(_) => Vec::new(),
         };
-        let direct = folded.map(|(_, target)| {
+        let direct = (!folded.is_empty()).then(|| {
             let mut direct = blocks.clone();
-            direct[last] = crate::decode::with_direct_target(&blocks[last], target);
+            for &(i, _, target) in &folded {
+                direct[i] = crate::decode::with_direct_target(&blocks[i], target);
+            }
             direct
         });
         let to_emit = direct.as_deref().unwrap_or(&blocks);
@@ -1039,7 +1046,7 @@ impl Translator {
             );
         }
         self.cache.insert(&trace.code);
-        if let Some((slot, _)) = folded {
+        for &(_, slot, _) in &folded {
             self.depend_on_slot(slot);
         }
         let first = self.index.exits.len();
