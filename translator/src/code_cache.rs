@@ -268,7 +268,14 @@ impl CodeCache {
     /// Maps a region's two views, the executable one over the reservation at `rx_addr`, and
     /// publishes it to the handler. Returns its index.
     fn map_region(&mut self, rx_addr: u64, size: u64) -> Result<usize, TranslateError> {
-        let rw = shared_anonymous(size)?;
+        // A region beside far code has its writable view right above its executable one (out
+        // of the guest's mmap area, as the region is); the home region's goes where the
+        // kernel likes.
+        let hint = match self.regions.is_empty() {
+            true => 0,
+            false => rx_addr + size,
+        };
+        let rw = shared_anonymous(size, hint)?;
         if let Err(e) = alias(rw, size, rx_addr, libc::PROT_READ | libc::PROT_EXEC) {
             // SAFETY: the mapping just made, which nothing uses.
             unsafe { libc::munmap(rw as *mut c_void, size as usize) };
@@ -300,10 +307,12 @@ impl CodeCache {
 
     /// A region whose code reaches guest code at `pc` and the data around it
     /// (`GUEST_WINDOW`) with 32-bit displacements: the current one if it does, else another
-    /// made before, else a new one reserved beside `pc` with veneers to the gateway's routines.
-    /// The home region when none reaches and no new one can be made (no room in the address
-    /// space there, or [`MAX_REGIONS`] made): far operands are rewritten there, as before.
-    pub fn region_for(&mut self, pc: u64) -> usize {
+    /// made before, else a new one reserved beside `pc` with veneers to the gateway's routines:
+    /// above it first when `above_first()` says nothing of the guest grows there (code in the
+    /// mmap area, above the brk heap), else as the first cache is placed. The home region when
+    /// none reaches and no new one can be made (no room in the address space there, or
+    /// [`MAX_REGIONS`] made): far operands are rewritten there, as before.
+    pub fn region_for(&mut self, pc: u64, above_first: impl FnOnce() -> bool) -> usize {
         let (lo, hi) = (
             pc.saturating_sub(GUEST_WINDOW),
             pc.saturating_add(GUEST_WINDOW),
@@ -317,7 +326,12 @@ impl CodeCache {
         if self.regions.len() >= MAX_REGIONS {
             return 0;
         }
-        let Some(at) = hotpath_loader::reserve_within_reach(lo, hi, CODE_CACHE_SIZE) else {
+        let above = above_first()
+            .then(|| hotpath_loader::reserve_above(lo, hi, CODE_CACHE_SIZE))
+            .flatten();
+        let Some(at) =
+            above.or_else(|| hotpath_loader::reserve_within_reach(lo, hi, CODE_CACHE_SIZE))
+        else {
             return 0;
         };
         let Ok(i) = self.map_region(at, CODE_CACHE_SIZE) else {
@@ -477,7 +491,7 @@ impl CodeCache {
             regions: Vec::with_capacity(self.regions.len()),
         };
         for r in &self.regions {
-            let at = shared_anonymous(r.size)?;
+            let at = shared_anonymous(r.size, 0)?;
             copy.regions.push((at, r.size));
             // SAFETY: the used part of the region's RW view into the new mapping, of the same
             // size.
@@ -608,21 +622,36 @@ impl Drop for CacheCopy {
     }
 }
 
-/// A new shared anonymous mapping of `size` bytes, readable and writable, wherever the kernel
-/// likes. Returns its address.
-fn shared_anonymous(size: u64) -> Result<u64, TranslateError> {
-    // SAFETY: a fresh mapping.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            // No commit charge for the whole size up front: pages are used as code fills them.
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
+/// A new shared anonymous mapping of `size` bytes, readable and writable, at `hint` if that
+/// range is free (0: no hint), else wherever the kernel likes. Returns its address.
+fn shared_anonymous(size: u64, hint: u64) -> Result<u64, TranslateError> {
+    // No commit charge for the whole size up front: pages are used as code fills them.
+    let flags = libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    let map = |at: u64, extra: i32| {
+        // SAFETY: a fresh mapping; FIXED_NOREPLACE never replaces one.
+        unsafe {
+            libc::mmap(
+                at as *mut c_void,
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags | extra,
+                -1,
+                0,
+            )
+        }
     };
+    if hint != 0 {
+        let p = map(hint, libc::MAP_FIXED_NOREPLACE);
+        if p as u64 == hint {
+            return Ok(hint);
+        }
+        if p != libc::MAP_FAILED {
+            // An old kernel took FIXED_NOREPLACE as a hint.
+            // SAFETY: the mapping just made, which nothing uses.
+            unsafe { libc::munmap(p, size as usize) };
+        }
+    }
+    let p = map(0, 0);
     if p == libc::MAP_FAILED {
         return Err(TranslateError::CodeCache {
             reason: format!("mmap: {}", std::io::Error::last_os_error()),
@@ -693,18 +722,25 @@ mod tests {
             0x6000_0000_0000
         };
         assert_eq!(
-            cache.region_for(home + 4096),
+            cache.region_for(home + 4096, || true),
             0,
             "the home region reaches itself"
         );
 
-        let r = cache.region_for(pc);
+        let r = cache.region_for(pc, || true);
         assert_ne!(r, 0, "a region is made beside far code");
         assert!(cache.regions[r].reaches(pc - GUEST_WINDOW, pc + GUEST_WINDOW));
         assert_eq!(
-            cache.region_for(pc + (1 << 20)),
+            cache.region_for(pc + (1 << 20), || false),
             r,
             "and reused for code near it"
+        );
+        assert!(cache.regions[r].rx_base > pc, "above the code, as asked");
+        let rw = cache.region_table().find(cache.regions[r].rx_base).unwrap().2;
+        assert_eq!(
+            cache.regions[r].rx_base.wrapping_add(rw),
+            cache.regions[r].rx_base + CODE_CACHE_SIZE,
+            "its writable view right above it"
         );
         cache.select(r);
         let jumps = cache.gateway_jumps();

@@ -293,7 +293,7 @@ pub(crate) fn reload_path(ops: &mut VecAssembler<X64Relocation>, add: u64) {
         ; .u8 GS ; mov rcx, QWORD [off::FRAME_TOP]
         ; .u8 GS ; mov rcx, QWORD [rcx + FRAME + PATH]
     );
-    crate::path_steps::add_to_rcx(ops, add);
+    crate::stubs::add_to_rcx(ops, add);
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::PATH], rcx

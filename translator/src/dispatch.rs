@@ -2097,7 +2097,10 @@ impl Translator {
     /// there reaches it.
     fn select_region(&mut self, pc: u64) -> Gateway {
         let region = match self.contexts {
-            None => self.cache.region_for(pc),
+            None => {
+                let memory = &self.process.shared.memory;
+                self.cache.region_for(pc, || pc > lock(memory).brk)
+            }
             Some(_) => 0,
         };
         self.cache.select(region);

@@ -32,6 +32,7 @@ use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembl
 use hotpath_contexts::{Node, RunNode, RUN_PATHS_MAX, RUN_ROOT_OFFSET};
 
 use crate::gateway::GS;
+use crate::stubs::add_to_rcx;
 use crate::thread_area::off;
 
 /// Appends an activation's start at its function's entry: the current context's counters
@@ -216,22 +217,6 @@ pub fn path_end(
         ; jmp <found
         ; done:
     );
-}
-
-/// `rcx += value` (mod 2^64), flag-free; RDX is borrowed when `value` does not fit a
-/// sign-extended 32-bit displacement.
-pub(crate) fn add_to_rcx(ops: &mut VecAssembler<X64Relocation>, value: u64) {
-    match i32::try_from(value as i64) {
-        Ok(0) => {}
-        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
-        Err(_) => dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
-            ; mov rdx, QWORD value as i64
-            ; lea rcx, [rcx + rdx]
-            ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
-        ),
-    }
 }
 
 /// `r = value`, with RCX borrowed.

@@ -248,3 +248,21 @@ pub(crate) fn align_patchable(ops: &mut VecAssembler<X64Relocation>, base: u64, 
         _ => dynasm!(ops ; .arch x64 ; .u8 0x0f ; .u8 0x1f ; .u8 0x00),
     }
 }
+
+/// `rcx += value` (mod 2^64), flag-free: `lea` with a 32-bit displacement when `value` fits a
+/// sign-extended one, else with RDX lending the 64-bit constant (kept in its scratch slot).
+/// Compares a borrowed RCX with a constant (zero on a match, for `jrcxz`) and steps path
+/// registers.
+pub(crate) fn add_to_rcx(ops: &mut VecAssembler<X64Relocation>, value: u64) {
+    match i32::try_from(value as i64) {
+        Ok(0) => {}
+        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
+        Err(_) => dynasm!(ops
+            ; .arch x64
+            ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+            ; mov rdx, QWORD value as i64
+            ; lea rcx, [rcx + rdx]
+            ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ),
+    }
+}

@@ -41,6 +41,7 @@ use crate::emit::{
 };
 use crate::gateway::{emit_ibl, GS};
 use crate::relocs::Relocs;
+use crate::stubs::add_to_rcx;
 use crate::thread_area::off;
 use crate::TranslateError;
 
@@ -92,22 +93,6 @@ fn push_return(
             dynasm!(ops ; .arch x64 ; .u8 0xff ; .u8 0x35 ; .u32 0);
             literal_sites.push((ops.offset().0 - 4, ret.0));
         }
-    }
-}
-
-/// Adds the 64-bit constant `value` to RCX without touching the flags: `lea` with a 32-bit
-/// displacement when it fits, else with RAX lending the constant (saved and restored around
-/// it).
-fn add_to_rcx(ops: &mut VecAssembler<X64Relocation>, value: u64) {
-    match i32::try_from(value as i64) {
-        Ok(disp) => dynasm!(ops ; .arch x64 ; lea rcx, [rcx + disp]),
-        Err(_) => dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-            ; mov rax, QWORD value as i64
-            ; lea rcx, [rcx + rax]
-            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ),
     }
 }
 

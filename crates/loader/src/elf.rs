@@ -767,6 +767,31 @@ pub fn reserve_within_reach(start: u64, end: u64, len: u64) -> Option<u64> {
     None
 }
 
+/// Reserves `len` bytes of address space (PROT_NONE, no commit charge) just above the guest
+/// range `[start, end)` and within a RIP-relative displacement's reach (2 GiB) of all of it:
+/// the first free of 16 MiB past `end`, then up one reservation at a time. For code beside
+/// libraries, which the kernel maps top-down from its mmap base: above them lies the gap
+/// below the stack, where the guest's own mappings do not go, while below them is where its
+/// next ones will. `None` when no candidate is free.
+pub fn reserve_above(start: u64, end: u64, len: u64) -> Option<u64> {
+    let len = page_ceil(len);
+    let mut at = page_ceil(end + EXTRA_GAP);
+    for _ in 0..16 {
+        if at + len - start > RIP_REACH {
+            break;
+        }
+        if let Some(p) = map_reservation(at, len, libc::MAP_FIXED_NOREPLACE) {
+            if p == at {
+                return Some(p);
+            }
+            // SAFETY: the reservation just made, elsewhere (an old kernel's hint).
+            unsafe { libc::munmap(p as *mut c_void, len as usize) };
+        }
+        at += len;
+    }
+    None
+}
+
 /// A PROT_NONE, MAP_NORESERVE anonymous mapping of `len` bytes at `at` with `flags`.
 fn map_reservation(at: u64, len: u64, flags: i32) -> Option<u64> {
     // SAFETY: an anonymous PROT_NONE reservation; FIXED_NOREPLACE never replaces a mapping.

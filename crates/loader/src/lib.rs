@@ -18,8 +18,8 @@ mod script;
 mod stack;
 
 pub use elf::{
-    kernel_refusal, load, module_symbols, reserve_within_reach, symbolize_in, ElfKind, Image,
-    Interpreter, LoadOptions, ModuleSymbols, Segment, Symbol,
+    kernel_refusal, load, module_symbols, reserve_above, reserve_within_reach, symbolize_in,
+    ElfKind, Image, Interpreter, LoadOptions, ModuleSymbols, Segment, Symbol,
 };
 pub use error::LoadError;
 pub use script::resolve_script;
