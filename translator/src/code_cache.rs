@@ -578,11 +578,13 @@ impl CodeCache {
         self.region_of(addr).is_some()
     }
 
-    /// True if `[start, end)` overlaps a region's executable view.
+    /// True if `[start, end)` overlaps a view (executable or writable) of a region: memory
+    /// of the cache's that the guest may ask for.
     pub fn overlaps(&self, start: u64, end: u64) -> bool {
-        self.regions
-            .iter()
-            .any(|r| start < r.rx_base + r.size && end > r.rx_base)
+        self.regions.iter().any(|r| {
+            let rw = r.rw_base as u64;
+            (start < r.rx_base + r.size && end > r.rx_base) || (start < rw + r.size && end > rw)
+        })
     }
 
     /// Unmaps both views of every region, giving their address ranges back (to the guest).
@@ -736,7 +738,11 @@ mod tests {
             "and reused for code near it"
         );
         assert!(cache.regions[r].rx_base > pc, "above the code, as asked");
-        let rw = cache.region_table().find(cache.regions[r].rx_base).unwrap().2;
+        let rw = cache
+            .region_table()
+            .find(cache.regions[r].rx_base)
+            .unwrap()
+            .2;
         assert_eq!(
             cache.regions[r].rx_base.wrapping_add(rw),
             cache.regions[r].rx_base + CODE_CACHE_SIZE,

@@ -1824,7 +1824,6 @@ impl Translator {
         }
     }
 
-    /// Empties the code cache: every block will be translated again (with new ids).
     /// True if the guest's `mmap` (`nr` 9) or `brk` (12) with `args` did not get memory
     /// it would have natively, because this thread's code cache is in the requested range:
     /// `brk` growing into it, or `mmap` at a hint or a fixed address overlapping it.
@@ -1879,6 +1878,7 @@ impl Translator {
         Ok(())
     }
 
+    /// Empties the code cache: every block will be translated again (with new ids).
     fn flush(&mut self) {
         // Instrumented code goes: an activation in it turns cold first, and so do the holes
         // suspended in calls out (their frames' hosts go).
