@@ -1075,3 +1075,53 @@ pub fn module_symbols(bytes: &[u8], start: u64) -> Option<ModuleSymbols> {
         build_id,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Unmaps `[at, at + len)`.
+    fn unmap(at: u64, len: u64) {
+        // SAFETY: a reservation the test made, which nothing uses.
+        unsafe { libc::munmap(at as *mut c_void, len as usize) };
+    }
+
+    /// Every byte of `[at, at + len)` is within a rel32's reach of every byte of `[start, end)`.
+    fn in_reach(at: u64, len: u64, start: u64, end: u64) -> bool {
+        (at + len).max(end) - at.min(start) <= RIP_REACH
+    }
+
+    #[test]
+    fn reservations_lie_in_reach_of_their_range_and_above_it_when_asked() {
+        // A stand-in for a library: 32 MiB at the bottom of a free gigabyte (found by mapping
+        // it and giving it back), so the candidates above it are free.
+        let len = 64 * MIB;
+        let hole = map_reservation(0, 1024 * MIB, 0).expect("a free gigabyte");
+        unmap(hole, 1024 * MIB);
+        let module = map_reservation(hole, 32 * MIB, libc::MAP_FIXED_NOREPLACE)
+            .filter(|&m| m == hole)
+            .expect("the module's place");
+        let (start, end) = (module, module + 32 * MIB);
+
+        let above = reserve_above(start, end, len).expect("room above");
+        assert!(
+            above >= end + EXTRA_GAP,
+            "{above:#x} leaves the gap above {end:#x}"
+        );
+        assert!(in_reach(above, len, start, end));
+        // The first candidate taken: the next one up.
+        let again = reserve_above(start, end, len).expect("room above");
+        assert_eq!(again, above + len, "one reservation further up");
+        assert!(in_reach(again, len, start, end));
+
+        let near = reserve_within_reach(start, end, len).expect("room in reach");
+        assert!(in_reach(near, len, start, end));
+        assert!(near + len <= start || near >= end, "not over the range");
+
+        for (at, n) in [(above, len), (again, len), (near, len), (module, 32 * MIB)] {
+            unmap(at, n);
+        }
+    }
+}
