@@ -208,6 +208,9 @@ pub struct CodeCache {
     current: usize,
     /// The veneers made for links between regions: `(region, target)` → veneer.
     veneers: FxHashMap<(usize, u64), HostAddr>,
+    /// Guest ranges `[lo, hi)` where no region could be made: code there goes to the home
+    /// region without trying again (each try is a few dozen `mmap`s).
+    unplaceable: Vec<(u64, u64)>,
     /// The layouts of the blocks in the cache (shared with the thread's signal handler, hence
     /// leaked: a cache lives as long as the process).
     blocks: &'static BlockMap,
@@ -230,6 +233,7 @@ impl CodeCache {
             regions: Vec::new(),
             current: 0,
             veneers: FxHashMap::default(),
+            unplaceable: Vec::new(),
             blocks: Box::leak(Box::new(BlockMap {
                 map: UnsafeCell::new(BTreeMap::new()),
             })),
@@ -323,20 +327,25 @@ impl CodeCache {
         if let Some(i) = self.regions.iter().position(|r| r.reaches(lo, hi)) {
             return i;
         }
-        if self.regions.len() >= MAX_REGIONS {
+        if self.regions.len() >= MAX_REGIONS
+            || self.unplaceable.iter().any(|&(l, h)| pc >= l && pc < h)
+        {
             return 0;
         }
         let above = above_first()
             .then(|| hotpath_loader::reserve_above(lo, hi, CODE_CACHE_SIZE))
             .flatten();
-        let Some(at) =
-            above.or_else(|| hotpath_loader::reserve_within_reach(lo, hi, CODE_CACHE_SIZE))
-        else {
-            return 0;
-        };
-        let Ok(i) = self.map_region(at, CODE_CACHE_SIZE) else {
-            // SAFETY: the reservation just made, which nothing uses.
-            unsafe { libc::munmap(at as *mut c_void, CODE_CACHE_SIZE as usize) };
+        let at = above.or_else(|| hotpath_loader::reserve_within_reach(lo, hi, CODE_CACHE_SIZE));
+        let mapped = at.and_then(|at| match self.map_region(at, CODE_CACHE_SIZE) {
+            Ok(i) => Some(i),
+            Err(_) => {
+                // SAFETY: the reservation just made, which nothing uses.
+                unsafe { libc::munmap(at as *mut c_void, CODE_CACHE_SIZE as usize) };
+                None
+            }
+        });
+        let Some(i) = mapped else {
+            self.unplaceable.push((lo, hi));
             return 0;
         };
         let home = self.regions[0].routines;
