@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::format::{self, EmitKey, Key, ModuleRecords};
+use super::format::{self, EmitKey, FileBytes, Key, ModuleRecords};
 use super::record::BlockRecord;
 use crate::modules::FileId;
 
@@ -157,8 +157,19 @@ impl CacheDir {
         {
             return None;
         }
-        let mut bytes = Vec::with_capacity(m.len() as usize);
-        f.read_to_end(&mut bytes).ok()?;
+        // SAFETY: the store never writes a file in place (a new one is renamed over it, and
+        // the mapping keeps the old one), and this user's 0600 file in a 0700 directory is
+        // nobody else's to change. Every record's CRC is checked before it is used, so a
+        // changed byte only costs that record; only a file truncated under the running process
+        // by hand would fault (SIGBUS) when a record past its new end is read.
+        let bytes = match unsafe { memmap2::Mmap::map(&f) } {
+            Ok(m) => FileBytes::Mapped(m),
+            Err(_) => {
+                let mut bytes = Vec::with_capacity(m.len() as usize);
+                f.read_to_end(&mut bytes).ok()?;
+                FileBytes::Owned(bytes)
+            }
+        };
         let records = ModuleRecords::parse(bytes, key)?;
         let _ = f.set_modified(std::time::SystemTime::now());
         Some(records)
