@@ -142,7 +142,7 @@ pub fn thread_row_of(
 /// indirect sites, system calls and superblocks aggregated by guest address, blocks named
 /// with `symbolize`. Threads, modules and path profiles are left empty for the caller.
 pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report {
-    let counts = tables.block_counts();
+    let (counts, all_edges) = tables.counts_and_edges();
     let blocks = &tables.blocks;
 
     // Ids counted, by guest address and then id: the blocks of one address (translated again
@@ -188,7 +188,6 @@ pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report
     }
     totals.distinct_blocks = report_blocks.len() as u64;
 
-    let all_edges = tables.edges();
     let mut edge_counts: Vec<((u64, u64, EdgeKind), u64)> = Vec::with_capacity(all_edges.len());
     let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();
     for (from, to, c) in all_edges {
