@@ -13,6 +13,9 @@ pub struct ModuleMap {
     pub profiles: Vec<Module>,
     /// Function symbols of each module, at guest addresses.
     symbols: Vec<Vec<Symbol>>,
+    /// Each module's file name (what names its blocks), made once rather than for each
+    /// block of a report.
+    files: Vec<String>,
 }
 
 impl ModuleMap {
@@ -38,7 +41,19 @@ impl ModuleMap {
             });
             symbols.push(info.symbols);
         }
-        ModuleMap { profiles, symbols }
+        let files = profiles
+            .iter()
+            .map(|m| {
+                Path::new(&m.path)
+                    .file_name()
+                    .map_or(m.path.clone(), |f| f.to_string_lossy().into_owned())
+            })
+            .collect();
+        ModuleMap {
+            profiles,
+            symbols,
+            files,
+        }
     }
 
     /// Names guest address `addr` as `(name, offset)`: in the program, its function symbol;
@@ -51,13 +66,10 @@ impl ModuleMap {
         if i == 0 {
             return sym.map(|(name, off)| (name.to_string(), off));
         }
-        let m = &self.profiles[i];
-        let file = Path::new(&m.path)
-            .file_name()
-            .map_or(m.path.clone(), |f| f.to_string_lossy().into_owned());
+        let file = &self.files[i];
         Some(match sym {
             Some((name, off)) => (format!("{file}!{name}"), off),
-            None => (file, addr - m.base.0),
+            None => (file.clone(), addr - self.profiles[i].base.0),
         })
     }
 }
