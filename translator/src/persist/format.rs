@@ -78,8 +78,8 @@ impl EmitKey {
 /// What a store file is for: the emission setting and the module's file.
 pub type Key = (EmitKey, FileId);
 
-/// A store file's bytes: mapped from the file (what a run reads), or in memory (what tests and
-/// a damaged-file fallback give).
+/// A store file's bytes: mapped from the file (what a run reads), or in memory (tests, and a
+/// file that cannot be mapped).
 pub enum FileBytes {
     /// Read into memory.
     Owned(Vec<u8>),
