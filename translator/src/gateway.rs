@@ -7,6 +7,7 @@
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_ir::HostAddr;
+use iced_x86::Register;
 
 use crate::code_cache::{CodeCache, GatewayJumps};
 use crate::thread_area::off;
@@ -312,6 +313,75 @@ pub fn emit_ibl_call(
         first,
         second.expect("a call's lookup has a second miss path"),
     ]
+}
+
+/// The indirect branch lookup for a guest target in 64-bit register `target` (neither RCX
+/// nor RSP), with only RCX borrowed (the guest's RCX already in `scratch_rcx`), or also R11
+/// when `target` is R11 and `r11_borrowed` (the guest's R11 in `scratch_r11`, the target
+/// loaded into it). On a hit, gives the borrowed registers back and jumps to the target's
+/// block; on a miss, leaves the target in `ibl_target` and the site in `ibl_site` and exits to
+/// the dispatcher with `EXIT_IBL_MISS`. Flag-free, as [`emit_ibl`].
+///
+/// Every register the lookup borrows is saved and reloaded through the thread area: a round
+/// trip on that register's dependency chain (about 6 cycles on AMD Zen 4, which forwards a
+/// store to an absolute load late), paid by whatever reads the register next. So the slot is
+/// found again from `target` on the hit path instead of being kept in a second register, and
+/// a target that is not in a register already goes to R11: at a return (compiled code reads no
+/// caller-saved register but RAX and RDX after a call) and at a PLT jump (R11 carries no
+/// argument) nothing reads R11 before writing it, while RAX, which [`emit_ibl`] borrows, is
+/// the return value. Returns the offset (from the assembler's start) of its `rel32` to the
+/// gateway's exit.
+#[allow(clippy::useless_conversion)]
+pub fn emit_ibl_in(
+    ops: &mut VecAssembler<X64Relocation>,
+    gateway: &Gateway,
+    target: Register,
+    r11_borrowed: bool,
+) -> u64 {
+    debug_assert!(target.is_gpr64() && !matches!(target, Register::RCX | Register::RSP));
+    debug_assert!(!r11_borrowed || target == Register::R11);
+    let t = (target as u32 - Register::RAX as u32) as u8;
+    let exit = gateway.exit.0 as usize;
+    dynasm!(ops
+        ; .arch x64
+        ; movzx ecx, Rw(t)
+        ; lea rcx, [rcx + rcx]                            // slot * 2, scaled by 8: 16-byte slots
+        ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL]    // !(slot's guest address)
+        ; lea rcx, [rcx + Rq(t) + 1]                      // 0 iff the slot holds the target
+        ; jrcxz >hit
+        ; site:
+        ; .u8 GS ; mov QWORD [off::IBL_TARGET], Rq(t)
+    );
+    if r11_borrowed {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; mov r11, QWORD [off::SCRATCH_R11]);
+    }
+    // The miss records where it happened: the dispatcher finds the guest branch from it when
+    // the target cannot be run (a non-canonical address).
+    dynasm!(ops
+        ; .arch x64
+        ; lea rcx, [<site]
+        ; .u8 GS ; mov QWORD [off::IBL_SITE], rcx
+        ; mov ecx, EXIT_IBL_MISS as i32
+        ; jmp extern exit
+    );
+    let miss = ops.offset().0 as u64 - 4;
+    dynasm!(ops
+        ; .arch x64
+        ; hit:
+        ; movzx ecx, Rw(t)
+        ; lea rcx, [rcx + rcx]
+        ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL + 8]
+        ; .u8 GS ; mov QWORD [off::JUMP_TO], rcx
+    );
+    if r11_borrowed {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; mov r11, QWORD [off::SCRATCH_R11]);
+    }
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
+    );
+    miss
 }
 
 /// Emits a call's push of its return address (no register or flag changed).

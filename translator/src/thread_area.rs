@@ -107,6 +107,9 @@ pub struct ThreadArea {
     pub scratch_rax: u64,
     /// Scratch slot: guest RDX while the indirect branch lookup borrows RDX.
     pub scratch_rdx: u64,
+    /// Scratch slot: guest R11 while the lookup of a `ret` or of a `jmp` through memory holds
+    /// the target in R11 (see `gateway::emit_ibl_in`).
+    pub scratch_r11: u64,
     /// Why the thread left the code cache: an exit index, or one of the `EXIT_*` codes.
     pub exit_code: u64,
     /// Host address to resume at after a ring refill (the enqueue stub's block entry).
@@ -155,6 +158,7 @@ pub mod off {
     pub const SCRATCH_RCX: i32 = offset_of!(ThreadArea, scratch_rcx) as i32;
     pub const SCRATCH_RAX: i32 = offset_of!(ThreadArea, scratch_rax) as i32;
     pub const SCRATCH_RDX: i32 = offset_of!(ThreadArea, scratch_rdx) as i32;
+    pub const SCRATCH_R11: i32 = offset_of!(ThreadArea, scratch_r11) as i32;
     pub const SCRATCH_FAR: i32 = offset_of!(ThreadArea, scratch_far) as i32;
     pub const EXIT_CODE: i32 = offset_of!(ThreadArea, exit_code) as i32;
     pub const RESUME: i32 = offset_of!(ThreadArea, resume) as i32;

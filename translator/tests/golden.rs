@@ -231,6 +231,16 @@ fn indirect_jump_goes_through_the_lookup() {
 }
 
 #[test]
+fn jump_through_a_register_looks_the_target_up_in_place() {
+    // movslq rax, [r8 + rax*4] ; add rax, r8 ; jmp rax (a `switch`'s jump table): the lookup
+    // borrows RCX alone and reads the target from RAX.
+    check(
+        "jmp_table",
+        &[0x49, 0x63, 0x04, 0x80, 0x4c, 0x01, 0xc0, 0xff, 0xe0],
+    );
+}
+
+#[test]
 fn rip_relative_operands_keep_their_guest_target() {
     // lea rcx, [rip] ; mov rax, [rip + 0x100] ; call [rip + 0x200]
     check(
