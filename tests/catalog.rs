@@ -251,6 +251,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("constant_slots", "constant_slots.c", &[], Exit(0),
         "indirect jumps and calls through a read-only slot (a GOT after relocation), changed \
          by mprotect + store, a /proc/self/mem write and MADV_DONTNEED"),
+    sample("jumptable_changes", "jumptable_changes.c", &[], Exit(0),
+        "a switch's jump table (movslq, add, jmp) changed by mprotect + store, a \
+         /proc/self/mem write and MADV_DONTNEED; a second table base and indices past 255"),
     sample("jit_rwx", "jit_rwx.c", &[], Exit(0),
         "code rewritten in place in an RWX page (no mprotect), data stored into the code page, \
          and read(2) writing code into it"),

@@ -65,6 +65,7 @@ sample_tests! {
     cpu_features,
     jit_remap,
     constant_slots,
+    jumptable_changes,
     jit_rwx,
     threads,
     thread_counts,

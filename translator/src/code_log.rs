@@ -15,6 +15,8 @@ pub enum CodeKind {
     Instrumented,
     /// A calling-context stub at a function entry.
     ContextStub,
+    /// The stub a `switch` index of a jump-table site goes to (`jump_table`).
+    JumpTableStub,
     /// The gateway: hotpath's own routines between the dispatcher and translated code.
     Gateway,
 }

@@ -27,8 +27,9 @@ pub struct Stats {
     pub blocks_translated: u64,
     /// Of those, blocks placed from the persisted store (`persist`) instead.
     pub blocks_loaded: u64,
-    /// Blocks decoded and emitted afresh in a module the store could hold them for (its
-    /// misses).
+    /// Blocks decoded and emitted afresh in a module the store could hold them for, and kept
+    /// for it (its misses; a translation the store cannot hold, such as a jump-table site's,
+    /// is none).
     pub blocks_missed: u64,
     /// Direct branches chained.
     pub links: u64,

@@ -4,6 +4,7 @@
 
 mod contexts;
 mod instrument;
+mod jump_tables;
 
 use instrument::HandIn;
 
@@ -146,6 +147,8 @@ pub struct Translator {
     links: contexts::ContextLinks,
     /// Instrumented functions' plans and translations (#21 stage 2).
     inst: instrument::Instrumentation,
+    /// The jump-table sites in the cache, by site number (`jump_table`).
+    jump_tables: Vec<jump_tables::Site>,
 }
 
 const ARCH_SET_GS: i32 = 0x1001;
@@ -468,6 +471,7 @@ impl Translator {
             contexts,
             links: Default::default(),
             inst: Default::default(),
+            jump_tables: Vec::new(),
         }
     }
 
@@ -999,6 +1003,7 @@ impl Translator {
             gateway,
             contexts: self.contexts.is_some(),
             tail_call: false,
+            jump_table: None,
         };
         // An indirect branch through a constant slot goes on as a direct one, as the block's
         // own translation does: inside the trace with nothing to check (its target is the
@@ -1020,6 +1025,16 @@ impl Translator {
             direct
         });
         let to_emit = direct.as_deref().unwrap_or(&blocks);
+        // A trace that ends in a `switch`'s dispatch gets a jump table of its own.
+        let last = &to_emit[to_emit.len() - 1];
+        let site = match self.contexts {
+            None => crate::jump_table::pattern(last).zip(self.free_jump_table_site()),
+            Some(_) => None,
+        };
+        let cx = EmitContext {
+            jump_table: site.map(|(_, number)| number),
+            ..cx
+        };
         let trace = match emit_superblock(to_emit, sb, self.cache.next_addr(), first_exit, &cx) {
             Ok(t) => t,
             Err(e) => {
@@ -1048,6 +1063,17 @@ impl Translator {
         self.cache.insert(&trace.code);
         for &(_, slot, _) in &folded {
             self.depend_on_slot(slot);
+        }
+        if let (Some((pattern, number)), Some(fill), Some(jmp)) =
+            (site, trace.jump_table_fill, last.term_inst.as_ref())
+        {
+            let s = jump_tables::Site {
+                pattern,
+                id: sb,
+                from: last.start,
+                jmp_at: GuestAddr(jmp.inst.ip()),
+            };
+            self.open_jump_table(number, s, fill);
         }
         let first = self.index.exits.len();
         self.index.exits.extend(trace.exits);
@@ -1177,6 +1203,7 @@ impl Translator {
                         }
                         Ok(Ok(Next::Host(host)))
                     }
+                    ExitKind::JumpTableFill { site } => Ok(Ok(self.fill_jump_table(site)?)),
                     // A signal that arrived before the `syscall` instruction is delivered
                     // first, as on hardware; the handler returns to the instruction.
                     ExitKind::Syscall { at, .. } if self.process.signals.deliverable() => {
@@ -1895,6 +1922,7 @@ impl Translator {
         self.index.superblock_heads.clear();
         self.index.step_blocks.clear();
         self.links.clear();
+        self.jump_tables.clear();
         if let Some(c) = &mut self.contexts {
             c.forget_hosts();
         }
@@ -1971,11 +1999,7 @@ impl Translator {
     /// The 8-byte value at guest `slot` if it is a constant there (see
     /// [`Self::constant_target`]) and a canonical address.
     fn constant_value(&mut self, slot: GuestAddr) -> Option<GuestAddr> {
-        let guest_writable = [slot.0, slot.0 + 7].into_iter().any(|a| {
-            let prot = self.process.signals.protected_pages().guest_prot(a);
-            prot.is_some_and(|p| p & libc::PROT_WRITE != 0)
-        });
-        if guest_writable || !self.process.maps.constant(slot.0, 8) {
+        if !self.constant_bytes(slot.0, 8) {
             return None;
         }
         let mut value = [0u8; 8];
@@ -1984,12 +2008,29 @@ impl Translator {
         (target < 1 << 47).then_some(GuestAddr(target))
     }
 
+    /// True if the `len` bytes at guest `addr` change only through a system call that
+    /// discards the translations of their range: on a private page the guest can read but
+    /// not write ([`crate::smc::MapsCache::constant`]), nor write-protected by hotpath for a
+    /// guest that may write it.
+    fn constant_bytes(&mut self, addr: u64, len: u64) -> bool {
+        let guest_writable = [addr, addr + len - 1].into_iter().any(|a| {
+            let prot = self.process.signals.protected_pages().guest_prot(a);
+            prot.is_some_and(|p| p & libc::PROT_WRITE != 0)
+        });
+        !guest_writable && self.process.maps.constant(addr, len)
+    }
+
     /// Makes the constant `slot` count as guest bytes of the translations in the cache: a
     /// system call that changes it (reprotects, unmaps, remaps or discards its page, or
     /// writes it through /proc/self/mem) discards them.
     fn depend_on_slot(&mut self, slot: GuestAddr) {
-        let span = self.index.spans.entry(slot.0).or_insert(slot.0 + 8);
-        *span = (*span).max(slot.0 + 8);
+        self.depend_on_bytes(slot.0, 8);
+    }
+
+    /// [`Self::depend_on_slot`] for the `len` bytes at guest `addr`.
+    fn depend_on_bytes(&mut self, addr: u64, len: u64) {
+        let span = self.index.spans.entry(addr).or_insert(addr + len);
+        *span = (*span).max(addr + len);
     }
 
     /// Write-protects the guest pages of `start..end` (code just translated) where the guest
@@ -2045,15 +2086,38 @@ impl Translator {
             gateway,
             contexts: self.contexts.is_some(),
             tail_call: false,
+            jump_table: None,
         };
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
         let mut flushed = false;
+        // A `switch`'s dispatch through a jump table gets a table of its own (`jump_table`),
+        // while there is one free.
+        let switch = match (&direct, &self.contexts) {
+            (None, None) if max == MAX_BLOCK_INSTRUCTIONS => crate::jump_table::pattern(&block),
+            _ => None,
+        };
+        let mut site = None;
         let emitted = loop {
             let id = BlockId(registry.next_id);
             let first_exit = self.index.exits.len() as u32;
             let to_emit = direct.as_ref().unwrap_or(&block);
-            let emitted = emit_block(to_emit, id, self.cache.next_addr(), first_exit, &cx)?;
+            let at = self.cache.next_addr();
+            let table = switch.and_then(|p| Some((p, self.free_jump_table_site()?)));
+            let emitted = match table {
+                Some((p, number)) => {
+                    let cx = EmitContext {
+                        jump_table: Some(number),
+                        ..cx
+                    };
+                    let (emitted, code) = crate::jump_table::emit_block(
+                        to_emit, &p, id, at, first_exit, &cx, number,
+                    )?;
+                    site = Some((number, p, id, code.fill));
+                    emitted
+                }
+                None => emit_block(to_emit, id, at, first_exit, &cx)?,
+            };
             let fits = emitted.code.len() as u64 <= self.cache.room()
                 && first_exit as u64 + emitted.exits.len() as u64 <= EXIT_SPECIAL_BASE as u64;
             if fits {
@@ -2070,17 +2134,20 @@ impl Translator {
             flushed = true;
         };
         if let Some((store, start, file)) = &module {
+            // A translation the store cannot hold (a jump-table site's, whose table is this
+            // thread's) is no miss: no run would have found it there.
             if let Some(r) = BlockRecord::capture(&emitted, &block, pc - start, folded) {
                 store.keep(file, r);
+                self.stats.blocks_missed += 1;
             }
-            self.stats.blocks_missed += 1;
         }
         if let Some((slot, _)) = folded {
             self.depend_on_slot(slot);
         }
         let end = block.end().0.max(pc + 1);
         let summary = block.summary();
-        self.install_block(
+        let jmp_at = block.term_inst.as_ref().map(|i| GuestAddr(i.inst.ip()));
+        let entry = self.install_block(
             pc,
             max,
             emitted,
@@ -2088,7 +2155,17 @@ impl Translator {
             block.code.into_boxed_slice(),
             end,
             registry,
-        )
+        )?;
+        if let (Some((number, pattern, id, fill)), Some(jmp_at)) = (site, jmp_at) {
+            let s = jump_tables::Site {
+                pattern,
+                id,
+                from: GuestAddr(pc),
+                jmp_at,
+            };
+            self.open_jump_table(number, s, fill);
+        }
+        Ok(entry)
     }
 
     /// Makes the code cache put the next translation, of guest code at `pc`, in a region

@@ -68,6 +68,9 @@ pub struct EmitContext {
     /// contexts, which the plan's numbering cannot follow: the block hands its activation over
     /// there instead.
     pub tail_call: bool,
+    /// The jump-table site (`jump_table`) a block (a superblock's last) ending in a `switch`'s
+    /// dispatch is translated as; `None`: through the lookup.
+    pub jump_table: Option<u32>,
 }
 
 /// A growing run of machine code assembled for consecutive host addresses.
@@ -108,6 +111,28 @@ pub fn emit_block(
     first_exit: u32,
     cx: &EmitContext,
 ) -> Result<EmittedBlock, TranslateError> {
+    emit_block_with(block, id, at, first_exit, cx, None)
+}
+
+/// What follows a block's body in its translation, in place of its terminator's
+/// ([`emit_terminator`]): appends its code, records its parts in the layout and relocations,
+/// and returns its exits (indices from the `u32`).
+pub(crate) type Tail<'a> = &'a mut dyn FnMut(
+    &mut Code_,
+    u32,
+    &mut HostLayout,
+    &mut Relocs,
+) -> Result<Vec<Exit>, TranslateError>;
+
+/// [`emit_block`], with `tail` (when given) emitting what follows the body.
+pub(crate) fn emit_block_with(
+    block: &Block,
+    id: BlockId,
+    at: HostAddr,
+    first_exit: u32,
+    cx: &EmitContext,
+    tail: Option<Tail<'_>>,
+) -> Result<EmittedBlock, TranslateError> {
     let exit_addr = cx.gateway.exit.0 as usize;
     let mut code = Code_ {
         base: at.0,
@@ -142,15 +167,18 @@ pub fn emit_block(
     append_body(block, &mut code, &mut layout, &mut relocs)?;
 
     // Terminator and exit stubs.
-    let mut exits = emit_terminator(
-        block,
-        id,
-        &mut code,
-        first_exit,
-        cx,
-        &mut layout,
-        &mut relocs,
-    )?;
+    let mut exits = match tail {
+        Some(tail) => tail(&mut code, first_exit, &mut layout, &mut relocs)?,
+        None => emit_terminator(
+            block,
+            id,
+            &mut code,
+            first_exit,
+            cx,
+            &mut layout,
+            &mut relocs,
+        )?,
+    };
     layout.code_end = code.addr();
     resolve_exit_stubs(&mut exits, &code);
     Ok(EmittedBlock {

@@ -28,6 +28,7 @@ pub mod emit;
 pub mod gateway;
 pub mod guest_mem;
 pub mod instrumented;
+pub mod jump_table;
 mod links;
 pub mod linux;
 pub mod modules;

@@ -140,6 +140,10 @@ pub enum ExitKind {
     /// An instrumented `ret` (its path counted) popped a frame with no host address: it goes
     /// on at its target, in `ibl_target`, cold.
     PathReturnNoHost { numbering: u32 },
+    /// Jump-table site `site`'s table had no stub for the `switch` index in the thread area's
+    /// `jump_table_index` (the guest's `add` done, the case's address in the `jmp`'s
+    /// register): the runtime makes one and goes on at the case (`jump_table`).
+    JumpTableFill { site: u32 },
     /// The guest reached a trapping instruction at `at`; `next` is the address after it.
     Trap {
         kind: TrapKind,

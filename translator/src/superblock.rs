@@ -56,6 +56,8 @@ pub struct EmittedTrace {
     /// One layout per block of the trace, then one per side-exit stub and one per landing stub
     /// of an inlined call (`context_steps`), in address order.
     pub layouts: Vec<HostLayout>,
+    /// With a jump-table site (`EmitContext::jump_table`) at its end: the site's fill stub.
+    pub jump_table_fill: Option<HostAddr>,
 }
 
 /// Where a side exit goes.
@@ -145,6 +147,7 @@ pub fn emit_superblock(
     let mut landings: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
     let mut landing_sites: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
 
+    let mut jump_table_fill = None;
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let ring_entries = cx
         .enqueue
@@ -164,12 +167,15 @@ pub fn emit_superblock(
             ..HostLayout::default()
         };
         // Never persisted: its relocations are not kept.
-        append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
-        if i + 1 == blocks.len() {
+        let switch = cx.jump_table.zip(crate::jump_table::pattern(block));
+        if let (Some((site, p)), true) = (switch, i + 1 == blocks.len()) {
+            // The trace ends in a `switch`'s dispatch: a jump-table site of its own.
             let first = first_exit + exits.len() as u32;
-            let last_exits = emit_terminator(
+            let (last_exits, code_parts) = crate::jump_table::append_block(
                 block,
+                &p,
                 sb,
+                site,
                 &mut code,
                 first,
                 cx,
@@ -177,6 +183,24 @@ pub fn emit_superblock(
                 &mut Relocs::default(),
             )?;
             exits.extend(last_exits);
+            jump_table_fill = Some(code_parts.fill);
+        } else {
+            append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
+        }
+        if i + 1 == blocks.len() {
+            if jump_table_fill.is_none() {
+                let first = first_exit + exits.len() as u32;
+                let last_exits = emit_terminator(
+                    block,
+                    sb,
+                    &mut code,
+                    first,
+                    cx,
+                    &mut layout,
+                    &mut Relocs::default(),
+                )?;
+                exits.extend(last_exits);
+            }
         } else {
             let next = blocks[i + 1].start;
             let chunk = code.addr();
@@ -498,5 +522,6 @@ pub fn emit_superblock(
         entry,
         exits,
         layouts,
+        jump_table_fill,
     })
 }

@@ -20,6 +20,20 @@ use hotpath_events::RingControl;
 /// guest target, direct-mapped.
 pub const IBL_ENTRIES: usize = 1 << 16;
 
+/// Jump-table sites a thread's code cache can hold at once (`jump_table`): each has a table in
+/// the thread area, so a translation beyond this many goes through the lookup instead.
+pub const JUMP_TABLE_SITES: usize = 128;
+
+/// Entries of one site's table: a `switch` index at or above it goes through the lookup.
+pub const JUMP_TABLE_ENTRIES: usize = 256;
+
+/// Words of one site's table in the thread area: its base, then its entries.
+pub const JUMP_TABLE_STRIDE: usize = 1 + JUMP_TABLE_ENTRIES;
+
+/// A site's base word before its first fill: no guest base register can hold it (it is not a
+/// canonical address).
+pub const JUMP_TABLE_NO_BASE: u64 = u64::MAX;
+
 /// Bytes reserved for the XSAVE image of the guest's x87/SSE/AVX/AVX-512 state.
 pub const XSAVE_AREA_SIZE: usize = 16384;
 
@@ -139,6 +153,15 @@ pub struct ThreadArea {
     /// The guest thread's calling contexts (frames and current context), kept by translated
     /// `call`s and `ret`s when contexts are on (`hotpath_contexts`); untouched otherwise.
     pub contexts: ContextArea,
+    /// The `switch` index a jump-table site's fill stub found no translation for, for the
+    /// dispatcher (`jump_table`).
+    pub jump_table_index: u64,
+    /// The jump-table sites' tables, [`JUMP_TABLE_STRIDE`] words each: the guest base
+    /// register's value the site's entries were made for ([`JUMP_TABLE_NO_BASE`] before its
+    /// first fill), then the host address each `switch` index goes to (the site's fill stub,
+    /// or the index's stub once made). Written by the dispatcher only; pages untouched until a
+    /// site is used.
+    pub jump_tables: [u64; JUMP_TABLE_SITES * JUMP_TABLE_STRIDE],
 }
 
 /// Offset of ring entries (`u32` block ids) from the area's base, in bytes.
@@ -186,6 +209,12 @@ pub mod off {
     /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 40 k`.
     pub const CONTEXTS: i32 = offset_of!(ThreadArea, contexts) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
+    pub const JUMP_TABLE_INDEX: i32 = offset_of!(ThreadArea, jump_table_index) as i32;
+
+    /// GS offset of jump-table site `site`'s base word; its entries follow.
+    pub fn jump_table(site: u32) -> i32 {
+        (offset_of!(ThreadArea, jump_tables) + 8 * JUMP_TABLE_STRIDE * site as usize) as i32
+    }
 
     /// GS offset of the end of a ring of `ring_entries` entries (the stub stores at
     /// `ENTRIES_END + 4 * cursor`, with a cursor in `[-ring_entries, 0)`).

@@ -11,6 +11,7 @@ use hotpath_translator::code_cache::Exit;
 use hotpath_translator::decode::decode_block;
 use hotpath_translator::emit::{emit_block, EmitContext};
 use hotpath_translator::gateway::Gateway;
+use hotpath_translator::jump_table;
 use hotpath_translator::superblock::emit_superblock;
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 
@@ -101,6 +102,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
             gateway: GATEWAY,
             contexts,
             tail_call: false,
+            jump_table: None,
         };
         let e = emit_block(&block, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
@@ -113,6 +115,42 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         )
         .unwrap();
         out.push_str(&disassemble(&e.code, HOST));
+    }
+    // A `switch`'s dispatch: also as a jump-table site, with one index's stub.
+    if let Some(p) = jump_table::pattern(&block) {
+        let cx = EmitContext {
+            enqueue: Some(RING_ENTRIES),
+            gateway: GATEWAY,
+            contexts: false,
+            tail_call: false,
+            jump_table: Some(3),
+        };
+        let (e, site) = jump_table::emit_block(&block, &p, BlockId(7), HostAddr(HOST), 0, &cx, 3)
+            .expect("emits");
+        writeln!(
+            out,
+            "\n## monitor on, jump-table site 3 (entry {:#x}, {} exits, fill stub {:#x})",
+            e.entry.0,
+            e.exits.len(),
+            site.fill.0
+        )
+        .unwrap();
+        out.push_str(&disassemble(&e.code, HOST));
+        let jmp_at = GuestAddr(block.term_inst.as_ref().expect("a jmp").inst.ip());
+        let stub_at = HOST + 0x1000;
+        let (code, exit, _) = jump_table::emit_index_stub(
+            &p,
+            HostAddr(stub_at),
+            GuestAddr(guest + 0x40),
+            block.start,
+            jmp_at,
+            1,
+            GATEWAY.exit.0 as usize,
+            BlockId(7),
+        )
+        .expect("emits");
+        writeln!(out, "\n## an index's stub: {:?}", exit.kind).unwrap();
+        out.push_str(&disassemble(&code, stub_at));
     }
     out
 }
@@ -146,6 +184,7 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
             gateway: GATEWAY,
             contexts,
             tail_call: false,
+            jump_table: None,
         };
         let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
@@ -386,6 +425,7 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
                     gateway: GATEWAY,
                     contexts,
                     tail_call: false,
+                    jump_table: None,
                 };
                 let block = decode_block(GuestAddr(*guest));
                 let e = emit_block(&block, BlockId(7), HostAddr(base), 0, &cx).expect("emits");
@@ -477,6 +517,7 @@ const INSTRUMENTED_CONTEXT: EmitContext = EmitContext {
     gateway: GATEWAY,
     contexts: true,
     tail_call: false,
+    jump_table: None,
 };
 
 /// Places [`recursive_function_code`] at [`GUEST`]; the guard keeps the page for the caller.

@@ -39,6 +39,7 @@ pub fn write(translator: &Translator) -> std::io::Result<(PathBuf, usize)> {
                     CodeKind::Superblock => format!("{base} [superblock]"),
                     CodeKind::Instrumented => format!("{base} [instrumented]"),
                     CodeKind::ContextStub => format!("{base} [context stub]"),
+                    CodeKind::JumpTableStub => format!("{base} [jump table]"),
                     _ => base,
                 }
             }

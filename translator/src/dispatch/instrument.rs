@@ -479,6 +479,7 @@ impl Translator {
             gateway: self.gateway,
             contexts: true,
             tail_call,
+            jump_table: None,
         };
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);

@@ -787,6 +787,7 @@ mod tests {
             gateway: gateway(h & !0xfff_ffff),
             contexts: false,
             tail_call: false,
+            jump_table: None,
         };
         // Near: code 1 GiB after its guest; far: 64 TiB away (every RIP-relative operand is
         // rewritten). The second place is ASLR-like: both moved by the same 0x5a5a_5000.
@@ -910,6 +911,7 @@ mod tests {
             gateway: gateway(0x7000_0000),
             contexts: false,
             tail_call: false,
+            jump_table: None,
         };
         let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
         let bytes = BlockRecord::capture(&e, &b, 0, None).unwrap().encode();

@@ -1,0 +1,115 @@
+//! The thread's jump-table sites (`crate::jump_table`): which translation each table in the
+//! thread area belongs to, and the fill that makes an index's stub the first time a `switch`
+//! index runs.
+
+use hotpath_ir::{BlockId, GuestAddr, HostAddr};
+use iced_x86::Register;
+
+use super::{Next, Translator};
+use crate::code_log::CodeKind;
+use crate::jump_table::{emit_index_stub, Pattern};
+use crate::links::ExitKind;
+use crate::stubs::gpr;
+use crate::thread_area::{
+    JUMP_TABLE_ENTRIES, JUMP_TABLE_NO_BASE, JUMP_TABLE_SITES, JUMP_TABLE_STRIDE,
+};
+use crate::TranslateError;
+
+/// Most bytes an index's stub takes (`jump_table::emit_index_stub`: about 35).
+const INDEX_STUB_MAX: u64 = 64;
+
+/// A site in use: what its fill needs to make an index's stub.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Site {
+    /// The dispatch the site translates.
+    pub pattern: Pattern,
+    /// The translation's id (a block's or a superblock's).
+    pub id: BlockId,
+    /// The guest start of the basic block the dispatch ends.
+    pub from: GuestAddr,
+    /// The guest address of its `jmp`.
+    pub jmp_at: GuestAddr,
+}
+
+impl Translator {
+    /// The site number the next translation of a `switch` dispatch gets, or `None` when every
+    /// table is taken (until the next flush).
+    pub(super) fn free_jump_table_site(&self) -> Option<u32> {
+        (self.jump_tables.len() < JUMP_TABLE_SITES).then_some(self.jump_tables.len() as u32)
+    }
+
+    /// Records site `site` (the one [`Self::free_jump_table_site`] gave, its code now in the
+    /// cache with its fill stub at `fill`) and empties its table: no base yet, every index to
+    /// the fill stub.
+    pub(super) fn open_jump_table(&mut self, site: u32, s: Site, fill: HostAddr) {
+        debug_assert_eq!(site as usize, self.jump_tables.len());
+        self.jump_tables.push(s);
+        let words =
+            &mut self.area.jump_tables[site as usize * JUMP_TABLE_STRIDE..][..JUMP_TABLE_STRIDE];
+        words[0] = JUMP_TABLE_NO_BASE;
+        words[1..].fill(fill.0);
+    }
+
+    /// Site `site`'s fill stub ran (the guest's dispatch done, the case's address in its
+    /// register): takes the base the site is for when it has none, makes the index's stub
+    /// when the index, the base and the table entry allow (see `crate::jump_table`), and goes
+    /// on at the case.
+    pub(super) fn fill_jump_table(&mut self, site: u32) -> Result<Next, TranslateError> {
+        let s = self.jump_tables[site as usize];
+        let p = s.pattern;
+        let reg = |area: &crate::thread_area::ThreadArea, r: Register| area.gpr[gpr(r) as usize];
+        let (base, target) = (reg(self.area, p.base), reg(self.area, p.target));
+        let index = self.area.jump_table_index;
+        let words = site as usize * JUMP_TABLE_STRIDE;
+        if self.area.jump_tables[words] == JUMP_TABLE_NO_BASE {
+            self.area.jump_tables[words] = base;
+        }
+        let entry = base
+            .wrapping_add(index.wrapping_mul(4))
+            .wrapping_add(p.disp as u64);
+        let fillable = self.area.jump_tables[words] == base
+            && index < JUMP_TABLE_ENTRIES as u64
+            && target < 1 << 47
+            && !self.stepping
+            && self.constant_bytes(entry, 4);
+        if !fillable {
+            return Ok(Next::Guest(target));
+        }
+        let generation = self.index.generation;
+        let Some(host) = self.jump_target(target)? else {
+            return Ok(Next::Guest(target));
+        };
+        let gateway = self.select_region(s.from.0);
+        let exit = self.index.exits.len() as u32;
+        if generation != self.index.generation
+            || self.cache.room() < INDEX_STUB_MAX
+            || exit + 1 >= crate::gateway::EXIT_SPECIAL_BASE
+        {
+            return Ok(Next::Host(host));
+        }
+        let at = self.cache.next_addr();
+        let (code, e, layout) = emit_index_stub(
+            &p,
+            at,
+            GuestAddr(target),
+            s.from,
+            s.jmp_at,
+            exit,
+            gateway.exit.0 as usize,
+            s.id,
+        )?;
+        debug_assert!(code.len() as u64 <= INDEX_STUB_MAX);
+        self.cache.insert(&code);
+        self.index.exits.push(e);
+        self.note_exits(exit as usize);
+        self.note_code(&layout, CodeKind::JumpTableStub);
+        self.cache.layouts_mut().insert(at.0, layout);
+        self.depend_on_bytes(entry, 4);
+        if let ExitKind::Direct { site: rel32, .. } = e.kind {
+            self.cache.patch_rel32(rel32, host);
+            self.stats.links += 1;
+        }
+        self.area.jump_tables[words + 1 + index as usize] = at.0;
+        Ok(Next::Host(host))
+    }
+}
