@@ -35,6 +35,12 @@ pub struct Stats {
     pub links: u64,
     /// Indirect branches that missed the lookup table.
     pub ibl_misses: u64,
+    /// Jump-table sites made (`jump_table`).
+    pub jump_table_sites: u64,
+    /// `switch` indices given a stub in a jump-table site's table.
+    pub jump_table_entries: u64,
+    /// Indices sent through the lookup instead, their guest table entry not constant.
+    pub jump_table_entries_refused: u64,
     /// Guest system calls.
     pub syscalls: u64,
     /// Code cache flushes.
@@ -87,6 +93,9 @@ impl Stats {
         self.blocks_missed += o.blocks_missed;
         self.links += o.links;
         self.ibl_misses += o.ibl_misses;
+        self.jump_table_sites += o.jump_table_sites;
+        self.jump_table_entries += o.jump_table_entries;
+        self.jump_table_entries_refused += o.jump_table_entries_refused;
         self.syscalls += o.syscalls;
         self.flushes += o.flushes;
         self.cache_moves += o.cache_moves;

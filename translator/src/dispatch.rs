@@ -1064,16 +1064,17 @@ impl Translator {
         for &(_, slot, _) in &folded {
             self.depend_on_slot(slot);
         }
-        if let (Some((pattern, number)), Some(fill), Some(jmp)) =
-            (site, trace.jump_table_fill, last.term_inst.as_ref())
+        if let (Some((pattern, number)), Some(code), Some(jmp)) =
+            (site, trace.jump_table, last.term_inst.as_ref())
         {
             let s = jump_tables::Site {
                 pattern,
                 id: sb,
                 from: last.start,
                 jmp_at: GuestAddr(jmp.inst.ip()),
+                general: code.general,
             };
-            self.open_jump_table(number, s, fill);
+            self.open_jump_table(number, s, code.fill);
         }
         let first = self.index.exits.len();
         self.index.exits.extend(trace.exits);
@@ -1947,7 +1948,7 @@ impl Translator {
     /// mappings say they are readable, else through `process_vm_readv`, which stops cleanly at
     /// an unreadable page, and `/proc/self/mem` for execute-only pages
     /// ([`guest_mem::read_code`]).
-    fn decode(&mut self, start: GuestAddr, max: usize) -> hotpath_ir::Block {
+    pub(super) fn decode(&mut self, start: GuestAddr, max: usize) -> hotpath_ir::Block {
         let split = self.code_writable(start.0);
         decode_block_split(start, max, split, |addr, buf| self.fetch_code(addr, buf))
     }
@@ -2113,7 +2114,7 @@ impl Translator {
                     let (emitted, code) = crate::jump_table::emit_block(
                         to_emit, &p, id, at, first_exit, &cx, number,
                     )?;
-                    site = Some((number, p, id, code.fill));
+                    site = Some((number, p, id, code));
                     emitted
                 }
                 None => emit_block(to_emit, id, at, first_exit, &cx)?,
@@ -2156,14 +2157,15 @@ impl Translator {
             end,
             registry,
         )?;
-        if let (Some((number, pattern, id, fill)), Some(jmp_at)) = (site, jmp_at) {
+        if let (Some((number, pattern, id, code)), Some(jmp_at)) = (site, jmp_at) {
             let s = jump_tables::Site {
                 pattern,
                 id,
                 from: GuestAddr(pc),
                 jmp_at,
+                general: code.general,
             };
-            self.open_jump_table(number, s, fill);
+            self.open_jump_table(number, s, code.fill);
         }
         Ok(entry)
     }

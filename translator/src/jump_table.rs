@@ -194,6 +194,9 @@ fn without_dispatch(block: &Block) -> Block {
 pub struct SiteCode {
     /// The fill stub: every table entry's host address until the dispatcher fills it.
     pub fill: HostAddr,
+    /// The general path (R back, the guest's `add`, the lookup): where an entry goes whose
+    /// table entry in guest memory is not constant.
+    pub general: HostAddr,
 }
 
 /// Appends the translation of `block`'s last two body instructions and its `jmp` as jump-table
@@ -268,11 +271,9 @@ pub(crate) fn emit_site(
     let l = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; jmp =>l);
     exit_stub(&mut ops, l, fill_exit, exit_addr);
-    dynasm!(ops
-        ; .arch x64
-        ; general:
-        ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
-    );
+    dynasm!(ops ; .arch x64 ; general:);
+    let general = HostAddr(base + ops.offset().0 as u64);
+    dynasm!(ops ; .arch x64 ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]);
     put_add(&mut ops);
     let exits = vec![Exit {
         block: id,
@@ -297,13 +298,14 @@ pub(crate) fn emit_site(
         relocs.add(base + miss, RelocKind::Gateway(Routine::Exit));
         code.append(assembled(ops, "jump table")?);
     }
-    Ok((exits, SiteCode { fill }))
+    Ok((exits, SiteCode { fill, general }))
 }
 
-/// An index's stub of a site with pattern `p`, assembled for host address `at`: R back, the
-/// guest's `add`, and a chainable `jmp` to `target` (the direct exit numbered `exit`, for the
-/// `jmp` at guest `jmp_at` in the block starting at `from`). Returns its code, its exit and
-/// its layout.
+/// An index's stub of a site with pattern `p`, assembled for host address `at`: R back (only
+/// on the way to the dispatcher when `case_overwrites_r`: the case's block writes R before it
+/// reads it or can fault, so the case cannot tell), the guest's `add`, and a chainable `jmp` to
+/// `target` (the direct exit numbered `exit`, for the `jmp` at guest `jmp_at` in the block
+/// starting at `from`). Returns its code, its exit and its layout.
 ///
 /// # Errors
 /// [`TranslateError`] if dynasm or iced rejects the code (a bug in hotpath).
@@ -317,10 +319,13 @@ pub fn emit_index_stub(
     exit: u32,
     exit_addr: usize,
     block: BlockId,
+    case_overwrites_r: bool,
 ) -> Result<(Vec<u8>, Exit, HostLayout), TranslateError> {
     let r = gpr(p.borrowed);
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(at.0 as usize);
-    dynasm!(ops ; .arch x64 ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]);
+    if !case_overwrites_r {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]);
+    }
     let add_at = at.0 + ops.offset().0 as u64;
     for byte in encode_at(&[p.add], 0)?.bytes {
         ops.push(byte);
@@ -329,7 +334,19 @@ pub fn emit_index_stub(
     let l = ops.new_dynamic_label();
     let site = patchable_jmp(&mut ops, at.0, l);
     let stub_off = ops.offset().0 as u64;
-    exit_stub(&mut ops, l, exit, exit_addr);
+    if case_overwrites_r {
+        // Unlinked, the jump leaves for the dispatcher, which may deliver a signal at the
+        // case: R holds the guest's value again there.
+        let exit_label = ops.new_dynamic_label();
+        dynasm!(ops
+            ; .arch x64
+            ; =>l
+            ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
+        );
+        exit_stub(&mut ops, exit_label, exit, exit_addr);
+    } else {
+        exit_stub(&mut ops, l, exit, exit_addr);
+    }
     let code = assembled(ops, "jump table entry")?;
     let layout = HostLayout {
         code_start: at.0,

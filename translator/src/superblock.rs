@@ -56,8 +56,8 @@ pub struct EmittedTrace {
     /// One layout per block of the trace, then one per side-exit stub and one per landing stub
     /// of an inlined call (`context_steps`), in address order.
     pub layouts: Vec<HostLayout>,
-    /// With a jump-table site (`EmitContext::jump_table`) at its end: the site's fill stub.
-    pub jump_table_fill: Option<HostAddr>,
+    /// With a jump-table site (`EmitContext::jump_table`) at its end: where its parts are.
+    pub jump_table: Option<crate::jump_table::SiteCode>,
 }
 
 /// Where a side exit goes.
@@ -147,7 +147,7 @@ pub fn emit_superblock(
     let mut landings: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
     let mut landing_sites: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
 
-    let mut jump_table_fill = None;
+    let mut jump_table = None;
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let ring_entries = cx
         .enqueue
@@ -183,12 +183,12 @@ pub fn emit_superblock(
                 &mut Relocs::default(),
             )?;
             exits.extend(last_exits);
-            jump_table_fill = Some(code_parts.fill);
+            jump_table = Some(code_parts);
         } else {
             append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
         }
         if i + 1 == blocks.len() {
-            if jump_table_fill.is_none() {
+            if jump_table.is_none() {
                 let first = first_exit + exits.len() as u32;
                 let last_exits = emit_terminator(
                     block,
@@ -522,6 +522,6 @@ pub fn emit_superblock(
         entry,
         exits,
         layouts,
-        jump_table_fill,
+        jump_table,
     })
 }

@@ -21,6 +21,26 @@ const SCAN_LIMIT: usize = 8;
 /// written before anything in `body` can fault, or `None`. RCX is preferred: the enqueue stub
 /// needs its value in RCX for `jrcxz`, so a dead RCX spares it even a register move.
 pub fn scratch_register(body: &[Inst]) -> Option<Register> {
+    let dead = dead_registers(body);
+    if dead == 0 {
+        None
+    } else if dead & bit(Register::RCX) != 0 {
+        Some(Register::RCX)
+    } else {
+        Some(gpr64(dead.trailing_zeros()))
+    }
+}
+
+/// True if 64-bit general-purpose register `reg` is dead at the entry of `body` and written
+/// before anything in `body` can fault (as [`scratch_register`] finds them): code may enter
+/// `body` with any value in it.
+pub fn dead_at_entry(body: &[Inst], reg: Register) -> bool {
+    dead_registers(body) & bit(reg) != 0
+}
+
+/// Bit i: the 64-bit GPR number i (never RSP) is written whole before it is read, and before
+/// any instruction of `body` that can fault, within its first [`SCAN_LIMIT`] instructions.
+fn dead_registers(body: &[Inst]) -> u16 {
     let mut factory = InstructionInfoFactory::new();
     // Bit i: the 64-bit GPR with number i has been read (so it is live at entry) / has been
     // completely written before any read (so it is dead at entry).
@@ -43,14 +63,7 @@ pub fn scratch_register(body: &[Inst]) -> Option<Register> {
             }
         }
     }
-    let dead = dead & !bit(Register::RSP);
-    if dead == 0 {
-        None
-    } else if dead & bit(Register::RCX) != 0 {
-        Some(Register::RCX)
-    } else {
-        Some(gpr64(dead.trailing_zeros()))
-    }
+    dead & !bit(Register::RSP)
 }
 
 /// True if `inst` can neither fault nor trap: a register-to-register or immediate form of an

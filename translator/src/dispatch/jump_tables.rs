@@ -29,6 +29,8 @@ pub(super) struct Site {
     pub from: GuestAddr,
     /// The guest address of its `jmp`.
     pub jmp_at: GuestAddr,
+    /// Its general path (`jump_table::SiteCode::general`).
+    pub general: HostAddr,
 }
 
 impl Translator {
@@ -44,6 +46,7 @@ impl Translator {
     pub(super) fn open_jump_table(&mut self, site: u32, s: Site, fill: HostAddr) {
         debug_assert_eq!(site as usize, self.jump_tables.len());
         self.jump_tables.push(s);
+        self.stats.jump_table_sites += 1;
         let words =
             &mut self.area.jump_tables[site as usize * JUMP_TABLE_STRIDE..][..JUMP_TABLE_STRIDE];
         words[0] = JUMP_TABLE_NO_BASE;
@@ -67,12 +70,17 @@ impl Translator {
         let entry = base
             .wrapping_add(index.wrapping_mul(4))
             .wrapping_add(p.disp as u64);
-        let fillable = self.area.jump_tables[words] == base
-            && index < JUMP_TABLE_ENTRIES as u64
-            && target < 1 << 47
-            && !self.stepping
-            && self.constant_bytes(entry, 4);
-        if !fillable {
+        if self.area.jump_tables[words] != base
+            || index >= JUMP_TABLE_ENTRIES as u64
+            || target >= 1 << 47
+            || self.stepping
+        {
+            return Ok(Next::Guest(target));
+        }
+        if !self.constant_bytes(entry, 4) {
+            // A table the guest may write: this index goes through the lookup from now on.
+            self.area.jump_tables[words + 1 + index as usize] = s.general.0;
+            self.stats.jump_table_entries_refused += 1;
             return Ok(Next::Guest(target));
         }
         let generation = self.index.generation;
@@ -87,6 +95,9 @@ impl Translator {
         {
             return Ok(Next::Host(host));
         }
+        // The case's block may enter with R still borrowed when it overwrites R first.
+        let case = self.decode(GuestAddr(target), crate::decode::MAX_BLOCK_INSTRUCTIONS);
+        let case_overwrites_r = hotpath_ir::dead_at_entry(&case.body, p.borrowed);
         let at = self.cache.next_addr();
         let (code, e, layout) = emit_index_stub(
             &p,
@@ -97,6 +108,7 @@ impl Translator {
             exit,
             gateway.exit.0 as usize,
             s.id,
+            case_overwrites_r,
         )?;
         debug_assert!(code.len() as u64 <= INDEX_STUB_MAX);
         self.cache.insert(&code);
@@ -110,6 +122,7 @@ impl Translator {
             self.stats.links += 1;
         }
         self.area.jump_tables[words + 1 + index as usize] = at.0;
+        self.stats.jump_table_entries += 1;
         Ok(Next::Host(host))
     }
 }
