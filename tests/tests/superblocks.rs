@@ -261,3 +261,43 @@ fn busybox_with_eager_superblocks_and_a_tiny_ring() {
         );
     }
 }
+
+/// The `switch` of `count_jumptable.S` (selector 0..3 into a 5-entry table, case_e never
+/// taken) is translated as a jump-table site, not only through the lookup: without the monitor
+/// one site whose four cases get a stub each; with superblocks formed at once, at least that
+/// (a trace through the dispatch inlines its usual case behind a compare instead; one that
+/// ends there is a site too). The profile stays exact (`superblocks_do_not_change_the_profile`,
+/// the counts tests).
+#[test]
+fn a_switch_dispatch_becomes_a_jump_table_site() {
+    let exe =
+        guest_build::build("count_jumptable.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let hotpath = hotpath_e2e::hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    for mode in [&["--no-monitor"][..], &["--superblock-threshold", "1"][..]] {
+        let out = std::process::Command::new(&hotpath)
+            .arg("run")
+            .arg("--no-cache")
+            .args(mode)
+            .arg("--")
+            .arg(&exe)
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", hotpath.display()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // "... N jump tables (M entries, R sent to the lookup) ..."
+        let counts: Option<Vec<u64>> = stderr.split_once(" jump tables (").and_then(|(a, b)| {
+            let sites = a.rsplit(' ').next()?.parse().ok()?;
+            let (entries, rest) = b.split_once(" entries, ")?;
+            let refused = rest.split(' ').next()?.parse().ok()?;
+            Some(vec![sites, entries.parse().ok()?, refused])
+        });
+        let ok = match (mode.len(), counts.as_deref()) {
+            (1, Some(&[1, 4, 0])) => true,
+            (2, Some(&[sites, entries, 0])) => sites >= 1 && entries >= 4,
+            _ => false,
+        };
+        assert!(
+            out.status.success() && ok,
+            "{mode:?}: jump tables (sites, entries, refused) {counts:?}:\n{stderr}"
+        );
+    }
+}
