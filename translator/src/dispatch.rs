@@ -149,6 +149,8 @@ pub struct Translator {
     inst: instrument::Instrumentation,
     /// The jump-table sites in the cache, by site number (`jump_table`).
     jump_tables: Vec<jump_tables::Site>,
+    /// The stubs made for `(site, index)`, kept for the entry's next fill after a signal.
+    jump_table_stubs: std::collections::HashMap<(u32, u64), HostAddr>,
 }
 
 const ARCH_SET_GS: i32 = 0x1001;
@@ -472,6 +474,7 @@ impl Translator {
             links: Default::default(),
             inst: Default::default(),
             jump_tables: Vec::new(),
+            jump_table_stubs: Default::default(),
         }
     }
 
@@ -1924,6 +1927,8 @@ impl Translator {
         self.index.step_blocks.clear();
         self.links.clear();
         self.jump_tables.clear();
+        self.jump_table_stubs.clear();
+        self.area.jump_tables_open = 0;
         if let Some(c) = &mut self.contexts {
             c.forget_hosts();
         }

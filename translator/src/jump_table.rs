@@ -16,21 +16,24 @@
 //! movslq (rB, rI, 4), rX    ; the guest's load, in place: a fault there is the guest's
 //! cmp R, ENTRIES-1 ; ja general
 //! cmp rB, gs:[site.base] ; jne mismatch
-//! jmp gs:[site.table + R*8] ; → the index's stub, or the fill stub
-//! mismatch: cmp gs:[site.base], NO_BASE ; je fill ; general: R back ; add ; the lookup on rX
-//! fill:     index to `jump_table_index`, R back, add, exit `JumpTableFill` (the dispatcher
-//!           makes the index's stub and goes on at the case)
-//! index i's stub (made by the dispatcher): R back ; add ; jmp (a chained direct exit)
+//! add rB, rX                ; the guest's: the flags are the guest's from here on
+//! jmp gs:[site.entries + R*8]
+//! mismatch: cmp gs:[site.base], NO_BASE ; jne general ; add ; fill:
+//! fill:     index to `jump_table_index`, R back, exit `JumpTableFill` (the dispatcher fills
+//!           the entry and goes on at the case)
+//! general:  R back ; add ; the lookup on rX
 //! ```
 //!
-//! The compares may write the flags: the guest's `add`, which comes after them on every path,
-//! writes every status flag, and the load before them reads none. An entry's stub assumes
-//! `rB + table[i]` is the case it was made for, so the dispatcher makes one only for a base
-//! the site has seen (`site.base`, the first one) and a table entry in memory that changes only
-//! through a system call (`MapsCache::constant`, as for a GOT slot), made a guest byte of the
-//! translations so that such a call discards them. The stub ends in an ordinary direct exit:
-//! unlinking for a signal sends it to the dispatcher with the guest's state as it is at the
-//! case. The monitor sees the block and then the case, as without the table.
+//! The compares may write the flags: the guest's `add` comes after them on every path and
+//! writes every status flag, and the load before them reads none. An entry is the case's block
+//! itself when that block overwrites R before it reads it or can fault, else a stub that gives
+//! R back and jumps there (a chained direct exit). An entry assumes `rB + table[i]` is the case
+//! it was made for, so the dispatcher fills one only for the base the site has seen first
+//! (`site.base`) and a table entry in memory that changes only through a system call
+//! (`MapsCache::constant`, as for a GOT slot), made a guest byte of the translations so that
+//! such a call discards them. To bring the thread out of the cache for a signal, the handler
+//! points every entry back at its fill stub (`ThreadArea::unlink_jump_tables`), as it empties
+//! the lookup table. The monitor sees the block and then the case, as without the table.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
@@ -44,7 +47,7 @@ use crate::emit::{
 use crate::gateway::{emit_ibl, emit_ibl_in, GS};
 use crate::relocs::{RelocKind, Relocs, Routine};
 use crate::stubs::gpr;
-use crate::thread_area::{off, JUMP_TABLE_ENTRIES, JUMP_TABLE_NO_BASE};
+use crate::thread_area::{off, JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE};
 use crate::TranslateError;
 
 /// The guest's jump-table dispatch at the end of a block: the last two body instructions and
@@ -194,8 +197,8 @@ fn without_dispatch(block: &Block) -> Block {
 pub struct SiteCode {
     /// The fill stub: every table entry's host address until the dispatcher fills it.
     pub fill: HostAddr,
-    /// The general path (R back, the guest's `add`, the lookup): where an entry goes whose
-    /// table entry in guest memory is not constant.
+    /// R back and the lookup (the guest's `add` done): where an entry goes whose table entry
+    /// in guest memory is not constant.
     pub general: HostAddr,
 }
 
@@ -248,33 +251,44 @@ pub(crate) fn emit_site(
         }
     };
     let fill_exit = first_exit;
+    let entries = table + 8 * JUMP_TABLE_FIRST as i32;
     dynasm!(ops
         ; .arch x64
         ; cmp Rq(r), (JUMP_TABLE_ENTRIES - 1) as i32
         ; ja >general
         ; .u8 GS ; cmp Rq(b), QWORD [table]
         ; jne >mismatch
-        ; .u8 GS ; jmp QWORD [Rq(r) * 8 + table + 8]
+    );
+    put_add(&mut ops);
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; jmp QWORD [Rq(r) * 8 + entries]
         ; mismatch:
         ; .u8 GS ; cmp QWORD [table], JUMP_TABLE_NO_BASE as i32
-        ; je >fill
-        ; jmp >general
-        ; fill:
+        ; jne >general
     );
+    put_add(&mut ops);
+    dynasm!(ops ; .arch x64 ; fill:);
     let fill = HostAddr(base + ops.offset().0 as u64);
+    let l = ops.new_dynamic_label();
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov QWORD [off::JUMP_TABLE_INDEX], Rq(r)
         ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
+        ; jmp =>l
+    );
+    exit_stub(&mut ops, l, fill_exit, exit_addr);
+    // An entry sent to the lookup (the guest's `add` done).
+    let general = HostAddr(base + ops.offset().0 as u64);
+    dynasm!(ops
+        ; .arch x64
+        ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
+        ; jmp >lookup
+        ; general:
+        ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
     );
     put_add(&mut ops);
-    let l = ops.new_dynamic_label();
-    dynasm!(ops ; .arch x64 ; jmp =>l);
-    exit_stub(&mut ops, l, fill_exit, exit_addr);
-    dynasm!(ops ; .arch x64 ; general:);
-    let general = HostAddr(base + ops.offset().0 as u64);
-    dynasm!(ops ; .arch x64 ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]);
-    put_add(&mut ops);
+    dynasm!(ops ; .arch x64 ; lookup:);
     let exits = vec![Exit {
         block: id,
         kind: ExitKind::JumpTableFill { site },
@@ -301,14 +315,13 @@ pub(crate) fn emit_site(
     Ok((exits, SiteCode { fill, general }))
 }
 
-/// An index's stub of a site with pattern `p`, assembled for host address `at`: R back (only
-/// on the way to the dispatcher when `case_overwrites_r`: the case's block writes R before it
-/// reads it or can fault, so the case cannot tell), the guest's `add`, and a chainable `jmp` to
-/// `target` (the direct exit numbered `exit`, for the `jmp` at guest `jmp_at` in the block
-/// starting at `from`). Returns its code, its exit and its layout.
+/// The stub of a site's index whose case's block reads R (see the module doc), assembled for
+/// host address `at`: R back and a chainable `jmp` to the case at `target` (the direct exit
+/// numbered `exit`, for the `jmp` at guest `jmp_at` in the block starting at `from`). Returns
+/// its code, its exit and its layout.
 ///
 /// # Errors
-/// [`TranslateError`] if dynasm or iced rejects the code (a bug in hotpath).
+/// [`TranslateError`] if dynasm rejects the code (a bug in hotpath).
 #[allow(clippy::useless_conversion, clippy::too_many_arguments)]
 pub fn emit_index_stub(
     p: &Pattern,
@@ -319,41 +332,21 @@ pub fn emit_index_stub(
     exit: u32,
     exit_addr: usize,
     block: BlockId,
-    case_overwrites_r: bool,
 ) -> Result<(Vec<u8>, Exit, HostLayout), TranslateError> {
     let r = gpr(p.borrowed);
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(at.0 as usize);
-    if !case_overwrites_r {
-        dynasm!(ops ; .arch x64 ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]);
-    }
-    let add_at = at.0 + ops.offset().0 as u64;
-    for byte in encode_at(&[p.add], 0)?.bytes {
-        ops.push(byte);
-    }
+    dynasm!(ops ; .arch x64 ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]);
     let term_at = at.0 + ops.offset().0 as u64;
     let l = ops.new_dynamic_label();
     let site = patchable_jmp(&mut ops, at.0, l);
     let stub_off = ops.offset().0 as u64;
-    if case_overwrites_r {
-        // Unlinked, the jump leaves for the dispatcher, which may deliver a signal at the
-        // case: R holds the guest's value again there.
-        let exit_label = ops.new_dynamic_label();
-        dynasm!(ops
-            ; .arch x64
-            ; =>l
-            ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
-        );
-        exit_stub(&mut ops, exit_label, exit, exit_addr);
-    } else {
-        exit_stub(&mut ops, l, exit, exit_addr);
-    }
+    exit_stub(&mut ops, l, exit, exit_addr);
     let code = assembled(ops, "jump table entry")?;
     let layout = HostLayout {
         code_start: at.0,
         entry: at.0,
-        guest_start: p.add.ip(),
+        guest_start: jmp_at.0,
         code_end: at.0 + code.len() as u64,
-        body: vec![(add_at, p.add.ip())],
         term_start: term_at,
         term_guest: jmp_at.0,
         ..HostLayout::default()

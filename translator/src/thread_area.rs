@@ -27,8 +27,12 @@ pub const JUMP_TABLE_SITES: usize = 128;
 /// Entries of one site's table: a `switch` index at or above it goes through the lookup.
 pub const JUMP_TABLE_ENTRIES: usize = 256;
 
-/// Words of one site's table in the thread area: its base, then its entries.
-pub const JUMP_TABLE_STRIDE: usize = 1 + JUMP_TABLE_ENTRIES;
+/// Words of one site's table in the thread area: its base, its fill stub, then its entries
+/// (from word [`JUMP_TABLE_FIRST`]).
+pub const JUMP_TABLE_STRIDE: usize = JUMP_TABLE_FIRST + JUMP_TABLE_ENTRIES;
+
+/// The word of a site's table where its entries start.
+pub const JUMP_TABLE_FIRST: usize = 2;
 
 /// A site's base word before its first fill: no guest base register can hold it (it is not a
 /// canonical address).
@@ -156,11 +160,16 @@ pub struct ThreadArea {
     /// The `switch` index a jump-table site's fill stub found no translation for, for the
     /// dispatcher (`jump_table`).
     pub jump_table_index: u64,
+    /// Jump-table sites open in this thread's cache: the tables
+    /// [`Self::unlink_jump_tables`] walks (written by the dispatcher).
+    pub jump_tables_open: u64,
     /// The jump-table sites' tables, [`JUMP_TABLE_STRIDE`] words each: the guest base
     /// register's value the site's entries were made for ([`JUMP_TABLE_NO_BASE`] before its
-    /// first fill), then the host address each `switch` index goes to (the site's fill stub,
-    /// or the index's stub once made). Written by the dispatcher only; pages untouched until a
-    /// site is used.
+    /// first fill), the site's fill stub, then the host address each `switch` index goes to
+    /// (the fill stub, the case's block, or a stub that gives the borrowed register back on
+    /// the way there). Written by the dispatcher, and by the signal handler, which points
+    /// every entry back at its fill stub to bring the thread out of the cache; pages untouched
+    /// until a site is used.
     pub jump_tables: [u64; JUMP_TABLE_SITES * JUMP_TABLE_STRIDE],
 }
 
@@ -271,6 +280,20 @@ impl ThreadArea {
     pub fn entries(&self) -> *const u32 {
         // SAFETY: the entries follow the struct in the same mapping (see `map`).
         unsafe { (self as *const ThreadArea as *const u8).add(ENTRIES_OFFSET) as *const u32 }
+    }
+
+    /// Points every entry of the open jump-table sites back at its site's fill stub, so that
+    /// a `switch` dispatch leaves for the dispatcher (as an emptied lookup table does).
+    pub fn unlink_jump_tables(&mut self) {
+        let open = (self.jump_tables_open as usize).min(JUMP_TABLE_SITES);
+        for site in self
+            .jump_tables
+            .chunks_exact_mut(JUMP_TABLE_STRIDE)
+            .take(open)
+        {
+            let fill = site[1];
+            site[JUMP_TABLE_FIRST..].fill(fill);
+        }
     }
 
     /// Empties the indirect branch lookup table (after a code cache flush).

@@ -11,11 +11,11 @@ use crate::jump_table::{emit_index_stub, Pattern};
 use crate::links::ExitKind;
 use crate::stubs::gpr;
 use crate::thread_area::{
-    JUMP_TABLE_ENTRIES, JUMP_TABLE_NO_BASE, JUMP_TABLE_SITES, JUMP_TABLE_STRIDE,
+    JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE, JUMP_TABLE_SITES, JUMP_TABLE_STRIDE,
 };
 use crate::TranslateError;
 
-/// Most bytes an index's stub takes (`jump_table::emit_index_stub`: about 35).
+/// Most bytes an index's stub takes (`jump_table::emit_index_stub`: about 30).
 const INDEX_STUB_MAX: u64 = 64;
 
 /// A site in use: what its fill needs to make an index's stub.
@@ -51,6 +51,7 @@ impl Translator {
             &mut self.area.jump_tables[site as usize * JUMP_TABLE_STRIDE..][..JUMP_TABLE_STRIDE];
         words[0] = JUMP_TABLE_NO_BASE;
         words[1..].fill(fill.0);
+        self.area.jump_tables_open = self.jump_tables.len() as u64;
     }
 
     /// Site `site`'s fill stub ran (the guest's dispatch done, the case's address in its
@@ -79,7 +80,7 @@ impl Translator {
         }
         if !self.constant_bytes(entry, 4) {
             // A table the guest may write: this index goes through the lookup from now on.
-            self.area.jump_tables[words + 1 + index as usize] = s.general.0;
+            self.area.jump_tables[words + JUMP_TABLE_FIRST + index as usize] = s.general.0;
             self.stats.jump_table_entries_refused += 1;
             return Ok(Next::Guest(target));
         }
@@ -95,9 +96,20 @@ impl Translator {
         {
             return Ok(Next::Host(host));
         }
-        // The case's block may enter with R still borrowed when it overwrites R first.
+        let slot = words + JUMP_TABLE_FIRST + index as usize;
+        self.depend_on_bytes(entry, 4);
+        self.stats.jump_table_entries += 1;
+        // The case's block may be entered with R still borrowed when it overwrites R first.
         let case = self.decode(GuestAddr(target), crate::decode::MAX_BLOCK_INSTRUCTIONS);
-        let case_overwrites_r = hotpath_ir::dead_at_entry(&case.body, p.borrowed);
+        if hotpath_ir::dead_at_entry(&case.body, p.borrowed) {
+            self.area.jump_tables[slot] = host.0;
+            return Ok(Next::Host(host));
+        }
+        if let Some(&stub) = self.jump_table_stubs.get(&(site, index)) {
+            // Made before the handler pointed the entry back at the fill stub (a signal).
+            self.area.jump_tables[slot] = stub.0;
+            return Ok(Next::Host(host));
+        }
         let at = self.cache.next_addr();
         let (code, e, layout) = emit_index_stub(
             &p,
@@ -108,7 +120,6 @@ impl Translator {
             exit,
             gateway.exit.0 as usize,
             s.id,
-            case_overwrites_r,
         )?;
         debug_assert!(code.len() as u64 <= INDEX_STUB_MAX);
         self.cache.insert(&code);
@@ -116,13 +127,12 @@ impl Translator {
         self.note_exits(exit as usize);
         self.note_code(&layout, CodeKind::JumpTableStub);
         self.cache.layouts_mut().insert(at.0, layout);
-        self.depend_on_bytes(entry, 4);
         if let ExitKind::Direct { site: rel32, .. } = e.kind {
             self.cache.patch_rel32(rel32, host);
             self.stats.links += 1;
         }
-        self.area.jump_tables[words + 1 + index as usize] = at.0;
-        self.stats.jump_table_entries += 1;
+        self.area.jump_tables[slot] = at.0;
+        self.jump_table_stubs.insert((site, index), at);
         Ok(Next::Host(host))
     }
 }

@@ -326,8 +326,9 @@ fn current() -> Option<&'static HandlerShared> {
     (h != 0).then(|| unsafe { &*(h as *const HandlerShared) })
 }
 
-/// Points every chained direct branch back at its exit stub and empties the indirect branch
-/// lookup table, so that translated code returns to the dispatcher at its next block boundary.
+/// Points every chained direct branch back at its exit stub, empties the indirect branch
+/// lookup table and points the jump tables' entries at their fill stubs, so that translated
+/// code returns to the dispatcher at its next block boundary.
 /// Runs in the signal handler while the dispatcher is outside its critical sections, or on
 /// the dispatcher's own request (`SignalState::unlink_now`).
 pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
@@ -359,6 +360,8 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
     for (i, slot) in area.ibl.iter_mut().enumerate() {
         slot.tag = thread_area::IblEntry::dead_tag(i);
     }
+    // Jump tables too: each entry back to its site's fill stub (always a valid target).
+    area.unlink_jump_tables();
 }
 
 /// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
