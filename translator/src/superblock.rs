@@ -167,41 +167,34 @@ pub fn emit_superblock(
             ..HostLayout::default()
         };
         // Never persisted: its relocations are not kept.
-        let switch = cx.jump_table.zip(crate::jump_table::pattern(block));
-        if let (Some((site, p)), true) = (switch, i + 1 == blocks.len()) {
-            // The trace ends in a `switch`'s dispatch: a jump-table site of its own.
+        if i + 1 == blocks.len() {
             let first = first_exit + exits.len() as u32;
-            let (last_exits, code_parts) = crate::jump_table::append_block(
-                block,
-                &p,
-                sb,
-                site,
-                &mut code,
-                first,
-                cx,
-                &mut layout,
-                &mut Relocs::default(),
-            )?;
+            let mut relocs = Relocs::default();
+            let last_exits = match cx.jump_table.zip(crate::jump_table::pattern(block)) {
+                // The trace ends in a `switch`'s dispatch: a jump-table site of its own.
+                Some((site, p)) => {
+                    let (e, c) = crate::jump_table::append_block(
+                        block,
+                        &p,
+                        sb,
+                        site,
+                        &mut code,
+                        first,
+                        cx,
+                        &mut layout,
+                        &mut relocs,
+                    )?;
+                    jump_table = Some(c);
+                    e
+                }
+                None => {
+                    append_body(block, &mut code, &mut layout, &mut relocs)?;
+                    emit_terminator(block, sb, &mut code, first, cx, &mut layout, &mut relocs)?
+                }
+            };
             exits.extend(last_exits);
-            jump_table = Some(code_parts);
         } else {
             append_body(block, &mut code, &mut layout, &mut Relocs::default())?;
-        }
-        if i + 1 == blocks.len() {
-            if jump_table.is_none() {
-                let first = first_exit + exits.len() as u32;
-                let last_exits = emit_terminator(
-                    block,
-                    sb,
-                    &mut code,
-                    first,
-                    cx,
-                    &mut layout,
-                    &mut Relocs::default(),
-                )?;
-                exits.extend(last_exits);
-            }
-        } else {
             let next = blocks[i + 1].start;
             let chunk = code.addr();
             let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk as usize);
