@@ -32,14 +32,21 @@ switch_jmp:
     block_label case_a
     add $1, %r14d
     jmp switch_next
+    /* The dispatch's add sets CF (the cases lie below the table, so the offset is negative):
+     * case_b adds 9 + CF. case_c and case_d set RAX and every status flag before reading any,
+     * so hotpath may enter them straight from its jump table; case_a (RAX kept) and case_b
+     * (CF read) it may not. */
     block_label case_b
-    add $10, %r14d
+    mov $9, %eax
+    adc %eax, %r14d
     jmp switch_next
     block_label case_c
-    add $100, %r14d
+    mov $100, %eax
+    add %eax, %r14d
     jmp switch_next
     block_label case_d
-    add $1000, %r14d
+    mov $1000, %eax
+    add %eax, %r14d
     jmp switch_next
     block_label case_e
     add $10000, %r14d

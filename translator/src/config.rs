@@ -37,8 +37,11 @@ pub struct Stats {
     pub ibl_misses: u64,
     /// Jump-table sites made (`jump_table`).
     pub jump_table_sites: u64,
-    /// `switch` indices given a stub in a jump-table site's table.
+    /// `switch` indices given an entry in a jump-table site's table.
     pub jump_table_entries: u64,
+    /// Of those, entries that are the case's block itself (the others are stubs that run the
+    /// guest's load and `add` first).
+    pub jump_table_entries_direct: u64,
     /// Indices sent through the lookup instead, their guest table entry not constant.
     pub jump_table_entries_refused: u64,
     /// Guest system calls.
@@ -96,6 +99,7 @@ impl Stats {
         self.jump_table_sites += o.jump_table_sites;
         self.jump_table_entries += o.jump_table_entries;
         self.jump_table_entries_refused += o.jump_table_entries_refused;
+        self.jump_table_entries_direct += o.jump_table_entries_direct;
         self.syscalls += o.syscalls;
         self.flushes += o.flushes;
         self.cache_moves += o.cache_moves;

@@ -9,29 +9,32 @@
 //! jmp    *rX
 //! ```
 //!
-//! Translated (`R` a register the three do not name, its guest value in `scratch_far`):
+//! Translated (nothing borrowed):
 //!
 //! ```text
-//! R := rI                   ; the index, which the load may overwrite (rX = rI is usual)
-//! movslq (rB, rI, 4), rX    ; the guest's load, in place: a fault there is the guest's
-//! cmp R, ENTRIES-1 ; ja general
+//! cmp dword (rB, rI, 4), 0  ; the probe: reads what the guest's load reads, so a fault
+//!                           ; there is the guest's, with every register and flag its own
+//! cmp rI, ENTRIES-1 ; ja general
 //! cmp rB, gs:[site.base] ; jne mismatch
-//! add rB, rX                ; the guest's: the flags are the guest's from here on
-//! jmp gs:[site.entries + R*8]
-//! mismatch: cmp gs:[site.base], NO_BASE ; jne general ; add ; fill:
-//! fill:     index to `jump_table_index`, R back, exit `JumpTableFill` (the dispatcher fills
-//!           the entry and goes on at the case)
-//! general:  R back ; add ; the lookup on rX
+//! jmp gs:[site.entries + rI*8]
+//! mismatch: cmp gs:[site.base], NO_BASE ; jne general
+//! fill:     index to `jump_table_index`, the guest's load and `add`, exit `JumpTableFill`
+//!           (the dispatcher fills the entry and goes on at the case)
+//! general:  the guest's load and `add`, the lookup on rX
 //! ```
 //!
-//! The compares may write the flags: the guest's `add` comes after them on every path and
-//! writes every status flag, and the load before them reads none. An entry is the case's block
-//! itself when that block overwrites R before it reads it or can fault, else a stub that gives
-//! R back and jumps there (a chained direct exit). An entry assumes `rB + table[i]` is the case
+//! The table jump skips the guest's load and `add`: on that path `rX` holds the index or its
+//! old value and the flags are the compares'. An entry is the case's block itself when that
+//! block sets `rX` and every status flag before it reads them or can fault
+//! (`hotpath_ir::dead_at_entry`, `hotpath_ir::status_flags_dead_at_entry`), else a stub that
+//! runs the guest's load and `add` and jumps there (a chained direct exit). Keeping the
+//! load and `add` on the table path and entering every case straight measured slower
+//! (docs/measurements.md, eleventh session). An entry assumes `rB + table[i]` is the case
 //! it was made for, so the dispatcher fills one only for the base the site has seen first
 //! (`site.base`) and a table entry in memory that changes only through a system call
 //! (`MapsCache::constant`, as for a GOT slot), made a guest byte of the translations so that
-//! such a call discards them. To bring the thread out of the cache for a signal, the handler
+//! such a call discards them (which also keeps the skipped load from faulting where the
+//! guest's would). To bring the thread out of the cache for a signal, the handler
 //! points every entry back at its fill stub (`ThreadArea::unlink_jump_tables`), as it empties
 //! the lookup table. The monitor sees the block and then the case, as without the table.
 
@@ -65,26 +68,8 @@ pub struct Pattern {
     /// The register the case's address ends in (the `jmp`'s operand).
     pub target: Register,
     /// The load's displacement (bytes).
-    pub disp: i64,
-    /// The register the translation borrows to keep the index: not one of the three.
-    pub borrowed: Register,
+    pub disp: i32,
 }
-
-/// Registers a site may borrow, in order of preference: the ones compilers allocate last
-/// first (GCC takes RAX, RDX, RCX, RSI, RDI, R8–R11 in that order), since the case reads the
-/// borrowed register's guest value only after its reload from the thread area, a
-/// store-to-load round trip (`gateway::emit_ibl_in`).
-const BORROWABLE: [Register; 9] = [
-    Register::R11,
-    Register::R10,
-    Register::R9,
-    Register::R8,
-    Register::RDI,
-    Register::RSI,
-    Register::RCX,
-    Register::RDX,
-    Register::RAX,
-];
 
 /// The jump-table dispatch ending `block`, if it ends in one (see the module doc).
 pub fn pattern(block: &Block) -> Option<Pattern> {
@@ -119,17 +104,13 @@ pub fn pattern(block: &Block) -> Option<Pattern> {
     if !(plain_load && adds_base && distinct) {
         return None;
     }
-    let borrowed = *BORROWABLE
-        .iter()
-        .find(|r| ![base, index, target].contains(r))?;
     Some(Pattern {
         load,
         add,
         base,
         index,
         target,
-        disp: load.memory_displacement64() as i64,
-        borrowed,
+        disp: i32::try_from(load.memory_displacement64() as i64).ok()?,
     })
 }
 
@@ -197,15 +178,16 @@ fn without_dispatch(block: &Block) -> Block {
 pub struct SiteCode {
     /// The fill stub: every table entry's host address until the dispatcher fills it.
     pub fill: HostAddr,
-    /// R back and the lookup (the guest's `add` done): where an entry goes whose table entry
-    /// in guest memory is not constant.
+    /// The guest's load and `add`, then the lookup: where an entry goes whose table entry in
+    /// guest memory is not constant.
     pub general: HostAddr,
 }
 
 /// Appends the translation of `block`'s last two body instructions and its `jmp` as jump-table
 /// site `site` (the body before them already appended, `layout.term_start` after it): the
-/// load in place, the checks, the table jump, the fill stub and the general path. Returns the
-/// exits (indices from `first_exit`: the fill exit) and where the fill stub is.
+/// probe, the checks, the table jump, the fill stub and the general path. Returns the exits
+/// (indices from `first_exit`: the fill exit) and where the fill stub and the general path
+/// are.
 ///
 /// # Errors
 /// [`TranslateError`] if dynasm or iced rejects the code (a bug in hotpath).
@@ -223,77 +205,44 @@ pub(crate) fn emit_site(
 ) -> Result<(Vec<Exit>, SiteCode), TranslateError> {
     // The table's entries are this thread's: the translation is not persisted.
     relocs.complete = false;
-    let r = gpr(p.borrowed);
     let i = gpr(p.index);
     let b = gpr(p.base);
     let exit_addr = cx.gateway.exit.0 as usize;
     let table = off::jump_table(site);
-    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_FAR], Rq(r)
-        ; mov Rq(r), Rq(i)
-    );
-    code.append(assembled(ops, "jump table")?);
-    // The guest's load, where a fault is the guest's (R's guest value in `scratch_far`).
-    let load_at = code.addr();
-    let load = encode_at(&[p.load], load_at)?;
-    layout.body.push((load_at + load.offsets[0], p.load.ip()));
-    layout.far_borrows.push((load_at + load.offsets[0], r));
-    code.append(load.bytes);
-
+    let entries = table + 8 * JUMP_TABLE_FIRST as i32;
+    let dispatch = Dispatch::of(p)?;
     let base = code.addr();
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
-    let add = encode_at(&[p.add], 0)?.bytes;
-    let put_add = |ops: &mut VecAssembler<X64Relocation>| {
-        for &byte in &add {
-            ops.push(byte);
-        }
-    };
-    let fill_exit = first_exit;
-    let entries = table + 8 * JUMP_TABLE_FIRST as i32;
+    // The probe reads what the guest's load reads: a fault there is the guest's, with every
+    // register and flag the guest's.
+    layout.body.push((base, p.load.ip()));
     dynasm!(ops
         ; .arch x64
-        ; cmp Rq(r), (JUMP_TABLE_ENTRIES - 1) as i32
+        ; cmp DWORD [Rq(b) + Rq(i) * 4 + p.disp], 0
+        ; cmp Rq(i), (JUMP_TABLE_ENTRIES - 1) as i32
         ; ja >general
         ; .u8 GS ; cmp Rq(b), QWORD [table]
         ; jne >mismatch
-    );
-    put_add(&mut ops);
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; jmp QWORD [Rq(r) * 8 + entries]
+        ; .u8 GS ; jmp QWORD [Rq(i) * 8 + entries]
         ; mismatch:
         ; .u8 GS ; cmp QWORD [table], JUMP_TABLE_NO_BASE as i32
         ; jne >general
     );
-    put_add(&mut ops);
-    dynasm!(ops ; .arch x64 ; fill:);
     let fill = HostAddr(base + ops.offset().0 as u64);
+    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::JUMP_TABLE_INDEX], Rq(i));
+    dispatch.put(&mut ops, base, layout);
     let l = ops.new_dynamic_label();
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::JUMP_TABLE_INDEX], Rq(r)
-        ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
-        ; jmp =>l
-    );
-    exit_stub(&mut ops, l, fill_exit, exit_addr);
-    // An entry sent to the lookup (the guest's `add` done).
+    dynasm!(ops ; .arch x64 ; jmp =>l);
+    exit_stub(&mut ops, l, first_exit, exit_addr);
+    // The general path, also where an entry goes whose table entry is not constant.
+    dynasm!(ops ; .arch x64 ; general:);
     let general = HostAddr(base + ops.offset().0 as u64);
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
-        ; jmp >lookup
-        ; general:
-        ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]
-    );
-    put_add(&mut ops);
-    dynasm!(ops ; .arch x64 ; lookup:);
+    dispatch.put(&mut ops, base, layout);
     let exits = vec![Exit {
         block: id,
         kind: ExitKind::JumpTableFill { site },
     }];
-    // The general path: the lookup, on the target where it is.
+    // The lookup, on the target where it is.
     if p.target == Register::RCX {
         let jmp = block
             .term_inst
@@ -315,14 +264,46 @@ pub(crate) fn emit_site(
     Ok((exits, SiteCode { fill, general }))
 }
 
-/// The stub of a site's index whose case's block reads R (see the module doc), assembled for
-/// host address `at`: R back and a chainable `jmp` to the case at `target` (the direct exit
+/// The guest's load and `add`, encoded (neither is RIP-relative: the bytes run anywhere).
+struct Dispatch {
+    bytes: Vec<u8>,
+    /// The `add`'s offset in `bytes`.
+    add_at: usize,
+    load_ip: u64,
+    add_ip: u64,
+}
+
+impl Dispatch {
+    fn of(p: &Pattern) -> Result<Dispatch, TranslateError> {
+        let e = encode_at(&[p.load, p.add], 0)?;
+        Ok(Dispatch {
+            bytes: e.bytes,
+            add_at: e.offsets[1] as usize,
+            load_ip: p.load.ip(),
+            add_ip: p.add.ip(),
+        })
+    }
+
+    /// Appends the two to `ops` (assembling for host address `base`), each in `layout.body`.
+    fn put(&self, ops: &mut VecAssembler<X64Relocation>, base: u64, layout: &mut HostLayout) {
+        let at = base + ops.offset().0 as u64;
+        layout.body.push((at, self.load_ip));
+        layout.body.push((at + self.add_at as u64, self.add_ip));
+        for &byte in &self.bytes {
+            ops.push(byte);
+        }
+    }
+}
+
+/// The stub of a site's index whose case's block reads the `jmp`'s register or the status
+/// flags before it sets them (see the module doc), assembled for host address `at`: the
+/// guest's load and `add`, then a chainable `jmp` to the case at `target` (the direct exit
 /// numbered `exit`, for the `jmp` at guest `jmp_at` in the block starting at `from`). Returns
 /// its code, its exit and its layout.
 ///
 /// # Errors
-/// [`TranslateError`] if dynasm rejects the code (a bug in hotpath).
-#[allow(clippy::useless_conversion, clippy::too_many_arguments)]
+/// [`TranslateError`] if dynasm or iced rejects the code (a bug in hotpath).
+#[allow(clippy::too_many_arguments)]
 pub fn emit_index_stub(
     p: &Pattern,
     at: HostAddr,
@@ -333,24 +314,22 @@ pub fn emit_index_stub(
     exit_addr: usize,
     block: BlockId,
 ) -> Result<(Vec<u8>, Exit, HostLayout), TranslateError> {
-    let r = gpr(p.borrowed);
+    let mut layout = HostLayout {
+        code_start: at.0,
+        entry: at.0,
+        guest_start: jmp_at.0,
+        term_guest: jmp_at.0,
+        ..HostLayout::default()
+    };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(at.0 as usize);
-    dynasm!(ops ; .arch x64 ; .u8 GS ; mov Rq(r), QWORD [off::SCRATCH_FAR]);
-    let term_at = at.0 + ops.offset().0 as u64;
+    Dispatch::of(p)?.put(&mut ops, at.0, &mut layout);
+    layout.term_start = at.0 + ops.offset().0 as u64;
     let l = ops.new_dynamic_label();
     let site = patchable_jmp(&mut ops, at.0, l);
     let stub_off = ops.offset().0 as u64;
     exit_stub(&mut ops, l, exit, exit_addr);
     let code = assembled(ops, "jump table entry")?;
-    let layout = HostLayout {
-        code_start: at.0,
-        entry: at.0,
-        guest_start: jmp_at.0,
-        code_end: at.0 + code.len() as u64,
-        term_start: term_at,
-        term_guest: jmp_at.0,
-        ..HostLayout::default()
-    };
+    layout.code_end = at.0 + code.len() as u64;
     let exit = Exit {
         block,
         kind: ExitKind::Direct {

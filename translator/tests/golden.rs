@@ -151,7 +151,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         .expect("emits");
         writeln!(
             out,
-            "\n## an index's stub (for a case that reads R): {:?}",
+            "\n## an index's stub (for a case that reads rX or the flags first): {:?}",
             exit.kind
         )
         .unwrap();

@@ -300,7 +300,7 @@ impl RunCtx {
         if !self.args.quiet {
             let s = translator.stats();
             eprintln!(
-                "hotpath: translator: {} blocks translated ({} from the translation cache) in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} jump tables ({} entries, {} sent to the lookup), {} syscalls, {} flushes ({} moving the cache out of the guest's way), {} ring refills, {} threads",
+                "hotpath: translator: {} blocks translated ({} from the translation cache) in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} jump tables ({} entries, {} of them the case itself, {} sent to the lookup), {} syscalls, {} flushes ({} moving the cache out of the guest's way), {} ring refills, {} threads",
                 s.blocks_translated,
                 s.blocks_loaded,
                 s.translation_ns() as f64 / 1e9,
@@ -310,6 +310,7 @@ impl RunCtx {
                 s.ibl_misses,
                 s.jump_table_sites,
                 s.jump_table_entries,
+                s.jump_table_entries_direct,
                 s.jump_table_entries_refused,
                 s.syscalls,
                 s.flushes,

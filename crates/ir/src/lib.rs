@@ -19,6 +19,6 @@ mod terminator;
 
 pub use block::{Block, BlockSummary, Inst, FLAGS_ALL};
 pub use ids::{BlockId, GuestAddr, HostAddr};
-pub use liveness::{cannot_fault, dead_at_entry, scratch_register};
+pub use liveness::{cannot_fault, dead_at_entry, scratch_register, status_flags_dead_at_entry};
 pub use syscalls::syscall_name;
 pub use terminator::{Cond, Terminator, TerminatorKind, TrapKind};

@@ -38,6 +38,40 @@ pub fn dead_at_entry(body: &[Inst], reg: Register) -> bool {
     dead_registers(body) & bit(reg) != 0
 }
 
+/// The status flags (OF, SF, ZF, AF, CF, PF) in iced's `RflagsBits` layout.
+const STATUS_FLAGS: u32 = iced_x86::RflagsBits::OF
+    | iced_x86::RflagsBits::SF
+    | iced_x86::RflagsBits::ZF
+    | iced_x86::RflagsBits::AF
+    | iced_x86::RflagsBits::CF
+    | iced_x86::RflagsBits::PF;
+
+/// True if `body` sets every status flag (OF, SF, ZF, AF, CF, PF) to a defined value before it
+/// reads any and before anything in it can fault, within its first [`SCAN_LIMIT`]
+/// instructions: code may enter `body` with any status flags. Flags an instruction leaves
+/// undefined do not count as set, nor do a shift's or rotate's (a count of 0 keeps them).
+pub fn status_flags_dead_at_entry(body: &[Inst]) -> bool {
+    use Mnemonic::*;
+    let mut set = 0u32;
+    for inst in body.iter().take(SCAN_LIMIT) {
+        let i = &inst.inst;
+        if !cannot_fault(i) || i.rflags_read() & STATUS_FLAGS & !set != 0 {
+            return false;
+        }
+        let counted = matches!(
+            i.mnemonic(),
+            Shl | Shr | Sar | Sal | Rol | Ror | Rcl | Rcr | Shld | Shrd
+        );
+        if !counted {
+            set |= (i.rflags_written() | i.rflags_cleared() | i.rflags_set()) & STATUS_FLAGS;
+        }
+        if set == STATUS_FLAGS {
+            return true;
+        }
+    }
+    false
+}
+
 /// Bit i: the 64-bit GPR number i (never RSP) is written whole before it is read, and before
 /// any instruction of `body` that can fault, within its first [`SCAN_LIMIT`] instructions.
 fn dead_registers(body: &[Inst]) -> u16 {
@@ -222,6 +256,42 @@ mod tests {
             scratch_register(&body(&[0x89, 0xfb, 0x8d, 0x7b, 0xff, 0x83, 0xeb, 0x02])),
             Some(Register::RBX)
         );
+    }
+
+    #[test]
+    fn status_flags_set_before_read_are_dead() {
+        // lea eax, [rdx-1]; sub edx, 2 (bench_interp's OP_LT case)
+        assert!(status_flags_dead_at_entry(&body(&[
+            0x8d, 0x42, 0xff, 0x83, 0xea, 0x02
+        ])));
+        // xor ecx, ecx: OF and CF cleared, SF ZF PF set, AF undefined: not all defined
+        assert!(!status_flags_dead_at_entry(&body(&[0x31, 0xc9])));
+        // xor ecx, ecx; add eax, 1
+        assert!(status_flags_dead_at_entry(&body(&[
+            0x31, 0xc9, 0x83, 0xc0, 0x01
+        ])));
+    }
+
+    #[test]
+    fn status_flags_read_first_or_behind_a_fault_are_live() {
+        // setl cl; sub edx, 2
+        assert!(!status_flags_dead_at_entry(&body(&[
+            0x0f, 0x9c, 0xc1, 0x83, 0xea, 0x02
+        ])));
+        // inc eax; sub edx, 2: sub sets the CF inc leaves, nothing is read
+        assert!(status_flags_dead_at_entry(&body(&[
+            0xff, 0xc0, 0x83, 0xea, 0x02
+        ])));
+        // adc eax, 0 reads CF
+        assert!(!status_flags_dead_at_entry(&body(&[0x83, 0xd0, 0x00])));
+        // mov rax, [rsp+8] can fault before sub edx, 2
+        assert!(!status_flags_dead_at_entry(&body(&[
+            0x48, 0x8b, 0x44, 0x24, 0x08, 0x83, 0xea, 0x02
+        ])));
+        // shl eax, cl keeps every flag when CL is 0
+        assert!(!status_flags_dead_at_entry(&body(&[0xd3, 0xe0])));
+        // inc eax leaves CF as it was
+        assert!(!status_flags_dead_at_entry(&body(&[0xff, 0xc0])));
     }
 
     #[test]

@@ -99,9 +99,14 @@ impl Translator {
         let slot = words + JUMP_TABLE_FIRST + index as usize;
         self.depend_on_bytes(entry, 4);
         self.stats.jump_table_entries += 1;
-        // The case's block may be entered with R still borrowed when it overwrites R first.
+        // The table jump skips the guest's load and `add`: the case's block may be entered
+        // straight when it sets the `jmp`'s register and the status flags before it reads
+        // them (or can fault).
         let case = self.decode(GuestAddr(target), crate::decode::MAX_BLOCK_INSTRUCTIONS);
-        if hotpath_ir::dead_at_entry(&case.body, p.borrowed) {
+        if hotpath_ir::dead_at_entry(&case.body, p.target)
+            && hotpath_ir::status_flags_dead_at_entry(&case.body)
+        {
+            self.stats.jump_table_entries_direct += 1;
             self.area.jump_tables[slot] = host.0;
             return Ok(Next::Host(host));
         }
