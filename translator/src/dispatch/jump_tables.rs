@@ -88,36 +88,52 @@ impl Translator {
         let Some(host) = self.jump_target(target)? else {
             return Ok(Next::Guest(target));
         };
-        let gateway = self.select_region(s.from.0);
-        let exit = self.index.exits.len() as u32;
-        if generation != self.index.generation
-            || self.cache.room() < INDEX_STUB_MAX
-            || exit + 1 >= crate::gateway::EXIT_SPECIAL_BASE
-        {
+        if generation != self.index.generation {
             return Ok(Next::Host(host));
         }
-        let slot = words + JUMP_TABLE_FIRST + index as usize;
-        self.depend_on_bytes(entry, 4);
-        self.stats.jump_table_entries += 1;
         // The table jump skips the guest's load and `add`: the case's block may be entered
         // straight when it sets the `jmp`'s register and the status flags before it reads
-        // them (or can fault).
+        // them (or can fault); else through the index's stub, made once (a signal points the
+        // entry back at the fill stub, not the stub away).
         let case = self.decode(GuestAddr(target), crate::decode::MAX_BLOCK_INSTRUCTIONS);
-        if hotpath_ir::dead_at_entry(&case.body, p.target)
-            && hotpath_ir::status_flags_dead_at_entry(&case.body)
-        {
+        let direct = hotpath_ir::dead_at_entry(&case.body, p.target)
+            && hotpath_ir::status_flags_dead_at_entry(&case.body);
+        let to = if direct {
             self.stats.jump_table_entries_direct += 1;
-            self.area.jump_tables[slot] = host.0;
-            return Ok(Next::Host(host));
-        }
-        if let Some(&stub) = self.jump_table_stubs.get(&(site, index)) {
-            // Made before the handler pointed the entry back at the fill stub (a signal).
-            self.area.jump_tables[slot] = stub.0;
-            return Ok(Next::Host(host));
+            host
+        } else if let Some(&stub) = self.jump_table_stubs.get(&(site, index)) {
+            stub
+        } else {
+            match self.index_stub(site, index, &s, target, host)? {
+                Some(stub) => stub,
+                None => return Ok(Next::Host(host)),
+            }
+        };
+        self.depend_on_bytes(entry, 4);
+        self.stats.jump_table_entries += 1;
+        self.area.jump_tables[words + JUMP_TABLE_FIRST + index as usize] = to.0;
+        Ok(Next::Host(host))
+    }
+
+    /// Makes the stub of site `site`'s index `index` (the site `s`), whose case at guest
+    /// `target` is translated at `host`, beside the site and linked to the case. `None` when
+    /// the cache or the exit table has no room for it.
+    fn index_stub(
+        &mut self,
+        site: u32,
+        index: u64,
+        s: &Site,
+        target: u64,
+        host: HostAddr,
+    ) -> Result<Option<HostAddr>, TranslateError> {
+        let gateway = self.select_region(s.from.0);
+        let exit = self.index.exits.len() as u32;
+        if self.cache.room() < INDEX_STUB_MAX || exit + 1 >= crate::gateway::EXIT_SPECIAL_BASE {
+            return Ok(None);
         }
         let at = self.cache.next_addr();
         let (code, e, layout) = emit_index_stub(
-            &p,
+            &s.pattern,
             at,
             GuestAddr(target),
             s.from,
@@ -136,8 +152,7 @@ impl Translator {
             self.cache.patch_rel32(rel32, host);
             self.stats.links += 1;
         }
-        self.area.jump_tables[slot] = at.0;
         self.jump_table_stubs.insert((site, index), at);
-        Ok(Next::Host(host))
+        Ok(Some(at))
     }
 }
