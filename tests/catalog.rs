@@ -305,6 +305,9 @@ pub const SAMPLES: &[Sample] = &[
         "int3 raises SIGTRAP"),
     sample("count_branches", "count_branches.S", &[], Exit(0),
         "a counted loop and loop nest (exact block and edge counts in counts.rs)"),
+    sample("phase_change", "phase_change.S", &[], Exit(0),
+        "a loop whose branch changes direction after 10,000 of its 310,000 runs (its first \
+         superblock re-formed: superblocks.rs)"),
     sample("count_jumptable", "count_jumptable.S", &[], Exit(0),
         "a switch through a jump table (exact indirect-target counts in counts.rs)"),
     sample("count_calls", "count_calls.S", &[], Exit(0),

@@ -16,6 +16,9 @@
 //! superblock's blocks and ends with them.
 //! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
 //! event (and one full-ring check) covers several iterations.
+//! A superblock that leaves through side exits more often than it runs to its end is
+//! re-formed along where those exits went (`Decisions::reform`): the #40 rule that a trace
+//! ends where its side exits say it should.
 
 use hotpath_events::{Command, IdKind, MAX_TRACE_BLOCKS};
 use hotpath_ir::{BlockId, Terminator};
@@ -48,6 +51,19 @@ pub const MIN_UNROLL_SHARE: f64 = 0.5;
 /// Longer bodies gain less from unrolling (the event is a smaller share of their cost).
 pub const UNROLL_INSTRUCTIONS: u32 = 48;
 
+/// A superblock is looked at again when more of its runs left through side exits than ran
+/// to its end, after at least this many entries per hot threshold (16 × 3000 by default): a
+/// trace chosen from the first few thousand runs may follow a path the program then leaves
+/// (a loop that fills a table, then one that sorts it), and each side exit costs an event
+/// and the blocks after it.
+const REFORM_MIN_ENTRIES: u64 = 16;
+
+/// Ring events between two looks at the superblocks' side exits.
+const REFORM_SCAN_EVENTS: u64 = 1 << 18;
+
+/// Times one head's superblock is re-formed at most.
+const MAX_REFORMS: u32 = 2;
+
 /// Times a head whose trace could not be chosen yet (its successors' counts still split or
 /// too even) is looked at again, once per later call of [`Decisions::decide`].
 const RETRIES: u32 = 16;
@@ -61,14 +77,30 @@ pub struct Decisions {
     retry: Vec<(u32, u32)>,
     /// Superblocks requested.
     pub requests: u64,
+    /// Heads whose superblock was re-formed, with how many times.
+    reformed: rustc_hash::FxHashMap<u32, u32>,
+    /// Superblocks (ids) re-formed: replaced, so their counts no longer grow.
+    replaced: FxHashSet<u32>,
+    /// The event count at which the superblocks' side exits are looked at next.
+    next_scan: u64,
 }
 
 impl Decisions {
-    /// Looks at the event pairs that just became hot (`tables.hot`, emptied) and returns the
-    /// superblocks to request.
+    /// True when [`Self::decide`] has work besides new hot pairs: a look at the superblocks'
+    /// side exits is due.
+    pub fn scan_due(&self, tables: &Tables) -> bool {
+        tables.events >= self.next_scan
+    }
+
+    /// Looks at the event pairs that just became hot (`tables.hot`, emptied) and, when due,
+    /// at the superblocks' side exits, and returns the superblocks to request.
     pub fn decide(&mut self, tables: &mut Tables) -> Vec<Command> {
         let hot = std::mem::take(&mut tables.hot);
         let mut out = Vec::new();
+        if self.scan_due(tables) {
+            self.next_scan = tables.events + REFORM_SCAN_EVENTS;
+            self.reform(tables, &mut out);
+        }
         let mut heads: Vec<(u32, u32)> = std::mem::take(&mut self.retry);
         for (from, to) in hot {
             if let Some(head) = trace_head(tables, from, to) {
@@ -99,6 +131,60 @@ impl Decisions {
             }
         }
         out
+    }
+}
+
+impl Decisions {
+    /// Re-forms each superblock that, after [`REFORM_MIN_ENTRIES`] entries per hot threshold,
+    /// left through side exits more often than it ran to its end (the monitor counts every
+    /// exit): the new trace keeps the blocks up to the most taken side exit and goes on along
+    /// where that exit leads, chosen as [`trace_from`] chooses (DynamoRIO's rule that a hot
+    /// trace exit heads a trace, applied inside the trace). At most [`MAX_REFORMS`] times per
+    /// head; nothing when the trace would not change.
+    fn reform(&mut self, tables: &Tables, out: &mut Vec<Command>) {
+        let min_entries = REFORM_MIN_ENTRIES * tables.hot_threshold.max(1);
+        for (id, kind) in tables.kinds.iter().enumerate() {
+            let IdKind::Superblock { blocks } = kind else {
+                continue;
+            };
+            let id = id as u32;
+            if self.replaced.contains(&id) {
+                continue;
+            }
+            let mut entries = 0;
+            let mut exits = 0;
+            // The most taken side exit: (count, position, its event id).
+            let mut worst = (0, 0, 0);
+            for (to, c) in tables.successors_of(id) {
+                entries += c;
+                if let Some(IdKind::SideExit { superblock, after }) = tables.kinds.get(to as usize)
+                {
+                    if superblock.0 == id {
+                        exits += c;
+                        worst = worst.max((c, *after, to));
+                    }
+                }
+            }
+            if entries < min_entries || exits * 2 <= entries {
+                continue;
+            }
+            let head = blocks[0].0;
+            let times = self.reformed.entry(head).or_insert(0);
+            if *times >= MAX_REFORMS {
+                continue;
+            }
+            let (_, after, exit) = worst;
+            let prefix: Vec<u32> = blocks[..=after as usize].iter().map(|b| b.0).collect();
+            let Some(trace) = extend_trace(tables, prefix, Some(exit)) else {
+                continue;
+            };
+            if trace[..] != blocks[..] {
+                *times += 1;
+                self.replaced.insert(id);
+                self.requests += 1;
+                out.push(Command::ReformSuperblock { blocks: trace });
+            }
+        }
     }
 }
 
@@ -155,15 +241,30 @@ fn hottest_successor(tables: &Tables, id: u32) -> Option<(u32, f64)> {
 /// The trace from `head` along the most frequent static successors, unrolled when it closes
 /// a loop; `None` when it would be a single block that is not a loop (nothing to gain).
 fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
-    let mut trace = vec![head];
-    let mut instructions = tables.blocks[head as usize].instructions;
+    extend_trace(tables, vec![head], None)
+}
+
+/// [`trace_from`] the trace's first blocks `trace` (basic block ids, not empty), going on
+/// from its last one along the most frequent static successors; the first step along those
+/// of event `via` instead, when given (a superblock's side exit after that block: where the
+/// runs that left the superblock there went).
+fn extend_trace(
+    tables: &Tables,
+    mut trace: Vec<u32>,
+    mut via: Option<u32>,
+) -> Option<Vec<BlockId>> {
+    let head = trace[0];
+    let mut instructions: u32 = trace
+        .iter()
+        .map(|&b| tables.blocks[b as usize].instructions)
+        .sum();
     let mut closed = false;
     // Probability that a run reaching the current block came along the trace.
     let mut along = 1.0;
-    let mut cur = head;
+    let mut cur = *trace.last()?;
     while trace.len() < MAX_TRACE_BLOCKS && instructions < MAX_TRACE_INSTRUCTIONS {
         let b = &tables.blocks[cur as usize];
-        let Some((next, share)) = hottest_successor(tables, cur) else {
+        let Some((next, share)) = hottest_successor(tables, via.take().unwrap_or(cur)) else {
             break;
         };
         if share < MIN_SUCCESSOR_SHARE {
@@ -241,6 +342,81 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    fn reformed(cmds: &[Command]) -> Vec<Vec<u32>> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                Command::ReformSuperblock { blocks } => Some(blocks.iter().map(|b| b.0).collect()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A loop whose head branches to A in its first phase and to B in its second: its
+    /// superblock, formed along A, leaves after the head on every run of the second phase, so
+    /// it is re-formed along B once those exits outnumber its completed runs; a superblock
+    /// whose exits stay fewer, or whose new trace would be the same, is left as it is.
+    #[test]
+    fn a_superblock_that_mostly_side_exits_is_re_formed_along_its_exit() {
+        for (phase2_runs, expect) in [(400, true), (100, false)] {
+            let mut t = Tables::default();
+            t.hot_threshold = 10;
+            let (head, a, b) = (0x4000, 0x4010, 0x4020);
+            let branch = Terminator::Branch {
+                cond: Cond::Ne,
+                taken: GuestAddr(a),
+                not_taken: GuestAddr(b),
+            };
+            block(&mut t, 0, head, 2, branch);
+            let back = Terminator::Jump {
+                target: GuestAddr(head),
+            };
+            block(&mut t, 1, a, 3, back);
+            block(&mut t, 2, b, 3, back);
+            let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
+            t.learn(&NewBlock {
+                id: BlockId(3),
+                summary: t.blocks[0],
+                kind: IdKind::Superblock { blocks: trace },
+                code: Box::default(),
+            });
+            for after in 0..2u32 {
+                t.learn(&NewBlock {
+                    id: BlockId(4 + after),
+                    summary: t.blocks[after as usize],
+                    kind: IdKind::SideExit {
+                        superblock: BlockId(3),
+                        after,
+                    },
+                    code: Box::default(),
+                });
+            }
+            // Phase 1 before the superblock (0 → 1) and in it (3 runs to its end); phase 2 in
+            // it: the side exit after the head (4), then block 2, back to the superblock.
+            for _ in 0..30 {
+                t.record(&[0, 1]);
+            }
+            for _ in 0..200 {
+                t.record(&[3]);
+            }
+            for _ in 0..phase2_runs {
+                t.record(&[3, 4, 2]);
+            }
+            let mut d = Decisions::default();
+            let cmds = d.decide(&mut t);
+            let got = reformed(&cmds);
+            if expect {
+                assert_eq!(got.len(), 1, "{got:?}");
+                assert_eq!(&got[0][..2], &[0, 2], "along the exit: {got:?}");
+                assert!(!got[0].contains(&1), "not along the old path: {got:?}");
+            } else {
+                assert!(got.is_empty(), "200 runs to the end, 100 exits: {got:?}");
+            }
+            // The next look finds the replaced superblock done with.
+            t.events += REFORM_SCAN_EVENTS;
+            assert!(reformed(&d.decide(&mut t)).is_empty());
+        }
     }
 
     /// A two-block loop (A: 3 instructions, B: 5, B branches back to A 99 times in 100) is

@@ -372,7 +372,7 @@ impl Monitor {
                 }
             }
         }
-        if !l.state.tables.hot.is_empty() {
+        if !l.state.tables.hot.is_empty() || l.state.decisions.scan_due(&l.state.tables) {
             l.state.tables.learn_from(&self.catalog);
             let requests = l.state.decisions.decide(&mut l.state.tables);
             if let Some(tx) = &l.commands {

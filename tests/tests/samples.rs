@@ -91,6 +91,7 @@ sample_tests! {
     asm_traps_int3,
     count_branches,
     count_jumptable,
+    phase_change,
     count_calls,
     count_syscalls,
     count_libc,

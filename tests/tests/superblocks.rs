@@ -193,6 +193,48 @@ fn traces_follow_indirect_calls_and_jumps_to_their_usual_target() {
     );
 }
 
+/// A superblock that leaves early on most of its runs is re-formed: `phase_change.S`'s loop
+/// takes phase_a for 10,000 runs, then phase_b for 300,000. The trace headed at the first
+/// phase's hot exit (phase_b) follows phase_head's successor of the first phase, and leaves
+/// after phase_head on every run; the monitor replaces it with one along phase_b, which runs
+/// to its end (a 4096-entry ring makes the translator take the requests while the sample
+/// runs). The profile equals a run without superblocks.
+#[test]
+fn a_superblock_that_mostly_side_exits_is_re_formed() {
+    let exe =
+        guest_build::build("phase_change.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let ring = ["--ring-entries", "4096"];
+    compare_exe(&exe, &[], "phase_change.S", &ring, Termination::Exited(0));
+    let run = run_with_report(&exe, &[], &scratch(), "phase_change_reformed", &ring);
+    assert_eq!(run.outcome.termination, Termination::Exited(0));
+    let report = &run.report.json;
+    let symbols: std::collections::HashMap<&str, &str> = report["blocks"]
+        .as_array()
+        .expect("a blocks array")
+        .iter()
+        .filter_map(|b| Some((b["addr"].as_str()?, b["symbol"].as_str()?)))
+        .collect();
+    let along_b = report["superblocks"]
+        .as_array()
+        .expect("a superblocks array")
+        .iter()
+        .find(|sb| {
+            let names: Vec<&str> = sb["blocks"]
+                .as_array()
+                .expect("blocks")
+                .iter()
+                .filter_map(|b| symbols.get(b.as_str()?).copied())
+                .collect();
+            names.iter().filter(|&&n| n == "phase_b").count() >= 2 && !names.contains(&"phase_a")
+        })
+        .unwrap_or_else(|| panic!("no superblock along phase_b: {}", report["superblocks"]));
+    let (entries, completed) = (as_u64(&along_b["entries"]), as_u64(&along_b["completed"]));
+    assert!(
+        entries > 10_000 && completed * 100 >= entries * 99,
+        "the re-formed superblock: {along_b}"
+    );
+}
+
 /// Faults inside a trace: the dispatcher enqueues the side exit of the block that faulted, so
 /// the blocks after it in the trace are not counted.
 #[test]

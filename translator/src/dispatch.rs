@@ -913,7 +913,12 @@ impl Translator {
         for c in requests {
             match c {
                 Command::FormSuperblock { blocks } => {
-                    if !self.cfg.superblocks || !self.form_superblock(&blocks) {
+                    if !self.cfg.superblocks || !self.form_superblock(&blocks, false) {
+                        self.stats.superblocks_dropped += 1;
+                    }
+                }
+                Command::ReformSuperblock { blocks } => {
+                    if !self.cfg.superblocks || !self.form_superblock(&blocks, true) {
                         self.stats.superblocks_dropped += 1;
                     }
                 }
@@ -929,10 +934,11 @@ impl Translator {
     }
 
     /// Builds the superblock over basic block ids `ids` and makes it the entry of the first
-    /// one's guest address. Returns false (nothing changed) when the request is stale: an id
-    /// from before a flush, a head that has a superblock already, or guest code that no longer
-    /// decodes to the same blocks.
-    fn form_superblock(&mut self, ids: &[BlockId]) -> bool {
+    /// one's guest address (`replace`: in place of the superblock it has). Returns false
+    /// (nothing changed) when the request is stale: an id from before a flush, a head that
+    /// has a superblock already (none, with `replace`), or guest code that no longer decodes
+    /// to the same blocks.
+    fn form_superblock(&mut self, ids: &[BlockId], replace: bool) -> bool {
         if ids.is_empty() || ids.len() > MAX_TRACE_BLOCKS {
             return false;
         }
@@ -995,7 +1001,7 @@ impl Translator {
         let Some(&old_entry) = self.index.blocks.get(&head) else {
             return false;
         };
-        if self.index.superblock_heads.contains(&head) {
+        if self.index.superblock_heads.contains(&head) != replace {
             return false;
         }
         let sb = BlockId(registry.next_id);

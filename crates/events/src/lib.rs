@@ -118,6 +118,10 @@ pub enum Command {
     /// address. Ignored when an id is stale (its translation was flushed) or the path no
     /// longer matches the guest code.
     FormSuperblock { blocks: Vec<BlockId> },
+    /// As [`Command::FormSuperblock`], for a head that has a superblock already, which more of
+    /// its runs left through a side exit than ran to its end: the new superblock replaces it
+    /// as the entry of `blocks[0]`'s guest address (the old one's entry jumps to it).
+    ReformSuperblock { blocks: Vec<BlockId> },
     /// Translate these functions with their path registers kept in code (#21 stage 2): a set
     /// closed under direct calls (each plan's calls go to functions of the set), installed all
     /// or none. Ignored when a plan no longer matches the guest code or a thread cannot keep
