@@ -45,6 +45,19 @@
     ud2
 .endm
 
+/* The end of a sample that checks its own sums: write ok_msg and exit 0; from the label
+ * `wrong` (which the checks jump to), write wrong_msg and exit 1. The sample defines ok_msg,
+ * ok_len, wrong_msg and wrong_len. */
+.macro exit_ok_or_wrong
+    write_stdout ok_msg, ok_len
+    xor %edi, %edi
+    exit_group_edi
+wrong:
+    write_stdout wrong_msg, wrong_len
+    mov $1, %edi
+    exit_group_edi
+.endm
+
 /* Store the two decimal digits of %eax (0..99) at label and label+1; clobbers eax, ecx, edx. */
 .macro two_digits label
     xor %edx, %edx

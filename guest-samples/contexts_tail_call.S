@@ -38,13 +38,7 @@ _start:
 
     cmp $10 * 3 * ROUNDS, %r14d
     jne wrong
-    write_stdout ok_msg, ok_len
-    xor %edi, %edi
-    exit_group_edi
-wrong:
-    write_stdout wrong_msg, wrong_len
-    mov $1, %edi
-    exit_group_edi
+    exit_ok_or_wrong
 
     block_label tail_indirect
     lea work(%rip), %rax

@@ -61,13 +61,7 @@ _start:
     jne wrong
     cmp $OUTER * INNER, %r15d
     jne wrong
-    write_stdout ok_msg, ok_len
-    xor %edi, %edi
-    exit_group_edi
-wrong:
-    write_stdout wrong_msg, wrong_len
-    mov $1, %edi
-    exit_group_edi
+    exit_ok_or_wrong
 
     .section .rodata
 ok_msg:

@@ -41,13 +41,7 @@ call_site:
 
     cmp $300 * 1 + 200 * 2 + 100 * 3 + 600, %r14d
     jne wrong
-    write_stdout ok_msg, ok_len
-    xor %edi, %edi
-    exit_group_edi
-wrong:
-    write_stdout wrong_msg, wrong_len
-    mov $1, %edi
-    exit_group_edi
+    exit_ok_or_wrong
 
     block_label f_one
     add $1, %r14d

@@ -64,13 +64,7 @@ switch_jmp:
 
     cmp $400 * 1 + 300 * 10 + 200 * 100 + 100 * 1000, %r14d
     jne wrong
-    write_stdout ok_msg, ok_len
-    xor %edi, %edi
-    exit_group_edi
-wrong:
-    write_stdout wrong_msg, wrong_len
-    mov $1, %edi
-    exit_group_edi
+    exit_ok_or_wrong
 
     .section .rodata
     .balign 4
