@@ -154,25 +154,8 @@ impl Decisions {
             if self.replaced.contains(&id) {
                 continue;
             }
-            let mut entries = 0;
-            let mut exits = 0;
-            // Side exits by position, and the most taken: (count, position, its event id).
-            let mut by_position = vec![0u64; blocks.len()];
-            let mut worst = (0, 0, 0);
-            for (to, c) in tables.successors_of(id) {
-                entries += c;
-                if let Some(IdKind::SideExit { superblock, after }) = tables.kinds.get(to as usize)
-                {
-                    if superblock.0 == id {
-                        exits += c;
-                        worst = worst.max((c, *after, to));
-                        if let Some(n) = by_position.get_mut(*after as usize) {
-                            *n += c;
-                        }
-                    }
-                }
-            }
-            if entries < min_entries || exits * 2 <= entries {
+            let x = Exits::of(tables, id, blocks.len());
+            if x.entries < min_entries || !x.mostly_early() {
                 continue;
             }
             let head = blocks[0].0;
@@ -180,14 +163,12 @@ impl Decisions {
             if *times >= MAX_REFORMS {
                 continue;
             }
-            let (left, after, exit) = worst;
+            let (_, after, exit) = x.worst;
             let prefix: Vec<u32> = blocks[..=after as usize].iter().map(|b| b.0).collect();
             // Along the exit when most runs that reach its block go where the exit's runs
             // mostly go; else the trace ends at that block (a branch or a return whose targets
             // are as frequent: no trace crosses it, as `trace_from` would decide).
-            let reached = entries - by_position[..after as usize].iter().sum::<u64>();
-            let along_exit = hottest_successor(tables, exit).map_or(0.0, |(_, share)| share);
-            let trace = if left as f64 * along_exit >= MIN_SUCCESSOR_SHARE * reached as f64 {
+            let trace = if x.follow_exit(tables) {
                 extend_trace(tables, prefix, Some(exit))
             } else if prefix.len() >= 2 {
                 Some(prefix.into_iter().map(BlockId).collect())
@@ -204,6 +185,50 @@ impl Decisions {
                 out.push(Command::ReformSuperblock { blocks: trace });
             }
         }
+    }
+}
+
+/// How superblock `id`'s runs ended so far: its entries, its side exits by position, and its
+/// most taken side exit as (count, position, the exit's event id).
+struct Exits {
+    entries: u64,
+    by_position: Vec<u64>,
+    worst: (u64, u32, u32),
+}
+
+impl Exits {
+    fn of(tables: &Tables, id: u32, len: usize) -> Exits {
+        let mut x = Exits {
+            entries: 0,
+            by_position: vec![0; len],
+            worst: (0, 0, 0),
+        };
+        for (to, c) in tables.successors_of(id) {
+            x.entries += c;
+            if let Some(IdKind::SideExit { superblock, after }) = tables.kinds.get(to as usize) {
+                if superblock.0 == id {
+                    x.worst = x.worst.max((c, *after, to));
+                    if let Some(n) = x.by_position.get_mut(*after as usize) {
+                        *n += c;
+                    }
+                }
+            }
+        }
+        x
+    }
+
+    /// True if more runs left early than ran to the end.
+    fn mostly_early(&self) -> bool {
+        self.by_position.iter().sum::<u64>() * 2 > self.entries
+    }
+
+    /// True if a trace reaching the most taken exit's block should go where that exit's
+    /// runs went: 70 % of the runs reaching the block went there ([`MIN_SUCCESSOR_SHARE`]).
+    fn follow_exit(&self, tables: &Tables) -> bool {
+        let (left, after, exit) = self.worst;
+        let reached = self.entries - self.by_position[..after as usize].iter().sum::<u64>();
+        let along_exit = hottest_successor(tables, exit).map_or(0.0, |(_, share)| share);
+        left as f64 * along_exit >= MIN_SUCCESSOR_SHARE * reached as f64
     }
 }
 
@@ -323,6 +348,25 @@ fn extend_trace(
         }
         if !rest.is_empty() || first != next {
             let room = MAX_TRACE_BLOCKS - trace.len();
+            // A superblock that mostly left early: its blocks up to its most taken exit, then
+            // on as its re-forming would go (its path after that is one the runs left).
+            let x = Exits::of(tables, next, rest.len() + 1);
+            if x.entries >= tables.hot_threshold && x.mostly_early() {
+                let (_, after, exit) = x.worst;
+                let upto = (after as usize + 1).min(room);
+                trace.push(first);
+                trace.extend(rest.iter().take(upto - 1).map(|b| b.0));
+                instructions += trace[trace.len() - upto..]
+                    .iter()
+                    .map(|&b| tables.blocks[b as usize].instructions)
+                    .sum::<u32>();
+                if upto == after as usize + 1 && x.follow_exit(tables) {
+                    cur = *trace.last()?;
+                    via = Some(exit);
+                    continue;
+                }
+                break;
+            }
             trace.push(first);
             trace.extend(rest.iter().take(room - 1).map(|b| b.0));
             break;

@@ -193,19 +193,21 @@ fn traces_follow_indirect_calls_and_jumps_to_their_usual_target() {
     );
 }
 
-/// A superblock that leaves early on most of its runs is re-formed: `phase_change.S`'s loop
-/// takes phase_a for 10,000 runs, then phase_b for 300,000. The trace headed at the first
-/// phase's hot exit (phase_b) follows phase_head's successor of the first phase, and leaves
-/// after phase_head on every run; the monitor replaces it with one along phase_b, which runs
-/// to its end (a 4096-entry ring makes the translator take the requests while the sample
-/// runs). The profile equals a run without superblocks.
+/// A loop that changes its path gets a superblock along its new path: `phase_change.S`'s loop
+/// takes phase_a for 10,000 runs, then phase_b for 300,000. The first phase's superblock
+/// leaves after phase_head on every later run; the trace headed at that exit (phase_b) takes
+/// the old superblock's blocks only up to that exit and goes on along phase_b (without that,
+/// it would follow phase_head's first-phase successor, leave on every run, and be re-formed:
+/// `Decisions::reform`). Either way a superblock along phase_b runs to its end (a 4096-entry
+/// ring makes the translator take the requests while the sample runs). The profile equals a
+/// run without superblocks.
 #[test]
-fn a_superblock_that_mostly_side_exits_is_re_formed() {
+fn a_loop_that_changes_its_path_gets_a_superblock_along_the_new_one() {
     let exe =
         guest_build::build("phase_change.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let ring = ["--ring-entries", "4096"];
     compare_exe(&exe, &[], "phase_change.S", &ring, Termination::Exited(0));
-    let run = run_with_report(&exe, &[], &scratch(), "phase_change_reformed", &ring);
+    let run = run_with_report(&exe, &[], &scratch(), "phase_change_paths", &ring);
     assert_eq!(run.outcome.termination, Termination::Exited(0));
     let report = &run.report.json;
     let symbols: std::collections::HashMap<&str, &str> = report["blocks"]
@@ -231,7 +233,7 @@ fn a_superblock_that_mostly_side_exits_is_re_formed() {
     let (entries, completed) = (as_u64(&along_b["entries"]), as_u64(&along_b["completed"]));
     assert!(
         entries > 10_000 && completed * 100 >= entries * 99,
-        "the re-formed superblock: {along_b}"
+        "the superblock along phase_b: {along_b}"
     );
 }
 
