@@ -44,8 +44,8 @@ use iced_x86::{Code, Instruction, OpKind, Register};
 
 use crate::code_cache::{Exit, ExitKind, HostLayout};
 use crate::emit::{
-    append_body, assembled, emit_block_with, encode_at, exit_stub, load_indirect_target,
-    patchable_jmp, Code_, EmitContext, EmittedBlock,
+    assembled, emit_block_with, encode_at, exit_stub, load_indirect_target, patchable_jmp, Code_,
+    EmitContext, EmittedBlock,
 };
 use crate::gateway::{emit_ibl, emit_ibl_in, GS};
 use crate::relocs::{RelocKind, Relocs, Routine};
@@ -145,29 +145,9 @@ pub fn emit_block(
     Ok((emitted, site_code.expect("the site was emitted")))
 }
 
-/// Appends the body of `block` (the last block of a superblock, ending in pattern `p`) but
-/// for its dispatch, then the dispatch as site `site` (see [`emit_block`]).
-///
-/// # Errors
-/// As [`crate::emit::emit_block`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn append_block(
-    block: &Block,
-    p: &Pattern,
-    id: BlockId,
-    site: u32,
-    code: &mut Code_,
-    first_exit: u32,
-    cx: &EmitContext,
-    layout: &mut HostLayout,
-    relocs: &mut Relocs,
-) -> Result<(Vec<Exit>, SiteCode), TranslateError> {
-    append_body(&without_dispatch(block), code, layout, relocs)?;
-    emit_site(block, id, p, site, code, first_exit, cx, layout, relocs)
-}
-
-/// `block` without the two body instructions of its dispatch (the site emits them).
-fn without_dispatch(block: &Block) -> Block {
+/// `block` without the two body instructions of its dispatch (the site emits them): what a
+/// block or a superblock's last block appends before [`emit_site`].
+pub(crate) fn without_dispatch(block: &Block) -> Block {
     let mut b = block.clone();
     b.body.truncate(b.body.len() - 2);
     b

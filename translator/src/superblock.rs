@@ -173,10 +173,12 @@ pub fn emit_superblock(
             let last_exits = match cx.jump_table.zip(crate::jump_table::pattern(block)) {
                 // The trace ends in a `switch`'s dispatch: a jump-table site of its own.
                 Some((site, p)) => {
-                    let (e, c) = crate::jump_table::append_block(
+                    let body = crate::jump_table::without_dispatch(block);
+                    append_body(&body, &mut code, &mut layout, &mut relocs)?;
+                    let (e, c) = crate::jump_table::emit_site(
                         block,
-                        &p,
                         sb,
+                        &p,
                         site,
                         &mut code,
                         first,
