@@ -248,6 +248,9 @@ pub const SAMPLES: &[Sample] = &[
         "cpuid feature bits and XCR0 as glibc's ifunc resolvers see them"),
     sample("jit_remap", "jit_remap.c", &[], Exit(0),
         "code generated at run time, then replaced (mprotect, munmap+mmap, MAP_FIXED)"),
+    sample("hole_reuse", "hole_reuse.S", &[], Exit(0),
+        "a page the guest unmaps stays free for it to map again (nothing of hotpath's lands \
+         in the hole, whenever its monitor thread first runs)"),
     sample("constant_slots", "constant_slots.c", &[], Exit(0),
         "indirect jumps and calls through a read-only slot (a GOT after relocation), changed \
          by mprotect + store, a /proc/self/mem write and MADV_DONTNEED"),

@@ -173,9 +173,17 @@ pub fn spawn(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
+    // The new thread maps memory of its own as it starts (its signal stack, its malloc arena):
+    // wait for that, so that it happens before the guest's next instruction and not whenever
+    // the thread is first scheduled, which can be after the guest has unmapped a page it
+    // means to map again (`hole_reuse.S`: the signal stack landed in the hole).
+    let (started, wait_started) = crossbeam::channel::bounded::<()>(1);
     let handle = std::thread::Builder::new()
         .name("hotpath-monitor".into())
         .spawn(move || {
+            // A first allocation makes the thread's arena.
+            drop(std::hint::black_box(Box::new(0u64)));
+            let _ = started.send(());
             if let Some(c) = core {
                 core_affinity::set_for_current(c);
             }
@@ -219,6 +227,7 @@ pub fn spawn(
             }
         })
         .expect("spawning the monitor thread");
+    let _ = wait_started.recv();
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
     MonitorHandle {

@@ -64,6 +64,7 @@ sample_tests! {
     sigchld_sigsuspend,
     cpu_features,
     jit_remap,
+    hole_reuse,
     constant_slots,
     jumptable_changes,
     jit_rwx,
