@@ -13,7 +13,11 @@
 //! static one (direct jump, fall-through, call or either branch direction) or the usual target
 //! of a return, indirect jump or indirect call, until it comes back to the head, reaches an
 //! indirect branch without a usual target, a system call or a trap, or grows too long; a trace that runs into a superblock takes over that
-//! superblock's blocks and ends with them.
+//! superblock's blocks and goes on along where that superblock's own runs went after its end:
+//! the superblock's successor counts follow its whole path, so they can name the usual target
+//! of a branch whose block-level counts are spread (an interpreter's dispatch after one
+//! opcode's handler). For the same reason a superblock that mostly runs to its end is extended
+//! along its own successors (`Decisions::extend`), one step of context at a time.
 //! A loop that closes within the trace is unrolled up to [`UNROLL_INSTRUCTIONS`], so that one
 //! event (and one full-ring check) covers several iterations.
 //! A superblock that leaves through side exits more often than it runs to its end is
@@ -66,6 +70,10 @@ const REFORM_SCAN_EVENTS_PER_ID: u64 = 16;
 /// Times one head's superblock is re-formed at most.
 const MAX_REFORMS: u32 = 2;
 
+/// Times one head's superblock is extended past its end at most (each extension adds at
+/// least one block, up to [`MAX_TRACE_BLOCKS`] and [`MAX_TRACE_INSTRUCTIONS`]).
+const MAX_EXTENSIONS: u32 = 16;
+
 /// Times a head whose trace could not be chosen yet (its successors' counts still split or
 /// too even) is looked at again, once per later call of [`Decisions::decide`].
 const RETRIES: u32 = 16;
@@ -81,6 +89,14 @@ pub struct Decisions {
     pub requests: u64,
     /// Heads whose superblock was re-formed, with how many times.
     reformed: rustc_hash::FxHashMap<u32, u32>,
+    /// Heads whose superblock was extended past its end, with how many times.
+    extended: rustc_hash::FxHashMap<u32, u32>,
+    /// The translator keeps calling contexts (`--paths`): a trace ends with the superblock it
+    /// runs into, as before #40's extension, and no superblock is extended. The translator
+    /// cuts traces there at indirect branches and at function entries not called inline, so
+    /// extending would gain little, and functions with instrumented paths (the hidden
+    /// `--instrument-paths`, #38) lose path runs with the longer traces, depending on timing.
+    pub contexts_kept: bool,
     /// Superblocks (ids) re-formed: replaced, so their counts no longer grow.
     replaced: FxHashSet<u32>,
     /// The event count at which the superblocks' side exits are looked at next.
@@ -113,7 +129,7 @@ impl Decisions {
             }
         }
         for (head, tries) in heads {
-            match trace_from(tables, head) {
+            match trace_from(tables, head, self.contexts_kept) {
                 Some(blocks) => {
                     self.requests += 1;
                     out.push(Command::FormSuperblock { blocks });
@@ -155,10 +171,16 @@ impl Decisions {
                 continue;
             }
             let x = Exits::of(tables, id, blocks.len());
-            if x.entries < min_entries || !x.mostly_early() {
+            if x.entries < min_entries {
                 continue;
             }
             let head = blocks[0].0;
+            if !x.mostly_early() {
+                if !self.contexts_kept {
+                    self.extend(tables, id, blocks, out);
+                }
+                continue;
+            }
             let times = self.reformed.entry(head).or_insert(0);
             if *times >= MAX_REFORMS {
                 continue;
@@ -169,7 +191,7 @@ impl Decisions {
             // mostly go; else the trace ends at that block (a branch or a return whose targets
             // are as frequent: no trace crosses it, as `trace_from` would decide).
             let trace = if x.follow_exit(tables) {
-                extend_trace(tables, prefix, Some(exit))
+                extend_trace(tables, prefix, Some(exit), self.contexts_kept)
             } else if prefix.len() >= 2 {
                 Some(prefix.into_iter().map(BlockId).collect())
             } else {
@@ -184,6 +206,31 @@ impl Decisions {
                 self.requests += 1;
                 out.push(Command::ReformSuperblock { blocks: trace });
             }
+        }
+    }
+}
+
+impl Decisions {
+    /// Extends superblock `id` (`blocks`), which mostly ran to its end, along where its runs
+    /// went on after it: [`extend_trace`] from its last block with its own successor counts,
+    /// which know its whole path (after an interpreter's handler for one opcode, the next
+    /// opcode's handler is the usual target of a dispatch whose block-level counts are
+    /// spread over every opcode). At most [`MAX_EXTENSIONS`] times per head; nothing when the
+    /// trace would not change (no usual successor, or the trace is as long as it can be).
+    fn extend(&mut self, tables: &Tables, id: u32, blocks: &[BlockId], out: &mut Vec<Command>) {
+        let times = self.extended.entry(blocks[0].0).or_insert(0);
+        if *times >= MAX_EXTENSIONS {
+            return;
+        }
+        let prefix: Vec<u32> = blocks.iter().map(|b| b.0).collect();
+        let Some(trace) = extend_trace(tables, prefix, Some(id), false) else {
+            return;
+        };
+        if trace[..] != blocks[..] {
+            *times += 1;
+            self.replaced.insert(id);
+            self.requests += 1;
+            out.push(Command::ReformSuperblock { blocks: trace });
         }
     }
 }
@@ -284,8 +331,8 @@ fn hottest_successor(tables: &Tables, id: u32) -> Option<(u32, f64)> {
 
 /// The trace from `head` along the most frequent static successors, unrolled when it closes
 /// a loop; `None` when it would be a single block that is not a loop (nothing to gain).
-fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
-    extend_trace(tables, vec![head], None)
+fn trace_from(tables: &Tables, head: u32, contexts_kept: bool) -> Option<Vec<BlockId>> {
+    extend_trace(tables, vec![head], None, contexts_kept)
 }
 
 /// [`trace_from`] the trace's first blocks `trace` (basic block ids, not empty), going on
@@ -296,6 +343,7 @@ fn extend_trace(
     tables: &Tables,
     mut trace: Vec<u32>,
     mut via: Option<u32>,
+    contexts_kept: bool,
 ) -> Option<Vec<BlockId>> {
     let head = trace[0];
     let mut instructions: u32 = trace
@@ -308,7 +356,11 @@ fn extend_trace(
     let mut cur = *trace.last()?;
     while trace.len() < MAX_TRACE_BLOCKS && instructions < MAX_TRACE_INSTRUCTIONS {
         let b = &tables.blocks[cur as usize];
-        let Some((next, share)) = hottest_successor(tables, via.take().unwrap_or(cur)) else {
+        // A step chosen from a superblock's or a side exit's successors knows the path that
+        // led there: a block the trace has already (an interpreter's dispatch, between two
+        // handlers) may come again.
+        let from = via.take();
+        let Some((next, share)) = hottest_successor(tables, from.unwrap_or(cur)) else {
             break;
         };
         if share < MIN_SUCCESSOR_SHARE {
@@ -343,7 +395,7 @@ fn extend_trace(
             closed = true;
             break;
         }
-        if trace.contains(&first) {
+        if from.is_none() && trace.contains(&first) {
             break;
         }
         if !rest.is_empty() || first != next {
@@ -369,7 +421,19 @@ fn extend_trace(
             }
             trace.push(first);
             trace.extend(rest.iter().take(room - 1).map(|b| b.0));
-            break;
+            if rest.len() >= room || contexts_kept {
+                break;
+            }
+            // Whole: on along where that superblock's own runs went after its end (its
+            // successor counts follow its whole path, so a target its last block's counts
+            // find too spread may be the usual one after this path).
+            instructions += std::iter::once(first)
+                .chain(rest.iter().map(|b| b.0))
+                .map(|b| tables.blocks[b as usize].instructions)
+                .sum::<u32>();
+            cur = *trace.last()?;
+            via = Some(next);
+            continue;
         }
         trace.push(next);
         instructions += n.instructions;
@@ -474,11 +538,72 @@ mod tests {
                 assert_eq!(&got[0][..2], &[0, 2], "along the exit: {got:?}");
                 assert!(!got[0].contains(&1), "not along the old path: {got:?}");
             } else {
-                assert!(got.is_empty(), "200 runs to the end, 100 exits: {got:?}");
+                // Mostly to its end: not re-formed along the exit (only unrolled, now that its
+                // runs are seen to come back to its head).
+                assert!(
+                    got.iter().all(|g| !g.contains(&2)),
+                    "200 runs to the end, 100 exits: {got:?}"
+                );
             }
             // The next look finds the replaced superblock done with.
             t.events += REFORM_SCAN_EVENTS;
             assert!(reformed(&d.decide(&mut t)).is_empty());
+        }
+    }
+
+    /// An interpreter's loop: a dispatch block D (an indirect jump) and three handlers that
+    /// jump back to it, run in the order H1 H2 H3 H1 … by the interpreted program. D's own
+    /// counts are spread over the three, so each handler's superblock ends at D; but after
+    /// H1's superblock comes H2's every time, so H1's is extended through D along H2's and
+    /// H3's until it comes back to H1 (and is unrolled). When the program alternates H1 H2 H1
+    /// H3, H1's superblock has no usual successor and stays as it is.
+    #[test]
+    fn a_superblock_is_extended_along_where_its_own_runs_went() {
+        for (program, expect) in [(&[4u32, 7, 10][..], true), (&[4, 7, 4, 10][..], false)] {
+            let mut t = Tables::default();
+            t.hot_threshold = 10;
+            let d = 0x5000;
+            block(&mut t, 0, d, 4, Terminator::IndirectJump);
+            let back = Terminator::Jump {
+                target: GuestAddr(d),
+            };
+            for h in 1..=3u32 {
+                block(&mut t, h, 0x5000 + 0x100 * h as u64, 3, back);
+            }
+            // Superblock 4 = [H1, D], 7 = [H2, D], 10 = [H3, D], each with two side exits.
+            for (h, sb) in [(1u32, 4u32), (2, 7), (3, 10)] {
+                let trace: Arc<[BlockId]> = vec![BlockId(h), BlockId(0)].into();
+                t.learn(&NewBlock {
+                    id: BlockId(sb),
+                    summary: t.blocks[h as usize],
+                    kind: IdKind::Superblock { blocks: trace },
+                    code: Box::default(),
+                });
+                for after in 0..2u32 {
+                    t.learn(&NewBlock {
+                        id: BlockId(sb + 1 + after),
+                        summary: t.blocks[h as usize],
+                        kind: IdKind::SideExit {
+                            superblock: BlockId(sb),
+                            after,
+                        },
+                        code: Box::default(),
+                    });
+                }
+            }
+            for _ in 0..400 {
+                t.record(program);
+            }
+            let mut dec = Decisions::default();
+            let got = reformed(&dec.decide(&mut t));
+            let from_h1: Vec<&Vec<u32>> = got.iter().filter(|g| g[0] == 1).collect();
+            if expect {
+                assert_eq!(from_h1.len(), 1, "{got:?}");
+                assert_eq!(&from_h1[0][..6], &[1, 0, 2, 0, 3, 0], "{got:?}");
+                assert!(from_h1[0].len() > 6, "unrolled once it closed: {got:?}");
+            } else {
+                assert!(from_h1.is_empty(), "H2 and H3 after H1 as often: {got:?}");
+            }
         }
     }
 

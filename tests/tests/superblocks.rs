@@ -237,6 +237,58 @@ fn a_loop_that_changes_its_path_gets_a_superblock_along_the_new_one() {
     );
 }
 
+/// An interpreter's traces go on through its dispatch from one handler to the next:
+/// `bench_interp.c`'s `switch` jumps to any of 19 handlers, so the dispatch block's own counts
+/// predict none and each handler's first superblock ends there, one ring event per bytecode.
+/// After a given handler's superblock, though, the interpreted program mostly runs the same
+/// next handler, and the monitor extends the superblock along where its own runs went
+/// (`Decisions::extend`): a superblock then holds the dispatch block several times, and the
+/// run takes well under one event per bytecode. The profile equals a run without
+/// superblocks (a 4096-entry ring makes the translator take the requests while it runs).
+#[test]
+fn an_interpreters_traces_go_on_from_handler_to_handler() {
+    let exe =
+        guest_build::build("bench_interp.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let ring = ["--ring-entries", "4096"];
+    compare_exe(
+        &exe,
+        &["300"],
+        "bench_interp.c",
+        &ring,
+        Termination::Exited(0),
+    );
+    let run = run_with_report(&exe, &["300"], &scratch(), "interp_handlers", &ring);
+    assert_eq!(run.outcome.termination, Termination::Exited(0));
+    let stdout = String::from_utf8_lossy(&run.outcome.stdout);
+    let bytecodes: u64 = stdout
+        .split(", ")
+        .find_map(|part| part.strip_suffix(" bytecodes executed\n"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no bytecode count in {stdout:?}"));
+    let report = &run.report.json;
+    let events = as_u64(&report["totals"]["events"]);
+    assert!(
+        events * 3 < bytecodes * 2,
+        "{events} ring events for {bytecodes} bytecodes: traces end at every dispatch"
+    );
+    let through_dispatch = report["superblocks"]
+        .as_array()
+        .expect("a superblocks array")
+        .iter()
+        .any(|sb| {
+            let blocks = sb["blocks"].as_array().expect("blocks");
+            as_u64(&sb["entries"]) > 10_000
+                && blocks
+                    .iter()
+                    .any(|b| blocks.iter().filter(|c| *c == b).count() >= 3)
+        });
+    assert!(
+        through_dispatch,
+        "no busy superblock through the dispatch from handler to handler: {}",
+        report["superblocks"]
+    );
+}
+
 /// Faults inside a trace: the dispatcher enqueues the side exit of the block that faulted, so
 /// the blocks after it in the trace are not counted.
 #[test]

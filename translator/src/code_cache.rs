@@ -12,7 +12,7 @@ use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 
 use hotpath_ir::HostAddr;
@@ -64,8 +64,9 @@ pub(crate) struct CacheIndex {
     pub(crate) generation: u64,
     /// The first block id of the current generation: older ids were flushed.
     pub(crate) generation_first_id: u32,
-    /// Guest addresses whose entry is a superblock (this generation).
-    pub(crate) superblock_heads: FxHashSet<u64>,
+    /// Guest addresses whose entry is a superblock (this generation), with its trace (basic
+    /// block ids).
+    pub(crate) superblock_heads: FxHashMap<u64, std::sync::Arc<[hotpath_ir::BlockId]>>,
     /// Single-instruction blocks for single-stepping (EFLAGS.TF): guest address → host entry
     /// (this generation).
     pub(crate) step_blocks: FxHashMap<u64, HostAddr>,
@@ -82,7 +83,7 @@ impl CacheIndex {
             exits: Vec::new(),
             generation: 0,
             generation_first_id: 0,
-            superblock_heads: FxHashSet::default(),
+            superblock_heads: FxHashMap::default(),
             step_blocks: FxHashMap::default(),
             invalidations_seen,
         }

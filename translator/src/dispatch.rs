@@ -1001,8 +1001,12 @@ impl Translator {
         let Some(&old_entry) = self.index.blocks.get(&head) else {
             return false;
         };
-        if self.index.superblock_heads.contains(&head) != replace {
-            return false;
+        match self.index.superblock_heads.get(&head) {
+            None if !replace => {}
+            // Re-formed into the same trace (cut where contexts are kept, as before): nothing
+            // to change.
+            Some(old) if replace && old[..] != ids[..] => {}
+            _ => return false,
         }
         let sb = BlockId(registry.next_id);
         let first_exit = self.index.exits.len() as u32;
@@ -1100,7 +1104,9 @@ impl Translator {
         registry.announce(NewBlock {
             id: sb,
             summary: blocks[0].summary(),
-            kind: IdKind::Superblock { blocks: trace_ids },
+            kind: IdKind::Superblock {
+                blocks: trace_ids.clone(),
+            },
             code: Box::default(),
         });
         for (i, b) in blocks.iter().enumerate() {
@@ -1122,7 +1128,7 @@ impl Translator {
         // holds its jump entry: a jump through the table may be a tail call, whose context
         // step the jump entry makes before it goes on to the old entry, now a jump here.
         self.index.blocks.insert(head, trace.entry);
-        self.index.superblock_heads.insert(head);
+        self.index.superblock_heads.insert(head, trace_ids);
         self.cache.patch_jump(old_entry, trace.entry);
         let keep_jump_entry = self.contexts.is_some() && self.is_function_entry(head);
         let slot = &mut self.area.ibl[ThreadArea::ibl_index(head)];

@@ -49,6 +49,8 @@ struct Monitoring {
     paths: Option<PathConfig>,
     /// The hot threshold for superblocks (None: `--no-superblocks`).
     superblock_threshold: Option<u64>,
+    /// The translator keeps calling contexts (`Decisions::contexts_kept`).
+    contexts_kept: bool,
     core: Option<core_affinity::CoreId>,
     /// Where this process image's JSON report goes.
     report: Option<PathBuf>,
@@ -64,6 +66,7 @@ impl Monitoring {
             self.paths.clone().map(PathRecorder::new),
         );
         state.tables.hot_threshold = self.superblock_threshold.unwrap_or(u64::MAX);
+        state.decisions.contexts_kept = self.contexts_kept;
         state
     }
 
@@ -498,6 +501,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         streams: None,
         paths,
         superblock_threshold: (!args.no_superblocks).then_some(args.superblock_threshold),
+        contexts_kept: args.guest_contexts(),
         core,
         report: args.report.clone(),
         outputs: args.outputs.clone(),
