@@ -163,14 +163,14 @@ const EMPTY_SLOT: Slot = Slot {
 const FAST_BACKOFF: u32 = 8;
 
 /// Bits of a memo key that hold the position in the event (see `MAX_TRACE_BLOCKS`).
-const POS_BITS: u32 = 5;
+const POS_BITS: u32 = 6;
 const _: () = assert!(MAX_TRACE_BLOCKS <= 1 << POS_BITS);
 
 /// A key no event has (`Memo::succ_key` of a memo with no successor yet).
 pub(crate) const NO_KEY: u32 = u32::MAX;
 
 /// The memo key of position `pos` of event `event`, or [`NO_KEY`] for an event id too large
-/// to key (2^27 ids and up: its blocks are stepped one by one).
+/// to key (2^26 ids and up: its blocks are stepped one by one).
 #[inline]
 pub(crate) fn memo_key(event: u32, pos: u32) -> u32 {
     if event >= (1 << (32 - POS_BITS)) - 1 {
