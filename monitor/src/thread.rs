@@ -138,6 +138,17 @@ const IDLE_NAP_US: u64 = 50;
 /// at once when told to finish.
 const MAX_IDLE_NAP_US: u64 = 1000;
 
+/// Shortest nap worth taking between two batches while events come, in µs. Below it the
+/// monitor spins (with `pause`) to its next look; above it, it sleeps, which leaves the guest
+/// its core's resources: on a 2-vCPU VM in hours when the monitor's spinning slowed the guest
+/// (two vCPUs sharing a core, as far as one can tell), bench_nbody took 457 ms as shipped with
+/// spinning and 373 ms with naps, bench_interp 174 and 133, lua 951 and 801 (the same as in
+/// the other hours, in which naps change nothing: docs/measurements.md).
+const NAP_FROM_US: u64 = 10;
+
+/// How far a nap may overrun what it asked for, in µs (the kernel's default timer slack).
+const NAP_SLACK_US: f64 = 50.0;
+
 /// How long the rings must stay without a batch before the monitor starts napping.
 const IDLE_BEFORE_NAP: Duration = Duration::from_micros(200);
 
@@ -292,6 +303,9 @@ impl Monitor {
             (s.tables.clone(), s.paths.clone())
         });
         let mut kept = Vec::new();
+        // When the last drain was, and how fast the events came up to it (events per µs).
+        let mut last_drain = Instant::now();
+        let mut rate = f64::INFINITY;
         loop {
             let stopping = stop.load(Ordering::Acquire);
             while let Ok(s) = streams.try_recv() {
@@ -330,12 +344,18 @@ impl Monitor {
             if drained > 0 {
                 idle_since = None;
                 nap = IDLE_NAP_US;
+                let now = Instant::now();
+                let us = now.duration_since(last_drain).as_secs_f64() * 1e6;
+                rate = drained as f64 / us.max(1e-3);
+                last_drain = now;
             } else if stopping && self.live.is_empty() {
                 break;
             } else if idle_since.get_or_insert(started).elapsed() > IDLE_BEFORE_NAP {
                 // `finish` unparks the thread: it does not wait out the nap.
                 std::thread::park_timeout(Duration::from_micros(nap));
                 nap = (nap * 2).min(MAX_IDLE_NAP_US);
+            } else if let Some(wait) = self.batch_wait(rate, last_drain) {
+                std::thread::park_timeout(wait);
             } else {
                 // Less than a batch: look again after MIN_POLL_INTERVAL, not sooner (each look
                 // costs the guest a cache-line transfer).
@@ -348,6 +368,21 @@ impl Monitor {
         if let Some((tables0, paths0)) = initial {
             replay(&kept, &self.catalog, tables0, paths0, replays);
         }
+    }
+
+    /// How long to sleep before the next look at rings that hold less than a batch, given
+    /// that the events came at `rate` per µs up to the last drain (at `last`): half the time
+    /// the next batch should take, when that is at least [`NAP_FROM_US`] (at most
+    /// [`MAX_IDLE_NAP_US`]), and never so long that a guest could fill the rest of its ring's
+    /// lap before the monitor wakes (it would wait for the monitor). `None`: spin and look
+    /// again soon.
+    fn batch_wait(&self, rate: f64, last: Instant) -> Option<Duration> {
+        let batch = self.live.iter().map(|l| l.ring.batch()).min()? as f64;
+        let room = self.live.iter().map(|l| l.ring.room()).min()? as f64;
+        let due_us = batch / rate - last.elapsed().as_secs_f64() * 1e6;
+        let nap = (due_us / 2.0).min(MAX_IDLE_NAP_US as f64);
+        (nap >= NAP_FROM_US as f64 && room > 2.0 * rate * (nap + NAP_SLACK_US))
+            .then(|| Duration::from_micros(nap as u64))
     }
 
     /// Drains ring `i` (all of it when `all`) into its thread's state; returns the events.

@@ -377,6 +377,16 @@ impl RingConsumer {
         tail - start
     }
 
+    /// Events the producer can still write before it must wait for this consumer: the rest of
+    /// its lap (0 when the lap is full).
+    pub fn room(&self) -> u64 {
+        self.ctrl()
+            .producer
+            .cursor
+            .load(Ordering::Relaxed)
+            .wrapping_neg()
+    }
+
     /// Fewest waiting events worth a drain: a quarter of the ring, at most [`MAX_BATCH`].
     pub fn batch(&self) -> u64 {
         (self.ctrl().capacity / 4).clamp(1, MAX_BATCH)
