@@ -311,6 +311,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("phase_change", "phase_change.S", &[], Exit(0),
         "a loop whose branch changes direction after 10,000 of its 310,000 runs (its first \
          superblock re-formed: superblocks.rs)"),
+    sample("slow_loop", "slow_loop.S", &[], Exit(0),
+        "a loop of two slow blocks that writes fewer events than a ring lap (its superblock \
+         taken at its head: superblocks.rs)"),
     sample("count_jumptable", "count_jumptable.S", &[], Exit(0),
         "a switch through a jump table (exact indirect-target counts in counts.rs)"),
     sample("count_calls", "count_calls.S", &[], Exit(0),

@@ -93,6 +93,7 @@ sample_tests! {
     count_branches,
     count_jumptable,
     phase_change,
+    slow_loop,
     count_calls,
     count_syscalls,
     count_libc,

@@ -237,6 +237,24 @@ fn a_loop_that_changes_its_path_gets_a_superblock_along_the_new_one() {
     );
 }
 
+/// The translator takes a superblock request when the guest next goes to its head, not at its
+/// next ring refill: `slow_loop.S` writes 600,000 events without superblocks (two slow blocks,
+/// 300,000 times, over 100 ms), fewer than one lap of the default 1 Mi-entry ring, so a request
+/// read only at a refill would never be taken (every run took 600,006 events so); the monitor
+/// makes the branches to the head leave for the dispatcher (`HandlerShared::kick_at`), and
+/// the loop runs in its superblock, one event per iteration, soon after its 3,000th.
+#[test]
+fn a_superblock_request_is_taken_at_its_head_not_at_the_next_ring_refill() {
+    let exe = guest_build::build("slow_loop.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let run = run_with_report(&exe, &[], &scratch(), "slow_loop", &[]);
+    assert_eq!(run.outcome.termination, Termination::Exited(0));
+    let events = as_u64(&run.report.json["totals"]["events"]);
+    assert!(
+        events < 450_000,
+        "{events} ring events: the loop's superblock came late or never"
+    );
+}
+
 /// An interpreter's traces go on through its dispatch from one handler to the next:
 /// `bench_interp.c`'s `switch` jumps to any of 19 handlers, so the dispatch block's own counts
 /// predict none and each handler's first superblock ends there, one ring event per bytecode.

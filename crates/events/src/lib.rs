@@ -111,7 +111,7 @@ pub struct NewBlock {
 pub const MAX_TRACE_BLOCKS: usize = 64;
 
 /// What the monitor asks of the translator (a crossbeam channel; the translator reads it when
-/// it is in the dispatcher, at the latest at the next ring refill).
+/// it is in the dispatcher, which the monitor makes it come to: see the monitor's `Waker`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Build a superblock along `blocks` (1 to [`MAX_TRACE_BLOCKS`] basic block ids, in path

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::code_cache::HostLayout;
+use crate::links::ExitKind;
 use crate::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {
@@ -362,6 +363,44 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
     }
     // Jump tables too: each entry back to its site's fill stub (always a valid target).
     area.unlink_jump_tables();
+}
+
+/// Undoes the links of the exits that go to one of the guest addresses `targets` (the
+/// direct links into those blocks) and empties their lookup-table slots, so that the next
+/// transfer to one of them comes to the dispatcher; the other links stay. Same contract as
+/// [`unlink_all`].
+pub(super) fn unlink_into(shared: &HandlerShared, area: &mut ThreadArea, targets: &[u64]) {
+    let ptr = shared.exits.load(Ordering::Relaxed);
+    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
+    let regions = shared.regions();
+    if !ptr.is_null() {
+        // SAFETY: published by the dispatcher, which is not changing it (not critical).
+        let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
+        for e in exits {
+            let ExitKind::Direct {
+                target, site, stub, ..
+            } = e.kind
+            else {
+                continue;
+            };
+            if !targets.contains(&target.0) {
+                continue;
+            }
+            let Some((_, _, delta)) = regions.find(site.0) else {
+                continue;
+            };
+            let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
+            // SAFETY: as in `unlink_all`.
+            unsafe {
+                std::sync::atomic::AtomicU32::from_ptr(site.0.wrapping_add(delta) as *mut u32)
+                    .store(rel as u32, Ordering::Relaxed)
+            };
+        }
+    }
+    for &t in targets {
+        let i = ThreadArea::ibl_index(t);
+        area.ibl[i].tag = thread_area::IblEntry::dead_tag(i);
+    }
 }
 
 /// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the

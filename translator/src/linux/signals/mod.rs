@@ -305,6 +305,23 @@ impl HandlerShared {
             self.critical.store(false, Ordering::SeqCst);
         }
     }
+
+    /// From another thread: makes this thread come to its dispatcher the next time it goes
+    /// to one of the guest addresses `targets` through a link or the lookup table (where the
+    /// monitor has just asked for a superblock), so that it reads the request then instead of
+    /// at its next ring refill; its other links stay. Nothing when its dispatcher is running
+    /// (it reads the requests on its way back to the cache, or at its next exit).
+    pub fn kick_at(&self, targets: &[u64]) {
+        if self
+            .critical
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            // SAFETY: as in `kick`.
+            unlink_into(self, unsafe { &mut *self.area }, targets);
+            self.critical.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 mod frame;
@@ -312,7 +329,7 @@ mod handler;
 
 #[cfg(test)]
 pub(crate) use handler::fix_probe_fault;
-use handler::{host_handler, unlink_all};
+use handler::{host_handler, unlink_all, unlink_into};
 
 /// `rdgsbase` is usable (the handler reads the GS base with it instead of `arch_prctl`).
 static FSGSBASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
