@@ -556,6 +556,18 @@ fn deterministic_runs(sources: &[&str]) -> Vec<(String, PathBuf, Vec<&'static st
     runs
 }
 
+/// The options of the instrumented runs and of their per-block references: superblocks at once,
+/// every PAP run kept, and a short ring that keeps the monitor close behind the guest, so that
+/// its requests come while the samples' hot functions still run.
+const INSTRUMENTED_COMMON: [&str; 6] = [
+    "--superblock-threshold",
+    "1",
+    "--pap-threshold",
+    "0",
+    "--ring-entries",
+    "4096",
+];
+
 /// `json` without the path statistics' PAP-run counts (`pap_runs`, `pap_distinct_runs`).
 fn without_pap_run_counts(json: &Value) -> Value {
     let mut json = json.clone();
@@ -580,18 +592,10 @@ fn instrumented_pap_runs_match_the_per_block_reference() {
         .iter()
         .find(|(name, _, _)| name == "strings")
         .expect("strings is deterministic");
-    let common = [
-        "--superblock-threshold",
-        "1",
-        "--pap-threshold",
-        "0",
-        "--ring-entries",
-        "4096",
-    ];
-    let mut per_block = common.to_vec();
+    let mut per_block = INSTRUMENTED_COMMON.to_vec();
     per_block.push("--paths-per-block");
     let want = run_report(exe, "pap-runs-ref", args, &per_block);
-    let mut instrumented = common.to_vec();
+    let mut instrumented = INSTRUMENTED_COMMON.to_vec();
     instrumented.extend(["--instrument-paths", "1", "--instrument-every"]);
     for round in 0..8 {
         let got = run_report(exe, &format!("pap-runs-{round}"), args, &instrumented);
@@ -770,16 +774,7 @@ fn instrumented_paths_match_the_per_block_reference() {
         "paths_long_run.c",
         "paths_hand_in.c",
     ]);
-    // A short ring keeps the monitor close behind the guest, so that its requests come while
-    // the samples' hot functions still run.
-    let common = [
-        "--superblock-threshold",
-        "1",
-        "--pap-threshold",
-        "0",
-        "--ring-entries",
-        "4096",
-    ];
+    let common = INSTRUMENTED_COMMON;
     // Real programs: busybox sort and awk on a generated file (their own closed regions, and
     // renumbering as their CFGs grow).
     let busybox = PathBuf::from("/usr/bin/busybox");

@@ -333,29 +333,7 @@ fn current() -> Option<&'static HandlerShared> {
 /// Runs in the signal handler while the dispatcher is outside its critical sections, or on
 /// the dispatcher's own request (`SignalState::unlink_now`).
 pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
-    let ptr = shared.exits.load(Ordering::Relaxed);
-    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
-    let regions = shared.regions();
-    if !ptr.is_null() {
-        // SAFETY: published by the dispatcher, which is not changing it (not critical).
-        let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
-        for e in exits {
-            if let Some((site, stub)) = e.kind.link_site() {
-                let Some((_, _, delta)) = regions.find(site.0) else {
-                    continue;
-                };
-                let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
-                // SAFETY: the site is a 4-byte aligned rel32 (`emit::patchable_jmp`) inside
-                // the code cache's writable view. One atomic store: the owner may be running
-                // this very branch when another thread kicks it, and must fetch either the
-                // old or the new displacement, never a mix.
-                unsafe {
-                    std::sync::atomic::AtomicU32::from_ptr(site.0.wrapping_add(delta) as *mut u32)
-                        .store(rel as u32, Ordering::Relaxed)
-                };
-            }
-        }
-    }
+    unlink_exits(shared, |_| true);
     // Only the tags: a lookup this handler interrupted between its tag check and its load of
     // the host address must still load a valid block entry (the blocks themselves stay).
     for (i, slot) in area.ibl.iter_mut().enumerate() {
@@ -370,36 +348,43 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
 /// transfer to one of them comes to the dispatcher; the other links stay. Same contract as
 /// [`unlink_all`].
 pub(super) fn unlink_into(shared: &HandlerShared, area: &mut ThreadArea, targets: &[u64]) {
-    let ptr = shared.exits.load(Ordering::Relaxed);
-    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
-    let regions = shared.regions();
-    if !ptr.is_null() {
-        // SAFETY: published by the dispatcher, which is not changing it (not critical).
-        let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
-        for e in exits {
-            let ExitKind::Direct {
-                target, site, stub, ..
-            } = e.kind
-            else {
-                continue;
-            };
-            if !targets.contains(&target.0) {
-                continue;
-            }
-            let Some((_, _, delta)) = regions.find(site.0) else {
-                continue;
-            };
-            let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
-            // SAFETY: as in `unlink_all`.
-            unsafe {
-                std::sync::atomic::AtomicU32::from_ptr(site.0.wrapping_add(delta) as *mut u32)
-                    .store(rel as u32, Ordering::Relaxed)
-            };
-        }
-    }
+    unlink_exits(
+        shared,
+        |kind| matches!(kind, ExitKind::Direct { target, .. } if targets.contains(&target.0)),
+    );
     for &t in targets {
         let i = ThreadArea::ibl_index(t);
         area.ibl[i].tag = thread_area::IblEntry::dead_tag(i);
+    }
+}
+
+/// Points every linked exit that `which` selects back at its exit stub, in the exit table
+/// the dispatcher published.
+fn unlink_exits(shared: &HandlerShared, which: impl Fn(&ExitKind) -> bool) {
+    let ptr = shared.exits.load(Ordering::Relaxed);
+    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
+    if ptr.is_null() {
+        return;
+    }
+    let regions = shared.regions();
+    // SAFETY: published by the dispatcher, which is not changing it (not critical).
+    let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
+    for e in exits.iter().filter(|e| which(&e.kind)) {
+        let Some((site, stub)) = e.kind.link_site() else {
+            continue;
+        };
+        let Some((_, _, delta)) = regions.find(site.0) else {
+            continue;
+        };
+        let rel = (stub.0 as i64 - (site.0 as i64 + 4)) as i32;
+        // SAFETY: the site is a 4-byte aligned rel32 (`emit::patchable_jmp`) inside the code
+        // cache's writable view. One atomic store: the owner may be running this very branch
+        // when another thread kicks it, and must fetch either the old or the new
+        // displacement, never a mix.
+        unsafe {
+            std::sync::atomic::AtomicU32::from_ptr(site.0.wrapping_add(delta) as *mut u32)
+                .store(rel as u32, Ordering::Relaxed)
+        };
     }
 }
 
