@@ -92,7 +92,7 @@ pub struct Decisions {
     /// Heads whose superblock was extended past its end, with how many times.
     extended: rustc_hash::FxHashMap<u32, u32>,
     /// The translator keeps calling contexts (`--paths`): a trace ends with the superblock it
-    /// runs into, as before #40's extension, and no superblock is extended. The translator
+    /// runs into, and no superblock is extended. The translator
     /// cuts traces there at indirect branches and at function entries not called inline, so
     /// extending would gain little, and functions with instrumented paths (the hidden
     /// `--instrument-paths`, #38) lose path runs with the longer traces, depending on timing.
@@ -338,7 +338,9 @@ fn trace_from(tables: &Tables, head: u32, contexts_kept: bool) -> Option<Vec<Blo
 /// [`trace_from`] the trace's first blocks `trace` (basic block ids, not empty), going on
 /// from its last one along the most frequent static successors; the first step along those
 /// of event `via` instead, when given (a superblock's side exit after that block: where the
-/// runs that left the superblock there went).
+/// runs that left the superblock there went; or a superblock: where its runs went after its
+/// end). With `contexts_kept` it ends with a superblock it runs into whole (see
+/// `Decisions::contexts_kept`).
 fn extend_trace(
     tables: &Tables,
     mut trace: Vec<u32>,
