@@ -181,8 +181,7 @@ impl Decisions {
                 }
                 continue;
             }
-            let times = self.reformed.entry(head).or_insert(0);
-            if *times >= MAX_REFORMS {
+            if self.reformed.get(&head).is_some_and(|&t| t >= MAX_REFORMS) {
                 continue;
             }
             let (_, after, exit) = x.worst;
@@ -197,16 +196,30 @@ impl Decisions {
             } else {
                 None
             };
-            let Some(trace) = trace else {
-                continue;
-            };
-            if trace[..] != blocks[..] {
-                *times += 1;
-                self.replaced.insert(id);
-                self.requests += 1;
-                out.push(Command::ReformSuperblock { blocks: trace });
+            if let Some(trace) = trace {
+                if self.replace(id, blocks, trace, out) {
+                    *self.reformed.entry(head).or_insert(0) += 1;
+                }
             }
         }
+    }
+
+    /// Asks for `trace` in place of superblock `id` (`blocks`) unless it is the same trace;
+    /// returns whether it asked. The replaced superblock's counts no longer grow.
+    fn replace(
+        &mut self,
+        id: u32,
+        blocks: &[BlockId],
+        trace: Vec<BlockId>,
+        out: &mut Vec<Command>,
+    ) -> bool {
+        if trace[..] == blocks[..] {
+            return false;
+        }
+        self.replaced.insert(id);
+        self.requests += 1;
+        out.push(Command::ReformSuperblock { blocks: trace });
+        true
     }
 }
 
@@ -218,19 +231,20 @@ impl Decisions {
     /// spread over every opcode). At most [`MAX_EXTENSIONS`] times per head; nothing when the
     /// trace would not change (no usual successor, or the trace is as long as it can be).
     fn extend(&mut self, tables: &Tables, id: u32, blocks: &[BlockId], out: &mut Vec<Command>) {
-        let times = self.extended.entry(blocks[0].0).or_insert(0);
-        if *times >= MAX_EXTENSIONS {
+        let head = blocks[0].0;
+        if self
+            .extended
+            .get(&head)
+            .is_some_and(|&t| t >= MAX_EXTENSIONS)
+        {
             return;
         }
         let prefix: Vec<u32> = blocks.iter().map(|b| b.0).collect();
         let Some(trace) = extend_trace(tables, prefix, Some(id), false) else {
             return;
         };
-        if trace[..] != blocks[..] {
-            *times += 1;
-            self.replaced.insert(id);
-            self.requests += 1;
-            out.push(Command::ReformSuperblock { blocks: trace });
+        if self.replace(id, blocks, trace, out) {
+            *self.extended.entry(head).or_insert(0) += 1;
         }
     }
 }
