@@ -55,9 +55,7 @@ pub struct Stream {
     pub contexts: Option<hotpath_contexts::ContextView>,
 }
 
-/// See [`Stream::wake`]: `None` for the next block boundary, or the guest addresses (superblock
-/// heads) at which the thread is to come to its dispatcher next time it goes there.
-pub type Waker = Arc<dyn Fn(Option<&[u64]>) + Send + Sync>;
+use hotpath_events::Waker;
 
 /// What the monitor kept for one guest thread.
 pub struct ThreadState {
@@ -380,11 +378,14 @@ impl Monitor {
     /// again soon.
     fn batch_wait(&self, rate: f64, last: Instant) -> Option<Duration> {
         let batch = self.live.iter().map(|l| l.ring.batch()).min()? as f64;
-        let room = self.live.iter().map(|l| l.ring.room()).min()? as f64;
         let due_us = batch / rate - last.elapsed().as_secs_f64() * 1e6;
         let nap = (due_us / 2.0).min(MAX_IDLE_NAP_US as f64);
-        (nap >= NAP_FROM_US as f64 && room > 2.0 * rate * (nap + NAP_SLACK_US))
-            .then(|| Duration::from_micros(nap as u64))
+        if nap < NAP_FROM_US as f64 {
+            return None;
+        }
+        // Only now the producers' cursors: each is a line the guest writes at every event.
+        let room = self.live.iter().map(|l| l.ring.room()).min()? as f64;
+        (room > 2.0 * rate * (nap + NAP_SLACK_US)).then(|| Duration::from_micros(nap as u64))
     }
 
     /// Drains ring `i` (all of it when `all`) into its thread's state; returns the events.

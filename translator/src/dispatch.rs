@@ -102,11 +102,6 @@ struct ExecRequest {
     r11: u64,
 }
 
-/// Makes a guest thread come to its dispatcher from another thread (see
-/// [`Translator::waker`]): `None` at its next block boundary, or the guest addresses at which it
-/// comes the next time it goes to one of them.
-pub type Waker = std::sync::Arc<dyn Fn(Option<&[u64]>) + Send + Sync>;
-
 /// One guest thread's translator.
 pub struct Translator {
     area: &'static mut ThreadArea,
@@ -576,7 +571,7 @@ impl Translator {
     /// What makes this guest thread come to its dispatcher (which then reads the monitor's
     /// commands), callable from any thread: with `None` at its next block boundary, with guest
     /// addresses the next time it goes to one of them (`HandlerShared::kick_at`).
-    pub fn waker(&self) -> Waker {
+    pub fn waker(&self) -> hotpath_events::Waker {
         let handler = self.ctl.handler;
         std::sync::Arc::new(move |targets| match targets {
             None => handler.kick(),

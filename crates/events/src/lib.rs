@@ -110,8 +110,14 @@ pub struct NewBlock {
 /// the next reached 32 on bench_interp (sqlite3 as shipped 336 → 306 ms with 64).
 pub const MAX_TRACE_BLOCKS: usize = 64;
 
+/// Makes a guest thread come to its dispatcher, from another thread (the monitor's), so that
+/// its translator reads a [`Command`] now rather than at its next ring refill: with `None` at
+/// its next block boundary, with guest addresses (superblock heads) the next time it goes to
+/// one of them. Made by the translator (`Translator::waker`), called by the monitor.
+pub type Waker = std::sync::Arc<dyn Fn(Option<&[u64]>) + Send + Sync>;
+
 /// What the monitor asks of the translator (a crossbeam channel; the translator reads it when
-/// it is in the dispatcher, which the monitor makes it come to: see the monitor's `Waker`).
+/// it is in the dispatcher, which the monitor makes it come to: see [`Waker`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Build a superblock along `blocks` (1 to [`MAX_TRACE_BLOCKS`] basic block ids, in path
