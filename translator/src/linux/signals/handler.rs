@@ -161,9 +161,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
             // A store to a page whose code was translated: it runs again now that the page
             // is writable; the thread leaves the cache at its next block boundary, where
             // the dispatcher discards the page's translations.
-            if !shared.critical.load(Ordering::SeqCst) {
-                unlink_all(shared, area);
-            }
+            shared.unlink_from_handler(area);
             if switched {
                 write_fs(shared.fsgsbase, fs);
             }
@@ -285,9 +283,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         // Interrupted on its way into a system call: do not let the call block.
         gregs[REG_RIP] = refused as i64;
     }
-    if !shared.critical.load(Ordering::SeqCst) {
-        unlink_all(shared, area);
-    }
+    shared.unlink_from_handler(area);
     if switched {
         write_fs(shared.fsgsbase, fs);
     }

@@ -239,6 +239,11 @@ pub struct HandlerShared {
     /// for pending signals before it enters). Another thread that unlinks this thread's code
     /// (`kick`) holds it meanwhile, so the dispatcher waits for it on its way out of the cache.
     critical: std::sync::atomic::AtomicBool,
+    /// Set by the handler before it looks at `critical` to unlink the thread's code: a
+    /// thread that held `critical` to unlink some of it (`kick_at`) looks at this after it
+    /// lets go and unlinks it all, so that a signal or a store into translated code that
+    /// came meanwhile still makes the thread leave the cache.
+    unlink_wanted: std::sync::atomic::AtomicBool,
     /// The dispatcher's exit table (`Exit` array, its length), published outside critical
     /// sections.
     exits: AtomicPtr<Exit>,
@@ -320,6 +325,28 @@ impl HandlerShared {
             // SAFETY: as in `kick`.
             unlink_into(self, unsafe { &mut *self.area }, targets);
             self.critical.store(false, Ordering::SeqCst);
+            // The owner's handler may have found `critical` held meanwhile and left its
+            // unlinking undone (it sets the flag first): do it for it, unless the owner's
+            // dispatcher runs now (it looks at what the handler recorded before it goes on).
+            if self.unlink_wanted.swap(false, Ordering::SeqCst)
+                && self
+                    .critical
+                    .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
+                // SAFETY: as in `kick`.
+                unlink_all(self, unsafe { &mut *self.area });
+                self.critical.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The handler's unlinking of this thread's code, unless its dispatcher holds `critical`
+    /// (see `unlink_wanted`).
+    pub(super) fn unlink_from_handler(&self, area: &mut ThreadArea) {
+        self.unlink_wanted.store(true, Ordering::SeqCst);
+        if !self.critical.load(Ordering::SeqCst) {
+            unlink_all(self, area);
         }
     }
 }
@@ -531,6 +558,7 @@ impl SignalState {
             }),
             fsgsbase,
             critical: std::sync::atomic::AtomicBool::new(true),
+            unlink_wanted: std::sync::atomic::AtomicBool::new(false),
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
             regions: AtomicPtr::new(regions as *const RegionTable as *mut RegionTable),
