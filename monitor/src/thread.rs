@@ -238,7 +238,9 @@ pub fn spawn(
             }
         })
         .expect("spawning the monitor thread");
-    let _ = wait_started.recv();
+    // Bounded: a thread that cannot start at once (in a forked child, say) must not hold the
+    // guest up; it then maps its memory whenever it runs, as before.
+    let _ = wait_started.recv_timeout(Duration::from_secs(1));
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
     MonitorHandle {
