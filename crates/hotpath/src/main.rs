@@ -29,6 +29,44 @@ extern "C" fn note_closed_std_fds() {
 #[link_section = ".init_array"]
 static NOTE_CLOSED_STD_FDS: extern "C" fn() = note_closed_std_fds;
 
+/// Takes SIGSEGV and SIGBUS before the standard library's start-up does, so that it installs
+/// no stack-overflow handler of its own (it does only for a signal whose disposition is the
+/// default). With one, every thread the standard library starts maps an alternate signal
+/// stack and registers itself in a process-wide table under a lock, and unregisters under it
+/// when it ends: a guest `fork` made while another host thread starts or ends (a guest thread
+/// just joined, a monitor) gave the child that lock held for good, and the child hung at its
+/// first thread (`thread_cases fork`, 1 run in about 90 with four at once). hotpath replaces
+/// both dispositions with its own handler anyway, and gives each guest thread an alternate
+/// stack of its own ([`hotpath_translator`]'s signal state). An inherited `SIG_IGN` stays.
+extern "C" fn keep_fault_signals_from_std() {
+    for sig in [libc::SIGSEGV, libc::SIGBUS] {
+        // SAFETY: only reads and sets a disposition; no other thread exists yet, and the
+        // handler set is async-signal-safe (it only resets the disposition).
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction != libc::SIG_DFL
+            {
+                continue;
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction =
+                fault_before_hotpaths_handler as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESETHAND;
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// A fault of hotpath's own before its handler is installed: the disposition is the default
+/// again (`SA_RESETHAND`), so the faulting instruction, run again on return, ends the process
+/// as it would have without this handler.
+extern "C" fn fault_before_hotpaths_handler(_sig: libc::c_int) {}
+
+#[used]
+#[link_section = ".init_array"]
+static KEEP_FAULT_SIGNALS_FROM_STD: extern "C" fn() = keep_fault_signals_from_std;
+
 /// Makes hotpath's own large allocations (the monitor's tables, the translator's buffers) come
 /// from the allocator's heaps, never from `mmap`s of their own: the guest's `mmap(NULL, ..)`
 /// calls share the kernel's top-down mapping area with hotpath, and a block the monitor maps
