@@ -32,12 +32,13 @@ static NOTE_CLOSED_STD_FDS: extern "C" fn() = note_closed_std_fds;
 /// Takes SIGSEGV and SIGBUS before the standard library's start-up does, so that it installs
 /// no stack-overflow handler of its own (it does only for a signal whose disposition is the
 /// default). With one, every thread the standard library starts maps an alternate signal
-/// stack and registers itself in a process-wide table under a lock, and unregisters under it
-/// when it ends: a guest `fork` made while another host thread starts or ends (a guest thread
-/// just joined, a monitor) gave the child that lock held for good, and the child hung at its
-/// first thread (`thread_cases fork`, 1 run in about 90 with four at once). hotpath replaces
-/// both dispositions with its own handler anyway, and gives each guest thread an alternate
-/// stack of its own ([`hotpath_translator`]'s signal state). An inherited `SIG_IGN` stays.
+/// stack and registers itself in a process-wide table under a lock: a guest `fork` made while
+/// a host thread started (a monitor, a guest thread) could give the child that lock held for
+/// good, and the child hung at its first thread (`thread_cases fork`). The library still takes
+/// the lock when one of its threads ends, which is why guest threads are not its threads
+/// (`session::spawn_plain_thread`). hotpath replaces both dispositions with its own handler
+/// anyway, and gives each guest thread an alternate stack of its own
+/// ([`hotpath_translator`]'s signal state). An inherited `SIG_IGN` stays.
 extern "C" fn keep_fault_signals_from_std() {
     for sig in [libc::SIGSEGV, libc::SIGBUS] {
         // SAFETY: only reads and sets a disposition; no other thread exists yet, and the

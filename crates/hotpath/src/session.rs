@@ -369,19 +369,57 @@ fn spawner(ctx: Arc<RunCtx>) -> hotpath_translator::Spawner {
         }
         // Unnamed: the host thread keeps the name the kernel copies from the thread that
         // makes it (the guest's, as a native thread would).
-        let spawned = std::thread::Builder::new()
-            .stack_size(GUEST_THREAD_HOST_STACK)
-            .spawn(move || {
+        let spawned = spawn_plain_thread(
+            GUEST_THREAD_HOST_STACK,
+            Box::new(move || {
                 let Ok(mut translator) = Translator::start_thread(start) else {
                     return;
                 };
                 ctx.monitoring().add_thread(&mut translator);
                 ctx.guest_thread(translator);
-            });
+            }),
+        );
         // SAFETY: restoring the mask saved above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
-        spawned.map(|_| ())
+        spawned
     })
+}
+
+/// Runs `f` on a new, detached host thread with a stack of `stack` bytes, made by
+/// `pthread_create` itself rather than `std::thread`: the standard library's thread start
+/// and end take a process-wide lock (its stack-overflow registry, taken at every thread's
+/// end even with no handler installed), and a guest thread that forks while another one
+/// ends would give the child that lock held for good (the child hung in its threads' and
+/// its own exit: `thread_cases fork`, 1 run in about 800 with four at once). A panic ends
+/// the thread, as it did a `std::thread` (the default hook has printed it).
+///
+/// # Errors
+/// `pthread_create`'s error (EAGAIN when out of threads or memory).
+fn spawn_plain_thread(stack: usize, f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+    extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: `arg` is the box `spawn_plain_thread` leaked for this thread alone.
+        let f = unsafe { Box::from_raw(arg as *mut Box<dyn FnOnce() + Send>) };
+        // No unwinding into the C caller.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        std::ptr::null_mut()
+    }
+    let arg = Box::into_raw(Box::new(f)) as *mut libc::c_void;
+    // SAFETY: the attribute object is initialised before use and destroyed after; `start`
+    // takes `arg` back exactly once, or it is taken back here if no thread starts.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setstacksize(&mut attr, stack);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        let mut thread: libc::pthread_t = 0;
+        let r = libc::pthread_create(&mut thread, &attr, start, arg);
+        libc::pthread_attr_destroy(&mut attr);
+        if r != 0 {
+            drop(Box::from_raw(arg as *mut Box<dyn FnOnce() + Send>));
+            return Err(std::io::Error::from_raw_os_error(r));
+        }
+    }
+    Ok(())
 }
 
 /// Stack of the host thread that runs a guest thread's dispatcher, in bytes (the guest's own
