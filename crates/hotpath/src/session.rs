@@ -390,7 +390,7 @@ fn spawner(ctx: Arc<RunCtx>) -> hotpath_translator::Spawner {
 /// and end take a process-wide lock (its stack-overflow registry, taken at every thread's
 /// end even with no handler installed), and a guest thread that forks while another one
 /// ends would give the child that lock held for good (the child hung in its threads' and
-/// its own exit: `thread_cases fork`, 1 run in about 800 with four at once). A panic ends
+/// its own exit: `thread_cases fork`, 1 run in about 700 with four at once). A panic ends
 /// the thread, as it did a `std::thread` (the default hook has printed it).
 ///
 /// # Errors
