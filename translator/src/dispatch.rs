@@ -151,6 +151,26 @@ pub struct Translator {
     jump_tables: Vec<jump_tables::Site>,
     /// The stubs made for `(site, index)`, kept for the entry's next fill after a signal.
     jump_table_stubs: std::collections::HashMap<(u32, u64), HostAddr>,
+    /// The module of the persisted store the last block looked for came from (blocks are
+    /// reached in runs from one module: no module list search, file id copy or store lookup
+    /// per block).
+    last_module: Option<Arc<PersistedModule>>,
+}
+
+/// A module whose blocks the persisted store keeps, as [`Translator::persisted_module`] found
+/// it for a guest address.
+struct PersistedModule {
+    store: Arc<Store>,
+    /// Guest address of the module's start (its blocks' offsets count from it).
+    start: u64,
+    file: FileId,
+    /// Its records, read from the store file the first time (`None`: the store keeps nothing).
+    records: Option<Arc<crate::persist::ModuleRecords>>,
+    /// Guest addresses `[lo, hi)` where the module list finds this module.
+    lo: u64,
+    hi: u64,
+    /// The module list's version when it was found.
+    version: u64,
 }
 
 const ARCH_SET_GS: i32 = 0x1001;
@@ -475,6 +495,7 @@ impl Translator {
             inst: Default::default(),
             jump_tables: Vec::new(),
             jump_table_stubs: Default::default(),
+            last_module: None,
         }
     }
 
@@ -858,9 +879,8 @@ impl Translator {
             Next::Host(h) | Next::Resume(h) => self
                 .cache
                 .layouts()
-                .range(..=h.0)
-                .next_back()
-                .map(|(_, l)| l.guest_start)
+                .floor(h.0)
+                .map(|l| l.guest_start)
                 .unwrap_or(0),
             Next::Signal => 0,
         }
@@ -1099,9 +1119,8 @@ impl Translator {
         for l in &trace.layouts {
             self.note_code(l, CodeKind::Superblock);
         }
-        let layouts = self.cache.layouts_mut();
         for l in trace.layouts {
-            layouts.insert(l.code_start, l);
+            self.cache.add_layout(l);
         }
         let trace_ids: std::sync::Arc<[BlockId]> = ids.into();
         registry.announce(NewBlock {
@@ -1762,15 +1781,10 @@ impl Translator {
         if !self.cache.contains(HostAddr(fip)) {
             return;
         }
-        let guest = self
-            .cache
-            .layouts()
-            .range(..=fip)
-            .next_back()
-            .and_then(|(_, l)| {
-                let i = l.body.partition_point(|&(h, _)| h <= fip).checked_sub(1)?;
-                Some(l.body[i].1)
-            });
+        let guest = self.cache.layouts().floor(fip).and_then(|l| {
+            let i = l.body.partition_point(|&(h, _)| h <= fip).checked_sub(1)?;
+            Some(l.body[i].1)
+        });
         if let Some(g) = guest {
             self.area.xsave.0[FIP..FIP + 8].copy_from_slice(&g.to_le_bytes());
         }
@@ -1834,7 +1848,7 @@ impl Translator {
         if site == 0 {
             return None;
         }
-        let (_, l) = self.cache.layouts().range(..=site).next_back()?;
+        let l = self.cache.layouts().floor(site)?;
         (site < l.code_end).then_some(l.term_guest)
     }
 
@@ -2154,11 +2168,11 @@ impl Translator {
             registry = lock(&shared.registry);
             flushed = true;
         };
-        if let Some((store, start, file)) = &module {
+        if let Some(m) = &module {
             // A translation the store cannot hold (a jump-table site's, whose table is this
             // thread's) is no miss: no run would have found it there.
-            if let Some(r) = BlockRecord::capture(&emitted, &block, pc - start, folded) {
-                store.keep(file, r);
+            if let Some(r) = BlockRecord::capture(&emitted, &block, pc - m.start, folded) {
+                m.store.keep(&m.file, r);
                 self.stats.blocks_missed += 1;
             }
         }
@@ -2215,20 +2229,46 @@ impl Translator {
     /// there may be placed from the store or kept for it: a file-backed module, on pages the
     /// guest cannot write, while the guest's `rdtsc` runs (decoding depends on nothing else
     /// of the process's state: with `PR_TSC_SIGSEGV` it traps).
-    fn persisted_module(&mut self, pc: u64) -> Option<(Arc<Store>, u64, FileId)> {
+    fn persisted_module(&mut self, pc: u64) -> Option<Arc<PersistedModule>> {
         if crate::cpu::tsc_sigsegv() {
             return None;
         }
-        let store = self.process.shared.store.get()?.clone();
-        let (start, file) = {
+        let store = self.process.shared.store.get()?;
+        let module = {
             let memory = lock(&self.process.shared.memory);
-            let m = memory.modules.containing(pc)?;
-            (m.start, m.file.clone()?)
+            let version = memory.modules.version();
+            match &self.last_module {
+                // The same list and the same store (a forked child has a store of its own).
+                Some(m)
+                    if m.version == version
+                        && (m.lo..m.hi).contains(&pc)
+                        && Arc::ptr_eq(&m.store, store) =>
+                {
+                    m.clone()
+                }
+                _ => {
+                    let (m, lo, hi) = memory.modules.containing_range(pc)?;
+                    let (start, file) = (m.start, m.file.clone()?);
+                    drop(memory);
+                    let records = store.records(&file);
+                    let m = Arc::new(PersistedModule {
+                        store: store.clone(),
+                        start,
+                        file,
+                        records,
+                        lo,
+                        hi,
+                        version,
+                    });
+                    self.last_module = Some(m.clone());
+                    m
+                }
+            }
         };
         if self.code_writable(pc) {
             return None;
         }
-        Some((store, start, file))
+        Some(module)
     }
 
     /// Places the block at `pc` from the persisted store (`module`: see
@@ -2238,13 +2278,12 @@ impl Translator {
     fn place_persisted(
         &mut self,
         pc: u64,
-        module: &(Arc<Store>, u64, FileId),
+        module: &PersistedModule,
     ) -> Result<Option<HostAddr>, TranslateError> {
-        let (store, start, file) = module;
-        let Some(records) = store.records(file) else {
+        let Some(records) = &module.records else {
             return Ok(None);
         };
-        let Some(record) = records.get(pc - start) else {
+        let Some(record) = records.get(pc - module.start) else {
             return Ok(None);
         };
         let len = record.guest.len() as u64;
@@ -2330,9 +2369,7 @@ impl Translator {
         self.index.exits.extend(emitted.exits);
         self.note_exits(first);
         self.note_code(&emitted.layout, CodeKind::Block);
-        self.cache
-            .layouts_mut()
-            .insert(emitted.layout.code_start, emitted.layout);
+        self.cache.add_layout(emitted.layout);
         if max < MAX_BLOCK_INSTRUCTIONS {
             self.index.step_blocks.insert(pc, emitted.entry);
         } else {

@@ -99,11 +99,15 @@ pub struct GuestModule {
 #[derive(Clone, Debug, Default)]
 pub struct ModuleList {
     modules: Vec<GuestModule>,
+    /// Changes each time a module is added or unloaded: what [`containing`](Self::containing)
+    /// found for an address holds while it stays the same.
+    version: u64,
 }
 
 impl ModuleList {
     /// Records a module mapped at `[start, end)` from the file `file` identifies.
     pub fn add(&mut self, path: PathBuf, start: u64, end: u64, file: Option<FileId>) {
+        self.version += 1;
         self.modules.push(GuestModule {
             path,
             start,
@@ -119,6 +123,25 @@ impl ModuleList {
             .iter()
             .rev()
             .find(|m| !m.unloaded && m.start <= addr && addr < m.end)
+    }
+
+    /// [`containing`](Self::containing)`(addr)` with the range `[lo, hi)` around `addr` where it
+    /// finds the same module: the module's span less the modules mapped after it.
+    pub fn containing_range(&self, addr: u64) -> Option<(&GuestModule, u64, u64)> {
+        let i = self
+            .modules
+            .iter()
+            .rposition(|m| !m.unloaded && m.start <= addr && addr < m.end)?;
+        let m = &self.modules[i];
+        let (mut lo, mut hi) = (m.start, m.end);
+        for later in self.modules[i + 1..].iter().filter(|l| !l.unloaded) {
+            if later.end <= addr {
+                lo = lo.max(later.end);
+            } else if later.start > addr {
+                hi = hi.min(later.start);
+            }
+        }
+        Some((m, lo, hi))
     }
 
     /// Records a guest `mmap` that succeeded at `addr` (`len` bytes, page-aligned) from file
@@ -147,8 +170,14 @@ impl ModuleList {
         for m in &mut self.modules {
             if !m.unloaded && start <= m.start && m.end <= end {
                 m.unloaded = true;
+                self.version += 1;
             }
         }
+    }
+
+    /// The list's version: the same as long as no module was added or unloaded.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// Every module ever mapped, in mapping order.

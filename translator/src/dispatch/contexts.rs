@@ -185,7 +185,7 @@ impl Translator {
             ..HostLayout::default()
         };
         self.note_code(&layout, crate::code_log::CodeKind::ContextStub);
-        self.cache.layouts_mut().insert(host.0, layout);
+        self.cache.add_layout(layout);
         self.links.jump_entries.insert(entry, host);
         Ok(Some(host))
     }
@@ -228,7 +228,7 @@ impl Translator {
             Next::Resume(h) => (h.0, true),
             Next::Guest(_) | Next::Signal => return,
         };
-        let Some((_, layout)) = self.cache.layouts().range(..=h).next_back() else {
+        let Some(layout) = self.cache.layouts().floor(h) else {
             return;
         };
         let (start, end, entry) = (layout.code_start, layout.code_end, layout.guest_start);

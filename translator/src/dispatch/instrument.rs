@@ -539,9 +539,7 @@ impl Translator {
             &emitted.block.layout,
             crate::code_log::CodeKind::Instrumented,
         );
-        self.cache
-            .layouts_mut()
-            .insert(emitted.block.layout.code_start, emitted.block.layout);
+        self.cache.add_layout(emitted.block.layout);
         let end = block.end().0.max(pc + 1);
         let span = self.index.spans.entry(pc).or_insert(end);
         *span = (*span).max(end);
@@ -1053,9 +1051,8 @@ impl Translator {
     pub(super) fn is_border_resume(&self, h: HostAddr) -> bool {
         self.cache
             .layouts()
-            .range(..=h.0)
-            .next_back()
-            .is_some_and(|(_, l)| l.path_block.is_some() && h.0 >= l.entry && h.0 < l.code_end)
+            .floor(h.0)
+            .is_some_and(|l| l.path_block.is_some() && h.0 >= l.entry && h.0 < l.code_end)
     }
 
     /// True if `pc` is the return point of a plan's call out (a superblock does not return to

@@ -147,7 +147,7 @@ impl Translator {
         self.index.exits.push(e);
         self.note_exits(exit as usize);
         self.note_code(&layout, CodeKind::JumpTableStub);
-        self.cache.layouts_mut().insert(at.0, layout);
+        self.cache.add_layout(layout);
         if let ExitKind::Direct { site: rel32, .. } = e.kind {
             self.cache.patch_rel32(rel32, host);
             self.stats.links += 1;

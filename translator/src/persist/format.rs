@@ -28,6 +28,8 @@ const FORMAT: u32 = 4;
 const HEADER: usize = 32;
 /// Index entry size in bytes.
 const ENTRY: usize = 24;
+/// Guest page size, as a shift, for the index's page directory.
+const PAGE_SHIFT: u32 = 12;
 
 /// What besides the module decides the code hotpath emits for it: hotpath's own build, the
 /// host CPU's features the code depends on (`AT_HWCAP`, `AT_HWCAP2`: e.g. FSGSBASE for
@@ -123,6 +125,10 @@ pub struct ModuleRecords {
     count: usize,
     /// Where the records start in `bytes`.
     records_at: usize,
+    /// Entry `p`: the first index entry whose offset is on guest page `p` of the module or
+    /// later (one more entry, `count`, at the end): a lookup searches one page's entries, a
+    /// cache line or two, not the whole index (16 probes across a python3 file's 1.2 MB).
+    pages: Vec<u32>,
 }
 
 /// A little-endian integer of `N` bytes at `at`, if `bytes` holds it.
@@ -154,12 +160,37 @@ impl ModuleRecords {
         if stored != *key {
             return None;
         }
-        Some(ModuleRecords {
+        let mut records = ModuleRecords {
             bytes,
             index_at,
             count,
             records_at,
-        })
+            pages: Vec::new(),
+        };
+        records.pages = records.page_directory()?;
+        Some(records)
+    }
+
+    /// The page directory of the index (see `pages`), if the index is sorted by offset.
+    fn page_directory(&self) -> Option<Vec<u32>> {
+        let last_page = match self.count {
+            0 => 0,
+            n => self.entry(n - 1).0 >> PAGE_SHIFT,
+        };
+        let mut pages = Vec::with_capacity(usize::try_from(last_page).ok()? + 2);
+        let mut previous = 0;
+        for i in 0..self.count {
+            let offset = self.entry(i).0;
+            if i > 0 && offset <= previous {
+                return None;
+            }
+            previous = offset;
+            while (pages.len() as u64) <= offset >> PAGE_SHIFT {
+                pages.push(i as u32);
+            }
+        }
+        pages.push(self.count as u32);
+        Some(pages)
     }
 
     /// Index entry `i`: `(offset, at, len, crc)`.
@@ -175,9 +206,13 @@ impl ModuleRecords {
         )
     }
 
-    /// The index entry of guest offset `offset`, by binary search.
+    /// The index entry of guest offset `offset`, by binary search among its page's.
     fn find(&self, offset: u64) -> Option<usize> {
-        let (mut lo, mut hi) = (0, self.count);
+        let page = usize::try_from(offset >> PAGE_SHIFT).ok()?;
+        let (mut lo, mut hi) = match self.pages.get(page..page + 2) {
+            Some(&[lo, hi]) => (lo as usize, hi as usize),
+            _ => return None,
+        };
         while lo < hi {
             let mid = (lo + hi) / 2;
             match self.entry(mid).0.cmp(&offset) {
@@ -377,6 +412,33 @@ pub(crate) mod tests {
         let mut other = key();
         other.1.ino += 1;
         assert!(ModuleRecords::parse(bytes.into(), &other).is_none());
+    }
+
+    #[test]
+    fn records_on_many_pages_are_found_and_gaps_are_not() {
+        let offsets = [0x10u64, 0xfff, 0x1000, 0x1fff, 0x5000, 0x5008, 0x12345];
+        let records: Vec<_> = offsets.map(record).into();
+        let bytes = encode_merged(&key(), None, &records).unwrap();
+        let file = ModuleRecords::parse(bytes.into(), &key()).unwrap();
+        for r in &records {
+            assert_eq!(
+                file.get(r.offset).and_then(|v| v.to_record()).as_ref(),
+                Some(r)
+            );
+        }
+        for missing in [
+            0,
+            0x11,
+            0xffe,
+            0x2000,
+            0x4fff,
+            0x5001,
+            0x12344,
+            0x12346,
+            1 << 40,
+        ] {
+            assert!(!file.contains(missing), "{missing:#x} found");
+        }
     }
 
     #[test]

@@ -1,12 +1,11 @@
 //! hotpath's host signal handler: records asynchronous signals and sends the thread to a safe
 //! point, and maps synchronous faults in translated code back to the guest instruction.
 
-use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::code_cache::HostLayout;
+use crate::code_cache::{HostLayout, LayoutMap};
 use crate::links::ExitKind;
 use crate::thread_area;
 
@@ -389,12 +388,12 @@ fn unlink_exits(shared: &HandlerShared, which: impl Fn(&ExitKind) -> bool) {
 /// its block (which says the superblock side exit or instrumented block it is in), or `None`
 /// when `pc` is not at a guest instruction (a fault in hotpath's own stubs).
 fn capture_fault<'a>(
-    layouts: &'a BTreeMap<u64, HostLayout>,
+    layouts: &'a LayoutMap,
     pc: u64,
     gregs: &[i64; 23],
     area: &mut ThreadArea,
 ) -> Option<(u64, &'a HostLayout)> {
-    let (_, l) = layouts.range(..=pc).next_back()?;
+    let l = layouts.floor(pc)?;
     if pc >= l.code_end {
         return None;
     }
