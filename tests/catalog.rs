@@ -183,6 +183,9 @@ pub const SAMPLES: &[Sample] = &[
         "100 000-deep recursion, Ackermann: call/return and rsp exactness"),
     sample("fp_printf", "fp_printf.c", &[], Exit(0),
         "double/float/x87 arithmetic, printf %f %e %g %a, libm ifuncs"),
+    sample("x87_state", "x87_state.c", &[], Exit(0),
+        "x87 control word, exception flags, register stack, MMX and MXCSR kept across system \
+         calls (round trips through the dispatcher), each used by arithmetic after the call"),
     sample("strings", "strings.c", &[], Exit(0),
         "glibc's AVX2/EVEX string functions on all sizes and alignments"),
     sample("setjmp", "setjmp.c", &[], Exit(0),

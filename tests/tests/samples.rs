@@ -36,6 +36,7 @@ sample_tests! {
     funcptr_qsort,
     recursion,
     fp_printf,
+    x87_state,
     strings,
     setjmp,
     malloc,
