@@ -173,6 +173,9 @@ struct PersistedModule {
     version: u64,
 }
 
+/// Most entries of [`CacheIndex::linked`] left unsorted: what a kick reads one by one.
+const LINKED_UNSORTED: usize = 2048;
+
 const ARCH_SET_GS: i32 = 0x1001;
 const ARCH_GET_FS: i32 = 0x1003;
 
@@ -767,10 +770,10 @@ impl Translator {
             };
             // From here to the cache a signal's handler may unlink blocks; a signal that came
             // during the critical section is caught by this check instead.
-            self.process.signals.set_critical(false, &self.index.exits);
+            self.process.signals.set_critical(false, &self.index);
             if self.process.signals.kicked() {
                 // Another thread has news for this one (see `run`'s top).
-                self.process.signals.set_critical(true, &self.index.exits);
+                self.process.signals.set_critical(true, &self.index);
                 self.next = if resuming {
                     next
                 } else {
@@ -783,7 +786,7 @@ impl Translator {
                     // Run the block to its end, where it leaves the cache unchained.
                     self.process.signals.unlink_now(self.area);
                 } else {
-                    self.process.signals.set_critical(true, &self.index.exits);
+                    self.process.signals.set_critical(true, &self.index);
                     self.next = Next::Guest(self.guest_rip_settled(Next::Host(host)));
                     continue;
                 }
@@ -801,7 +804,7 @@ impl Translator {
             if self.stepping {
                 self.area.rflags |= special::EFLAGS_TF;
             }
-            self.process.signals.set_critical(true, &self.index.exits);
+            self.process.signals.set_critical(true, &self.index);
             let exit = self.handle_exit();
             self.links.exited();
             let stepped = std::mem::take(&mut self.stepping);
@@ -1237,6 +1240,7 @@ impl Translator {
                         // A single-step block always comes back here.
                         if link && generation == self.index.generation && !self.stepping {
                             self.cache.patch_rel32(site, host);
+                            self.note_link(target.0, index);
                             self.stats.links += 1;
                         }
                         Ok(Ok(Next::Host(host)))
@@ -1939,6 +1943,20 @@ impl Translator {
     }
 
     /// Empties the code cache: every block will be translated again (with new ids).
+    /// Notes that direct exit `exit` was linked to its target, guest `target`
+    /// ([`CacheIndex::linked`]). Past [`LINKED_UNSORTED`] unsorted entries the list is sorted
+    /// again (a stable sort merges the sorted part and the new entries' run in linear time)
+    /// and entries made twice (links undone by a signal or a kick, then made again) merged.
+    pub(super) fn note_link(&mut self, target: u64, exit: u32) {
+        let index = &mut self.index;
+        index.linked.push((target, exit));
+        if index.linked.len() - index.linked_sorted > LINKED_UNSORTED {
+            index.linked.sort();
+            index.linked.dedup();
+            index.linked_sorted = index.linked.len();
+        }
+    }
+
     fn flush(&mut self) {
         // Instrumented code goes: an activation in it turns cold first, and so do the holes
         // suspended in calls out (their frames' hosts go).
@@ -1949,6 +1967,8 @@ impl Translator {
         self.index.blocks.clear();
         self.index.spans.clear();
         self.index.exits.clear();
+        self.index.linked.clear();
+        self.index.linked_sorted = 0;
         self.area.clear_ibl(self.gateway.ibl_empty.0);
         self.index.generation += 1;
         self.index.generation_first_id = lock(&self.process.shared.registry).next_id;

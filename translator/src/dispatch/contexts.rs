@@ -89,6 +89,7 @@ impl Translator {
         for index in jumps {
             if let ExitKind::Direct { site, .. } = self.index.exits[index as usize].kind {
                 self.cache.patch_rel32(site, host);
+                self.note_link(entry, index);
             }
         }
         if self.area.ibl[slot].holds(entry) {

@@ -150,6 +150,7 @@ impl Translator {
         self.cache.add_layout(layout);
         if let ExitKind::Direct { site: rel32, .. } = e.kind {
             self.cache.patch_rel32(rel32, host);
+            self.note_link(target, exit);
             self.stats.links += 1;
         }
         self.jump_table_stubs.insert((site, index), at);

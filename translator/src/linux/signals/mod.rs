@@ -248,6 +248,12 @@ pub struct HandlerShared {
     /// sections.
     exits: AtomicPtr<Exit>,
     exits_len: AtomicU64,
+    /// The dispatcher's list of linked exits (`CacheIndex::linked`: guest target, exit
+    /// index), published with the exit table.
+    linked: AtomicPtr<(u64, u32)>,
+    linked_len: AtomicU64,
+    /// How many of them are sorted (by target, then exit).
+    linked_sorted: AtomicU64,
     /// The code cache's regions: which PCs are translated code, and where each region's
     /// writable view is (replaced only by the dispatcher when the cache moves).
     regions: AtomicPtr<RegionTable>,
@@ -561,6 +567,9 @@ impl SignalState {
             unlink_wanted: std::sync::atomic::AtomicBool::new(false),
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
+            linked: AtomicPtr::new(std::ptr::null_mut()),
+            linked_len: AtomicU64::new(0),
+            linked_sorted: AtomicU64::new(0),
             regions: AtomicPtr::new(regions as *const RegionTable as *mut RegionTable),
             smc,
             kicked: std::sync::atomic::AtomicBool::new(false),
@@ -754,8 +763,9 @@ impl SignalState {
 
     /// Marks the start of a dispatcher section that changes the exit table or the code cache
     /// (`critical == true`; waits while another thread unlinks this one's code), or its end,
-    /// publishing the exit table for the handler and for other threads.
-    pub fn set_critical(&self, critical: bool, exits: &[Exit]) {
+    /// publishing `index`'s exit table and list of linked exits for the handler and for other
+    /// threads.
+    pub(crate) fn set_critical(&self, critical: bool, index: &crate::code_cache::CacheIndex) {
         if critical {
             while self
                 .shared
@@ -766,13 +776,18 @@ impl SignalState {
                 std::hint::spin_loop();
             }
         } else {
-            self.shared
-                .exits
-                .store(exits.as_ptr() as *mut Exit, Ordering::Relaxed);
-            self.shared
-                .exits_len
-                .store(exits.len() as u64, Ordering::Relaxed);
-            self.shared.critical.store(false, Ordering::SeqCst);
+            let s = &self.shared;
+            s.exits
+                .store(index.exits.as_ptr() as *mut Exit, Ordering::Relaxed);
+            s.exits_len
+                .store(index.exits.len() as u64, Ordering::Relaxed);
+            s.linked
+                .store(index.linked.as_ptr() as *mut (u64, u32), Ordering::Relaxed);
+            s.linked_len
+                .store(index.linked.len() as u64, Ordering::Relaxed);
+            s.linked_sorted
+                .store(index.linked_sorted as u64, Ordering::Relaxed);
+            s.critical.store(false, Ordering::SeqCst);
         }
     }
 
