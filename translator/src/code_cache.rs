@@ -47,51 +47,43 @@ impl BlockMap {
     }
 }
 
-/// The [`HostLayout`]s of one code cache, found by host address: per region, chunks of at most
-/// [`LAYOUT_CHUNK`] layouts sorted by `code_start`. Code is appended at each region's cursor, so
-/// an insert is a push at the end of its region's last chunk, and a lookup two binary searches.
-/// (A `BTreeMap` of 136-byte layouts cost a warm `python3 -c pass` 13 ms of its 38,000
+/// The [`HostLayout`]s of one code cache, found by host address: chunks of at most
+/// [`LAYOUT_CHUNK`] layouts, sorted by `code_start` within and across chunks. Code is appended
+/// at each region's cursor, so an insert is a push at the end of the chunk before the next
+/// region's (a new chunk when that one is full), and a lookup two binary searches. (A
+/// `BTreeMap` of 136-byte layouts cost a warm `python3 -c pass` 13 ms of its 38,000
 /// placements; one vector per region as much again, in the page faults of the copies its growth
-/// makes.)
+/// made.)
 #[derive(Default)]
 pub struct LayoutMap {
-    /// `(region's executable base, its chunks in address order)`, by base; regions are
-    /// disjoint, and no chunk is empty.
-    regions: Vec<(u64, Vec<Vec<HostLayout>>)>,
+    /// Non-empty chunks, in address order.
+    chunks: Vec<Vec<HostLayout>>,
 }
 
 /// Most layouts in one chunk of a [`LayoutMap`] (about 70 KiB).
 const LAYOUT_CHUNK: usize = 512;
 
 impl LayoutMap {
-    /// Adds `layout` (replacing one with the same `code_start`), whose code is in the region
-    /// based at host address `region_base`.
-    pub fn insert(&mut self, region_base: u64, layout: HostLayout) {
-        let r = match self.regions.binary_search_by_key(&region_base, |r| r.0) {
-            Ok(r) => r,
-            Err(r) => {
-                self.regions.insert(r, (region_base, Vec::new()));
-                r
-            }
-        };
-        let chunks = &mut self.regions[r].1;
+    /// Adds `layout` (replacing one with the same `code_start`).
+    pub fn insert(&mut self, layout: HostLayout) {
         let key = layout.code_start;
-        // The chunk the layout goes in: the last one starting at or below it (else the first).
-        let c = chunks
+        // The chunk the layout goes in: the last one starting at or below it.
+        let Some(c) = self
+            .chunks
             .partition_point(|c| c[0].code_start <= key)
-            .saturating_sub(1);
-        let Some(chunk) = chunks.get_mut(c) else {
-            chunks.push(new_chunk(layout));
+            .checked_sub(1)
+        else {
+            // Below every chunk (the first code of a region below the others): its own chunk,
+            // so that the region's next layouts are pushes, not inserts into another's.
+            self.chunks.insert(0, new_chunk(layout));
             return;
         };
+        let chunk = &mut self.chunks[c];
         if chunk.last().is_some_and(|l| l.code_start < key) {
             if chunk.len() < LAYOUT_CHUNK {
                 chunk.push(layout);
-            } else if c + 1 == chunks.len() {
-                chunks.push(new_chunk(layout));
             } else {
-                // Out of order, past a full chunk and before the next one: a chunk of its own.
-                chunks.insert(c + 1, new_chunk(layout));
+                self.chunks.insert(c + 1, new_chunk(layout));
             }
             return;
         }
@@ -101,7 +93,7 @@ impl LayoutMap {
                 chunk.insert(i, layout);
                 if chunk.len() > LAYOUT_CHUNK {
                     let upper = chunk.split_off(LAYOUT_CHUNK / 2);
-                    chunks.insert(c + 1, upper);
+                    self.chunks.insert(c + 1, upper);
                 }
             }
         }
@@ -110,20 +102,18 @@ impl LayoutMap {
     /// The layout with the greatest `code_start` at or below host address `addr`, if any (the
     /// block `addr` is in, when it is inside one: check `code_end`).
     pub fn floor(&self, addr: u64) -> Option<&HostLayout> {
-        let below = self.regions.partition_point(|r| r.0 <= addr);
-        self.regions[..below].iter().rev().find_map(|(_, chunks)| {
-            let c = chunks.partition_point(|c| c[0].code_start <= addr);
-            let chunk = chunks.get(c.checked_sub(1)?)?;
-            let i = chunk.partition_point(|l| l.code_start <= addr);
-            chunk.get(i.checked_sub(1)?)
-        })
+        let c = self.chunks.partition_point(|c| c[0].code_start <= addr);
+        let chunk = self.chunks.get(c.checked_sub(1)?)?;
+        chunk.get(
+            chunk
+                .partition_point(|l| l.code_start <= addr)
+                .checked_sub(1)?,
+        )
     }
 
     /// Forgets every layout.
     pub fn clear(&mut self) {
-        for (_, chunks) in &mut self.regions {
-            chunks.clear();
-        }
+        self.chunks.clear();
     }
 }
 
@@ -676,16 +666,9 @@ impl CodeCache {
         unsafe { &mut *self.blocks.map.get() }
     }
 
-    /// Adds the layout of code just inserted (at `layout.code_start`, inside a region).
-    ///
-    /// # Panics
-    /// If `layout.code_start` is outside the cache (a bug in hotpath).
+    /// Adds the layout of code just inserted (at `layout.code_start`).
     pub fn add_layout(&mut self, layout: HostLayout) {
-        let r = self
-            .region_of(HostAddr(layout.code_start))
-            .expect("a layout of code in the cache");
-        let base = self.regions[r].rx_base;
-        self.layouts_mut().insert(base, layout);
+        self.layouts_mut().insert(layout);
     }
 
     /// The layout map itself, for the thread's signal handler.
@@ -871,7 +854,7 @@ mod tests {
                 cursors[r] += len;
                 at
             };
-            map.insert(regions[r], layout_at(at, len));
+            map.insert(layout_at(at, len));
             reference.insert(at, layout_at(at, len));
         }
         let probes = (0..5000).map(|_| {

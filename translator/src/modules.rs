@@ -119,19 +119,20 @@ impl ModuleList {
 
     /// The module mapped last that holds guest address `addr` and is still mapped.
     pub fn containing(&self, addr: u64) -> Option<&GuestModule> {
+        Some(&self.modules[self.index_containing(addr)?])
+    }
+
+    /// The index of [`containing`](Self::containing)`(addr)`.
+    fn index_containing(&self, addr: u64) -> Option<usize> {
         self.modules
             .iter()
-            .rev()
-            .find(|m| !m.unloaded && m.start <= addr && addr < m.end)
+            .rposition(|m| !m.unloaded && m.start <= addr && addr < m.end)
     }
 
     /// [`containing`](Self::containing)`(addr)` with the range `[lo, hi)` around `addr` where it
     /// finds the same module: the module's span less the modules mapped after it.
     pub fn containing_range(&self, addr: u64) -> Option<(&GuestModule, u64, u64)> {
-        let i = self
-            .modules
-            .iter()
-            .rposition(|m| !m.unloaded && m.start <= addr && addr < m.end)?;
+        let i = self.index_containing(addr)?;
         let m = &self.modules[i];
         let (mut lo, mut hi) = (m.start, m.end);
         for later in self.modules[i + 1..].iter().filter(|l| !l.unloaded) {

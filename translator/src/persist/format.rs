@@ -30,6 +30,9 @@ const HEADER: usize = 32;
 const ENTRY: usize = 24;
 /// Guest page size, as a shift, for the index's page directory.
 const PAGE_SHIFT: u32 = 12;
+/// Most guest pages a module's directory covers (64 GiB of module): a file whose offsets go
+/// further is refused rather than given a directory that large.
+const MAX_PAGES: u64 = 1 << 24;
 
 /// What besides the module decides the code hotpath emits for it: hotpath's own build, the
 /// host CPU's features the code depends on (`AT_HWCAP`, `AT_HWCAP2`: e.g. FSGSBASE for
@@ -177,6 +180,9 @@ impl ModuleRecords {
             0 => 0,
             n => self.entry(n - 1).0 >> PAGE_SHIFT,
         };
+        if last_page >= MAX_PAGES {
+            return None;
+        }
         let mut pages = Vec::with_capacity(usize::try_from(last_page).ok()? + 2);
         let mut previous = 0;
         for i in 0..self.count {
@@ -439,6 +445,9 @@ pub(crate) mod tests {
         ] {
             assert!(!file.contains(missing), "{missing:#x} found");
         }
+        // Offsets beyond what a directory covers: the file is refused, not given a huge one.
+        let far = encode_merged(&key(), None, &[record(0x10), record(1 << 40)]).unwrap();
+        assert!(ModuleRecords::parse(far.into(), &key()).is_none());
     }
 
     #[test]

@@ -372,27 +372,28 @@ pub(super) fn unlink_into(shared: &HandlerShared, area: &mut ThreadArea, targets
 /// Points every linked exit that `which` selects back at its exit stub, in the exit table
 /// the dispatcher published.
 fn unlink_exits(shared: &HandlerShared, which: impl Fn(&ExitKind) -> bool) {
+    let exits = published_exits(shared);
+    unlink_listed(shared, (0..exits.len()).filter(|&i| which(&exits[i].kind)));
+}
+
+/// The exit table the dispatcher published (empty before it published one). Only while the
+/// dispatcher is not changing it: from its thread's handler outside critical sections, or
+/// from a thread that holds its `critical` flag.
+fn published_exits(shared: &HandlerShared) -> &[Exit] {
     let ptr = shared.exits.load(Ordering::Relaxed);
-    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
     if ptr.is_null() {
-        return;
+        return &[];
     }
-    // SAFETY: published by the dispatcher, which is not changing it (not critical).
-    let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
-    unlink_listed(shared, (0..len).filter(|&i| which(&exits[i].kind)));
+    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
+    // SAFETY: published by the dispatcher, which is not changing it (see above).
+    unsafe { std::slice::from_raw_parts(ptr, len) }
 }
 
 /// Points the exits with the indices `which` (in the exit table the dispatcher published;
 /// an index past it is skipped) back at their exit stubs.
 fn unlink_listed(shared: &HandlerShared, which: impl Iterator<Item = usize>) {
-    let ptr = shared.exits.load(Ordering::Relaxed);
-    let len = shared.exits_len.load(Ordering::Relaxed) as usize;
-    if ptr.is_null() {
-        return;
-    }
+    let exits = published_exits(shared);
     let regions = shared.regions();
-    // SAFETY: published by the dispatcher, which is not changing it (not critical).
-    let exits = unsafe { std::slice::from_raw_parts(ptr, len) };
     for e in which.filter_map(|i| exits.get(i)) {
         let Some((site, stub)) = e.kind.link_site() else {
             continue;
