@@ -16,6 +16,7 @@
 pub mod callgrind;
 pub mod drcov;
 pub mod graph;
+mod json;
 pub mod merge;
 #[cfg(test)]
 mod sample;

@@ -688,7 +688,7 @@ impl Report {
     /// [`ReportError::Io`] if the file cannot be written or renamed.
     pub fn write(&self, path: &Path) -> Result<(), ReportError> {
         write_atomically(path, |w| {
-            serde_json::to_writer(&mut *w, self).map_err(std::io::Error::from)?;
+            crate::json::write_report(self, w)?;
             w.write_all(b"\n")
         })
     }
