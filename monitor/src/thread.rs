@@ -184,19 +184,29 @@ pub fn spawn(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    // The new thread maps memory of its own as it starts (its signal stack, its malloc arena):
-    // wait for that, so that it happens before the guest's next instruction and not whenever
-    // the thread is first scheduled, which can be after the guest has unmapped a page it
-    // means to map again (`hole_reuse.S`: the signal stack landed in the hole).
-    let (started, wait_started) = crossbeam::channel::bounded::<()>(1);
+    // The new thread maps memory of its own as it starts (its malloc arena): wait for that,
+    // so that it happens before the guest's next instruction and not whenever the thread is
+    // first scheduled, which can be after the guest has unmapped a page it means to map again
+    // (`hole_reuse.S`: a mapping of the thread's landed in the hole). It starts on this
+    // thread's CPU, which this thread leaves to it by waiting: on its own CPU it queued behind
+    // whatever ran there, 0.7–2.5 ms in most of a scheduler trace's `busybox true` runs, all
+    // of it the guest's wait. Once started it is moved to its own CPUs.
+    let narrowed = NarrowedAffinity::to_current_cpu();
+    let target = core.map_or_else(
+        || narrowed.as_ref().map(|n| n.saved),
+        |c| Some(cpu_set_of(c.id)),
+    );
+    let (started, wait_started) = crossbeam::channel::bounded::<libc::pid_t>(1);
     let handle = std::thread::Builder::new()
         .name("hotpath-monitor".into())
         .spawn(move || {
             // A first allocation makes the thread's arena.
             drop(std::hint::black_box(Box::new(0u64)));
-            let _ = started.send(());
-            if let Some(c) = core {
-                core_affinity::set_for_current(c);
+            // SAFETY: gettid has no preconditions.
+            let _ = started.send(unsafe { libc::gettid() });
+            // The spawning thread moves it too, unless it stopped waiting.
+            if let Some(set) = &target {
+                set_affinity(0, set);
             }
             let mut monitor = Monitor {
                 live: Vec::new(),
@@ -240,7 +250,13 @@ pub fn spawn(
         .expect("spawning the monitor thread");
     // Bounded: a thread that cannot start at once (in a forked child, say) must not hold the
     // guest up; it then maps its memory whenever it runs, as before.
-    let _ = wait_started.recv_timeout(Duration::from_secs(1));
+    let tid = wait_started.recv_timeout(Duration::from_secs(1)).ok();
+    if let (Some(tid), Some(set)) = (tid, &target) {
+        set_affinity(tid, set);
+    }
+    if let Some(n) = narrowed {
+        set_affinity(0, &n.saved);
+    }
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
     MonitorHandle {
@@ -248,6 +264,49 @@ pub fn spawn(
         stop,
         pinned_to,
     }
+}
+
+/// The calling thread's CPU mask, saved while it is narrowed to the CPU the thread runs on
+/// (so that a thread it creates meanwhile inherits that one CPU).
+struct NarrowedAffinity {
+    saved: libc::cpu_set_t,
+}
+
+impl NarrowedAffinity {
+    /// Narrows the calling thread's mask to its current CPU; `None` (nothing changed) when the
+    /// mask cannot be read or set.
+    fn to_current_cpu() -> Option<Self> {
+        // SAFETY: the sets are plain bit arrays of the size passed; the calls change only the
+        // calling thread's mask.
+        unsafe {
+            let mut saved: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            if libc::sched_getaffinity(0, size, &mut saved) != 0 {
+                return None;
+            }
+            let cpu = usize::try_from(libc::sched_getcpu()).ok()?;
+            if !set_affinity(0, &cpu_set_of(cpu)) {
+                return None;
+            }
+            Some(Self { saved })
+        }
+    }
+}
+
+/// The CPU set holding `cpu` alone.
+fn cpu_set_of(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: a zeroed `cpu_set_t` is the empty set; CPU_SET checks `cpu` against its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        set
+    }
+}
+
+/// Sets thread `tid`'s CPU mask (0: the calling thread's); false when the kernel refuses.
+fn set_affinity(tid: libc::pid_t, set: &libc::cpu_set_t) -> bool {
+    // SAFETY: the kernel reads `size_of::<cpu_set_t>()` bytes at `set`.
+    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
 }
 
 /// A ring being drained, with the thread's state.
