@@ -336,6 +336,55 @@ fn death_inside_a_superblock() {
     );
 }
 
+/// Timer signals arriving while a hot loop runs in its superblock, with a 64-entry ring (the
+/// guest waits for the monitor at every lap's end, so signals also come while the dispatcher
+/// refills the ring): the report is consistent, counts the handler exactly as often as the
+/// guest says it ran, and the loop ran in a superblock. The counts depend on timing, so the
+/// reference is what the guest printed, not another run.
+#[test]
+fn timer_signals_inside_traces_keep_the_counts_exact() {
+    for linkage in Linkage::ALL {
+        let exe = guest_build::build("signal_async.c", linkage).unwrap_or_else(|e| panic!("{e}"));
+        let what = format!("signal_async counted-alarms ({linkage})");
+        let run = run_with_report(
+            &exe,
+            &["counted-alarms"],
+            &scratch(),
+            &format!("counted_alarms_{linkage}"),
+            &["--superblock-threshold", "1", "--ring-entries", "64"],
+        );
+        assert_eq!(run.outcome.termination, Termination::Exited(0), "{what}");
+        let stdout = String::from_utf8_lossy(&run.outcome.stdout).into_owned();
+        let alarms: u64 = stdout
+            .strip_prefix("alarms ")
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: unexpected output {stdout:?}"));
+        assert!(alarms >= 50, "{what}: {stdout}");
+        check_consistency(&exe, &run.report, &what);
+        let handler: u64 = run
+            .report
+            .blocks()
+            .iter()
+            .filter(|b| b["symbol"].as_str() == Some("on_alarm"))
+            .map(|b| as_u64(&b["count"]))
+            .sum();
+        assert_eq!(
+            handler, alarms,
+            "{what}: the handler's entry block against the deliveries the guest counted"
+        );
+        let (entries, _) = superblock_use(&run.report);
+        assert!(
+            entries > alarms,
+            "{what}: the loop hardly ran in a superblock ({entries} entries)"
+        );
+        assert!(
+            run.report.total("ring_waits") > 0,
+            "{what}: a 64-entry ring never made the guest wait"
+        );
+    }
+}
+
 /// busybox sort and gzip with superblocks formed at once and a 4-entry ring (every side exit
 /// and superblock entry then finds the ring full and goes through the dispatcher's slow
 /// paths): same output as natively (checked against a run without superblocks), same profile.
