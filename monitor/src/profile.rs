@@ -164,17 +164,21 @@ fn report_with(tables: &Tables, symbolize: Symbolizer, run: RunInfo, parallel: b
     let (report_blocks, (edges, indirect_jumps)) = if parallel && all_edges.len() >= PARALLEL_EDGES
     {
         std::thread::scope(|s| {
-            let edge_rows = s.spawn(|| edge_rows(tables, all_edges));
+            // A thread that cannot be made (a process limit) leaves the work to this one.
+            let helper = std::thread::Builder::new()
+                .spawn_scoped(s, || edge_rows(tables, &all_edges))
+                .ok();
             let blocks = block_rows(tables, &counts, symbolize, &mut totals);
-            // A panic there is one here.
-            let edges = edge_rows
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            let edges = match helper {
+                // A panic there is one here.
+                Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                None => edge_rows(tables, &all_edges),
+            };
             (blocks, edges)
         })
     } else {
         let blocks = block_rows(tables, &counts, symbolize, &mut totals);
-        (blocks, edge_rows(tables, all_edges))
+        (blocks, edge_rows(tables, &all_edges))
     };
     let blocks = &tables.blocks;
 
@@ -298,11 +302,11 @@ fn block_rows(
 
 /// The report's edge rows and indirect sites from the stream's edges `all_edges`
 /// (`(from id, to id, count)`), each sorted by address.
-fn edge_rows(tables: &Tables, all_edges: Vec<(u32, u32, u64)>) -> (Vec<Edge>, Vec<IndirectSite>) {
+fn edge_rows(tables: &Tables, all_edges: &[(u32, u32, u64)]) -> (Vec<Edge>, Vec<IndirectSite>) {
     let blocks = &tables.blocks;
     let mut edge_counts: Vec<((u64, u64, EdgeKind), u64)> = Vec::with_capacity(all_edges.len());
     let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();
-    for (from, to, c) in all_edges {
+    for &(from, to, c) in all_edges {
         let (Some(f), Some(t)) = (blocks.get(from as usize), blocks.get(to as usize)) else {
             continue;
         };

@@ -91,7 +91,9 @@ fn write_with_helpers<W: Write>(report: &Report, w: &mut W, helpers: usize) -> i
         for _ in 0..helpers {
             let done_tx = done_tx.clone();
             let (next, chunks, spare_rx) = (&next, &chunks, &spare_rx);
-            s.spawn(move || loop {
+            // A helper that cannot be made (a process limit) is one fewer: the writer takes
+            // every chunk nobody claims.
+            let _ = std::thread::Builder::new().spawn_scoped(s, move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(c) = chunks.get(i) else { return };
                 let mut buf = spare_buffer(spare_rx);
