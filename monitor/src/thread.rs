@@ -162,6 +162,10 @@ const PATHS_PIECE: usize = 4096;
 /// be in a ring), pinned to `core` when given (the caller picks a core other than the
 /// guest's). It finishes when told to (see [`MonitorHandle::finish`]) and every ring it knows
 /// is closed and drained.
+///
+/// # Errors
+/// The OS error when the thread cannot be created (a process or memory limit); nothing is
+/// left changed.
 pub fn spawn(
     first: Stream,
     streams: Receiver<Stream>,
@@ -169,7 +173,7 @@ pub fn spawn(
     core: Option<core_affinity::CoreId>,
     state: MonitorState,
     template: MonitorState,
-) -> MonitorHandle {
+) -> std::io::Result<MonitorHandle> {
     let pinned_to = core.map(|c| c.id);
     let stop = Arc::new(AtomicBool::new(false));
     let stop_seen = stop.clone();
@@ -246,11 +250,13 @@ pub fn spawn(
                         .unwrap_or_else(|| "unknown panic".into()))
                 }
             }
-        })
-        .expect("spawning the monitor thread");
+        });
     // Bounded: a thread that cannot start at once (in a forked child, say) must not hold the
     // guest up; it then maps its memory whenever it runs, as before.
-    let tid = wait_started.recv_timeout(Duration::from_secs(1)).ok();
+    let tid = match &handle {
+        Ok(_) => wait_started.recv_timeout(Duration::from_secs(1)).ok(),
+        Err(_) => None,
+    };
     if let (Some(tid), Some(set)) = (tid, &target) {
         set_affinity(tid, set);
     }
@@ -259,11 +265,11 @@ pub fn spawn(
     }
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
-    MonitorHandle {
-        handle,
+    Ok(MonitorHandle {
+        handle: handle?,
         stop,
         pinned_to,
-    }
+    })
 }
 
 /// The calling thread's CPU mask, saved while it is narrowed to the CPU the thread runs on

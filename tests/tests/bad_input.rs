@@ -281,3 +281,93 @@ fn crafted_elves_are_well_formed() {
     assert_eq!(u16::from_le_bytes([a64[18], a64[19]]), 183);
     assert_eq!(a64.len(), 64 + 56 + 12);
 }
+
+/// A directory any user can enter and read, for the unprivileged runs below (the target
+/// directory may be under a home only its owner enters). Removed when dropped.
+struct OpenDir(PathBuf);
+
+impl OpenDir {
+    fn new() -> OpenDir {
+        let dir = std::env::temp_dir().join(format!("hotpath-open-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", dir.display()));
+        OpenDir(dir)
+    }
+
+    /// Copies `from` in as `name`, readable and executable by anyone.
+    fn add(&self, from: &Path, name: &str) -> PathBuf {
+        let to = self.0.join(name);
+        fs::copy(from, &to).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", to.display()));
+        to
+    }
+}
+
+impl Drop for OpenDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `args` run as user `nobody` allowed one process (`runuser`, `prlimit --nproc=1`): room
+/// for a program's own single thread and no other. `None` where that cannot be arranged
+/// (not root, or the tools or the user missing).
+fn as_nobody_with_one_process(args: &[&Path]) -> Option<Command> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let works = Command::new("runuser")
+        .args(["-u", "nobody", "--", "prlimit", "--nproc=1", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        return None;
+    }
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", "nobody", "--", "prlimit", "--nproc=1"])
+        .args(args)
+        .current_dir(std::env::temp_dir());
+    Some(cmd)
+}
+
+/// A process limit that leaves no room for hotpath's monitor thread: the program still runs
+/// as natively (output and exit status), and one line says it runs without a profile.
+#[test]
+fn a_limit_that_refuses_the_monitor_thread() {
+    let exe = guest_build::build("hello.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let hotpath =
+        hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
+    let dir = OpenDir::new();
+    let (guest, hp) = (dir.add(&exe, "hello"), dir.add(&hotpath, "hotpath"));
+    let Some(mut native) = as_nobody_with_one_process(&[&guest]) else {
+        eprintln!("skipped: needs root, runuser, prlimit and the user nobody");
+        return;
+    };
+    let native = runner::run(&mut native, TIMEOUT).unwrap_or_else(|e| panic!("native: {e}"));
+    assert_eq!(native.termination, Termination::Exited(0));
+    let report = dir.0.join("report.json");
+    let run = as_nobody_with_one_process(&[
+        &hp,
+        Path::new("run"),
+        Path::new("--quiet"),
+        Path::new("--report"),
+        &report,
+        Path::new("--"),
+        &guest,
+    ])
+    .map(|mut c| runner::run(&mut c, TIMEOUT).unwrap_or_else(|e| panic!("hotpath: {e}")))
+    .expect("arranged above");
+    assert_eq!(run.termination, native.termination, "exit status");
+    assert_eq!(run.stdout, native.stdout, "stdout");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        ["hotpath: cannot start the monitor thread (Resource temporarily unavailable (os error 11)): the program runs without a profile"],
+        "stderr"
+    );
+    assert!(!report.exists(), "a report without a monitor");
+}

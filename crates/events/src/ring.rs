@@ -96,6 +96,9 @@ pub struct RingControl {
     pub capacity: u64,
     /// Set to 1 by the producer (Release) once it will write no more events.
     pub closed: AtomicU64,
+    /// Set to 1 when no consumer will ever read the ring (its monitor thread could not be
+    /// started): a lap's end then starts the next lap at once, the events unread.
+    pub unconsumed: AtomicU64,
 }
 
 impl RingControl {
@@ -126,6 +129,7 @@ impl RingControl {
             },
             capacity,
             closed: AtomicU64::new(0),
+            unconsumed: AtomicU64::new(0),
         }
     }
 
@@ -234,7 +238,10 @@ impl RingProducer {
         let cap = ctrl.capacity;
         let laps = ctrl.producer.laps.load(Ordering::Relaxed);
         let lap_end = (laps + 1) * cap;
-        let consumed = || ctrl.consumer.tail.load(Ordering::Acquire) == lap_end;
+        let consumed = || {
+            ctrl.consumer.tail.load(Ordering::Acquire) == lap_end
+                || ctrl.unconsumed.load(Ordering::Relaxed) != 0
+        };
         if !consumed() {
             let started = Instant::now();
             let backoff = Backoff::new();
@@ -268,6 +275,12 @@ impl RingProducer {
     /// Marks the ring closed: no event will follow. The consumer drains what is left.
     pub fn close(&self) {
         self.ctrl().close();
+    }
+
+    /// Marks the ring as one no consumer will read: the producer never waits for room again
+    /// (its events are overwritten lap after lap).
+    pub fn abandon(&self) {
+        self.ctrl().unconsumed.store(1, Ordering::Relaxed);
     }
 
     /// Reopens a closed ring (a forked child, whose new consumer starts from the current

@@ -56,6 +56,8 @@ struct Monitoring {
     report: Option<PathBuf>,
     /// The other files it writes (renamed like `report` in a forked child).
     outputs: OutputArgs,
+    /// The monitor thread could not be started: the guest's rings are read by nobody.
+    unmonitored: bool,
 }
 
 impl Monitoring {
@@ -86,19 +88,37 @@ impl Monitoring {
         }
     }
 
-    /// Starts a monitor on the translator's ring, going on from `state`.
+    /// Starts a monitor on the translator's ring, going on from `state`. A monitor thread the
+    /// system refuses (a process or memory limit) is said on one line, and the guest runs on
+    /// without a profile, its rings read by nobody (natively the program needs no thread).
     fn start(&mut self, translator: &mut Translator, state: MonitorState) {
         let first = self.stream(translator);
         let (stx, srx) = crossbeam::channel::unbounded();
-        self.streams = Some(stx);
-        self.handle = Some(hotpath_monitor::spawn(
+        match hotpath_monitor::spawn(
             first,
             srx,
             translator.catalog(),
             self.core,
             state,
             self.fresh(),
-        ));
+        ) {
+            Ok(handle) => {
+                self.streams = Some(stx);
+                self.handle = Some(handle);
+            }
+            Err(e) => {
+                eprintln!("hotpath: cannot start the monitor thread ({e}): the program runs without a profile");
+                self.unmonitored = true;
+                self.abandon_ring(translator);
+            }
+        }
+    }
+
+    /// Leaves `translator`'s ring to nobody, when no monitor could be started.
+    fn abandon_ring(&self, translator: &Translator) {
+        if let Some(p) = translator.ring_producer() {
+            p.abandon();
+        }
     }
 
     /// In a forked child: the parent's monitor thread does not exist here, so a new one
@@ -134,13 +154,15 @@ impl Monitoring {
         }
     }
 
-    /// Hands a new guest thread's ring to the monitor.
+    /// Hands a new guest thread's ring to the monitor (to nobody when none could be started).
     fn add_thread(&self, translator: &mut Translator) {
         if self.handle.is_some() {
             let s = self.stream(translator);
             if let Some(tx) = &self.streams {
                 let _ = tx.send(s);
             }
+        } else if self.unmonitored {
+            self.abandon_ring(translator);
         }
     }
 
@@ -543,6 +565,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         core,
         report: args.report.clone(),
         outputs: args.outputs.clone(),
+        unmonitored: false,
     };
     if monitor_on {
         let fresh = monitoring.fresh();
