@@ -1942,7 +1942,6 @@ impl Translator {
         Ok(())
     }
 
-    /// Empties the code cache: every block will be translated again (with new ids).
     /// Notes that direct exit `exit` was linked to its target, guest `target`
     /// ([`CacheIndex::linked`]). Past [`LINKED_UNSORTED`] unsorted entries the list is sorted
     /// again (a stable sort merges the sorted part and the new entries' run in linear time)
@@ -1957,6 +1956,7 @@ impl Translator {
         }
     }
 
+    /// Empties the code cache: every block will be translated again (with new ids).
     fn flush(&mut self) {
         // Instrumented code goes: an activation in it turns cold first, and so do the holes
         // suspended in calls out (their frames' hosts go).

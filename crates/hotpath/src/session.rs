@@ -56,8 +56,6 @@ struct Monitoring {
     report: Option<PathBuf>,
     /// The other files it writes (renamed like `report` in a forked child).
     outputs: OutputArgs,
-    /// The monitor thread could not be started: the guest's rings are read by nobody.
-    unmonitored: bool,
 }
 
 impl Monitoring {
@@ -108,13 +106,13 @@ impl Monitoring {
             }
             Err(e) => {
                 eprintln!("hotpath: cannot start the monitor thread ({e}): the program runs without a profile");
-                self.unmonitored = true;
                 self.abandon_ring(translator);
             }
         }
     }
 
-    /// Leaves `translator`'s ring to nobody, when no monitor could be started.
+    /// Leaves `translator`'s ring to nobody (no monitor could be started; with `--no-monitor`
+    /// nothing writes it anyway).
     fn abandon_ring(&self, translator: &Translator) {
         if let Some(p) = translator.ring_producer() {
             p.abandon();
@@ -154,14 +152,14 @@ impl Monitoring {
         }
     }
 
-    /// Hands a new guest thread's ring to the monitor (to nobody when none could be started).
+    /// Hands a new guest thread's ring to the monitor (to nobody when there is none).
     fn add_thread(&self, translator: &mut Translator) {
         if self.handle.is_some() {
             let s = self.stream(translator);
             if let Some(tx) = &self.streams {
                 let _ = tx.send(s);
             }
-        } else if self.unmonitored {
+        } else {
             self.abandon_ring(translator);
         }
     }
@@ -565,7 +563,6 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         core,
         report: args.report.clone(),
         outputs: args.outputs.clone(),
-        unmonitored: false,
     };
     if monitor_on {
         let fresh = monitoring.fresh();
