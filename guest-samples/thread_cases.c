@@ -7,6 +7,13 @@
  *   cancel    - pthread_cancel of a worker blocked in pause(), joined as PTHREAD_CANCELED;
  *   many      - 8 rounds of 64 threads created and joined;
  *   serial    - 200 threads created and joined one after another, each summing 0..999;
+ *   jumptable - a switch compiled to a jump table (`jt_switch`), each thread taking cases
+ *               the threads before it did not: 9 threads one after another (each takes the
+ *               last one's code cache and its tables), 4 at once, then a fork whose child
+ *               and parent each start one more;
+ *   syscall   - a worker makes one getppid() while main waits in pthread_join (the tests
+ *               make hotpath fail there, HOTPATH_TEST_PANIC_AT_SYSCALL=110, and see the
+ *               process end promptly instead of main waiting for the worker for good);
  *   newcode   - 5 times: main writes `mov eax, v; ret` into a page, a new thread calls it
  *               and is joined, the page is unmapped and mapped again (a thread that starts
  *               runs the code as it is now, not what an ended thread ran there);
@@ -249,6 +256,92 @@ static int serial(void)
         sum += (intptr_t)r;
     }
     printf("serial: 200 threads, sum %ld\n", sum);
+    return 0;
+}
+
+static volatile long jt_sink;
+
+/* A dense switch: gcc -O2 compiles it to a jump table (movslq, add, jmp). */
+__attribute__((noinline)) static long jt_switch(long i, long x)
+{
+    switch (i) {
+    case 0: x = x * 3 + 1; break;
+    case 1: x ^= 0x5555; break;
+    case 2: x <<= 3; break;
+    case 3: x -= 77; break;
+    case 4: x = ~x; break;
+    case 5: x *= x; break;
+    case 6: x = x / 7 + 2; break;
+    case 7: x |= 0x100; break;
+    default: x = 0;
+    }
+    jt_sink = x;
+    return x;
+}
+
+/* Runs case `arg` (mod 9) and the next one ten times each; returns the sum. */
+static void *jt_run(void *arg)
+{
+    long c = (intptr_t)arg, s = 0;
+    for (long k = 0; k < 10; k++)
+        s += jt_switch(c % 9, k) + jt_switch((c + 1) % 9, k);
+    return (void *)(intptr_t)s;
+}
+
+static long jt_thread(long c)
+{
+    pthread_t t;
+    void *r;
+    if (pthread_create(&t, NULL, jt_run, (void *)(intptr_t)c) != 0)
+        return -1000000;
+    pthread_join(t, &r);
+    return (intptr_t)r;
+}
+
+static int jumptable_case(void)
+{
+    long serial = 0, parallel = 0;
+    for (long c = 0; c < 9; c++) {
+        serial += jt_thread(c * 2);
+        if (c % 4 == 3) {
+            /* Long enough for the ended thread's ring to be drained and let go of. */
+            struct timespec pause = {0, 30000000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    pthread_t t[4];
+    for (long i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, jt_run, (void *)(intptr_t)(3 * i + 1));
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        parallel += (intptr_t)r;
+    }
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0)
+        _exit((int)(jt_thread(5) & 0x7f));
+    long after = jt_thread(7);
+    int status = 0;
+    waitpid(p, &status, 0);
+    printf("jumptable: serial %ld, parallel %ld, after the fork %ld, child status %d\n", serial,
+           parallel, after, WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
+    return 0;
+}
+
+static void *getppid_worker(void *arg)
+{
+    (void)arg;
+    return (void *)(intptr_t)(getppid() > 0);
+}
+
+static int syscall_case(void)
+{
+    pthread_t t;
+    void *r;
+    pthread_create(&t, NULL, getppid_worker, NULL);
+    pthread_join(t, &r);
+    printf("syscall: the worker's getppid %s\n", (intptr_t)r ? "returned" : "failed");
     return 0;
 }
 
@@ -553,6 +646,10 @@ int main(int argc, char **argv)
         return many();
     if (!strcmp(c, "serial"))
         return serial();
+    if (!strcmp(c, "jumptable"))
+        return jumptable_case();
+    if (!strcmp(c, "syscall"))
+        return syscall_case();
     if (!strcmp(c, "newcode"))
         return newcode();
     if (!strcmp(c, "exit"))

@@ -279,6 +279,13 @@ pub const SAMPLES: &[Sample] = &[
         "8 rounds of 64 threads created and joined"),
     sample("thread_serial", "thread_cases.c", &["serial"], Exit(0),
         "200 threads started and joined one after another (each takes the last one's cache)"),
+    sample("thread_jumptable", "thread_cases.c", &["jumptable"], Exit(0),
+        "a switch's jump table run by threads one after another, at once and after a fork, each \
+         thread with cases the ones before it did not take (a thread that takes an ended one's \
+         code cache takes its jump tables too)"),
+    sample("thread_syscall", "thread_cases.c", &["syscall"], Exit(0),
+        "a worker's getppid while main waits in pthread_join (threads.rs makes hotpath fail \
+         there and sees the process end)"),
     sample("thread_newcode", "thread_cases.c", &["newcode"], Exit(0),
         "code rewritten and remapped between threads: each new thread runs it as it is now"),
     sample("thread_exit", "thread_cases.c", &["exit"], Exit(3),

@@ -77,6 +77,8 @@ sample_tests! {
     thread_cancel,
     thread_many,
     thread_serial,
+    thread_jumptable,
+    thread_syscall,
     thread_newcode,
     thread_exit,
     thread_fork,
@@ -124,7 +126,11 @@ fn every_catalog_sample_has_a_test() {
 /// silently stop covering jump tables.
 #[test]
 fn jump_table_samples_have_an_indirect_jmp() {
-    for (source, function) in [("jumptable.c", "step"), ("bench_interp.c", "run")] {
+    for (source, function) in [
+        ("jumptable.c", "step"),
+        ("bench_interp.c", "run"),
+        ("thread_cases.c", "jt_switch"),
+    ] {
         for linkage in Linkage::WITH_DYNAMIC {
             let exe = guest_build::build(source, linkage).unwrap_or_else(|e| panic!("{e}"));
             // gcc may clone the function (run.constprop.0); accept any symbol it starts with.

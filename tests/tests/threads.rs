@@ -148,6 +148,61 @@ fn churned_threads_each_keep_their_row() {
     assert!(threads.iter().all(|t| as_u64(&t["blocks_executed"]) > 0));
 }
 
+/// A bug in hotpath on a guest thread other than the first (made here: the dispatcher
+/// panics at the worker's `getppid`, `HOTPATH_TEST_PANIC_AT_SYSCALL`) ends the process at
+/// once, as an internal error does: one line on stderr saying where, exit status 1, and the
+/// profile written with that line as its ending and the worker's `getppid` counted. Before,
+/// the worker's host thread ended alone and the guest's main thread waited in
+/// `pthread_join` for good (how a jump table's panic hung numpy's test suite).
+#[test]
+fn a_panic_on_a_guest_thread_ends_the_process_with_its_profile() {
+    let hotpath = hotpath_e2e::hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    for linkage in Linkage::STATIC {
+        let exe = guest_build::build("thread_cases.c", linkage).unwrap_or_else(|e| panic!("{e}"));
+        let file = scratch().join(format!("thread_panic.{linkage}.json"));
+        let _ = std::fs::remove_file(&file);
+        let mut cmd = std::process::Command::new(&hotpath);
+        cmd.args(["run", "--quiet", "--report"])
+            .arg(&file)
+            .arg("--")
+            .arg(&exe)
+            .arg("syscall");
+        hotpath_e2e::set_guest_environment(&mut cmd, &scratch());
+        // The standard hook's backtrace, when a developer asks for one, is more than a line.
+        cmd.env_remove("RUST_BACKTRACE").env(
+            "HOTPATH_TEST_PANIC_AT_SYSCALL",
+            libc::SYS_getppid.to_string(),
+        );
+        let outcome = hotpath_e2e::runner::run(&mut cmd, std::time::Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stderr = String::from_utf8_lossy(&outcome.stderr);
+        assert_eq!(
+            outcome.termination,
+            Termination::Exited(1),
+            "{linkage}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{linkage}: one line:\n{stderr}");
+        let said = "internal error (bug in hotpath): panicked at translator/src/dispatch.rs";
+        assert!(
+            stderr.contains(said) && stderr.contains("injected at system call"),
+            "{linkage}: {stderr}"
+        );
+        assert!(
+            outcome.stdout.is_empty(),
+            "{linkage}: main never got past the join"
+        );
+        let report = hotpath_e2e::report::Report::read(&file).unwrap_or_else(|e| panic!("{e}"));
+        let ending = &report.json["ending"];
+        assert_eq!(ending["status"], "error", "{linkage}: {ending}");
+        let message = ending["message"].as_str().unwrap_or_default();
+        assert!(stderr.contains(message), "{linkage}: {message} / {stderr}");
+        let getppid = report
+            .syscall("getppid")
+            .expect("getppid in the syscall table");
+        assert_eq!(as_u64(&getppid["count"]), 1, "{linkage}: {getppid}");
+    }
+}
+
 /// A program that starts and joins 200 threads one after another, each running the same
 /// code: a thread that starts takes an ended one's code cache with its translations, so the
 /// code is translated about once, not once per thread (13,645 blocks translated for 1,497

@@ -141,16 +141,18 @@ pub struct Translator {
     commands: Option<Receiver<Command>>,
     /// Print every translated block's host code (environment `HOTPATH_TRACE_TRANSLATION=1`).
     trace_translation: bool,
+    /// Panic when the guest makes this system call (environment
+    /// `HOTPATH_TEST_PANIC_AT_SYSCALL=NR`): how the tests make hotpath fail on a guest thread
+    /// of their choosing, to see the process end and its profile written.
+    panic_at_syscall: Option<u64>,
     /// The thread's calling contexts (with [`Config::contexts`]).
     contexts: Option<Contexts>,
     /// Jump entries and what they are linked from (`contexts`).
     links: contexts::ContextLinks,
     /// Instrumented functions' plans and translations (#21 stage 2).
     inst: instrument::Instrumentation,
-    /// The jump-table sites in the cache, by site number (`jump_table`).
-    jump_tables: Vec<jump_tables::Site>,
-    /// The stubs made for `(site, index)`, kept for the entry's next fill after a signal.
-    jump_table_stubs: std::collections::HashMap<(u32, u64), HostAddr>,
+    /// The jump-table sites of the translations in `cache` (they go with it, as `index`).
+    jump_tables: crate::jump_table::Sites,
     /// The module of the persisted store the last block looked for came from (blocks are
     /// reached in runs from one module: no module list search, file id copy or store lookup
     /// per block).
@@ -448,7 +450,13 @@ impl Translator {
         shared
             .threads_started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let index = kept.unwrap_or_else(|| CacheIndex::new(shared.invalidation_count()));
+        let (index, jump_tables) = match kept {
+            Some(k) => (k.index, k.jump_tables),
+            None => (
+                CacheIndex::new(shared.invalidation_count()),
+                Default::default(),
+            ),
+        };
         let contexts = if cfg.contexts {
             // SAFETY: the area is mapped for the process's life and used by this thread alone;
             // its context part is written only by this thread's translated code and the
@@ -493,11 +501,13 @@ impl Translator {
             step_traps: false,
             commands: None,
             trace_translation: std::env::var_os("HOTPATH_TRACE_TRANSLATION").is_some(),
+            panic_at_syscall: std::env::var("HOTPATH_TEST_PANIC_AT_SYSCALL")
+                .ok()
+                .and_then(|v| v.parse().ok()),
             contexts,
             links: Default::default(),
             inst: Default::default(),
-            jump_tables: Vec::new(),
-            jump_table_stubs: Default::default(),
+            jump_tables,
             last_module: None,
         }
     }
@@ -1106,7 +1116,7 @@ impl Translator {
         if let (Some((pattern, number)), Some(code), Some(jmp)) =
             (site, trace.jump_table, last.term_inst.as_ref())
         {
-            let s = jump_tables::Site {
+            let s = crate::jump_table::Site {
                 pattern,
                 id: sb,
                 from: last.start,
@@ -1394,6 +1404,9 @@ impl Translator {
         if let Some(p) = &self.producer {
             p.push(SYSCALL_EVENT | (nr as u32 & !SYSCALL_EVENT));
         }
+        if self.panic_at_syscall == Some(nr) {
+            panic!("injected at system call {nr} (HOTPATH_TEST_PANIC_AT_SYSCALL)");
+        }
         let g = &self.area.gpr;
         let args = [
             g[thread_area::RDI],
@@ -1599,13 +1612,15 @@ impl Translator {
             area,
             process,
             index,
+            jump_tables,
             ..
         } = self;
         let kept = if keep {
-            Some(index)
+            Some(crate::linux::process::KeptTranslations { index, jump_tables })
         } else {
             cache.flush();
             area.clear_ibl(gateway.ibl_empty.0);
+            area.jump_tables_open = 0;
             None
         };
         let signals = process.signals;
@@ -1976,7 +1991,6 @@ impl Translator {
         self.index.step_blocks.clear();
         self.links.clear();
         self.jump_tables.clear();
-        self.jump_table_stubs.clear();
         self.area.jump_tables_open = 0;
         if let Some(c) = &mut self.contexts {
             c.forget_hosts();
@@ -2212,7 +2226,7 @@ impl Translator {
             registry,
         )?;
         if let (Some((number, pattern, id, code)), Some(jmp_at)) = (site, jmp_at) {
-            let s = jump_tables::Site {
+            let s = crate::jump_table::Site {
                 pattern,
                 id,
                 from: GuestAddr(pc),

@@ -71,6 +71,42 @@ pub struct Pattern {
     pub disp: i32,
 }
 
+/// A site in use: what its fill needs to make an index's stub.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Site {
+    /// The dispatch the site translates.
+    pub pattern: Pattern,
+    /// The translation's id (a block's or a superblock's).
+    pub id: BlockId,
+    /// The guest start of the basic block the dispatch ends.
+    pub from: GuestAddr,
+    /// The guest address of its `jmp`.
+    pub jmp_at: GuestAddr,
+    /// Its general path ([`SiteCode::general`]).
+    pub general: HostAddr,
+}
+
+/// The jump-table sites of one code cache's translations, by site number (the number the
+/// site's code names its table in the thread area by), and the index stubs made for them.
+/// They describe translated code, so they go wherever the code cache goes: to the next
+/// thread that takes an ended thread's cache, with the thread area whose tables they fill
+/// (a thread that took the cache without them found site 0 unknown at its first fill).
+#[derive(Default)]
+pub(crate) struct Sites {
+    /// Site number → the site.
+    pub sites: Vec<Site>,
+    /// The stubs made for `(site, index)`, kept for the entry's next fill after a signal.
+    pub stubs: std::collections::HashMap<(u32, u64), HostAddr>,
+}
+
+impl Sites {
+    /// Forgets every site (the cache was flushed).
+    pub fn clear(&mut self) {
+        self.sites.clear();
+        self.stubs.clear();
+    }
+}
+
 /// The jump-table dispatch ending `block`, if it ends in one (see the module doc).
 pub fn pattern(block: &Block) -> Option<Pattern> {
     if block.terminator != Terminator::IndirectJump || block.body.len() < 2 {

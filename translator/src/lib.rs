@@ -73,6 +73,10 @@ pub enum TranslateError {
     /// The guest asked the kernel for something hotpath does not support yet.
     #[error("{message}")]
     UnsupportedSyscall { message: String },
+    /// hotpath itself failed on a guest thread (a panic in its dispatcher, `reason` saying
+    /// where): a bug in hotpath. Made by the embedder that caught it.
+    #[error("internal error (bug in hotpath): {reason}")]
+    Internal { reason: String },
     /// A superblock the monitor asked for cannot be laid out (the request is dropped; the
     /// guest goes on with its basic blocks).
     #[error("cannot form the superblock at {head:#x}: {reason}")]

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod identity;
 pub mod modules;
 pub mod outputs;
+pub mod panics;
 pub mod perf_map;
 pub mod session;
 
@@ -24,6 +25,19 @@ use hotpath_report::{merge, Report};
 
 use cli::{CacheArgs, MergeArgs, ReportArgs};
 use hotpath_translator::persist::CacheDir;
+
+/// Writes one line (`line` and a newline) to stderr in one write, as `eprintln!` does but
+/// never panicking: hotpath's own messages go to wherever the guest's stderr goes, and a
+/// reader that went away (`hotpath run prog 2>&1 | head`) must not turn the end of a run
+/// into a panic on the thread that ends it.
+pub fn say(line: std::fmt::Arguments) {
+    say_text(&format!("{line}\n"));
+}
+
+/// Writes `text` to stderr as it is, errors ignored (see [`say`]).
+pub fn say_text(text: &str) {
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+}
 
 /// `hotpath report`: the text summary of a saved report on stdout, and the files asked for.
 pub fn report(args: ReportArgs) -> ExitCode {

@@ -83,6 +83,7 @@ fn keep_own_heap_out_of_guest_mappings() {
 }
 
 fn main() -> ExitCode {
+    hotpath::panics::install();
     // The guest gets its descriptors as they were: a standard one that was closed is closed
     // again (`prog <&-`, `posix_spawn` with a close action), before hotpath opens anything.
     let closed = CLOSED_AT_START.load(Ordering::Relaxed);

@@ -13,7 +13,7 @@ pub fn write_files(report: &Report, outputs: &OutputArgs) -> bool {
     let mut ok = true;
     let mut check = |r: Result<(), ReportError>| {
         if let Err(e) = r {
-            eprintln!("hotpath: {e}");
+            crate::say(format_args!("hotpath: {e}"));
             ok = false;
         }
     };
@@ -37,7 +37,7 @@ pub fn write_json(report: &Report, path: &Path) -> bool {
     match report.write(path) {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("hotpath: cannot write the report: {e}");
+            crate::say(format_args!("hotpath: cannot write the report: {e}"));
             false
         }
     }

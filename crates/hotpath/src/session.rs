@@ -105,7 +105,7 @@ impl Monitoring {
                 self.handle = Some(handle);
             }
             Err(e) => {
-                eprintln!("hotpath: cannot start the monitor thread ({e}): the program runs without a profile");
+                crate::say(format_args!("hotpath: cannot start the monitor thread ({e}): the program runs without a profile"));
                 self.abandon_ring(translator);
             }
         }
@@ -189,7 +189,7 @@ impl Monitoring {
         match handle.finish() {
             Ok(result) => Some(result),
             Err(e) => {
-                eprintln!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile");
+                crate::say(format_args!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile"));
                 None
             }
         }
@@ -212,7 +212,14 @@ impl RunCtx {
     /// whichever thread ends it) or the thread alone ends (it returns).
     fn guest_thread(self: &Arc<Self>, mut translator: Translator) {
         loop {
-            match translator.run() {
+            let run = match crate::panics::catch(|| translator.run()) {
+                Ok(run) => run,
+                // The thread's dispatcher is in no state to go on, and the guest's other
+                // threads may wait for this one (a join, a lock it holds): the process ends
+                // as at an internal error, its profile written.
+                Err(reason) => Err(TranslateError::Internal { reason }),
+            };
+            match run {
                 Ok(Stop::Exit(e)) => self.end(&translator, Ok(e)),
                 Err(e) => self.end(&translator, Err(e)),
                 Ok(Stop::ThreadExit) => {
@@ -277,13 +284,13 @@ impl RunCtx {
             return;
         }
         match crate::perf_map::write(translator) {
-            Ok((path, n)) if !self.args.quiet => {
-                // One write: forked children announce theirs at the same time.
-                let line = format!("hotpath: perf map: {} ({n} entries)\n", path.display());
-                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            }
+            // One write: forked children announce theirs at the same time.
+            Ok((path, n)) if !self.args.quiet => crate::say(format_args!(
+                "hotpath: perf map: {} ({n} entries)",
+                path.display()
+            )),
             Ok(_) => {}
-            Err(e) => eprintln!("hotpath: cannot write the perf map: {e}"),
+            Err(e) => crate::say(format_args!("hotpath: cannot write the perf map: {e}")),
         }
     }
 
@@ -291,7 +298,10 @@ impl RunCtx {
     /// profile, and exits as the guest did.
     fn end(&self, translator: &Translator, outcome: Result<GuestExit, TranslateError>) -> ! {
         translator.stop_other_threads();
-        translator.write_translation_cache();
+        if !matches!(outcome, Err(TranslateError::Internal { .. })) {
+            // Not after a panic: what the dispatcher knows may be half updated.
+            translator.write_translation_cache();
+        }
         let ending = match &outcome {
             Ok(GuestExit::Exited(code)) => Ending::Exited { code: *code },
             Ok(GuestExit::Signaled(sig)) => Ending::Signaled {
@@ -303,7 +313,7 @@ impl RunCtx {
             },
         };
         if let Err(e) = &outcome {
-            eprintln!("hotpath: {}: {e}", self.program.display());
+            crate::say(format_args!("hotpath: {}: {e}", self.program.display()));
         }
         let mut monitoring = self.monitoring();
         if monitoring.unread(self.args.quiet) {
@@ -322,7 +332,7 @@ impl RunCtx {
         self.write_perf_map(translator);
         if !self.args.quiet {
             let s = translator.stats();
-            eprintln!(
+            crate::say(format_args!(
                 "hotpath: translator: {} blocks translated ({} from the translation cache) in {:.3} s, {} superblocks built ({} requests dropped), {} links, {} indirect lookup misses, {} jump tables ({} entries, {} of them the case itself, {} sent to the lookup), {} syscalls, {} flushes ({} moving the cache out of the guest's way), {} ring refills, {} threads",
                 s.blocks_translated,
                 s.blocks_loaded,
@@ -340,17 +350,17 @@ impl RunCtx {
                 s.cache_moves,
                 s.ring_refills,
                 translator.threads_started()
-            );
+            ));
             if self.args.guest_contexts() {
-                eprintln!(
+                crate::say(format_args!(
                     "hotpath: calling contexts: {} made, {} context steps through the runtime, {} resynchronisations",
                     s.contexts, s.context_exits, s.context_resyncs
-                );
+                ));
                 if self.args.instrument_paths.is_some() {
-                    eprintln!(
+                    crate::say(format_args!(
                         "hotpath: instrumented paths: {} functions, {} requests dropped, {} hand-overs ({} at edges the numbering lacked), {} hand-ins, {} run steps through the runtime",
                         s.instrumented, s.instrument_dropped, s.hand_overs, s.hand_overs_new_edge, s.hand_ins, s.run_misses
-                    );
+                    ));
                 }
             }
         }
@@ -410,8 +420,8 @@ fn spawner(ctx: Arc<RunCtx>) -> hotpath_translator::Spawner {
 /// and end take a process-wide lock (its stack-overflow registry, taken at every thread's
 /// end even with no handler installed), and a guest thread that forks while another one
 /// ends would give the child that lock held for good (the child hung in its threads' and
-/// its own exit: `thread_cases fork`, 1 run in about 700 with four at once). A panic ends
-/// the thread, as it did a `std::thread` (the default hook has printed it).
+/// its own exit: `thread_cases fork`, 1 run in about 700 with four at once). A panic that
+/// `f` lets out ends the process (the hook has printed it).
 ///
 /// # Errors
 /// `pthread_create`'s error (EAGAIN when out of threads or memory).
@@ -419,8 +429,13 @@ fn spawn_plain_thread(stack: usize, f: Box<dyn FnOnce() + Send>) -> std::io::Res
     extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
         // SAFETY: `arg` is the box `spawn_plain_thread` leaked for this thread alone.
         let f = unsafe { Box::from_raw(arg as *mut Box<dyn FnOnce() + Send>) };
-        // No unwinding into the C caller.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // No unwinding into the C caller. A panic that got this far (its line printed by
+        // the hook) was outside the dispatcher's own catch, in the thread's start or at the
+        // process's end: the process ends, rather than leave the guest waiting for a
+        // thread that is gone.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            std::process::exit(1);
+        }
         std::ptr::null_mut()
     }
     let arg = Box::into_raw(Box::new(f)) as *mut libc::c_void;
@@ -460,7 +475,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let (program, argv) = match resolve_script(&file, &args.command) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("hotpath: {e}");
+            crate::say(format_args!("hotpath: {e}"));
             return ExitCode::from(load_error_status(&e));
         }
     };
@@ -472,7 +487,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     ) {
         Ok(i) => i,
         Err(e) => {
-            eprintln!("hotpath: {e}");
+            crate::say(format_args!("hotpath: {e}"));
             if e.kills_the_process() {
                 // As natively: execve succeeded, then the new process died before its first
                 // instruction.
@@ -501,7 +516,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     ) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("hotpath: {e}");
+            crate::say(format_args!("hotpath: {e}"));
             return ExitCode::from(126);
         }
     };
@@ -523,7 +538,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let mut translator = match Translator::new(&image, &stack, cfg) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("hotpath: {}: {e}", image.path.display());
+            crate::say(format_args!("hotpath: {}: {e}", image.path.display()));
             return ExitCode::from(70);
         }
     };
@@ -568,7 +583,9 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         let fresh = monitoring.fresh();
         monitoring.start(&mut translator, fresh);
     } else if args.report.is_some() {
-        eprintln!("hotpath: no report: --no-monitor collects no profile");
+        crate::say(format_args!(
+            "hotpath: no report: --no-monitor collects no profile"
+        ));
     }
     let ctx = Arc::new(RunCtx {
         program: image.path.clone(),
@@ -889,10 +906,11 @@ fn finish_report(
         outputs::write_json(&report, path);
     }
     if !quiet {
-        eprint!(
-            "{}",
-            outputs::summary(&report, monitoring.outputs.top, monitoring.outputs.disasm)
-        );
+        crate::say_text(&outputs::summary(
+            &report,
+            monitoring.outputs.top,
+            monitoring.outputs.disasm,
+        ));
     }
     outputs::write_files(&report, &monitoring.outputs);
     if process_ends {
@@ -914,10 +932,10 @@ fn die_of(sig: i32) -> ExitCode {
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         libc::raise(sig);
     }
-    eprintln!(
+    crate::say(format_args!(
         "hotpath: the guest died of {} but the signal did not end hotpath",
         signal_name(sig)
-    );
+    ));
     ExitCode::from(128 + sig as u8)
 }
 

@@ -2,12 +2,12 @@
 //! thread area belongs to, and the fill that makes an index's stub the first time a `switch`
 //! index runs.
 
-use hotpath_ir::{BlockId, GuestAddr, HostAddr};
+use hotpath_ir::{GuestAddr, HostAddr};
 use iced_x86::Register;
 
 use super::{Next, Translator};
 use crate::code_log::CodeKind;
-use crate::jump_table::{emit_index_stub, Pattern};
+use crate::jump_table::{emit_index_stub, Site};
 use crate::links::ExitKind;
 use crate::stubs::gpr;
 use crate::thread_area::{
@@ -18,40 +18,26 @@ use crate::TranslateError;
 /// Most bytes an index's stub takes (`jump_table::emit_index_stub`: about 30).
 const INDEX_STUB_MAX: u64 = 64;
 
-/// A site in use: what its fill needs to make an index's stub.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Site {
-    /// The dispatch the site translates.
-    pub pattern: Pattern,
-    /// The translation's id (a block's or a superblock's).
-    pub id: BlockId,
-    /// The guest start of the basic block the dispatch ends.
-    pub from: GuestAddr,
-    /// The guest address of its `jmp`.
-    pub jmp_at: GuestAddr,
-    /// Its general path (`jump_table::SiteCode::general`).
-    pub general: HostAddr,
-}
-
 impl Translator {
     /// The site number the next translation of a `switch` dispatch gets, or `None` when every
     /// table is taken (until the next flush).
     pub(super) fn free_jump_table_site(&self) -> Option<u32> {
-        (self.jump_tables.len() < JUMP_TABLE_SITES).then_some(self.jump_tables.len() as u32)
+        let open = self.jump_tables.sites.len();
+        (open < JUMP_TABLE_SITES).then_some(open as u32)
     }
 
     /// Records site `site` (the one [`Self::free_jump_table_site`] gave, its code now in the
     /// cache with its fill stub at `fill`) and empties its table: no base yet, every index to
     /// the fill stub.
     pub(super) fn open_jump_table(&mut self, site: u32, s: Site, fill: HostAddr) {
-        debug_assert_eq!(site as usize, self.jump_tables.len());
-        self.jump_tables.push(s);
+        debug_assert_eq!(site as usize, self.jump_tables.sites.len());
+        self.jump_tables.sites.push(s);
         self.stats.jump_table_sites += 1;
         let words =
             &mut self.area.jump_tables[site as usize * JUMP_TABLE_STRIDE..][..JUMP_TABLE_STRIDE];
         words[0] = JUMP_TABLE_NO_BASE;
         words[1..].fill(fill.0);
-        self.area.jump_tables_open = self.jump_tables.len() as u64;
+        self.area.jump_tables_open = self.jump_tables.sites.len() as u64;
     }
 
     /// Site `site`'s fill stub ran (the guest's dispatch done, the case's address in its
@@ -59,7 +45,7 @@ impl Translator {
     /// when the index, the base and the table entry allow (see `crate::jump_table`), and goes
     /// on at the case.
     pub(super) fn fill_jump_table(&mut self, site: u32) -> Result<Next, TranslateError> {
-        let s = self.jump_tables[site as usize];
+        let s = self.jump_tables.sites[site as usize];
         let p = s.pattern;
         let reg = |area: &crate::thread_area::ThreadArea, r: Register| area.gpr[gpr(r) as usize];
         let (base, target) = (reg(self.area, p.base), reg(self.area, p.target));
@@ -101,7 +87,7 @@ impl Translator {
         let to = if direct {
             self.stats.jump_table_entries_direct += 1;
             host
-        } else if let Some(&stub) = self.jump_table_stubs.get(&(site, index)) {
+        } else if let Some(&stub) = self.jump_tables.stubs.get(&(site, index)) {
             stub
         } else {
             match self.index_stub(site, index, &s, target, host)? {
@@ -153,7 +139,7 @@ impl Translator {
             self.note_link(target, exit);
             self.stats.links += 1;
         }
-        self.jump_table_stubs.insert((site, index), at);
+        self.jump_tables.stubs.insert((site, index), at);
         Ok(Some(at))
     }
 }

@@ -469,9 +469,21 @@ pub struct ThreadResources {
     pub(crate) gateway: crate::gateway::Gateway,
     pub(crate) area: &'static mut crate::thread_area::ThreadArea,
     pub(crate) signals: crate::linux::signals::SignalState,
-    /// The translations in `cache` (and the thread area's lookup table) when they were kept
-    /// for the next thread; `None` for an empty cache.
-    pub(crate) kept: Option<crate::code_cache::CacheIndex>,
+    /// The translations in `cache` (and the thread area's lookup and jump tables) when they
+    /// were kept for the next thread; `None` for an empty cache.
+    pub(crate) kept: Option<KeptTranslations>,
+}
+
+/// What a dispatcher knows about the translations in a code cache it hands to the next
+/// thread: everything translated code points to or was made from that is not in the cache
+/// or the thread area themselves. A field the dispatcher keeps about its translations and
+/// leaves out of here is lost with the thread that made them, and the next thread finds the
+/// code without it.
+pub(crate) struct KeptTranslations {
+    /// Blocks, exits, superblocks, links.
+    pub(crate) index: crate::code_cache::CacheIndex,
+    /// The jump-table sites whose tables are in the thread area.
+    pub(crate) jump_tables: crate::jump_table::Sites,
 }
 
 // SAFETY: a thread's resources are used by one host thread at a time: its own while it runs,
