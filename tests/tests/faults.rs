@@ -260,6 +260,42 @@ fn run(mut cmd: std::process::Command) -> Outcome {
     runner::run(&mut cmd, TIMEOUT).unwrap_or_else(|e| panic!("cannot run {what}: {e}"))
 }
 
+/// Cases whose native answer varies from machine to machine, and on some virtual machines
+/// from run to run, with the fields that vary and the values each may take. `icebp`'s #DB
+/// is reported after the instruction (+0x6, a trap) on some machines and at it (+0x5) on
+/// others, and one Zen 5 VM gave both in one test (900 runs alone said after; the test's
+/// native run said at). hotpath answers as its probe finds the machine
+/// (`special::icebp_reports_next`); either answer is the machine's own.
+const MACHINE_DEPENDENT: &[(&str, &[(&str, &[&str])])] = &[(
+    "icebp",
+    &[("addr", &["+0x5", "+0x6"]), ("rip", &["+0x5", "+0x6"])],
+)];
+
+/// True if corpus lines `native` and `translated` are of a [`MACHINE_DEPENDENT`] case and
+/// differ only in its varying fields, each with a value the machine may give.
+fn same_up_to_machine(native: &str, translated: &str) -> bool {
+    let case = native.split(':').next().unwrap_or("");
+    let Some((_, fields)) = MACHINE_DEPENDENT.iter().find(|(c, _)| *c == case) else {
+        return false;
+    };
+    let (n, t): (Vec<&str>, Vec<&str>) =
+        (native.split(' ').collect(), translated.split(' ').collect());
+    let allowed = |a: &str, b: &str| {
+        fields.iter().any(
+            |(name, values)| match (field_value(a, name), field_value(b, name)) {
+                (Some(x), Some(y)) => values.contains(&x) && values.contains(&y),
+                _ => false,
+            },
+        )
+    };
+    n.len() == t.len() && n.iter().zip(&t).all(|(a, b)| a == b || allowed(a, b))
+}
+
+/// The value of `field` (`name=value`) if it is named `name`.
+fn field_value<'a>(field: &'a str, name: &str) -> Option<&'a str> {
+    field.strip_prefix(name)?.strip_prefix('=')
+}
+
 /// The first case whose line differs, field by field; `None` if the outputs are identical.
 fn first_difference(native: &str, translated: &str, cases: &str) -> Option<String> {
     let mut n_lines = native.lines();
@@ -267,7 +303,7 @@ fn first_difference(native: &str, translated: &str, cases: &str) -> Option<Strin
     loop {
         match (n_lines.next(), t_lines.next()) {
             (None, None) => return None,
-            (Some(n), Some(t)) if n == t => continue,
+            (Some(n), Some(t)) if n == t || same_up_to_machine(n, t) => continue,
             (n, t) => {
                 let n = n.unwrap_or("(no more lines)");
                 let t = t.unwrap_or("(no more lines)");
@@ -289,6 +325,31 @@ fn first_difference(native: &str, translated: &str, cases: &str) -> Option<Strin
             }
         }
     }
+}
+
+/// The machine-dependent comparison loosens only the fields it names, only for its case.
+#[test]
+fn only_icebps_trap_address_may_differ_from_the_native_one() {
+    let at = "icebp: sig=5 code=1 addr=+0x5 rip=+0x5 trapno=1 rax=5";
+    let after = "icebp: sig=5 code=1 addr=+0x6 rip=+0x6 trapno=1 rax=5";
+    assert!(same_up_to_machine(at, after) && same_up_to_machine(after, at));
+    assert!(!same_up_to_machine(
+        at,
+        "icebp: sig=5 code=1 addr=+0x7 rip=+0x5 trapno=1 rax=5"
+    ));
+    assert!(!same_up_to_machine(
+        at,
+        "icebp: sig=5 code=1 addr=+0x6 rip=+0x6 trapno=1 rax=6"
+    ));
+    assert!(!same_up_to_machine(
+        at,
+        "icebp: sig=5 code=2 addr=+0x5 rip=+0x5 trapno=1 rax=5"
+    ));
+    let int3 = "int3: sig=5 code=128 addr=+0x5 rip=+0x5 trapno=3 rax=5";
+    assert!(!same_up_to_machine(
+        int3,
+        &int3.replace("rip=+0x5", "rip=+0x6")
+    ));
 }
 
 #[test]

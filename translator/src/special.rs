@@ -661,37 +661,65 @@ fn probe_xbegin() -> bool {
 /// Whether this machine reports the SIGTRAP of `icebp` (int1) at the next instruction, as a
 /// trap (true), or at the `icebp` itself (false). Machines differ, even with one CPU vendor
 /// (two AMD EPYC virtual machines were seen to answer differently: the hypervisor's handling
-/// of #DB decides), so this is probed once, the first time a guest runs `icebp`, by running
-/// one in a child process. If the probe cannot run (no fork), the architectural answer, a
-/// trap after the instruction, is taken.
+/// of #DB decides), and one virtual machine was seen to answer both ways from one run to the
+/// next. So this is probed once, the first time a guest runs `icebp`, by running it
+/// [`ICEBP_PROBES`] times in a child process: when every answer agrees, that is this
+/// machine's; when they disagree (or the probe cannot run), the architectural answer, a trap
+/// after the instruction, is taken, so that hotpath never answers less consistently than the
+/// machine does.
 pub fn icebp_reports_next() -> bool {
     static NEXT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *NEXT.get_or_init(|| probe_icebp().unwrap_or(true))
+    *NEXT.get_or_init(|| probe_icebp().unwrap_or(IcebpAnswers::Mixed).reports_next())
 }
 
-/// Runs `icebp` in a forked child whose SIGTRAP handler exits with the signal's RIP relative
-/// to the instruction: `Some(true)` for +1, `Some(false)` for +0, `None` if anything else
-/// happened.
-fn probe_icebp() -> Option<bool> {
+/// How many times [`icebp_reports_next`]'s probe runs `icebp`.
+const ICEBP_PROBES: usize = 8;
+
+/// What the probe's `icebp`s reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IcebpAnswers {
+    /// Every one at the instruction.
+    At,
+    /// Every one at the next instruction.
+    After,
+    /// Some at, some after.
+    Mixed,
+}
+
+impl IcebpAnswers {
+    /// The answer hotpath gives: the machine's when it is consistent, else the
+    /// architectural one (after).
+    fn reports_next(self) -> bool {
+        self != IcebpAnswers::At
+    }
+}
+
+/// Runs `icebp` [`ICEBP_PROBES`] times in a forked child whose SIGTRAP handler notes the
+/// signal's RIP relative to the instruction (+0 or +1) and resumes after it; `None` if
+/// anything else happened.
+fn probe_icebp() -> Option<IcebpAnswers> {
     use std::sync::atomic::{AtomicU64, Ordering};
     /// The guest address of the child's `icebp`.
     static AT: AtomicU64 = AtomicU64::new(0);
+    /// Bit 0: a trap reported at the instruction; bit 1: after it; bit 2: anywhere else.
+    static SEEN: AtomicU64 = AtomicU64::new(0);
     extern "C" fn on_trap(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-        // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler.
-        let rip = unsafe {
-            (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize]
-        } as u64;
-        let at = AT.load(Ordering::Relaxed);
-        let code = match rip.wrapping_sub(at) {
-            0 => 10,
-            1 => 11,
-            _ => 12,
-        };
-        // SAFETY: async-signal-safe; the child ends here.
-        unsafe { libc::_exit(code) }
+        // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler; only the
+        // child's own saved RIP is changed, to the instruction after the `icebp`.
+        unsafe {
+            let gregs = &mut (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs;
+            let at = AT.load(Ordering::Relaxed);
+            let bit = match (gregs[libc::REG_RIP as usize] as u64).wrapping_sub(at) {
+                0 => 1,
+                1 => 2,
+                _ => 4,
+            };
+            SEEN.fetch_or(bit, Ordering::Relaxed);
+            gregs[libc::REG_RIP as usize] = (at + 1) as i64;
+        }
     }
     // SAFETY: the child runs only `sigaction`, `sigprocmask`, the instruction and `_exit`
-    // (in the handler too), all async-signal-safe.
+    // (and the handler, atomics only), all async-signal-safe.
     let status = run_in_child(|| unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_trap as *const () as usize;
@@ -701,21 +729,24 @@ fn probe_icebp() -> Option<bool> {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTRAP);
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-        std::arch::asm!(
-            "lea {at}, [rip + 2f]",
-            "mov qword ptr [{slot}], {at}",
-            "2:",
-            ".byte 0xf1",
-            "nop",
-            at = out(reg) _,
-            slot = in(reg) AT.as_ptr(),
-            options(nostack)
-        );
-        libc::_exit(13);
+        for _ in 0..ICEBP_PROBES {
+            std::arch::asm!(
+                "lea {at}, [rip + 2f]",
+                "mov qword ptr [{slot}], {at}",
+                "2:",
+                ".byte 0xf1",
+                "nop",
+                at = out(reg) _,
+                slot = in(reg) AT.as_ptr(),
+                options(nostack)
+            );
+        }
+        libc::_exit(10 + SEEN.load(Ordering::Relaxed) as i32);
     })?;
     match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
-        (true, 10) => Some(false),
-        (true, 11) => Some(true),
+        (true, 11) => Some(IcebpAnswers::At),
+        (true, 12) => Some(IcebpAnswers::After),
+        (true, 13) => Some(IcebpAnswers::Mixed),
         _ => None,
     }
 }
@@ -865,9 +896,18 @@ mod tests {
         );
     }
 
-    /// The probe sees one of the two answers machines give: it runs, traps and reports.
+    /// The probe sees the answers machines give: it runs, traps and reports each time.
     #[test]
     fn icebp_probe_sees_a_trap_at_or_after_the_instruction() {
         assert!(probe_icebp().is_some());
+    }
+
+    /// A machine that answers both ways gets the architectural answer, after the
+    /// instruction; a consistent one gets its own.
+    #[test]
+    fn icebp_answers_that_disagree_give_the_trap_after_the_instruction() {
+        assert!(IcebpAnswers::Mixed.reports_next());
+        assert!(IcebpAnswers::After.reports_next());
+        assert!(!IcebpAnswers::At.reports_next());
     }
 }
