@@ -262,6 +262,31 @@ fn nonexistent_path() {
     assert_rejected(&path);
 }
 
+/// A script whose `#!` names a missing interpreter is reported as a shell reports it, naming
+/// both files, with the shell's status for a command not found.
+#[test]
+fn script_with_a_missing_interpreter() {
+    let path = write_file(
+        "script-bad-interpreter",
+        b"#!/nonexistent/interp -x\necho hi\n",
+        0o755,
+    );
+    assert_rejected(&path);
+    let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(&hotpath);
+    cmd.arg("run").arg(&path);
+    hotpath_e2e::set_guest_environment(&mut cmd, corpus_dir());
+    let outcome = runner::run(&mut cmd, TIMEOUT).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(outcome.termination, Termination::Exited(127));
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stderr),
+        format!(
+            "hotpath: {}: bad interpreter /nonexistent/interp: No such file or directory\n",
+            path.display()
+        )
+    );
+}
+
 #[test]
 fn directory() {
     let path = corpus_dir().join("a-directory");

@@ -582,7 +582,7 @@ fn check_span((lo, hi): (u64, u64)) -> Result<(), String> {
     Ok(())
 }
 
-fn io_reason(e: &std::io::Error) -> String {
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
     // "No such file or directory (os error 2)" → without the errno suffix.
     let s = e.to_string();
     match s.find(" (os error") {

@@ -25,6 +25,14 @@ pub enum LoadError {
         interp: PathBuf,
         reason: String,
     },
+    /// A `#!` script's interpreter cannot be found or read (as a shell says it: "bad
+    /// interpreter").
+    #[error("{}: bad interpreter {}: {reason}", script.display(), interp.display())]
+    BadInterpreter {
+        script: PathBuf,
+        interp: PathBuf,
+        reason: String,
+    },
     /// The kernel would accept the file but fail to set it up past its point of no return
     /// (a segment it cannot map, an entry point outside user space): natively the new
     /// process dies by SIGSEGV before its first instruction, and so does `hotpath run`.
@@ -49,6 +57,7 @@ impl LoadError {
             | LoadError::NotExecutable { reason, .. }
             | LoadError::UnsupportedElf { reason, .. }
             | LoadError::Interpreter { reason, .. }
+            | LoadError::BadInterpreter { reason, .. }
             | LoadError::Killed { reason, .. } => reason.clone(),
             LoadError::NotElf { .. } => "not an ELF file".into(),
             LoadError::Map {
@@ -67,9 +76,9 @@ impl LoadError {
     /// a command with exit status 127, other failures to execute with 126.
     pub fn is_not_found(&self) -> bool {
         match self {
-            LoadError::Io { reason, .. } | LoadError::Interpreter { reason, .. } => {
-                reason.contains("No such file")
-            }
+            LoadError::Io { reason, .. }
+            | LoadError::Interpreter { reason, .. }
+            | LoadError::BadInterpreter { reason, .. } => reason.contains("No such file"),
             _ => false,
         }
     }

@@ -21,8 +21,9 @@ const MAX_SCRIPT_DEPTH: usize = 5;
 ///
 /// # Errors
 /// [`LoadError::Io`] when a script cannot be read, [`LoadError::NotExecutable`] when it lacks
-/// execute permission, [`LoadError::UnsupportedElf`] for an empty `#!` line or too many
-/// levels of scripts.
+/// execute permission, [`LoadError::BadInterpreter`] when the interpreter a script names does
+/// not exist, [`LoadError::UnsupportedElf`] for an empty `#!` line or too many levels of
+/// scripts.
 pub fn resolve_script(
     path: &Path,
     argv: &[OsString],
@@ -34,6 +35,13 @@ pub fn resolve_script(
             return Ok((path, argv));
         };
         check_script_executable(&path)?;
+        if let Err(e) = std::fs::metadata(&interp) {
+            return Err(LoadError::BadInterpreter {
+                script: path,
+                interp,
+                reason: crate::elf::io_reason(&e),
+            });
+        }
         let mut next = vec![interp.clone().into_os_string()];
         next.extend(arg);
         next.push(path.clone().into_os_string());
@@ -117,6 +125,25 @@ mod tests {
         std::fs::write(&p, text).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         p
+    }
+
+    /// A missing interpreter is named with the script, as a shell names it, and counts as
+    /// not found (exit status 127).
+    #[test]
+    fn a_missing_interpreter_is_a_bad_interpreter_of_the_script() {
+        let dir = std::env::temp_dir().join(format!("hotpath-badinterp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = script(&dir, "s", "#!/nonexistent/interp -x\necho hi\n");
+        let e = resolve_script(&s, &["s".into()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: bad interpreter /nonexistent/interp: No such file or directory",
+                s.display()
+            )
+        );
+        assert!(e.is_not_found());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
