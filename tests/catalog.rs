@@ -286,6 +286,14 @@ pub const SAMPLES: &[Sample] = &[
     sample("thread_syscall", "thread_cases.c", &["syscall"], Exit(0),
         "a worker's getppid while main waits in pthread_join (threads.rs makes hotpath fail \
          there and sees the process end)"),
+    sample("thread_races_join", "thread_races.c", &["join"], Exit(0),
+        "40 rounds of workers that end while main and another thread join them, and detached \
+         ones that end while main waits for them"),
+    sample("thread_races_exit", "thread_races.c", &["exit"], Exit(0),
+        "20 children whose main thread exits while their threads start, end and wait on a \
+         condition variable: each ends with its status"),
+    sample("thread_races_fork", "thread_races.c", &["fork"], Exit(0),
+        "20 forks from a worker while two threads keep starting and ending threads"),
     sample("thread_newcode", "thread_cases.c", &["newcode"], Exit(0),
         "code rewritten and remapped between threads: each new thread runs it as it is now"),
     sample("thread_exit", "thread_cases.c", &["exit"], Exit(3),
