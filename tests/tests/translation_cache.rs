@@ -95,6 +95,24 @@ fn run_images(
         })
         .collect();
     others.sort();
+    // Pids wrap around at `/proc/sys/kernel/pid_max` (32768 on many systems): the first
+    // process is the one after the widest gap between two pids, counted round the wrap (a
+    // run's processes take pids close together), not the lowest.
+    if let (Some(first), Some(last)) = (others.first(), others.last()) {
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(1 << 22);
+        let gaps = others
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| (w[1].0 - w[0].0, i + 1));
+        let (_, start) = std::iter::once((first.0 + pid_max - last.0, 0))
+            .chain(gaps)
+            .max_by_key(|gap| gap.0)
+            .unwrap();
+        others.rotate_left(start);
+    }
     let mut rank = 0;
     let mut last_pid = None;
     for (pid, rest, path) in others {

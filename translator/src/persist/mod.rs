@@ -20,9 +20,12 @@
 //! `$XDG_CACHE_HOME/hotpath`, else `~/.cache/hotpath`; it must be a directory owned by the
 //! user with no group or other permissions (else it is not used), and each file a regular
 //! file owned by the user, mode 0600. Files are written to a temporary name and renamed into
-//! place; the directory is kept under a size bound (`HOTPATH_CACHE_SIZE`, default 1 GiB) by
-//! removing the least recently used files. A cache that cannot be read or written is skipped:
-//! the guest runs as it would without it, and the report counts the failure.
+//! place, read, merged and replaced under an exclusive `flock(2)` on an empty lock file beside
+//! each (waited for at most a second), so that processes ending together (a shell pipeline)
+//! do not drop each other's records; the directory is kept under a size bound
+//! (`HOTPATH_CACHE_SIZE`, default 1 GiB) by removing the least recently used files. A cache
+//! that cannot be read or written is skipped: the guest runs as it would without it, and the
+//! report counts the failure.
 
 mod format;
 pub mod record;

@@ -1,5 +1,6 @@
 //! The cache directory and its files: where they are, who may have written them, reading and
-//! checking one, writing one atomically, the size bound, and the hit and miss counts.
+//! checking one, writing one atomically under its lock, the size bound, and the hit and miss
+//! counts.
 
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
@@ -9,6 +10,9 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::fs::FlockOperation;
 
 use super::format::{self, EmitKey, FileBytes, Key, ModuleRecords};
 use super::record::BlockRecord;
@@ -28,6 +32,14 @@ const REWRITE_MIN_NEW: usize = 256;
 const REWRITE_SHARE: usize = 32;
 /// Suffix of store files.
 const SUFFIX: &str = "hpc";
+/// Suffix added to a store file's name for its lock file (`<hash>.hpc.lock`, empty).
+const LOCK_SUFFIX: &str = "lock";
+/// How long a process waits for another one to finish rewriting a store file before it
+/// rewrites it without the lock: a rewrite is a copy of the file, done in milliseconds, and a
+/// process at its exit (or exec) must not hang on a writer that is stopped or traced.
+const LOCK_WAIT: Duration = Duration::from_secs(1);
+/// How often a busy lock is tried again within [`LOCK_WAIT`].
+const LOCK_POLL: Duration = Duration::from_millis(2);
 
 /// The cache directory, checked to be the user's own (see the module doc of `persist`).
 #[derive(Clone, Debug)]
@@ -74,12 +86,14 @@ impl CacheDir {
         std::env::var_os("HOTPATH_CACHE").is_some_and(|v| v == "off" || v == "0")
     }
 
-    /// The size bound: `$HOTPATH_CACHE_SIZE` in bytes, with an optional `K`, `M` or `G`
-    /// suffix; 1 GiB by default.
+    /// The size bound: `$HOTPATH_CACHE_SIZE` (see [`CacheDir::parse_limit`]); 1 GiB by
+    /// default.
     fn limit() -> u64 {
-        let Some(v) = std::env::var("HOTPATH_CACHE_SIZE").ok() else {
-            return DEFAULT_LIMIT;
-        };
+        std::env::var("HOTPATH_CACHE_SIZE").map_or(DEFAULT_LIMIT, |v| CacheDir::parse_limit(&v))
+    }
+
+    /// A size bound in bytes, with an optional `K`, `M` or `G` suffix; 1 GiB if `v` is not one.
+    fn parse_limit(v: &str) -> u64 {
         let v = v.trim();
         let (num, shift) = match v.chars().last().map(|c| c.to_ascii_uppercase()) {
             Some('K') => (&v[..v.len() - 1], 10),
@@ -175,6 +189,66 @@ impl CacheDir {
         Some(records)
     }
 
+    /// The lock of store file `name`, taken: held by whoever reads, merges and replaces the
+    /// file, so that two writers at the same time (the two ends of a shell pipeline, say) do
+    /// not each replace it with a merge that lacks the other's records. Waits at most
+    /// [`LOCK_WAIT`]; `None` when the lock is still busy then, or its file cannot be opened.
+    fn lock(&self, name: &str) -> Option<StoreLock> {
+        let path = self.lock_path(name);
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+                .ok()?;
+            loop {
+                match rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => break,
+                    Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR)
+                        if Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(LOCK_POLL)
+                    }
+                    Err(_) => return None,
+                }
+            }
+            // Whoever removed the lock file (`remove_lock`) held it: if it is gone, or another
+            // one is in its place, this lock excludes nobody; take the one there now.
+            let (held, there) = (f.metadata().ok()?, fs::symlink_metadata(&path));
+            if there.is_ok_and(|m| (m.dev(), m.ino()) == (held.dev(), held.ino())) {
+                return Some(StoreLock { _file: f });
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+        }
+    }
+
+    /// Where the lock file of store file `name` is.
+    fn lock_path(&self, name: &str) -> PathBuf {
+        self.path.join(format!("{name}.{LOCK_SUFFIX}"))
+    }
+
+    /// Removes the lock file at `path` if nobody holds it (taking it first, so that a writer
+    /// waiting for it sees it gone, see [`CacheDir::lock`]); a held one is left, for its
+    /// holder's store file.
+    fn remove_lock(path: &Path) {
+        let Ok(f) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+        else {
+            return;
+        };
+        if rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            let _ = fs::remove_file(path);
+        }
+    }
+
     /// Writes store file `name` atomically: a temporary file (mode 0600) renamed into place.
     fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
         let tmp = self.path.join(format!(
@@ -216,7 +290,8 @@ impl CacheDir {
             .collect()
     }
 
-    /// Removes the least recently used store files while the directory is over its bound.
+    /// Removes the least recently used store files (and their lock files) while the directory
+    /// is over its bound.
     fn trim(&self) {
         let mut files = self.files();
         let mut total: u64 = files.iter().map(|f| f.1).sum();
@@ -231,6 +306,9 @@ impl CacheDir {
             }
             if fs::remove_file(&path).is_ok() {
                 total -= size;
+                let mut lock = path.into_os_string();
+                lock.push(format!(".{LOCK_SUFFIX}"));
+                CacheDir::remove_lock(Path::new(&lock));
             }
         }
     }
@@ -267,15 +345,21 @@ impl CacheDir {
         }
     }
 
-    /// Removes every store file and the counts; returns how many files were removed.
+    /// Removes every store file, the lock files nobody holds, and the counts; returns how
+    /// many store files were removed.
     ///
     /// # Errors
-    /// The first removal that failed.
+    /// The first removal of a store file or the counts that failed.
     pub fn clear(&self) -> std::io::Result<u64> {
         let mut n = 0;
         for (path, _, _) in self.files() {
             fs::remove_file(path)?;
             n += 1;
+        }
+        for e in fs::read_dir(&self.path)?.flatten() {
+            if e.path().extension().is_some_and(|x| x == LOCK_SUFFIX) {
+                CacheDir::remove_lock(&e.path());
+            }
         }
         match fs::remove_file(self.path.join("stats")) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -297,6 +381,12 @@ fn read_counts(path: &Path) -> (u64, u64) {
         }
     }
     sums
+}
+
+/// A store file's lock (see [`CacheDir::lock`]): an exclusive `flock(2)` on its lock file, for
+/// as long as this is alive (closing the file unlocks it).
+struct StoreLock {
+    _file: fs::File,
 }
 
 /// One module's records: those read from its file, and those this process translated.
@@ -414,8 +504,9 @@ impl Store {
     }
 
     /// Writes the records kept since the last write into their modules' store files (merged
-    /// with what the files hold now: another process may have written them meanwhile), trims
-    /// the directory, and adds `hits` and `misses` to its counts.
+    /// with what the files hold now: another process may have written them meanwhile, each
+    /// read, merge and replace under the file's lock), trims the directory, and adds `hits`
+    /// and `misses` to its counts.
     pub fn write(&self, hits: u64, misses: u64) {
         let Some(dir) = &self.dir else { return };
         let mut modules = self.lock();
@@ -433,9 +524,15 @@ impl Store {
             }
             let key = (self.key.clone(), file.clone());
             let name = CacheDir::file_name(&key);
+            // Without the lock (another writer has held it for LOCK_WAIT, or its file cannot
+            // be made) the file is still merged and replaced whole, as with it; only a writer
+            // at the same time may then lose its records to ours, or ours to its (they are
+            // translated again next time).
+            let lock = dir.lock(&name);
             let old = dir.read(&name, &key);
             let written = format::encode_merged(&key, old.as_ref(), &m.pending)
                 .is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+            drop(lock);
             m.pending.clear();
             if written {
                 self.files_written.fetch_add(1, Ordering::Relaxed);
@@ -511,13 +608,129 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
+    /// Writers of one store file at the same time (threads here, each with a `Store` of its
+    /// own as each process has: a shell and the children it forks and execs) lose none of
+    /// each other's records.
+    #[test]
+    fn concurrent_writers_lose_no_records() {
+        const WRITERS: u64 = 4;
+        const ROUNDS: u64 = 100;
+        /// Records each writer adds in a round.
+        const EACH: u64 = 4;
+        let dir = std::env::temp_dir().join(format!("hotpath-store-race-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (emit, file) = key();
+        let offset = |round: u64, writer: u64, i: u64| ((round * WRITERS + writer) * EACH + i) * 16;
+        let start = std::sync::Barrier::new(WRITERS as usize);
+        let mut lossy_rounds = 0;
+        for round in 0..ROUNDS {
+            std::thread::scope(|s| {
+                for writer in 0..WRITERS {
+                    let (start, emit, file) = (&start, &emit, &file);
+                    let dir = &dir;
+                    s.spawn(move || {
+                        let store = Store::new(dir, emit.clone());
+                        for i in 0..EACH {
+                            store.keep(file, record(offset(round, writer, i)));
+                        }
+                        start.wait();
+                        store.write(0, 0);
+                    });
+                }
+            });
+            let records = Store::new(&dir, emit.clone()).records(&file).unwrap();
+            let lost = (0..WRITERS)
+                .flat_map(|w| (0..EACH).map(move |i| (w, i)))
+                .filter(|&(w, i)| !records.contains(offset(round, w, i)))
+                .count();
+            lossy_rounds += (lost > 0) as u64;
+        }
+        let records = Store::new(&dir, emit.clone()).records(&file).unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert_eq!(
+            (lossy_rounds, records.len() as u64),
+            (0, ROUNDS * WRITERS * EACH),
+            "records lost in {lossy_rounds} of {ROUNDS} rounds"
+        );
+    }
+
+    /// A writer waits for a held lock at most `LOCK_WAIT`, then writes without it.
+    #[test]
+    fn a_held_lock_delays_a_writer_a_bounded_time() {
+        let dir = std::env::temp_dir().join(format!("hotpath-store-held-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (emit, file) = key();
+        let cache = CacheDir::open(&dir).unwrap();
+        let name = CacheDir::file_name(&(emit.clone(), file.clone()));
+        let held = cache.lock(&name).unwrap();
+        assert!(cache.lock(&name).is_none(), "a held lock was taken again");
+        let store = Store::new(&dir, emit.clone());
+        store.keep(&file, record(0x10));
+        let start = Instant::now();
+        store.write(0, 0);
+        let waited = start.elapsed();
+        assert!(
+            LOCK_WAIT <= waited && waited < LOCK_WAIT * 3,
+            "waited {waited:?}"
+        );
+        assert_eq!(
+            Store::new(&dir, emit.clone()).records(&file).unwrap().len(),
+            1
+        );
+        drop(held);
+        assert!(cache.lock(&name).is_some(), "a lock was not freed");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Lock files are not store files: not counted, and removed with their store files by
+    /// the size bound and by `clear`.
+    #[test]
+    fn lock_files_go_with_their_store_files() {
+        let dir = std::env::temp_dir().join(format!("hotpath-store-locks-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (emit, file) = key();
+        let store = Store::new(&dir, emit.clone());
+        store.keep(&file, record(0x10));
+        store.write(0, 0);
+        let mut cache = CacheDir::open(&dir).unwrap();
+        let name = CacheDir::file_name(&(emit.clone(), file.clone()));
+        let locks = |cache: &CacheDir| {
+            fs::read_dir(cache.path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == LOCK_SUFFIX))
+                .count()
+        };
+        assert!(cache.lock_path(&name).is_file());
+        assert_eq!(cache.summary().files, 1);
+        // Over its bound: the store file goes, and its lock file with it.
+        cache.limit = 0;
+        cache.trim();
+        assert_eq!((cache.summary().files, locks(&cache)), (0, 0));
+        // `clear` removes lock files nobody holds, and leaves a held one.
+        store.keep(&file, record(0x20));
+        store.write(0, 0);
+        let other = FileId {
+            ino: 99,
+            ..file.clone()
+        };
+        let other = CacheDir::file_name(&(emit.clone(), other));
+        let held = cache.lock(&other).unwrap();
+        assert_eq!((cache.summary().files, locks(&cache)), (1, 2));
+        assert_eq!(cache.clear().unwrap(), 1);
+        assert_eq!((cache.summary().files, locks(&cache)), (0, 1));
+        drop(held);
+        cache.clear().unwrap();
+        assert_eq!(locks(&cache), 0);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn sizes_take_suffixes() {
-        std::env::set_var("HOTPATH_CACHE_SIZE", "3M");
-        assert_eq!(CacheDir::limit(), 3 << 20);
-        std::env::set_var("HOTPATH_CACHE_SIZE", "12345");
-        assert_eq!(CacheDir::limit(), 12345);
-        std::env::remove_var("HOTPATH_CACHE_SIZE");
-        assert_eq!(CacheDir::limit(), DEFAULT_LIMIT);
+        // Not through the environment: the other tests here read it (`Store::new`) meanwhile.
+        assert_eq!(CacheDir::parse_limit("3M"), 3 << 20);
+        assert_eq!(CacheDir::parse_limit(" 2g"), 2 << 30);
+        assert_eq!(CacheDir::parse_limit("12345"), 12345);
+        assert_eq!(CacheDir::parse_limit("lots"), DEFAULT_LIMIT);
     }
 }
