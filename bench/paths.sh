@@ -10,12 +10,7 @@
 # programs: busybox_sort and busybox_gzip (sort / gzip -c of an 8 MiB text file, as in
 # bench/run.sh; skipped without /bin/busybox).
 #
-# With --instrument, a fifth mode runs interleaved with the others: --paths --instrument-paths
-# 1000 (closed regions of functions past 1000 path ends keep their path and PAP run registers in
-# translated code, #21 stage 2; the same profile), as the last columns (its wall time, its
-# ratio to native, its ring waits and ns per event).
-#
-# Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [--instrument] [--no-build]
+# Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [--no-build]
 # Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured; BUSYBOX
 # (default /bin/busybox).
 set -euo pipefail
@@ -26,10 +21,8 @@ runs=5
 samples="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip"
 busybox="${BUSYBOX:-/bin/busybox}"
 build=1
-instrument=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --instrument) instrument=1; shift ;;
         -n) runs="$2"; shift 2 ;;
         -s) samples="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
@@ -46,9 +39,7 @@ work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 now() { date +%s.%N; }
 modes="native nomon tables paths"
-[ "$instrument" = 1 ] && modes="$modes instr"
 printf "%-14s %9s %10s %10s %10s %12s %13s %13s %12s %12s %11s %11s" sample native no-monitor tables paths paths/native tables/native paths/tables "waits(tab)" "waits(paths)" "ns/ev(tab)" "ns/ev(pth)"
-[ "$instrument" = 1 ] && printf " %10s %12s %12s %11s" "instr" "instr/native" "waits(ins)" "ns/ev(ins)"
 echo
 : >"$work/ratios"
 for spec in $samples; do
@@ -77,7 +68,6 @@ for spec in $samples; do
             case $mode in
                 native) t0=$(now); "$exe" $arg >/dev/null; t1=$(now); echo "$t1 - $t0" | bc >>"$work/$name.$mode"; continue ;;
                 nomon) flags=(--no-monitor) ;; tables) flags=(--no-paths --report "$work/r.json") ;; paths) flags=(--paths --report "$work/r.json") ;;
-                instr) flags=(--paths --instrument-paths 1000 --report "$work/r.json") ;;
             esac
             t0=$(now); "$hotpath" run --quiet "${flags[@]}" -- "$exe" $arg >/dev/null; t1=$(now)
             echo "$t1 - $t0" | bc >>"$work/$name.$mode"
@@ -94,18 +84,9 @@ for spec in $samples; do
         "$(echo "$p / $x" | bc -l)" "$(echo "$t / $x" | bc -l)" "$(echo "$p / $t" | bc -l)" \
         "$(median <"$work/$name.tables.waits")" "$(median <"$work/$name.paths.waits")" \
         "$(median <"$work/$name.tables.nsev")" "$(median <"$work/$name.paths.nsev")"
-    if [ "$instrument" = 1 ]; then
-        c=$(median <"$work/$name.instr")
-        echo "$(echo "$c / $x" | bc -l)" >>"$work/instr_ratios"
-        printf " %9.3fs %11.2fx %12s %11s" "$c" "$(echo "$c / $x" | bc -l)" \
-            "$(median <"$work/$name.instr.waits")" "$(median <"$work/$name.instr.nsev")"
-    fi
     echo
 done
 if [ -s "$work/ratios" ]; then
     awk '{for (i = 1; i <= 3; i++) g[i] += log($i)} END {printf "%-14s %9s %10s %10s %10s %11.2fx %12.2fx %12.2fx", "geomean", "", "", "", "", exp(g[1]/NR), exp(g[2]/NR), exp(g[3]/NR)}' "$work/ratios"
-    if [ -s "$work/instr_ratios" ]; then
-        awk '{g += log($1)} END {printf " %36s %11.2fx", "", exp(g/NR)}' "$work/instr_ratios"
-    fi
     echo
 fi

@@ -84,10 +84,6 @@ pub enum MonitorMode {
     /// call and return keeps the thread's calling contexts (#21 stage 1). Samples only
     /// ([`check_sample`]), not in [`MonitorMode::ALL`].
     GuestContexts,
-    /// `--paths --instrument-paths 1 --instrument-every --pap-threshold 0 --superblock-threshold 1`: every
-    /// function of a closed region that ended a path is translated with its path and run
-    /// registers kept in code (#21 stage 2), as soon as the monitor looks. Samples only.
-    InstrumentedPaths,
 }
 
 impl MonitorMode {
@@ -103,9 +99,6 @@ impl MonitorMode {
             MonitorMode::On => "monitor on",
             MonitorMode::EagerSuperblocks => "--superblock-threshold 1",
             MonitorMode::GuestContexts => "--guest-contexts --superblock-threshold 1",
-            MonitorMode::InstrumentedPaths => {
-                "--paths --instrument-paths 1 --instrument-every --pap-threshold 0 --superblock-threshold 1"
-            }
         }
     }
 }
@@ -230,18 +223,6 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
         MonitorMode::GuestContexts => {
             cmd.args(["--guest-contexts", "--superblock-threshold", "1"]);
         }
-        MonitorMode::InstrumentedPaths => {
-            cmd.args([
-                "--paths",
-                "--instrument-paths",
-                "1",
-                "--instrument-every",
-                "--pap-threshold",
-                "0",
-                "--superblock-threshold",
-                "1",
-            ]);
-        }
     }
     cmd.arg("--").arg(exe).args(args);
     set_guest_environment(&mut cmd, exe.parent().unwrap_or(Path::new("/")));
@@ -351,7 +332,7 @@ pub fn check_sample(name: &str) {
         };
         for mode in MonitorMode::ALL
             .into_iter()
-            .chain([MonitorMode::GuestContexts, MonitorMode::InstrumentedPaths])
+            .chain([MonitorMode::GuestContexts])
         {
             let mut cmd = hotpath_command(hotpath, mode, &exe, sample.args);
             let label = format!("{linkage}, {}", mode.label());

@@ -92,10 +92,8 @@ pub struct Decisions {
     /// Heads whose superblock was extended past its end, with how many times.
     extended: rustc_hash::FxHashMap<u32, u32>,
     /// The translator keeps calling contexts (`--paths`): a trace ends with the superblock it
-    /// runs into, and no superblock is extended. The translator
-    /// cuts traces there at indirect branches and at function entries not called inline, so
-    /// extending would gain little, and functions with instrumented paths (the hidden
-    /// `--instrument-paths`, #38) lose path runs with the longer traces, depending on timing.
+    /// runs into, and no superblock is extended. The translator cuts traces there at indirect
+    /// branches and at function entries not called inline, so extending would gain little.
     pub contexts_kept: bool,
     /// Superblocks (ids) re-formed: replaced, so their counts no longer grow.
     replaced: FxHashSet<u32>,

@@ -7,8 +7,6 @@
 //!                   paths interned at their ends (paths/trie.rs) ──▶ BL ids, PAP traces, k-paths
 //!                   (paths/report.rs)
 //!        hot back edge ──▶ decisions: trace along the hottest successors ──▶ FormSuperblock
-//!        a function's CFG ──▶ paths/numbering.rs: Ball-Larus increments for instrumented
-//!                   translation (#21 stage 2; not requested yet)
 //! guest ends ──▶ hotpath_report::Report (aggregated by guest address) ──▶ JSON, text, ...
 //! ```
 //!
@@ -25,8 +23,8 @@ mod thread;
 
 pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
 pub use paths::{
-    CfgEdge, FunctionSymbol, NumberedEnd, NumberedPath, NumberedStart, Numbering, PathConfig,
-    PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP, PAP_LISTED, PAP_MAX_PATHS, PAP_PATHS_TOP,
+    FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP, PAP_LISTED,
+    PAP_MAX_PATHS, PAP_PATHS_TOP,
 };
 pub use profile::{
     add_code, report_of, thread_report, thread_row_of, RunInfo, Symbolizer, THREAD_HOTTEST,

@@ -91,11 +91,6 @@ pub struct Tables {
     tails: Vec<u32>,
     /// Events processed (blocks and system calls).
     pub events: u64,
-    /// Executions of blocks that instrumented code ran (#21 stage 2), by block id: derived
-    /// from the guest's path counters when the profile is taken, never in the ring.
-    derived_blocks: FxHashMap<u32, u64>,
-    /// Edges between blocks that instrumented code took, by block ids, likewise.
-    derived_edges: FxHashMap<(u32, u32), u64>,
 }
 
 impl Default for Tables {
@@ -113,8 +108,6 @@ impl Default for Tables {
             prev: NONE,
             tails: Vec::new(),
             events: 0,
-            derived_blocks: FxHashMap::default(),
-            derived_edges: FxHashMap::default(),
         }
     }
 }
@@ -203,7 +196,7 @@ impl Tables {
             let Some(&ev) = events.get(i) else { break };
             i += 1;
             if !is_id(ev) {
-                // Context events and hand-overs say nothing the tables count.
+                // Context events say nothing the tables count.
                 if ev & TAG_MASK == SYSCALL_EVENT {
                     self.record_syscall(ev & !SYSCALL_EVENT, prev);
                 }
@@ -424,12 +417,6 @@ impl Tables {
         }
         self.events += other.events;
         self.tails.extend(other.last_events());
-        for (&id, &c) in &other.derived_blocks {
-            self.add_derived_block(id, c);
-        }
-        for (&(f, t), &c) in &other.derived_edges {
-            self.add_derived_edge(f, t, c);
-        }
     }
 
     /// Takes in block metadata (ids in translation order; one already known is skipped).
@@ -478,27 +465,6 @@ impl Tables {
         out
     }
 
-    /// Events of id `id` that another event followed, not counting the pairs that went to
-    /// the overflow map (a lower bound, exact but for an indirect branch with more targets
-    /// than its wide table holds).
-    pub(crate) fn events_followed(&self, id: u32) -> u64 {
-        let Some(s) = self.successors.get(id as usize) else {
-            return 0;
-        };
-        let mut n: u64 = (0..2)
-            .filter(|&k| s.id[k] < IN_WIDE)
-            .map(|k| s.count[k])
-            .sum();
-        if let Some(&w) = self.wide_of.get(id as usize).filter(|&&w| w != NONE) {
-            let t = &self.wide[w as usize];
-            n += (0..WIDE_SLOTS)
-                .filter(|&k| t.id[k] != NONE)
-                .map(|k| t.count[k])
-                .sum::<u64>();
-        }
-        n
-    }
-
     /// The basic blocks of superblock `id`'s trace, if `id` is a superblock.
     pub fn trace(&self, id: u32) -> Option<&[BlockId]> {
         match self.kinds.get(id as usize) {
@@ -517,66 +483,10 @@ impl Tables {
         }
     }
 
-    /// Counts the edges between the blocks `ids`, which ran one after the other from the
-    /// previous event on (a hand-over's replay of instrumented code's current paths), as the
-    /// events would have; no event is counted. The last one is the next edge's source.
-    pub(crate) fn replay_blocks(&mut self, ids: &[u32]) {
-        for &id in ids {
-            if id as usize >= self.successors.len() {
-                self.grow(id);
-            }
-            if self.prev != NONE {
-                self.add_edge(self.prev, id);
-            }
-            self.prev = id;
-        }
-    }
-
-    /// The source of the next edge the event stream shows ([`NONE`]: none).
-    pub(crate) fn prev(&self) -> u32 {
-        self.prev
-    }
-
-    /// Sets the source of the next edge the event stream shows ([`NONE`]: none). The table
-    /// grows to hold it: a block instrumented code ran (a call out's call block) may be newer
-    /// than every id the stream showed, and an edge from an id beyond the table is not counted.
-    pub(crate) fn set_prev(&mut self, id: u32) {
-        if id != NONE && id as usize >= self.successors.len() {
-            self.grow(id);
-        }
-        self.prev = id;
-    }
-
-    /// Counts one run of the edge `from → to` between basic blocks that no pair of events
-    /// shows (a hand-over's call into an activation it replays from after a back edge).
-    pub(crate) fn add_edge_once(&mut self, from: u32, to: u32) {
-        let top = from.max(to);
-        if top as usize >= self.successors.len() {
-            self.grow(top);
-        }
-        self.add_edge(from, to);
-    }
-
-    /// Adds `count` runs of block `id` that instrumented code ran.
-    pub(crate) fn add_derived_block(&mut self, id: u32, count: u64) {
-        *self.derived_blocks.entry(id).or_insert(0) += count;
-    }
-
-    /// Adds `count` runs of the edge `from → to` that instrumented code took.
-    pub(crate) fn add_derived_edge(&mut self, from: u32, to: u32, count: u64) {
-        *self.derived_edges.entry((from, to)).or_insert(0) += count;
-    }
-
-    /// The basic block an event `id` ends with: itself, a superblock's last block, the block
-    /// a side exit left from, or an instrumented function's `ret` (its announcing event
-    /// stands for a whole activation) — [`NONE`] when it has several (which one is derived
-    /// from its counters).
+    /// The basic block an event `id` ends with: itself, a superblock's last block, or the
+    /// block a side exit left from.
     pub fn last_block(&self, id: u32) -> u32 {
         match self.kinds.get(id as usize) {
-            Some(IdKind::InstrumentedEntry { ret, ret_edge, .. }) => match ret_edge {
-                true => ret.0,
-                false => NONE,
-            },
             Some(IdKind::Superblock { blocks }) => blocks[blocks.len() - 1].0,
             Some(IdKind::SideExit { superblock, after }) => self
                 .trace(superblock.0)
@@ -587,23 +497,13 @@ impl Tables {
     }
 
     /// Every edge between basic blocks `(from id, to id, count)`: the event pairs with each
-    /// superblock expanded into the blocks of its trace that ran, and the edges instrumented
-    /// code took. (A pair into an instrumented function's announcing event is the edge into
-    /// its entry — the event's summary is the entry's — and a pair out of it the edge out of
-    /// its `ret`.)
+    /// superblock expanded into the blocks of its trace that ran.
     pub fn edges(&self) -> Vec<(u32, u32, u64)> {
-        let mut out = self.stream_edges();
-        out.extend(self.derived_edges.iter().map(|(&(f, t), &c)| (f, t, c)));
-        out
-    }
-
-    /// [`Tables::edges`] as the event stream shows them (without the derived ones).
-    fn stream_edges(&self) -> Vec<(u32, u32, u64)> {
         self.stream_edges_with(self)
     }
 
-    /// [`Tables::stream_edges`] with the ids' metadata read from `meta` (tables over the same
-    /// ids that learned at least every id these counted).
+    /// [`Tables::edges`] with the ids' metadata read from `meta` (tables over the same ids
+    /// that learned at least every id these counted).
     fn stream_edges_with(&self, meta: &Tables) -> Vec<(u32, u32, u64)> {
         let mut out: FxHashMap<(u32, u32), u64> = FxHashMap::default();
         let mut add = |f: u32, t: u32, c: u64| *out.entry((f, t)).or_insert(0) += c;
@@ -633,9 +533,8 @@ impl Tables {
                     }
                 }
                 _ => {
-                    let f = meta.last_block(from);
-                    if let (Some(t), true) = (meta.first_block(to), f != NONE) {
-                        outer.push((f, t, c));
+                    if let Some(t) = meta.first_block(to) {
+                        outer.push((meta.last_block(from), t, c));
                     }
                 }
             }
@@ -671,9 +570,8 @@ impl Tables {
     /// edges, which a long run's report would otherwise expand from the superblock runs twice
     /// (a few milliseconds for 50,000 blocks).
     pub fn counts_and_edges(&self) -> (Vec<u64>, Vec<(u32, u32, u64)>) {
-        let mut edges = self.stream_edges();
+        let edges = self.stream_edges_with(self);
         let counts = self.counts_of(self, &edges);
-        edges.extend(self.derived_edges.iter().map(|(&(f, t), &c)| (f, t, c)));
         (counts, edges)
     }
 
@@ -689,21 +587,6 @@ impl Tables {
             }
         }
         counts.truncate(meta.blocks.len());
-        // An instrumented function's announcing event and `ret` alias are no blocks: its
-        // blocks' counts are derived from its paths.
-        for (id, k) in meta.kinds.iter().enumerate() {
-            if matches!(
-                k,
-                IdKind::InstrumentedEntry { .. } | IdKind::InstrumentedReturn { .. }
-            ) {
-                counts[id] = 0;
-            }
-        }
-        for (&id, &c) in &self.derived_blocks {
-            if let Some(n) = counts.get_mut(id as usize) {
-                *n += c;
-            }
-        }
         counts
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
 use crossbeam::utils::Backoff;
-use hotpath_events::{is_handover, BlockCatalog, Command, RingConsumer, MIN_POLL_INTERVAL};
+use hotpath_events::{BlockCatalog, Command, RingConsumer, MIN_POLL_INTERVAL};
 
 use crate::decisions::Decisions;
 use crate::{PathRecorder, Tables};
@@ -46,13 +46,9 @@ pub struct Stream {
     /// Its translator's superblock requests.
     pub commands: Option<Sender<Command>>,
     /// Makes the guest thread come to its dispatcher, so that its translator reads a command
-    /// now rather than at its next ring refill: at its next block boundary (an instrumentation
-    /// request: the instrumented code writes almost nothing to the ring), or when it next
-    /// goes to the head of a superblock requested.
+    /// now rather than at its next ring refill: when it next goes to the head of a superblock
+    /// requested.
     pub wake: Option<Waker>,
-    /// The guest thread's calling contexts, whose path counters hold what its instrumented
-    /// code ran (read when its ring is closed).
-    pub contexts: Option<hotpath_contexts::ContextView>,
 }
 
 use hotpath_events::Waker;
@@ -321,7 +317,6 @@ struct Live {
     ring: RingConsumer,
     commands: Option<Sender<Command>>,
     wake: Option<Waker>,
-    contexts: Option<hotpath_contexts::ContextView>,
     state: MonitorState,
 }
 
@@ -342,15 +337,11 @@ struct Monitor {
 impl Monitor {
     fn add(&mut self, s: Stream, mut state: MonitorState) {
         state.started = self.live.len() + self.done.len() + self.ended.threads.len();
-        if let Some(p) = &mut state.paths {
-            p.contexts = s.contexts.clone();
-        }
         self.live.push(Live {
             tid: s.tid,
             ring: s.ring,
             commands: s.commands,
             wake: s.wake,
-            contexts: s.contexts,
             state,
         });
     }
@@ -390,14 +381,13 @@ impl Monitor {
                 drained += n;
                 if closed && n == 0 {
                     let l = self.live.swap_remove(i);
-                    let contexts = l.contexts.clone();
                     let mut t = l.finish_ring();
                     // A thread that ends while others run on is folded (its tables alone are
                     // as large as the program's code); the first one and the last ones are
                     // kept whole. Without paths, a folded thread's tables learn no id.
                     let fold = t.state.started != 0 && !self.live.is_empty() && !stopping;
                     if !fold || t.state.paths.is_some() {
-                        self.finish_state(&mut t.state, contexts.as_ref());
+                        self.finish_state(&mut t.state);
                     }
                     if fold {
                         self.ended.fold(t, &self.catalog);
@@ -474,30 +464,16 @@ impl Monitor {
             record(events, &mut state.tables, state.paths.as_mut());
         });
         let l = &mut self.live[i];
-        if let (Some(p), Some(tx)) = (l.state.paths.as_mut(), &l.commands) {
-            if let Some(threshold) = p.config.instrument_threshold {
-                let events = l.state.tables.events;
-                if let Some(c) = p.instrumentation_request(&l.state.tables, threshold, events) {
-                    if tx.send(c).is_ok() {
-                        if let Some(wake) = &l.wake {
-                            wake(None);
-                        }
-                    }
-                }
-            }
-        }
         if !l.state.tables.hot.is_empty() || l.state.decisions.scan_due(&l.state.tables) {
             l.state.tables.learn_from(&self.catalog);
             let requests = l.state.decisions.decide(&mut l.state.tables);
             if let Some(tx) = &l.commands {
                 let mut heads = Vec::with_capacity(requests.len());
                 for c in requests {
-                    if let Command::FormSuperblock { blocks }
-                    | Command::ReformSuperblock { blocks } = &c
-                    {
-                        if let Some(b) = l.state.tables.blocks.get(blocks[0].0 as usize) {
-                            heads.push(b.start.0);
-                        }
+                    let (Command::FormSuperblock { blocks } | Command::ReformSuperblock { blocks }) =
+                        &c;
+                    if let Some(b) = l.state.tables.blocks.get(blocks[0].0 as usize) {
+                        heads.push(b.start.0);
                     }
                     // A translator that is gone needs no superblocks.
                     let _ = tx.send(c);
@@ -507,7 +483,7 @@ impl Monitor {
                 // whose superblock is waiting runs on as basic blocks: 12 M of python3's 74 M
                 // events): make it come when it next goes to one of the heads.
                 if let (false, Some(wake)) = (heads.is_empty(), &l.wake) {
-                    wake(Some(&heads));
+                    wake(&heads);
                 }
             }
         }
@@ -518,33 +494,11 @@ impl Monitor {
         n
     }
 
-    /// Completes a finished thread's state: every id known, paths closed, and what its
-    /// instrumented code counted in `contexts` added.
-    fn finish_state(
-        &mut self,
-        state: &mut MonitorState,
-        contexts: Option<&hotpath_contexts::ContextView>,
-    ) {
+    /// Completes a finished thread's state: every id known, paths closed.
+    fn finish_state(&mut self, state: &mut MonitorState) {
         state.tables.learn_from(&self.catalog);
         if let Some(p) = state.paths.as_mut() {
-            if let (Some(t), true) = (
-                p.config.instrument_threshold,
-                std::env::var_os("HOTPATH_INSTRUMENT_WHY").is_some(),
-            ) {
-                let census = p.instrumentation_census(&state.tables, t);
-                let total: u64 = census.iter().map(|c| c.2).sum::<u64>().max(1);
-                eprintln!("hotpath: functions past the instrumentation threshold, by why:");
-                for (why, n, ends, top) in census {
-                    eprintln!(
-                        "hotpath:   {why:<24} {n:>6} functions {:>6.1}% of their path ends  ({top})",
-                        100.0 * ends as f64 / total as f64
-                    );
-                }
-            }
             p.end_of_stream(&state.tables);
-            if let Some(view) = contexts {
-                p.add_instrumented(view, &mut state.tables);
-            }
         }
     }
 }
@@ -569,28 +523,11 @@ fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>)
         None => tables.record(events),
         // The tables read each event again after the path recorder, in pieces that stay in
         // the L1 cache between the two passes (a drained run can be megabytes), and count the
-        // runs of one repeated event the recorder found at once. A hand-over's words (rare)
-        // go to the recorder one at a time, between the events before and after them.
+        // runs of one repeated event the recorder found at once.
         Some(p) => {
-            // Only instrumented code writes hand-overs: without it, no scan for them.
-            let instrumented = p.config.instrument_threshold.is_some();
-            let mut rest = events;
-            while !rest.is_empty() {
-                let cut = match instrumented {
-                    true => rest.iter().position(|&w| is_handover(w)),
-                    false => None,
-                }
-                .unwrap_or(rest.len());
-                for piece in rest[..cut].chunks(PATHS_PIECE) {
-                    p.record(piece, tables);
-                    tables.record_with_repeats(piece, p.repeats());
-                }
-                if let Some(&w) = rest.get(cut) {
-                    p.handover_word(w, tables);
-                    rest = &rest[cut + 1..];
-                } else {
-                    rest = &[];
-                }
+            for piece in events.chunks(PATHS_PIECE) {
+                p.record(piece, tables);
+                tables.record_with_repeats(piece, p.repeats());
             }
         }
     }

@@ -1,5 +1,5 @@
 //! What code the translators put where, for host profilers (`--perf-map`): one record per
-//! translated block, superblock block, instrumented block, context stub and gateway, kept in
+//! translated block, superblock block, context stub, jump-table stub and gateway, kept in
 //! the order it was made. The embedder names each record's guest address and writes the map
 //! perf reads (`/tmp/perf-PID.map`, the format of perf's `jit` interface, as QEMU's `-perfmap`
 //! writes it).
@@ -11,8 +11,6 @@ pub enum CodeKind {
     Block,
     /// One block of a superblock.
     Superblock,
-    /// A block of an instrumented function (path registers in translated code).
-    Instrumented,
     /// A calling-context stub at a function entry.
     ContextStub,
     /// The stub a `switch` index of a jump-table site goes to (`jump_table`).

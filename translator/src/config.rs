@@ -66,21 +66,6 @@ pub struct Stats {
     pub context_exits: u64,
     /// Context resynchronisations (deeper and orphan returns, tail calls, jump returns).
     pub context_resyncs: u64,
-    /// Plans (function numberings, renumberings included) the monitor sent that this thread
-    /// took (#21 stage 2).
-    pub instrumented: u64,
-    /// Instrumentation requests dropped (not a closed region, or the code changed).
-    pub instrument_dropped: u64,
-    /// Hand-overs: times this thread's instrumented activations turned cold.
-    pub hand_overs: u64,
-    /// Those at an edge the numbering lacked (the CFG grew since).
-    pub hand_overs_new_edge: u64,
-    /// Hand-ins: cold activations of instrumented functions that went on instrumented at a
-    /// back edge.
-    pub hand_ins: u64,
-    /// Path ends of instrumented code whose run step went to the runtime (a run prefix not
-    /// taken last from its node).
-    pub run_misses: u64,
 }
 
 impl Stats {
@@ -110,11 +95,5 @@ impl Stats {
         self.contexts += o.contexts;
         self.context_exits += o.context_exits;
         self.context_resyncs += o.context_resyncs;
-        self.instrumented += o.instrumented;
-        self.instrument_dropped += o.instrument_dropped;
-        self.hand_overs += o.hand_overs;
-        self.hand_overs_new_edge += o.hand_overs_new_edge;
-        self.hand_ins += o.hand_ins;
-        self.run_misses += o.run_misses;
     }
 }

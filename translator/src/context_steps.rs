@@ -25,10 +25,9 @@
 //! rel32 is linked like a direct exit's `jmp` — first to an exit stub for the return point,
 //! then to the return point's translation — so that the `ret` goes on at the caller's own
 //! translation of the return point without probing the lookup table (a return stack, as
-//! DynamoRIO's and QEMU's). A return point may have two translations at once (an instrumented
-//! caller's and a cold one's: docs/paths-design.md, "Stage 2"); each caller returns to its own.
-//! A superblock's inlined calls have their stubs after its side exits. Frames the runtime
-//! pushes hold 0 (the lookup), and so does every frame after a code cache flush.
+//! DynamoRIO's and QEMU's). A superblock's inlined calls have their stubs after its side exits.
+//! Frames the runtime pushes hold 0 (the lookup), and so does every frame after a code cache
+//! flush.
 //!
 //! Every compare is `lea`/`jrcxz`: the guest's flags are live across calls and returns. The
 //! exits leave the guest's registers as at the end of the guest instruction (RCX in its scratch
@@ -56,9 +55,7 @@ const FRAMES_END: i32 = ContextArea::FRAMES_END as i32;
 const FRAME_BYTES: i32 = std::mem::size_of::<Frame>() as i32;
 const RETURN_TO: i32 = std::mem::offset_of!(Frame, return_to) as i32;
 const CALLER: i32 = std::mem::offset_of!(Frame, caller) as i32;
-const PATH: i32 = std::mem::offset_of!(Frame, path) as i32;
 const HOST: i32 = std::mem::offset_of!(Frame, host) as i32;
-const RUN: i32 = std::mem::offset_of!(Frame, run) as i32;
 
 /// Where a call's frame says its `ret` goes on (the frame's host address; module doc). The
 /// RIP-relative `lea` that makes it is a patchable site, as a direct exit's `jmp` is: its
@@ -71,9 +68,6 @@ pub(crate) struct Landing {
     /// The landing stub's label in the same assembler, or `None`: the rel32 is left 0 for the
     /// caller to aim.
     pub stub: Option<DynamicLabel>,
-    /// The call is an instrumented one (#21 stage 2): it saves the path and run registers in
-    /// the frame's `path` and `run` slots, and its landing is a reload stub ([`reload_path`]), never linked.
-    pub saves_path: bool,
 }
 
 /// Exit indices of one call's slow paths.
@@ -166,9 +160,8 @@ pub(crate) fn indirect_call(
 }
 
 /// The frame push shared by both calls: RAX and RCX borrowed; jumps to `full` when the stack
-/// is full; leaves the current node's host address in RAX. The frame's path and run slots get
-/// the path and run registers when `landing.saves_path`, else are left as they were (only
-/// instrumented code reads them). Returns the offset of the landing site's rel32.
+/// is full; leaves the current node's host address in RAX. Returns the offset of the landing
+/// site's rel32.
 fn push_frame(
     ops: &mut VecAssembler<X64Relocation>,
     full: DynamicLabel,
@@ -194,15 +187,6 @@ fn push_frame(
     }
     let site = ops.offset().0 - 4;
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [rax + FRAME + HOST], rcx);
-    if landing.saves_path {
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov rcx, QWORD [off::PATH]
-            ; .u8 GS ; mov QWORD [rax + FRAME + PATH], rcx
-            ; .u8 GS ; mov rcx, QWORD [off::RUN]
-            ; .u8 GS ; mov QWORD [rax + FRAME + RUN], rcx
-        );
-    }
     dynasm!(ops
         ; .arch x64
         ; .u8 GS ; mov rcx, QWORD [off::CTX]
@@ -218,27 +202,20 @@ fn push_frame(
 /// guest's RCX in its scratch slot, RSP already past the return address). A target that is
 /// not the top frame's return address exits with index `mismatch` (target in `ibl_target`);
 /// else the frame is popped and the return goes on at its host address, or, when it has none,
-/// through the lookup — or, with `no_host` (an instrumented `ret`, which must not enter cold
-/// code through the table), by exiting with that index (target in `ibl_target`).
+/// through the lookup.
 pub(crate) fn return_and_lookup(
     ops: &mut VecAssembler<X64Relocation>,
     mismatch: u32,
     gateway: &Gateway,
-    no_host: Option<u32>,
 ) {
     compare_top_frame(ops);
-    pop_and_go(ops, mismatch, gateway, no_host);
+    pop_and_go(ops, mismatch, gateway);
 }
 
 /// The rest of a return after [`compare_top_frame`]: RCX zero iff the top frame's return
 /// address is the target (in RDX), RAX `frame_top`, the guest's RAX, RCX and RDX in their
 /// scratch slots. See [`return_and_lookup`].
-fn pop_and_go(
-    ops: &mut VecAssembler<X64Relocation>,
-    mismatch: u32,
-    gateway: &Gateway,
-    no_host: Option<u32>,
-) {
+fn pop_and_go(ops: &mut VecAssembler<X64Relocation>, mismatch: u32, gateway: &Gateway) {
     let exit_addr = gateway.exit.0 as usize;
     dynasm!(ops
         ; .arch x64
@@ -262,43 +239,7 @@ fn pop_and_go(
         ; .u8 GS ; jmp QWORD [off::JUMP_TO]
         ; lookup:
     );
-    match no_host {
-        None => {
-            emit_ibl_lookup(ops, gateway);
-        }
-        Some(index) => dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov QWORD [off::IBL_TARGET], rdx
-            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-            ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
-            ; mov ecx, index as i32
-            ; jmp extern exit_addr
-        ),
-    }
-}
-
-/// Appends an instrumented call's reload stub, where its callee's `ret` goes on (the frame's
-/// host address): the run register is the popped frame's `run` slot and the path register its
-/// `path` slot (the caller's registers at its call block, still in memory just above
-/// `frame_top`) plus `add`, the numbering's increment on the edge from the call block to its
-/// return point (docs/paths-design.md, "Step 3c decided", item 2). Flag-free; every register
-/// as it was.
-pub(crate) fn reload_path(ops: &mut VecAssembler<X64Relocation>, add: u64) {
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        ; .u8 GS ; mov rcx, QWORD [off::FRAME_TOP]
-        ; .u8 GS ; mov rcx, QWORD [rcx + FRAME + RUN]
-        ; .u8 GS ; mov QWORD [off::RUN], rcx
-        ; .u8 GS ; mov rcx, QWORD [off::FRAME_TOP]
-        ; .u8 GS ; mov rcx, QWORD [rcx + FRAME + PATH]
-    );
-    crate::stubs::add_to_rcx(ops, add);
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::PATH], rcx
-        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-    );
+    emit_ibl_lookup(ops, gateway);
 }
 
 /// Appends an indirect jump's check for rule 4 merged with its lookup: the target in RCX (the
@@ -375,32 +316,6 @@ fn compare_top_frame(ops: &mut VecAssembler<X64Relocation>) {
         ; .u8 GS ; mov rcx, QWORD [rax + FRAME - FRAME_BYTES + RETURN_TO]
         ; not rcx
         ; lea rcx, [rcx + rdx + 1]
-    );
-}
-
-/// Appends a `ret`'s check, before anything of it is done, that its return address (the top
-/// of the guest's stack) is the top frame's: if not, the guest's registers as they were (RCX
-/// in its scratch slot), it exits with index `mismatch`. The load faults where the `ret`'s
-/// would. For instrumented functions with several `ret`s (docs/paths-design.md, "Step 3h as
-/// built"), whose path must not be counted for a `ret` that goes elsewhere.
-pub(crate) fn return_check(ops: &mut VecAssembler<X64Relocation>, mismatch: u32, exit_addr: usize) {
-    dynasm!(ops
-        ; .arch x64
-        ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-        ; mov rcx, QWORD [rsp]
-    );
-    compare_top_frame(ops);
-    dynasm!(ops
-        ; .arch x64
-        ; jrcxz >same
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
-        ; mov ecx, mismatch as i32
-        ; jmp extern exit_addr
-        ; same:
-        ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
-        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
     );
 }
 

@@ -3,10 +3,7 @@
 //! system calls, traps, ring refills).
 
 mod contexts;
-mod instrument;
 mod jump_tables;
-
-use instrument::HandIn;
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -149,8 +146,6 @@ pub struct Translator {
     contexts: Option<Contexts>,
     /// Jump entries and what they are linked from (`contexts`).
     links: contexts::ContextLinks,
-    /// Instrumented functions' plans and translations (#21 stage 2).
-    inst: instrument::Instrumentation,
     /// The jump-table sites of the translations in `cache` (they go with it, as `index`).
     jump_tables: crate::jump_table::Sites,
     /// The module of the persisted store the last block looked for came from (blocks are
@@ -506,7 +501,6 @@ impl Translator {
                 .and_then(|v| v.parse().ok()),
             contexts,
             links: Default::default(),
-            inst: Default::default(),
             jump_tables,
             last_module: None,
         }
@@ -556,8 +550,8 @@ impl Translator {
     }
 
     /// Where the process's translated code is now, by host address (empty unless
-    /// [`Config::perf_map`]): every block, superblock block, instrumented block, context stub
-    /// and gateway of every thread whose code is still where it was put.
+    /// [`Config::perf_map`]): every block, superblock block, context stub, jump-table stub and
+    /// gateway of every thread whose code is still where it was put.
     pub fn code_records(&self) -> Vec<CodeRecord> {
         lock(&self.process.shared.code_log)
             .as_ref()
@@ -607,16 +601,7 @@ impl Translator {
     /// addresses the next time it goes to one of them (`HandlerShared::kick_at`).
     pub fn waker(&self) -> hotpath_events::Waker {
         let handler = self.ctl.handler;
-        std::sync::Arc::new(move |targets| match targets {
-            None => handler.kick(),
-            Some(t) => handler.kick_at(t),
-        })
-    }
-
-    /// A view of this thread's calling contexts and path counters for the monitor, when
-    /// contexts are kept.
-    pub fn context_view(&self) -> Option<hotpath_contexts::ContextView> {
-        self.contexts.as_ref().map(|c| c.view())
+        std::sync::Arc::new(move |targets| handler.kick_at(targets))
     }
 
     /// This thread's kernel thread id.
@@ -680,15 +665,7 @@ impl Translator {
     /// [`TranslateError`] when the guest needs something hotpath does not support, or a guest
     /// instruction cannot be translated.
     pub fn run(&mut self) -> Result<Stop, TranslateError> {
-        let stop = self.run_until_stop();
-        // (A thread that ends alone did this before its ring closed: `exit_thread`.)
-        if !matches!(stop, Ok(Stop::Fork | Stop::ThreadExit)) {
-            // The thread's instrumented activations end with it (or its image): the monitor
-            // takes on every hole, suspended ones too, before the ring closes.
-            self.leave_hole();
-            self.hand_over_suspended(1, self.area.contexts.depth());
-        }
-        stop
+        self.run_until_stop()
     }
 
     /// [`Translator::run`]'s loop.
@@ -702,15 +679,8 @@ impl Translator {
             {
                 self.park();
             }
-            // A border event of instrumented code found the ring's lap full in the middle of a
-            // terminator (after the block's body ran): nothing may send the thread on by guest
-            // address before its last word (that would run the body again), so the refill is
-            // all that happens; invalidations, commands and flushes wait for the next exit.
-            let border_resume = matches!(self.next, Next::Resume(h) if self.is_border_resume(h));
             self.process.signals.take_kick();
-            if !border_resume {
-                self.take_invalidations();
-            }
+            self.take_invalidations();
             let mut next = self.next;
             let resuming =
                 matches!(next, Next::Resume(_)) || std::mem::take(&mut self.hold_delivery);
@@ -732,10 +702,7 @@ impl Translator {
                     Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
                 }
             }
-            let written = match border_resume {
-                false => self.process.signals.protected_pages().take_hits(),
-                true => Vec::new(),
-            };
+            let written = self.process.signals.protected_pages().take_hits();
             if !written.is_empty() {
                 // The guest wrote into pages whose code was translated: resume at the guest
                 // address (the host code may be about to go) and discard the translations.
@@ -744,9 +711,7 @@ impl Translator {
                 self.apply_invalidations();
             }
             self.arm_safe_point();
-            if !border_resume {
-                self.poll_commands(&mut next);
-            }
+            self.poll_commands();
             if let Next::Guest(pc) = next {
                 let last = self.process.signals.last_trap();
                 if let Some(action) = special::vsyscall(pc, &mut self.process.maps, self.area, last)
@@ -754,9 +719,7 @@ impl Translator {
                     if let special::Action::Continue(to) = action {
                         // The emulated entry returned to its caller; the monitor, which saw
                         // the call but no block of the callee, is told.
-                        let depth = self.area.contexts.depth();
                         self.context_ret(to);
-                        self.hand_over_popped(depth);
                         self.push_context_event(ContextChange::EmulatedReturn, 0);
                     }
                     self.next = self.act(action)?;
@@ -805,7 +768,6 @@ impl Translator {
             // While the exit is handled, `next` still names where the guest was entered: a flush
             // or an invalidation then must not take a jump entry it ran for one still to run.
             self.links.entering(host);
-            self.entering_hole();
             if self.stepping {
                 // The host does not trap: the dispatcher raises the guest's trap afterwards.
                 self.area.rflags &= !special::EFLAGS_TF;
@@ -879,7 +841,6 @@ impl Translator {
         if matches!(next, Next::Resume(_)) {
             self.hold_delivery = true;
         }
-        self.leave_hole();
         self.settle_jump_entry(next);
         self.guest_rip(next)
     }
@@ -940,10 +901,8 @@ impl Translator {
         }
     }
 
-    /// Acts on the monitor's pending requests. When one needs the code cache flushed (an
-    /// instrumented function run inline in a superblock), `next` becomes its guest address
-    /// first.
-    fn poll_commands(&mut self, next: &mut Next) {
+    /// Acts on the monitor's pending requests.
+    fn poll_commands(&mut self) {
         let Some(rx) = &self.commands else { return };
         let requests: Vec<Command> = rx.try_iter().collect();
         for c in requests {
@@ -958,14 +917,7 @@ impl Translator {
                         self.stats.superblocks_dropped += 1;
                     }
                 }
-                Command::InstrumentFunctions { plans } => self.instrument(plans),
             }
-        }
-        if std::mem::take(&mut self.inst.flush_wanted) {
-            if !matches!(next, Next::Signal) {
-                *next = Next::Guest(self.guest_rip_settled(*next));
-            }
-            self.flush();
         }
     }
 
@@ -1011,22 +963,12 @@ impl Translator {
                     blocks[i - 1].terminator,
                     Terminator::Call { target, .. } if target == b.start
                 );
-                // Nor an instrumented function's entry at all: its calls go to its announcing
-                // head; nor a return into a region from its call out (the return must reach
-                // the frame's host, the border reload stub).
-                let returned = matches!(blocks[i - 1].terminator, Terminator::Return);
                 // Nor past an indirect jump or call: its context step needs the runtime.
                 let indirect = matches!(
                     blocks[i - 1].terminator,
                     Terminator::IndirectJump | Terminator::IndirectCall { .. }
                 );
-                indirect
-                    || (!called && self.is_function_entry(b.start.0))
-                    || self.has_plan(b.start.0)
-                    // Nor an instrumented function's back edge: it is where a cold
-                    // activation of it is handed in.
-                    || self.is_hand_in_edge(blocks[i - 1].start.0, b.start.0)
-                    || (returned && self.is_border_return(b.start.0))
+                indirect || (!called && self.is_function_entry(b.start.0))
             });
             if let Some(k) = stop {
                 blocks.truncate(k + 1);
@@ -1204,10 +1146,6 @@ impl Translator {
                 if let (Some(p), Some(m)) = (&self.producer, self.process.signals.trace_exit()) {
                     p.push(m);
                 }
-                // One in instrumented code ends its hole.
-                if let Some((numbering, block)) = self.process.signals.path_block() {
-                    self.fault_in_hole(numbering, block);
-                }
                 Ok(Ok(Next::Signal))
             }
             EXIT_IBL_MISS => {
@@ -1218,25 +1156,11 @@ impl Translator {
                 let exit = self.index.exits[index as usize];
                 match exit.kind {
                     ExitKind::Direct {
-                        target,
-                        from,
-                        site,
-                        call,
-                        ..
+                        target, site, call, ..
                     } => {
-                        // A back edge of an instrumented function, run cold, may hand its
-                        // activation in; while it may, the exit is not linked.
-                        let mut link = true;
-                        if !call {
-                            match self.hand_in(index, from, target)? {
-                                HandIn::Done(next) => return Ok(Ok(next)),
-                                HandIn::Refused => link = false,
-                                HandIn::NotASite => {}
-                            }
-                        }
                         let generation = self.index.generation;
                         let host = if call {
-                            self.call_target(target.0)?
+                            self.lookup_or_translate(target.0)?
                         } else {
                             match self.jump_target(target.0)? {
                                 Some(h) => h,
@@ -1248,7 +1172,7 @@ impl Translator {
                             }
                         };
                         // A single-step block always comes back here.
-                        if link && generation == self.index.generation && !self.stepping {
+                        if generation == self.index.generation && !self.stepping {
                             self.cache.patch_rel32(site, host);
                             self.note_link(target.0, index);
                             self.stats.links += 1;
@@ -1291,12 +1215,9 @@ impl Translator {
                             Ok(()) => {
                                 self.area.gpr[thread_area::RSP] = rsp.wrapping_add(pop as u64);
                                 let target = u64::from_le_bytes(ret);
-                                // The stub's lookup would have made the return's context step,
-                                // and gone on at the frame's host if it is a border reload
-                                // stub (a region's call out returning).
-                                let border = self.border_host(target);
+                                // The stub's lookup would have made the return's context step.
                                 self.context_ret(target);
-                                Ok(Ok(border.map_or(Next::Guest(target), Next::Host)))
+                                Ok(Ok(Next::Guest(target)))
                             }
                             // The stack went away since the compare read it: let the `ret`
                             // itself fault.
@@ -1349,17 +1270,6 @@ impl Translator {
                         Ok(Ok(Next::Guest(entry.0)))
                     }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
-                    k @ (ExitKind::PathEdge { .. }
-                    | ExitKind::PathCall { .. }
-                    | ExitKind::PathCallOut { .. }
-                    | ExitKind::PathTailMiss { .. }
-                    | ExitKind::PathLeave { .. }
-                    | ExitKind::PathCounters { .. }
-                    | ExitKind::PathContextCall { .. }
-                    | ExitKind::PathContextReturn { .. }
-                    | ExitKind::PathReturnNoHost { .. }
-                    | ExitKind::PathReturnElsewhere { .. }
-                    | ExitKind::PathRunMiss { .. }) => self.path_exit(k),
                 }
             }
         }
@@ -1372,9 +1282,7 @@ impl Translator {
         if !special::canonical(target) {
             // A `ret` that matched the contexts' sentinel frame popped it.
             if let Some(c) = &mut self.contexts {
-                let depth = c.depth();
                 if c.repair() {
-                    self.hand_over_popped(depth);
                     self.push_context_event(ContextChange::Reset, 0);
                 }
             }
@@ -1462,7 +1370,6 @@ impl Translator {
                 // Contexts rule 5: back to the context the handler interrupted.
                 let before = (c.current(), c.depth());
                 if (c.signal_return(), c.depth()) != before {
-                    self.hand_over_popped(before.1);
                     self.push_context_event(ContextChange::SignalReturn, 0);
                 }
             }
@@ -1569,8 +1476,6 @@ impl Translator {
     /// `set_tid_address` is cleared and woken), its ring closed and its resources kept for
     /// the next thread.
     fn exit_thread(&mut self, code: i32) -> Stop {
-        self.leave_hole();
-        self.hand_over_suspended(1, self.area.contexts.depth());
         self.publish_stats();
         let shared = self.process.shared.clone();
         let last = {
@@ -1600,12 +1505,12 @@ impl Translator {
     /// [`Stop::ThreadExit`]; the translator is gone), with its translations: a program that
     /// starts threads one after another to run the same code translates it once, and its
     /// block ids (so the monitor's tables) stop growing with the threads it starts. Code
-    /// with calling-context steps or path instrumentation is not kept: its translations hold
-    /// the state of the thread's own activations.
+    /// with calling-context steps is not kept: its translations hold the state of the
+    /// thread's own activations.
     pub fn recycle(self) {
         crate::linux::signals::block_all();
         let shared = self.process.shared.clone();
-        let keep = self.contexts.is_none() && self.inst.is_empty();
+        let keep = self.contexts.is_none();
         let Translator {
             mut cache,
             gateway,
@@ -1715,9 +1620,6 @@ impl Translator {
         }
         self.area.gpr[thread_area::RAX] = 0;
         self.cache.adopt(copy)?;
-        // The child has a monitor of its own, which knows none of the parent's numberings: its
-        // instrumented code goes (the guest goes on by guest address, `next`).
-        self.forget_instrumentation();
         // A fresh, empty ring for the child's own monitor.
         self.area.ring.reset();
         if let Some(p) = &self.producer {
@@ -1973,11 +1875,6 @@ impl Translator {
 
     /// Empties the code cache: every block will be translated again (with new ids).
     fn flush(&mut self) {
-        // Instrumented code goes: an activation in it turns cold first, and so do the holes
-        // suspended in calls out (their frames' hosts go).
-        self.leave_hole();
-        self.hand_over_suspended(1, self.area.contexts.depth());
-        self.inst.clear_generation();
         self.cache.flush();
         self.index.blocks.clear();
         self.index.spans.clear();

@@ -30,9 +30,7 @@ use crate::context_steps;
 pub(crate) use crate::decode::return_pop;
 use crate::gateway::{emit_ibl, emit_ibl_call, emit_ibl_in, Gateway, GS};
 use crate::relocs::{RelocKind, Relocs, Routine};
-pub(crate) use crate::stubs::{
-    align_patchable, enqueue_stub, enqueue_words, gpr, RcxSave, RingWord, Slow,
-};
+pub(crate) use crate::stubs::{align_patchable, enqueue_stub, gpr, RcxSave, Slow};
 use crate::thread_area::off;
 use crate::TranslateError;
 
@@ -62,11 +60,9 @@ pub struct EmitContext {
     /// Keep the thread's calling contexts in `call` and `ret` translations
     /// (`context_steps`).
     pub contexts: bool,
-    /// For an instrumented block ending in a tail call out (`PathPlan::tails_out`): its
-    /// target is a function entry as the contexts' rule 3 sees it (a call target), so the
-    /// jump is a tail call. When it is not (yet), the jump is a plain one in the guest's
-    /// contexts, which the plan's numbering cannot follow: the block hands its activation over
-    /// there instead.
+    /// Always false: it told an instrumented block's tail call out (the instrumented mode is
+    /// gone, #56). Kept until the persisted store's tests (`persist::record`), which set it,
+    /// let go of it; a block emitted with it is not persisted.
     pub tail_call: bool,
     /// The jump-table site (`jump_table`) a block (a superblock's last) ending in a `switch`'s
     /// dispatch is translated as; `None`: through the lookup.
@@ -233,10 +229,7 @@ pub(crate) fn append_body(
 /// link can be undone.
 pub(crate) fn resolve_exit_stubs(exits: &mut [Exit], code: &Code_) {
     for e in exits {
-        if let ExitKind::Direct { site, stub, .. }
-        | ExitKind::PathEdge { site, stub, .. }
-        | ExitKind::PathCall { site, stub, .. } = &mut e.kind
-        {
+        if let ExitKind::Direct { site, stub, .. } = &mut e.kind {
             let off = (site.0 - code.base) as usize;
             let rel = i32::from_le_bytes(code.bytes[off..off + 4].try_into().expect("4 bytes"));
             *stub = HostAddr((site.0 as i64 + 4 + rel as i64) as u64);
@@ -853,7 +846,6 @@ pub(crate) fn emit_terminator(
                 let l = context_steps::Landing {
                     base: chunk_base,
                     stub: Some(stub),
-                    saves_path: false,
                 };
                 let off = context_steps::direct_call(&mut ops, target, calls, exit_addr, l);
                 landing = Some((stub, HostAddr(chunk_base + off as u64)));
@@ -951,7 +943,7 @@ pub(crate) fn emit_terminator(
                 first_exit + exits.len() as u32 - 1
             });
             let (borrowed, miss) =
-                return_through_lookup(&mut ops, return_pop(inst), &cx.gateway, mismatch, None);
+                return_through_lookup(&mut ops, return_pop(inst), &cx.gateway, mismatch);
             layout.rcx_borrowed_from = Some(chunk_base + borrowed);
             if let Some(miss) = miss {
                 relocs.add(chunk_base + miss, RelocKind::Gateway(Routine::Exit));
@@ -1017,7 +1009,6 @@ pub(crate) fn emit_terminator(
                         let l = context_steps::Landing {
                             base: tail_base,
                             stub: Some(stub),
-                            saves_path: false,
                         };
                         let off = context_steps::indirect_call(&mut tail, calls, exit_addr, l);
                         landing = Some((stub, HostAddr(tail_base + off as u64), return_to));
@@ -1135,7 +1126,6 @@ pub(crate) fn return_through_lookup(
     pop: i32,
     gateway: &Gateway,
     context_mismatch: Option<u32>,
-    no_host: Option<u32>,
 ) -> (u64, Option<u64>) {
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
     let borrowed = ops.offset().0 as u64;
@@ -1158,7 +1148,7 @@ pub(crate) fn return_through_lookup(
         ; mov rcx, QWORD [rsp]
         ; lea rsp, [rsp + pop]
     );
-    context_steps::return_and_lookup(ops, index, gateway, no_host);
+    context_steps::return_and_lookup(ops, index, gateway);
     (borrowed, None)
 }
 

@@ -13,8 +13,7 @@ pub enum ExitKind {
     /// `call`: the jump of a `call` to its callee (with calling contexts, jumps to a function's
     /// entry that are not calls are tail calls, linked through the entry's jump entry).
     /// `from`: the guest start of the basic block whose terminator this is (for a superblock
-    /// landing, the call block's): a jump to a loop head of an instrumented function from
-    /// one of its blocks may hand a cold activation in (`dispatch::instrument`).
+    /// landing, the call block's).
     Direct {
         target: GuestAddr,
         from: GuestAddr,
@@ -61,85 +60,6 @@ pub enum ExitKind {
     /// A jump reached the entry of function `entry` (through its jump entry, see
     /// `context_steps::jump_entry`) from another function's context: a tail call.
     ContextTailCall { entry: GuestAddr },
-    /// An instrumented block's edge to block `to` of the plan numbered `numbering` (#21 stage
-    /// 2; `instrumented`), its path register step already made: linked like a direct exit, to
-    /// that block's instrumented translation.
-    PathEdge {
-        numbering: u32,
-        from: u32,
-        to: u32,
-        site: HostAddr,
-        stub: HostAddr,
-    },
-    /// An instrumented call's jump (frame pushed, context stepped) to the quiet entry of the
-    /// instrumented function at `callee`, linked like a direct exit.
-    PathCall {
-        numbering: u32,
-        from: u32,
-        callee: GuestAddr,
-        site: HostAddr,
-        stub: HostAddr,
-    },
-    /// An instrumented block's edge to guest `to` that numbering `numbering` does not have
-    /// (the CFG grew): the runtime hands the thread's instrumented activations over and goes
-    /// on at `to`, cold.
-    PathLeave {
-        numbering: u32,
-        from: u32,
-        to: GuestAddr,
-    },
-    /// An instrumented activation's start found the current context without counters of
-    /// numbering `numbering`: the runtime makes them and goes on at `quiet` (the start).
-    PathCounters { numbering: u32, quiet: HostAddr },
-    /// An instrumented call's context step needs the runtime: the frame stack is `full`
-    /// (nothing pushed), or the node's cache missed (the frame, with `r` and the reload stub
-    /// `reload` as its host, is pushed).
-    PathContextCall {
-        numbering: u32,
-        from: u32,
-        callee: GuestAddr,
-        full: bool,
-        reload: HostAddr,
-    },
-    /// A call out of an instrumented region (block `from` of numbering `numbering`, its
-    /// call-out event written) needs the runtime for its context step: the frame stack is
-    /// `full` (nothing pushed), or the node's cache missed (the frame, its host the border
-    /// reload stub, is pushed). The callee is `callee`, or for an indirect call (`None`) in
-    /// `ibl_target`.
-    PathCallOut {
-        numbering: u32,
-        from: u32,
-        callee: Option<GuestAddr>,
-        full: bool,
-    },
-    /// The path end of instrumented block `from`, a tail call out to guest `target`, found
-    /// another child in its run node's cache (nothing done yet): the runtime ends the path and
-    /// the run, writes the tail-out event and makes the jump.
-    PathTailMiss {
-        numbering: u32,
-        from: u32,
-        target: GuestAddr,
-    },
-    /// A path end of instrumented block `from` found another child in its run node's cache
-    /// (nothing done yet): the runtime ends the path — on the back edge to block `to`, or at
-    /// the activation's end (`to` is `None`), whose `ret` pops `pop` bytes and goes on as the
-    /// translated return would — and goes on at the next block.
-    PathRunMiss {
-        numbering: u32,
-        from: u32,
-        to: Option<u32>,
-        pop: i32,
-    },
-    /// The `ret` of block `from` of an instrumented function with several `ret`s (popping
-    /// `pop` bytes) does not return to the top frame (nothing of it done): the runtime hands
-    /// the hole over, the top activation at `from`, then makes the `ret` cold.
-    PathReturnElsewhere { numbering: u32, from: u32, pop: i32 },
-    /// An instrumented `ret` (its path counted) whose target, in `ibl_target`, is not the top
-    /// frame's return address: the runtime hands the rest over, then resynchronises.
-    PathContextReturn { numbering: u32 },
-    /// An instrumented `ret` (its path counted) popped a frame with no host address: it goes
-    /// on at its target, in `ibl_target`, cold.
-    PathReturnNoHost { numbering: u32 },
     /// Jump-table site `site`'s table had no stub for the `switch` index in the thread area's
     /// `jump_table_index` (the guest's `add` done, the case's address in the `jmp`'s
     /// register): the runtime makes one and goes on at the case (`jump_table`).
@@ -156,29 +76,9 @@ impl ExitKind {
     /// The patchable rel32 of a linkable exit and the exit stub it aims at when unlinked.
     pub fn link_site(&self) -> Option<(HostAddr, HostAddr)> {
         match *self {
-            ExitKind::Direct { site, stub, .. }
-            | ExitKind::PathEdge { site, stub, .. }
-            | ExitKind::PathCall { site, stub, .. } => Some((site, stub)),
+            ExitKind::Direct { site, stub, .. } => Some((site, stub)),
             _ => None,
         }
-    }
-
-    /// True for the exits of instrumented translations.
-    pub fn is_instrumented(&self) -> bool {
-        matches!(
-            self,
-            ExitKind::PathEdge { .. }
-                | ExitKind::PathCall { .. }
-                | ExitKind::PathLeave { .. }
-                | ExitKind::PathCounters { .. }
-                | ExitKind::PathContextCall { .. }
-                | ExitKind::PathCallOut { .. }
-                | ExitKind::PathTailMiss { .. }
-                | ExitKind::PathContextReturn { .. }
-                | ExitKind::PathReturnNoHost { .. }
-                | ExitKind::PathReturnElsewhere { .. }
-                | ExitKind::PathRunMiss { .. }
-        )
     }
 }
 
@@ -219,7 +119,8 @@ pub struct HostLayout {
     /// For one block of a superblock: the side-exit event that says "the superblock ended
     /// after this block", which the dispatcher enqueues when a fault here ends the trace.
     pub trace_exit: Option<u32>,
-    /// For an instrumented block (#21 stage 2): its plan's numbering and its index in it, so
-    /// that an activation interrupted here can be handed over.
+    /// Always `None`: it named an instrumented block (numbering, index), and the instrumented
+    /// mode is gone (#56). Kept until the persisted store (`persist::record`), which reads
+    /// and writes it, lets go of it.
     pub path_block: Option<(u32, u32)>,
 }

@@ -55,8 +55,8 @@ pub struct Reloc {
 pub struct Relocs {
     /// Every relocated field, in no particular order.
     pub list: Vec<Reloc>,
-    /// False when the code holds something these kinds cannot describe (calling-context steps,
-    /// instrumented code): such a translation is never persisted.
+    /// False when the code holds something these kinds cannot describe (calling-context
+    /// steps): such a translation is never persisted.
     pub complete: bool,
 }
 

@@ -1,5 +1,5 @@
-//! Code pieces every emitter of translated code shares (blocks, superblocks, instrumented
-//! blocks, calling-context steps): the enqueue stub that writes an event to the ring, and the
+//! Code pieces every emitter of translated code shares (blocks, superblocks, calling-context
+//! steps): the enqueue stub that writes an event to the ring, and the
 //! padding that keeps a patchable branch's rel32 aligned. Below `emit` and `context_steps`,
 //! which both use them.
 
@@ -163,76 +163,6 @@ pub(crate) fn enqueue_stub_at(
     }
 }
 
-/// A word a border event writes to the ring (`instrumented`, calls out of a region): a
-/// constant, or a constant plus a value of the thread's context state (the constant's low 28
-/// bits are 0 and the value fits them, so the sum is their OR).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum RingWord {
-    /// This word.
-    Const(u32),
-    /// The current context's id (`hotpath_contexts::Node::id`) plus this.
-    ContextId(u32),
-}
-
-/// Appends the writes of `words` to the ring, one enqueue stub each (exit on a full lap,
-/// resuming at that word's stub), run in line: each jumps over its slow path. Flag-free, every
-/// guest register as it was (RCX and RAX borrowed through their scratch slots).
-pub(crate) fn enqueue_words(
-    ops: &mut VecAssembler<X64Relocation>,
-    words: &[RingWord],
-    ring_entries: u64,
-    exit_addr: usize,
-) {
-    let entries_end = off::entries_end(ring_entries);
-    for &w in words {
-        let entry = ops.new_dynamic_label();
-        dynasm!(ops ; .arch x64 ; jmp =>entry);
-        if let RingWord::Const(c) = w {
-            enqueue_stub_at(
-                ops,
-                entry,
-                c,
-                ring_entries,
-                Slow::Resume,
-                RcxSave::Scratch,
-                exit_addr,
-            );
-            continue;
-        }
-        let slow = ops.new_dynamic_label();
-        dynasm!(ops
-            ; .arch x64
-            ; =>slow
-            ; lea rcx, [=>entry]
-            ; .u8 GS ; mov QWORD [off::RESUME], rcx
-            ; mov ecx, EXIT_RING_FULL as i32
-            ; jmp extern exit_addr
-            ; =>entry
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx
-            ; .u8 GS ; mov rcx, QWORD [off::RING_CURSOR]
-            ; jrcxz =>slow
-            ; .u8 GS ; mov QWORD [off::SCRATCH_RAX], rax
-        );
-        match w {
-            RingWord::ContextId(c) => dynasm!(ops
-                ; .arch x64
-                ; .u8 GS ; mov rax, QWORD [off::CTX]
-                ; mov eax, DWORD [rax + hotpath_contexts::Node::ID as i32]
-                ; lea eax, [rax + c as i32]
-            ),
-            RingWord::Const(_) => unreachable!("constants have their own stub"),
-        }
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov DWORD [rcx * 4 + entries_end], eax
-            ; .u8 GS ; mov rax, QWORD [off::SCRATCH_RAX]
-            ; lea rcx, [rcx + 1]
-            ; .u8 GS ; mov QWORD [off::RING_CURSOR], rcx
-            ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
-        );
-    }
-}
-
 /// Pads with one NOP of 0–3 bytes so that the rel32 of a branch whose opcode (`opcode_len`
 /// bytes) comes next starts at a multiple of 4 bytes. Another thread may unlink the branch
 /// while this thread runs it (`kick` → `unlink_all`): an aligned 4-byte store is seen whole by
@@ -251,8 +181,7 @@ pub(crate) fn align_patchable(ops: &mut VecAssembler<X64Relocation>, base: u64, 
 
 /// `rcx += value` (mod 2^64), flag-free: `lea` with a 32-bit displacement when `value` fits a
 /// sign-extended one, else with RDX lending the 64-bit constant (kept in its scratch slot).
-/// Compares a borrowed RCX with a constant (zero on a match, for `jrcxz`) and steps path
-/// registers.
+/// Compares a borrowed RCX with a constant (zero on a match, for `jrcxz`).
 pub(crate) fn add_to_rcx(ops: &mut VecAssembler<X64Relocation>, value: u64) {
     match i32::try_from(value as i64) {
         Ok(0) => {}

@@ -216,7 +216,6 @@ pub fn emit_superblock(
                         let later = context_steps::Landing {
                             base: chunk,
                             stub: None,
-                            saves_path: false,
                         };
                         let off =
                             context_steps::direct_call(&mut ops, target, calls, exit_addr, later);
@@ -434,7 +433,7 @@ pub fn emit_superblock(
                     });
                     first_exit + exits.len() as u32 - 1
                 });
-                return_through_lookup(&mut ops, pop, &cx.gateway, mismatch, None);
+                return_through_lookup(&mut ops, pop, &cx.gateway, mismatch);
                 at.0
             }
             Cold::Indirect { at, return_to } => {

@@ -207,14 +207,6 @@ pub mod off {
     pub const FRAME_TOP: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::FRAME_TOP) as i32;
     /// Tail calls made by translated code.
     pub const TAIL_CALLS: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::TAIL_CALLS) as i32;
-    /// GS offset of the path register (`ContextArea::path`).
-    pub const PATH: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::PATH) as i32;
-    /// GS offset of the run register (`ContextArea::run`).
-    pub const RUN: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::RUN) as i32;
-    /// GS offset of the run trie's next free node (`ContextArea::run_next`).
-    pub const RUN_NEXT: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::RUN_NEXT) as i32;
-    /// GS offset of the run trie's nodes left (`ContextArea::run_left`).
-    pub const RUN_LEFT: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::RUN_LEFT) as i32;
     /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 40 k`.
     pub const CONTEXTS: i32 = offset_of!(ThreadArea, contexts) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;

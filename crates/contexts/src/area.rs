@@ -22,19 +22,30 @@ pub struct Frame {
     pub return_to: u64,
     /// Host address of the caller's context node (see [`crate::Node`]).
     pub caller: u64,
-    /// The caller's path register `r` at its call block, saved by an instrumented call and
-    /// reloaded by its return's reload stub (docs/paths-design.md, "Step 3c decided", item 2);
-    /// cold calls leave it as it was.
-    pub path: u64,
+    /// Unused: the slot of the instrumented mode's path register, which went (#56). The
+    /// frame keeps its 40-byte layout, which emitted code and the translator's golden files
+    /// assume, until the calling-context steps themselves go.
+    _unused_path: u64,
     /// Host address a `ret` that pops this frame goes on at: the caller's translation of
     /// `return_to` (a *landing*: a linked jump to the return point's block, so that a caller
     /// returns to the translation it called from), or 0 for none known — the return then looks
     /// `return_to` up in the indirect branch lookup table. The runtime's frames have 0, and a
     /// code cache flush sets every frame's to 0 ([`ContextArea::forget_hosts`]).
     pub host: u64,
-    /// The caller's run register (a run node's host address, 0: none), saved and reloaded
-    /// with `path` (docs/paths-design.md, "Step 3d as built").
-    pub run: u64,
+    /// Unused, as `_unused_path` (the instrumented mode's run register).
+    _unused_run: u64,
+}
+
+impl Frame {
+    /// A frame returning to `return_to` in the context whose node is at host address
+    /// `caller`, with no host address (its return goes through the lookup table).
+    pub fn new(return_to: u64, caller: u64) -> Frame {
+        Frame {
+            return_to,
+            caller,
+            ..Frame::default()
+        }
+    }
 }
 
 /// A guest thread's context state. Written by that thread only: by its translated code (the
@@ -54,20 +65,8 @@ pub struct ContextArea {
     /// Tail calls translated code made without the runtime (see
     /// [`crate::Contexts::resync_counts`]).
     pub tail_calls: u64,
-    /// The Ball-Larus path register `r` of the top activation when it runs instrumented code
-    /// (#21 stage 2; docs/paths-design.md, "Step 3 broken down"): written and read only by
-    /// instrumented translations and the runtime's steps for them.
-    pub path: u64,
-    /// The run register of the top activation when it runs instrumented code: the host
-    /// address of its PAP run's node in the thread's run trie (`runs`), 0 when it records no
-    /// run. Written and read as `path` is.
-    pub run: u64,
-    /// Host address of the next free node of the thread's run trie (`runs`): translated code
-    /// and the runtime both take nodes from it, one after the other.
-    pub run_next: u64,
-    /// Run-trie nodes left to take (0 before the trie's first root).
-    pub run_left: u64,
-    _pad: [u64; 1],
+    /// The frames start on a cache line of their own.
+    _pad: [u64; 5],
     /// The frame stack, `frames[0]` the sentinel.
     pub frames: [Frame; FRAMES_MAX + 1],
 }
@@ -79,14 +78,6 @@ impl ContextArea {
     pub const FRAME_TOP: usize = offset_of!(ContextArea, frame_top);
     /// Offset of [`ContextArea::tail_calls`], bytes.
     pub const TAIL_CALLS: usize = offset_of!(ContextArea, tail_calls);
-    /// Offset of [`ContextArea::path`], bytes.
-    pub const PATH: usize = offset_of!(ContextArea, path);
-    /// Offset of [`ContextArea::run`], bytes.
-    pub const RUN: usize = offset_of!(ContextArea, run);
-    /// Offset of [`ContextArea::run_next`], bytes.
-    pub const RUN_NEXT: usize = offset_of!(ContextArea, run_next);
-    /// Offset of [`ContextArea::run_left`], bytes.
-    pub const RUN_LEFT: usize = offset_of!(ContextArea, run_left);
     /// Offset of `frames[0]` (the sentinel), bytes.
     pub const FRAMES: usize = offset_of!(ContextArea, frames);
     /// `frame_top` of an empty stack (the sentinel alone), bytes.
@@ -100,11 +91,7 @@ impl ContextArea {
         self.ctx = ctx;
         self.tail_calls = 0;
         self.frame_top = Self::FRAMES_EMPTY as u64;
-        self.frames[0] = Frame {
-            return_to: SENTINEL_RETURN,
-            caller: ctx,
-            ..Frame::default()
-        };
+        self.frames[0] = Frame::new(SENTINEL_RETURN, ctx);
     }
 
     /// Frames on the stack (the sentinel not counted); 0 also while a `ret` that matched the
@@ -141,16 +128,11 @@ mod tests {
     fn layout_is_what_emitted_code_assumes() {
         assert_eq!(ContextArea::CTX, 0);
         assert_eq!(ContextArea::FRAME_TOP, 8);
-        assert_eq!(ContextArea::PATH, 24);
-        assert_eq!(ContextArea::RUN, 32);
-        assert_eq!(ContextArea::RUN_NEXT, 40);
-        assert_eq!(ContextArea::RUN_LEFT, 48);
+        assert_eq!(ContextArea::TAIL_CALLS, 16);
         assert_eq!(ContextArea::FRAMES, 64);
         assert_eq!(size_of::<Frame>(), 40);
         assert_eq!(offset_of!(Frame, caller), 8);
-        assert_eq!(offset_of!(Frame, path), 16);
         assert_eq!(offset_of!(Frame, host), 24);
-        assert_eq!(offset_of!(Frame, run), 32);
         assert_eq!(
             ContextArea::FRAMES_END - ContextArea::FRAMES_EMPTY,
             FRAMES_MAX * 40

@@ -10,13 +10,13 @@
 //!        │ no                                                                      ▼
 //!        └──▶ Contexts::ret_slow (deeper return, orphan return) ─────────▶ ContextArea.ctx
 //!                                                                                  │
-//!              context id (ring, cold code) ──▶ monitor ──ContextView::node──▶ function, parent
+//!              context id (another thread) ──ContextView::node──▶ function, parent, depth
 //! ```
 //!
 //! The guest thread is authoritative for its contexts: translated code and [`Contexts`] step
-//! them, the monitor follows the ids the ring carries. A context is a node of the calling-context
-//! tree: a function under its caller's context, from a root. Live activations form a chain from
-//! the root, one node per depth.
+//! them, the monitor follows the context events the ring carries (`hotpath_events`). A context
+//! is a node of the calling-context tree: a function under its caller's context, from a root.
+//! Live activations form a chain from the root, one node per depth.
 //!
 //! **The rules** (each the restatement of the monitor's shadow-stack rule it replaces, in
 //! `monitor/src/paths/stack.rs`):
@@ -43,23 +43,17 @@
 //! | file | what |
 //! |---|---|
 //! | `area.rs` | the per-thread [`ContextArea`]: current context, frame stack (layout emitted code uses) |
-//! | `tree.rs` | context nodes in an arena that never moves; the monitor's [`ContextView`] |
-//! | `counters.rs` | path counters of context nodes, chained per numbering (#21 stage 2) |
-//! | `runs.rs` | PAP run tries of instrumented activations (#21 step 3d) |
-//! | `reserve.rs` | the reserved mappings both arenas live in |
+//! | `tree.rs` | context nodes in an arena that never moves; the read-only [`ContextView`] |
+//! | `reserve.rs` | the reserved mapping the arena lives in |
 //! | `rules.rs` | [`Contexts`]: the fast paths as emitted code does them, and the slow paths' rules |
 
 mod area;
-mod counters;
 mod reserve;
 mod rules;
-mod runs;
 mod tree;
 
 pub use area::{ContextArea, Frame, FRAMES_MAX, SENTINEL_RETURN};
-pub use counters::{PathCounts, COUNTER_WORDS_MAX, RUN_ROOT_OFFSET};
 pub use rules::{Contexts, Functions, Resync};
-pub use runs::{RunInfo, RunNode, DENSE_PATHS_MAX, HAND_IN_ROOT, RUN_NODES_MAX, RUN_PATHS_MAX};
 pub use tree::{
     CacheEntry, ContextId, ContextView, Node, NodeInfo, CACHE_ENTRIES, CONTEXTS_MAX, DEEPER,
     DIRECT_ENTRIES, DIRECT_PROBES, INDIRECT_ENTRIES, INDIRECT_FIRST, MAX_DEPTH,

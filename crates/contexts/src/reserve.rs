@@ -1,4 +1,4 @@
-//! Address space reserved for arrays whose elements never move (context nodes, path counters, run nodes).
+//! Address space reserved for arrays whose elements never move (context nodes).
 
 use std::mem::size_of;
 

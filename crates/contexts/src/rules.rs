@@ -8,8 +8,6 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use crate::area::{ContextArea, Frame, FRAMES_MAX};
-use crate::counters::CounterArena;
-use crate::runs::{NodeSupply, RunTrie};
 use crate::tree::{
     Arena, CacheEntry, ContextId, ContextView, Node, DEEPER, DIRECT_PROBES, INDIRECT_ENTRIES,
     MAX_DEPTH,
@@ -70,10 +68,6 @@ pub struct Contexts {
     /// The area's allocation when `Contexts` made it ([`Contexts::new_owned`]).
     owned: Option<Layout>,
     arena: Arena,
-    /// The path counters of instrumented functions' contexts.
-    counters: CounterArena,
-    /// The PAP run trie of instrumented activations.
-    runs: RunTrie,
     children: FxHashMap<(u32, u64), ContextId>,
     /// Per handler entered and not yet returned from: the frame depth and the context it
     /// interrupted.
@@ -107,8 +101,6 @@ impl Contexts {
             area,
             owned: None,
             arena,
-            counters: CounterArena::new(),
-            runs: RunTrie::new(),
             children: FxHashMap::default(),
             signals: Vec::new(),
             resyncs: [0; Resync::ALL.len()],
@@ -191,87 +183,7 @@ impl Contexts {
 
     /// A view of the tree for the monitor.
     pub fn view(&self) -> ContextView {
-        self.arena.view(self.counters.shared(), self.runs.shared())
-    }
-
-    /// The path counters of the current context for `numbering` (a function's numbering as
-    /// the monitor made it, never 0) of `paths` paths: the host address of the array's first
-    /// counter, which path `r` is counted at `+ 8 r`. Made zeroed the first time for that
-    /// numbering — chained to the node's array of an older numbering, whose counts stay for
-    /// the monitor, and with the numbering's run-trie root in its header (0 when the trie is
-    /// full) — and `None` when the thread's counter arena is full (the activation then runs
-    /// cold).
-    pub fn path_counters(&mut self, numbering: u32, paths: u32) -> Option<u64> {
-        debug_assert_ne!(numbering, 0, "numbering 0 means none");
-        let ctx = self.area().ctx;
-        let node = self.arena.at(ctx);
-        if node.numbering == numbering as u64 {
-            return Some(node.counters);
-        }
-        let prev = node.counters;
-        let (runs, supply) = self.runs_and_supply();
-        let root = runs.root(numbering, supply);
-        let first = self.counters.make(numbering, paths, prev, root)?;
-        self.arena.set_counters(ctx, first, numbering as u64);
-        Some(first)
-    }
-
-    /// Counts path `id` in the current context's counters, as an instrumented path end does
-    /// (for the runtime, when a path end's run step needs it).
-    pub fn count_path(&mut self, id: u64) {
-        let counters = self.arena.at(self.area().ctx).counters;
-        self.counters.count(counters, id);
-    }
-
-    /// The run after the one at run node `run` (a host address, 0: none) takes path `id` of
-    /// a function of `paths` paths: the child's host address, made if new and put in `run`'s
-    /// cache, or 0 when the run is abandoned (see `runs`). 0 stays 0.
-    pub fn run_step(&mut self, run: u64, id: u32, paths: u32) -> u64 {
-        if run == 0 {
-            return 0;
-        }
-        let (runs, supply) = self.runs_and_supply();
-        runs.step(run, id, paths, supply)
-    }
-
-    /// The run trie and the area's node supply, which translated code takes nodes from too.
-    fn runs_and_supply(&mut self) -> (&mut RunTrie, NodeSupply<'_>) {
-        let mut area = self.area;
-        // SAFETY: as in `area_mut`; the area is not part of `self`, so the trie and the
-        // supply words do not alias.
-        let area = unsafe { area.as_mut() };
-        (
-            &mut self.runs,
-            NodeSupply {
-                next: &mut area.run_next,
-                left: &mut area.run_left,
-            },
-        )
-    }
-
-    /// Forgets the runs abandoned so far (a forked child's count starts at 0; its parent's
-    /// runs stay in the trie, under numberings the child's monitor did not make).
-    pub fn forget_abandoned_runs(&mut self) {
-        self.runs.forget_abandoned();
-    }
-
-    /// A new hand-in root of numbering `numbering` (`runs::HAND_IN_ROOT`), for an activation
-    /// whose run so far the monitor holds: its host address, the run register's value, or 0
-    /// when no node can be had (the activation's run is abandoned). The current context's
-    /// counters for `numbering` are made first ([`Contexts::path_counters`]).
-    pub fn hand_in_root(&mut self, numbering: u32) -> u64 {
-        let (runs, supply) = self.runs_and_supply();
-        runs.hand_in_root(numbering, supply)
-    }
-
-    /// Counts one run ending at run node `run` (0: none).
-    pub fn run_end(&mut self, run: u64) {
-        self.runs.end(run);
-    }
-
-    /// The index of run node `run` that a hand-over carries (0 for none).
-    pub fn run_index(&self, run: u64) -> u32 {
-        self.runs.index_of(run).unwrap_or(0)
+        self.arena.view()
     }
 
     /// Rule 1, a direct `call` of the function entered at `callee` that returns to
@@ -473,11 +385,8 @@ impl Contexts {
     fn push_frame(&mut self, return_to: u64) {
         let area = self.area_mut();
         let top = area.frame_top as usize;
-        area.frames[(top - ContextArea::FRAMES) / size_of::<Frame>()] = Frame {
-            return_to,
-            caller: area.ctx,
-            ..Frame::default()
-        };
+        area.frames[(top - ContextArea::FRAMES) / size_of::<Frame>()] =
+            Frame::new(return_to, area.ctx);
         area.frame_top = (top + size_of::<Frame>()) as u64;
     }
 
@@ -594,48 +503,6 @@ mod tests {
         assert_eq!(c.ret(0x1009, &NoSymbols), main);
         assert_eq!(c.ret(0x10, &NoSymbols), ContextId::ROOT);
         assert_eq!(c.resyncs, [0; 4]);
-    }
-
-    /// Each context of an instrumented function counts in its own array; the monitor reads
-    /// them per context; a new numbering gets a new array and keeps the old one's counts.
-    #[test]
-    fn path_counters_are_per_context_and_per_numbering() {
-        let mut c = Contexts::new_owned().unwrap();
-        let v = c.view();
-        let main = c.call(0x1000, 0x10);
-        let f_in_main = c.call(0x2000, 0x1005);
-        let count = |at: u64, r: u64| {
-            // SAFETY (test): path `r` of an array of `path_counters`'s, as emitted code counts.
-            unsafe { *((at + 8 * r) as *mut u64) += 1 };
-        };
-        let a = c.path_counters(1, 4).unwrap();
-        assert_eq!(c.path_counters(1, 4), Some(a), "made once per numbering");
-        count(a, 3);
-        count(a, 3);
-        c.ret(0x1005, &NoSymbols);
-        let g = c.call(0x3000, 0x1009);
-        let f_in_g = c.call(0x2000, 0x3005);
-        assert_ne!(f_in_g, f_in_main);
-        let b = c.path_counters(1, 4).unwrap();
-        assert_ne!(a, b);
-        count(b, 0);
-        // The function renumbered (numbering 2, 5 paths): a new array in this context.
-        let b2 = c.path_counters(2, 5).unwrap();
-        count(b2, 4);
-        let counts = |id| {
-            v.path_counts(id)
-                .into_iter()
-                .map(|p| (p.numbering, p.counts))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(counts(f_in_main), vec![(1, vec![0, 0, 0, 2])]);
-        assert_eq!(
-            counts(f_in_g),
-            vec![(2, vec![0, 0, 0, 0, 1]), (1, vec![1, 0, 0, 0])]
-        );
-        assert_eq!(counts(main), vec![]);
-        assert_eq!(counts(g), vec![]);
-        assert_eq!(counts(ContextId(99)), vec![]);
     }
 
     #[test]

@@ -1,13 +1,12 @@
 //! Context nodes: an arena of 256-byte nodes that never moves (emitted code holds their host
-//! addresses), written by the guest thread, and the read-only view the monitor resolves ids with.
+//! addresses), written by the guest thread, and a read-only view that resolves ids from
+//! another thread.
 
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::counters::{PathCounts, SharedCounters};
 use crate::reserve::Reserved;
-use crate::runs::{RunInfo, SharedRuns};
 
 /// Contexts per thread (256 bytes each: 64 MiB of address space, touched as they are made).
 /// Past it a new context is its parent ([`crate::Contexts::contexts_folded`] counts them).
@@ -83,13 +82,6 @@ pub struct Node {
     pub depth: u32,
     /// The parent's id (the root's is its own).
     pub parent_id: u32,
-    _reserved: [u32; 1],
-    /// Host address of the first counter of its current path-counter array (`counters`), 0
-    /// for none. Written by its thread only; read by the monitor.
-    pub counters: u64,
-    /// The numbering the current array counts for (0: none), as a `u64` for a flag-free
-    /// compare in emitted code.
-    pub numbering: u64,
 }
 
 impl Node {
@@ -103,10 +95,6 @@ impl Node {
     pub const DEPTH: usize = offset_of!(Node, depth);
     /// Offset of [`Node::parent`], bytes.
     pub const PARENT: usize = offset_of!(Node, parent);
-    /// Offset of [`Node::counters`], bytes.
-    pub const COUNTERS: usize = offset_of!(Node, counters);
-    /// Offset of [`Node::numbering`], bytes.
-    pub const NUMBERING: usize = offset_of!(Node, numbering);
 
     /// The cache entries direct calls of the function entered at `callee` probe, in order:
     /// the group of [`DIRECT_PROBES`] its hash picks, from the entry it hashes to (bits 4 up:
@@ -225,22 +213,6 @@ impl Arena {
         unsafe { &mut *std::ptr::addr_of_mut!((*self.map.mem.base().add(i)).cache) }
     }
 
-    /// Sets the path counters of the node at host address `addr`: the first counter of its
-    /// array (see `counters`) and the numbering it counts for.
-    pub(crate) fn set_counters(&mut self, addr: u64, counters: u64, numbering: u64) {
-        let i = self.index_of(addr);
-        // SAFETY: the node is published and in the mapping (`index_of`); the monitor may read
-        // these two words meanwhile, so they are written atomically, and no reference to the
-        // node is made. The pointer first: a reader that sees the numbering (Release) sees it.
-        unsafe {
-            let n = self.map.mem.base().add(i);
-            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*n).counters))
-                .store(counters, Ordering::Relaxed);
-            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*n).numbering))
-                .store(numbering, Ordering::Release);
-        }
-    }
-
     /// Appends a node for `function` under `parent` (`None`: the root) and publishes it.
     pub(crate) fn push(&mut self, function: u64, parent: Option<ContextId>) -> ContextId {
         assert!(
@@ -265,9 +237,6 @@ impl Arena {
                 id: id.0,
                 depth,
                 parent_id,
-                _reserved: [0; 1],
-                counters: 0,
-                numbering: 0,
             })
         };
         self.len += 1;
@@ -275,13 +244,10 @@ impl Arena {
         id
     }
 
-    /// A read-only view for another thread, with the thread's path counters `counters` and
-    /// run trie `runs`.
-    pub(crate) fn view(&self, counters: SharedCounters, runs: SharedRuns) -> ContextView {
+    /// A read-only view for another thread.
+    pub(crate) fn view(&self) -> ContextView {
         ContextView {
             map: Arc::clone(&self.map),
-            counters,
-            runs,
         }
     }
 }
@@ -291,8 +257,6 @@ impl Arena {
 #[derive(Clone)]
 pub struct ContextView {
     map: Arc<Mapping>,
-    counters: SharedCounters,
-    runs: SharedRuns,
 }
 
 impl ContextView {
@@ -327,44 +291,6 @@ impl ContextView {
     }
 }
 
-impl ContextView {
-    /// The path counters of context `id`: its arrays, newest first (empty when it has none or
-    /// is not published). Read while the thread may still count: each counter whole, the set
-    /// not a snapshot.
-    pub fn path_counts(&self, id: ContextId) -> Vec<PathCounts> {
-        if id.0 as usize >= self.len() {
-            return Vec::new();
-        }
-        // SAFETY: `id` is published (see `node`); its `counters` word is only written
-        // atomically (`Arena::set_counters`), and read the same way here, through a raw
-        // pointer, without a reference to the node.
-        let first = unsafe {
-            let n = self.map.mem.base().add(id.0 as usize);
-            AtomicU64::from_ptr(std::ptr::addr_of!((*n).counters).cast_mut())
-                .load(Ordering::Acquire)
-        };
-        match self.counters.get() {
-            Some(m) => m.read_chain(first),
-            None => Vec::new(),
-        }
-    }
-
-    /// The thread's run-trie nodes as they are now, by index (index 0, never a node, is
-    /// `None`; parents come before their children), and the runs it abandoned. Read while the
-    /// thread may still count: each count whole, the set not a snapshot.
-    pub fn runs(&self) -> (Vec<Option<RunInfo>>, u64) {
-        match self.runs.get() {
-            Some(m) => (m.nodes(), m.abandoned()),
-            None => (Vec::new(), 0),
-        }
-    }
-
-    /// Run node `index` (a hand-over's), if published.
-    pub fn run_node(&self, index: u32) -> Option<RunInfo> {
-        self.runs.get()?.node(index)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,16 +307,12 @@ mod tests {
         assert_eq!(Node::indirect_probes(), [8, 9, 10, 11]);
         assert!(Node::indirect_probes().contains(&Node::indirect_victim(0x401c30)));
         assert_eq!(Node::ID, 208);
-        assert_eq!(Node::COUNTERS, 224);
-        assert_eq!(Node::NUMBERING, 232);
     }
 
     #[test]
     fn the_view_sees_published_nodes_only() {
         let mut a = Arena::new().unwrap();
-        let counters = crate::counters::CounterArena::new();
-        let runs = crate::runs::RunTrie::new();
-        let v = a.view(counters.shared(), runs.shared());
+        let v = a.view();
         assert_eq!(v.len(), 1);
         assert_eq!(v.node(ContextId(1)), None);
         let c = a.push(0x401000, Some(ContextId::ROOT));

@@ -14,18 +14,12 @@
 
 mod catalog;
 mod context;
-mod plan;
 mod ring;
 
 pub use catalog::{BlockCatalog, CatalogWriter};
 pub use context::{
     is_context, is_id, ContextChange, ContextDecoder, ContextEvent, CONTEXT_EVENT, MAX_EVENT_ID,
     TAG_MASK,
-};
-pub use plan::{
-    is_handover, BorderEvent, EdgeStep, HandOver, HandOverDecoder, HandedActivation, HandedAt,
-    PathPlan, PlanBackEdge, PlanEdge, TaggedEvent, CALL_OUT_WORDS, HANDOVER_EVENT, HAND_IN_WORDS,
-    MAX_NUMBERING, MAX_PLAN_PATHS, MAX_SITES, RETURN_IN_WORDS,
 };
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,
@@ -67,24 +61,6 @@ pub enum IdKind {
     /// "Superblock `superblock` ended after the block at position `after` of its trace": the
     /// blocks at positions `0..=after` ran, the rest did not.
     SideExit { superblock: BlockId, after: u32 },
-    /// The announcing entry of a function translated with its path register kept in code
-    /// (numbering `numbering`; docs/paths-design.md, "Step 3c decided"): its summary is the
-    /// entry block's. The event says a whole activation of the function ran instrumented —
-    /// nothing of it is in the ring; its paths, blocks and edges are in its context's counters
-    /// — unless a hand-over follows at once. A pair `x → this` is the edge `x → entry`; with
-    /// `ret_edge`, a pair `this → y` is the edge from the function's one `ret` block, `ret`,
-    /// to `y`. A function with several `ret`s has no such pair (`ret_edge` false; `ret` is its
-    /// first `ret` block): its edges from each `ret` are derived from its counters.
-    InstrumentedEntry {
-        numbering: u32,
-        ret: BlockId,
-        ret_edge: bool,
-    },
-    /// The (first) `ret` block of an instrumented function (its summary is that block's), as
-    /// the source of the edges an [`InstrumentedEntry`](IdKind::InstrumentedEntry) stands for
-    /// and as what the path recorder returns from: never in a ring, and no block count of
-    /// its own.
-    InstrumentedReturn { numbering: u32 },
 }
 
 /// Metadata of a newly translated id, published in the [`BlockCatalog`] before it first
@@ -111,10 +87,10 @@ pub struct NewBlock {
 pub const MAX_TRACE_BLOCKS: usize = 64;
 
 /// Makes a guest thread come to its dispatcher, from another thread (the monitor's), so that
-/// its translator reads a [`Command`] now rather than at its next ring refill: with `None` at
-/// its next block boundary, with guest addresses (superblock heads) the next time it goes to
-/// one of them. Made by the translator (`Translator::waker`), called by the monitor.
-pub type Waker = std::sync::Arc<dyn Fn(Option<&[u64]>) + Send + Sync>;
+/// its translator reads a [`Command`] now rather than at its next ring refill: the next time
+/// it goes to one of the guest addresses given (superblock heads). Made by the translator
+/// (`Translator::waker`), called by the monitor.
+pub type Waker = std::sync::Arc<dyn Fn(&[u64]) + Send + Sync>;
 
 /// What the monitor asks of the translator (a crossbeam channel; the translator reads it when
 /// it is in the dispatcher, which the monitor makes it come to: see [`Waker`]).
@@ -129,9 +105,4 @@ pub enum Command {
     /// its runs left through a side exit than ran to its end: the new superblock replaces it
     /// as the entry of `blocks[0]`'s guest address (the old one's entry jumps to it).
     ReformSuperblock { blocks: Vec<BlockId> },
-    /// Translate these functions with their path registers kept in code (#21 stage 2): a set
-    /// closed under direct calls (each plan's calls go to functions of the set), installed all
-    /// or none. Ignored when a plan no longer matches the guest code or a thread cannot keep
-    /// it; the functions then stay cold, and their blocks keep writing events.
-    InstrumentFunctions { plans: Vec<Arc<PathPlan>> },
 }

@@ -175,16 +175,6 @@ pub struct RunArgs {
     /// comparisons.
     #[arg(long, hide = true)]
     pub no_guest_contexts: bool,
-    /// Keep the path and PAP run registers of closed regions of functions past N path ends
-    /// (and --pap-threshold) in translated code (#21 stage 2: the same profile; hidden until
-    /// its benchmark rows are in). For development.
-    #[arg(long, hide = true, value_name = "N", requires = "paths")]
-    pub instrument_paths: Option<u64>,
-    /// With --instrument-paths: instrument every function that qualifies, also those whose
-    /// ring events per path end say they run cheaper cold (unrolled loops). For tests: the
-    /// profile is the same either way.
-    #[arg(long, hide = true, requires = "instrument_paths")]
-    pub instrument_every: bool,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
     /// buy; the profile is the same).
     #[arg(long)]

@@ -5,7 +5,7 @@
 //!
 //! Each translated block is named by its guest function and the block's offset in it
 //! (`main+0x1c`, `libc.so.6!memcpy+0x40`, as the reports name blocks); a block of a superblock,
-//! an instrumented block and a calling-context stub say so after the name; the gateway is
+//! a calling-context stub and a jump-table stub say so after the name; the gateway is
 //! `hotpath gateway`. Written whole when the process ends or execs (atomically: a temporary
 //! file renamed), from the translator's record of where it put code; of code put where a
 //! flushed cache had other code, the later is named.
@@ -37,7 +37,6 @@ pub fn write(translator: &Translator) -> std::io::Result<(PathBuf, usize)> {
                 };
                 match kind {
                     CodeKind::Superblock => format!("{base} [superblock]"),
-                    CodeKind::Instrumented => format!("{base} [instrumented]"),
                     CodeKind::ContextStub => format!("{base} [context stub]"),
                     CodeKind::JumpTableStub => format!("{base} [jump table]"),
                     _ => base,

@@ -82,7 +82,6 @@ impl Monitoring {
             ring: translator.ring_consumer(),
             commands,
             wake: Some(translator.waker()),
-            contexts: translator.context_view(),
         }
     }
 
@@ -356,12 +355,6 @@ impl RunCtx {
                     "hotpath: calling contexts: {} made, {} context steps through the runtime, {} resynchronisations",
                     s.contexts, s.context_exits, s.context_resyncs
                 ));
-                if self.args.instrument_paths.is_some() {
-                    crate::say(format_args!(
-                        "hotpath: instrumented paths: {} functions, {} requests dropped, {} hand-overs ({} at edges the numbering lacked), {} hand-ins, {} run steps through the runtime",
-                        s.instrumented, s.instrument_dropped, s.hand_overs, s.hand_overs_new_edge, s.hand_ins, s.run_misses
-                    ));
-                }
             }
         }
         match outcome {
@@ -557,8 +550,6 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         k: args.k,
         per_block: args.paths_per_block,
         guest_contexts: args.guest_contexts(),
-        instrument_threshold: args.instrument_paths.filter(|_| args.guest_contexts()),
-        instrument_every: args.instrument_every,
         symbols: image
             .symbols
             .iter()
@@ -737,12 +728,6 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     }
     if args.no_guest_contexts {
         opt("--no-guest-contexts", None);
-    }
-    if let Some(n) = args.instrument_paths {
-        opt("--instrument-paths", Some(n.to_string().into()));
-    }
-    if args.instrument_every {
-        opt("--instrument-every", None);
     }
     if args.no_superblocks {
         opt("--no-superblocks", None);

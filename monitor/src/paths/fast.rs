@@ -24,10 +24,6 @@ const INTRA_RUN: u32 = 16;
 fn event_at(events: &[u32], i: usize, infos: &[EventInfo]) -> Option<(u32, EventInfo, usize)> {
     let e = *events.get(i)?;
     let info = *infos.get(e as usize)?;
-    if info.len == 0 {
-        // An instrumented function's whole activation: the general path's.
-        return None;
-    }
     if !info.is_superblock {
         return Some((e, info, 1));
     }
@@ -74,7 +70,7 @@ impl PathRecorder {
     #[inline(always)]
     pub(crate) fn run_fast(&mut self, events: &[u32], mut i: usize) -> (usize, Option<(u32, u32)>) {
         if self.stack.last().is_some_and(|a| a.cur == NONE) {
-            // An activation with no path of its own yet (pending, or instrumented).
+            // An activation with no path of its own yet (pending).
             return (i, None);
         }
         loop {

@@ -1,13 +1,12 @@
 //! Functions: their dynamic CFGs (nodes keyed by guest address) and the ELF symbols that name
 //! them.
 
-use hotpath_events::IdKind;
 use hotpath_ir::Terminator;
 use hotpath_pathprof::KSlabForest;
 
 use super::ids::{FxMap, NONE};
 use super::recorder::PathRecorder;
-use super::stack::{K_CALL, K_INDIRECT, K_INSTRUMENTED, K_OTHER, K_RET};
+use super::stack::{K_CALL, K_INDIRECT, K_OTHER, K_RET};
 use crate::Tables;
 
 /// A guest function symbol, as the loader found it (`.symtab`, else `.dynsym`).
@@ -83,40 +82,13 @@ impl PathRecorder {
     pub(crate) fn learn_known(&mut self, tables: &Tables) {
         for i in self.id_addr.len()..tables.blocks.len() {
             if !self.memo.learn(i as u32, &tables.kinds[i]) {
-                // An instrumented function's announcing event stands for its entry, and its
-                // `ret` alias for its `ret` block (the source of the edge after the event).
-                let (addr, kind) = match tables.kinds[i] {
-                    IdKind::InstrumentedEntry { .. } => (tables.blocks[i].start.0, K_INSTRUMENTED),
-                    IdKind::InstrumentedReturn { .. } => (tables.blocks[i].start.0, K_RET),
-                    // A superblock or a side exit: its blocks carry the metadata.
-                    _ => (0, K_OTHER),
-                };
-                let entry = match kind {
-                    K_INSTRUMENTED => self.function_at(addr),
-                    _ => NONE,
-                };
-                if let IdKind::InstrumentedReturn { numbering } = tables.kinds[i] {
-                    self.instrumenter.ret_alias.insert(numbering, i as u32);
-                }
-                if matches!(
-                    tables.kinds[i],
-                    IdKind::Superblock { .. } | IdKind::SideExit { .. }
-                ) {
-                    self.traces_at
-                        .entry(tables.blocks[i].start.0)
-                        .or_default()
-                        .push(i as u32);
-                }
-                self.id_addr.push(addr);
-                self.id_kind.push(kind);
-                // An announcing event's `ret` alias id (the recorder's `prev` after it).
-                self.id_ret.push(match tables.kinds[i] {
-                    IdKind::InstrumentedEntry { ret, .. } => ret.0 as u64,
-                    _ => 0,
-                });
+                // A superblock or a side exit: its blocks carry the metadata.
+                self.id_addr.push(0);
+                self.id_kind.push(K_OTHER);
+                self.id_ret.push(0);
                 self.id_node.push((NONE, NONE));
                 self.id_root.push(NONE);
-                self.id_entry.push(entry);
+                self.id_entry.push(NONE);
                 continue;
             }
             let b = &tables.blocks[i];
@@ -171,7 +143,6 @@ impl PathRecorder {
             // A block already seen is now a function entry: a jump to it is a tail call, no
             // longer a step of the current path, so no memoised transition may be trusted.
             self.memo.invalidate();
-            self.bl.invalidate();
         }
         f
     }

@@ -269,14 +269,6 @@ impl MemoState {
                 is_superblock: false,
                 superblock: superblock.0,
             },
-            // Not followed by the path recorder yet (#21 stage 2, step 3e): no blocks.
-            IdKind::InstrumentedEntry { .. } | IdKind::InstrumentedReturn { .. } => EventInfo {
-                start,
-                len: 0,
-                first: NONE,
-                is_superblock: false,
-                superblock: NONE,
-            },
         };
         self.events.push(info);
         matches!(kind, IdKind::Block)
@@ -306,32 +298,9 @@ impl PathRecorder {
             let exited = self.exits(sb, next);
             i = exited as usize;
             let run = if exited { next } else { sb };
-            let mut pos = 0;
-            if self.bl_active() {
-                match self.bl_take(run, tables) {
-                    Ok(()) => pos = u32::MAX,
-                    Err(at) => {
-                        self.bl_leave();
-                        pos = at;
-                    }
-                }
-            }
-            if pos != u32::MAX {
-                self.run_event(run, self.memo.events[run as usize], pos, tables);
-            }
+            self.run_event(run, self.memo.events[run as usize], 0, tables);
         }
         while i < events.len() {
-            if self.bl.enabled {
-                let (j, rest) = self.run_bl(events, i, tables);
-                i = j;
-                if let Some((run, pos)) = rest {
-                    self.run_event(run, self.memo.events[run as usize], pos, tables);
-                    continue;
-                }
-                if i >= events.len() {
-                    break;
-                }
-            }
             if self.memo.fast_backoff == 0 {
                 let (j, rest) = self.run_fast(events, i);
                 // Where they get nowhere (the general path's business at every event), the
@@ -354,12 +323,6 @@ impl PathRecorder {
                 continue;
             }
             if !is_id(e) || !self.learn_event(e, tables) {
-                continue;
-            }
-            if self.memo.events[e as usize].len == 0 {
-                // An instrumented function's whole activation.
-                self.memo.last = NONE;
-                self.step_instrumented(e);
                 continue;
             }
             let mut run = e;

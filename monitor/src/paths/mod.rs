@@ -64,24 +64,14 @@
 //! | `memo.rs`, `fast.rs` | the per-event recorder: memoised transitions and its fast loops |
 //! | `pap_runs.rs` | the PAP run trie |
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
-//! | `numbering.rs` | a function's numbering for instrumented translation (#21 stage 2) |
-//! | `instrument.rs` | which functions to instrument (regions) and their plans |
-//! | `derive.rs` | what instrumented code counted, added to the profile |
-//! | `handover.rs` | instrumented activations turned cold, taken on by the recorder |
-//! | `border.rs` | calls out of instrumented regions and the returns into them |
 //!
-//! `docs/paths-design.md` is where this is going: the per-call work moves into translated code.
+//! `docs/paths-design.md` is where this is going (#56): one recorder fused with the tables,
+//! fed the same event stream with and without paths.
 
-mod bl;
-mod border;
-mod derive;
 mod fast;
 mod function;
-mod handover;
 mod ids;
-mod instrument;
 mod memo;
-mod numbering;
 mod pap_runs;
 mod recorder;
 pub(crate) mod report;
@@ -89,7 +79,6 @@ mod stack;
 mod trie;
 
 pub use function::FunctionSymbol;
-pub use numbering::{CfgEdge, NumberedEnd, NumberedPath, NumberedStart, Numbering};
 pub use pap_runs::PAP_MAX_PATHS;
 pub use recorder::{PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
 pub use report::{K_PATHS_TOP, PAP_LISTED, PAP_PATHS_TOP};

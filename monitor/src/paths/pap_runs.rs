@@ -21,16 +21,13 @@ use super::stack::Activation;
 
 /// Longest PAP run kept, in Ball-Larus paths: a longer activation (a main loop) stops
 /// recording its PAP run and counts one abandoned run (`path_stats.pap_abandoned` in the
-/// report). The guest's run tries of instrumented activations apply the same cap (it is
-/// theirs).
-pub const PAP_MAX_PATHS: usize = hotpath_contexts::RUN_PATHS_MAX;
+/// report).
+pub const PAP_MAX_PATHS: usize = 1 << 20;
 
 /// PAP run-trie nodes kept (32 bytes each: 128 MiB). Every distinct prefix of a PAP run is one
 /// node, in-flight runs included; a run that needs a new node past it is abandoned and counts
-/// one abandoned run; runs already stored keep counting. A guest thread's run trie has the
-/// same cap, on its own nodes: past it, which runs are abandoned is not the per-block
-/// recorder's choice exactly.
-pub const PAP_STORE_MAX: usize = hotpath_contexts::RUN_NODES_MAX;
+/// one abandoned run; runs already stored keep counting.
+pub const PAP_STORE_MAX: usize = 1 << 22;
 
 /// Slots of the run trie's direct-mapped child cache (12 bytes each: 48 KiB).
 const PAP_CACHE_SLOTS: usize = 1 << 12;
@@ -190,12 +187,6 @@ impl PapRuns {
         }
     }
 
-    /// Counts `count` runs ending at node `t` (runs counted elsewhere: a guest thread's
-    /// instrumented activations).
-    pub(crate) fn add_count(&mut self, t: u32, count: u64) {
-        self.nodes[t as usize].count += count;
-    }
-
     /// Counts activation `a`'s run as it stands, if it records one (its activation ended).
     #[inline]
     pub(crate) fn end(&mut self, a: &Activation) {
@@ -212,9 +203,8 @@ impl PapRuns {
     ///
     /// Equal ones are ordered by a hash of what they are — their function's entry address
     /// (`funcs[f].entry`) and each path's `path_hash(p)`, which must not depend on the order
-    /// paths were met — and only then by the order first seen, so that a run counted in
-    /// instrumented code (added to the trie when the profile is taken) ranks where the
-    /// per-block recorder would rank it.
+    /// paths were met — and only then by the order first seen, so that the order does not
+    /// depend on when each run was first met.
     pub(crate) fn heaviest(
         &self,
         funcs: &[Function],

@@ -7,9 +7,7 @@ use super::function::{Function, FunctionSymbol};
 use super::ids::{FxMap, NONE, SETTLED};
 use super::memo::MemoState;
 use super::pap_runs::PapRuns;
-use super::stack::{
-    Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_INSTRUMENTED, K_RET,
-};
+use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
 use super::trie::{PathRec, TrieNode, START_HEAD};
 use crate::tables::Expander;
 use crate::Tables;
@@ -36,13 +34,6 @@ pub struct PathConfig {
     /// follows them instead of resynchronising by its own rules (see `stack`, "Guest
     /// contexts").
     pub guest_contexts: bool,
-    /// Ask the translator to keep the path and PAP run registers of closed regions of
-    /// functions past this many path ends (and the PAP threshold) in translated code (#21
-    /// stage 2: the same profile, hidden until measured; `--instrument-paths`).
-    pub instrument_threshold: Option<u64>,
-    /// Instrument every function that qualifies, also those whose ring events per path end
-    /// say they run cheaper cold (`--instrument-every`; see `instrument`).
-    pub instrument_every: bool,
 }
 
 impl Default for PathConfig {
@@ -53,8 +44,6 @@ impl Default for PathConfig {
             symbols: Vec::new(),
             per_block: false,
             guest_contexts: false,
-            instrument_threshold: None,
-            instrument_every: false,
         }
     }
 }
@@ -79,14 +68,9 @@ pub struct PathRecorder {
     pub(crate) id_root: Vec<u32>,
     /// Guest address → block ids with that address (to refresh `id_entry`).
     pub(crate) ids_at: FxMap<u64, Vec<u32>>,
-    /// Guest address → superblock and side-exit ids whose first block starts there (a
-    /// function's ring events, for what to instrument).
-    pub(crate) traces_at: FxMap<u64, Vec<u32>>,
     pub(crate) stack: Vec<Activation>,
     /// The path trie.
     pub(crate) trie: Vec<TrieNode>,
-    /// The Ball-Larus loop's state (see `bl`).
-    pub(crate) bl: super::bl::BlState,
     /// Trie roots by `(function, start tag, node)`.
     pub(crate) roots: FxMap<(u32, u32, u32), u32>,
     /// Trie children by `(parent, node)` (behind `TrieNode::last_child`).
@@ -114,33 +98,14 @@ pub struct PathRecorder {
     pub resync_kinds: [u64; Resync::ALL.len()],
     /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
     pub dropped_frames: u64,
-    /// Hand-in events whose activation was not the stack's top (a bug in hotpath; ignored).
-    pub hand_in_mismatches: u64,
     /// Context events split across reads of the ring.
     pub(crate) context_words: ContextDecoder,
-    /// The functions sent to be instrumented.
-    pub(crate) instrumenter: super::instrument::Instrumenter,
-    /// The guest thread's calling contexts (with guest contexts on): its run trie spells a
-    /// hand-over's runs.
-    pub(crate) contexts: Option<hotpath_contexts::ContextView>,
-    /// Call-tree node of the activation at the bottom of the stack when it was last started:
-    /// the one the guest thread's root context stands for.
-    pub(crate) root_call: u32,
-    /// A hand-over's words split across reads of the ring.
-    pub(crate) handover_words: hotpath_events::HandOverDecoder,
 }
 
 impl PathRecorder {
     /// An empty recorder.
     pub fn new(mut config: PathConfig) -> PathRecorder {
         config.symbols.sort_by_key(|s| s.addr);
-        // The Ball-Larus loop (#38) is on where it applies once it is faster than the memo
-        // loops; until then, for its development and its exactness test only.
-        let bl_enabled = config.guest_contexts
-            && config.k == 0
-            && config.instrument_threshold.is_none()
-            && !config.per_block
-            && std::env::var_os("HOTPATH_PATHS_BL").is_some();
         PathRecorder {
             config,
             funcs: Vec::new(),
@@ -152,10 +117,8 @@ impl PathRecorder {
             id_node: Vec::new(),
             id_root: Vec::new(),
             ids_at: FxMap::default(),
-            traces_at: FxMap::default(),
             stack: Vec::new(),
             trie: Vec::new(),
-            bl: super::bl::BlState::new(bl_enabled),
             roots: FxMap::default(),
             children: FxMap::default(),
             ends: FxMap::default(),
@@ -179,12 +142,7 @@ impl PathRecorder {
             resyncs: 0,
             resync_kinds: [0; Resync::ALL.len()],
             dropped_frames: 0,
-            hand_in_mismatches: 0,
             context_words: ContextDecoder::default(),
-            instrumenter: Default::default(),
-            contexts: None,
-            root_call: NONE,
-            handover_words: Default::default(),
         }
     }
 
@@ -250,7 +208,6 @@ impl PathRecorder {
             self.expander.finish(tables, &mut expanded);
             self.record_blocks(&expanded, tables);
         } else {
-            self.bl_leave();
             self.flush_pending(tables);
         }
     }
@@ -260,10 +217,6 @@ impl PathRecorder {
     pub(crate) fn record_blocks(&mut self, blocks: &[u32], tables: &Tables) {
         for &id in blocks {
             if is_id(id) && (id as usize) < self.id_addr.len() {
-                if self.id_kind[id as usize] == K_INSTRUMENTED {
-                    self.step_instrumented(id);
-                    continue;
-                }
                 self.step(id, tables);
             } else if is_context(id) {
                 self.context_word(id);
@@ -337,13 +290,11 @@ impl PathRecorder {
     /// called): every block executed is then on a counted path. Adds the runs of memoised
     /// transitions to their paths' counts.
     pub fn finish(&mut self) {
-        self.bl_leave();
         while !self.stack.is_empty() {
             self.pop_activation();
         }
         self.prev = NONE;
         self.settle_memos();
-        self.settle_bl();
     }
 
     /// Distinct paths recorded so far.

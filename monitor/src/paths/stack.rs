@@ -163,9 +163,6 @@ pub(crate) const K_OTHER: u8 = 0;
 pub(crate) const K_CALL: u8 = 1;
 pub(crate) const K_RET: u8 = 2;
 pub(crate) const K_INDIRECT: u8 = 3;
-/// The announcing event of an instrumented function (`IdKind::InstrumentedEntry`): a whole
-/// activation of it ran in instrumented code, which the ring does not show.
-pub(crate) const K_INSTRUMENTED: u8 = 4;
 
 impl PathRecorder {
     /// [`PathRecorder::call_child`] where it is cached (see [`cached_call_child`]).
@@ -405,46 +402,6 @@ impl PathRecorder {
         self.push_activation(func, return_to, parent, id, tables);
     }
 
-    /// The announcing event `id` of an instrumented function (`K_INSTRUMENTED`): a whole
-    /// activation of the function ran in instrumented code (docs/paths-design.md, "Step 3c
-    /// decided", item 1). It is entered as its entry block would be — by the call of the block
-    /// before, or as the pending activation a context event left — but runs no block the
-    /// recorder sees: its paths are in the guest's counters. The recorder's previous block
-    /// becomes the function's `ret` alias, so that the next block returns from it.
-    pub(crate) fn step_instrumented(&mut self, id: u32) {
-        let ret_alias = self.id_ret[id as usize] as u32;
-        let prev = std::mem::replace(&mut self.prev, ret_alias);
-        let func = match self.id_entry[id as usize] {
-            NONE => self.function_at(self.id_addr[id as usize]),
-            f => f,
-        };
-        let (return_to, parent) = match (prev, self.stack.last_mut()) {
-            (NONE, _) | (_, None) => (0, 0),
-            (SETTLED, Some(top)) if top.cur == NONE => {
-                // A pending activation (a context event made it): this is it.
-                let top = self.stack.pop().expect("the pending activation");
-                (top.return_to, top.call_node)
-            }
-            (_, Some(top)) => {
-                debug_assert!(
-                    prev == SETTLED || self.id_kind[prev as usize] == K_CALL,
-                    "an instrumented function is entered by a call"
-                );
-                top.resume = self.memo.last();
-                let ret = if prev == SETTLED {
-                    0
-                } else {
-                    self.id_ret[prev as usize]
-                };
-                (ret, top.call_node)
-            }
-        };
-        // Held as a pending activation: no path of its own, popped by the next block (or
-        // left below a call out's callee: `border`).
-        self.push_pending(func, return_to, parent);
-        self.stack.last_mut().expect("just pushed").len = super::border::HOLE_ROOT;
-    }
-
     /// A `ret` to block `id`: pop the frame that returns there.
     #[cold]
     pub(crate) fn step_return(&mut self, id: u32, tables: &Tables) {
@@ -638,17 +595,6 @@ impl PathRecorder {
     /// else the path goes on.
     pub(crate) fn continue_top(&mut self, id: u32, tables: &Tables) {
         match self.stack.last() {
-            Some(a) if a.cur == NONE && a.len == super::handover::HEAD_NEXT => {
-                // Its instrumented code ended a path at a back edge to this block: the next
-                // path starts here.
-                let func = a.func;
-                let node = self.node_of(func, id, tables);
-                let root = self.root(func, START_HEAD, node);
-                let top = self.stack.last_mut().expect("an activation");
-                top.cur = root;
-                top.len = 1;
-                top.last_addr = self.id_addr[id as usize];
-            }
             Some(a) if a.cur == NONE => {
                 let a = self.stack.pop().expect("an activation");
                 let func = match (a.func, self.id_entry[id as usize]) {
@@ -673,7 +619,6 @@ impl PathRecorder {
     #[cold]
     pub(crate) fn push_bottom(&mut self, func: u32, id: u32, tables: &Tables) {
         self.push_activation(func, 0, 0, id, tables);
-        self.root_call = self.stack.last().expect("just pushed").call_node;
     }
 
     /// Counts one resynchronisation of the shadow stack.

@@ -196,11 +196,6 @@ impl Translator {
     /// names one. Written after the event of the block whose terminator made the change and
     /// before the next block's, as the monitor reads it.
     pub(super) fn push_context_event(&mut self, change: ContextChange, function: u64) {
-        if !matches!(change, ContextChange::TailCall | ContextChange::SignalEnter) {
-            // An event that gives a depth: the monitor holds a suspended hole as one
-            // activation, so every one is handed over first (rare: resynchronisations).
-            self.hand_over_suspended(1, self.area.contexts.depth());
-        }
         if let (Some(p), Some(c)) = (&self.producer, &self.contexts) {
             let e = ContextEvent {
                 change,
@@ -310,18 +305,11 @@ impl Translator {
         let Some(c) = &mut self.contexts else { return };
         let functions = FunctionMap(self.process.shared.function_symbols());
         let before = c.resyncs;
-        let depth = c.depth();
         if slow {
             c.ret_slow(target, &functions);
         } else {
             c.ret(target, &functions);
         }
-        // A plain return (the top frame's) into a suspended hole goes on at its frame's host,
-        // as the caller sees to; any other pop past a call out's frame hands its hole over.
-        if slow || self.area.contexts.depth() + 1 != depth {
-            self.hand_over_popped(depth);
-        }
-        let Some(c) = &self.contexts else { return };
         let deeper = Resync::DeeperReturn as usize;
         if c.resyncs[deeper] != before[deeper] {
             self.push_context_event(ContextChange::DeeperReturn, 0);
@@ -336,9 +324,7 @@ impl Translator {
         let target = self.area.ibl_target;
         if let Some(c) = &mut self.contexts {
             self.stats.context_exits += 1;
-            let depth = c.depth();
             if c.jump(target) {
-                self.hand_over_popped(depth);
                 self.push_context_event(ContextChange::JumpReturn, 0);
             }
         }

@@ -143,7 +143,6 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
                 // Not a fault: the frame shows the thread's last trap details (`deliver`).
                 trap: TrapDetails::default(),
                 trace_exit: None,
-                path_block: None,
             })
         };
         if switched {
@@ -222,7 +221,6 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
                         rip,
                         trap,
                         trace_exit: l.trace_exit,
-                        path_block: l.path_block,
                     })
                 };
                 gregs[REG_RIP] = view.exit_from_signal as i64;
@@ -415,7 +413,7 @@ fn unlink_listed(shared: &HandlerShared, which: impl Iterator<Item = usize>) {
 
 /// Maps a fault at host `pc` back to the guest: fills the area's GPRs and RFLAGS with the
 /// guest's values at the faulting instruction and returns its guest address with the layout of
-/// its block (which says the superblock side exit or instrumented block it is in), or `None`
+/// its block (which says the superblock side exit it is in), or `None`
 /// when `pc` is not at a guest instruction (a fault in hotpath's own stubs).
 fn capture_fault<'a>(
     layouts: &'a LayoutMap,

@@ -198,9 +198,6 @@ struct SyncFault {
     /// The side-exit event of the superblock block it happened in (see
     /// [`HostLayout::trace_exit`](crate::code_cache::HostLayout::trace_exit)).
     trace_exit: Option<u32>,
-    /// The instrumented block it happened in (see
-    /// [`HostLayout::path_block`](crate::code_cache::HostLayout::path_block)).
-    path_block: Option<(u32, u32)>,
 }
 
 impl SyncFault {
@@ -845,16 +842,6 @@ impl SignalState {
         }
     }
 
-    /// Takes the instrumented block (numbering, index) a fault just happened in, if it did.
-    pub fn path_block(&mut self) -> Option<(u32, u32)> {
-        // SAFETY: on the guest thread outside translated code: the handler does not run.
-        unsafe {
-            (*self.shared.sync.get())
-                .as_mut()
-                .and_then(|f| f.path_block.take())
-        }
-    }
-
     /// True if a signal waits that the guest's current mask lets through (one load, and a
     /// system call only when something is pending).
     pub fn deliverable(&self) -> bool {
@@ -1003,7 +990,6 @@ impl SignalState {
                 rip: fault.rip,
                 trap: fault.trap,
                 trace_exit: None,
-                path_block: None,
             })
         };
     }
