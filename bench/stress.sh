@@ -10,7 +10,8 @@
 #   races:    guest-samples/thread_races.c run directly under hotpath, -r RACE_RUNS times
 #             per round and mode (threads that end while others join them or wait on their
 #             tid, exit_group while threads start and end, forks from threads while others
-#             start and end), each run with a timeout, compared with the native output
+#             start and end, process-directed signals as the thread taking them exits),
+#             each run with a timeout, compared with the native output
 # A test's failure output goes to $out/round-N-GROUP.log; the summary names each failing
 # test with the rounds it failed in. Exit status 1 if anything failed.
 #
@@ -59,7 +60,7 @@ race_src="$root/guest-samples/thread_races.c"
 race_bin="$out/thread_races"
 gcc -O2 -Wall -Wextra -static -pthread -I"$root/guest-samples" -o "$race_bin.static" "$race_src" -lm
 gcc -O2 -Wall -Wextra -pthread -I"$root/guest-samples" -o "$race_bin.dynamic" "$race_src" -lm
-race_cases="join exit fork"
+race_cases="join exit fork signal"
 
 pids=()
 stop_burners() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; }

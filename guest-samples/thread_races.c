@@ -10,11 +10,19 @@
  *           interpreter that ends while its executor's threads go on): every child must end
  *           with status 7;
  *   fork  - 20 rounds: while two threads keep starting and ending threads, a worker forks;
- *           the child starts a thread of its own, joins it and exits 5; the worker reaps it.
+ *           the child starts a thread of its own, joins it and exits 5; the worker reaps it;
+ *   signal - 1000 rounds: a raw clone() thread (glibc's threads block every signal before
+ *           they exit; this one does not) unblocks SIGRTMIN, which main blocks, and main
+ *           queues one to the process just as the thread exits: the kernel gives it to the
+ *           thread, or when that thread is gone to main once main unblocks it. Every one
+ *           must reach the handler (a real-time signal is queued, never merged).
  * The output is a few deterministic lines. */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,6 +189,71 @@ static int fork_case(void)
     return 0;
 }
 
+static volatile int rt_got, rt_ending;
+
+static void on_rt(int sig)
+{
+    (void)sig;
+    __atomic_add_fetch(&rt_got, 1, __ATOMIC_SEQ_CST);
+}
+
+static int rt_exiting_thread(void *arg)
+{
+    (void)arg;
+    sigset_t none;
+    sigemptyset(&none);
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
+    volatile long x = 0;
+    for (int i = 0; i < 2000; i++)
+        x += i;
+    __atomic_store_n(&rt_ending, 1, __ATOMIC_SEQ_CST);
+    /* A few instructions for the signal to land in before the exit. */
+    for (int i = 0; i < 50; i++)
+        x += i;
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static char rt_stack[65536] __attribute__((aligned(16)));
+
+static int signal_case(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_rt;
+    sigaction(SIGRTMIN, &sa, NULL);
+    sigset_t rt;
+    sigemptyset(&rt);
+    sigaddset(&rt, SIGRTMIN);
+    sigprocmask(SIG_BLOCK, &rt, NULL);
+    int sent = 0;
+    static volatile pid_t tid;
+    for (int round = 0; round < 1000; round++) {
+        tid = 1;
+        rt_ending = 0;
+        int flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
+                    CLONE_SYSVSEM | CLONE_CHILD_CLEARTID | CLONE_PARENT_SETTID;
+        if (clone(rt_exiting_thread, rt_stack + sizeof rt_stack, flags, NULL, (pid_t *)&tid, NULL,
+                  (pid_t *)&tid) < 0)
+            return 1;
+        while (!__atomic_load_n(&rt_ending, __ATOMIC_SEQ_CST))
+            ;
+        union sigval v = {0};
+        if (sigqueue(getpid(), SIGRTMIN, v) == 0)
+            sent++;
+        pid_t t;
+        while ((t = tid) != 0)
+            syscall(SYS_futex, &tid, FUTEX_WAIT, t, NULL, NULL, 0);
+    }
+    sigprocmask(SIG_UNBLOCK, &rt, NULL);
+    for (int i = 0; i < 5000 && rt_got < sent; i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    printf("signal: %d of %d queued signals reached the handler\n", rt_got, sent);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *c = argc > 1 ? argv[1] : "join";
@@ -190,6 +263,8 @@ int main(int argc, char **argv)
         return exit_case();
     if (!strcmp(c, "fork"))
         return fork_case();
+    if (!strcmp(c, "signal"))
+        return signal_case();
     fprintf(stderr, "unknown case %s\n", c);
     return 2;
 }

@@ -294,6 +294,9 @@ pub const SAMPLES: &[Sample] = &[
          condition variable: each ends with its status"),
     sample("thread_races_fork", "thread_races.c", &["fork"], Exit(0),
         "20 forks from a worker while two threads keep starting and ending threads"),
+    sample("thread_races_signal", "thread_races.c", &["signal"], Exit(0),
+        "1000 real-time signals queued to the process as the one thread that takes them exits \
+         (a raw clone thread): every one reaches the handler, on that thread or on main"),
     sample("thread_newcode", "thread_cases.c", &["newcode"], Exit(0),
         "code rewritten and remapped between threads: each new thread runs it as it is now"),
     sample("thread_exit", "thread_cases.c", &["exit"], Exit(3),

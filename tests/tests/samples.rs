@@ -82,6 +82,7 @@ sample_tests! {
     thread_races_join,
     thread_races_exit,
     thread_races_fork,
+    thread_races_signal,
     thread_newcode,
     thread_exit,
     thread_fork,

@@ -1476,6 +1476,11 @@ impl Translator {
     /// `set_tid_address` is cleared and woken), its ring closed and its resources kept for
     /// the next thread.
     fn exit_thread(&mut self, code: i32) -> Stop {
+        // The thread takes no more signals (the kernel gives a process's signals to its other
+        // threads from here on, as it does when a thread exits); those it took and has not
+        // delivered go back to the process.
+        crate::linux::signals::block_all();
+        self.process.signals.requeue_to_process(self.ctl.tid);
         self.publish_stats();
         let shared = self.process.shared.clone();
         let last = {
