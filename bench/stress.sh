@@ -6,20 +6,21 @@
 # Each round runs these test groups (cargo test filters, release build):
 #   samples:  every signal_*, sig*, thread_*, fork_*, hole_reuse and superblock_fault sample
 #             (native vs hotpath, monitor off/on, eager superblocks, every linkage)
-#   threads, translation_cache, faults, counts: the whole test files
+#   translation_cache, faults: the whole test files (the cache's concurrent writers, the
+#             fault corpus's traps and signals)
 #   races:    guest-samples/thread_races.c run directly under hotpath, -r RACE_RUNS times
 #             per round and mode (threads that end while others join them or wait on their
 #             tid, exit_group while threads start and end, forks from threads while others
 #             start and end, process-directed signals as the thread taking them exits),
 #             each run with a timeout, compared with the native output
+# Any other test file of tests/tests can be named as a group too (-g "threads counts").
 # A test's failure output goes to $out/round-N-GROUP.log; the summary names each failing
 # test with the rounds it failed in. Exit status 1 if anything failed.
 #
 # Usage: bench/stress.sh [-n ROUNDS] [-r RACE_RUNS] [-g "GROUP ..."] [--no-burners] [-h]
 #   -n ROUNDS      rounds (default 20)
-#   -r RACE_RUNS   runs of each race case per round and mode (default 25)
-#   -g GROUPS      the groups to run (default: samples threads translation_cache faults
-#                  counts races)
+#   -r RACE_RUNS   runs of each race case per round and mode (default 3)
+#   -g GROUPS      the groups to run (default: samples translation_cache faults races)
 #   --no-burners   run without the two CPU burners
 # Environment: CARGO_TARGET_DIR is honoured; STRESS_OUT names the log directory (default a
 #   new one under /tmp).
@@ -27,8 +28,8 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rounds=20
-race_runs=25
-groups="samples threads translation_cache faults counts races"
+race_runs=3
+groups="samples translation_cache faults races"
 burners=2
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
