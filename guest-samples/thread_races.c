@@ -1,15 +1,15 @@
 /* Thread starts and ends racing with what other threads do, many times per run; one case per
  * argument (bench/stress.sh runs each hundreds of times, the tests once per mode):
- *   join  - 40 rounds: 6 workers start and end at once; main joins half of them and a
+ *   join  - 20 rounds: 6 workers start and end at once; main joins half of them and a
  *           joiner thread the other half, while the workers are still ending (a thread that
  *           ends wakes whoever waits on its tid: CLONE_CHILD_CLEARTID's futex); then 6
  *           detached workers whose end main waits for on their tids itself (raw futex wait
  *           on pthread's tid word is not portable: a counter and a futex of its own instead);
- *   exit  - 20 times, a child process whose main thread calls exit(7) while a worker keeps
+ *   exit  - 8 times, a child process whose main thread calls exit(7) while a worker keeps
  *           starting and ending threads and two others wait on a condition variable (the
  *           interpreter that ends while its executor's threads go on): every child must end
  *           with status 7;
- *   fork  - 20 rounds: while two threads keep starting and ending threads, a worker forks;
+ *   fork  - 8 rounds: while two threads keep starting and ending threads, a worker forks;
  *           the child starts a thread of its own, joins it and exits 5; the worker reaps it;
  *   signal - 1000 rounds: a raw clone() thread (glibc's threads block every signal before
  *           they exit; this one does not) unblocks SIGRTMIN, which main blocks, and main
@@ -69,7 +69,7 @@ static void *detached_work(void *arg)
 static int join_case(void)
 {
     long main_sum = 0, joiner_sum = 0;
-    for (int round = 0; round < 40; round++) {
+    for (int round = 0; round < 20; round++) {
         pthread_t t[6];
         for (int i = 0; i < 6; i++)
             pthread_create(&t[i], NULL, work, (void *)(intptr_t)(round * 6 + i));
@@ -96,7 +96,7 @@ static int join_case(void)
         while ((seen = __atomic_load_n(&ended, __ATOMIC_SEQ_CST)) < 6)
             syscall(SYS_futex, &ended, FUTEX_WAIT, seen, NULL, NULL, 0);
     }
-    printf("join: main %ld, joiner %ld, 240 detached ended\n", main_sum, joiner_sum);
+    printf("join: main %ld, joiner %ld, 120 detached ended\n", main_sum, joiner_sum);
     return 0;
 }
 
@@ -128,7 +128,7 @@ static void *wait_forever(void *arg)
 static int exit_case(void)
 {
     int sevens = 0;
-    for (int i = 0; i < 20; i++) {
+    for (int i = 0; i < 8; i++) {
         fflush(stdout);
         pid_t p = fork();
         if (p == 0) {
@@ -148,7 +148,7 @@ static int exit_case(void)
         if (p > 0 && waitpid(p, &status, 0) == p && WIFEXITED(status) && WEXITSTATUS(status) == 7)
             sevens++;
     }
-    printf("exit: %d of 20 children exited with status 7\n", sevens);
+    printf("exit: %d of 8 children exited with status 7\n", sevens);
     return 0;
 }
 
@@ -175,7 +175,7 @@ static int fork_case(void)
     for (int i = 0; i < 2; i++)
         pthread_create(&c[i], NULL, churn, NULL);
     int fives = 0;
-    for (int round = 0; round < 20; round++) {
+    for (int round = 0; round < 8; round++) {
         pthread_t f;
         void *status;
         pthread_create(&f, NULL, fork_worker, NULL);
@@ -185,7 +185,7 @@ static int fork_case(void)
     churning = 0;
     for (int i = 0; i < 2; i++)
         pthread_join(c[i], NULL);
-    printf("fork: %d of 20 children exited with status 5\n", fives);
+    printf("fork: %d of 8 children exited with status 5\n", fives);
     return 0;
 }
 

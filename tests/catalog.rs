@@ -287,13 +287,13 @@ pub const SAMPLES: &[Sample] = &[
         "a worker's getppid while main waits in pthread_join (threads.rs makes hotpath fail \
          there and sees the process end)"),
     sample("thread_races_join", "thread_races.c", &["join"], Exit(0),
-        "40 rounds of workers that end while main and another thread join them, and detached \
+        "20 rounds of workers that end while main and another thread join them, and detached \
          ones that end while main waits for them"),
     sample("thread_races_exit", "thread_races.c", &["exit"], Exit(0),
-        "20 children whose main thread exits while their threads start, end and wait on a \
+        "8 children whose main thread exits while their threads start, end and wait on a \
          condition variable: each ends with its status"),
     sample("thread_races_fork", "thread_races.c", &["fork"], Exit(0),
-        "20 forks from a worker while two threads keep starting and ending threads"),
+        "8 forks from a worker while two threads keep starting and ending threads"),
     sample("thread_races_signal", "thread_races.c", &["signal"], Exit(0),
         "1000 real-time signals queued to the process as the one thread that takes them exits \
          (a raw clone thread): every one reaches the handler, on that thread or on main"),
