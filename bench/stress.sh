@@ -72,8 +72,10 @@ for _ in $(seq 1 "$burners"); do
 done
 echo "stress: $rounds rounds of [$groups], $burners CPU burners, logs in $out"
 
-declare -A failed
+declare -A failed=()
+nfailed=0
 record() { # record TEST ROUND
+    [ -n "${failed["$1"]:-}" ] || nfailed=$((nfailed + 1))
     failed["$1"]="${failed["$1"]:-}${failed["$1"]:+ }$2"
 }
 
@@ -110,7 +112,9 @@ run_group() { # run_group ROUND GROUP
         if [ "$group" = races ]; then
             names="$(sed -n 's/^race \([a-z]*\) (\([^,]*\), \([^)]*\)).*/races::\1.\2 (\3)/p' "$log" | sort -u)"
         else
-            names="$(grep -E '^test .* FAILED$|^    [a-z_0-9]+$' "$log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/; s/^ +//' | sort -u)"
+            # A failing test's section header (`---- NAME stdout ----`), in quiet and verbose
+            # output alike.
+            names="$(sed -n -E 's/^---- (.*) stdout ----$/\1/p' "$log" | sort -u)"
         fi
         [ -n "$names" ] || names="$group (status $rc, see the log)"
         while IFS= read -r n; do
@@ -134,7 +138,7 @@ done
 
 echo
 echo "stress: $rounds rounds in $(( $(date +%s) - start )) s, $burners CPU burners"
-if [ "${#failed[@]}" -eq 0 ]; then
+if [ "$nfailed" -eq 0 ]; then
     echo "stress: 0 failures"
     exit 0
 fi
