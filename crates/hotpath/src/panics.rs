@@ -20,12 +20,7 @@ pub fn install() {
     let standard = panic::take_hook();
     let backtrace = std::env::var("RUST_BACKTRACE").is_ok_and(|v| !v.is_empty() && v != "0");
     panic::set_hook(Box::new(move |info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".into());
+        let message = message(info.payload());
         let line = match info.location() {
             Some(l) => format!(
                 "panicked at {}:{}:{}: {message}",
@@ -52,18 +47,18 @@ pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     let r = panic::catch_unwind(AssertUnwindSafe(f));
     CAUGHT.with(|c| c.set(was));
     r.map_err(|payload| {
-        LAST.with(|l| l.borrow_mut().take()).unwrap_or_else(|| {
-            payload
-                .downcast_ref::<&str>()
-                .map(|s| format!("panicked: {s}"))
-                .or_else(|| {
-                    payload
-                        .downcast_ref::<String>()
-                        .map(|s| format!("panicked: {s}"))
-                })
-                .unwrap_or_else(|| "panicked".into())
-        })
+        LAST.with(|l| l.borrow_mut().take())
+            .unwrap_or_else(|| format!("panicked: {}", message(&*payload)))
     })
+}
+
+/// A panic's message: its `&str` or `String` payload.
+fn message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 #[cfg(test)]
