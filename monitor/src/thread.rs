@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
 use crossbeam::utils::Backoff;
+use hotpath_events::futex::Doorbell;
 use hotpath_events::{BlockCatalog, Command, RingConsumer, MIN_POLL_INTERVAL};
 
 use crate::decisions::Decisions;
@@ -118,6 +119,8 @@ pub struct MonitorHandle {
     handle: JoinHandle<Result<MonitorResult, String>>,
     /// Set to make the monitor finish once every ring it knows is closed and drained.
     stop: Arc<AtomicBool>,
+    /// What the monitor sleeps on when no ring has work; rung to wake it.
+    bell: &'static Doorbell,
     /// The core it was pinned to, if any.
     pub pinned_to: Option<usize>,
 }
@@ -145,8 +148,59 @@ const NAP_FROM_US: u64 = 10;
 /// How far a nap may overrun what it asked for, in µs (the kernel's default timer slack).
 const NAP_SLACK_US: f64 = 50.0;
 
-/// How long the rings must stay without a batch before the monitor starts napping.
+/// How long the rings must stay without a batch before the monitor starts napping, when it
+/// has a CPU to itself: longer than a futex wake-up takes on a VM (tens of µs), so that a
+/// producer with a small ring, handing over a lap every few microseconds, finds the monitor
+/// awake (a 64-entry ring's `busybox sort`: 0.23 s with 200 µs, 1.14 s with 20 µs).
 const IDLE_BEFORE_NAP: Duration = Duration::from_micros(200);
+
+/// The same when the monitor has lately been preempted (the CPUs run more threads than they
+/// have): spinning then takes the time of the very thread it waits for, and only a thread that
+/// sleeps is run at once when woken (the same sort beside two CPU burners: 20 s with 200 µs,
+/// 4.5 s with 20 µs).
+const IDLE_BEFORE_NAP_CONTENDED: Duration = Duration::from_micros(20);
+
+/// How often the monitor asks the kernel whether it was preempted (`ru_nivcsw`).
+const CONTENTION_WINDOW: Duration = Duration::from_millis(2);
+
+/// Whether the monitor thread was preempted in its last [`CONTENTION_WINDOW`]: its CPU is
+/// shared with more runnable threads than there are CPUs.
+struct Contention {
+    checked: Instant,
+    preemptions: i64,
+    contended: bool,
+}
+
+impl Contention {
+    fn new() -> Contention {
+        Contention {
+            checked: Instant::now(),
+            preemptions: involuntary_switches(),
+            contended: false,
+        }
+    }
+
+    /// True if the thread was preempted in the last window (asks the kernel once a window).
+    fn contended(&mut self) -> bool {
+        if self.checked.elapsed() >= CONTENTION_WINDOW {
+            let now = involuntary_switches();
+            self.contended = now > self.preemptions;
+            self.preemptions = now;
+            self.checked = Instant::now();
+        }
+        self.contended
+    }
+}
+
+/// The calling thread's involuntary context switches so far (preemptions).
+fn involuntary_switches() -> i64 {
+    // SAFETY: getrusage writes one `rusage` to the pointer given.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage.ru_nivcsw as i64
+    }
+}
 
 /// Events the tables and then the path recorder take at a time, 16 KiB of them.
 const PATHS_PIECE: usize = 4096;
@@ -172,6 +226,8 @@ pub fn spawn(
 ) -> std::io::Result<MonitorHandle> {
     let pinned_to = core.map(|c| c.id);
     let stop = Arc::new(AtomicBool::new(false));
+    let bell = Doorbell::leak();
+    first.ring.set_bell(bell);
     let stop_seen = stop.clone();
     // Signals are the guest threads' business: a process-directed signal must reach one (to
     // interrupt its system call), never this thread. The new thread inherits the mask it is
@@ -214,6 +270,7 @@ pub fn spawn(
                 ended: Ended::default(),
                 catalog,
                 template,
+                bell,
             };
             monitor.add(first, state);
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -264,6 +321,7 @@ pub fn spawn(
     Ok(MonitorHandle {
         handle: handle?,
         stop,
+        bell,
         pinned_to,
     })
 }
@@ -332,10 +390,14 @@ struct Monitor {
     catalog: Arc<BlockCatalog>,
     /// A new thread's initial state.
     template: MonitorState,
+    /// What the thread sleeps on when no ring has work (each ring's producer rings it when
+    /// its lap is full).
+    bell: &'static Doorbell,
 }
 
 impl Monitor {
     fn add(&mut self, s: Stream, mut state: MonitorState) {
+        s.ring.set_bell(self.bell);
         state.started = self.live.len() + self.done.len() + self.ended.threads.len();
         self.live.push(Live {
             tid: s.tid,
@@ -364,6 +426,7 @@ impl Monitor {
         // When the last drain was, and how fast the events came up to it (events per µs).
         let mut last_drain = Instant::now();
         let mut rate = f64::INFINITY;
+        let mut contention = Contention::new();
         loop {
             let stopping = stop.load(Ordering::Acquire);
             while let Ok(s) = streams.try_recv() {
@@ -407,12 +470,17 @@ impl Monitor {
                 last_drain = now;
             } else if stopping && self.live.is_empty() {
                 break;
-            } else if idle_since.get_or_insert(started).elapsed() > IDLE_BEFORE_NAP {
-                // `finish` unparks the thread: it does not wait out the nap.
-                std::thread::park_timeout(Duration::from_micros(nap));
+            } else if idle_since.get_or_insert(started).elapsed()
+                > if contention.contended() {
+                    IDLE_BEFORE_NAP_CONTENDED
+                } else {
+                    IDLE_BEFORE_NAP
+                }
+            {
+                self.nap(Duration::from_micros(nap), streams, stop);
                 nap = (nap * 2).min(MAX_IDLE_NAP_US);
             } else if let Some(wait) = self.batch_wait(rate, last_drain) {
-                std::thread::park_timeout(wait);
+                self.nap(wait, streams, stop);
             } else {
                 // Less than a batch: look again after MIN_POLL_INTERVAL, not sooner (each look
                 // costs the guest a cache-line transfer).
@@ -424,6 +492,21 @@ impl Monitor {
         }
         if let Some((tables0, paths0)) = initial {
             replay(&kept, &self.catalog, tables0, paths0, replays);
+        }
+    }
+
+    /// Sleeps for at most `timeout` on the doorbell, which a producer rings when its lap is
+    /// full (it waits for this thread), the session when it hands over a new thread's ring,
+    /// and `finish`; not at all if one of those already happened.
+    fn nap(&self, timeout: Duration, streams: &Receiver<Stream>, stop: &AtomicBool) {
+        self.bell.prepare();
+        if stop.load(Ordering::Acquire)
+            || !streams.is_empty()
+            || self.live.iter().any(|l| l.ring.urgent())
+        {
+            self.bell.awake();
+        } else {
+            self.bell.sleep(timeout);
         }
     }
 
@@ -601,6 +684,15 @@ fn discard_until_closed(
 }
 
 impl MonitorHandle {
+    /// Hands the monitor a new guest thread's ring through `streams` (the receiver given to
+    /// [`spawn`]) and wakes it if it sleeps. False if the monitor has gone.
+    pub fn add_stream(&self, streams: &Sender<Stream>, s: Stream) -> bool {
+        s.ring.set_bell(self.bell);
+        let sent = streams.send(s).is_ok();
+        self.bell.ring();
+        sent
+    }
+
     /// Tells the monitor to finish once every ring is closed (the caller has closed them or
     /// stopped their threads), waits for it, and returns what it kept.
     ///
@@ -609,7 +701,7 @@ impl MonitorHandle {
     /// unaffected but its profile is lost.
     pub fn finish(self) -> Result<MonitorResult, String> {
         self.stop.store(true, Ordering::Release);
-        self.handle.thread().unpark();
+        self.bell.ring();
         match self.handle.join() {
             Ok(result) => result,
             Err(_) => Err("the monitor thread ended abnormally".into()),

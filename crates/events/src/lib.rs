@@ -14,6 +14,7 @@
 
 mod catalog;
 mod context;
+pub mod futex;
 mod ring;
 
 pub use catalog::{BlockCatalog, CatalogWriter};

@@ -37,16 +37,25 @@
 //!   producer is still filling. Each line of entries it has read it flushes from the caches
 //!   (`clflush`), so that the producer's next lap does not find it shared with another core.
 //!
-//! Nothing is ever dropped: a producer with no room waits (spin with crossbeam's `Backoff`,
-//! then sleep in short naps) until the consumer frees room; the wait is counted.
+//! Nothing is ever dropped: a producer with no room waits until the consumer frees room; the
+//! wait is counted. It rings the consumer's [`Doorbell`] (a monitor with nothing to do sleeps
+//! on it), spins for up to 20 µs, then blocks on its `parked` futex, which
+//! the consumer wakes after each drain that finds it set. Neither side then waits for the
+//! other's next scheduler slice when the CPUs are shared with other work (see [`futex`](crate::futex)).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam::utils::Backoff;
+use crate::futex::{self, Doorbell};
 
-/// How long a producer waiting for room spins before it sleeps.
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
+/// How long a producer waiting for room spins before it blocks: a consumer on another core
+/// frees room sooner than a futex wake-up takes (tens of microseconds on a VM).
+const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
+
+/// Longest a parked producer blocks before it looks at the ring again by itself: a bound for
+/// the wakes nobody sends (a ring marked unconsumed, a consumer that ended), not the usual way
+/// out (the consumer wakes it).
+const PARKED_RECHECK: Duration = Duration::from_millis(1);
 
 /// Events per 64-byte cache line.
 const LINE_ENTRIES: u64 = 16;
@@ -73,6 +82,9 @@ pub struct ProducerSide {
     pub waits: AtomicU64,
     /// Total time spent waiting for room, in nanoseconds.
     pub wait_ns: AtomicU64,
+    /// 1 while the producer is blocked (or about to block) on this futex word waiting for
+    /// room; the consumer wakes it after a drain that sees it set. Written by the producer only.
+    pub parked: AtomicU32,
 }
 
 /// The consumer's cache line: written by the monitor thread only.
@@ -83,6 +95,9 @@ pub struct ConsumerSide {
     /// Set to 1 (Release) when the consumer is done with a closed ring for good: the memory
     /// may then serve another producer.
     pub released: AtomicU64,
+    /// Address of the consumer's [`Doorbell`] (0: none yet), which the producer rings when its
+    /// lap is full. Set by the consumer when it adopts the ring.
+    pub bell: AtomicU64,
 }
 
 /// Control block of one ring. Shared by one producer thread and one consumer thread.
@@ -122,10 +137,12 @@ impl RingControl {
                 laps: AtomicU64::new(0),
                 waits: AtomicU64::new(0),
                 wait_ns: AtomicU64::new(0),
+                parked: AtomicU32::new(0),
             },
             consumer: ConsumerSide {
                 tail: AtomicU64::new(0),
                 released: AtomicU64::new(0),
+                bell: AtomicU64::new(0),
             },
             capacity,
             closed: AtomicU64::new(0),
@@ -137,6 +154,7 @@ impl RingControl {
     /// the process once the producer's thread is stopped for good).
     pub fn close(&self) {
         self.closed.store(1, Ordering::Release);
+        self.ring_bell();
     }
 
     /// How long and how often the producer waited for room so far.
@@ -155,7 +173,18 @@ impl RingControl {
         self.producer.laps.store(0, Ordering::Relaxed);
         self.consumer.tail.store(0, Ordering::Relaxed);
         self.consumer.released.store(0, Ordering::Relaxed);
+        self.consumer.bell.store(0, Ordering::Relaxed);
         self.closed.store(0, Ordering::Release);
+    }
+
+    /// Rings the consumer's doorbell, if it has one: the consumer should look at this ring.
+    pub fn ring_bell(&self) {
+        let bell = self.consumer.bell.load(Ordering::Acquire);
+        if bell != 0 {
+            // SAFETY: `bell` was stored from a `&'static Doorbell` (`RingConsumer::set_bell`);
+            // doorbells are leaked, never freed.
+            unsafe { &*(bell as *const Doorbell) }.ring();
+        }
     }
 
     /// True once the consumer of this closed ring let it go (see `ConsumerSide::released`).
@@ -244,20 +273,27 @@ impl RingProducer {
         };
         if !consumed() {
             let started = Instant::now();
-            let backoff = Backoff::new();
+            // The full lap (cursor 0, stored by the last enqueue) is what a sleeping consumer
+            // must learn: wake it rather than wait for its nap to end.
+            ctrl.ring_bell();
             while !consumed() {
-                // The consumer runs on another core and frees room within microseconds; a
-                // sleep would oversleep by tens of them, so spin first and sleep only when the
-                // consumer seems stalled. Past the first spins, yield: on a machine with more
-                // runnable threads than cores (many hotpath runs at once) the consumer may be
-                // waiting for this very core, and spinning would keep it off for a whole slice.
-                if !backoff.is_completed() {
-                    backoff.snooze();
-                } else if started.elapsed() < SPIN_BEFORE_SLEEP {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(50));
+                // The consumer runs on another core and frees room within microseconds, so
+                // spin first; past that, block until it wakes us. On a machine with more
+                // runnable threads than cores the consumer may be waiting for this very core:
+                // a woken thread runs at once (wake-up preemption), where a spinning one takes
+                // the consumer's time and a yielding one waits for the end of another
+                // thread's slice.
+                if started.elapsed() < SPIN_BEFORE_PARK {
+                    std::hint::spin_loop();
+                    continue;
                 }
+                // Dekker with the consumer's `wake_parked`: the flag before the re-check.
+                ctrl.producer.parked.store(1, Ordering::SeqCst);
+                if !consumed() {
+                    ctrl.ring_bell();
+                    futex::wait(&ctrl.producer.parked, 1, PARKED_RECHECK);
+                }
+                ctrl.producer.parked.store(0, Ordering::Relaxed);
             }
             ctrl.producer.waits.fetch_add(1, Ordering::Relaxed);
             ctrl.producer
@@ -387,7 +423,31 @@ impl RingConsumer {
             tail += len;
         }
         ctrl.consumer.tail.store(tail, Ordering::Release);
+        self.wake_parked();
         tail - start
+    }
+
+    /// Wakes the producer if it blocked waiting for room (after a store of `tail`).
+    fn wake_parked(&self) {
+        let ctrl = self.ctrl();
+        // Dekker with `RingProducer::refill`: the tail before the flag.
+        fence(Ordering::SeqCst);
+        if ctrl.producer.parked.load(Ordering::Relaxed) != 0 {
+            futex::wake(&ctrl.producer.parked, 1);
+        }
+    }
+
+    /// Makes the producer ring `bell` when its lap is full (the consumer sleeps on it).
+    pub fn set_bell(&self, bell: &'static Doorbell) {
+        self.ctrl().consumer.bell.store(bell.addr(), Ordering::Release);
+    }
+
+    /// True when the producer waits for this consumer (its lap is full and unread) or has
+    /// closed the ring: drain it now.
+    pub fn urgent(&self) -> bool {
+        let ctrl = self.ctrl();
+        let (head, lap_full) = ctrl.head();
+        (lap_full && head > ctrl.consumer.tail.load(Ordering::Relaxed)) || self.is_closed()
     }
 
     /// Events the producer can still write before it must wait for this consumer: the rest of
@@ -479,5 +539,54 @@ mod tests {
         let n = 65_536u32;
         let seen = run_ring(16, n, 3, Duration::from_micros(5));
         assert_eq!(seen, (0..n).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_full_lap_wakes_a_sleeping_consumer() {
+        // A consumer that only sleeps on its doorbell (with a timeout far longer than a lap
+        // takes): every wake-up must come from the producer's full lap or its close, never
+        // from the timeout, and nothing may be lost.
+        const TIMEOUT: Duration = Duration::from_secs(2);
+        let cap = 4u64;
+        let ctrl = Box::leak(Box::new(RingControl::new(cap)));
+        let entries: &'static mut [u32] = Box::leak(vec![0u32; cap as usize].into_boxed_slice());
+        let entries_ptr = entries.as_mut_ptr();
+        // SAFETY: both are leaked, so they outlive the handles; one consumer.
+        let mut cons = unsafe { RingConsumer::new(ctrl, entries_ptr) };
+        let bell = Doorbell::leak();
+        cons.set_bell(bell);
+        let entries_addr = entries_ptr as usize;
+        let ctrl_addr = ctrl as *const RingControl as usize;
+        let consumer = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut longest = Duration::ZERO;
+            loop {
+                let closed = cons.is_closed();
+                cons.drain(true, |ids| seen.extend_from_slice(ids));
+                if closed {
+                    return (seen, longest);
+                }
+                bell.prepare();
+                if cons.urgent() {
+                    bell.awake();
+                } else {
+                    let slept = Instant::now();
+                    bell.sleep(TIMEOUT);
+                    longest = longest.max(slept.elapsed());
+                }
+            }
+        });
+        // SAFETY: leaked control block; this thread is the only producer.
+        let prod = unsafe {
+            RingProducer::new(ctrl_addr as *const RingControl, entries_addr as *mut u32)
+        };
+        let n = 64u32;
+        for id in 0..n {
+            prod.push(id);
+        }
+        prod.close();
+        let (seen, longest) = consumer.join().unwrap();
+        assert_eq!(seen, (0..n).collect::<Vec<_>>());
+        assert!(longest < TIMEOUT, "a sleep ran to its timeout: {longest:?}");
     }
 }

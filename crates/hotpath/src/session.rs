@@ -153,10 +153,10 @@ impl Monitoring {
 
     /// Hands a new guest thread's ring to the monitor (to nobody when there is none).
     fn add_thread(&self, translator: &mut Translator) {
-        if self.handle.is_some() {
+        if let Some(handle) = &self.handle {
             let s = self.stream(translator);
             if let Some(tx) = &self.streams {
-                let _ = tx.send(s);
+                handle.add_stream(tx, s);
             }
         } else {
             self.abandon_ring(translator);
