@@ -439,7 +439,10 @@ impl RingConsumer {
 
     /// Makes the producer ring `bell` when its lap is full (the consumer sleeps on it).
     pub fn set_bell(&self, bell: &'static Doorbell) {
-        self.ctrl().consumer.bell.store(bell.addr(), Ordering::Release);
+        self.ctrl()
+            .consumer
+            .bell
+            .store(bell.addr(), Ordering::Release);
     }
 
     /// True when the producer waits for this consumer (its lap is full and unread) or has
@@ -577,9 +580,8 @@ mod tests {
             }
         });
         // SAFETY: leaked control block; this thread is the only producer.
-        let prod = unsafe {
-            RingProducer::new(ctrl_addr as *const RingControl, entries_addr as *mut u32)
-        };
+        let prod =
+            unsafe { RingProducer::new(ctrl_addr as *const RingControl, entries_addr as *mut u32) };
         let n = 64u32;
         for id in 0..n {
             prod.push(id);
