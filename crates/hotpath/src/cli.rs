@@ -231,7 +231,7 @@ impl RunArgs {
     /// Whether translated code keeps each thread's calling contexts (and the path profile
     /// follows them): with paths unless `--no-guest-contexts`, or with `--guest-contexts`.
     pub fn guest_contexts(&self) -> bool {
-        self.guest_contexts || (self.records_paths() && !self.no_guest_contexts)
+        self.guest_contexts
     }
 
     /// Whether the shadow stack and path profiles are recorded: `--paths`, or an output that

@@ -42,6 +42,10 @@ pub(crate) struct Function {
     pub(crate) paths: Vec<u32>,
     /// Activations started.
     pub activations: u64,
+    /// A call has entered it: from then on a jump to its entry from another function is a tail
+    /// call. An entry no call reaches (an ELF symbol that code only jumps or falls into, as
+    /// glibc's routines jump between each other's symbols) starts no activation when jumped to.
+    pub called: bool,
     /// The k-slab forest of its Ball-Larus path stream (labels: path numbers).
     pub kslab: Option<KSlabForest>,
     /// Root of its PAP runs in the run trie, or [`NONE`] before its first one.
@@ -60,6 +64,7 @@ impl Function {
             static_succs: Vec::new(),
             path_ends: 0,
             activations: 0,
+            called: false,
             kslab: None,
             pap_root: NONE,
             paths: Vec::new(),
@@ -109,16 +114,8 @@ impl PathRecorder {
             self.id_node.push((NONE, NONE));
             self.id_root.push(NONE);
             let entry = match self.func_by_entry.get(&addr) {
-                Some(&f) => f,
-                None if self
-                    .config
-                    .symbols
-                    .binary_search_by_key(&addr, |s| s.addr)
-                    .is_ok() =>
-                {
-                    self.function_at(addr)
-                }
-                None => NONE,
+                Some(&f) if self.funcs[f as usize].called => f,
+                _ => NONE,
             };
             self.id_entry.push(entry);
             self.ids_at.entry(addr).or_default().push(i as u32);
@@ -136,13 +133,25 @@ impl PathRecorder {
             .filter(|&i| self.config.symbols[i].addr == addr);
         self.funcs.push(Function::new(addr, symbol));
         self.func_by_entry.insert(addr, f);
-        if let Some(ids) = self.ids_at.get(&addr) {
-            for &i in ids {
-                self.id_entry[i as usize] = f;
+        f
+    }
+
+    /// The function a call enters at `addr`, created if new. Its entry becomes one that jumps
+    /// reach as tail calls (the rule the guest's own contexts kept: an entry is an address a
+    /// call has reached).
+    pub(crate) fn called_function_at(&mut self, addr: u64) -> u32 {
+        let f = self.function_at(addr);
+        if !self.funcs[f as usize].called {
+            self.funcs[f as usize].called = true;
+            if let Some(ids) = self.ids_at.get(&addr) {
+                for &i in ids {
+                    self.id_entry[i as usize] = f;
+                }
+                // A block already seen is now a function entry: a jump to it is a tail call,
+                // no longer a step of the current path, so no memoised transition may be
+                // trusted.
+                self.memo.invalidate();
             }
-            // A block already seen is now a function entry: a jump to it is a tail call, no
-            // longer a step of the current path, so no memoised transition may be trusted.
-            self.memo.invalidate();
         }
         f
     }
@@ -189,8 +198,14 @@ impl PathRecorder {
                 n
             }
         };
+        let entry = fun.entry;
         if fun.static_succs[n as usize].is_empty() {
-            let succs = match tables.blocks[id as usize].terminator {
+            let called = |a: &u64| {
+                self.func_by_entry
+                    .get(a)
+                    .is_some_and(|&g| self.funcs[g as usize].called)
+            };
+            let succs: Vec<u64> = match tables.blocks[id as usize].terminator {
                 Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => {
                     vec![return_to.0]
                 }
@@ -198,12 +213,12 @@ impl PathRecorder {
                     .static_successors()
                     .into_iter()
                     .map(|a| a.0)
-                    .filter(|a| !self.func_by_entry.contains_key(a) || *a == fun.entry)
+                    .filter(|a| !called(a) || *a == entry)
                     .collect(),
             };
-            fun.static_succs[n as usize] = succs;
+            self.funcs[func as usize].static_succs[n as usize] = succs;
         }
-        fun.node_instr[n as usize] = tables.blocks[id as usize].instructions;
+        self.funcs[func as usize].node_instr[n as usize] = tables.blocks[id as usize].instructions;
         self.id_node[id as usize] = (func, n);
         self.id_root[id as usize] = NONE;
         n

@@ -258,7 +258,7 @@ impl PathRecorder {
         match self.id_kind[prev as usize] {
             K_CALL => {
                 let f = match self.id_entry[id as usize] {
-                    NONE => self.function_at(self.id_addr[id as usize]),
+                    NONE => self.called_function_at(self.id_addr[id as usize]),
                     f => f,
                 };
                 let caller = self.stack.last_mut().expect("an activation");
