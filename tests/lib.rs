@@ -80,10 +80,11 @@ pub enum MonitorMode {
     /// loop head as soon as its back edge is taken once, so the samples' short loops run in
     /// superblocks too (with their side exits, faults and signals).
     EagerSuperblocks,
-    /// `--guest-contexts --superblock-threshold 1`: eager superblocks, and every translated
-    /// call and return keeps the thread's calling contexts (#21 stage 1). Samples only
-    /// ([`check_sample`]), not in [`MonitorMode::ALL`].
-    GuestContexts,
+    /// `--paths --superblock-threshold 1`: eager superblocks, and the monitor records path
+    /// profiles (translated code is the same as without paths; the monitor's work per event
+    /// and the guest's waits on it are not). Samples only ([`check_sample`]), not in
+    /// [`MonitorMode::ALL`].
+    Paths,
 }
 
 impl MonitorMode {
@@ -98,7 +99,7 @@ impl MonitorMode {
             MonitorMode::Off => "--no-monitor",
             MonitorMode::On => "monitor on",
             MonitorMode::EagerSuperblocks => "--superblock-threshold 1",
-            MonitorMode::GuestContexts => "--guest-contexts --superblock-threshold 1",
+            MonitorMode::Paths => "--paths --superblock-threshold 1",
         }
     }
 }
@@ -220,8 +221,8 @@ pub fn hotpath_command(hotpath: &Path, mode: MonitorMode, exe: &Path, args: &[&s
         MonitorMode::EagerSuperblocks => {
             cmd.args(["--superblock-threshold", "1"]);
         }
-        MonitorMode::GuestContexts => {
-            cmd.args(["--guest-contexts", "--superblock-threshold", "1"]);
+        MonitorMode::Paths => {
+            cmd.args(["--paths", "--superblock-threshold", "1"]);
         }
     }
     cmd.arg("--").arg(exe).args(args);
@@ -330,10 +331,7 @@ pub fn check_sample(name: &str) {
                 continue;
             }
         };
-        for mode in MonitorMode::ALL
-            .into_iter()
-            .chain([MonitorMode::GuestContexts])
-        {
+        for mode in MonitorMode::ALL.into_iter().chain([MonitorMode::Paths]) {
             let mut cmd = hotpath_command(hotpath, mode, &exe, sample.args);
             let label = format!("{linkage}, {}", mode.label());
             match runner::run(&mut cmd, hang_timeout(native.elapsed)) {

@@ -91,10 +91,6 @@ pub struct Decisions {
     reformed: rustc_hash::FxHashMap<u32, u32>,
     /// Heads whose superblock was extended past its end, with how many times.
     extended: rustc_hash::FxHashMap<u32, u32>,
-    /// The translator keeps calling contexts (`--paths`): a trace ends with the superblock it
-    /// runs into, and no superblock is extended. The translator cuts traces there at indirect
-    /// branches and at function entries not called inline, so extending would gain little.
-    pub contexts_kept: bool,
     /// Superblocks (ids) re-formed: replaced, so their counts no longer grow.
     replaced: FxHashSet<u32>,
     /// The event count at which the superblocks' side exits are looked at next.
@@ -127,7 +123,7 @@ impl Decisions {
             }
         }
         for (head, tries) in heads {
-            match trace_from(tables, head, self.contexts_kept) {
+            match trace_from(tables, head) {
                 Some(blocks) => {
                     self.requests += 1;
                     out.push(Command::FormSuperblock { blocks });
@@ -174,9 +170,7 @@ impl Decisions {
             }
             let head = blocks[0].0;
             if !x.mostly_early() {
-                if !self.contexts_kept {
-                    self.extend(tables, id, blocks, out);
-                }
+                self.extend(tables, id, blocks, out);
                 continue;
             }
             if self.reformed.get(&head).is_some_and(|&t| t >= MAX_REFORMS) {
@@ -188,7 +182,7 @@ impl Decisions {
             // mostly go; else the trace ends at that block (a branch or a return whose targets
             // are as frequent: no trace crosses it, as `trace_from` would decide).
             let trace = if x.follow_exit(tables) {
-                extend_trace(tables, prefix, Some(exit), self.contexts_kept)
+                extend_trace(tables, prefix, Some(exit))
             } else if prefix.len() >= 2 {
                 Some(prefix.into_iter().map(BlockId).collect())
             } else {
@@ -238,7 +232,7 @@ impl Decisions {
             return;
         }
         let prefix: Vec<u32> = blocks.iter().map(|b| b.0).collect();
-        let Some(trace) = extend_trace(tables, prefix, Some(id), false) else {
+        let Some(trace) = extend_trace(tables, prefix, Some(id)) else {
             return;
         };
         if self.replace(id, blocks, trace, out) {
@@ -343,21 +337,19 @@ fn hottest_successor(tables: &Tables, id: u32) -> Option<(u32, f64)> {
 
 /// The trace from `head` along the most frequent static successors, unrolled when it closes
 /// a loop; `None` when it would be a single block that is not a loop (nothing to gain).
-fn trace_from(tables: &Tables, head: u32, contexts_kept: bool) -> Option<Vec<BlockId>> {
-    extend_trace(tables, vec![head], None, contexts_kept)
+fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
+    extend_trace(tables, vec![head], None)
 }
 
 /// [`trace_from`] the trace's first blocks `trace` (basic block ids, not empty), going on
 /// from its last one along the most frequent static successors; the first step along those
 /// of event `via` instead, when given (a superblock's side exit after that block: where the
 /// runs that left the superblock there went; or a superblock: where its runs went after its
-/// end). With `contexts_kept` it ends with a superblock it runs into whole (see
-/// `Decisions::contexts_kept`).
+/// end).
 fn extend_trace(
     tables: &Tables,
     mut trace: Vec<u32>,
     mut via: Option<u32>,
-    contexts_kept: bool,
 ) -> Option<Vec<BlockId>> {
     let head = trace[0];
     let mut instructions: u32 = trace
@@ -435,7 +427,7 @@ fn extend_trace(
             }
             trace.push(first);
             trace.extend(rest.iter().take(room - 1).map(|b| b.0));
-            if rest.len() >= room || contexts_kept {
+            if rest.len() >= room {
                 break;
             }
             // Whole: on along where that superblock's own runs went after its end (its

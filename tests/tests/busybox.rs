@@ -233,10 +233,21 @@ fn failing_applets_keep_their_status_and_message() {
 /// natively this takes microseconds; the margin is for a loaded machine.
 const SIGINT_DEADLINE: Duration = Duration::from_secs(1);
 
-/// Spawns `cmd` (default signal dispositions: cargo's test harness leaves SIGINT at SIG_DFL and
-/// Command resets the mask), waits `settle`, sends SIGINT, and returns how the process ended
-/// and how long after the signal.
+/// Spawns `cmd` with SIGINT at its default action, as a terminal's foreground job has it
+/// (Command resets the mask, not dispositions: a test run started in the background by a
+/// non-interactive shell inherits SIGINT ignored, and natively `sleep` then ignores Ctrl-C),
+/// waits `settle`, sends SIGINT, and returns how the process ended and how long after the
+/// signal.
 fn interrupt(mut cmd: Command, settle: Duration) -> (Termination, Duration) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal(2) is async-signal-safe; the closure runs in the child between fork and
+    // exec and touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

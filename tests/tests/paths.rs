@@ -301,9 +301,10 @@ fn recursion_paths_are_exact() {
 /// the sample's blocks start at) calls f_one 300 times, f_two 200 and f_three 100, in an
 /// interleaved order; each callee runs two blocks (its body up to `call leaf`, then the `ret`)
 /// and calls `leaf` (one block). So the call tree below the outermost activation (`call_head`,
-/// or with the guest's contexts, where a jump is no call, the entry's) is known exactly from the
+/// where the stack starts) is known exactly from the
 /// source, `leaf` in three contexts: a stack whose blocks went to the wrong node (a sibling, or
-/// the same function under another caller) would change these counts.
+/// the same function under another caller) would change these counts. (`call_head` and the
+/// sample's other labels are function symbols that only jumps reach: no tail calls.)
 #[test]
 fn call_stacks_follow_the_source() {
     for linkage in Linkage::ALL {
@@ -312,7 +313,10 @@ fn call_stacks_follow_the_source() {
             ("default", &[][..]),
             ("eager", &["--superblock-threshold", "1"][..]),
             ("per-block", &["--paths-per-block"][..]),
-            ("own-rules", &["--no-guest-contexts"][..]),
+            (
+                "tiny-ring",
+                &["--superblock-threshold", "1", "--ring-entries", "64"][..],
+            ),
         ] {
             let what = format!("count_calls ({linkage}, {tag})");
             let json = run_report(&exe, &format!("stacks-{linkage}-{tag}"), &[], extra);
@@ -322,9 +326,8 @@ fn call_stacks_follow_the_source() {
                 .unwrap()
                 .iter()
                 .filter_map(|s| {
-                    // Below the outermost activation: `call_head` where a jump to a symbol
-                    // starts a function (`--no-guest-contexts`), else the entry's, which
-                    // jumps there.
+                    // Below the outermost activation (the entry's, which jumps to
+                    // `call_head`).
                     let stack = s["stack"].as_str().unwrap();
                     let (_, below) = stack.split_once(';')?;
                     Some((below, s["blocks"].as_u64().unwrap()))
@@ -408,8 +411,7 @@ fn every_sample_has_consistent_paths() {
         .filter(|s| !s.source.starts_with("bench_"))
     {
         let exe = guest_build::build(s.source, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-        // The guest's contexts followed (the default) and the shadow stack's own rules (#21).
-        for (tag, extra) in [("", &[][..]), ("-own-rules", &["--no-guest-contexts"][..])] {
+        for (tag, extra) in [("", &[][..])] {
             let json = run_report(&exe, &format!("sample-{}{tag}", s.name), s.args, extra);
             if json["threads"].as_array().is_some_and(|t| t.len() > 1) {
                 // Paths are per thread and the report shows the busiest thread's, while the
@@ -605,15 +607,14 @@ fn memoised_paths_match_the_per_block_reference() {
         ],
         &["--superblock-threshold", "1", "--pap-threshold", "0"],
         &["--superblock-threshold", "1"],
-        // The shadow stack's own rules instead of the guest's contexts (#21 stage 1c). (With
-        // the guest's, the default, two runs of one program must also give the guest the same
-        // contexts whenever superblocks come: the configurations above check that too.)
+        // A small ring: superblocks come at other moments, the profile must not change.
         &[
             "--superblock-threshold",
             "1",
             "--pap-threshold",
             "0",
-            "--no-guest-contexts",
+            "--ring-entries",
+            "4096",
         ],
     ];
     let mut with_superblocks = 0;

@@ -12,9 +12,6 @@ pub struct Config {
     pub superblocks: bool,
     /// The guest was given the vDSO ([`crate::guest_vdso`]; `--no-vdso` turns it off).
     pub vdso: bool,
-    /// Keep each thread's calling contexts in its translated calls and returns
-    /// (`hotpath_contexts`; docs/paths-design.md, stage 1).
-    pub contexts: bool,
     /// Record where translated code goes, for host profilers ([`Translator::code_records`]).
     pub perf_map: bool,
 }
@@ -59,13 +56,6 @@ pub struct Stats {
     /// Wall time spent translating basic blocks (decode, emit, install), in time-stamp
     /// counter ticks ([`translation_ns`](Self::translation_ns) in nanoseconds).
     pub translation_ticks: u64,
-    /// Calling contexts made (with [`Config::contexts`]).
-    pub contexts: u64,
-    /// Calls and returns whose context step went to the runtime (a new context, a cache
-    /// entry that held another callee, a full frame stack, a return to another frame).
-    pub context_exits: u64,
-    /// Context resynchronisations (deeper and orphan returns, tail calls, jump returns).
-    pub context_resyncs: u64,
 }
 
 impl Stats {
@@ -92,8 +82,5 @@ impl Stats {
         self.superblocks += o.superblocks;
         self.superblocks_dropped += o.superblocks_dropped;
         self.translation_ticks += o.translation_ticks;
-        self.contexts += o.contexts;
-        self.context_exits += o.context_exits;
-        self.context_resyncs += o.context_resyncs;
     }
 }

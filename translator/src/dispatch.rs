@@ -2,20 +2,17 @@
 //! and acts on every exit (chaining direct branches, filling the indirect branch lookup table,
 //! system calls, traps, ring refills).
 
-mod contexts;
 mod jump_tables;
 
 use std::collections::BTreeMap;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crossbeam::channel::Receiver;
-use hotpath_contexts::Contexts;
 use hotpath_events::{
-    BlockCatalog, Command, ContextChange, IdKind, NewBlock, RingConsumer, RingProducer,
-    MAX_TRACE_BLOCKS, SYSCALL_EVENT,
+    BlockCatalog, Command, IdKind, NewBlock, RingConsumer, RingProducer, MAX_TRACE_BLOCKS,
+    SYSCALL_EVENT,
 };
-use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator, TrapKind};
+use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
@@ -142,10 +139,6 @@ pub struct Translator {
     /// `HOTPATH_TEST_PANIC_AT_SYSCALL=NR`): how the tests make hotpath fail on a guest thread
     /// of their choosing, to see the process end and its profile written.
     panic_at_syscall: Option<u64>,
-    /// The thread's calling contexts (with [`Config::contexts`]).
-    contexts: Option<Contexts>,
-    /// Jump entries and what they are linked from (`contexts`).
-    links: contexts::ContextLinks,
     /// The jump-table sites of the translations in `cache` (they go with it, as `index`).
     jump_tables: crate::jump_table::Sites,
     /// The module of the persisted store the last block looked for came from (blocks are
@@ -452,20 +445,6 @@ impl Translator {
                 Default::default(),
             ),
         };
-        let contexts = if cfg.contexts {
-            // SAFETY: the area is mapped for the process's life and used by this thread alone;
-            // its context part is written only by this thread's translated code and the
-            // `Contexts` made here.
-            match unsafe { Contexts::new(NonNull::from(&mut area.contexts)) } {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    eprintln!("hotpath: calling contexts: {e}: not kept for this thread");
-                    None
-                }
-            }
-        } else {
-            None
-        };
         let process = GuestThread {
             exe: shared.exe.clone(),
             shared,
@@ -499,8 +478,6 @@ impl Translator {
             panic_at_syscall: std::env::var("HOTPATH_TEST_PANIC_AT_SYSCALL")
                 .ok()
                 .and_then(|v| v.parse().ok()),
-            contexts,
-            links: Default::default(),
             jump_tables,
             last_module: None,
         }
@@ -560,12 +537,8 @@ impl Translator {
 
     /// Reads and adds to the persisted translations in the cache directory `dir` (see
     /// [`crate::persist`]); a directory that cannot be used is counted in
-    /// [`Self::cache_stats`] and otherwise ignored. Not with calling contexts, whose steps
-    /// are not persisted.
+    /// [`Self::cache_stats`] and otherwise ignored.
     pub fn use_translation_cache(&self, dir: &std::path::Path) {
-        if self.cfg.contexts {
-            return;
-        }
         let key =
             crate::persist::EmitKey::current(self.cfg.enqueue.then_some(self.cfg.ring_entries));
         let _ = self
@@ -644,19 +617,7 @@ impl Translator {
     }
 
     fn publish_stats(&self) {
-        let mut stats = self.stats;
-        if let Some(c) = &self.contexts {
-            stats.contexts = c.len() as u64 - 1;
-            stats.context_resyncs = c.resync_counts().iter().sum();
-        }
-        *lock(&self.ctl.stats) = stats;
-    }
-
-    /// Gives the process the guest's function symbols: (entry, size in bytes, 0 when unknown),
-    /// by which calling contexts resynchronise. Only the first call counts.
-    pub fn set_function_symbols(&self, mut symbols: Vec<(u64, u64)>) {
-        symbols.sort_unstable();
-        let _ = self.process.shared.function_symbols.set(symbols.into());
+        *lock(&self.ctl.stats) = self.stats;
     }
 
     /// Runs the guest until it exits, dies, or needs its embedder (exec, fork).
@@ -688,17 +649,7 @@ impl Translator {
                 let rip = self.guest_rip_settled(next);
                 self.guest_fpu_ip();
                 match self.process.signals.deliver(self.area, rip) {
-                    Delivery::Continue(to) => {
-                        if let (true, Some(c)) = (to != rip, &mut self.contexts) {
-                            // Contexts rule 5: the handler runs under the interrupted context,
-                            // returning to the restorer its frame starts with.
-                            let mut ret = [0u8; 8];
-                            let _ = guest_mem::read(self.area.gpr[thread_area::RSP], &mut ret);
-                            c.signal_enter(to, u64::from_le_bytes(ret));
-                            self.push_context_event(ContextChange::SignalEnter, 0);
-                        }
-                        next = Next::Guest(to)
-                    }
+                    Delivery::Continue(to) => next = Next::Guest(to),
                     Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
                 }
             }
@@ -716,12 +667,6 @@ impl Translator {
                 let last = self.process.signals.last_trap();
                 if let Some(action) = special::vsyscall(pc, &mut self.process.maps, self.area, last)
                 {
-                    if let special::Action::Continue(to) = action {
-                        // The emulated entry returned to its caller; the monitor, which saw
-                        // the call but no block of the callee, is told.
-                        self.context_ret(to);
-                        self.push_context_event(ContextChange::EmulatedReturn, 0);
-                    }
                     self.next = self.act(action)?;
                     continue;
                 }
@@ -765,9 +710,6 @@ impl Translator {
                 }
             }
             self.area.jump_to = host.0;
-            // While the exit is handled, `next` still names where the guest was entered: a flush
-            // or an invalidation then must not take a jump entry it ran for one still to run.
-            self.links.entering(host);
             if self.stepping {
                 // The host does not trap: the dispatcher raises the guest's trap afterwards.
                 self.area.rflags &= !special::EFLAGS_TF;
@@ -778,7 +720,6 @@ impl Translator {
             }
             self.process.signals.set_critical(true, &self.index);
             let exit = self.handle_exit();
-            self.links.exited();
             let stepped = std::mem::take(&mut self.stepping);
             match exit? {
                 Ok(n) => {
@@ -836,12 +777,11 @@ impl Translator {
     }
 
     /// [`Translator::guest_rip`] for a dispatcher that goes on at the guest address instead of
-    /// `next`'s host address, after what a jump entry there owes (`settle_jump_entry`).
+    /// `next`'s host address.
     fn guest_rip_settled(&mut self, next: Next) -> u64 {
         if matches!(next, Next::Resume(_)) {
             self.hold_delivery = true;
         }
-        self.settle_jump_entry(next);
         self.guest_rip(next)
     }
 
@@ -953,36 +893,13 @@ impl Translator {
             }
             blocks.push(block);
         }
-        let mut ids = ids;
-        if self.contexts.is_some() {
-            // While contexts are kept, a trace does not run a function entry inline unless a
-            // call of the block before enters it (a jump there may be a tail call: that is
-            // the entry's jump entry's to tell).
-            let stop = blocks.iter().enumerate().skip(1).position(|(i, b)| {
-                let called = matches!(
-                    blocks[i - 1].terminator,
-                    Terminator::Call { target, .. } if target == b.start
-                );
-                // Nor past an indirect jump or call: its context step needs the runtime.
-                let indirect = matches!(
-                    blocks[i - 1].terminator,
-                    Terminator::IndirectJump | Terminator::IndirectCall { .. }
-                );
-                indirect || (!called && self.is_function_entry(b.start.0))
-            });
-            if let Some(k) = stop {
-                blocks.truncate(k + 1);
-                ids = &ids[..=k];
-            }
-        }
         let head = blocks[0].start.0;
         let Some(&old_entry) = self.index.blocks.get(&head) else {
             return false;
         };
         match self.index.superblock_heads.get(&head) {
             None if !replace => {}
-            // Re-formed into the same trace (cut where contexts are kept, as before): nothing
-            // to change.
+            // Re-formed into the same trace: nothing to change.
             Some(old) if replace && old[..] != ids[..] => {}
             _ => return false,
         }
@@ -992,22 +909,17 @@ impl Translator {
         let cx = EmitContext {
             enqueue: Some(self.cfg.ring_entries),
             gateway,
-            contexts: self.contexts.is_some(),
-            tail_call: false,
             jump_table: None,
         };
         // An indirect branch through a constant slot goes on as a direct one, as the block's
         // own translation does: inside the trace with nothing to check (its target is the
         // next block's), at its end chained (the monitor still learns the blocks as decoded).
-        let folded: Vec<(usize, GuestAddr, GuestAddr)> = match self.contexts {
-            None => (0..blocks.len())
-                .filter_map(|i| {
-                    let (slot, target) = self.constant_target(&blocks[i])?;
-                    Some((i, slot, target))
-                })
-                .collect(),
-            Some(_) => Vec::new(),
-        };
+        let folded: Vec<(usize, GuestAddr, GuestAddr)> = (0..blocks.len())
+            .filter_map(|i| {
+                let (slot, target) = self.constant_target(&blocks[i])?;
+                Some((i, slot, target))
+            })
+            .collect();
         let direct = (!folded.is_empty()).then(|| {
             let mut direct = blocks.clone();
             for &(i, _, target) in &folded {
@@ -1018,10 +930,7 @@ impl Translator {
         let to_emit = direct.as_deref().unwrap_or(&blocks);
         // A trace that ends in a `switch`'s dispatch gets a jump table of its own.
         let last = &to_emit[to_emit.len() - 1];
-        let site = match self.contexts {
-            None => crate::jump_table::pattern(last).zip(self.free_jump_table_site()),
-            Some(_) => None,
-        };
+        let site = crate::jump_table::pattern(last).zip(self.free_jump_table_site());
         let cx = EmitContext {
             jump_table: site.map(|(_, number)| number),
             ..cx
@@ -1067,10 +976,7 @@ impl Translator {
             };
             self.open_jump_table(number, s, code.fill);
         }
-        let first = self.index.exits.len();
         self.index.exits.extend(trace.exits);
-        self.note_exits(first);
-        self.note_inlined(&blocks);
         for l in &trace.layouts {
             self.note_code(l, CodeKind::Superblock);
         }
@@ -1101,15 +1007,12 @@ impl Translator {
         drop(registry);
         // Every way into the head now leads to the superblock: new links and lookups through
         // the map, existing links through a jump over the old block's enqueue stub, the lookup
-        // table by its entry — except a function entry's slot while contexts are kept, which
-        // holds its jump entry: a jump through the table may be a tail call, whose context
-        // step the jump entry makes before it goes on to the old entry, now a jump here.
+        // table by its entry.
         self.index.blocks.insert(head, trace.entry);
         self.index.superblock_heads.insert(head, trace_ids);
         self.cache.patch_jump(old_entry, trace.entry);
-        let keep_jump_entry = self.contexts.is_some() && self.is_function_entry(head);
         let slot = &mut self.area.ibl[ThreadArea::ibl_index(head)];
-        if slot.holds(head) && !keep_jump_entry {
+        if slot.holds(head) {
             slot.host = trace.entry.0;
         }
         self.stats.superblocks += 1;
@@ -1155,22 +1058,9 @@ impl Translator {
             index => {
                 let exit = self.index.exits[index as usize];
                 match exit.kind {
-                    ExitKind::Direct {
-                        target, site, call, ..
-                    } => {
+                    ExitKind::Direct { target, site, .. } => {
                         let generation = self.index.generation;
-                        let host = if call {
-                            self.lookup_or_translate(target.0)?
-                        } else {
-                            match self.jump_target(target.0)? {
-                                Some(h) => h,
-                                None => {
-                                    // No room for a jump entry: check here, do not link.
-                                    self.context_tail_call(target.0);
-                                    return Ok(Ok(Next::Guest(target.0)));
-                                }
-                            }
-                        };
+                        let host = self.lookup_or_translate(target.0)?;
                         // A single-step block always comes back here.
                         if generation == self.index.generation && !self.stepping {
                             self.cache.patch_rel32(site, host);
@@ -1189,10 +1079,6 @@ impl Translator {
                     ExitKind::SideExit { marker, target } => {
                         if let Some(p) = &self.producer {
                             p.push(marker.0);
-                        }
-                        // The stub's link would have gone through the target's jump entry.
-                        if self.contexts.is_some() && self.is_function_entry(target.0) {
-                            self.context_tail_call(target.0);
                         }
                         Ok(Ok(Next::Guest(target.0)))
                     }
@@ -1214,10 +1100,7 @@ impl Translator {
                             }
                             Ok(()) => {
                                 self.area.gpr[thread_area::RSP] = rsp.wrapping_add(pop as u64);
-                                let target = u64::from_le_bytes(ret);
-                                // The stub's lookup would have made the return's context step.
-                                self.context_ret(target);
-                                Ok(Ok(Next::Guest(target)))
+                                Ok(Ok(Next::Guest(u64::from_le_bytes(ret))))
                             }
                             // The stack went away since the compare read it: let the `ret`
                             // itself fault.
@@ -1253,22 +1136,6 @@ impl Translator {
                         }
                         Ok(Ok(Next::Guest(target)))
                     }
-                    ExitKind::ContextCall {
-                        callee,
-                        full,
-                        marker,
-                    } => {
-                        if let (Some(p), Some(m)) = (&self.producer, marker) {
-                            p.push(m.0);
-                        }
-                        self.context_call(callee, full)
-                    }
-                    ExitKind::ContextReturn => self.context_return(),
-                    ExitKind::ContextJumpReturn => self.context_jump_return(),
-                    ExitKind::ContextTailCall { entry } => {
-                        self.context_tail_call(entry.0);
-                        Ok(Ok(Next::Guest(entry.0)))
-                    }
                     ExitKind::Trap { kind, at, next } => self.trap(kind, at, next).map(Ok),
                 }
             }
@@ -1280,27 +1147,16 @@ impl Translator {
     /// table's slot.
     fn lookup_miss(&mut self, target: u64) -> Result<Result<Next, Stop>, TranslateError> {
         if !special::canonical(target) {
-            // A `ret` that matched the contexts' sentinel frame popped it.
-            if let Some(c) = &mut self.contexts {
-                if c.repair() {
-                    self.push_context_event(ContextChange::Reset, 0);
-                }
-            }
             // The CPU faults at the branch, not at its target.
             let site = self.branch_at(self.area.ibl_site);
-            let pushed = self.contexts.is_some();
-            let fault = special::noncanonical_branch(site, target, self.area, pushed);
+            let fault = special::noncanonical_branch(site, target, self.area, false);
             self.process.signals.raise(fault);
             return Ok(Ok(Next::Signal));
         }
         if target >= special::VSYSCALL_PAGE {
             return Ok(Ok(Next::Guest(target)));
         }
-        let Some(host) = self.jump_target(target)? else {
-            // A function entry without room for its jump entry: check here, do not cache.
-            self.context_tail_call(target);
-            return Ok(Ok(Next::Guest(target)));
-        };
+        let host = self.lookup_or_translate(target)?;
         self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry::new(target, host.0);
         Ok(Ok(Next::Host(host)))
     }
@@ -1364,15 +1220,6 @@ impl Translator {
         }
         if let Outcome::Return(ret) = outcome {
             kernel_writes::after_call(&mut self.process, nr, &args, ret);
-        }
-        if let (Outcome::Resume(_), Some(c)) = (&outcome, &mut self.contexts) {
-            if nr == libc::SYS_rt_sigreturn as u64 {
-                // Contexts rule 5: back to the context the handler interrupted.
-                let before = (c.current(), c.depth());
-                if (c.signal_return(), c.depth()) != before {
-                    self.push_context_event(ContextChange::SignalReturn, 0);
-                }
-            }
         }
         self.ctl.set_place(ThreadPlace::Running);
         self.process.signals.refresh_gate();
@@ -1509,15 +1356,12 @@ impl Translator {
     /// Gives this thread's resources back to the process for the next thread (after
     /// [`Stop::ThreadExit`]; the translator is gone), with its translations: a program that
     /// starts threads one after another to run the same code translates it once, and its
-    /// block ids (so the monitor's tables) stop growing with the threads it starts. Code
-    /// with calling-context steps is not kept: its translations hold the state of the
-    /// thread's own activations.
+    /// block ids (so the monitor's tables) stop growing with the threads it starts.
     pub fn recycle(self) {
         crate::linux::signals::block_all();
         let shared = self.process.shared.clone();
-        let keep = self.contexts.is_none();
         let Translator {
-            mut cache,
+            cache,
             gateway,
             area,
             process,
@@ -1525,14 +1369,7 @@ impl Translator {
             jump_tables,
             ..
         } = self;
-        let kept = if keep {
-            Some(crate::linux::process::KeptTranslations { index, jump_tables })
-        } else {
-            cache.flush();
-            area.clear_ibl(gateway.ibl_empty.0);
-            area.jump_tables_open = 0;
-            None
-        };
+        let kept = Some(crate::linux::process::KeptTranslations { index, jump_tables });
         let signals = process.signals;
         lock(&shared.pool).push(ThreadResources {
             cache,
@@ -1891,12 +1728,8 @@ impl Translator {
         self.index.generation_first_id = lock(&self.process.shared.registry).next_id;
         self.index.superblock_heads.clear();
         self.index.step_blocks.clear();
-        self.links.clear();
         self.jump_tables.clear();
         self.area.jump_tables_open = 0;
-        if let Some(c) = &mut self.contexts {
-            c.forget_hosts();
-        }
         self.stats.flushes += 1;
     }
 
@@ -2045,9 +1878,8 @@ impl Translator {
             self.protect_code(pc, block.end().0.max(pc + 1));
         }
         // An indirect branch through a slot that cannot change without a system call is
-        // translated as a direct one to the slot's value (not while calling contexts are
-        // kept: a jump's context step needs the lookup).
-        let folded = (max == MAX_BLOCK_INSTRUCTIONS && self.contexts.is_none())
+        // translated as a direct one to the slot's value.
+        let folded = (max == MAX_BLOCK_INSTRUCTIONS)
             .then(|| self.constant_target(&block))
             .flatten();
         let direct = folded.map(|(_, target)| crate::decode::with_direct_target(&block, target));
@@ -2055,8 +1887,6 @@ impl Translator {
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway,
-            contexts: self.contexts.is_some(),
-            tail_call: false,
             jump_table: None,
         };
         let shared = self.process.shared.clone();
@@ -2064,8 +1894,8 @@ impl Translator {
         let mut flushed = false;
         // A `switch`'s dispatch through a jump table gets a table of its own (`jump_table`),
         // while there is one free.
-        let switch = match (&direct, &self.contexts) {
-            (None, None) if max == MAX_BLOCK_INSTRUCTIONS => crate::jump_table::pattern(&block),
+        let switch = match &direct {
+            None if max == MAX_BLOCK_INSTRUCTIONS => crate::jump_table::pattern(&block),
             _ => None,
         };
         let mut site = None;
@@ -2141,17 +1971,11 @@ impl Translator {
     }
 
     /// Makes the code cache put the next translation, of guest code at `pc`, in a region
-    /// within reach of it (`CodeCache::region_for`; the home region while calling contexts
-    /// are kept, whose stubs and frames assume one region), and returns the gateway as code
-    /// there reaches it.
+    /// within reach of it (`CodeCache::region_for`), and returns the gateway as code there
+    /// reaches it.
     fn select_region(&mut self, pc: u64) -> Gateway {
-        let region = match self.contexts {
-            None => {
-                let memory = &self.process.shared.memory;
-                self.cache.region_for(pc, || pc > lock(memory).brk)
-            }
-            Some(_) => 0,
-        };
+        let memory = &self.process.shared.memory;
+        let region = self.cache.region_for(pc, || pc > lock(memory).brk);
         self.cache.select(region);
         let jumps = self.cache.gateway_jumps();
         Gateway {
@@ -2230,11 +2054,10 @@ impl Translator {
         // A block translated with its slot's value as constant: the value in this process.
         let slot = record.slot.map(|d| GuestAddr(pc.wrapping_add(d as u64)));
         let folded = match slot {
-            Some(slot) if self.contexts.is_none() => match self.constant_value(slot) {
+            Some(slot) => match self.constant_value(slot) {
                 Some(target) => Some(target),
                 None => return Ok(None),
             },
-            Some(_) => return Ok(None),
             None => None,
         };
         let gateway = self.select_region(pc);
@@ -2301,9 +2124,7 @@ impl Translator {
             );
         }
         self.cache.insert(&emitted.code);
-        let first = self.index.exits.len();
         self.index.exits.extend(emitted.exits);
-        self.note_exits(first);
         self.note_code(&emitted.layout, CodeKind::Block);
         self.cache.add_layout(emitted.layout);
         if max < MAX_BLOCK_INSTRUCTIONS {
@@ -2314,7 +2135,6 @@ impl Translator {
         let span = self.index.spans.entry(pc).or_insert(end);
         *span = (*span).max(end);
         self.stats.blocks_translated += 1;
-        let terminator = summary.terminator;
         registry.announce(NewBlock {
             id,
             summary,
@@ -2322,12 +2142,6 @@ impl Translator {
             code,
         });
         drop(registry);
-        let generation = self.index.generation;
-        self.note_translated(&terminator)?;
-        if generation != self.index.generation {
-            // Making the callee an entry flushed the cache (a superblock ran it inline).
-            return self.lookup_or_translate(pc);
-        }
         Ok(emitted.entry)
     }
 }

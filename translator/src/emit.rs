@@ -26,7 +26,6 @@ use iced_x86::{
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Inst, Terminator};
 
 use crate::code_cache::{Exit, ExitKind, HostLayout};
-use crate::context_steps;
 pub(crate) use crate::decode::return_pop;
 use crate::gateway::{emit_ibl, emit_ibl_call, emit_ibl_in, Gateway, GS};
 use crate::relocs::{RelocKind, Relocs, Routine};
@@ -57,13 +56,6 @@ pub struct EmitContext {
     pub enqueue: Option<u64>,
     /// The gateway routines' addresses.
     pub gateway: Gateway,
-    /// Keep the thread's calling contexts in `call` and `ret` translations
-    /// (`context_steps`).
-    pub contexts: bool,
-    /// Always false: it told an instrumented block's tail call out (the instrumented mode is
-    /// gone, #56). Kept until the persisted store's tests (`persist::record`), which set it,
-    /// let go of it; a block emitted with it is not persisted.
-    pub tail_call: bool,
     /// The jump-table site (`jump_table`) a block (a superblock's last) ending in a `switch`'s
     /// dispatch is translated as; `None`: through the lookup.
     pub jump_table: Option<u32>,
@@ -142,7 +134,7 @@ pub(crate) fn emit_block_with(
         ..HostLayout::default()
     };
     let mut relocs = Relocs {
-        complete: !cx.contexts && !cx.tail_call,
+        complete: true,
         ..Relocs::default()
     };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
@@ -837,28 +829,11 @@ pub(crate) fn emit_terminator(
         Terminator::Call { target, return_to } => {
             let literal = push_return_address(&mut ops, return_to);
             pushed(relocs, chunk_base, literal.imm, false);
-            // A call to the next instruction (`call 1f; 1: pop reg`, get-pc) is no call: it
-            // has no return.
-            let mut landing = None;
-            if cx.contexts && target != return_to {
-                let calls = call_exits(exits, id, Some(target), None, first_exit);
-                let stub = ops.new_dynamic_label();
-                let l = context_steps::Landing {
-                    base: chunk_base,
-                    stub: Some(stub),
-                };
-                let off = context_steps::direct_call(&mut ops, target, calls, exit_addr, l);
-                landing = Some((stub, HostAddr(chunk_base + off as u64)));
-            }
             let l = ops.new_dynamic_label();
             let site = patchable_jmp(&mut ops, chunk_base, l);
             let index = direct(exits, target, site, true);
             let at = exit_stub(&mut ops, l, index, exit_addr);
             stub_fields(relocs, chunk_base, index, at);
-            if let Some((stub, site)) = landing {
-                let index = direct(exits, return_to, site, false);
-                exit_stub(&mut ops, stub, index, exit_addr);
-            }
             let at = literal.place(&mut ops);
             pushed(relocs, chunk_base, at, true);
         }
@@ -935,19 +910,9 @@ pub(crate) fn emit_terminator(
                 .as_ref()
                 .expect("a return has its instruction")
                 .inst;
-            let mismatch = cx.contexts.then(|| {
-                exits.push(Exit {
-                    block: id,
-                    kind: ExitKind::ContextReturn,
-                });
-                first_exit + exits.len() as u32 - 1
-            });
-            let (borrowed, miss) =
-                return_through_lookup(&mut ops, return_pop(inst), &cx.gateway, mismatch);
+            let (borrowed, miss) = return_through_lookup(&mut ops, return_pop(inst), &cx.gateway);
             layout.rcx_borrowed_from = Some(chunk_base + borrowed);
-            if let Some(miss) = miss {
-                relocs.add(chunk_base + miss, RelocKind::Gateway(Routine::Exit));
-            }
+            relocs.add(chunk_base + miss, RelocKind::Gateway(Routine::Exit));
         }
         // A jump through a register other than RCX and RSP looks its target up where it is,
         // borrowing RCX alone (`emit_ibl_in`). (A jump through memory keeps the lookup below,
@@ -955,11 +920,10 @@ pub(crate) fn emit_terminator(
         // sqlite3 ran 6-9 % slower without the monitor, for a reason not found; see
         // docs/measurements.md.)
         Terminator::IndirectJump
-            if !cx.contexts
-                && block.term_inst.as_ref().is_some_and(|i| {
-                    i.inst.op0_kind() == OpKind::Register
-                        && !matches!(i.inst.op0_register(), Register::RCX | Register::RSP)
-                }) =>
+            if block.term_inst.as_ref().is_some_and(|i| {
+                i.inst.op0_kind() == OpKind::Register
+                    && !matches!(i.inst.op0_register(), Register::RCX | Register::RSP)
+            }) =>
         {
             let inst = block
                 .term_inst
@@ -985,8 +949,7 @@ pub(crate) fn emit_terminator(
             load_indirect_target(ops, &inst, code, layout, relocs, "indirect branch")?;
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
-            if let (Terminator::IndirectCall { return_to }, false) = (block.terminator, cx.contexts)
-            {
+            if let Terminator::IndirectCall { return_to } = block.terminator {
                 let lookup = indirect_call_lookup(&mut tail, &cx.gateway, return_to);
                 for at in lookup.imms {
                     pushed(relocs, tail_base, Some(at), false);
@@ -998,45 +961,8 @@ pub(crate) fn emit_terminator(
                 code.append(assembled(tail, "indirect call")?);
                 return Ok(exit_list);
             }
-            let mut landing = None;
-            let literal = match block.terminator {
-                Terminator::IndirectCall { return_to } => {
-                    let literal = push_return_address(&mut tail, return_to);
-                    pushed(relocs, tail_base, literal.imm, false);
-                    if cx.contexts {
-                        let calls = call_exits(exits, id, None, None, first_exit);
-                        let stub = tail.new_dynamic_label();
-                        let l = context_steps::Landing {
-                            base: tail_base,
-                            stub: Some(stub),
-                        };
-                        let off = context_steps::indirect_call(&mut tail, calls, exit_addr, l);
-                        landing = Some((stub, HostAddr(tail_base + off as u64), return_to));
-                    }
-                    literal
-                }
-                _ => ReturnLiteral {
-                    literal: None,
-                    imm: None,
-                },
-            };
-            if cx.contexts && matches!(block.terminator, Terminator::IndirectJump) {
-                exits.push(Exit {
-                    block: id,
-                    kind: ExitKind::ContextJumpReturn,
-                });
-                let index = first_exit + exits.len() as u32 - 1;
-                context_steps::jump_and_lookup(&mut tail, index, &cx.gateway);
-            } else {
-                let miss = emit_ibl(&mut tail, &cx.gateway);
-                relocs.add(tail_base + miss, RelocKind::Gateway(Routine::IblMiss));
-            }
-            if let Some((stub, site, return_to)) = landing {
-                let index = direct(exits, return_to, site, false);
-                exit_stub(&mut tail, stub, index, exit_addr);
-            }
-            let at = literal.place(&mut tail);
-            pushed(relocs, tail_base, at, true);
+            let miss = emit_ibl(&mut tail, &cx.gateway);
+            relocs.add(tail_base + miss, RelocKind::Gateway(Routine::IblMiss));
             code.append(assembled(tail, "indirect branch")?);
             return Ok(exit_list);
         }
@@ -1115,66 +1041,26 @@ pub(crate) fn load_indirect_target(
     Ok(())
 }
 
-/// Appends a `ret` popping `pop` bytes, as a jump through the indirect branch lookup; with
-/// `Some(exit index)`, the return's context step comes first (`context_steps`), exiting there
-/// when the target is not the top frame's. Returns the assembler offset from which RCX is
-/// borrowed (the guest's is in `scratch_rcx`) and, without the context step, the offset of
-/// the lookup's `rel32` to the gateway's exit (the return address in a borrowed R11, looked up
-/// by [`emit_ibl_in`]; with the context step, in RCX).
+/// Appends a `ret` popping `pop` bytes, as a jump through the indirect branch lookup. Returns
+/// the assembler offset from which RCX is borrowed (the guest's is in `scratch_rcx`) and the
+/// offset of the lookup's `rel32` to the gateway's exit (the return address in a borrowed R11,
+/// looked up by [`emit_ibl_in`]).
 pub(crate) fn return_through_lookup(
     ops: &mut VecAssembler<X64Relocation>,
     pop: i32,
     gateway: &Gateway,
-    context_mismatch: Option<u32>,
-) -> (u64, Option<u64>) {
+) -> (u64, u64) {
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
     let borrowed = ops.offset().0 as u64;
-    let Some(index) = context_mismatch else {
-        // The return address into R11 (a fault there leaves R11 the guest's), then the
-        // lookup that borrows RCX besides.
-        dynasm!(ops
-            ; .arch x64
-            ; .u8 GS ; mov QWORD [off::SCRATCH_R11], r11
-            ; mov r11, QWORD [rsp]
-            ; lea rsp, [rsp + pop]
-        );
-        return (
-            borrowed,
-            Some(emit_ibl_in(ops, gateway, Register::R11, true)),
-        );
-    };
+    // The return address into R11 (a fault there leaves R11 the guest's), then the lookup
+    // that borrows RCX besides.
     dynasm!(ops
         ; .arch x64
-        ; mov rcx, QWORD [rsp]
+        ; .u8 GS ; mov QWORD [off::SCRATCH_R11], r11
+        ; mov r11, QWORD [rsp]
         ; lea rsp, [rsp + pop]
     );
-    context_steps::return_and_lookup(ops, index, gateway);
-    (borrowed, None)
-}
-
-/// Pushes the two exits of a call's context step (`callee`: `None` for an indirect call;
-/// `marker`: the side-exit event of a call inlined in a superblock) and returns their indices.
-pub(crate) fn call_exits(
-    exits: &mut Vec<Exit>,
-    block: BlockId,
-    callee: Option<GuestAddr>,
-    marker: Option<BlockId>,
-    first_exit: u32,
-) -> context_steps::CallExits {
-    let mut push = |full| {
-        exits.push(Exit {
-            block,
-            kind: ExitKind::ContextCall {
-                callee,
-                full,
-                marker,
-            },
-        });
-        first_exit + exits.len() as u32 - 1
-    };
-    let full = push(true);
-    let miss = push(false);
-    context_steps::CallExits { full, miss }
+    (borrowed, emit_ibl_in(ops, gateway, Register::R11, true))
 }
 
 /// `mov rcx, <operand of the indirect jmp/call>`, as an iced instruction at the guest's address

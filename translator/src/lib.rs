@@ -20,7 +20,6 @@
 pub mod code_cache;
 pub mod code_log;
 mod config;
-mod context_steps;
 mod cpu;
 pub mod decode;
 mod dispatch;

@@ -10,10 +10,8 @@ use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 pub enum ExitKind {
     /// A direct branch not yet chained: translate `target`, patch the rel32 at `site`.
     /// `stub` is the exit stub the rel32 points at until then (and again after an unlink).
-    /// `call`: the jump of a `call` to its callee (with calling contexts, jumps to a function's
-    /// entry that are not calls are tail calls, linked through the entry's jump entry).
-    /// `from`: the guest start of the basic block whose terminator this is (for a superblock
-    /// landing, the call block's).
+    /// `call`: the jump of a `call` to its callee. `from`: the guest start of the basic block
+    /// whose terminator this is.
     Direct {
         target: GuestAddr,
         from: GuestAddr,
@@ -42,24 +40,6 @@ pub enum ExitKind {
         at: GuestAddr,
         return_to: Option<GuestAddr>,
     },
-    /// A call's context step needs the runtime (`context_steps`): the frame stack is `full`
-    /// (nothing pushed yet), or the node's cache did not hold the callee. The callee is
-    /// `callee`, or for an indirect call (`None`) in `ibl_target`. In a superblock, `marker` is
-    /// the side-exit event that says where the trace ended (enqueued first).
-    ContextCall {
-        callee: Option<GuestAddr>,
-        full: bool,
-        marker: Option<BlockId>,
-    },
-    /// A `ret`'s target (in `ibl_target`) is not the top frame's return address: the runtime
-    /// resynchronises the contexts, then the return goes on through the lookup.
-    ContextReturn,
-    /// An indirect jump's target (in `ibl_target`) is the top frame's return address: the
-    /// runtime pops to it (a jump return), then the jump goes on through the lookup.
-    ContextJumpReturn,
-    /// A jump reached the entry of function `entry` (through its jump entry, see
-    /// `context_steps::jump_entry`) from another function's context: a tail call.
-    ContextTailCall { entry: GuestAddr },
     /// Jump-table site `site`'s table had no stub for the `switch` index in the thread area's
     /// `jump_table_index` (the guest's `add` done, the case's address in the `jmp`'s
     /// register): the runtime makes one and goes on at the case (`jump_table`).

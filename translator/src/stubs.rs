@@ -1,7 +1,6 @@
-//! Code pieces every emitter of translated code shares (blocks, superblocks, calling-context
-//! steps): the enqueue stub that writes an event to the ring, and the
-//! padding that keeps a patchable branch's rel32 aligned. Below `emit` and `context_steps`,
-//! which both use them.
+//! Code pieces every emitter of translated code shares (blocks, superblocks, jump tables): the
+//! enqueue stub that writes an event to the ring, and the padding that keeps a patchable
+//! branch's rel32 aligned. Below `emit`, which uses them.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use iced_x86::Register;

@@ -33,11 +33,10 @@ use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
 use crate::code_cache::{Exit, ExitKind, HostLayout};
-use crate::context_steps;
 use crate::emit::{
-    append_body, assembled, call_exits, emit_terminator, enqueue_stub, exit_stub,
-    indirect_call_lookup, jcc, load_indirect_target, patchable_jmp, rcx_branch, resolve_exit_stubs,
-    return_pop, return_through_lookup, Code_, EmitContext, RcxSave, Slow,
+    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, indirect_call_lookup, jcc,
+    load_indirect_target, patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop,
+    return_through_lookup, Code_, EmitContext, RcxSave, Slow,
 };
 use crate::gateway::{emit_ibl, GS};
 use crate::relocs::Relocs;
@@ -53,8 +52,7 @@ pub struct EmittedTrace {
     pub entry: HostAddr,
     /// Exits, in the order of their indices `first_exit..`.
     pub exits: Vec<Exit>,
-    /// One layout per block of the trace, then one per side-exit stub and one per landing stub
-    /// of an inlined call (`context_steps`), in address order.
+    /// One layout per block of the trace, then one per side-exit stub, in address order.
     pub layouts: Vec<HostLayout>,
     /// With a jump-table site (`EmitContext::jump_table`) at its end: where its parts are.
     pub jump_table: Option<crate::jump_table::SiteCode>,
@@ -141,11 +139,6 @@ pub fn emit_superblock(
     // addresses inlined calls push, placed after the side exits.
     let mut literals: Vec<(usize, u64)> = Vec::new();
     let mut literal_sites: Vec<(usize, u64)> = Vec::new();
-    // (offset in `code.bytes` of an inlined call's landing site, its return point, the call
-    // block's start): the stubs are placed after the side exits; `landing_sites` as
-    // `literal_sites`.
-    let mut landings: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
-    let mut landing_sites: Vec<(usize, GuestAddr, GuestAddr)> = Vec::new();
 
     let mut jump_table = None;
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
@@ -207,20 +200,6 @@ pub fn emit_superblock(
                     if target == next => {}
                 Terminator::Call { target, return_to } if target == next => {
                     push_return(&mut ops, return_to, &mut literal_sites);
-                    if cx.contexts && target != return_to {
-                        // The call's context step; a miss leaves the trace after this block
-                        // (the dispatcher enqueues the side-exit event, then goes on at the
-                        // callee).
-                        let marker = Some(side_exit_id(sb, i));
-                        let calls = call_exits(&mut exits, sb, Some(target), marker, first_exit);
-                        let later = context_steps::Landing {
-                            base: chunk,
-                            stub: None,
-                        };
-                        let off =
-                            context_steps::direct_call(&mut ops, target, calls, exit_addr, later);
-                        landing_sites.push((off, return_to, block.start));
-                    }
                 }
                 Terminator::Branch {
                     cond,
@@ -283,7 +262,6 @@ pub fn emit_superblock(
                     dynasm!(ops
                         ; .arch x64
                         ; jrcxz >hit
-                        ; cold:
                         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
                         ; jmp =>l
                     );
@@ -295,12 +273,6 @@ pub fn emit_superblock(
                         },
                     ));
                     dynasm!(ops ; .arch x64 ; =>l ; hit:);
-                    if cx.contexts {
-                        // The return's context step: the top frame returns to the next block
-                        // too → pop it; else the side exit returns (and resynchronises).
-                        context_steps::inline_return(&mut ops, minus_next);
-                        dynasm!(ops ; .arch x64 ; jrcxz >popped ; jmp <cold ; popped:);
-                    }
                     dynasm!(ops
                         ; .arch x64
                         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
@@ -309,9 +281,8 @@ pub fn emit_superblock(
                 }
                 // The target is compared with the next block's without touching the flags,
                 // as for a return; a mismatch leaves it in `ibl_target` for the side exit's
-                // lookup. Not with calling contexts (a jump's or call's context step needs
-                // the runtime).
-                Terminator::IndirectJump | Terminator::IndirectCall { .. } if !cx.contexts => {
+                // lookup.
+                Terminator::IndirectJump | Terminator::IndirectCall { .. } => {
                     let inst = block
                         .term_inst
                         .as_ref()
@@ -366,11 +337,6 @@ pub fn emit_superblock(
                 side_sites.push((base_len + off, i, cold));
             }
             literals.extend(literal_sites.drain(..).map(|(off, v)| (base_len + off, v)));
-            landings.extend(
-                landing_sites
-                    .drain(..)
-                    .map(|(off, r, from)| (base_len + off, r, from)),
-            );
         }
         layout.code_end = code.addr();
         layouts.push(layout);
@@ -426,14 +392,7 @@ pub fn emit_superblock(
             }
             Cold::Return { at, pop } => {
                 // The `ret`, as a basic block's terminator does it ([rsp] was just readable).
-                let mismatch = cx.contexts.then(|| {
-                    exits.push(Exit {
-                        block: sb,
-                        kind: ExitKind::ContextReturn,
-                    });
-                    first_exit + exits.len() as u32 - 1
-                });
-                return_through_lookup(&mut ops, pop, &cx.gateway, mismatch);
+                return_through_lookup(&mut ops, pop, &cx.gateway);
                 at.0
             }
             Cold::Indirect { at, return_to } => {
@@ -467,38 +426,6 @@ pub fn emit_superblock(
             // Nothing here is a guest instruction: a fault would be hotpath's own.
             term_start: code.addr(),
             term_guest: guest,
-            code_end: code.addr(),
-            ..HostLayout::default()
-        });
-    }
-    // Landing stubs of the inlined calls (`context_steps::Landing`): where a `ret` outside the
-    // trace that pops the call's frame goes on until the site is linked to the return point.
-    for (rel32_off, return_to, from) in landings {
-        let start = code.addr();
-        let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(start as usize);
-        exits.push(Exit {
-            block: sb,
-            kind: ExitKind::Direct {
-                target: return_to,
-                from,
-                site: HostAddr(code.base + rel32_off as u64),
-                stub: HostAddr(0),
-                call: false,
-            },
-        });
-        let l = ops.new_dynamic_label();
-        exit_stub(&mut ops, l, first_exit + exits.len() as u32 - 1, exit_addr);
-        code.append(assembled(ops, "landing stub")?);
-        let rel = i32::try_from(start as i64 - (code.base as i64 + rel32_off as i64 + 4))
-            .expect("a superblock is smaller than 2 GiB");
-        code.bytes[rel32_off..rel32_off + 4].copy_from_slice(&rel.to_le_bytes());
-        layouts.push(HostLayout {
-            code_start: start,
-            entry: start,
-            guest_start: return_to.0,
-            // Nothing here is a guest instruction: a fault would be hotpath's own.
-            term_start: code.addr(),
-            term_guest: return_to.0,
             code_end: code.addr(),
             ..HostLayout::default()
         });

@@ -13,7 +13,6 @@
 
 use std::mem::{offset_of, size_of};
 
-use hotpath_contexts::ContextArea;
 use hotpath_events::RingControl;
 
 /// Number of entries in the indirect branch lookup table: indexed by the low 16 bits of the
@@ -154,9 +153,6 @@ pub struct ThreadArea {
     pub xsave: XsaveArea,
     /// The indirect branch lookup table.
     pub ibl: [IblEntry; IBL_ENTRIES],
-    /// The guest thread's calling contexts (frames and current context), kept by translated
-    /// `call`s and `ret`s when contexts are on (`hotpath_contexts`); untouched otherwise.
-    pub contexts: ContextArea,
     /// The `switch` index a jump-table site's fill stub found no translation for, for the
     /// dispatcher (`jump_table`).
     pub jump_table_index: u64,
@@ -201,14 +197,6 @@ pub mod off {
     pub const RING_CURSOR: i32 = (offset_of!(ThreadArea, ring) + RingControl::CURSOR_OFFSET) as i32;
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
-    /// The current context's node (host address).
-    pub const CTX: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::CTX) as i32;
-    /// The frame stack's top, as a byte offset from the context area's start.
-    pub const FRAME_TOP: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::FRAME_TOP) as i32;
-    /// Tail calls made by translated code.
-    pub const TAIL_CALLS: i32 = (offset_of!(ThreadArea, contexts) + ContextArea::TAIL_CALLS) as i32;
-    /// The context area's start: GS offset of frame `k` is `CONTEXTS + FRAMES + 40 k`.
-    pub const CONTEXTS: i32 = offset_of!(ThreadArea, contexts) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
     pub const JUMP_TABLE_INDEX: i32 = offset_of!(ThreadArea, jump_table_index) as i32;
 

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use hotpath_ir::{BlockId, GuestAddr, HostAddr, Terminator};
+use hotpath_ir::{BlockId, GuestAddr, HostAddr};
 use hotpath_translator::code_cache::Exit;
 use hotpath_translator::decode::decode_block;
 use hotpath_translator::emit::{emit_block, EmitContext};
@@ -83,33 +83,17 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         block.body.len(),
         block.len_bytes
     );
-    // Calls and returns also keep calling contexts with `--guest-contexts`.
-    let steps_contexts = matches!(
-        block.terminator,
-        Terminator::Call { .. }
-            | Terminator::IndirectCall { .. }
-            | Terminator::IndirectJump
-            | Terminator::Return
-    );
-    let modes = [
-        (Some(RING_ENTRIES), false),
-        (None, false),
-        (Some(RING_ENTRIES), true),
-    ];
-    for (enqueue, contexts) in modes.into_iter().filter(|m| !m.1 || steps_contexts) {
+    for enqueue in [Some(RING_ENTRIES), None] {
         let cx = EmitContext {
             enqueue,
             gateway: GATEWAY,
-            contexts,
-            tail_call: false,
             jump_table: None,
         };
         let e = emit_block(&block, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
             out,
-            "\n## monitor {}{} (entry {:#x}, {} exits)",
+            "\n## monitor {} (entry {:#x}, {} exits)",
             if enqueue.is_some() { "on" } else { "off" },
-            if contexts { ", calling contexts" } else { "" },
             e.entry.0,
             e.exits.len()
         )
@@ -121,8 +105,6 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         let cx = EmitContext {
             enqueue: Some(RING_ENTRIES),
             gateway: GATEWAY,
-            contexts: false,
-            tail_call: false,
             jump_table: Some(3),
         };
         let (e, site) = jump_table::emit_block(&block, &p, BlockId(7), HostAddr(HOST), 0, &cx, 3)
@@ -178,24 +160,16 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
     for b in &blocks {
         writeln!(out, "block {}: {:?}", b.start, b.terminator).unwrap();
     }
-    // A trace that inlines a call or a return also keeps calling contexts with
-    // `--guest-contexts`.
-    let steps_contexts = blocks
-        .iter()
-        .any(|b| matches!(b.terminator, Terminator::Call { .. } | Terminator::Return));
-    for contexts in [false, true].into_iter().filter(|&c| !c || steps_contexts) {
+    {
         let cx = EmitContext {
             enqueue: Some(RING_ENTRIES),
             gateway: GATEWAY,
-            contexts,
-            tail_call: false,
             jump_table: None,
         };
         let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
             out,
-            "\n## superblock 7{} (entry {:#x}, {} exits, {} layouts)",
-            if contexts { ", calling contexts" } else { "" },
+            "\n## superblock 7 (entry {:#x}, {} exits, {} layouts)",
             e.entry.0,
             e.exits.len(),
             e.layouts.len()
@@ -270,7 +244,7 @@ fn return_goes_through_the_lookup() {
 
 #[test]
 fn indirect_jump_goes_through_the_lookup() {
-    // pop rcx ; jmp rcx (a `ret` by hand: with calling contexts, checked against the top frame)
+    // pop rcx ; jmp rcx (a `ret` by hand)
     check("jmp_reg", &[0x59, 0xff, 0xe1]);
 }
 
@@ -375,11 +349,9 @@ fn assert_patch_sites_aligned(what: &str, code: &[u8], base: u64, exits: &[Exit]
             let off = (site.0 - base) as usize;
             let is_jmp = code[off - 1] == 0xe9;
             let is_jcc = code[off - 2] == 0x0f && code[off - 1] & 0xf0 == 0x80;
-            // A call's landing site (`context_steps`): `lea rcx, [rip + rel32]`.
-            let is_landing = code[off - 3..off] == [0x48, 0x8d, 0x0d];
             assert!(
-                is_jmp || is_jcc || is_landing,
-                "{what}: {site} does not follow a branch opcode or a landing's lea"
+                is_jmp || is_jcc,
+                "{what}: {site} does not follow a branch opcode"
             );
         }
     }
@@ -390,8 +362,7 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
     // Another thread unlinks a thread's direct exits while that thread may be running them
     // (`kick`): a displacement that crossed a cache line could be fetched half patched. Each
     // case (a block, and a superblock over the guest offsets given) is emitted at the four
-    // host addresses modulo 4, with calling contexts too (a call's landing site, its `lea`, is
-    // linked like a direct exit).
+    // host addresses modulo 4.
     let cases: [(&str, Vec<u8>, u64, &[u64]); 4] = [
         (
             "jcc",
@@ -420,16 +391,10 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
         page[..bytes.len()].copy_from_slice(bytes);
         for skew in 0..4u64 {
             let base = HOST + skew;
-            for (enqueue, contexts) in [
-                (Some(RING_ENTRIES), false),
-                (None, false),
-                (Some(RING_ENTRIES), true),
-            ] {
+            for enqueue in [Some(RING_ENTRIES), None] {
                 let cx = EmitContext {
                     enqueue,
                     gateway: GATEWAY,
-                    contexts,
-                    tail_call: false,
                     jump_table: None,
                 };
                 let block = decode_block(GuestAddr(*guest));

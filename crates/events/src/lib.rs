@@ -13,15 +13,10 @@
 //! code addresses through the GS segment); this crate fixes its layout and the protocol on it.
 
 mod catalog;
-mod context;
 pub mod futex;
 mod ring;
 
 pub use catalog::{BlockCatalog, CatalogWriter};
-pub use context::{
-    is_context, is_id, ContextChange, ContextDecoder, ContextEvent, CONTEXT_EVENT, MAX_EVENT_ID,
-    TAG_MASK,
-};
 pub use ring::{
     ConsumerSide, ProducerSide, RingConsumer, RingControl, RingProducer, WaitStats,
     MIN_POLL_INTERVAL,
@@ -29,8 +24,22 @@ pub use ring::{
 
 /// Events with this bit set are not block ids but guest system calls: the low 31 bits are the
 /// system call number. The dispatcher enqueues one after the block that ends in `syscall`, in
-/// stream order. Block ids stay below 2^30 ([`MAX_EVENT_ID`]: bit 30 tags context events).
+/// stream order. Block ids stay below 2^30 ([`MAX_EVENT_ID`]).
 pub const SYSCALL_EVENT: u32 = 1 << 31;
+
+/// The tag bits of an event word: 0 for a block (or superblock, or side exit) id,
+/// [`SYSCALL_EVENT`] for a system call. Bit 30 is set by no event: it keeps ids below
+/// [`MAX_EVENT_ID`].
+pub const TAG_MASK: u32 = 0b11 << 30;
+
+/// Largest block id the ring can carry, plus one: ids are below 2^30.
+pub const MAX_EVENT_ID: u32 = 1 << 30;
+
+/// True if `word` is a block (or superblock, or side exit) id, not a tagged event.
+#[inline(always)]
+pub fn is_id(word: u32) -> bool {
+    word & TAG_MASK == 0
+}
 
 /// Largest ring capacity accepted, in entries (`u32` block ids): 2^26 entries = 256 MiB.
 pub const MAX_RING_ENTRIES: u64 = 1 << 26;

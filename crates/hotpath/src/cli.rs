@@ -165,16 +165,6 @@ pub struct RunArgs {
     /// reference the default recorder is checked against (same profile).
     #[arg(long)]
     pub paths_per_block: bool,
-    /// Keep each thread's calling contexts in translated calls and returns even without paths
-    /// (with paths they are kept unless `--no-guest-contexts`; #21 stage 1; the summary line
-    /// counts them). For development.
-    #[arg(long, hide = true, conflicts_with = "no_guest_contexts")]
-    pub guest_contexts: bool,
-    /// Record paths with the shadow stack's own resynchronisation rules, not following the
-    /// calling contexts the guest thread keeps (the recorder before #21 stage 1). For
-    /// comparisons.
-    #[arg(long, hide = true)]
-    pub no_guest_contexts: bool,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
     /// buy; the profile is the same).
     #[arg(long)]
@@ -226,12 +216,6 @@ impl RunArgs {
             return None;
         }
         self.cache_dir.clone().or_else(CacheDir::location)
-    }
-
-    /// Whether translated code keeps each thread's calling contexts (and the path profile
-    /// follows them): with paths unless `--no-guest-contexts`, or with `--guest-contexts`.
-    pub fn guest_contexts(&self) -> bool {
-        self.guest_contexts
     }
 
     /// Whether the shadow stack and path profiles are recorded: `--paths`, or an output that

@@ -49,8 +49,6 @@ struct Monitoring {
     paths: Option<PathConfig>,
     /// The hot threshold for superblocks (None: `--no-superblocks`).
     superblock_threshold: Option<u64>,
-    /// The translator keeps calling contexts (`Decisions::contexts_kept`).
-    contexts_kept: bool,
     core: Option<core_affinity::CoreId>,
     /// Where this process image's JSON report goes.
     report: Option<PathBuf>,
@@ -66,7 +64,6 @@ impl Monitoring {
             self.paths.clone().map(PathRecorder::new),
         );
         state.tables.hot_threshold = self.superblock_threshold.unwrap_or(u64::MAX);
-        state.decisions.contexts_kept = self.contexts_kept;
         state
     }
 
@@ -350,12 +347,6 @@ impl RunCtx {
                 s.ring_refills,
                 translator.threads_started()
             ));
-            if self.args.guest_contexts() {
-                crate::say(format_args!(
-                    "hotpath: calling contexts: {} made, {} context steps through the runtime, {} resynchronisations",
-                    s.contexts, s.context_exits, s.context_resyncs
-                ));
-            }
         }
         match outcome {
             Ok(GuestExit::Exited(code)) => std::process::exit(code & 0xff),
@@ -525,7 +516,6 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         ring_entries: args.ring_entries,
         superblocks: monitor_on && !args.no_superblocks,
         vdso: !args.no_vdso,
-        contexts: args.guest_contexts(),
         perf_map: args.perf_map,
     };
     let mut translator = match Translator::new(&image, &stack, cfg) {
@@ -535,9 +525,6 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    if args.guest_contexts() {
-        translator.set_function_symbols(image.symbols.iter().map(|s| (s.addr, s.size)).collect());
-    }
     if let Some(dir) = args.translation_cache() {
         translator.use_translation_cache(&dir);
     }
@@ -549,7 +536,6 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         pap_threshold: args.pap_threshold,
         k: args.k,
         per_block: args.paths_per_block,
-        guest_contexts: args.guest_contexts(),
         symbols: image
             .symbols
             .iter()
@@ -565,7 +551,6 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         streams: None,
         paths,
         superblock_threshold: (!args.no_superblocks).then_some(args.superblock_threshold),
-        contexts_kept: args.guest_contexts(),
         core,
         report: args.report.clone(),
         outputs: args.outputs.clone(),
@@ -722,12 +707,6 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     );
     if args.paths_per_block {
         opt("--paths-per-block", None);
-    }
-    if args.guest_contexts {
-        opt("--guest-contexts", None);
-    }
-    if args.no_guest_contexts {
-        opt("--no-guest-contexts", None);
     }
     if args.no_superblocks {
         opt("--no-superblocks", None);

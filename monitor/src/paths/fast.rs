@@ -4,7 +4,7 @@
 
 use hotpath_events::is_id;
 
-use super::ids::{NONE, SETTLED};
+use super::ids::NONE;
 use super::memo::{memo_key, push_pap_runs, slot_of, EventInfo, NO_KEY};
 use super::recorder::PathRecorder;
 use super::stack::{cached_call_child, Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
@@ -69,13 +69,9 @@ impl PathRecorder {
     /// takes it from there, with the recorder's state as the per-block step would have left it.
     #[inline(always)]
     pub(crate) fn run_fast(&mut self, events: &[u32], mut i: usize) -> (usize, Option<(u32, u32)>) {
-        if self.stack.last().is_some_and(|a| a.cur == NONE) {
-            // An activation with no path of its own yet (pending).
-            return (i, None);
-        }
         loop {
             let (j, rest) = self.run_fast_intra(events, i);
-            if self.stack.is_empty() || self.prev == NONE || self.prev == SETTLED {
+            if self.stack.is_empty() || self.prev == NONE {
                 return (j, rest);
             }
             let (k, rest, handed_over) = self.run_call_loop(events, j, rest);
@@ -393,7 +389,6 @@ impl PathRecorder {
                     let caller = &stack[n - 2];
                     let entry = id_entry[b];
                     if (entry != NONE && entry != caller.func)
-                        || caller.cur == NONE
                         || cached_exit_path(trie, cur) == NONE
                     {
                         break;

@@ -7,10 +7,6 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// No block, node, function or path (the monitor's one "none", `tables::NONE`).
 pub(crate) use crate::tables::NONE;
 
-/// The recorder's last block when a context event has settled the step its terminator owed
-/// (see `stack`, "Guest contexts"): the next block goes on in the top activation.
-pub(crate) const SETTLED: u32 = u32::MAX - 2;
-
 /// FxHash-style hasher: path keys are short `u32` sequences hashed once per path end.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct FxHasher(u64);

@@ -56,9 +56,9 @@
 //! `PathConfig::per_block` keeps the per-block recorder; tests check both give the same
 //! profile on every guest sample (tests/tests/paths.rs).
 
-use hotpath_events::{is_context, is_id, IdKind, MAX_TRACE_BLOCKS};
+use hotpath_events::{is_id, IdKind, MAX_TRACE_BLOCKS};
 
-use super::ids::{cache_slot, FxMap, NONE, SETTLED};
+use super::ids::{cache_slot, FxMap, NONE};
 use super::pap_runs::PapRuns;
 use super::recorder::PathRecorder;
 use super::stack::{Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
@@ -318,10 +318,6 @@ impl PathRecorder {
             }
             let Some(&e) = events.get(i) else { break };
             i += 1;
-            if is_context(e) {
-                self.context_word(e);
-                continue;
-            }
             if !is_id(e) || !self.learn_event(e, tables) {
                 continue;
             }
@@ -407,8 +403,7 @@ impl PathRecorder {
     /// (validity rule 1; rule 2 is the memo's).
     #[inline(always)]
     fn context(&self, b: u32) -> Context {
-        let (Some(top), false) = (self.stack.last(), self.prev == NONE || self.prev == SETTLED)
-        else {
+        let (Some(top), false) = (self.stack.last(), self.prev == NONE) else {
             return Context::Step;
         };
         match self.id_kind[self.prev as usize] {
@@ -422,6 +417,9 @@ impl PathRecorder {
             K_RET if self.stack.len() >= 2 && top.return_to == self.id_addr[b as usize] => {
                 Context::Return
             }
+            // A call carried out without a block of its callee (the vsyscall page's entries,
+            // which the runtime emulates): the caller's path goes on at the return point.
+            K_CALL if self.id_addr[b as usize] == self.id_ret[self.prev as usize] => Context::Path,
             K_CALL => Context::Call,
             _ => Context::Step,
         }
@@ -453,7 +451,7 @@ impl PathRecorder {
     ) -> u32 {
         let caller = &self.stack[self.stack.len() - 2];
         let entry = self.id_entry[b as usize];
-        if (entry != NONE && entry != caller.func) || caller.cur == NONE {
+        if entry != NONE && entry != caller.func {
             // The per-block step continues the caller's path with `b` even so; a memo from
             // here would stop before it (a tail call): step it.
             self.memo.last = NONE;

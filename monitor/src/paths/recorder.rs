@@ -1,10 +1,10 @@
 //! The recorder: its configuration, its state, and the per-block step the memoised recorder is
 //! checked against.
 
-use hotpath_events::{is_context, is_id, ContextDecoder};
+use hotpath_events::is_id;
 
 use super::function::{Function, FunctionSymbol};
-use super::ids::{FxMap, NONE, SETTLED};
+use super::ids::{FxMap, NONE};
 use super::memo::MemoState;
 use super::pap_runs::PapRuns;
 use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
@@ -29,11 +29,6 @@ pub struct PathConfig {
     /// transitions: the reference the memoised recorder is checked against (same profile,
     /// several times slower; `--paths-per-block`).
     pub per_block: bool,
-    /// The guest thread keeps its own calling contexts and writes the changes other than plain
-    /// calls and returns to the ring as context events (`--guest-contexts`): the shadow stack
-    /// follows them instead of resynchronising by its own rules (see `stack`, "Guest
-    /// contexts").
-    pub guest_contexts: bool,
 }
 
 impl Default for PathConfig {
@@ -43,7 +38,6 @@ impl Default for PathConfig {
             k: 0,
             symbols: Vec::new(),
             per_block: false,
-            guest_contexts: false,
         }
     }
 }
@@ -98,8 +92,6 @@ pub struct PathRecorder {
     pub resync_kinds: [u64; Resync::ALL.len()],
     /// Shadow-stack frames dropped for exceeding [`SHADOW_STACK_MAX`].
     pub dropped_frames: u64,
-    /// Context events split across reads of the ring.
-    pub(crate) context_words: ContextDecoder,
 }
 
 impl PathRecorder {
@@ -142,7 +134,6 @@ impl PathRecorder {
             resyncs: 0,
             resync_kinds: [0; Resync::ALL.len()],
             dropped_frames: 0,
-            context_words: ContextDecoder::default(),
         }
     }
 
@@ -212,14 +203,12 @@ impl PathRecorder {
         }
     }
 
-    /// Steps every basic block of `blocks` and follows its context events (syscall events are
-    /// skipped; ids with no metadata, which only a translator gone mid-run leaves, too).
+    /// Steps every basic block of `blocks` (syscall events are skipped; ids with no metadata,
+    /// which only a translator gone mid-run leaves, too).
     pub(crate) fn record_blocks(&mut self, blocks: &[u32], tables: &Tables) {
         for &id in blocks {
             if is_id(id) && (id as usize) < self.id_addr.len() {
                 self.step(id, tables);
-            } else if is_context(id) {
-                self.context_word(id);
             }
         }
     }
@@ -233,29 +222,12 @@ impl PathRecorder {
             self.push_bottom(f, id, tables);
             return;
         }
-        if prev == SETTLED {
-            // A context event settled what the block before did.
-            self.continue_top(id, tables);
-            return;
-        }
-        if self.config.guest_contexts {
-            // The guest thread made any change but a plain call or return known by a context
-            // event (before this block's): the block goes on where its predecessor leads.
-            match self.id_kind[prev as usize] {
-                K_CALL => {}
-                K_RET if self.stack.len() >= 2 => {
-                    self.pop_activation();
-                    self.continue_top(id, tables);
-                    return;
-                }
-                K_RET => return self.step_return(id, tables),
-                _ => {
-                    self.step_intra(id, tables);
-                    return;
-                }
-            }
-        }
         match self.id_kind[prev as usize] {
+            // A call whose next block is its own return point ran no block of its callee: the
+            // runtime carried it out (the vsyscall page's entries). The caller goes on.
+            K_CALL if self.id_addr[id as usize] == self.id_ret[prev as usize] => {
+                self.step_intra(id, tables);
+            }
             K_CALL => {
                 let f = match self.id_entry[id as usize] {
                     NONE => self.called_function_at(self.id_addr[id as usize]),

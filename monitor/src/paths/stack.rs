@@ -1,22 +1,20 @@
 //! The shadow call stack and the call tree: activations pushed by calls and popped by returns,
 //! the resynchronisation rules for everything else, and the call-tree nodes behind flame graphs.
 //!
-//! **Guest contexts** (`PathConfig::guest_contexts`; docs/paths-design.md, stage 1 (c)). The
-//! guest thread keeps its calling contexts itself (`hotpath_contexts`) and is authoritative:
-//! a plain call and a `ret` to the top frame's return address are implied by the blocks (the
-//! stack steps as it does without guest contexts), and every other change comes as a context
-//! event (`hotpath_events::ContextEvent`) between the block that made it and the next one. The
-//! stack then applies none of its own resynchronisation rules: it pops to the depth the event
-//! gives, or replaces or pushes the activation the event names. An activation an event starts
-//! is *pending* (`cur == NONE`) until its first block, which gives it its trie root (and its
-//! function, when the event names none: the next block's). The stack's depth is the guest's
-//! frame count plus one (the first activation has no frame), and it drops its bottom half when
-//! the guest's does, at [`SHADOW_STACK_MAX`] frames.
+//! The stack follows the blocks alone, exactly the events the tables see (translated code is
+//! the same with and without paths): a block whose terminator is a `call` pushes an activation
+//! of the function its next block enters; a `ret` to the top frame's return address pops it.
+//! Everything else is a resynchronisation ([`Resync`]): a jump to the entry of another
+//! function that a call has reached is a tail call (an ELF symbol no call reaches is not an
+//! entry: glibc's routines jump between each other's symbols); a `ret` to a deeper frame's
+//! return address pops to it; a `ret` to no frame's goes on in the function containing its
+//! target; an indirect jump to a frame's return address returns there, one into a function
+//! deeper in the stack unwinds to it (longjmp), one into a function not on the stack replaces
+//! the top activation.
 
-use hotpath_events::{is_context, ContextChange, ContextEvent};
 use hotpath_pathprof::{KSlabForest, PathId};
 
-use super::ids::{cache_slot, NONE, SETTLED};
+use super::ids::{cache_slot, NONE};
 use super::recorder::PathRecorder;
 use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
 use crate::Tables;
@@ -355,9 +353,6 @@ impl PathRecorder {
     #[inline]
     pub(crate) fn pop_activation(&mut self) {
         let mut a = self.stack.pop().expect("an activation");
-        if a.cur == NONE {
-            return; // Pending: it ran no block.
-        }
         let p = self.count_path(&a, END_EXIT);
         let instr = self.path_instructions(a.cur);
         let node = &mut self.calltree[a.call_node as usize];
@@ -475,143 +470,10 @@ impl PathRecorder {
         self.replace_activation(f, id, tables);
     }
 
-    /// Activations the stack holds before a push drops its bottom half: [`SHADOW_STACK_MAX`];
-    /// with guest contexts one more, so that its depth stays the guest's frame count plus one
-    /// (the guest drops half of its frames when a call finds `SHADOW_STACK_MAX` of them).
+    /// Activations the stack holds before a push drops its bottom half: [`SHADOW_STACK_MAX`].
     #[inline]
     pub(crate) fn stack_cap(&self) -> usize {
-        SHADOW_STACK_MAX + self.config.guest_contexts as usize
-    }
-
-    /// Takes one word of a context event from the ring; follows the event once it is whole.
-    #[cold]
-    pub(crate) fn context_word(&mut self, word: u32) {
-        debug_assert!(is_context(word));
-        if let Some(e) = self.context_words.push(word) {
-            self.follow_context(e);
-        }
-    }
-
-    /// Follows a change of the guest thread's calling context (see the module doc, "Guest
-    /// contexts"). First the step the block before owes, unless the event says what became of
-    /// it: a call's callee is pushed (pending: its first block is not in yet); a `ret` pops,
-    /// unless the event is the return's own (deeper or orphan).
-    pub(crate) fn follow_context(&mut self, e: ContextEvent) {
-        self.memo.last = NONE;
-        let prev = std::mem::replace(&mut self.prev, SETTLED);
-        if prev != NONE && prev != SETTLED && !self.stack.is_empty() {
-            match self.id_kind[prev as usize] {
-                K_CALL => {
-                    let parent = self.stack.last().expect("an activation").call_node;
-                    let return_to = self.id_ret[prev as usize];
-                    self.push_pending(NONE, return_to, parent);
-                }
-                K_RET
-                    if self.stack.len() >= 2
-                        && !matches!(
-                            e.change,
-                            ContextChange::DeeperReturn | ContextChange::OrphanReturn
-                        ) =>
-                {
-                    self.pop_activation()
-                }
-                _ => {}
-            }
-        }
-        let pop_to = |p: &mut PathRecorder, depth: u32| {
-            while p.stack.len() > depth as usize + 1 {
-                p.pop_activation();
-            }
-        };
-        match e.change {
-            ContextChange::TailCall => {
-                self.resync(Resync::TailCall);
-                self.replace_pending(NONE);
-            }
-            ContextChange::OrphanReturn => {
-                self.resync(Resync::OrphanReturn);
-                pop_to(self, e.depth);
-                let f = self.function_at(e.function);
-                if self.stack.last().is_none_or(|t| t.func != f) {
-                    self.replace_pending(f);
-                }
-            }
-            ContextChange::DeeperReturn => {
-                self.resync(Resync::DeeperReturn);
-                pop_to(self, e.depth);
-            }
-            ContextChange::JumpReturn => {
-                self.resync(Resync::JumpReturn);
-                pop_to(self, e.depth);
-            }
-            ContextChange::SignalEnter => {
-                let parent = self.stack.last().map_or(0, |t| t.call_node);
-                self.push_pending(NONE, 0, parent);
-            }
-            ContextChange::SignalReturn | ContextChange::Reset | ContextChange::EmulatedReturn => {
-                pop_to(self, e.depth)
-            }
-        }
-    }
-
-    /// Pushes a pending activation of `func` ([`NONE`]: the function its first block enters)
-    /// under call-tree node `parent`.
-    pub(crate) fn push_pending(&mut self, func: u32, return_to: u64, parent: u32) {
-        if self.stack.len() >= self.stack_cap() {
-            self.drop_bottom(SHADOW_STACK_MAX / 2);
-        }
-        self.stack.push(Activation {
-            func,
-            return_to,
-            cur: NONE,
-            len: 0,
-            blocks: 0,
-            instructions: 0,
-            path_ends: 0,
-            last_addr: 0,
-            pap: NONE,
-            pap_len: 0,
-            // Pending: the parent's node, until its first block names the function.
-            call_node: parent,
-            resume: NONE,
-        });
-    }
-
-    /// Replaces the top activation (if any) by a pending one of `func` ([`NONE`]: the
-    /// function its first block enters), keeping its return address.
-    fn replace_pending(&mut self, func: u32) {
-        let (return_to, parent) = match self.stack.last() {
-            Some(a) if a.cur == NONE => (a.return_to, a.call_node),
-            Some(a) => (a.return_to, self.calltree[a.call_node as usize].parent),
-            None => (0, 0),
-        };
-        if !self.stack.is_empty() {
-            self.pop_activation();
-        }
-        self.push_pending(func, return_to, parent);
-    }
-
-    /// Block `id` goes on in the top activation: the first block of a pending one starts it;
-    /// else the path goes on.
-    pub(crate) fn continue_top(&mut self, id: u32, tables: &Tables) {
-        match self.stack.last() {
-            Some(a) if a.cur == NONE => {
-                let a = self.stack.pop().expect("an activation");
-                let func = match (a.func, self.id_entry[id as usize]) {
-                    (NONE, NONE) => self.function_at(self.id_addr[id as usize]),
-                    (NONE, f) => f,
-                    (f, _) => f,
-                };
-                self.push_activation(func, a.return_to, a.call_node, id, tables);
-            }
-            Some(_) => {
-                self.step_intra(id, tables);
-            }
-            None => {
-                let f = self.function_containing(self.id_addr[id as usize]);
-                self.push_bottom(f, id, tables);
-            }
-        }
+        SHADOW_STACK_MAX
     }
 
     /// Starts the activation of `func` at block `id` on an empty stack (the guest thread's

@@ -71,9 +71,7 @@ impl Translator {
             return Ok(Next::Guest(target));
         }
         let generation = self.index.generation;
-        let Some(host) = self.jump_target(target)? else {
-            return Ok(Next::Guest(target));
-        };
+        let host = self.lookup_or_translate(target)?;
         if generation != self.index.generation {
             return Ok(Next::Host(host));
         }
@@ -131,7 +129,6 @@ impl Translator {
         debug_assert!(code.len() as u64 <= INDEX_STUB_MAX);
         self.cache.insert(&code);
         self.index.exits.push(e);
-        self.note_exits(exit as usize);
         self.note_code(&layout, CodeKind::JumpTableStub);
         self.cache.add_layout(layout);
         if let ExitKind::Direct { site: rel32, .. } = e.kind {

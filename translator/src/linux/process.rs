@@ -52,7 +52,6 @@ pub struct ForkHold<'a> {
     _spawner: MutexGuard<'a, Option<Spawner>>,
     pool: MutexGuard<'a, Vec<ThreadResources>>,
     mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
-    _function_entries: MutexGuard<'a, std::collections::HashSet<u64>>,
     _code_log: MutexGuard<'a, Option<crate::code_log::CodeLog>>,
     _smc: crate::smc::PagesHold<'a>,
     store: Option<crate::persist::StoreHold<'a>>,
@@ -237,12 +236,6 @@ pub struct ProcessShared {
     /// other names), through which a write changes code without a fault; kept by
     /// `kernel_writes` (threads share their descriptor table).
     pub mem_fds: Mutex<std::collections::BTreeSet<i32>>,
-    /// The guest's function symbols, sorted by address: (entry, size in bytes, 0 when
-    /// unknown), set once by the embedder; what calling contexts resynchronise by.
-    pub function_symbols: std::sync::OnceLock<Arc<[(u64, u64)]>>,
-    /// Guest addresses that calls translated or made so far went to (with calling contexts:
-    /// a jump there is a tail call).
-    pub function_entries: Mutex<std::collections::HashSet<u64>>,
     /// Where translated code was put, for host profilers (`None`: not asked for).
     pub code_log: Mutex<Option<crate::code_log::CodeLog>>,
     /// The persisted translations this process reads and adds to (unset: no cache).
@@ -272,8 +265,6 @@ impl ProcessShared {
             pool: Mutex::new(Vec::new()),
             threads_started: AtomicU32::new(0),
             mem_fds: Mutex::new(std::collections::BTreeSet::new()),
-            function_symbols: std::sync::OnceLock::new(),
-            function_entries: Mutex::new(std::collections::HashSet::new()),
             code_log: Mutex::new(None),
             store: Default::default(),
         }
@@ -326,7 +317,6 @@ impl ProcessShared {
             _spawner: try_lock(&self.spawner)?,
             pool: try_lock(&self.pool)?,
             mem_fds: try_lock(&self.mem_fds)?,
-            _function_entries: try_lock(&self.function_entries)?,
             _code_log: try_lock(&self.code_log)?,
             _smc: self.smc.try_hold()?,
             store: match self.store.get() {
@@ -429,30 +419,6 @@ impl ProcessShared {
 /// profile anyway.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The function a guest address belongs to, for the calling contexts' orphan returns: the
-/// symbol containing it (entered at the symbol's start), else a function entered there.
-pub(crate) struct FunctionMap(pub Arc<[(u64, u64)]>);
-
-impl hotpath_contexts::Functions for FunctionMap {
-    fn containing(&self, addr: u64) -> u64 {
-        let i = self.0.partition_point(|&(a, _)| a <= addr);
-        match i.checked_sub(1).map(|i| self.0[i]) {
-            Some((a, size)) if size == 0 || addr < a + size => a,
-            _ => addr,
-        }
-    }
-}
-
-impl ProcessShared {
-    /// The guest's function symbols (empty until the embedder gives them).
-    pub fn function_symbols(&self) -> Arc<[(u64, u64)]> {
-        self.function_symbols
-            .get()
-            .cloned()
-            .unwrap_or_else(|| Arc::from(Vec::new()))
-    }
-}
-
 /// Longest a new thread waits for the monitor to let go of an ended thread's ring whose
 /// translations it would take over (see [`ProcessShared::take_pooled`]). Well past the
 /// monitor's longest nap (1 ms), so that only a monitor kept off its core by other work
@@ -496,8 +462,8 @@ mod tests {
     use super::*;
 
     /// A fork hold takes every lock of the process: one left out is copied into the child
-    /// held by a thread the child does not have, and the child hangs on it (as it did with
-    /// `function_entries`, taken by every thread that translates a call). The pattern names
+    /// held by a thread the child does not have, and the child hangs on it (as it once did
+    /// with a lock every thread that translated a call took). The pattern names
     /// every field, so a new one does not compile until it is sorted here.
     #[test]
     fn a_fork_hold_takes_every_lock_of_the_process() {
@@ -523,7 +489,6 @@ mod tests {
                     exiting: _,
                     invalidation_count: _,
                     threads_started: _,
-                    function_symbols: _,
                     memory,
                     registry,
                     smc,
@@ -534,7 +499,6 @@ mod tests {
                     spawner,
                     pool,
                     mem_fds,
-                    function_entries,
                     code_log,
                     store: _,
                 } = &shared;
@@ -548,11 +512,10 @@ mod tests {
                 assert!(spawner.try_lock().is_err(), "spawner");
                 assert!(pool.try_lock().is_err(), "pool");
                 assert!(mem_fds.try_lock().is_err(), "mem_fds");
-                assert!(function_entries.try_lock().is_err(), "function_entries");
                 assert!(code_log.try_lock().is_err(), "code_log");
             });
         });
         drop(hold);
-        assert!(shared.function_entries.try_lock().is_ok());
+        assert!(shared.mem_fds.try_lock().is_ok());
     }
 }

@@ -141,7 +141,7 @@ impl BlockRecord {
     /// The record of `emitted`, the translation of `block` found `offset` bytes into its
     /// module (with its indirect branch through `folded`'s slot translated as a direct one to
     /// `folded`'s target, if given); `None` when it cannot be persisted: its
-    /// relocations are incomplete (calling contexts, instrumentation), it traps, or it has an
+    /// relocations are incomplete, it traps, or it has an
     /// exit or layout part a record does not describe.
     pub fn capture(
         emitted: &EmittedBlock,
@@ -785,8 +785,6 @@ mod tests {
         let cx = |h: u64| EmitContext {
             enqueue,
             gateway: gateway(h & !0xfff_ffff),
-            contexts: false,
-            tail_call: false,
             jump_table: None,
         };
         // Near: code 1 GiB after its guest; far: 64 TiB away (every RIP-relative operand is
@@ -909,8 +907,6 @@ mod tests {
         let cx = EmitContext {
             enqueue: None,
             gateway: gateway(0x7000_0000),
-            contexts: false,
-            tail_call: false,
             jump_table: None,
         };
         let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
