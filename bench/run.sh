@@ -5,7 +5,7 @@
 # Builds hotpath in release, compiles the bench_* samples with the same flags as the tests
 # (gcc -O2, -static by default), generates a deterministic text file for the busybox workloads
 # (sort and gzip -c, when /bin/busybox exists), then runs every workload N times in each mode,
-# interleaved (native, hotpath --no-monitor, hotpath with the monitor, qemu; then again), so
+# interleaved (native, hotpath --no-monitor, with the monitor, with --paths, qemu; then again), so
 # that drift in machine load hits all modes alike. Prints the median wall time of each mode
 # and its ratio to native, the cost of the monitor (monitor / --no-monitor), and the share of
 # the monitor run's wall time the guest spent waiting for a full event ring (from the run's
@@ -190,8 +190,9 @@ done
 
 # The hotpath modes read and write a translation cache of their own, warmed by one untimed run
 # of each mode before the timed ones (what a user's second run of a program sees); `cold` is
-# the shipped mode with `--no-cache` (every block translated, as on a first run).
-modes=(native no-monitor no-sb monitor cold)
+# the shipped mode with `--no-cache` (every block translated, as on a first run); `paths` is
+# the shipped mode with `--paths` (the path profile besides the tables; warm cache).
+modes=(native no-monitor no-sb monitor paths cold)
 cache="$tmp/cache"
 mkdir -m 700 "$cache"
 have_qemu=0
@@ -213,6 +214,7 @@ run_once() { # mode workload
         no-monitor) cmd=("$hotpath" run --quiet --cache-dir "$cache" --no-monitor -- "${cmd[@]}") ;;
         no-sb) cmd=("$hotpath" run --quiet --cache-dir "$cache" --no-superblocks --report "$tmp/report-no-sb.json" -- "${cmd[@]}") ;;
         monitor) rm -f "$tmp/report.json"; cmd=("$hotpath" run --quiet --cache-dir "$cache" --report "$tmp/report.json" -- "${cmd[@]}") ;;
+        paths) cmd=("$hotpath" run --quiet --cache-dir "$cache" --paths -- "${cmd[@]}") ;;
         cold) cmd=("$hotpath" run --quiet --no-cache --report "$tmp/report-cold.json" -- "${cmd[@]}") ;;
         qemu) cmd=("$qemu" "${cmd[@]}") ;;
     esac
@@ -244,7 +246,7 @@ for w in $selected; do
     for mode in "${modes[@]}"; do times[$w,$mode]=""; wrong[$w,$mode]=""; done
     waits[$w]=""
     # Warm the translation cache: one untimed run of each mode that uses it.
-    for mode in no-monitor no-sb monitor; do run_once "$mode" "$w" >/dev/null; done
+    for mode in no-monitor no-sb monitor paths; do run_once "$mode" "$w" >/dev/null; done
     for ((i = 1; i <= runs; i++)); do
         for mode in "${modes[@]}"; do
             read -r us status wait_ns < <(run_once "$mode" "$w")
@@ -277,11 +279,11 @@ fmt_cell() { # microseconds native_microseconds
 printf '\n%-14s' "workload"
 for mode in "${modes[@]}"; do printf ' | %-18s' "$mode"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "qemu"
-printf ' | %-11s | %-11s | %-9s\n' "mon/no-mon" "sb gain" "ring wait"
+printf ' | %-11s | %-11s | %-11s | %-9s\n' "mon/no-mon" "sb gain" "paths/mon" "ring wait"
 printf '%-14s' "--------------"
 for mode in "${modes[@]}"; do printf ' | %-18s' "------------------"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "------------------"
-printf ' | %-11s | %-11s | %-9s\n' "-----------" "-----------" "---------"
+printf ' | %-11s | %-11s | %-11s | %-9s\n' "-----------" "-----------" "-----------" "---------"
 for w in $selected; do
     native_med=$(printf '%s\n' ${times[$w,native]} | median)
     printf '%-14s' "$w"
@@ -309,6 +311,11 @@ for w in $selected; do
     else
         printf ' | %-11s' "n/a"
     fi
+    if [ -n "${med[monitor]:-}" ] && [ -n "${med[paths]:-}" ]; then
+        printf ' | %-11s' "$(awk -v a="${med[paths]}" -v b="${med[monitor]}" 'BEGIN { printf "%6.2fx", (b > 0 ? a / b : 0) }')"
+    else
+        printf ' | %-11s' "n/a"
+    fi
     case "${waits[$w]}" in
         *nan*) printf ' | %-9s\n' "no report" ;;
         "") printf ' | %-9s\n' "n/a" ;;
@@ -317,7 +324,8 @@ for w in $selected; do
     unset med
 done
 printf '\nmedian wall time of %s runs; ratio = mode / native (lower is better);\n' "$runs"
-printf 'no-sb = monitor with --no-superblocks; monitor = as shipped (superblocks on);\n'
+printf 'no-sb = monitor with --no-superblocks; monitor = as shipped (superblocks on); paths =\n'
+printf 'monitor with --paths; paths/mon = the path profile'"'"'s cost over the tables'"'"';\n'
 printf 'no-monitor, no-sb and monitor run with a warm translation cache; cold = monitor with\n'
 printf -- '--no-cache (every block translated, as on a first run);\n'
 printf 'mon/no-mon = monitor / --no-monitor (the cost of profiling); sb gain = no-sb / monitor\n'
