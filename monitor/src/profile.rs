@@ -110,6 +110,7 @@ pub fn thread_report_with(
         ring_waits,
         ring_wait_ns,
         hottest,
+        path_profile: None,
     }
 }
 
@@ -135,6 +136,7 @@ pub fn thread_row_of(
         ring_waits,
         ring_wait_ns,
         hottest,
+        path_profile: None,
     }
 }
 

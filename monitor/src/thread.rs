@@ -75,9 +75,9 @@ pub struct MonitorResult {
 
 /// What the monitor keeps of the threads that ended while others ran on, folded as each one
 /// ends so that its memory does not grow with the threads a program starts and joins (a
-/// thread's tables are sized to every block id of the process): their tables summed, each
-/// one's row of the report's per-thread section, and the path recorder of the one that ran
-/// the most events (the one whose paths the report shows, if it is the busiest of all).
+/// thread's tables and path recorder are sized to every block id of the process): their
+/// tables summed, and each one's row of the report's per-thread section, with its path
+/// profile made then (named by the [`Namer`] given to [`spawn`]).
 #[derive(Default)]
 pub struct Ended {
     /// Every ended thread's counts over one id space (edges, system calls, last events).
@@ -86,31 +86,35 @@ pub struct Ended {
     pub threads: Vec<(usize, hotpath_report::Thread)>,
     /// Time the monitor spent on their events, in nanoseconds.
     pub busy_ns: u64,
-    /// The path recorder of the ended thread with the most events, and its events.
-    pub paths: Option<(u64, PathRecorder)>,
 }
+
+/// Makes, when a thread's path profile is taken, the function that names a guest address as
+/// the report does (`symbol`, `symbol+0xOFF`, `sub_<hex>`), from the modules mapped then.
+pub type Namer = Arc<dyn Fn() -> Box<dyn Fn(u64) -> String> + Send + Sync>;
 
 impl Ended {
     /// Folds the finished thread `t` in (its tables need not know every id: these learn
-    /// the new ones from `catalog`, once for all threads).
-    fn fold(&mut self, t: ThreadState, catalog: &BlockCatalog) {
+    /// the new ones from `catalog`, once for all threads); its path profile, if it recorded
+    /// one, is named by `namer`.
+    fn fold(&mut self, t: ThreadState, catalog: &BlockCatalog, namer: Option<&Namer>) {
         self.tables.learn_from(catalog);
-        let row = crate::profile::thread_report_with(
+        let mut row = crate::profile::thread_report_with(
             t.tid,
             &t.state.tables,
             &self.tables,
             t.waits.waits,
             t.waits.wait_ns,
         );
+        if let Some(mut rec) = t.state.paths {
+            rec.finish();
+            row.path_profile = Some(match namer {
+                Some(namer) => rec.profile(&*namer()),
+                None => rec.profile(&|addr| format!("sub_{addr:x}")),
+            });
+        }
         self.threads.push((t.state.started, row));
         self.tables.merge(&t.state.tables);
         self.busy_ns += t.state.busy_ns;
-        let events = t.state.tables.events;
-        if let Some(rec) = t.state.paths {
-            if self.paths.as_ref().is_none_or(|(n, _)| events > *n) {
-                self.paths = Some((events, rec));
-            }
-        }
     }
 }
 
@@ -211,7 +215,8 @@ const PATHS_PIECE: usize = 4096;
 /// `template`), resolving ids through `catalog` (where every id is published before it can
 /// be in a ring), pinned to `core` when given (the caller picks a core other than the
 /// guest's). It finishes when told to (see [`MonitorHandle::finish`]) and every ring it knows
-/// is closed and drained.
+/// is closed and drained. `namer` names the path profiles of threads that end while others
+/// run on (taken when they end; without it, functions are named by address).
 ///
 /// # Errors
 /// The OS error when the thread cannot be created (a process or memory limit); nothing is
@@ -223,6 +228,7 @@ pub fn spawn(
     core: Option<core_affinity::CoreId>,
     state: MonitorState,
     template: MonitorState,
+    namer: Option<Namer>,
 ) -> std::io::Result<MonitorHandle> {
     let pinned_to = core.map(|c| c.id);
     let stop = Arc::new(AtomicBool::new(false));
@@ -271,6 +277,7 @@ pub fn spawn(
                 catalog,
                 template,
                 bell,
+                namer,
             };
             monitor.add(first, state);
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -393,6 +400,8 @@ struct Monitor {
     /// What the thread sleeps on when no ring has work (each ring's producer rings it when
     /// its lap is full).
     bell: &'static Doorbell,
+    /// Names the path profiles of threads that end while others run on.
+    namer: Option<Namer>,
 }
 
 impl Monitor {
@@ -453,7 +462,7 @@ impl Monitor {
                         self.finish_state(&mut t.state);
                     }
                     if fold {
-                        self.ended.fold(t, &self.catalog);
+                        self.ended.fold(t, &self.catalog, self.namer.as_ref());
                     } else {
                         self.done.push(t);
                     }

@@ -642,3 +642,81 @@ fn memoised_paths_match_the_per_block_reference() {
         runs.len()
     );
 }
+
+/// The function named `name` in `profile` (a path profile section), if it has one.
+fn function_named<'a>(profile: &'a Value, name: &str) -> Option<&'a Value> {
+    profile["functions"]
+        .as_array()?
+        .iter()
+        .find(|f| f["name"] == name)
+}
+
+/// The executions of function `f`'s entry block (its calls, for a function whose entry is no
+/// loop head).
+fn entry_count(f: &Value) -> u64 {
+    let entry = &f["entry"];
+    f["blocks"]
+        .as_array()
+        .expect("blocks")
+        .iter()
+        .find(|b| b["addr"] == *entry)
+        .and_then(|b| b["count"].as_u64())
+        .unwrap_or(0)
+}
+
+/// paths_threads.c: two threads run at once, one calls `squares` 100 times, the other `parity`
+/// 50 times, and main only starts and joins them. Each thread's row has its own path profile:
+/// `squares` in one, `parity` in the other, neither in main's; the process's `path_profile`
+/// sums them (the two functions as their threads have them); and each thread's function is
+/// exactly what the per-block reference records, with superblocks formed at once.
+#[test]
+fn each_thread_has_its_own_paths() {
+    let exe = guest_build::build("paths_threads.c", Linkage::Static)
+        .unwrap_or_else(|e| panic!("building paths_threads.c: {e}"));
+    let mut found: Vec<(Value, Value)> = Vec::new();
+    for (tag, extra) in [
+        ("memo", &["--superblock-threshold", "1"][..]),
+        (
+            "per-block",
+            &["--superblock-threshold", "1", "--paths-per-block"][..],
+        ),
+    ] {
+        let json = run_report(&exe, &format!("threads-{tag}"), &[], extra);
+        let threads = json["threads"].as_array().expect("threads");
+        assert_eq!(threads.len(), 3, "{tag}: threads");
+        let (mut squares, mut parity, mut neither) = (None, None, 0);
+        for t in threads {
+            let p = &t["path_profile"];
+            assert!(
+                p.is_object(),
+                "{tag}: thread {} has no path profile",
+                t["tid"]
+            );
+            match (function_named(p, "squares"), function_named(p, "parity")) {
+                (Some(f), None) => squares = Some(f.clone()),
+                (None, Some(f)) => parity = Some(f.clone()),
+                (None, None) => neither += 1,
+                (Some(_), Some(_)) => panic!("{tag}: one thread has both functions"),
+            }
+        }
+        let (Some(squares), Some(parity)) = (squares, parity) else {
+            panic!("{tag}: no thread with squares or with parity");
+        };
+        assert_eq!(neither, 1, "{tag}: main's thread");
+        assert_eq!(entry_count(&squares), 100, "{tag}: squares' calls");
+        assert_eq!(entry_count(&parity), 50, "{tag}: parity's calls");
+        let process = &json["path_profile"];
+        assert_eq!(
+            function_named(process, "squares"),
+            Some(&squares),
+            "{tag}: summed"
+        );
+        assert_eq!(
+            function_named(process, "parity"),
+            Some(&parity),
+            "{tag}: summed"
+        );
+        found.push((squares, parity));
+    }
+    assert_eq!(found[0], found[1], "the per-block reference's");
+}

@@ -500,6 +500,12 @@ impl Translator {
         lock(&self.process.shared.memory).modules.all().to_vec()
     }
 
+    /// A handle that lists the process's modules from another thread (the monitor names a
+    /// thread's path profile when the thread ends).
+    pub fn module_source(&self) -> ModuleSource {
+        ModuleSource(self.process.shared.clone())
+    }
+
     /// Records that `layout`'s code is in the cache, when host profilers asked
     /// ([`Config::perf_map`]).
     pub(crate) fn note_code(&self, layout: &HostLayout, kind: CodeKind) {
@@ -2170,4 +2176,17 @@ fn guest_run(shared: &ProcessShared, vdso: Option<(u64, u64)>, addr: u64, len: u
         }
     }
     lock(&shared.memory).guest_run(addr, len)
+}
+
+/// Lists a process's modules from any thread ([`crate::Translator::module_source`]).
+pub struct ModuleSource(Arc<crate::linux::process::ProcessShared>);
+
+impl ModuleSource {
+    /// The ELF images mapped into the guest now, in mapping order; `None` while a guest
+    /// thread holds the process's memory map (it may be waiting for the monitor, which must
+    /// not wait for it in turn).
+    pub fn try_modules(&self) -> Option<Vec<crate::modules::GuestModule>> {
+        let memory = self.0.memory.try_lock().ok()?;
+        Some(memory.modules.all().to_vec())
+    }
 }

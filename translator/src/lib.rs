@@ -38,7 +38,7 @@ mod stubs;
 pub mod superblock;
 pub mod thread_area;
 
-pub use dispatch::{Config, Forked, Stats, Stop, Translator};
+pub use dispatch::{Config, Forked, ModuleSource, Stats, Stop, Translator};
 pub use linux::exec::ExecWrapper;
 pub use linux::process::{Spawner, ThreadStart};
 pub use linux::syscalls::{signal_name, GuestExit};

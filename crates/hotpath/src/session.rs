@@ -16,13 +16,14 @@ use std::sync::Arc;
 use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::{
     add_code, report_of, thread_report, thread_row_of, FunctionSymbol, MonitorHandle,
-    MonitorResult, MonitorState, PathConfig, PathRecorder, RunInfo, Stream, Tables,
+    MonitorResult, MonitorState, Namer, PathConfig, PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
 use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use hotpath_translator::modules::GuestModule;
 use hotpath_translator::{
-    signal_name, Config, ExecWrapper, Forked, GuestExit, Stop, ThreadStart, TranslateError,
-    Translator,
+    signal_name, Config, ExecWrapper, Forked, GuestExit, ModuleSource, Stop, ThreadStart,
+    TranslateError, Translator,
 };
 
 use crate::cli::{OutputArgs, RunArgs};
@@ -95,6 +96,9 @@ impl Monitoring {
             self.core,
             state,
             self.fresh(),
+            self.paths
+                .is_some()
+                .then(|| namer(translator.module_source())),
         ) {
             Ok(handle) => {
                 self.streams = Some(stx);
@@ -776,6 +780,7 @@ fn finish_report(
     let process_ends = !matches!(ending, Ending::Exec);
     let modules = ModuleMap::read(&translator.modules());
     let symbolize = |addr: u64| modules.symbolize(addr);
+    let name_of = |addr: u64| address_name(Some(&modules), addr);
     let ended = result.ended;
     let mut threads = ended.threads;
     let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, ended.busy_ns);
@@ -787,11 +792,11 @@ fn finish_report(
     // monitor folded as they ended included. A process that ran one thread has that
     // thread's (which learned every id when the monitor finished it), and its thread row is
     // read off the report instead of counted again (a fifth of a short run's report).
-    // Path profiles are per thread (each has its shadow stack); the report shows the one of
-    // the thread that ran the most events.
-    let mut paths: Option<(u64, PathRecorder)> = ended.paths;
+    // Path profiles are per thread (each has its shadow stack): an ended thread's row has
+    // its own already, the others' are taken here.
     let mut result_threads = result.threads;
     let mut only_row = None;
+    let mut only_paths = None;
     let mut tables = if threads.is_empty() && result_threads.len() == 1 {
         let t = result_threads.remove(0);
         let events = t.state.tables.events;
@@ -799,11 +804,7 @@ fn finish_report(
         wait_ns += t.waits.wait_ns;
         busy_ns += t.state.busy_ns;
         only_row = Some((t.tid, events, t.waits.waits, t.waits.wait_ns));
-        if let Some(rec) = t.state.paths {
-            if paths.as_ref().is_none_or(|(n, _)| events > *n) {
-                paths = Some((events, rec));
-            }
-        }
+        only_paths = t.state.paths;
         t.state.tables
     } else {
         let mut tables = Tables::default();
@@ -816,18 +817,12 @@ fn finish_report(
         waits += t.waits.waits;
         wait_ns += t.waits.wait_ns;
         busy_ns += t.state.busy_ns;
-        threads.push((
-            t.state.started,
-            thread_report(t.tid, &t.state.tables, t.waits.waits, t.waits.wait_ns),
-        ));
-        if let Some(rec) = t.state.paths {
-            if paths
-                .as_ref()
-                .is_none_or(|(n, _)| t.state.tables.events > *n)
-            {
-                paths = Some((t.state.tables.events, rec));
-            }
+        let mut row = thread_report(t.tid, &t.state.tables, t.waits.waits, t.waits.wait_ns);
+        if let Some(mut rec) = t.state.paths {
+            rec.finish();
+            row.path_profile = Some(rec.profile(&name_of));
         }
+        threads.push((t.state.started, row));
     }
     // In the order the threads started.
     threads.sort_by_key(|&(started, _)| started);
@@ -855,16 +850,26 @@ fn finish_report(
     report.totals.ring_wait_ns = wait_ns;
     report.totals.monitor_busy_ns = busy_ns;
     report.attribute_modules(modules.profiles.clone());
-    if let Some((_, mut rec)) = paths {
+    // The process's path profile: its one thread's, or every thread's summed (each row keeps
+    // its own).
+    let path_profile = match only_paths {
+        Some(mut rec) => {
+            rec.finish();
+            Some(rec.profile(&name_of))
+        }
+        None if report.threads.len() == 1 => report.threads[0].path_profile.take(),
+        None => hotpath_report::merge::sum_path_profiles(
+            report
+                .threads
+                .iter()
+                .filter_map(|t| t.path_profile.clone())
+                .collect(),
+        ),
+    };
+    if path_profile.is_some() {
         // The hot paths' listing disassembles their blocks.
         add_code(&mut report, &result.catalog);
-        rec.finish();
-        let name_of = |addr: u64| match modules.symbolize(addr) {
-            Some((name, 0)) => name.to_string(),
-            Some((name, off)) => format!("{name}+{off:#x}"),
-            None => format!("sub_{addr:x}"),
-        };
-        report.path_profile = Some(rec.profile(&name_of));
+        report.path_profile = path_profile;
     }
     if let Some(path) = &monitoring.report {
         outputs::write_json(&report, path);
@@ -923,4 +928,42 @@ mod tests {
             .collect();
         assert_eq!(chosen.into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
     }
+}
+
+/// A guest address named as the reports name it: `symbol`, `symbol+0xOFF`, else `sub_<hex>`.
+fn address_name(modules: Option<&ModuleMap>, addr: u64) -> String {
+    match modules.and_then(|m| m.symbolize(addr)) {
+        Some((name, 0)) => name.to_string(),
+        Some((name, off)) => format!("{name}+{off:#x}"),
+        None => format!("sub_{addr:x}"),
+    }
+}
+
+/// Times the monitor tries for the modules' list when a thread's path profile is taken while a
+/// guest thread holds the memory map, [`MODULES_RETRY`] apart.
+const MODULES_TRIES: u32 = 20;
+const MODULES_RETRY: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// The monitor's [`Namer`]: names addresses from the modules mapped when a thread's profile is
+/// taken, their symbols read again only when the list changed since the last time.
+fn namer(source: ModuleSource) -> Namer {
+    type Cached = Option<(Vec<GuestModule>, Arc<ModuleMap>)>;
+    let cache: std::sync::Mutex<Cached> = std::sync::Mutex::new(None);
+    Arc::new(move || {
+        let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
+        let now = (0..MODULES_TRIES).find_map(|i| {
+            if i > 0 {
+                std::thread::sleep(MODULES_RETRY);
+            }
+            source.try_modules()
+        });
+        if let Some(now) = now {
+            if cached.as_ref().is_none_or(|(was, _)| *was != now) {
+                let map = Arc::new(ModuleMap::read(&now));
+                *cached = Some((now, map));
+            }
+        }
+        let map = cached.as_ref().map(|(_, m)| m.clone());
+        Box::new(move |addr| address_name(map.as_deref(), addr))
+    })
 }

@@ -104,6 +104,23 @@ struct PathSum {
     stats: crate::PathStats,
 }
 
+/// The path profiles of one run's threads summed as `merge` sums runs (paths keyed by what
+/// they are, functions by entry, stacks by their frames, statistics added); `None` for none.
+pub fn sum_path_profiles(profiles: Vec<PathProfile>) -> Option<PathProfile> {
+    let mut it = profiles.into_iter();
+    let first = it.next()?;
+    let mut sum = PathSum {
+        k: first.k,
+        ..PathSum::default()
+    };
+    let same = Rebase { ranges: Vec::new() };
+    sum.add(first, &same);
+    for p in it {
+        sum.add(p, &same);
+    }
+    Some(sum.finish())
+}
+
 fn key(p: &PathEntry) -> PathKey {
     (p.kind, p.function_addr, p.blocks.clone(), p.start, p.end)
 }
@@ -199,7 +216,13 @@ impl Merger {
         t.monitor_busy_ns += u.monitor_busy_ns;
         for th in r.threads {
             let hottest = th.hottest.iter().map(|c| rb.count(c)).collect();
-            self.base.threads.push(crate::Thread { hottest, ..th });
+            // A thread's own path section stays with its run: the merged `path_profile` sums
+            // every run's.
+            self.base.threads.push(crate::Thread {
+                hottest,
+                path_profile: None,
+                ..th
+            });
         }
         for b in r.blocks {
             let addr = rb.addr(b.addr);

@@ -39,6 +39,7 @@ pub(crate) fn pie_run(base: u64) -> Report {
                 addr: a(0x100),
                 count: 2,
             }],
+            path_profile: None,
         }],
         blocks: vec![
             block(0x100, 2, 2, Terminator::Call, "main"),

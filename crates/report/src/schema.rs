@@ -181,6 +181,10 @@ pub struct Thread {
     pub ring_wait_ns: u64,
     /// Its most executed blocks, most executed first (at most 20).
     pub hottest: Vec<Count>,
+    /// Its own path profile, when paths were recorded and the process ran more than one
+    /// thread (each thread has its shadow stack; the report's `path_profile` sums them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_profile: Option<PathProfile>,
 }
 
 /// A block terminator's kind.
