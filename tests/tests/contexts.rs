@@ -14,7 +14,10 @@ use serde_json::Value;
 fn paths_report(exe: &Path, tag: &str, extra: &[&str]) -> Value {
     let hotpath =
         hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
-    let report: PathBuf = hotpath_e2e::paths::scratch_dir("contexts").join(format!("{tag}.json"));
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    // Made (emptied) once: the tests run at once and write side by side.
+    let dir = DIR.get_or_init(|| hotpath_e2e::paths::scratch_dir("contexts"));
+    let report = dir.join(format!("{tag}.json"));
     let mut cmd = Command::new(&hotpath);
     cmd.args(["run", "--quiet", "--paths", "--report"])
         .arg(&report)
