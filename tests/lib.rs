@@ -169,6 +169,7 @@ const PASSED_THROUGH_ENV: &[&str] = &["RUST_BACKTRACE", "RUST_LOG", "HOTPATH_LOG
 /// Gives `cmd` the fixed environment and working directory every run gets, so a native run
 /// and a hotpath run of the same guest see the same process state.
 pub fn set_guest_environment(cmd: &mut Command, cwd: &Path) {
+    default_terminal_signals(cmd);
     cmd.env_clear();
     cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
     cmd.env("LC_ALL", "C");
@@ -180,6 +181,23 @@ pub fn set_guest_environment(cmd: &mut Command, cwd: &Path) {
         }
     }
     cmd.current_dir(cwd);
+}
+
+/// Gives `cmd`'s process SIGINT and SIGQUIT at their default actions, as a terminal's
+/// foreground job has them (`Command` resets the signal mask, not dispositions): a suite run
+/// started in the background by a non-interactive shell (a CI script's `&`) inherits both
+/// ignored, and natively a program then ignores Ctrl-C too.
+pub fn default_terminal_signals(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal(2) is async-signal-safe; the closure runs in the child between fork and
+    // exec and touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
 }
 
 /// The command that runs `exe` natively with `args`.

@@ -233,21 +233,10 @@ fn failing_applets_keep_their_status_and_message() {
 /// natively this takes microseconds; the margin is for a loaded machine.
 const SIGINT_DEADLINE: Duration = Duration::from_secs(1);
 
-/// Spawns `cmd` with SIGINT at its default action, as a terminal's foreground job has it
-/// (Command resets the mask, not dispositions: a test run started in the background by a
-/// non-interactive shell inherits SIGINT ignored, and natively `sleep` then ignores Ctrl-C),
-/// waits `settle`, sends SIGINT, and returns how the process ended and how long after the
-/// signal.
+/// Spawns `cmd` (with SIGINT at its default action, `default_terminal_signals`), waits
+/// `settle`, sends SIGINT, and returns how the process ended and how long after the signal.
 fn interrupt(mut cmd: Command, settle: Duration) -> (Termination, Duration) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: signal(2) is async-signal-safe; the closure runs in the child between fork and
-    // exec and touches nothing else.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            Ok(())
-        });
-    }
+    hotpath_e2e::default_terminal_signals(&mut cmd);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
