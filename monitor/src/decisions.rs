@@ -67,6 +67,13 @@ const REFORM_MIN_ENTRIES: u64 = 16;
 const REFORM_SCAN_EVENTS: u64 = 1 << 18;
 const REFORM_SCAN_EVENTS_PER_ID: u64 = 16;
 
+/// A superblock whose look asked for nothing is looked at again once its entries have grown
+/// this many times: the shares a look weighs change only as new runs add up, and a program
+/// with thousands of superblocks spent a quarter of the monitor's time choosing the same
+/// traces again at every look (cc1, 17,000 superblocks, a look every 6.7 M events). A
+/// superblock is then looked at a logarithmic number of times over its life.
+const RELOOK_GROWTH: u64 = 2;
+
 /// Times one head's superblock is re-formed at most.
 const MAX_REFORMS: u32 = 2;
 
@@ -93,6 +100,11 @@ pub struct Decisions {
     extended: rustc_hash::FxHashMap<u32, u32>,
     /// Superblocks (ids) re-formed: replaced, so their counts no longer grow.
     replaced: FxHashSet<u32>,
+    /// Superblocks (ids) whose last look asked for nothing, with their entries then: each is
+    /// looked at again once its entries have grown [`RELOOK_GROWTH`] times.
+    settled: rustc_hash::FxHashMap<u32, u64>,
+    /// Looks taken at superblocks so far (for the tests).
+    looks: u64,
     /// The event count at which the superblocks' side exits are looked at next.
     next_scan: u64,
 }
@@ -168,30 +180,55 @@ impl Decisions {
             if x.entries < min_entries {
                 continue;
             }
-            let head = blocks[0].0;
-            if !x.mostly_early() {
-                self.extend(tables, id, blocks, out);
+            if self
+                .settled
+                .get(&id)
+                .is_some_and(|&then| x.entries < RELOOK_GROWTH * then)
+            {
                 continue;
             }
-            if self.reformed.get(&head).is_some_and(|&t| t >= MAX_REFORMS) {
-                continue;
+            let asked = out.len();
+            self.look(tables, id, blocks, &x, out);
+            if out.len() == asked {
+                self.settled.insert(id, x.entries);
             }
-            let (_, after, exit) = x.worst;
-            let prefix: Vec<u32> = blocks[..=after as usize].iter().map(|b| b.0).collect();
-            // Along the exit when most runs that reach its block go where the exit's runs
-            // mostly go; else the trace ends at that block (a branch or a return whose targets
-            // are as frequent: no trace crosses it, as `trace_from` would decide).
-            let trace = if x.follow_exit(tables) {
-                extend_trace(tables, prefix, Some(exit))
-            } else if prefix.len() >= 2 {
-                Some(prefix.into_iter().map(BlockId).collect())
-            } else {
-                None
-            };
-            if let Some(trace) = trace {
-                if self.replace(id, blocks, trace, out) {
-                    *self.reformed.entry(head).or_insert(0) += 1;
-                }
+        }
+    }
+
+    /// The look of [`Self::reform`] at superblock `id` (`blocks`), whose runs ended as `x`
+    /// says: extended if it mostly ran to its end, else re-formed along its most taken exit.
+    fn look(
+        &mut self,
+        tables: &Tables,
+        id: u32,
+        blocks: &[BlockId],
+        x: &Exits,
+        out: &mut Vec<Command>,
+    ) {
+        self.looks += 1;
+        let head = blocks[0].0;
+        if !x.mostly_early() {
+            self.extend(tables, id, blocks, out);
+            return;
+        }
+        if self.reformed.get(&head).is_some_and(|&t| t >= MAX_REFORMS) {
+            return;
+        }
+        let (_, after, exit) = x.worst;
+        let prefix: Vec<u32> = blocks[..=after as usize].iter().map(|b| b.0).collect();
+        // Along the exit when most runs that reach its block go where the exit's runs
+        // mostly go; else the trace ends at that block (a branch or a return whose targets
+        // are as frequent: no trace crosses it, as `trace_from` would decide).
+        let trace = if x.follow_exit(tables) {
+            extend_trace(tables, prefix, Some(exit))
+        } else if prefix.len() >= 2 {
+            Some(prefix.into_iter().map(BlockId).collect())
+        } else {
+            None
+        };
+        if let Some(trace) = trace {
+            if self.replace(id, blocks, trace, out) {
+                *self.reformed.entry(head).or_insert(0) += 1;
             }
         }
     }
@@ -555,6 +592,74 @@ mod tests {
             t.events += REFORM_SCAN_EVENTS;
             assert!(reformed(&d.decide(&mut t)).is_empty());
         }
+    }
+
+    /// Superblock 3 ([0, 1]) runs to its end and on to one of three blocks in turn, so no
+    /// extension is usual enough: its look asks for nothing, and it is looked at again only
+    /// once its entries have doubled; then, now that its runs mostly leave by its side exit,
+    /// it is re-formed.
+    #[test]
+    fn a_superblock_whose_look_asked_nothing_waits_until_its_runs_double() {
+        let mut t = Tables::default();
+        t.hot_threshold = 10;
+        let (head, a, b) = (0x4000, 0x4010, 0x4020);
+        let branch = Terminator::Branch {
+            cond: Cond::Ne,
+            taken: GuestAddr(a),
+            not_taken: GuestAddr(b),
+        };
+        block(&mut t, 0, head, 2, branch);
+        block(&mut t, 1, a, 3, Terminator::IndirectJump);
+        let back = Terminator::Jump {
+            target: GuestAddr(head),
+        };
+        block(&mut t, 2, b, 3, back);
+        let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
+        t.learn(&NewBlock {
+            id: BlockId(3),
+            summary: t.blocks[0],
+            kind: IdKind::Superblock { blocks: trace },
+            code: Box::default(),
+        });
+        for after in 0..2u32 {
+            t.learn(&NewBlock {
+                id: BlockId(4 + after),
+                summary: t.blocks[after as usize],
+                kind: IdKind::SideExit {
+                    superblock: BlockId(3),
+                    after,
+                },
+                code: Box::default(),
+            });
+        }
+        for (id, addr) in [(6, 0x5000), (7, 0x5100), (8, 0x5200)] {
+            let back = Terminator::Jump {
+                target: GuestAddr(head),
+            };
+            block(&mut t, id, addr, 1, back);
+        }
+        for k in 0..300 {
+            t.record(&[3, 6 + k % 3]);
+        }
+        let mut d = Decisions::default();
+        assert!(reformed(&d.decide(&mut t)).is_empty());
+        assert_eq!(d.looks, 1);
+        // 200 side exits: 500 entries, fewer than twice 300, so no look.
+        for _ in 0..200 {
+            t.record(&[3, 4, 2]);
+        }
+        t.events += REFORM_SCAN_EVENTS;
+        assert!(reformed(&d.decide(&mut t)).is_empty());
+        assert_eq!(d.looks, 1, "not looked at before its entries doubled");
+        // 1,400 entries, 1,100 of them left early: looked at, re-formed along the exit.
+        for _ in 0..900 {
+            t.record(&[3, 4, 2]);
+        }
+        t.events += REFORM_SCAN_EVENTS;
+        let got = reformed(&d.decide(&mut t));
+        assert_eq!(d.looks, 2);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(&got[0][..2], &[0, 2], "along the exit: {got:?}");
     }
 
     /// An interpreter's loop: a dispatch block D (an indirect jump) and three handlers that
