@@ -1,9 +1,8 @@
 /* Mutual recursion deeper than the calling-context tree tells frames apart (128 frames): f and
- * g call each other DEPTH deep, CALLS times from _start. Each has one `ret` instruction and
- * calls only the other, so the two are a closed region that --instrument-paths keeps in
- * instrumented code (#21 stage 2). Past the depth cap every frame shares one `[deeper]`
- * context: activations of f and g alternate there, and must not count their paths into each
- * other's counters. Exit status: the sum of the results, mod 128. */
+ * g call each other DEPTH deep, CALLS times from _start. Past the depth cap every frame shares
+ * one `[deeper]` context: activations of f and g alternate there, and must not count their
+ * paths into each other's counters; the profile must be the per-block reference's
+ * (tests/tests/paths.rs). Exit status: the sum of the results, mod 128. */
 #define DEPTH 300
 #define CALLS 200
     .text

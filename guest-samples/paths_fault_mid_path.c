@@ -1,8 +1,8 @@
-/* A signal in the middle of an instrumented path (#21 stage 2): `sum` is a hot leaf function
- * (one `ret`, a loop), instrumented once hot; every 50th round main takes the page it reads
- * away, so `sum`'s first load faults, the SIGSEGV handler gives the page back, and the load
- * runs again. The fault hands the activation over mid-path and it finishes cold; the profile
- * must be the per-block reference's. Deterministic: the faults come at fixed rounds. */
+/* A signal in the middle of a path: `sum` is a hot leaf function (a loop, in a superblock
+ * once hot); every 50th round main takes the page it reads away, so `sum`'s first load
+ * faults, the SIGSEGV handler (an activation the blocks alone show) gives the page back, and
+ * the load runs again. The profile must be the per-block reference's (tests/tests/paths.rs).
+ * Deterministic: the faults come at fixed rounds. */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>

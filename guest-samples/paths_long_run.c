@@ -1,14 +1,13 @@
-/* A PAP run longer than the longest kept (#21 step 3d): `spin` is a hot leaf function (one
- * `ret`, one loop), instrumented once hot; its last call loops 2^20 + 5 times, so its run of
- * Ball-Larus paths (one per iteration, and the exit) passes the 2^20 paths a run may have and
- * is abandoned — in the guest's run trie, at the same path as the per-block recorder abandons
- * it. The profile, `stats.pap_abandoned` included, must be the reference's. */
+/* A PAP run longer than the longest kept: `spin` is a hot leaf function (one loop); its last
+ * call loops 2^20 + 5 times, so its run of Ball-Larus paths (one per iteration, and the exit)
+ * passes the 2^20 paths a run may have and is abandoned, at the same path as the per-block
+ * recorder abandons it. The profile, `stats.pap_abandoned` included, must be the reference's
+ * (tests/tests/paths.rs). */
 #include <stdio.h>
 
 static volatile unsigned sink;
 
-/* A do-while, so that gcc emits one `ret` (a `for` adds an early one for n == 0, and a
- * function with several is not instrumented yet). */
+/* A do-while: one loop and one `ret` (a `for` adds an early return for n == 0). */
 __attribute__((noinline)) static unsigned spin(unsigned n)
 {
     unsigned s = 0, i = 0;

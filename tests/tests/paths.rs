@@ -592,6 +592,12 @@ fn memoised_paths_match_the_per_block_reference() {
         "paths_loops.c",
         "paths_recursion.S",
         "paths_jump_return.S",
+        // A SIGSEGV in the middle of a hot leaf's path, its handler run, the load again.
+        "paths_fault_mid_path.c",
+        // Mutual recursion 300 deep, past the call tree's 128 levels.
+        "paths_deep_mutual.S",
+        // A PAP run past the 2^20 paths a run may have (abandoned at the same path).
+        "paths_long_run.c",
     ]);
     // Every path end replayed one by one (k-paths, PAP everywhere); PAP everywhere without
     // k-paths (the fast loop feeds PAP runs itself); and the default: memoised path ends only
