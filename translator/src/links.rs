@@ -99,8 +99,4 @@ pub struct HostLayout {
     /// For one block of a superblock: the side-exit event that says "the superblock ended
     /// after this block", which the dispatcher enqueues when a fault here ends the trace.
     pub trace_exit: Option<u32>,
-    /// Always `None`: it named an instrumented block (numbering, index), and the instrumented
-    /// mode is gone (#56). Kept until the persisted store (`persist::record`), which reads
-    /// and writes it, lets go of it.
-    pub path_block: Option<(u32, u32)>,
 }

@@ -235,7 +235,7 @@ impl BlockRecord {
             });
         }
         let l = &emitted.layout;
-        if l.trace_exit.is_some() || l.path_block.is_some() || l.guest_start != start {
+        if l.trace_exit.is_some() || l.guest_start != start {
             return None;
         }
         let summary = block.summary();
@@ -690,7 +690,6 @@ impl<'a> RecordView<'a> {
             rcx_borrowed_from: self.rcx_borrowed_from.map(host),
             far_borrows: self.far_borrows().map(|(h, r)| (host(h), r)).collect(),
             trace_exit: None,
-            path_block: None,
         };
         let g = |d: i64| GuestAddr(guest(d));
         let terminator = match self.term {
