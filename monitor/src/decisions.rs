@@ -527,41 +527,55 @@ mod tests {
     /// superblock, formed along A, leaves after the head on every run of the second phase, so
     /// it is re-formed along B once those exits outnumber its completed runs; a superblock
     /// whose exits stay fewer, or whose new trace would be the same, is left as it is.
+    /// Guest address of the head block of [`superblock_over_a_branch`].
+    const HEAD: u64 = 0x4000;
+
+    /// Tables (hot threshold 10) over block 0 at [`HEAD`], a branch to block 1 (ending in
+    /// `end`) or block 2 (a jump back to the head), and superblock 3 over blocks 0 and 1, with
+    /// side exits 4 (after block 0) and 5 (after block 1).
+    fn superblock_over_a_branch(end: Terminator) -> Tables {
+        let mut t = Tables::default();
+        t.hot_threshold = 10;
+        let (a, b) = (0x4010, 0x4020);
+        let branch = Terminator::Branch {
+            cond: Cond::Ne,
+            taken: GuestAddr(a),
+            not_taken: GuestAddr(b),
+        };
+        block(&mut t, 0, HEAD, 2, branch);
+        block(&mut t, 1, a, 3, end);
+        let back = Terminator::Jump {
+            target: GuestAddr(HEAD),
+        };
+        block(&mut t, 2, b, 3, back);
+        let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
+        t.learn(&NewBlock {
+            id: BlockId(3),
+            summary: t.blocks[0],
+            kind: IdKind::Superblock { blocks: trace },
+            code: Box::default(),
+        });
+        for after in 0..2u32 {
+            t.learn(&NewBlock {
+                id: BlockId(4 + after),
+                summary: t.blocks[after as usize],
+                kind: IdKind::SideExit {
+                    superblock: BlockId(3),
+                    after,
+                },
+                code: Box::default(),
+            });
+        }
+        t
+    }
+
     #[test]
     fn a_superblock_that_mostly_side_exits_is_re_formed_along_its_exit() {
         for (phase2_runs, expect) in [(600, true), (100, false)] {
-            let mut t = Tables::default();
-            t.hot_threshold = 10;
-            let (head, a, b) = (0x4000, 0x4010, 0x4020);
-            let branch = Terminator::Branch {
-                cond: Cond::Ne,
-                taken: GuestAddr(a),
-                not_taken: GuestAddr(b),
-            };
-            block(&mut t, 0, head, 2, branch);
             let back = Terminator::Jump {
-                target: GuestAddr(head),
+                target: GuestAddr(HEAD),
             };
-            block(&mut t, 1, a, 3, back);
-            block(&mut t, 2, b, 3, back);
-            let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
-            t.learn(&NewBlock {
-                id: BlockId(3),
-                summary: t.blocks[0],
-                kind: IdKind::Superblock { blocks: trace },
-                code: Box::default(),
-            });
-            for after in 0..2u32 {
-                t.learn(&NewBlock {
-                    id: BlockId(4 + after),
-                    summary: t.blocks[after as usize],
-                    kind: IdKind::SideExit {
-                        superblock: BlockId(3),
-                        after,
-                    },
-                    code: Box::default(),
-                });
-            }
+            let mut t = superblock_over_a_branch(back);
             // Phase 1 before the superblock (0 → 1) and in it (3 runs to its end); phase 2 in
             // it: the side exit after the head (4), then block 2, back to the superblock.
             for _ in 0..30 {
@@ -600,41 +614,10 @@ mod tests {
     /// it is re-formed.
     #[test]
     fn a_superblock_whose_look_asked_nothing_waits_until_its_runs_double() {
-        let mut t = Tables::default();
-        t.hot_threshold = 10;
-        let (head, a, b) = (0x4000, 0x4010, 0x4020);
-        let branch = Terminator::Branch {
-            cond: Cond::Ne,
-            taken: GuestAddr(a),
-            not_taken: GuestAddr(b),
-        };
-        block(&mut t, 0, head, 2, branch);
-        block(&mut t, 1, a, 3, Terminator::IndirectJump);
-        let back = Terminator::Jump {
-            target: GuestAddr(head),
-        };
-        block(&mut t, 2, b, 3, back);
-        let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
-        t.learn(&NewBlock {
-            id: BlockId(3),
-            summary: t.blocks[0],
-            kind: IdKind::Superblock { blocks: trace },
-            code: Box::default(),
-        });
-        for after in 0..2u32 {
-            t.learn(&NewBlock {
-                id: BlockId(4 + after),
-                summary: t.blocks[after as usize],
-                kind: IdKind::SideExit {
-                    superblock: BlockId(3),
-                    after,
-                },
-                code: Box::default(),
-            });
-        }
+        let mut t = superblock_over_a_branch(Terminator::IndirectJump);
         for (id, addr) in [(6, 0x5000), (7, 0x5100), (8, 0x5200)] {
             let back = Terminator::Jump {
-                target: GuestAddr(head),
+                target: GuestAddr(HEAD),
             };
             block(&mut t, id, addr, 1, back);
         }
