@@ -32,7 +32,7 @@ pub fn build_dir() -> PathBuf {
 /// The gcc arguments (without the output and the source) that build `source` with `linkage`.
 /// C samples are linked against glibc and libm (static, or shared for [`Linkage::Dynamic`],
 /// gcc's default PIE); `.S` samples are freestanding (`-nostdlib`, entry `_start`, raw
-/// syscalls).
+/// syscalls). C samples named `lines_*` are built with `-g`.
 pub fn gcc_args(source: &str, linkage: Linkage) -> Vec<String> {
     let include = format!("-I{}", paths::samples_dir().display());
     let link = linkage.gcc_flag().map(String::from);
@@ -43,8 +43,15 @@ pub fn gcc_args(source: &str, linkage: Linkage) -> Vec<String> {
             .chain([include])
             .collect()
     } else {
+        // Samples named `lines_*` test source lines: they carry DWARF.
+        let debug = stem(source)
+            .rsplit('/')
+            .next()
+            .is_some_and(|s| s.starts_with("lines_"))
+            .then(|| "-g".to_string());
         [C_OPT.into(), "-Wall".into(), "-Wextra".into()]
             .into_iter()
+            .chain(debug)
             .chain(link)
             .chain(["-pthread".into(), include])
             .collect()

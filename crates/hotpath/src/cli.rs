@@ -78,6 +78,10 @@ pub struct OutputArgs {
     /// records the shadow call stack (as `--paths` does) for the calls' inclusive costs.
     #[arg(long, value_name = "FILE")]
     pub callgrind: Option<PathBuf>,
+    /// Write a gzipped pprof profile (`go tool pprof`, Pyroscope, Parca) to FILE: exact guest
+    /// instruction and block counts by source line; calling contexts with `--paths`.
+    #[arg(long, value_name = "FILE.pb.gz")]
+    pub pprof: Option<PathBuf>,
 }
 
 impl OutputArgs {
@@ -87,6 +91,7 @@ impl OutputArgs {
             || self.flamegraph.is_some()
             || self.drcov.is_some()
             || self.callgrind.is_some()
+            || self.pprof.is_some()
     }
 }
 

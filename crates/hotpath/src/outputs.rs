@@ -1,9 +1,9 @@
 //! Everything rendered from a finished profile: the JSON report, the text summary, DOT files,
-//! the flame graph, drcov coverage and the callgrind profile.
+//! the flame graph, drcov coverage, the callgrind profile and the pprof profile.
 
 use std::path::Path;
 
-use hotpath_report::{callgrind, drcov, graph, text, Report, ReportError};
+use hotpath_report::{callgrind, drcov, graph, pprof, text, Report, ReportError};
 
 use crate::cli::OutputArgs;
 
@@ -28,6 +28,9 @@ pub fn write_files(report: &Report, outputs: &OutputArgs) -> bool {
     }
     if let Some(path) = &outputs.callgrind {
         check(callgrind::write(report, path));
+    }
+    if let Some(path) = &outputs.pprof {
+        check(pprof::write(report, path));
     }
     ok
 }

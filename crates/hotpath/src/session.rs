@@ -145,6 +145,7 @@ impl Monitoring {
             &mut o.flamegraph,
             &mut o.drcov,
             &mut o.callgrind,
+            &mut o.pprof,
         ] {
             if let Some(path) = p.take() {
                 *p = Some(with_suffix(&path, suffix));
@@ -646,6 +647,7 @@ fn absolutize_outputs(args: &mut RunArgs) {
         &mut o.flamegraph,
         &mut o.drcov,
         &mut o.callgrind,
+        &mut o.pprof,
     ]
     .into_iter()
     .flatten()
@@ -729,6 +731,7 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
         ("--flamegraph", &o.flamegraph),
         ("--drcov", &o.drcov),
         ("--callgrind", &o.callgrind),
+        ("--pprof", &o.pprof),
     ] {
         if let Some(f) = file {
             opt(name, Some(with_suffix(f, EXEC_SUFFIX).into()));

@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
+use crate::lines::{Run, SourceLines};
 use crate::{Addr, EdgeKind, Report, ReportError, Terminator};
 
 /// Name of the function of code no symbol or shadow-stack function covers.
@@ -92,15 +93,15 @@ pub fn render(r: &Report) -> String {
         by_entry.insert(f.entry, func.clone());
         entry_of.insert(func.clone(), f.entry);
         for c in &f.blocks {
-            let Some(b) = blocks.get(&c.addr) else {
+            if !blocks.contains_key(&c.addr) {
                 continue;
-            };
+            }
             *covered.entry(c.addr).or_insert(0) += c.count;
             *costs
                 .entry(func.clone())
                 .or_default()
                 .entry(c.addr)
-                .or_insert(0) += c.count * b.instructions as u64;
+                .or_insert(0) += c.count;
             let o = owner.entry(c.addr).or_insert((0, func.clone()));
             if c.count > o.0 {
                 *o = (c.count, func.clone());
@@ -123,7 +124,7 @@ pub fn render(r: &Report) -> String {
                 .entry(symbol_func(b))
                 .or_default()
                 .entry(b.addr)
-                .or_insert(0) += rest * b.instructions as u64;
+                .or_insert(0) += rest;
         }
     }
 
@@ -190,14 +191,41 @@ pub fn render(r: &Report) -> String {
         }
     }
 
+    // Each block as runs of instructions of one source line (one run without lines).
+    let lines = SourceLines::load(r);
+    let runs: HashMap<Addr, Vec<Run>> = r
+        .blocks
+        .iter()
+        .filter(|b| b.count > 0)
+        .map(|b| (b.addr, lines.runs(b)))
+        .collect();
+    let runs_of = |a: Addr| runs.get(&a).map_or(&[][..], Vec::as_slice);
+    let line_of = |runs: &[Run], last: bool| {
+        let run = if last { runs.last() } else { runs.first() };
+        run.and_then(|r| r.frames.first()).map_or(0, |f| f.line)
+    };
+
     let mut out = String::new();
     let program = r.argv.join(" ");
     let _ = write!(
         out,
-        "# callgrind format\nversion: 1\ncreator: hotpath\npid: 0\ncmd: {program}\npart: 1\n\npositions: instr\nevents: Ir\nsummary: {}\n\n",
+        "# callgrind format\nversion: 1\ncreator: hotpath\npid: 0\ncmd: {program}\npart: 1\n\npositions: instr line\nevents: Ir\nsummary: {}\n\n",
         r.totals.guest_instructions
     );
     // Name compression: every object, file and function named once, then by number.
+    let mut files: HashMap<String, usize> = HashMap::new();
+    let mut file_ref = |out: &mut String, key: &str, file: &str| {
+        let n = files.len() + 1;
+        match files.get(file) {
+            Some(i) => {
+                let _ = writeln!(out, "{key}=({i})");
+            }
+            None => {
+                files.insert(file.to_string(), n);
+                let _ = writeln!(out, "{key}=({n}) {file}");
+            }
+        }
+    };
     let mut obs: HashMap<String, usize> = HashMap::new();
     let mut fns: HashMap<Func, usize> = HashMap::new();
     let mut ob_ref = |out: &mut String, key: &str, ob: &str| {
@@ -231,13 +259,42 @@ pub fn render(r: &Report) -> String {
     let mut funcs: Vec<&Func> = costs.keys().chain(callers.keys().copied()).collect();
     funcs.sort();
     funcs.dedup();
-    for (i, f) in funcs.into_iter().enumerate() {
+    for f in funcs {
         ob_ref(&mut out, "ob", &f.ob);
-        // No source files: every function is in the one unknown file.
-        out.push_str(if i == 0 { "fl=(1) ???\n" } else { "fl=(1)\n" });
+        // The function's file: where its first line-numbered instruction's function is
+        // (the outermost frame); a cost line from an inlined function's file switches to it
+        // with `fi=` and back with `fe=`.
+        let file_of = |run: &Run| run.frames.last().and_then(|fr| fr.file.clone());
+        let home = costs
+            .get(f)
+            .into_iter()
+            .flatten()
+            .find_map(|(&a, _)| runs_of(a).iter().find_map(file_of))
+            .unwrap_or_else(|| UNKNOWN.to_string());
+        file_ref(&mut out, "fl", &home);
         fn_ref(&mut out, "fn", f);
-        for (a, c) in costs.get(f).into_iter().flatten() {
-            let _ = writeln!(out, "{a} {c}");
+        let mut current = home.clone();
+        for (&a, &executions) in costs.get(f).into_iter().flatten() {
+            for run in runs_of(a) {
+                let (file, line) = run
+                    .frames
+                    .first()
+                    .map_or((None, 0), |fr| (fr.file.clone(), fr.line));
+                let file = file.unwrap_or_else(|| home.clone());
+                if file != current {
+                    file_ref(&mut out, if file == home { "fe" } else { "fi" }, &file);
+                    current = file;
+                }
+                let _ = writeln!(
+                    out,
+                    "{} {line} {}",
+                    run.addr,
+                    executions * run.instructions as u64
+                );
+            }
+        }
+        if current != home {
+            file_ref(&mut out, "fe", &home);
         }
         for &(callee, incl) in callers.get(f).into_iter().flatten() {
             let (count, site, _) =
@@ -248,7 +305,14 @@ pub fn render(r: &Report) -> String {
             let target = entry_of.get(callee).copied().unwrap_or(Addr(0));
             ob_ref(&mut out, "cob", &callee.ob);
             fn_ref(&mut out, "cfn", callee);
-            let _ = writeln!(out, "calls={count} {target}\n{site} {incl}");
+            let target_line = line_of(runs_of(target), false);
+            let site_runs = runs_of(site);
+            let site_line = line_of(site_runs, true);
+            let site_addr = site_runs.last().map_or(site, |r| r.addr);
+            let _ = writeln!(
+                out,
+                "calls={count} {target} {target_line}\n{site_addr} {site_line} {incl}"
+            );
         }
         out.push('\n');
     }

@@ -17,7 +17,9 @@ pub mod callgrind;
 pub mod drcov;
 pub mod graph;
 mod json;
+pub mod lines;
 pub mod merge;
+pub mod pprof;
 #[cfg(test)]
 mod sample;
 mod schema;

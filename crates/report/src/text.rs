@@ -1,11 +1,12 @@
 //! The human summary of a report: totals, where the time goes (functions by their share of
-//! guest instructions), hot paths named by symbol (with guest disassembly on request), hottest
+//! guest instructions), hot source lines (where there is debug information), hot paths named by symbol (with guest disassembly on request), hottest
 //! blocks, busiest indirect branches, system calls and superblocks (`hotpath report
 //! FILE.json`, and what `hotpath run` prints on stderr).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
+use crate::lines::{line_costs, Frame, SourceLines};
 use crate::{Addr, Block, PathEntry, Report};
 
 /// Guest disassembly (Intel syntax) of `code` at `addr`, one `addr: text` line per instruction.
@@ -77,8 +78,34 @@ pub fn functions_by_share(r: &Report) -> Vec<(String, u64, Option<u64>)> {
     out
 }
 
+/// The "hot lines" table: the `top` source lines with the most guest instructions executed
+/// (exact: each instruction counted as often as its block ran), as `file:line  function`;
+/// empty when no module of `r` has debug information.
+fn hot_lines(r: &Report, top: usize) -> String {
+    let lines = SourceLines::load(r);
+    let mut out = String::new();
+    if !lines.any() || r.totals.guest_instructions == 0 {
+        return out;
+    }
+    let mut rows: Vec<(Frame, (u64, Addr))> = line_costs(r, &lines).into_iter().collect();
+    rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+    out.push_str("hotpath: hot lines (share of guest instructions, source line, function):\n");
+    for (f, (n, _)) in rows.iter().take(top) {
+        let _ = writeln!(
+            out,
+            "  {:5.1}%  {}:{}  {}",
+            100.0 * *n as f64 / r.totals.guest_instructions as f64,
+            f.file.as_deref().unwrap_or(crate::callgrind::UNKNOWN),
+            f.line,
+            f.function.as_deref().unwrap_or(crate::callgrind::UNKNOWN),
+        );
+    }
+    out
+}
+
 /// The human report: totals; where the time goes (the top `top` functions by their share of
-/// guest instructions, self and with callees, most self first); the top hot paths (count, share of executed
+/// guest instructions, self and with callees, most self first); the hot source lines where
+/// the program has debug information; the top hot paths (count, share of executed
 /// blocks, blocks as `symbol+offset`, and with `disasm` each block's guest disassembly where
 /// the report has code); the hottest blocks; the busiest indirect branches with their targets
 /// and predictability; the system calls and the superblocks.
@@ -115,6 +142,8 @@ pub fn render(r: &Report, top: usize, disasm: bool) -> String {
             };
         }
     }
+
+    out.push_str(&hot_lines(r, top));
 
     if let Some(pp) = &r.path_profile {
         let mut paths: Vec<&PathEntry> = pp.paths.iter().collect();
