@@ -64,6 +64,11 @@ pub struct OutputArgs {
     /// List each hot path's blocks with their guest disassembly in the text summary.
     #[arg(long)]
     pub disasm: bool,
+    /// Show hot source lines also for modules whose debug information is in a separate file
+    /// (/usr/lib/debug, from the system's -dbg/-dbgsym packages); a module built with -g has
+    /// its hot lines without this.
+    #[arg(long)]
+    pub lines: bool,
     /// Write a Graphviz file per hot function into DIR (with `run`, records path profiles).
     #[arg(long, value_name = "DIR")]
     pub dot: Option<PathBuf>,

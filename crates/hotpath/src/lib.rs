@@ -48,10 +48,7 @@ pub fn report(args: ReportArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    print!(
-        "{}",
-        outputs::summary(&report, args.outputs.top, args.outputs.disasm)
-    );
+    print!("{}", outputs::summary(&report, &args.outputs));
     if outputs::write_files(&report, &args.outputs) {
         ExitCode::SUCCESS
     } else {

@@ -46,8 +46,8 @@ pub fn write_json(report: &Report, path: &Path) -> bool {
     }
 }
 
-/// The text summary of `report`, `top` rows per table, the hot paths' guest disassembly with
-/// `disasm`.
-pub fn summary(report: &Report, top: usize, disasm: bool) -> String {
-    text::render(report, top, disasm)
+/// The text summary of `report` as `outputs` asks for it (rows per table, disassembly, hot
+/// lines from separate debug files).
+pub fn summary(report: &Report, outputs: &OutputArgs) -> String {
+    text::render(report, outputs.top, outputs.disasm, outputs.lines)
 }

@@ -726,6 +726,12 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     );
     let o = &monitoring.outputs;
     opt("--top", Some(o.top.to_string().into()));
+    if o.disasm {
+        opt("--disasm", None);
+    }
+    if o.lines {
+        opt("--lines", None);
+    }
     for (name, file) in [
         ("--dot", &o.dot),
         ("--flamegraph", &o.flamegraph),
@@ -878,11 +884,7 @@ fn finish_report(
         outputs::write_json(&report, path);
     }
     if !quiet {
-        crate::say_text(&outputs::summary(
-            &report,
-            monitoring.outputs.top,
-            monitoring.outputs.disasm,
-        ));
+        crate::say_text(&outputs::summary(&report, &monitoring.outputs));
     }
     outputs::write_files(&report, &monitoring.outputs);
     if process_ends {

@@ -192,7 +192,7 @@ pub fn render(r: &Report) -> String {
     }
 
     // Each block as runs of instructions of one source line (one run without lines).
-    let lines = SourceLines::load(r);
+    let lines = SourceLines::load(r, true);
     let runs: HashMap<Addr, Vec<Run>> = r
         .blocks
         .iter()

@@ -67,14 +67,15 @@ pub struct SourceLines {
 
 impl SourceLines {
     /// Reads the debug information of each of `r`'s modules that has some (the files must
-    /// still be where the report says they were mapped from). Never fails: a module whose
-    /// file or debug information is missing or malformed has no lines.
-    pub fn load(r: &Report) -> SourceLines {
+    /// still be where the report says they were mapped from): in the module file itself, and
+    /// with `separate` also in a separate debug file. Never fails: a module whose file or
+    /// debug information is missing or malformed has no lines.
+    pub fn load(r: &Report, separate: bool) -> SourceLines {
         SourceLines {
             modules: r
                 .modules
                 .iter()
-                .map(|m| load_module(Path::new(&m.path), m.base.0))
+                .map(|m| load_module(Path::new(&m.path), m.base.0, separate))
                 .collect(),
         }
     }
@@ -194,8 +195,9 @@ fn frames_at(loader: &addr2line::Loader, probe: u64) -> Vec<Frame> {
 }
 
 /// The debug information of the module file at `path`, mapped so that file offset 0 is at
-/// run-time address `base`; `None` without any.
-fn load_module(path: &Path, base: u64) -> Option<ModuleLines> {
+/// run-time address `base` (with `separate`, also from a separate debug file); `None` without
+/// any.
+fn load_module(path: &Path, base: u64, separate: bool) -> Option<ModuleLines> {
     let file = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping of a module file; a file changed under it gives wrong
     // lines, never unsoundness in the code that reads the bytes (they are parsed as untrusted).
@@ -210,8 +212,10 @@ fn load_module(path: &Path, base: u64) -> Option<ModuleLines> {
     let bias = base.wrapping_sub(first.address() - first.file_range().0);
     let debug_file = if has_dwarf(&obj) {
         path.to_path_buf()
-    } else {
+    } else if separate {
         separate_debug_file(path, &obj)?
+    } else {
+        return None;
     };
     let loader = addr2line::Loader::new(&debug_file).ok()?;
     let segments = obj
@@ -306,10 +310,10 @@ mod tests {
 
     #[test]
     fn a_module_that_is_missing_or_not_an_elf_has_no_lines() {
-        assert!(load_module(Path::new("/nonexistent/module"), 0).is_none());
+        assert!(load_module(Path::new("/nonexistent/module"), 0, true).is_none());
         let junk = std::env::temp_dir().join(format!("hotpath-lines-junk-{}", std::process::id()));
         std::fs::write(&junk, b"\x7fELF but not really an ELF file at all").unwrap();
-        assert!(load_module(&junk, 0).is_none());
+        assert!(load_module(&junk, 0, true).is_none());
         let _ = std::fs::remove_file(&junk);
     }
 }

@@ -291,7 +291,7 @@ struct BlockLines<'a> {
 
 /// Builds `r`'s pprof profile (not yet encoded).
 fn build(r: &Report) -> proto::Profile {
-    let lines = SourceLines::load(r);
+    let lines = SourceLines::load(r, true);
     let mut b = Builder::new();
     let instructions = b.string("guest_instructions");
     let blocks_executed = b.string("block_executions");

@@ -80,9 +80,11 @@ pub fn functions_by_share(r: &Report) -> Vec<(String, u64, Option<u64>)> {
 
 /// The "hot lines" table: the `top` source lines with the most guest instructions executed
 /// (exact: each instruction counted as often as its block ran), as `file:line  function`;
-/// empty when no module of `r` has debug information.
-fn hot_lines(r: &Report, top: usize) -> String {
-    let lines = SourceLines::load(r);
+/// empty when no module of `r` has debug information (in the module file, and with
+/// `separate_debug` also in a separate debug file: reading glibc's from libc6-dbg costs a short
+/// process about 150 ms).
+fn hot_lines(r: &Report, top: usize, separate_debug: bool) -> String {
+    let lines = SourceLines::load(r, separate_debug);
     let mut out = String::new();
     if !lines.any() || r.totals.guest_instructions == 0 {
         return out;
@@ -105,11 +107,11 @@ fn hot_lines(r: &Report, top: usize) -> String {
 
 /// The human report: totals; where the time goes (the top `top` functions by their share of
 /// guest instructions, self and with callees, most self first); the hot source lines where
-/// the program has debug information; the top hot paths (count, share of executed
+/// the program has debug information (`separate_debug`: also from separate debug files); the top hot paths (count, share of executed
 /// blocks, blocks as `symbol+offset`, and with `disasm` each block's guest disassembly where
 /// the report has code); the hottest blocks; the busiest indirect branches with their targets
 /// and predictability; the system calls and the superblocks.
-pub fn render(r: &Report, top: usize, disasm: bool) -> String {
+pub fn render(r: &Report, top: usize, disasm: bool, separate_debug: bool) -> String {
     let t = &r.totals;
     let executed = t.blocks_executed.max(1);
     let share = |n: u64| 100.0 * n as f64 / executed as f64;
@@ -143,7 +145,7 @@ pub fn render(r: &Report, top: usize, disasm: bool) -> String {
         }
     }
 
-    out.push_str(&hot_lines(r, top));
+    out.push_str(&hot_lines(r, top, separate_debug));
 
     if let Some(pp) = &r.path_profile {
         let mut paths: Vec<&PathEntry> = pp.paths.iter().collect();
@@ -387,7 +389,7 @@ mod tests {
                 ("f".to_string(), 10, Some(10))
             ]
         );
-        let text = render(&with_paths(), 10, false);
+        let text = render(&with_paths(), 10, false, false);
         let where_ = text
             .find("where the time goes")
             .expect("a functions section");
@@ -399,10 +401,10 @@ mod tests {
     #[test]
     fn hot_paths_are_named_by_symbol_and_disassembled_only_on_request() {
         let names = "      main -> main+0x8 -> main+0x14\n";
-        let plain = render(&with_paths(), 10, false);
+        let plain = render(&with_paths(), 10, false, false);
         assert!(plain.contains(names), "{plain}");
         assert!(!plain.contains("push rbp"), "{plain}");
-        let listed = render(&with_paths(), 10, true);
+        let listed = render(&with_paths(), 10, true, false);
         assert!(listed.contains(names), "{listed}");
         assert!(listed.contains(": push rbp\n"), "{listed}");
     }
