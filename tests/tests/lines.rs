@@ -186,6 +186,13 @@ fn pprof_profile_reads_in_go_tool_pprof() {
         .collect();
     assert_eq!(frames, ["sum_squares", "work", "main"], "{context}");
 
+    // The labels a profile store aggregates on.
+    let tags = pprof(&["-tags", s(&pb)]).unwrap();
+    assert!(
+        tags.contains("program:") && tags.contains("pid:") && tags.contains(s(&exe)),
+        "{tags}"
+    );
+
     // Profiles of several runs merge in pprof itself: two runs are exactly twice one.
     let merged = scratch().join("merged.pb.gz");
     pprof(&["-proto", "-output", s(&merged), s(&pb), s(&pb)]).unwrap();

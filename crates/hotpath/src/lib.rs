@@ -49,7 +49,7 @@ pub fn report(args: ReportArgs) -> ExitCode {
         }
     };
     print!("{}", outputs::summary(&report, &args.outputs));
-    if outputs::write_files(&report, &args.outputs) {
+    if outputs::write_files(&report, &args.outputs, None) {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

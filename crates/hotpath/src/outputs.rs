@@ -7,9 +7,10 @@ use hotpath_report::{callgrind, drcov, graph, pprof, text, Report, ReportError};
 
 use crate::cli::OutputArgs;
 
-/// Writes the files `outputs` asks for from `report`. Each failure is printed as one
-/// `hotpath:` line; returns whether all were written.
-pub fn write_files(report: &Report, outputs: &OutputArgs) -> bool {
+/// Writes the files `outputs` asks for from `report` (of the guest process `pid` when the run
+/// writes them). Each failure is printed as one `hotpath:` line; returns whether all were
+/// written.
+pub fn write_files(report: &Report, outputs: &OutputArgs, pid: Option<u32>) -> bool {
     let mut ok = true;
     let mut check = |r: Result<(), ReportError>| {
         if let Err(e) = r {
@@ -30,7 +31,7 @@ pub fn write_files(report: &Report, outputs: &OutputArgs) -> bool {
         check(callgrind::write(report, path));
     }
     if let Some(path) = &outputs.pprof {
-        check(pprof::write(report, path));
+        check(pprof::write(report, path, pid));
     }
     ok
 }

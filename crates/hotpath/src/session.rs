@@ -886,7 +886,8 @@ fn finish_report(
     if !quiet {
         crate::say_text(&outputs::summary(&report, &monitoring.outputs));
     }
-    outputs::write_files(&report, &monitoring.outputs);
+    // hotpath runs the guest in its own process: its pid is the guest's.
+    outputs::write_files(&report, &monitoring.outputs, Some(std::process::id()));
     if process_ends {
         std::mem::forget(report);
         std::mem::forget(tables);

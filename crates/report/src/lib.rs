@@ -6,8 +6,12 @@
 //!                 FILE.json ──read (strict)─┘  ├──▶ text summary (text.rs)
 //!                 FILE.json ... ──merge.rs──▶  ├──▶ DOT per hot function, flame graph (graph.rs)
 //!                                              ├──▶ drcov coverage for Lighthouse / bncov (drcov.rs)
-//!                                              └──▶ callgrind profile for KCachegrind (callgrind.rs)
+//!                                              ├──▶ callgrind profile for KCachegrind (callgrind.rs)
+//!                                              └──▶ pprof profile.proto for go tool pprof (pprof.rs)
 //! ```
+//!
+//! Source lines (lines.rs) come from each module's DWARF, read with addr2line, for the text
+//! report's hot lines, callgrind and pprof.
 //!
 //! Every renderer reads the same typed [`Report`]; none looks at JSON. A report file is read
 //! only if its `schema` is exactly [`SCHEMA`], and a field missing or of the wrong type is an

@@ -15,7 +15,8 @@
 //!
 //! Locations carry the guest address and, where the module has DWARF, every inlined frame
 //! ([`crate::lines`]); mappings carry each module's path, address range and build id, so pprof
-//! can find the binary and disassemble. Every sample is labelled with the program's path.
+//! can find the binary and disassemble. Every sample is labelled with the program's path and,
+//! when the run itself writes the profile, the guest's `pid`.
 //!
 //! Format: github.com/google/pprof, `proto/profile.proto`; the messages below are that file's,
 //! field for field, encoded with `prost`.
@@ -289,8 +290,9 @@ struct BlockLines<'a> {
     fallback: String,
 }
 
-/// Builds `r`'s pprof profile (not yet encoded).
-fn build(r: &Report) -> proto::Profile {
+/// Builds `r`'s pprof profile (not yet encoded), every sample labelled with the program and,
+/// when known, the guest's process id `pid`.
+fn build(r: &Report, pid: Option<u32>) -> proto::Profile {
     let lines = SourceLines::load(r, true);
     let mut b = Builder::new();
     let instructions = b.string("guest_instructions");
@@ -359,7 +361,10 @@ fn build(r: &Report) -> proto::Profile {
             )
         })
         .collect();
-    let program = b.label_str("program", &r.program);
+    let mut common = vec![b.label_str("program", &r.program)];
+    if let Some(pid) = pid {
+        common.push(b.label_num("pid", pid as i64));
+    }
 
     // Samples of block `a` executed `n` times, under `callers` (innermost first).
     let emit = |b: &mut Builder, a: Addr, n: u64, callers: &[u64], labels: &[proto::Label]| {
@@ -390,7 +395,7 @@ fn build(r: &Report) -> proto::Profile {
         };
     let mut covered: HashMap<Addr, u64> = HashMap::new();
     for (tid, pp) in profiles {
-        let mut labels = vec![program.clone()];
+        let mut labels = common.clone();
         if let Some(tid) = tid {
             labels.push(b.label_num("thread", tid as i64));
         }
@@ -441,7 +446,7 @@ fn build(r: &Report) -> proto::Profile {
             .count
             .saturating_sub(covered.get(&bl.addr).copied().unwrap_or(0));
         if rest > 0 {
-            emit(&mut b, bl.addr, rest, &[], std::slice::from_ref(&program));
+            emit(&mut b, bl.addr, rest, &[], &common);
         }
     }
     b.p
@@ -490,12 +495,13 @@ fn call_sites<'a>(r: &Report, pp: &'a PathProfile) -> HashMap<(&'a str, &'a str)
     out
 }
 
-/// Writes `r`'s gzipped pprof profile to `path` (atomically, as reports are).
+/// Writes `r`'s gzipped pprof profile to `path` (atomically, as reports are); `pid` is the
+/// guest's process id when the run is the one writing it (a saved report does not keep it).
 ///
 /// # Errors
 /// [`ReportError::Io`].
-pub fn write(r: &Report, path: &Path) -> Result<(), ReportError> {
-    let bytes = build(r).encode_to_vec();
+pub fn write(r: &Report, path: &Path, pid: Option<u32>) -> Result<(), ReportError> {
+    let bytes = build(r, pid).encode_to_vec();
     crate::write_atomically(path, |w| {
         let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::default());
         gz.write_all(&bytes)?;
@@ -511,7 +517,7 @@ mod tests {
     #[test]
     fn every_executed_instruction_is_in_one_sample() {
         let r = pie_run(0x1000);
-        let p = build(&r);
+        let p = build(&r, None);
         let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
         assert_eq!(total as u64, r.totals.guest_instructions);
         let blocks: i64 = p.sample.iter().map(|s| s.value[1]).sum();
@@ -536,7 +542,7 @@ mod tests {
     fn the_profile_is_gzipped_protobuf_that_decodes_back() {
         let r = pie_run(0x1000);
         let path = std::env::temp_dir().join(format!("hotpath-pprof-{}.pb.gz", std::process::id()));
-        write(&r, &path).unwrap();
+        write(&r, &path, Some(7)).unwrap();
         let mut raw = Vec::new();
         std::io::Read::read_to_end(
             &mut flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap()),
@@ -544,6 +550,9 @@ mod tests {
         )
         .unwrap();
         let _ = std::fs::remove_file(&path);
-        assert_eq!(proto::Profile::decode(raw.as_slice()).unwrap(), build(&r));
+        assert_eq!(
+            proto::Profile::decode(raw.as_slice()).unwrap(),
+            build(&r, Some(7))
+        );
     }
 }
