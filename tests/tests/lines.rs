@@ -186,6 +186,16 @@ fn pprof_profile_reads_in_go_tool_pprof() {
         .collect();
     assert_eq!(frames, ["sum_squares", "work", "main"], "{context}");
 
+    // `hotpath report SAVED --pprof` renders the same profile from the JSON report.
+    let again = scratch().join("again.pb.gz");
+    let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(&hotpath)
+        .args(["report", s(&run.file), "--pprof", s(&again)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(top_rows(&pprof(&["-top", s(&again)]).unwrap()), rows);
+
     // The labels a profile store aggregates on.
     let tags = pprof(&["-tags", s(&pb)]).unwrap();
     assert!(

@@ -347,13 +347,17 @@ mod tests {
         let r = pie_run(0x1000);
         let text = render(&r);
         assert!(
-            text.contains("positions: instr\nevents: Ir\nsummary: 21\n"),
+            text.contains("positions: instr line\nevents: Ir\nsummary: 21\n"),
             "{text}"
         );
-        // main: 2 x 2 + 2 x 3 + 1 x 1 instructions at its three blocks; f: 2 x 5.
-        assert!(text.contains("fn=(1) f\n0x1200 10\n"), "{text}");
+        // main: 2 x 2 + 2 x 3 + 1 x 1 instructions at its three blocks; f: 2 x 5. The module
+        // file does not exist: no source file, line 0.
         assert!(
-            text.contains("fn=(2) main\n0x1100 4\n0x1108 6\n0x1114 1\n"),
+            text.contains("fl=(1) ???\nfn=(1) f\n0x1200 0 10\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fn=(2) main\n0x1100 0 4\n0x1108 0 6\n0x1114 0 1\n"),
             "{text}"
         );
         assert!(
