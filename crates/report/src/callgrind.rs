@@ -24,7 +24,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use crate::lines::{Run, SourceLines};
-use crate::{Addr, EdgeKind, Report, ReportError, Terminator};
+use crate::{Addr, Report, ReportError};
 
 /// Name of the function of code no symbol or shadow-stack function covers.
 pub const UNKNOWN: &str = "???";
@@ -55,6 +55,36 @@ fn strip_module(name: &str, module_path: Option<&str>) -> String {
     match (name.split_once('!'), file) {
         (Some((m, f)), Some(file)) if m == file => f.to_string(),
         _ => name.to_string(),
+    }
+}
+
+/// Callgrind's name compression for one kind of name (objects, files or functions): `key=(n)
+/// name` the first time a name is written, `key=(n)` after.
+struct Names<K> {
+    ids: HashMap<K, usize>,
+}
+
+impl<K> Default for Names<K> {
+    fn default() -> Self {
+        Names {
+            ids: HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Names<K> {
+    /// Writes the `key=` line naming `k` (called `name`) to `out`.
+    fn write(&mut self, out: &mut String, key: &str, k: &K, name: &str) {
+        let n = self.ids.len() + 1;
+        match self.ids.get(k) {
+            Some(i) => {
+                let _ = writeln!(out, "{key}=({i})");
+            }
+            None => {
+                self.ids.insert(k.clone(), n);
+                let _ = writeln!(out, "{key}=({n}) {name}");
+            }
+        }
     }
 }
 
@@ -162,32 +192,13 @@ pub fn render(r: &Report) -> String {
             .or_else(|| blocks.get(&a).map(|b| symbol_func(b)))
     };
     let mut calls: HashMap<(Func, Func), (u64, Addr, u64)> = HashMap::new();
-    let mut add_call = |from: Addr, to: Addr, count: u64| {
+    for (from, to, count) in r.calls() {
         if let (Some(caller), Some(callee)) = (caller_of(from), callee_of(to)) {
             let c = calls.entry((caller, callee)).or_insert((0, from, 0));
             c.0 += count;
             if count > c.2 {
                 (c.1, c.2) = (from, count);
             }
-        }
-    };
-    for e in r.edges.iter().filter(|e| e.kind == EdgeKind::Call) {
-        add_call(e.from, e.to, e.count);
-    }
-    // An indirect call's site is its instruction; the block it ends holds the call.
-    let mut starts: Vec<Addr> = r.blocks.iter().map(|b| b.addr).collect();
-    starts.sort();
-    for s in r
-        .indirect_jumps
-        .iter()
-        .filter(|s| s.kind == Terminator::IndirectCall)
-    {
-        let i = starts.partition_point(|&a| a <= s.site);
-        let Some(&block) = i.checked_sub(1).and_then(|i| starts.get(i)) else {
-            continue;
-        };
-        for t in &s.targets {
-            add_call(block, t.addr, t.count);
         }
     }
 
@@ -213,45 +224,12 @@ pub fn render(r: &Report) -> String {
         r.totals.guest_instructions
     );
     // Name compression: every object, file and function named once, then by number.
-    let mut files: HashMap<String, usize> = HashMap::new();
-    let mut file_ref = |out: &mut String, key: &str, file: &str| {
-        let n = files.len() + 1;
-        match files.get(file) {
-            Some(i) => {
-                let _ = writeln!(out, "{key}=({i})");
-            }
-            None => {
-                files.insert(file.to_string(), n);
-                let _ = writeln!(out, "{key}=({n}) {file}");
-            }
-        }
-    };
-    let mut obs: HashMap<String, usize> = HashMap::new();
-    let mut fns: HashMap<Func, usize> = HashMap::new();
-    let mut ob_ref = |out: &mut String, key: &str, ob: &str| {
-        let n = obs.len() + 1;
-        match obs.get(ob) {
-            Some(i) => {
-                let _ = writeln!(out, "{key}=({i})");
-            }
-            None => {
-                obs.insert(ob.to_string(), n);
-                let _ = writeln!(out, "{key}=({n}) {ob}");
-            }
-        }
-    };
-    let mut fn_ref = |out: &mut String, key: &str, f: &Func| {
-        let n = fns.len() + 1;
-        match fns.get(f) {
-            Some(i) => {
-                let _ = writeln!(out, "{key}=({i})");
-            }
-            None => {
-                fns.insert(f.clone(), n);
-                let _ = writeln!(out, "{key}=({n}) {}", f.name);
-            }
-        }
-    };
+    let (mut files, mut obs, mut fns) = (Names::default(), Names::default(), Names::default());
+    let mut file_ref =
+        |out: &mut String, key: &str, file: &str| files.write(out, key, &file.to_string(), file);
+    let mut ob_ref =
+        |out: &mut String, key: &str, ob: &str| obs.write(out, key, &ob.to_string(), ob);
+    let mut fn_ref = |out: &mut String, key: &str, f: &Func| fns.write(out, key, f, &f.name);
     let mut callers: BTreeMap<&Func, Vec<(&Func, u64)>> = BTreeMap::new();
     for ((caller, callee), &incl) in &inclusive {
         callers.entry(caller).or_default().push((callee, incl));

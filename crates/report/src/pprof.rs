@@ -29,7 +29,7 @@ use prost::Message;
 
 use crate::callgrind::function_of_symbol;
 use crate::lines::{Frame, SourceLines};
-use crate::{Addr, EdgeKind, PathProfile, Report, ReportError};
+use crate::{Addr, PathProfile, Report, ReportError};
 
 /// `profile.proto`'s messages (only the fields hotpath writes are used; the rest stay zero).
 mod proto {
@@ -467,28 +467,11 @@ fn call_sites<'a>(r: &Report, pp: &'a PathProfile) -> HashMap<(&'a str, &'a str)
         }
     }
     let mut out: HashMap<(&str, &str), Vec<Addr>> = HashMap::new();
-    let mut add = |from: Addr, to: Addr| {
+    for (from, to, _) in r.calls() {
         if let (Some(&(_, caller)), Some(&callee)) = (owner.get(&from), by_entry.get(&to)) {
             let v = out.entry((caller, callee)).or_default();
             if !v.contains(&from) {
                 v.push(from);
-            }
-        }
-    };
-    for e in r.edges.iter().filter(|e| e.kind == EdgeKind::Call) {
-        add(e.from, e.to);
-    }
-    let mut starts: Vec<Addr> = r.blocks.iter().map(|b| b.addr).collect();
-    starts.sort();
-    for s in r
-        .indirect_jumps
-        .iter()
-        .filter(|s| s.kind == crate::Terminator::IndirectCall)
-    {
-        let i = starts.partition_point(|&a| a <= s.site);
-        if let Some(&block) = i.checked_sub(1).and_then(|i| starts.get(i)) {
-            for t in &s.targets {
-                add(block, t.addr);
             }
         }
     }

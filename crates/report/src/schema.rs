@@ -711,6 +711,31 @@ impl Report {
     pub fn module_of(&self, a: Addr) -> Option<usize> {
         module_of(&self.modules, a)
     }
+
+    /// Every call the tables saw, as `(calling block, callee entry, times)`: the direct call
+    /// edges, then each indirect call site's targets, the site given as the block it ends (a
+    /// site is an instruction address; its block is the last one starting at or before it).
+    pub fn calls(&self) -> Vec<(Addr, Addr, u64)> {
+        let mut out: Vec<(Addr, Addr, u64)> = self
+            .edges
+            .iter()
+            .filter(|e| e.kind == EdgeKind::Call)
+            .map(|e| (e.from, e.to, e.count))
+            .collect();
+        let mut starts: Vec<Addr> = self.blocks.iter().map(|b| b.addr).collect();
+        starts.sort();
+        for s in self
+            .indirect_jumps
+            .iter()
+            .filter(|s| s.kind == Terminator::IndirectCall)
+        {
+            let i = starts.partition_point(|&a| a <= s.site);
+            if let Some(&block) = i.checked_sub(1).and_then(|i| starts.get(i)) {
+                out.extend(s.targets.iter().map(|t| (block, t.addr, t.count)));
+            }
+        }
+        out
+    }
 }
 
 /// The module of `modules` (in mapping order) that contains guest address `a`: the latest one
