@@ -279,8 +279,17 @@ fn callgrind_annotate_annotates_the_hot_source_line() {
 fn hot_lines_in_the_text_report_and_bad_debug_information() {
     let exe = guest_build::build(SAMPLE, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    let json_file = scratch().join("text.json");
     let out = Command::new(&hotpath)
-        .args(["run", "--top", "3", "--", s(&exe)])
+        .args([
+            "run",
+            "--top",
+            "3",
+            "--report",
+            s(&json_file),
+            "--",
+            s(&exe),
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -290,10 +299,16 @@ fn hot_lines_in_the_text_report_and_bad_debug_information() {
         .expect("a hot lines table")
         .1;
     let first = table.lines().nth(1).expect("a row");
+    // Its share is the one objdump's lines and the block counts give.
+    let json: Value = serde_json::from_slice(&fs::read(&json_file).unwrap()).unwrap();
+    let hot = source_line("/* HOT */");
+    let share = 100.0 * expected_line_counts(&json, &exe)[&hot] as f64
+        / as_u64(&json["totals"]["guest_instructions"]) as f64;
     assert!(
-        first.contains(&format!("{SAMPLE}:{}", source_line("/* HOT */")))
+        first.starts_with(&format!("  {share:5.1}%  "))
+            && first.contains(&format!("{SAMPLE}:{hot}  "))
             && first.ends_with("sum_squares"),
-        "{err}"
+        "{share:.1}% expected: {err}"
     );
 
     // The same program with its .debug_info and .debug_line replaced by junk.
