@@ -486,7 +486,7 @@ fn call_sites<'a>(r: &Report, pp: &'a PathProfile) -> HashMap<(&'a str, &'a str)
 pub fn write(r: &Report, path: &Path, pid: Option<u32>) -> Result<(), ReportError> {
     let bytes = build(r, pid).encode_to_vec();
     crate::write_atomically(path, |w| {
-        let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::default());
+        let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::fast());
         gz.write_all(&bytes)?;
         gz.finish().map(drop)
     })
