@@ -23,8 +23,8 @@ mod thread;
 
 pub use decisions::{Decisions, DEFAULT_SUPERBLOCK_THRESHOLD};
 pub use paths::{
-    FunctionSymbol, PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP, PAP_LISTED,
-    PAP_MAX_PATHS, PAP_PATHS_TOP,
+    FunctionSymbol, PathConfig, PathRecorder, Recorder, DEFAULT_PAP_THRESHOLD, K_PATHS_TOP,
+    PAP_LISTED, PAP_MAX_PATHS, PAP_PATHS_TOP,
 };
 pub use profile::{
     add_code, report_of, thread_report, thread_row_of, RunInfo, Symbolizer, THREAD_HOTTEST,

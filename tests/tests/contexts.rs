@@ -202,7 +202,7 @@ fn a_call_the_runtime_carries_out_returns_in_the_path_profile() {
     for (m, extra) in MODES
         .iter()
         .copied()
-        .chain([&["--paths-per-block"][..]])
+        .chain([&["--paths-recorder", "per-block"][..]])
         .enumerate()
     {
         let r = paths_report(&exe, &format!("vsyscall-{m}"), extra);

@@ -312,7 +312,7 @@ fn call_stacks_follow_the_source() {
         for (tag, extra) in [
             ("default", &[][..]),
             ("eager", &["--superblock-threshold", "1"][..]),
-            ("per-block", &["--paths-per-block"][..]),
+            ("per-block", &["--paths-recorder", "per-block"][..]),
             (
                 "tiny-ring",
                 &["--superblock-threshold", "1", "--ring-entries", "64"][..],
@@ -579,14 +579,15 @@ const DETERMINISTIC: &[&str] = &[
 ];
 
 /// The memoised recorder (per event: a segment of a superblock's blocks applied from a memo)
-/// writes the same paths, k-paths, PAP runs, CFGs and call stacks as the per-block reference
-/// (`--paths-per-block`), with superblocks built as early as possible (so events stand for
-/// many blocks, side exits included), every function recording PAP runs (so memoised path
-/// ends are replayed into them) and k-paths on. Samples whose block counts depend on timing
-/// (asynchronous signals, fork) or on where the guest maps code (`signal_fault` runs code in
-/// a page it maps) are left out.
+/// and the sums recorder (Ball-Larus sums per activation, renumbered as the CFG grows) write
+/// the same paths, k-paths, PAP runs, CFGs and call stacks as the per-block reference
+/// (`--paths-recorder per-block`), with superblocks built as early as possible (so events
+/// stand for many blocks, side exits included), every function recording PAP runs (so
+/// memoised path ends are replayed into them) and k-paths on. Samples whose block counts
+/// depend on timing (asynchronous signals, fork) or on where the guest maps code
+/// (`signal_fault` runs code in a page it maps) are left out.
 #[test]
-fn memoised_paths_match_the_per_block_reference() {
+fn every_recorder_matches_the_per_block_reference() {
     let runs = deterministic_runs(&[
         "paths_branchy.S",
         "paths_loops.c",
@@ -598,6 +599,8 @@ fn memoised_paths_match_the_per_block_reference() {
         "paths_deep_mutual.S",
         // A PAP run past the 2^20 paths a run may have (abandoned at the same path).
         "paths_long_run.c",
+        // More paths than a u64 numbers, found mid-activation (the sums recorder spells it).
+        "paths_many_paths.c",
     ]);
     // Every path end replayed one by one (k-paths, PAP everywhere); PAP everywhere without
     // k-paths (the fast loop feeds PAP runs itself); and the default: memoised path ends only
@@ -628,11 +631,15 @@ fn memoised_paths_match_the_per_block_reference() {
         for (name, exe, args) in &runs {
             let memo = run_report(exe, &format!("memo{c}-{name}"), args, config);
             let mut per_block = config.to_vec();
-            per_block.push("--paths-per-block");
+            per_block.extend(["--paths-recorder", "per-block"]);
             let reference = run_report(exe, &format!("per-block{c}-{name}"), args, &per_block);
             // The memoised recorder also counts the tables' edges for the events its fast
             // loop takes; the per-block one leaves them all to the tables.
             assert_same_profile(&format!("{name} ({config:?})"), &memo, &reference);
+            let mut sums = config.to_vec();
+            sums.extend(["--paths-recorder", "sums"]);
+            let by_sums = run_report(exe, &format!("sums{c}-{name}"), args, &sums);
+            assert_same_profile(&format!("{name} ({config:?}, sums)"), &by_sums, &reference);
             if c == 0
                 && memo["totals"]["events"].as_u64() < memo["totals"]["blocks_executed"].as_u64()
             {
@@ -684,7 +691,12 @@ fn each_thread_has_its_own_paths() {
         ("memo", &["--superblock-threshold", "1"][..]),
         (
             "per-block",
-            &["--superblock-threshold", "1", "--paths-per-block"][..],
+            &[
+                "--superblock-threshold",
+                "1",
+                "--paths-recorder",
+                "per-block",
+            ][..],
         ),
     ] {
         let json = run_report(&exe, &format!("threads-{tag}"), &[], extra);

@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use hotpath_events::{DEFAULT_RING_ENTRIES, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 use hotpath_monitor::{DEFAULT_PAP_THRESHOLD, DEFAULT_SUPERBLOCK_THRESHOLD};
 
@@ -171,10 +171,12 @@ pub struct RunArgs {
     /// Path ends after which a function is hot and records PAP cyclic paths (0: all).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PAP_THRESHOLD)]
     pub pap_threshold: u64,
-    /// Record paths one basic block at a time, without memoised transitions: the slower
-    /// reference the default recorder is checked against (same profile).
-    #[arg(long)]
-    pub paths_per_block: bool,
+    /// The path recorder (every one gives the same profile): `memo`, memoised transitions
+    /// per superblock run (the default); `sums`, Ball-Larus sums per activation, stepped per
+    /// basic block; `per-block`, the path trie stepped per basic block, the slower reference
+    /// the others are checked against.
+    #[arg(long, value_enum, value_name = "RECORDER", default_value_t = PathsRecorder::Memo)]
+    pub paths_recorder: PathsRecorder,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
     /// buy; the profile is the same).
     #[arg(long)]
@@ -288,5 +290,27 @@ mod tests {
         assert!(run_args(&["run", "--callgrind", "cg", "p"]).records_paths());
         assert!(!run_args(&["run", "--callgrind", "cg", "--no-paths", "p"]).records_paths());
         assert!(!run_args(&["run", "p"]).records_paths());
+    }
+}
+
+/// `--paths-recorder`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PathsRecorder {
+    /// Memoised transitions per superblock run.
+    Memo,
+    /// Ball-Larus sums per activation, per basic block.
+    Sums,
+    /// The path trie per basic block (the reference).
+    PerBlock,
+}
+
+impl PathsRecorder {
+    /// The monitor's recorder of that name.
+    pub fn recorder(self) -> hotpath_monitor::Recorder {
+        match self {
+            PathsRecorder::Memo => hotpath_monitor::Recorder::Memo,
+            PathsRecorder::Sums => hotpath_monitor::Recorder::Sums,
+            PathsRecorder::PerBlock => hotpath_monitor::Recorder::PerBlock,
+        }
     }
 }

@@ -540,7 +540,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let paths = args.records_paths().then(|| PathConfig {
         pap_threshold: args.pap_threshold,
         k: args.k,
-        per_block: args.paths_per_block,
+        recorder: args.paths_recorder.recorder(),
         symbols: image
             .symbols
             .iter()
@@ -711,8 +711,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
         "--pap-threshold",
         Some(args.pap_threshold.to_string().into()),
     );
-    if args.paths_per_block {
-        opt("--paths-per-block", None);
+    if args.paths_recorder != crate::cli::PathsRecorder::Memo {
+        let name = clap::ValueEnum::to_possible_value(&args.paths_recorder).expect("a named value");
+        opt("--paths-recorder", Some(name.get_name().to_string().into()));
     }
     if args.no_superblocks {
         opt("--no-superblocks", None);

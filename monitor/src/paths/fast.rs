@@ -368,6 +368,9 @@ impl PathRecorder {
                         pap_len: 0,
                         call_node,
                         resume: NONE,
+                        r: 0,
+                        last_node: NONE,
+                        path_instr: 0,
                     });
                     (func, return_to, pap) = (f, id_ret[prev as usize], pap_node != NONE);
                     (cur, blocks, ends, by_memo) = (root, 0, 0, false);

@@ -5,7 +5,10 @@ use hotpath_ir::Terminator;
 use hotpath_pathprof::KSlabForest;
 
 use super::ids::{FxMap, NONE};
+use super::numbering::Numbering;
 use super::recorder::PathRecorder;
+#[cfg(doc)]
+use super::recorder::Recorder;
 use super::stack::{K_CALL, K_INDIRECT, K_OTHER, K_RET};
 use crate::Tables;
 
@@ -50,6 +53,14 @@ pub(crate) struct Function {
     pub kslab: Option<KSlabForest>,
     /// Root of its PAP runs in the run trie, or [`NONE`] before its first one.
     pub(crate) pap_root: u32,
+    /// The Ball-Larus numbering of its edges seen so far ([`Recorder::Sums`]).
+    pub(crate) bl: Numbering,
+    /// Runs of its paths not yet added to the interned paths' counts, by Ball-Larus id under
+    /// `bl` ([`Recorder::Sums`]).
+    pub(crate) bl_counts: FxMap<u64, u64>,
+    /// Its numbering needed more than 2^64 ids: its activations keep trie nodes, as the
+    /// per-block reference does ([`Recorder::Sums`]).
+    pub(crate) spelled: bool,
 }
 
 impl Function {
@@ -68,6 +79,9 @@ impl Function {
             kslab: None,
             pap_root: NONE,
             paths: Vec::new(),
+            bl: Numbering::default(),
+            bl_counts: FxMap::default(),
+            spelled: false,
         }
     }
 }

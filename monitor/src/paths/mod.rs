@@ -72,13 +72,15 @@ mod fast;
 mod function;
 mod ids;
 mod memo;
+mod numbering;
 mod pap_runs;
 mod recorder;
 pub(crate) mod report;
 mod stack;
+mod sums;
 mod trie;
 
 pub use function::FunctionSymbol;
 pub use pap_runs::PAP_MAX_PATHS;
-pub use recorder::{PathConfig, PathRecorder, DEFAULT_PAP_THRESHOLD};
+pub use recorder::{PathConfig, PathRecorder, Recorder, DEFAULT_PAP_THRESHOLD};
 pub use report::{K_PATHS_TOP, PAP_LISTED, PAP_PATHS_TOP};

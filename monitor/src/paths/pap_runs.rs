@@ -306,6 +306,9 @@ mod tests {
             pap_len: 0,
             call_node: 0,
             resume: NONE,
+            r: 0,
+            last_node: NONE,
+            path_instr: 0,
         }
     }
 

@@ -25,10 +25,23 @@ pub struct PathConfig {
     pub k: usize,
     /// Function symbols, sorted by address.
     pub symbols: Vec<FunctionSymbol>,
-    /// Step the shadow stack and the trie once per basic block, without memoised
-    /// transitions: the reference the memoised recorder is checked against (same profile,
-    /// several times slower; `--paths-per-block`).
-    pub per_block: bool,
+    /// Which recorder keeps the paths.
+    pub recorder: Recorder,
+}
+
+/// The path recorders: every one gives the same profile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recorder {
+    /// Memoised transitions per (path prefix, event, position) (`memo.rs`, `fast.rs`).
+    #[default]
+    Memo,
+    /// The shadow stack and the path trie stepped once per basic block: the reference the
+    /// others are checked against (several times slower).
+    PerBlock,
+    /// Ball-Larus sums stepped once per basic block: each activation keeps its path as a sum
+    /// of edge values under its function's numbering as seen so far (`numbering.rs`,
+    /// `sums.rs`), counted per id and spelled only when the numbering changes and at the end.
+    Sums,
 }
 
 impl Default for PathConfig {
@@ -37,7 +50,7 @@ impl Default for PathConfig {
             pap_threshold: DEFAULT_PAP_THRESHOLD,
             k: 0,
             symbols: Vec::new(),
-            per_block: false,
+            recorder: Recorder::Memo,
         }
     }
 }
@@ -85,6 +98,9 @@ pub struct PathRecorder {
     /// `per_block` mode: superblock events turned back into blocks.
     pub(crate) expander: Expander,
     pub(crate) expanded: Vec<u32>,
+    /// [`Recorder::Sums`]: activations keep Ball-Larus sums (functions whose numbering
+    /// overflowed keep trie nodes).
+    pub(crate) sums: bool,
     /// Times the shadow stack had to be resynchronised (returns to another frame, unwinding,
     /// tail calls, returns to no frame).
     pub resyncs: u64,
@@ -98,7 +114,9 @@ impl PathRecorder {
     /// An empty recorder.
     pub fn new(mut config: PathConfig) -> PathRecorder {
         config.symbols.sort_by_key(|s| s.addr);
+        let sums = config.recorder == Recorder::Sums;
         PathRecorder {
+            sums,
             config,
             funcs: Vec::new(),
             func_by_entry: FxMap::default(),
@@ -145,6 +163,12 @@ impl PathRecorder {
         let a = *self.stack.last().expect("an activation");
         let node = self.node_of(a.func, id, tables);
         let addr = self.id_addr[id as usize];
+        if self.by_sums(a.func) {
+            if let Some(p) = self.sums_intra(a.func, node, addr) {
+                return p;
+            }
+        }
+        let a = *self.stack.last().expect("an activation");
         if addr <= a.last_addr {
             // A back edge: the path ends here and the next starts at its head, `node`.
             let p = self.end_path(node);
@@ -175,7 +199,7 @@ impl PathRecorder {
     /// syscall events), every id of which `tables` knows. A superblock event waits for the
     /// next event to say how far its trace ran (see [`PathRecorder::end_of_stream`]).
     pub fn record(&mut self, events: &[u32], tables: &Tables) {
-        if self.config.per_block {
+        if self.config.recorder != Recorder::Memo {
             if let Some(&max) = events.iter().filter(|&&e| is_id(e)).max() {
                 if max as usize >= self.id_addr.len() {
                     self.learn_known(tables);
@@ -193,7 +217,7 @@ impl PathRecorder {
 
     /// The stream has ended: a superblock still waiting for its next event ran to its end.
     pub fn end_of_stream(&mut self, tables: &Tables) {
-        if self.config.per_block {
+        if self.config.recorder != Recorder::Memo {
             let mut expanded = std::mem::take(&mut self.expanded);
             expanded.clear();
             self.expander.finish(tables, &mut expanded);
@@ -267,6 +291,7 @@ impl PathRecorder {
         }
         self.prev = NONE;
         self.settle_memos();
+        self.flush_all_sums();
     }
 
     /// Distinct paths recorded so far.

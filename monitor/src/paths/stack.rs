@@ -82,6 +82,12 @@ pub(crate) struct Activation {
     pub(crate) pap_len: u32,
     /// Its node in the call tree.
     pub(crate) call_node: u32,
+    /// [`Recorder::Sums`]: its current path's Ball-Larus sum so far (the id of the path that
+    /// would end at its last block with the activation), that last block's node, and the
+    /// path's guest instructions so far.
+    pub(crate) r: u64,
+    pub(crate) last_node: u32,
+    pub(crate) path_instr: u64,
     /// While it is not the top frame: the memo that ended with its call, whose successors
     /// predict the memo its path goes on with after the return ([`NONE`]: none; a guess,
     /// checked before use, see `memo`).
@@ -227,6 +233,10 @@ impl PathRecorder {
         id: u32,
         tables: &Tables,
     ) {
+        if self.sums {
+            self.push_activation_sums(func, return_to, parent_call, id, tables);
+            return;
+        }
         let mut root = self.id_root[id as usize];
         let mut call_node = self.cached_call_child(parent_call, func);
         if root == NONE
@@ -257,6 +267,9 @@ impl PathRecorder {
             pap_len: 0,
             call_node,
             resume: NONE,
+            r: 0,
+            last_node: NONE,
+            path_instr: 0,
         });
     }
 
@@ -300,6 +313,9 @@ impl PathRecorder {
     /// function. Returns its path number.
     #[inline]
     pub(crate) fn count_path(&mut self, a: &Activation, end: u32) -> u32 {
+        if self.by_sums(a.func) {
+            return self.count_sum(a, end);
+        }
         let p = self.path_of(a.cur, end);
         self.paths[p as usize].count += 1;
         if self.config.k > 0 {
@@ -321,7 +337,7 @@ impl PathRecorder {
     /// `with_current` (counted with `count_path` but not `end_path`).
     pub(crate) fn flush_counts(&mut self, a: &Activation, with_current: bool) {
         let (len, instr, ends) = if with_current {
-            (a.len as u64, self.path_instructions(a.cur), 1)
+            (a.len as u64, self.current_instructions(a), 1)
         } else {
             (0, 0, 0)
         };
@@ -337,7 +353,7 @@ impl PathRecorder {
     pub(crate) fn end_path(&mut self, end: u32) -> u32 {
         let a = *self.stack.last().expect("an activation");
         let p = self.count_path(&a, end);
-        let instr = self.path_instructions(a.cur);
+        let instr = self.current_instructions(&a);
         let top = self.stack.last_mut().expect("an activation");
         top.blocks += a.len as u64;
         top.instructions += instr;
@@ -354,7 +370,7 @@ impl PathRecorder {
     pub(crate) fn pop_activation(&mut self) {
         let mut a = self.stack.pop().expect("an activation");
         let p = self.count_path(&a, END_EXIT);
-        let instr = self.path_instructions(a.cur);
+        let instr = self.current_instructions(&a);
         let node = &mut self.calltree[a.call_node as usize];
         node.blocks += a.blocks + a.len as u64;
         node.instructions += a.instructions + instr;

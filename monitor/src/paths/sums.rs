@@ -1,0 +1,283 @@
+//! The sums recorder's steps ([`Recorder::Sums`]): each activation keeps its current path as
+//! a Ball-Larus sum under its function's numbering (`numbering.rs`), so a path end is one
+//! count keyed by an id, not a walk through a prefix trie.
+//!
+//! This is the first stage of the recorder docs/paths-design.md describes ("The recorder at
+//! the tables' cost", build order step 1): the per-block step of the reference (`recorder.rs`,
+//! `stack.rs`: the same shadow stack, resynchronisations and call tree) with the trie node of
+//! each activation replaced by `(r, last node)`. What the design adds next, programs per pair
+//! of events that sum a superblock's edges once, needs exactly these numbers.
+//!
+//! **Growth.** An edge, path start or back-edge end not seen before is added to the
+//! numbering, which is then redone (`Numbering::renumber`). Before that, the function's
+//! counts are spelled under the old numbers and added to the interned paths (the ones the
+//! report numbers again from the final CFG, as for every recorder), and every live activation
+//! of the function has its sum decoded under the old numbers and encoded under the new ones.
+//! A function whose paths no longer fit in a `u64` is *spelled* from then on: its live
+//! activations get the trie node of their prefix and it is stepped as the reference steps it.
+//!
+//! **Path numbers** (the interned paths) are needed during the run only for PAP runs and
+//! k-paths: there a path end decodes its id and interns the path (slow, exact).
+
+use super::ids::NONE;
+use super::numbering::{Numbering, Spelled, EXIT_EDGE};
+use super::recorder::PathRecorder;
+#[cfg(doc)]
+use super::recorder::Recorder;
+use super::stack::{Activation, SHADOW_STACK_MAX};
+use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
+use crate::Tables;
+use hotpath_pathprof::KSlabForest;
+
+impl PathRecorder {
+    /// Whether activations of `func` keep sums (else trie nodes).
+    #[inline]
+    pub(crate) fn by_sums(&self, func: u32) -> bool {
+        self.sums && !self.funcs[func as usize].spelled
+    }
+
+    /// Guest instructions of activation `a`'s current path so far.
+    #[inline]
+    pub(crate) fn current_instructions(&self, a: &Activation) -> u64 {
+        if self.by_sums(a.func) {
+            a.path_instr
+        } else {
+            self.path_instructions(a.cur)
+        }
+    }
+
+    /// [`PathRecorder::count_path`] for an activation with a sum: counts its id (the sum plus
+    /// the value of its end, which the numbering has). Returns the path number where a PAP
+    /// run or a k-slab forest needs it, else [`NONE`].
+    pub(crate) fn count_sum(&mut self, a: &Activation, end: u32) -> u32 {
+        let fun = &mut self.funcs[a.func as usize];
+        let add = if end == END_EXIT {
+            0
+        } else {
+            fun.bl
+                .edge(a.last_node, EXIT_EDGE | end)
+                .expect("a back edge's end is numbered before it is counted")
+        };
+        let id = a.r.wrapping_add(add);
+        *fun.bl_counts.entry(id).or_insert(0) += 1;
+        if a.pap == NONE && self.config.k == 0 {
+            return NONE;
+        }
+        let p = self.number_of(a.func, id);
+        if self.config.k > 0 {
+            self.kslab_push(a.func, p);
+        }
+        p
+    }
+
+    /// [`PathRecorder::step_intra`] for a function with sums: the top activation goes on to
+    /// `node` (at guest address `addr`), ending its path first at a back edge. Returns the
+    /// number of the path it ended where one is needed (else [`NONE`]), or `None` if the
+    /// function had to be spelled on the way (the caller then takes the trie step).
+    pub(crate) fn sums_intra(&mut self, func: u32, node: u32, addr: u64) -> Option<u32> {
+        let top = *self.stack.last().expect("an activation");
+        let u = top.last_node;
+        let instr = self.funcs[func as usize].node_instr[node as usize] as u64;
+        if addr <= top.last_addr {
+            let bl = &self.funcs[func as usize].bl;
+            let need_end = bl.edge(u, EXIT_EDGE | node).is_none();
+            let need_start = bl.start(START_HEAD, node).is_none();
+            if (need_end || need_start)
+                && !self.grow(func, |bl| {
+                    if need_end {
+                        bl.add_edge(u, EXIT_EDGE | node);
+                    }
+                    if need_start {
+                        bl.add_start(START_HEAD, node);
+                    }
+                })
+            {
+                return None;
+            }
+            let p = self.end_path(node);
+            let r = self.funcs[func as usize]
+                .bl
+                .start(START_HEAD, node)
+                .expect("numbered above");
+            let top = self.stack.last_mut().expect("an activation");
+            top.r = r;
+            top.last_node = node;
+            top.len = 1;
+            top.path_instr = instr;
+            top.last_addr = addr;
+            Some(p)
+        } else {
+            let e = match self.funcs[func as usize].bl.edge(u, node) {
+                Some(e) => e,
+                None => {
+                    if !self.grow(func, |bl| bl.add_edge(u, node)) {
+                        return None;
+                    }
+                    self.funcs[func as usize]
+                        .bl
+                        .edge(u, node)
+                        .expect("numbered above")
+                }
+            };
+            let top = self.stack.last_mut().expect("an activation");
+            top.r = top.r.wrapping_add(e);
+            top.last_node = node;
+            top.len += 1;
+            top.path_instr += instr;
+            top.last_addr = addr;
+            Some(NONE)
+        }
+    }
+
+    /// [`PathRecorder::push_activation`] with sums: starts an activation of `func` at block
+    /// `id`, returning to `return_to`, under call-tree node `parent_call`.
+    pub(crate) fn push_activation_sums(
+        &mut self,
+        func: u32,
+        return_to: u64,
+        parent_call: u32,
+        id: u32,
+        tables: &Tables,
+    ) {
+        if self.stack.len() >= self.stack_cap() {
+            self.drop_bottom(SHADOW_STACK_MAX / 2);
+        }
+        let node = self.node_of(func, id, tables);
+        let tag = if node == 0 { START_ENTRY } else { START_HEAD };
+        let (r, cur) = self.path_start(func, tag, node);
+        let call_node = match self.cached_call_child(parent_call, func) {
+            NONE => self.call_child(parent_call, func),
+            c => c,
+        };
+        if self.config.k > 0 {
+            let k = self.config.k;
+            self.funcs[func as usize]
+                .kslab
+                .get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1"))
+                .routine_entry();
+        }
+        let fun = &mut self.funcs[func as usize];
+        fun.activations += 1;
+        let path_instr = fun.node_instr[node as usize] as u64;
+        let pap = if fun.path_ends >= self.config.pap_threshold {
+            self.pap_runs.root(fun)
+        } else {
+            NONE
+        };
+        self.stack.push(Activation {
+            func,
+            return_to,
+            cur,
+            len: 1,
+            blocks: 0,
+            instructions: 0,
+            path_ends: 0,
+            last_addr: self.id_addr[id as usize],
+            pap,
+            pap_len: 0,
+            call_node,
+            resume: NONE,
+            r,
+            last_node: node,
+            path_instr,
+        });
+    }
+
+    /// The start of a path of `func` at `node` after `tag`: its sum (the start numbered first
+    /// if new), or for a spelled function its trie root.
+    fn path_start(&mut self, func: u32, tag: u32, node: u32) -> (u64, u32) {
+        if self.by_sums(func) {
+            if let Some(v) = self.funcs[func as usize].bl.start(tag, node) {
+                return (v, NONE);
+            }
+            if self.grow(func, |bl| bl.add_start(tag, node)) {
+                let v = self.funcs[func as usize].bl.start(tag, node);
+                return (v.expect("numbered above"), NONE);
+            }
+        }
+        (0, self.root(func, tag, node))
+    }
+
+    /// Adds to `func`'s numbering what `add` adds and numbers it again (see the module doc):
+    /// its counts are spelled first and its live activations re-encoded. Returns false if the
+    /// function is spelled from now on (its paths need more than 2^64 ids).
+    #[cold]
+    fn grow(&mut self, func: u32, add: impl FnOnce(&mut Numbering)) -> bool {
+        self.flush_sums(func);
+        let fun = &mut self.funcs[func as usize];
+        let old = fun.bl.clone();
+        add(&mut fun.bl);
+        let numbered = fun.bl.renumber(&fun.node_addr);
+        let mut prefix = Spelled::default();
+        for i in 0..self.stack.len() {
+            let a = self.stack[i];
+            if a.func != func {
+                continue;
+            }
+            let decoded = old.decode_into(a.r, &mut prefix);
+            debug_assert!(
+                decoded && prefix.end.is_none() && prefix.nodes.last() == Some(&a.last_node),
+                "a live sum names its prefix"
+            );
+            if numbered {
+                self.stack[i].r = self.funcs[func as usize]
+                    .bl
+                    .encode(&prefix)
+                    .expect("edges are only ever added");
+            } else {
+                self.stack[i].cur = self.trie_walk(func, &prefix);
+            }
+        }
+        if !numbered {
+            self.funcs[func as usize].spelled = true;
+        }
+        numbered
+    }
+
+    /// Adds `func`'s counted ids to the interned paths' counts.
+    fn flush_sums(&mut self, func: u32) {
+        let mut counts = std::mem::take(&mut self.funcs[func as usize].bl_counts);
+        let mut path = Spelled::default();
+        for (&id, &count) in &counts {
+            let decoded = self.funcs[func as usize].bl.decode_into(id, &mut path);
+            debug_assert!(decoded, "a counted id names a path");
+            let p = self.intern_spelled(func, &path);
+            self.paths[p as usize].count += count;
+        }
+        counts.clear();
+        self.funcs[func as usize].bl_counts = counts;
+    }
+
+    /// Adds every function's counted ids to the interned paths' counts (the profile is taken).
+    pub(crate) fn flush_all_sums(&mut self) {
+        for f in 0..self.funcs.len() as u32 {
+            if !self.funcs[f as usize].bl_counts.is_empty() {
+                self.flush_sums(f);
+            }
+        }
+    }
+
+    /// The path number of `func`'s path with id `id` under its current numbering.
+    fn number_of(&mut self, func: u32, id: u64) -> u32 {
+        let mut path = Spelled::default();
+        let decoded = self.funcs[func as usize].bl.decode_into(id, &mut path);
+        debug_assert!(decoded, "a counted id names a path");
+        self.intern_spelled(func, &path)
+    }
+
+    /// The interned path number of a spelled path of `func`.
+    fn intern_spelled(&mut self, func: u32, path: &Spelled) -> u32 {
+        let t = self.trie_walk(func, path);
+        self.path_of(t, path.end.unwrap_or(END_EXIT))
+    }
+
+    /// The trie node of a spelled path's blocks (its end aside).
+    fn trie_walk(&mut self, func: u32, path: &Spelled) -> u32 {
+        let (&first, rest) = path.nodes.split_first().expect("a path has a block");
+        let mut t = self.root(func, path.start_tag, first);
+        for &n in rest {
+            t = self.trie_step(t, n);
+        }
+        t
+    }
+}
