@@ -56,8 +56,12 @@ pub(crate) struct Function {
     /// The Ball-Larus numbering of its edges seen so far ([`Recorder::Sums`]).
     pub(crate) bl: Numbering,
     /// Runs of its paths not yet added to the interned paths' counts, by Ball-Larus id under
-    /// `bl` ([`Recorder::Sums`]).
+    /// `bl` ([`Recorder::Sums`]): ids below `dense_len` in the recorder's dense counters from
+    /// `dense_base` on (a block of `dense_cap`), the others here.
     pub(crate) bl_counts: FxMap<u64, u64>,
+    pub(crate) dense_base: u64,
+    pub(crate) dense_len: u64,
+    pub(crate) dense_cap: u64,
     /// Its numbering needed more than 2^64 ids: its activations keep trie nodes, as the
     /// per-block reference does ([`Recorder::Sums`]).
     pub(crate) spelled: bool,
@@ -81,6 +85,9 @@ impl Function {
             paths: Vec::new(),
             bl: Numbering::default(),
             bl_counts: FxMap::default(),
+            dense_base: 0,
+            dense_len: 0,
+            dense_cap: 0,
             spelled: false,
         }
     }

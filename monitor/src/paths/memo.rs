@@ -347,7 +347,7 @@ impl PathRecorder {
     /// Makes sure event id `e` is known (a syscall event is not an id). Returns false if
     /// `tables` do not know it (a bug: ids are catalogued before they run).
     #[inline(always)]
-    fn learn_event(&mut self, e: u32, tables: &Tables) -> bool {
+    pub(crate) fn learn_event(&mut self, e: u32, tables: &Tables) -> bool {
         if is_id(e) && e as usize >= self.memo.events.len() {
             self.learn_known(tables);
         }
@@ -357,7 +357,7 @@ impl PathRecorder {
     /// Whether `next`, the event after superblock `sb`, is one of `sb`'s side exits (which
     /// then stands for the blocks `sb` ran); else `sb` ran to its end.
     #[inline(always)]
-    fn exits(&self, sb: u32, next: u32) -> bool {
+    pub(crate) fn exits(&self, sb: u32, next: u32) -> bool {
         self.memo
             .events
             .get(next as usize)

@@ -73,6 +73,7 @@ mod function;
 mod ids;
 mod memo;
 mod numbering;
+mod pairs;
 mod pap_runs;
 mod recorder;
 pub(crate) mod report;

@@ -183,7 +183,6 @@ impl Numbering {
     }
 
     /// Paths from the entry under the current numbers.
-    #[cfg(test)]
     pub(crate) fn total(&self) -> u64 {
         self.total
     }

@@ -6,6 +6,7 @@ use hotpath_events::is_id;
 use super::function::{Function, FunctionSymbol};
 use super::ids::{FxMap, NONE};
 use super::memo::MemoState;
+use super::pairs::Pairs;
 use super::pap_runs::PapRuns;
 use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
 use super::trie::{PathRec, TrieNode, START_HEAD};
@@ -93,8 +94,14 @@ pub struct PathRecorder {
     pub(crate) call_cache: Box<[(u32, u32, u32)]>,
     /// The last basic block stepped.
     pub(crate) prev: u32,
-    /// Event-level state (see `memo`).
+    /// Event-level state (see `memo`; the sums recorder uses its catalogue of events and its
+    /// epoch).
     pub(crate) memo: MemoState,
+    /// The sums recorder's pair programs.
+    pub(crate) pairs: Pairs,
+    /// The sums recorder's dense path counters: a block per function with few paths (see
+    /// `Function::dense_base`).
+    pub(crate) dense: Vec<u64>,
     /// `per_block` mode: superblock events turned back into blocks.
     pub(crate) expander: Expander,
     pub(crate) expanded: Vec<u32>,
@@ -147,6 +154,8 @@ impl PathRecorder {
             call_cache: vec![(NONE, NONE, NONE); CALL_CACHE_SLOTS].into_boxed_slice(),
             prev: NONE,
             memo: MemoState::default(),
+            pairs: Pairs::new(),
+            dense: Vec::new(),
             expander: Expander::default(),
             expanded: Vec::new(),
             resyncs: 0,
@@ -199,7 +208,9 @@ impl PathRecorder {
     /// syscall events), every id of which `tables` knows. A superblock event waits for the
     /// next event to say how far its trace ran (see [`PathRecorder::end_of_stream`]).
     pub fn record(&mut self, events: &[u32], tables: &Tables) {
-        if self.config.recorder != Recorder::Memo {
+        if self.sums {
+            self.record_pairs(events, tables);
+        } else if self.config.recorder == Recorder::PerBlock {
             if let Some(&max) = events.iter().filter(|&&e| is_id(e)).max() {
                 if max as usize >= self.id_addr.len() {
                     self.learn_known(tables);
@@ -217,7 +228,9 @@ impl PathRecorder {
 
     /// The stream has ended: a superblock still waiting for its next event ran to its end.
     pub fn end_of_stream(&mut self, tables: &Tables) {
-        if self.config.recorder != Recorder::Memo {
+        if self.sums {
+            self.flush_pending_pair(tables);
+        } else if self.config.recorder == Recorder::PerBlock {
             let mut expanded = std::mem::take(&mut self.expanded);
             expanded.clear();
             self.expander.finish(tables, &mut expanded);
@@ -291,7 +304,11 @@ impl PathRecorder {
         }
         self.prev = NONE;
         self.settle_memos();
+        self.settle_pairs();
         self.flush_all_sums();
+        if std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some() {
+            eprintln!("pairs: {} by program, {} by step, {} programs", self.pairs.by_program, self.pairs.by_step, self.pairs.progs_len());
+        }
     }
 
     /// Distinct paths recorded so far.

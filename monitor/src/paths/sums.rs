@@ -29,6 +29,10 @@ use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
 use crate::Tables;
 use hotpath_pathprof::KSlabForest;
 
+/// Paths a function may have for its counters to be a dense array (8 bytes each) rather than
+/// a map.
+const DENSE_MAX: u64 = 4096;
+
 impl PathRecorder {
     /// Whether activations of `func` keep sums (else trie nodes).
     #[inline]
@@ -59,7 +63,7 @@ impl PathRecorder {
                 .expect("a back edge's end is numbered before it is counted")
         };
         let id = a.r.wrapping_add(add);
-        *fun.bl_counts.entry(id).or_insert(0) += 1;
+        self.count_id(a.func, id, 1);
         if a.pap == NONE && self.config.k == 0 {
             return NONE;
         }
@@ -68,6 +72,17 @@ impl PathRecorder {
             self.kslab_push(a.func, p);
         }
         p
+    }
+
+    /// Counts `n` runs of `func`'s path `id` (under its current numbering).
+    #[inline]
+    pub(crate) fn count_id(&mut self, func: u32, id: u64, n: u64) {
+        let fun = &mut self.funcs[func as usize];
+        if id < fun.dense_len {
+            self.dense[(fun.dense_base + id) as usize] += n;
+        } else {
+            *fun.bl_counts.entry(id).or_insert(0) += n;
+        }
     }
 
     /// [`PathRecorder::step_intra`] for a function with sums: the top activation goes on to
@@ -203,7 +218,10 @@ impl PathRecorder {
     /// function is spelled from now on (its paths need more than 2^64 ids).
     #[cold]
     fn grow(&mut self, func: u32, add: impl FnOnce(&mut Numbering)) -> bool {
+        self.settle_pairs();
         self.flush_sums(func);
+        // Every pair program may have summed the old numbers.
+        self.memo.invalidate();
         let fun = &mut self.funcs[func as usize];
         let old = fun.bl.clone();
         add(&mut fun.bl);
@@ -228,8 +246,19 @@ impl PathRecorder {
                 self.stack[i].cur = self.trie_walk(func, &prefix);
             }
         }
+        let fun = &mut self.funcs[func as usize];
         if !numbered {
-            self.funcs[func as usize].spelled = true;
+            fun.spelled = true;
+            fun.dense_len = 0;
+        } else if fun.bl.total() <= DENSE_MAX {
+            if fun.bl.total() > fun.dense_cap {
+                fun.dense_cap = fun.bl.total().next_power_of_two().max(16);
+                fun.dense_base = self.dense.len() as u64;
+                self.dense.resize(self.dense.len() + fun.dense_cap as usize, 0);
+            }
+            fun.dense_len = fun.bl.total();
+        } else {
+            fun.dense_len = 0;
         }
         numbered
     }
@@ -237,6 +266,13 @@ impl PathRecorder {
     /// Adds `func`'s counted ids to the interned paths' counts.
     fn flush_sums(&mut self, func: u32) {
         let mut counts = std::mem::take(&mut self.funcs[func as usize].bl_counts);
+        let fun = &self.funcs[func as usize];
+        let dense = fun.dense_base as usize..(fun.dense_base + fun.dense_len) as usize;
+        for (id, c) in self.dense[dense].iter_mut().enumerate() {
+            if *c != 0 {
+                *counts.entry(id as u64).or_insert(0) += std::mem::take(c);
+            }
+        }
         let mut path = Spelled::default();
         for (&id, &count) in &counts {
             let decoded = self.funcs[func as usize].bl.decode_into(id, &mut path);
@@ -251,7 +287,8 @@ impl PathRecorder {
     /// Adds every function's counted ids to the interned paths' counts (the profile is taken).
     pub(crate) fn flush_all_sums(&mut self) {
         for f in 0..self.funcs.len() as u32 {
-            if !self.funcs[f as usize].bl_counts.is_empty() {
+            let fun = &self.funcs[f as usize];
+            if !fun.bl_counts.is_empty() || fun.dense_len > 0 {
                 self.flush_sums(f);
             }
         }
