@@ -59,6 +59,8 @@ pub(crate) struct Function {
     /// `bl` ([`Recorder::Sums`]): ids below `dense_len` in the recorder's dense counters from
     /// `dense_base` on (a block of `dense_cap`), the others here.
     pub(crate) bl_counts: FxMap<u64, u64>,
+    /// Path numbers of ids under `bl`, as PAP runs and k-paths looked them up.
+    pub(crate) numbers: FxMap<u64, u32>,
     pub(crate) dense_base: u64,
     pub(crate) dense_len: u64,
     pub(crate) dense_cap: u64,
@@ -85,6 +87,7 @@ impl Function {
             paths: Vec::new(),
             bl: Numbering::default(),
             bl_counts: FxMap::default(),
+            numbers: FxMap::default(),
             dense_base: 0,
             dense_len: 0,
             dense_cap: 0,
@@ -199,6 +202,11 @@ impl PathRecorder {
 
     #[cold]
     pub(crate) fn node_of_slow(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
+        if self.sums && self.id_node[id as usize].0 != NONE {
+            // A block seen in another function: pair programs assumed where it was (the
+            // per-block step of an indirect jump to it asks).
+            self.memo.invalidate();
+        }
         let addr = self.id_addr[id as usize];
         let fun = &mut self.funcs[func as usize];
         if fun.node_addr.is_empty() && addr != fun.entry {

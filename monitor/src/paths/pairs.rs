@@ -29,31 +29,40 @@ use hotpath_events::is_id;
 use super::ids::{FxMap, NONE};
 use super::numbering::EXIT_EDGE;
 use super::recorder::PathRecorder;
-use super::stack::{K_INDIRECT, K_OTHER};
-use super::trie::START_HEAD;
+use super::stack::{Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
+use super::trie::{START_ENTRY, START_HEAD};
 use crate::Tables;
 
-/// What a run does to the top activation's path (see the module doc).
+/// What a run does to the shadow stack and the top activation's path (see the module doc).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Program {
     /// `MemoState::epoch` when compiled.
     epoch: u32,
-    /// The function the run steps in, and the node its path must be at before it.
+    /// [`INTRA`], [`CALL`], [`RETURN`], or [`NEVER`] (the per-block step).
+    kind: u8,
+    /// The function the run's path steps in, and the node its path must be at before the
+    /// segment ([`INTRA`]: the top activation; [`RETURN`]: the caller returned to; [`CALL`]:
+    /// the callee, at its first node).
     func: u32,
     from: u32,
-    /// The run's first block where the block before it jumps indirectly (checked: rule 3),
-    /// else [`NONE`].
-    indirect_first: u32,
-    /// Added to the register: the run's edges (with no path end), or the edges up to and
+    /// [`CALL`]: the callee's return address and the register its first path starts with.
+    /// [`RETURN`]: the address returned to (the top activation's return address).
+    ret: u64,
+    r0: u64,
+    /// Guest addresses of the run's blocks that follow an indirect jump: each must not be the
+    /// stepping activation's return address (`Pairs::ind[ind..ind + nind]`).
+    ind: u32,
+    nind: u32,
+    /// Added to the register: the segment's edges (with no path end), or the edges up to and
     /// including the first back edge's end (the first ended path's id is then the register
     /// plus it).
     add: u64,
-    /// Blocks and guest instructions the run adds to the current path (with ends: to the
+    /// Blocks and guest instructions the segment adds to the current path (with ends: to the
     /// first ended path).
     blocks: u32,
     instr: u64,
-    /// Paths the run ends; the second and later ones are `Pairs::ends[ends..ends + nends -
-    /// 1]`, counted `Pairs::runs` times when settled, with their blocks and instructions
+    /// Paths the segment ends; the second and later ones are `Pairs::ends[ends..ends + nends
+    /// - 1]`, counted `Pairs::runs` times when settled, with their blocks and instructions
     /// summed in `mid_blocks` and `mid_instr`.
     nends: u32,
     ends: u32,
@@ -70,6 +79,26 @@ pub(crate) struct Program {
     last_node: u32,
     last_addr: u64,
     last: u32,
+}
+
+/// Program kinds: the run continues the top activation's path; its first block is a
+/// callee's entry (the block before it calls); it returns to the frame below the top one
+/// (the block before it returns), whose path it continues; the pair needs the per-block step
+/// until the epoch changes.
+const INTRA: u8 = 0;
+const CALL: u8 = 1;
+const RETURN: u8 = 2;
+const NEVER: u8 = 3;
+
+/// What [`PathRecorder::apply`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Applied {
+    Yes,
+    /// The program was compiled for other numbers or another state: compile it again.
+    Stale,
+    /// Its assumptions hold but this run needs the per-block step (a PAP run, a full stack, a
+    /// call-tree child not cached).
+    Refused,
 }
 
 /// `Program::cbase` of a function whose counters are a map.
@@ -91,6 +120,7 @@ pub(crate) struct Pairs {
     map: FxMap<(u32, u32), u32>,
     progs: Vec<Program>,
     ends: Vec<End>,
+    ind: Vec<u64>,
     /// Per program: runs whose second and later path ends are not yet counted, and the
     /// programs that have some.
     runs: Vec<u64>,
@@ -183,15 +213,20 @@ impl PathRecorder {
     fn run_pair(&mut self, run: u32, tables: &Tables) {
         let prev = std::mem::replace(&mut self.pairs.prev_run, run);
         if prev != NONE {
-            if let Some(p) = self.pairs.find(prev, run) {
-                if self.apply(p) {
-                    return;
-                }
-            }
-            if let Some(prog) = self.compile(run) {
-                let p = self.store_pair(prev, run, prog);
-                if self.apply(p) {
-                    return;
+            let found = self.pairs.find(prev, run);
+            let applied = match found {
+                Some(p) => self.apply(p),
+                None => Applied::Stale,
+            };
+            match applied {
+                Applied::Yes => return,
+                Applied::Refused => {}
+                Applied::Stale => {
+                    let prog = self.compile(run);
+                    let p = self.store_pair(prev, run, prog);
+                    if self.apply(p) == Applied::Yes {
+                        return;
+                    }
                 }
             }
         }
@@ -256,35 +291,107 @@ impl PathRecorder {
         }
     }
 
-    /// Applies program `p` to the top activation if its assumptions hold (module doc).
+    /// Applies program `p` if its assumptions hold (module doc).
     #[inline]
-    fn apply(&mut self, p: u32) -> bool {
+    fn apply(&mut self, p: u32) -> Applied {
         let prog = self.pairs.progs[p as usize];
+        if prog.epoch != self.memo.epoch {
+            return Applied::Stale;
+        }
+        let depth = self.stack.len();
         let Some(top) = self.stack.last() else {
-            return false;
+            return Applied::Refused;
         };
-        if prog.epoch != self.memo.epoch
-            || top.func != prog.func
-            || top.last_node != prog.from
-            || (prog.nends > 0 && top.pap != NONE)
-            || (prog.indirect_first != NONE
-                && (self.id_node[prog.indirect_first as usize].0 != prog.func
-                    || self.id_addr[prog.indirect_first as usize] == top.return_to))
-        {
-            return false;
+        match prog.kind {
+            INTRA => {
+                if top.func != prog.func || top.last_node != prog.from {
+                    return Applied::Stale;
+                }
+                if (prog.nends > 0 && top.pap != NONE) || !self.ind_ok(&prog, top.return_to) {
+                    return Applied::Refused;
+                }
+            }
+            CALL => {
+                let parent = top.call_node;
+                let call_node = self.cached_call_child(parent, prog.func);
+                let fun = &self.funcs[prog.func as usize];
+                let records = fun.path_ends >= self.config.pap_threshold;
+                if call_node == NONE
+                    || depth >= self.stack_cap()
+                    || (records && prog.nends > 0)
+                    || !self.ind_ok(&prog, prog.ret)
+                {
+                    return Applied::Refused;
+                }
+                let fun = &mut self.funcs[prog.func as usize];
+                fun.activations += 1;
+                let pap = if records {
+                    self.pap_runs.root(fun)
+                } else {
+                    NONE
+                };
+                self.stack.push(Activation {
+                    func: prog.func,
+                    return_to: prog.ret,
+                    cur: NONE,
+                    len: 1,
+                    blocks: 0,
+                    instructions: 0,
+                    path_ends: 0,
+                    // Both set by the segment.
+                    last_addr: prog.last_addr,
+                    pap,
+                    pap_len: 0,
+                    call_node,
+                    resume: NONE,
+                    r: prog.r0,
+                    last_node: prog.from,
+                    path_instr: self.funcs[prog.func as usize].node_instr[prog.from as usize]
+                        as u64,
+                });
+            }
+            RETURN => {
+                if depth < 2 || top.return_to != prog.ret {
+                    return Applied::Refused;
+                }
+                let below = &self.stack[depth - 2];
+                if below.func != prog.func || below.last_node != prog.from {
+                    return Applied::Stale;
+                }
+                if (prog.nends > 0 && below.pap != NONE) || !self.ind_ok(&prog, below.return_to) {
+                    return Applied::Refused;
+                }
+                self.pop_activation();
+            }
+            _ => return Applied::Refused,
         }
         self.pairs.by_program += 1;
         self.prev = prog.last;
+        self.apply_segment(p, &prog);
+        Applied::Yes
+    }
+
+    /// Whether none of the program's blocks that follow an indirect jump is `return_to` (the
+    /// stepping activation's return address: the per-block step would return there).
+    #[inline]
+    fn ind_ok(&self, prog: &Program, return_to: u64) -> bool {
+        prog.nind == 0
+            || !self.pairs.ind[prog.ind as usize..(prog.ind + prog.nind) as usize]
+                .contains(&return_to)
+    }
+
+    /// The segment of program `p` on the top activation's path (the checks are done).
+    #[inline]
+    fn apply_segment(&mut self, p: u32, prog: &Program) {
+        let top = self.stack.last_mut().expect("an activation");
         if prog.nends == 0 {
-            let top = self.stack.last_mut().expect("an activation");
             top.r = top.r.wrapping_add(prog.add);
             top.len += prog.blocks;
             top.path_instr += prog.instr;
             top.last_node = prog.last_node;
             top.last_addr = prog.last_addr;
-            return true;
+            return;
         }
-        let top = self.stack.last_mut().expect("an activation");
         let r = top.r;
         top.blocks += (top.len + prog.blocks) as u64 + prog.mid_blocks;
         top.instructions += top.path_instr + prog.instr + prog.mid_instr;
@@ -306,38 +413,22 @@ impl PathRecorder {
             }
             *runs += 1;
         }
-        true
     }
 
-    /// The program of run `run` after the block `self.prev`, if every step of its blocks would
-    /// continue the top activation's path with nodes and edges its function's numbering has.
-    fn compile(&mut self, run: u32) -> Option<Program> {
-        let top = *self.stack.last()?;
-        let func = top.func;
-        if self.prev == NONE || self.config.k > 0 || !self.by_sums(func) {
-            return None;
-        }
-        let info = self.memo.events[run as usize];
-        let blocks = &self.memo.seq[info.start as usize..(info.start + info.len) as usize];
-        let first = *blocks.first()?;
-        let indirect_first = match self.id_kind[self.prev as usize] {
-            K_OTHER => NONE,
-            K_INDIRECT
-                if self.id_node[first as usize].0 == func
-                    && self.id_addr[first as usize] != top.return_to =>
-            {
-                first
-            }
-            _ => return None,
-        };
-        let fun = &self.funcs[func as usize];
-        let bl = &fun.bl;
-        let (mut node, mut addr) = (top.last_node, top.last_addr);
+    /// The program of run `run` after the block `self.prev` in the current state (a
+    /// [`NEVER`] program if the per-block step would do anything but continue one
+    /// activation's path with nodes and edges its function's numbering has, after a plain call
+    /// or return at most).
+    fn compile(&mut self, run: u32) -> Program {
         let mut prog = Program {
             epoch: self.memo.epoch,
-            func,
-            from: node,
-            indirect_first,
+            kind: NEVER,
+            func: NONE,
+            from: NONE,
+            ret: 0,
+            r0: 0,
+            ind: self.pairs.ind.len() as u32,
+            nind: 0,
             add: 0,
             blocks: 0,
             instr: 0,
@@ -353,13 +444,91 @@ impl PathRecorder {
             last_addr: 0,
             last: NONE,
         };
+        if self.compile_into(run, &mut prog).is_none() {
+            prog.kind = NEVER;
+            self.pairs.ind.truncate(prog.ind as usize);
+        }
+        prog
+    }
+
+    /// [`PathRecorder::compile`]'s work: `None` where the per-block step is needed.
+    fn compile_into(&mut self, run: u32, prog: &mut Program) -> Option<()> {
+        let depth = self.stack.len();
+        let top = *self.stack.last()?;
+        if self.prev == NONE || self.config.k > 0 {
+            return None;
+        }
+        let info = self.memo.events[run as usize];
+        let blocks: Vec<u32> =
+            self.memo.seq[info.start as usize..(info.start + info.len) as usize].to_vec();
+        let first = *blocks.first()?;
+        let first_addr = self.id_addr[first as usize];
+        let entry_of = |b: u32| self.id_entry.get(b as usize).copied();
+        // The first block: what the block before it makes of it (the per-block `step`).
+        let (func, node, addr, rest) = match self.id_kind[self.prev as usize] {
+            K_OTHER | K_INDIRECT => {
+                let entry = entry_of(first)?;
+                if entry != NONE && entry != top.func {
+                    return None;
+                }
+                if self.id_kind[self.prev as usize] == K_INDIRECT {
+                    if self.id_node[first as usize].0 != top.func {
+                        return None;
+                    }
+                    self.pairs.ind.push(first_addr);
+                    prog.nind += 1;
+                }
+                prog.kind = INTRA;
+                (top.func, top.last_node, top.last_addr, &blocks[..])
+            }
+            K_CALL if first_addr != self.id_ret[self.prev as usize] => {
+                let f = entry_of(first)?;
+                let (g, n) = self.id_node[first as usize];
+                if f == NONE || g != f {
+                    return None;
+                }
+                prog.kind = CALL;
+                prog.ret = self.id_ret[self.prev as usize];
+                let tag = if n == 0 { START_ENTRY } else { START_HEAD };
+                prog.r0 = self.funcs[f as usize].bl.start(tag, n)?;
+                (f, n, first_addr, &blocks[1..])
+            }
+            K_RET if depth >= 2 && top.return_to == first_addr => {
+                let below = self.stack[depth - 2];
+                prog.kind = RETURN;
+                prog.ret = first_addr;
+                (below.func, below.last_node, below.last_addr, &blocks[..])
+            }
+            _ => return None,
+        };
+        if !self.by_sums(func) {
+            return None;
+        }
+        prog.func = func;
+        prog.from = node;
+        let fun = &self.funcs[func as usize];
+        let bl = &fun.bl;
+        let (mut node, mut addr) = (node, addr);
         // With ends: the register, blocks and instructions of the path since the last end.
         let (mut r, mut len, mut ins) = (0u64, 0u32, 0u64);
         let mut ends = Vec::new();
-        for (k, &b) in blocks.iter().enumerate() {
-            if k > 0 && self.id_kind[blocks[k - 1] as usize] != K_OTHER {
-                return None;
+        let mut before = if rest.len() < blocks.len() {
+            first
+        } else {
+            self.prev
+        };
+        for (k, &b) in rest.iter().enumerate() {
+            if k > 0 || rest.len() < blocks.len() {
+                match self.id_kind[before as usize] {
+                    K_OTHER => {}
+                    K_INDIRECT if self.id_node[b as usize].0 == func => {
+                        self.pairs.ind.push(self.id_addr[b as usize]);
+                        prog.nind += 1;
+                    }
+                    _ => return None,
+                }
             }
+            before = b;
             let entry = self.id_entry.get(b as usize).copied()?;
             if entry != NONE && entry != func {
                 return None;
@@ -408,6 +577,6 @@ impl PathRecorder {
             prog.cbase = fun.dense_base.wrapping_add(prog.add);
         }
         self.pairs.ends.extend(ends);
-        Some(prog)
+        Some(())
     }
 }

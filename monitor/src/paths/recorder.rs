@@ -307,7 +307,12 @@ impl PathRecorder {
         self.settle_pairs();
         self.flush_all_sums();
         if std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some() {
-            eprintln!("pairs: {} by program, {} by step, {} programs", self.pairs.by_program, self.pairs.by_step, self.pairs.progs_len());
+            eprintln!(
+                "pairs: {} by program, {} by step, {} programs",
+                self.pairs.by_program,
+                self.pairs.by_step,
+                self.pairs.progs_len()
+            );
         }
     }
 

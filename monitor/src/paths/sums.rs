@@ -223,6 +223,7 @@ impl PathRecorder {
         // Every pair program may have summed the old numbers.
         self.memo.invalidate();
         let fun = &mut self.funcs[func as usize];
+        fun.numbers.clear();
         let old = fun.bl.clone();
         add(&mut fun.bl);
         let numbered = fun.bl.renumber(&fun.node_addr);
@@ -254,7 +255,8 @@ impl PathRecorder {
             if fun.bl.total() > fun.dense_cap {
                 fun.dense_cap = fun.bl.total().next_power_of_two().max(16);
                 fun.dense_base = self.dense.len() as u64;
-                self.dense.resize(self.dense.len() + fun.dense_cap as usize, 0);
+                self.dense
+                    .resize(self.dense.len() + fun.dense_cap as usize, 0);
             }
             fun.dense_len = fun.bl.total();
         } else {
@@ -296,6 +298,16 @@ impl PathRecorder {
 
     /// The path number of `func`'s path with id `id` under its current numbering.
     fn number_of(&mut self, func: u32, id: u64) -> u32 {
+        if let Some(&p) = self.funcs[func as usize].numbers.get(&id) {
+            return p;
+        }
+        let p = self.number_of_slow(func, id);
+        self.funcs[func as usize].numbers.insert(id, p);
+        p
+    }
+
+    #[cold]
+    fn number_of_slow(&mut self, func: u32, id: u64) -> u32 {
         let mut path = Spelled::default();
         let decoded = self.funcs[func as usize].bl.decode_into(id, &mut path);
         debug_assert!(decoded, "a counted id names a path");
