@@ -156,6 +156,7 @@ impl PathRecorder {
             .symbol_at(addr)
             .filter(|&i| self.config.symbols[i].addr == addr);
         self.funcs.push(Function::new(addr, symbol));
+        self.fepoch.push(0);
         self.func_by_entry.insert(addr, f);
         f
     }
@@ -167,9 +168,15 @@ impl PathRecorder {
         let f = self.function_at(addr);
         if !self.funcs[f as usize].called {
             self.funcs[f as usize].called = true;
-            if let Some(ids) = self.ids_at.get(&addr) {
-                for &i in ids {
+            if let Some(ids) = self.ids_at.get(&addr).cloned() {
+                for i in ids {
                     self.id_entry[i as usize] = f;
+                    // Pair programs of the function it was seen in took it for a step of
+                    // their paths.
+                    let was = self.id_node[i as usize].0;
+                    if self.sums && was != NONE {
+                        self.bump_epoch(was);
+                    }
                 }
                 // A block already seen is now a function entry: a jump to it is a tail call,
                 // no longer a step of the current path, so no memoised transition may be
@@ -202,10 +209,11 @@ impl PathRecorder {
 
     #[cold]
     pub(crate) fn node_of_slow(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
-        if self.sums && self.id_node[id as usize].0 != NONE {
-            // A block seen in another function: pair programs assumed where it was (the
-            // per-block step of an indirect jump to it asks).
-            self.memo.invalidate();
+        let was = self.id_node[id as usize].0;
+        if self.sums && was != NONE {
+            // A block seen in another function: that one's pair programs assumed it was there
+            // (the per-block step of an indirect jump to it asks).
+            self.bump_epoch(was);
         }
         let addr = self.id_addr[id as usize];
         let fun = &mut self.funcs[func as usize];

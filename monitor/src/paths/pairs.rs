@@ -4,29 +4,39 @@
 //! A *run* is what one event stands for once a superblock's extent is known: a basic block, a
 //! superblock run to its end, or a superblock left at a side exit (the side exit's id stands
 //! for the blocks before it). The per-block step of a run's blocks (`recorder.rs`) depends on
-//! the block before the run, on the top activation and on the blocks themselves; in the common
-//! case every step continues the top activation's path in its function, and then what the run
-//! does is fixed by the pair `(previous run, run)`, the function and the node the path is at:
-//! a sum added to the activation's register, blocks and instructions added to its path, and at
-//! back edges inside the run, paths ended (the first one's id is the register plus a constant,
-//! the others are constants) and a new register. That is compiled once into a [`Program`],
-//! found through two slots per previous run (the tables' successor cache, keyed the same way)
-//! and a map behind them, and checked before each use against what it assumed:
-//! 1. the numbering and the function entries are as they were (one epoch, bumped by every
-//!    renumbering and every new entry: `MemoState::invalidate`);
-//! 2. the top activation is in the program's function, at the node it was compiled from;
-//! 3. after an indirect jump, the run's first block was last seen in that function and is not
-//!    the activation's return address (the per-block step's own test for an intra-procedural
-//!    indirect jump);
-//! 4. no PAP run is being recorded if the program ends paths, and no k-slab forest is kept
-//!    (both want each path's number in order: the per-block step gives it).
+//! the block before the run, on the shadow stack and on the blocks themselves. In the common
+//! case each step continues an activation's path in its function, or is a plain call (into a
+//! function entry a call has reached before) or a plain return (to the top frame's return
+//! address, with a frame below), and then what the run does is fixed by the pair `(previous
+//! run, run)` and the state it meets: the run splits into *pieces* at its calls and returns,
+//! and each piece is a push, a pop or nothing, then a *segment* of steps in one function: a
+//! sum added to the activation's register, blocks and instructions added to its path, and at
+//! back edges inside it, paths ended (the first one's id is the register plus a constant, the
+//! others are constants) and a new register. That is compiled once into a chain of
+//! [`Program`]s, found through two slots per previous run (the tables' successor cache, keyed
+//! the same way), a direct-mapped cache and a map behind them, and each piece is checked
+//! before it is applied against what it assumed:
+//! 1. its function's numbering, entries and nodes are as they were (a per-function epoch,
+//!    bumped by a renumbering, by a new function entry at one of its blocks, and by one of its
+//!    blocks being seen in another function);
+//! 2. the activation its segment steps (the top one; after a return, the one below it) is in
+//!    the piece's function, at the node it was compiled from; a pop is of a frame whose
+//!    return address is the piece's first block, with a frame below; a push has room on the
+//!    stack and its call-tree child cached;
+//! 3. no block of it that follows an indirect jump is that activation's return address (the
+//!    per-block step would return there);
+//! 4. no PAP run is being recorded by that activation if the segment ends paths, and no
+//!    k-slab forest is kept (both want each path's number in order: the per-block step gives
+//!    it).
 //!
-//! Anything else — calls, returns, resynchronisations, new nodes or edges (which renumber) —
-//! is the per-block step of the run's blocks, after which the pair usually compiles.
+//! A piece that fails its checks hands the rest of the run, from its first block, to the
+//! per-block step (the pieces before it are applied and stand). Anything else —
+//! resynchronisations, new nodes or edges (which renumber), tail calls — is the per-block step
+//! of the run's blocks, after which the pair usually compiles.
 
 use hotpath_events::is_id;
 
-use super::ids::{FxMap, NONE};
+use super::ids::{cache_slot, FxMap, NONE};
 use super::numbering::EXIT_EDGE;
 use super::recorder::PathRecorder;
 use super::stack::{Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
@@ -36,8 +46,12 @@ use crate::Tables;
 /// What a run does to the shadow stack and the top activation's path (see the module doc).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Program {
-    /// `MemoState::epoch` when compiled.
+    /// Its function's epoch when compiled (`PathRecorder::fepoch`).
     epoch: u32,
+    /// The next piece of the run ([`NONE`]: the last), and where this one starts in the run
+    /// (blocks).
+    next: u32,
+    pos: u32,
     /// [`INTRA`], [`CALL`], [`RETURN`], or [`NEVER`] (the per-block step).
     kind: u8,
     /// The function the run's path steps in, and the node its path must be at before the
@@ -46,9 +60,15 @@ pub(crate) struct Program {
     func: u32,
     from: u32,
     /// [`CALL`]: the callee's return address and the register its first path starts with.
-    /// [`RETURN`]: the address returned to (the top activation's return address).
+    /// [`RETURN`]: the address returned to (the top activation's return address), where the
+    /// caller's path goes on with the return point's node `first_node` (`first_instr` guest
+    /// instructions): `r0` is the value of the edge to it from node `from`, the caller's last
+    /// node as last seen (callers reach one return point from blocks entered at different
+    /// addresses, so that is a one-entry cache the piece updates, not a check).
     ret: u64,
     r0: u64,
+    first_node: u32,
+    first_instr: u64,
     /// Guest addresses of the run's blocks that follow an indirect jump: each must not be the
     /// stepping activation's return address (`Pairs::ind[ind..ind + nind]`).
     ind: u32,
@@ -90,6 +110,9 @@ const CALL: u8 = 1;
 const RETURN: u8 = 2;
 const NEVER: u8 = 3;
 
+/// A program epoch no function has (a chain to compile again).
+const STALE: u32 = u32::MAX;
+
 /// What [`PathRecorder::apply`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Applied {
@@ -101,13 +124,19 @@ enum Applied {
     Refused,
 }
 
+/// Slots of the direct-mapped pair cache, a power of two (12 bytes each: 192 KiB).
+const PAIR_CACHE_SLOTS: usize = 1 << 14;
+
 /// `Program::cbase` of a function whose counters are a map.
 const NO_DENSE: u64 = u64::MAX;
 
-/// A path a program ends after its first: a constant id.
+/// A path a program ends after its first: a constant id, and its number.
 #[derive(Clone, Copy, Debug)]
 struct End {
     id: u64,
+    /// Its path number once a PAP run needed it ([`NONE`] before: interning it earlier would
+    /// list a path that never ran).
+    number: u32,
 }
 
 /// The pair programs of one recorder.
@@ -116,7 +145,10 @@ pub(crate) struct Pairs {
     /// Per previous run: the two runs that followed it most recently, with their programs
     /// (`(NONE, _)`: empty).
     slots: Vec<[(u32, u32); 2]>,
-    /// Program by `(previous run, run)`, behind `slots`.
+    /// Program by `(previous run, run)`, behind `slots`: a direct-mapped cache (a run
+    /// followed by more than two others: a superblock's side exits, a dispatch loop), then a
+    /// map.
+    cache: Box<[(u32, u32, u32)]>,
     map: FxMap<(u32, u32), u32>,
     progs: Vec<Program>,
     ends: Vec<End>,
@@ -129,9 +161,12 @@ pub(crate) struct Pairs {
     prev_run: u32,
     /// A superblock whose extent the next event tells, or [`NONE`].
     pending: u32,
+    /// Bumped when a [`NEVER`] program may compile now (any function's epoch changed).
+    pub(crate) epoch: u32,
     /// Runs taken by a program, and by the per-block step.
     pub(crate) by_program: u64,
     pub(crate) by_step: u64,
+    pub(crate) why: [u64; 20],
 }
 
 impl Pairs {
@@ -139,6 +174,7 @@ impl Pairs {
         Pairs {
             prev_run: NONE,
             pending: NONE,
+            cache: vec![(NONE, NONE, NONE); PAIR_CACHE_SLOTS].into_boxed_slice(),
             ..Default::default()
         }
     }
@@ -162,6 +198,10 @@ impl Pairs {
 
     #[cold]
     fn find_slow(&self, prev: u32, run: u32) -> Option<u32> {
+        let (cp, cr, p) = self.cache[cache_slot(prev, run, PAIR_CACHE_SLOTS)];
+        if cp == prev && cr == run {
+            return Some(p);
+        }
         self.map.get(&(prev, run)).copied()
     }
 }
@@ -212,27 +252,29 @@ impl PathRecorder {
     #[inline]
     fn run_pair(&mut self, run: u32, tables: &Tables) {
         let prev = std::mem::replace(&mut self.pairs.prev_run, run);
+        let mut from = 0;
         if prev != NONE {
             let found = self.pairs.find(prev, run);
             let applied = match found {
-                Some(p) => self.apply(p),
-                None => Applied::Stale,
+                Some(p) => self.apply_chain(p),
+                None => Err((Applied::Stale, 0)),
             };
             match applied {
-                Applied::Yes => return,
-                Applied::Refused => {}
-                Applied::Stale => {
-                    let prog = self.compile(run);
-                    let p = self.store_pair(prev, run, prog);
-                    if self.apply(p) == Applied::Yes {
-                        return;
+                Ok(()) => return,
+                Err((Applied::Stale, 0)) => {
+                    let chain = self.compile(run);
+                    let p = self.store_pair(prev, run, chain);
+                    match self.apply_chain(p) {
+                        Ok(()) => return,
+                        Err((_, pos)) => from = pos,
                     }
                 }
+                Err((_, pos)) => from = pos,
             }
         }
         self.pairs.by_step += 1;
         let info = self.memo.events[run as usize];
-        for k in info.start..info.start + info.len {
+        for k in info.start + from..info.start + info.len {
             let b = self.memo.seq[k as usize];
             if (b as usize) < self.id_addr.len() {
                 self.step(b, tables);
@@ -240,23 +282,67 @@ impl PathRecorder {
         }
     }
 
-    /// Keeps `prog` as pair `(prev, run)`'s program (replacing a stale one, whose runs are
-    /// settled first), in its slots.
-    fn store_pair(&mut self, prev: u32, run: u32, prog: Program) -> u32 {
-        let p = match self.pairs.map.get(&(prev, run)) {
-            Some(&p) => {
-                self.settle_pair(p);
-                self.pairs.progs[p as usize] = prog;
+    /// Applies the chain of pieces from program `p`; on a piece that fails its checks, what
+    /// it found and the position in the run where the per-block step must take over. A
+    /// later piece found stale makes the chain's first piece stale too, so that the pair is
+    /// compiled again next time.
+    #[inline]
+    fn apply_chain(&mut self, first: u32) -> Result<(), (Applied, u32)> {
+        let mut p = first;
+        loop {
+            let prog = self.pairs.progs[p as usize];
+            let a = self.apply(p, &prog);
+            if a != Applied::Yes {
+                self.pairs.why[(prog.kind as usize) * 3 + (a as usize)] += 1;
+            }
+            match a {
+                Applied::Yes if prog.next == NONE => return Ok(()),
+                Applied::Yes => p = prog.next,
+                Applied::Stale if p != first => {
+                    self.pairs.progs[first as usize].epoch = STALE;
+                    return Err((Applied::Refused, prog.pos));
+                }
+                a => return Err((a, prog.pos)),
+            }
+        }
+    }
+
+    /// Keeps the chain of pieces `chain` as pair `(prev, run)`'s program (over the stale one,
+    /// whose runs are settled first, where it has as many pieces), in its slots. Returns its
+    /// first piece.
+    fn store_pair(&mut self, prev: u32, run: u32, mut chain: Vec<Program>) -> u32 {
+        let old = self.pairs.map.get(&(prev, run)).copied();
+        let old_len = old.map(|p| self.chain_len(p));
+        let first = match old {
+            Some(p) if old_len == Some(chain.len()) => {
+                for k in 0..chain.len() as u32 {
+                    self.settle_pair(p + k);
+                }
                 p
             }
-            None => {
+            _ => {
                 let p = self.pairs.progs.len() as u32;
-                self.pairs.progs.push(prog);
-                self.pairs.runs.push(0);
+                self.pairs.progs.resize(p as usize + chain.len(), chain[0]);
+                self.pairs.runs.resize(p as usize + chain.len(), 0);
+                if let Some(o) = old {
+                    for k in 0..old_len.unwrap_or(0) as u32 {
+                        self.settle_pair(o + k);
+                    }
+                }
                 self.pairs.map.insert((prev, run), p);
                 p
             }
         };
+        let n = chain.len();
+        for (k, prog) in chain.iter_mut().enumerate() {
+            prog.next = if k + 1 < n {
+                first + k as u32 + 1
+            } else {
+                NONE
+            };
+            self.pairs.progs[first as usize + k] = *prog;
+        }
+        self.pairs.cache[cache_slot(prev, run, PAIR_CACHE_SLOTS)] = (prev, run, first);
         let slots = &mut self.pairs.slots;
         if slots.len() <= prev as usize {
             slots.resize(prev as usize + 1, [(NONE, NONE); 2]);
@@ -264,9 +350,19 @@ impl PathRecorder {
         let s = &mut slots[prev as usize];
         if s[0].0 != run {
             s[1] = s[0];
-            s[0] = (run, p);
+            s[0] = (run, first);
         }
-        p
+        first
+    }
+
+    /// Pieces in the chain from program `p`.
+    fn chain_len(&self, mut p: u32) -> usize {
+        let mut n = 1;
+        while self.pairs.progs[p as usize].next != NONE {
+            p = self.pairs.progs[p as usize].next;
+            n += 1;
+        }
+        n
     }
 
     /// Counts the second and later path ends of every program's runs so far (before the
@@ -291,23 +387,50 @@ impl PathRecorder {
         }
     }
 
-    /// Applies program `p` if its assumptions hold (module doc).
+    /// Applies piece `p` (`prog`) if its assumptions hold (module doc).
     #[inline]
-    fn apply(&mut self, p: u32) -> Applied {
-        let prog = self.pairs.progs[p as usize];
-        if prog.epoch != self.memo.epoch {
+    fn apply(&mut self, p: u32, prog: &Program) -> Applied {
+        if prog.kind == NEVER {
+            return if prog.epoch == self.pairs.epoch {
+                Applied::Refused
+            } else {
+                Applied::Stale
+            };
+        }
+        if self.fepoch[prog.func as usize] != prog.epoch {
+            self.pairs.why[3] += 1;
+            if self.pairs.why[3] % 1000000 == 1 && std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some()
+            {
+                eprintln!(
+                    "stale epoch: p {} kind {} pos {} epoch {} fepoch {} next {} func {}",
+                    p,
+                    prog.kind,
+                    prog.pos,
+                    prog.epoch,
+                    self.fepoch[prog.func as usize],
+                    prog.next,
+                    prog.func
+                );
+            }
             return Applied::Stale;
         }
         let depth = self.stack.len();
         let Some(top) = self.stack.last() else {
-            return Applied::Refused;
+            {
+                self.pairs.why[12 + (401 % 7)] += 1;
+                return Applied::Refused;
+            }
         };
         match prog.kind {
             INTRA => {
                 if top.func != prog.func || top.last_node != prog.from {
+                    if self.pairs.why[9] < 8 && std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some() {
+                        self.pairs.why[9] += 1;
+                        eprintln!("stale intra: top func {} node {} addr {:#x} ret {:#x}, prog func {} from {} pos {} last {} prev {} prevrun {}", top.func, top.last_node, top.last_addr, top.return_to, prog.func, prog.from, prog.pos, prog.last, self.prev, self.pairs.prev_run);
+                    }
                     return Applied::Stale;
                 }
-                if (prog.nends > 0 && top.pap != NONE) || !self.ind_ok(&prog, top.return_to) {
+                if !self.ind_ok(prog, top.return_to) {
                     return Applied::Refused;
                 }
             }
@@ -316,15 +439,15 @@ impl PathRecorder {
                 let call_node = self.cached_call_child(parent, prog.func);
                 let fun = &self.funcs[prog.func as usize];
                 let records = fun.path_ends >= self.config.pap_threshold;
-                if call_node == NONE
-                    || depth >= self.stack_cap()
-                    || (records && prog.nends > 0)
-                    || !self.ind_ok(&prog, prog.ret)
-                {
-                    return Applied::Refused;
+                if call_node == NONE || depth >= self.stack_cap() || !self.ind_ok(prog, prog.ret) {
+                    {
+                        self.pairs.why[12 + (423 % 7)] += 1;
+                        return Applied::Refused;
+                    }
                 }
                 let fun = &mut self.funcs[prog.func as usize];
                 fun.activations += 1;
+                let path_instr = fun.node_instr[prog.from as usize] as u64;
                 let pap = if records {
                     self.pap_runs.root(fun)
                 } else {
@@ -338,7 +461,7 @@ impl PathRecorder {
                     blocks: 0,
                     instructions: 0,
                     path_ends: 0,
-                    // Both set by the segment.
+                    // Set by the segment.
                     last_addr: prog.last_addr,
                     pap,
                     pap_len: 0,
@@ -346,32 +469,64 @@ impl PathRecorder {
                     resume: NONE,
                     r: prog.r0,
                     last_node: prog.from,
-                    path_instr: self.funcs[prog.func as usize].node_instr[prog.from as usize]
-                        as u64,
+                    path_instr,
                 });
             }
-            RETURN => {
+            _ => {
+                // RETURN
                 if depth < 2 || top.return_to != prog.ret {
-                    return Applied::Refused;
+                    {
+                        self.pairs.why[12 + (455 % 7)] += 1;
+                        return Applied::Refused;
+                    }
                 }
                 let below = &self.stack[depth - 2];
-                if below.func != prog.func || below.last_node != prog.from {
+                if below.func != prog.func {
+                    if self.pairs.why[6] < 5 && std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some() {
+                        self.pairs.why[6] += 1;
+                        eprintln!("stale return: below func {} node {} addr {:#x}, prog func {} from {} pos {} last {}", below.func, below.last_node, below.last_addr, prog.func, prog.from, prog.pos, prog.last);
+                    }
                     return Applied::Stale;
                 }
-                if (prog.nends > 0 && below.pap != NONE) || !self.ind_ok(&prog, below.return_to) {
+                if !self.ind_ok(prog, below.return_to) {
                     return Applied::Refused;
                 }
+                let e = if below.last_node == prog.from {
+                    prog.r0
+                } else {
+                    let edge = (below.last_addr < prog.ret)
+                        .then(|| {
+                            self.funcs[prog.func as usize]
+                                .bl
+                                .edge(below.last_node, prog.first_node)
+                        })
+                        .flatten();
+                    let Some(e) = edge else {
+                        {
+                            self.pairs.why[12 + (476 % 7)] += 1;
+                            return Applied::Refused;
+                        }
+                    };
+                    let cached = &mut self.pairs.progs[p as usize];
+                    (cached.from, cached.r0) = (below.last_node, e);
+                    e
+                };
                 self.pop_activation();
+                let top = self.stack.last_mut().expect("the caller");
+                top.r = top.r.wrapping_add(e);
+                top.len += 1;
+                top.path_instr += prog.first_instr;
+                top.last_node = prog.first_node;
+                top.last_addr = prog.ret;
             }
-            _ => return Applied::Refused,
         }
         self.pairs.by_program += 1;
         self.prev = prog.last;
-        self.apply_segment(p, &prog);
+        self.apply_segment(p, prog);
         Applied::Yes
     }
 
-    /// Whether none of the program's blocks that follow an indirect jump is `return_to` (the
+    /// Whether none of the piece's blocks that follow an indirect jump is `return_to` (the
     /// stepping activation's return address: the per-block step would return there).
     #[inline]
     fn ind_ok(&self, prog: &Program, return_to: u64) -> bool {
@@ -380,7 +535,7 @@ impl PathRecorder {
                 .contains(&return_to)
     }
 
-    /// The segment of program `p` on the top activation's path (the checks are done).
+    /// The segment of piece `p` on the top activation's path (the checks are done).
     #[inline]
     fn apply_segment(&mut self, p: u32, prog: &Program) {
         let top = self.stack.last_mut().expect("an activation");
@@ -401,10 +556,14 @@ impl PathRecorder {
         top.path_instr = prog.instr_after;
         top.last_node = prog.last_node;
         top.last_addr = prog.last_addr;
+        let pap = top.pap != NONE;
         if prog.cbase != NO_DENSE {
             self.dense[r.wrapping_add(prog.cbase) as usize] += 1;
         } else {
             self.count_id(prog.func, r.wrapping_add(prog.add), 1);
+        }
+        if pap {
+            self.pap_ends(prog, r.wrapping_add(prog.add));
         }
         if prog.nends > 1 {
             let runs = &mut self.pairs.runs[p as usize];
@@ -415,25 +574,262 @@ impl PathRecorder {
         }
     }
 
-    /// The program of run `run` after the block `self.prev` in the current state (a
-    /// [`NEVER`] program if the per-block step would do anything but continue one
-    /// activation's path with nodes and edges its function's numbering has, after a plain call
-    /// or return at most).
-    fn compile(&mut self, run: u32) -> Program {
-        let mut prog = Program {
-            epoch: self.memo.epoch,
+    /// Feeds the paths a segment ended (the first with id `first`) to the top activation's
+    /// PAP run, in order, until the run is abandoned.
+    #[cold]
+    fn pap_ends(&mut self, prog: &Program, first: u64) {
+        let p = self.number_of(prog.func, first);
+        let top = self.stack.last_mut().expect("an activation");
+        self.pap_runs.push(top, p);
+        for k in prog.ends..prog.ends + prog.nends - 1 {
+            if self.stack.last().expect("an activation").pap == NONE {
+                return;
+            }
+            let e = self.pairs.ends[k as usize];
+            let p = match e.number {
+                NONE => {
+                    let p = self.number_of(prog.func, e.id);
+                    self.pairs.ends[k as usize].number = p;
+                    p
+                }
+                p => p,
+            };
+            let top = self.stack.last_mut().expect("an activation");
+            self.pap_runs.push(top, p);
+        }
+    }
+
+    /// The chain of pieces of run `run` after the block `self.prev` in the current state: one
+    /// [`NEVER`] piece if the per-block step would do anything but plain calls, plain returns
+    /// and steps of an activation's path with nodes and edges its function's numbering has.
+    fn compile(&mut self, run: u32) -> Vec<Program> {
+        let ind = self.pairs.ind.len();
+        let ends = self.pairs.ends.len();
+        match self.compile_pieces(run) {
+            Some(chain) => chain,
+            None => {
+                self.pairs.ind.truncate(ind);
+                self.pairs.ends.truncate(ends);
+                vec![Program {
+                    epoch: self.pairs.epoch,
+                    kind: NEVER,
+                    ..Program::empty()
+                }]
+            }
+        }
+    }
+
+    /// [`PathRecorder::compile`]'s work: `None` where the per-block step is needed. The
+    /// shadow stack is simulated: frames pushed inside the run, over the real stack's.
+    fn compile_pieces(&mut self, run: u32) -> Option<Vec<Program>> {
+        if self.prev == NONE || self.config.k > 0 || self.stack.is_empty() {
+            return None;
+        }
+        let info = self.memo.events[run as usize];
+        let blocks: Vec<u32> =
+            self.memo.seq[info.start as usize..(info.start + info.len) as usize].to_vec();
+        // The simulated stack: the real frames below `real` as they are, then copies of the
+        // others as the run changes them, and the frames it pushes.
+        let mut real = self.stack.len() - 1;
+        let frame_of = |a: &Activation| SimFrame {
+            func: a.func,
+            node: a.last_node,
+            addr: a.last_addr,
+            return_to: a.return_to,
+        };
+        let mut sim = vec![frame_of(&self.stack[real])];
+        let mut chain = Vec::new();
+        let mut before = self.prev;
+        let mut k = 0;
+        while k < blocks.len() {
+            let b = blocks[k];
+            let addr = self.id_addr[b as usize];
+            let mut prog = Program {
+                pos: k as u32,
+                ind: self.pairs.ind.len() as u32,
+                ends: self.pairs.ends.len() as u32,
+                ..Program::empty()
+            };
+            let seg_start = match self.id_kind[before as usize] {
+                // Only the run's first block follows a block that neither calls nor returns
+                // and starts a piece.
+                K_OTHER | K_INDIRECT => {
+                    prog.kind = INTRA;
+                    k
+                }
+                K_CALL if addr != self.id_ret[before as usize] => {
+                    let f = self.id_entry.get(b as usize).copied()?;
+                    let (g, n) = self.id_node[b as usize];
+                    if f == NONE || g != f || !self.by_sums(f) {
+                        return None;
+                    }
+                    prog.kind = CALL;
+                    prog.ret = self.id_ret[before as usize];
+                    let tag = if n == 0 { START_ENTRY } else { START_HEAD };
+                    prog.r0 = self.funcs[f as usize].bl.start(tag, n)?;
+                    sim.push(SimFrame {
+                        func: f,
+                        node: n,
+                        addr,
+                        return_to: prog.ret,
+                    });
+                    k + 1
+                }
+                K_RET if sim.last().map(|f| f.return_to) == Some(addr) => {
+                    sim.pop();
+                    if sim.is_empty() {
+                        if real == 0 {
+                            return None;
+                        }
+                        real -= 1;
+                        sim.push(frame_of(&self.stack[real]));
+                    }
+                    // The caller's path goes on with the return point: a forward edge from
+                    // the caller's last block.
+                    let caller = sim.last_mut().expect("a frame");
+                    let (g, n) = self.id_node[b as usize];
+                    if g != caller.func || addr <= caller.addr || !self.by_sums(g) {
+                        return None;
+                    }
+                    let fun = &self.funcs[g as usize];
+                    prog.kind = RETURN;
+                    prog.ret = addr;
+                    prog.from = caller.node;
+                    prog.r0 = fun.bl.edge(caller.node, n)?;
+                    prog.first_node = n;
+                    prog.first_instr = fun.node_instr[n as usize] as u64;
+                    (caller.node, caller.addr) = (n, addr);
+                    k + 1
+                }
+                _ => return None,
+            };
+            let mut frame = *sim.last().expect("a frame");
+            if !self.by_sums(frame.func) {
+                return None;
+            }
+            prog.func = frame.func;
+            if prog.kind != RETURN {
+                prog.from = frame.node;
+            }
+            prog.epoch = self.fepoch[frame.func as usize];
+            prog.last = b;
+            prog.last_node = frame.node;
+            prog.last_addr = frame.addr;
+            // The segment: up to the first block after a call or a return.
+            let mut end = seg_start;
+            while end < blocks.len() {
+                let c = blocks[end];
+                let prior = if end == 0 { self.prev } else { blocks[end - 1] };
+                let kind = self.id_kind[prior as usize];
+                if end > k && (kind == K_CALL || kind == K_RET) {
+                    break;
+                }
+                if kind == K_INDIRECT {
+                    if self.id_node[c as usize].0 != frame.func {
+                        return None;
+                    }
+                    self.pairs.ind.push(self.id_addr[c as usize]);
+                    prog.nind += 1;
+                }
+                if kind != K_RET {
+                    // A step of the path, unless the block is another function's entry (a
+                    // tail call); a return's first block is not tested, as in its step.
+                    let entry = self.id_entry.get(c as usize).copied()?;
+                    if entry != NONE && entry != frame.func {
+                        return None;
+                    }
+                }
+                self.compile_step(&mut prog, &mut frame, c)?;
+                prog.last = c;
+                end += 1;
+            }
+            let fun = &self.funcs[frame.func as usize];
+            if prog.nends > 0 && fun.dense_len > 0 {
+                prog.cbase = fun.dense_base.wrapping_add(prog.add);
+            }
+            *sim.last_mut().expect("a frame") = frame;
+            chain.push(prog);
+            before = blocks[end - 1];
+            k = end;
+        }
+        Some(chain)
+    }
+
+    /// Adds block `c`'s step to piece `prog`'s segment on frame `frame` (its function, node
+    /// and address before and after): `None` if its node, edge or end is not numbered.
+    fn compile_step(&mut self, prog: &mut Program, frame: &mut SimFrame, c: u32) -> Option<()> {
+        let fun = &self.funcs[frame.func as usize];
+        let bl = &fun.bl;
+        let (f, n) = self.id_node[c as usize];
+        if f != frame.func {
+            return None;
+        }
+        let a = self.id_addr[c as usize];
+        let i = fun.node_instr[n as usize] as u64;
+        if a <= frame.addr {
+            let end = bl.edge(frame.node, EXIT_EDGE | n)?;
+            let start = bl.start(START_HEAD, n)?;
+            if prog.nends == 0 {
+                prog.add = prog.add.wrapping_add(end);
+            } else {
+                self.pairs.ends.push(End {
+                    id: prog.r_after.wrapping_add(end),
+                    number: NONE,
+                });
+                prog.mid_blocks += prog.blocks_after as u64;
+                prog.mid_instr += prog.instr_after;
+            }
+            prog.nends += 1;
+            (prog.r_after, prog.blocks_after, prog.instr_after) = (start, 1, i);
+        } else {
+            let e = bl.edge(frame.node, n)?;
+            if prog.nends == 0 {
+                prog.add = prog.add.wrapping_add(e);
+                prog.blocks += 1;
+                prog.instr += i;
+            } else {
+                prog.r_after = prog.r_after.wrapping_add(e);
+                prog.blocks_after += 1;
+                prog.instr_after += i;
+            }
+        }
+        (frame.node, frame.addr) = (n, a);
+        prog.last_node = n;
+        prog.last_addr = a;
+        Some(())
+    }
+}
+
+/// A frame of the shadow stack as compiling a run sees it.
+#[derive(Clone, Copy, Debug)]
+struct SimFrame {
+    func: u32,
+    node: u32,
+    addr: u64,
+    return_to: u64,
+}
+
+impl Program {
+    /// A piece that does nothing yet.
+    fn empty() -> Program {
+        Program {
+            epoch: 0,
+            next: NONE,
+            pos: 0,
             kind: NEVER,
             func: NONE,
             from: NONE,
             ret: 0,
             r0: 0,
-            ind: self.pairs.ind.len() as u32,
+            first_node: NONE,
+            first_instr: 0,
+            ind: 0,
             nind: 0,
             add: 0,
             blocks: 0,
             instr: 0,
             nends: 0,
-            ends: self.pairs.ends.len() as u32,
+            ends: 0,
             mid_blocks: 0,
             mid_instr: 0,
             cbase: NO_DENSE,
@@ -443,140 +839,6 @@ impl PathRecorder {
             last_node: NONE,
             last_addr: 0,
             last: NONE,
-        };
-        if self.compile_into(run, &mut prog).is_none() {
-            prog.kind = NEVER;
-            self.pairs.ind.truncate(prog.ind as usize);
         }
-        prog
-    }
-
-    /// [`PathRecorder::compile`]'s work: `None` where the per-block step is needed.
-    fn compile_into(&mut self, run: u32, prog: &mut Program) -> Option<()> {
-        let depth = self.stack.len();
-        let top = *self.stack.last()?;
-        if self.prev == NONE || self.config.k > 0 {
-            return None;
-        }
-        let info = self.memo.events[run as usize];
-        let blocks: Vec<u32> =
-            self.memo.seq[info.start as usize..(info.start + info.len) as usize].to_vec();
-        let first = *blocks.first()?;
-        let first_addr = self.id_addr[first as usize];
-        let entry_of = |b: u32| self.id_entry.get(b as usize).copied();
-        // The first block: what the block before it makes of it (the per-block `step`).
-        let (func, node, addr, rest) = match self.id_kind[self.prev as usize] {
-            K_OTHER | K_INDIRECT => {
-                let entry = entry_of(first)?;
-                if entry != NONE && entry != top.func {
-                    return None;
-                }
-                if self.id_kind[self.prev as usize] == K_INDIRECT {
-                    if self.id_node[first as usize].0 != top.func {
-                        return None;
-                    }
-                    self.pairs.ind.push(first_addr);
-                    prog.nind += 1;
-                }
-                prog.kind = INTRA;
-                (top.func, top.last_node, top.last_addr, &blocks[..])
-            }
-            K_CALL if first_addr != self.id_ret[self.prev as usize] => {
-                let f = entry_of(first)?;
-                let (g, n) = self.id_node[first as usize];
-                if f == NONE || g != f {
-                    return None;
-                }
-                prog.kind = CALL;
-                prog.ret = self.id_ret[self.prev as usize];
-                let tag = if n == 0 { START_ENTRY } else { START_HEAD };
-                prog.r0 = self.funcs[f as usize].bl.start(tag, n)?;
-                (f, n, first_addr, &blocks[1..])
-            }
-            K_RET if depth >= 2 && top.return_to == first_addr => {
-                let below = self.stack[depth - 2];
-                prog.kind = RETURN;
-                prog.ret = first_addr;
-                (below.func, below.last_node, below.last_addr, &blocks[..])
-            }
-            _ => return None,
-        };
-        if !self.by_sums(func) {
-            return None;
-        }
-        prog.func = func;
-        prog.from = node;
-        let fun = &self.funcs[func as usize];
-        let bl = &fun.bl;
-        let (mut node, mut addr) = (node, addr);
-        // With ends: the register, blocks and instructions of the path since the last end.
-        let (mut r, mut len, mut ins) = (0u64, 0u32, 0u64);
-        let mut ends = Vec::new();
-        let mut before = if rest.len() < blocks.len() {
-            first
-        } else {
-            self.prev
-        };
-        for (k, &b) in rest.iter().enumerate() {
-            if k > 0 || rest.len() < blocks.len() {
-                match self.id_kind[before as usize] {
-                    K_OTHER => {}
-                    K_INDIRECT if self.id_node[b as usize].0 == func => {
-                        self.pairs.ind.push(self.id_addr[b as usize]);
-                        prog.nind += 1;
-                    }
-                    _ => return None,
-                }
-            }
-            before = b;
-            let entry = self.id_entry.get(b as usize).copied()?;
-            if entry != NONE && entry != func {
-                return None;
-            }
-            let (f, n) = self.id_node[b as usize];
-            if f != func {
-                return None;
-            }
-            let a = self.id_addr[b as usize];
-            let i = fun.node_instr[n as usize] as u64;
-            if a <= addr {
-                let end = bl.edge(node, EXIT_EDGE | n)?;
-                let start = bl.start(START_HEAD, n)?;
-                if prog.nends == 0 {
-                    prog.add = prog.add.wrapping_add(end);
-                } else {
-                    ends.push(End {
-                        id: r.wrapping_add(end),
-                    });
-                    prog.mid_blocks += len as u64;
-                    prog.mid_instr += ins;
-                }
-                prog.nends += 1;
-                (r, len, ins) = (start, 1, i);
-            } else {
-                let e = bl.edge(node, n)?;
-                if prog.nends == 0 {
-                    prog.add = prog.add.wrapping_add(e);
-                    prog.blocks += 1;
-                    prog.instr += i;
-                } else {
-                    r = r.wrapping_add(e);
-                    len += 1;
-                    ins += i;
-                }
-            }
-            (node, addr) = (n, a);
-        }
-        prog.r_after = r;
-        prog.blocks_after = len;
-        prog.instr_after = ins;
-        prog.last_node = node;
-        prog.last_addr = addr;
-        prog.last = *blocks.last().expect("a block");
-        if prog.nends > 0 && fun.dense_len > 0 {
-            prog.cbase = fun.dense_base.wrapping_add(prog.add);
-        }
-        self.pairs.ends.extend(ends);
-        Some(())
     }
 }

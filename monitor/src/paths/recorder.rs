@@ -99,6 +99,9 @@ pub struct PathRecorder {
     pub(crate) memo: MemoState,
     /// The sums recorder's pair programs.
     pub(crate) pairs: Pairs,
+    /// Per function: bumped when pair programs compiled for it may no longer hold (see
+    /// `pairs`).
+    pub(crate) fepoch: Vec<u32>,
     /// The sums recorder's dense path counters: a block per function with few paths (see
     /// `Function::dense_base`).
     pub(crate) dense: Vec<u64>,
@@ -156,6 +159,7 @@ impl PathRecorder {
             memo: MemoState::default(),
             pairs: Pairs::new(),
             dense: Vec::new(),
+            fepoch: Vec::new(),
             expander: Expander::default(),
             expanded: Vec::new(),
             resyncs: 0,
@@ -313,6 +317,7 @@ impl PathRecorder {
                 self.pairs.by_step,
                 self.pairs.progs_len()
             );
+            eprintln!("why (kind*3+applied): {:?}", self.pairs.why);
         }
     }
 

@@ -29,6 +29,9 @@ use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
 use crate::Tables;
 use hotpath_pathprof::KSlabForest;
 
+/// Function epochs stay below it (the pairs' mark of a chain to compile again).
+const STALE_EPOCH: u32 = u32::MAX;
+
 /// Paths a function may have for its counters to be a dense array (8 bytes each) rather than
 /// a map.
 const DENSE_MAX: u64 = 4096;
@@ -38,6 +41,16 @@ impl PathRecorder {
     #[inline]
     pub(crate) fn by_sums(&self, func: u32) -> bool {
         self.sums && !self.funcs[func as usize].spelled
+    }
+
+    /// Pair programs of `func` may no longer hold, and any pair the per-block step took may
+    /// compile now (see `pairs`).
+    pub(crate) fn bump_epoch(&mut self, func: u32) {
+        self.pairs.why[10] += 1;
+        if let Some(e) = self.fepoch.get_mut(func as usize) {
+            *e = e.wrapping_add(1) % STALE_EPOCH;
+        }
+        self.pairs.epoch = self.pairs.epoch.wrapping_add(1);
     }
 
     /// Guest instructions of activation `a`'s current path so far.
@@ -220,8 +233,8 @@ impl PathRecorder {
     fn grow(&mut self, func: u32, add: impl FnOnce(&mut Numbering)) -> bool {
         self.settle_pairs();
         self.flush_sums(func);
-        // Every pair program may have summed the old numbers.
-        self.memo.invalidate();
+        // Its pair programs summed the old numbers.
+        self.bump_epoch(func);
         let fun = &mut self.funcs[func as usize];
         fun.numbers.clear();
         let old = fun.bl.clone();
@@ -297,7 +310,7 @@ impl PathRecorder {
     }
 
     /// The path number of `func`'s path with id `id` under its current numbering.
-    fn number_of(&mut self, func: u32, id: u64) -> u32 {
+    pub(crate) fn number_of(&mut self, func: u32, id: u64) -> u32 {
         if let Some(&p) = self.funcs[func as usize].numbers.get(&id) {
             return p;
         }
