@@ -681,7 +681,8 @@ fn entry_count(f: &Value) -> u64 {
 /// 50 times, and main only starts and joins them. Each thread's row has its own path profile:
 /// `squares` in one, `parity` in the other, neither in main's; the process's `path_profile`
 /// sums them (the two functions as their threads have them); and each thread's function is
-/// exactly what the per-block reference records, with superblocks formed at once.
+/// exactly what the per-block reference records, by the memoised and by the sums recorder,
+/// with superblocks formed at once.
 #[test]
 fn each_thread_has_its_own_paths() {
     let exe = guest_build::build("paths_threads.c", Linkage::Static)
@@ -697,6 +698,10 @@ fn each_thread_has_its_own_paths() {
                 "--paths-recorder",
                 "per-block",
             ][..],
+        ),
+        (
+            "sums",
+            &["--superblock-threshold", "1", "--paths-recorder", "sums"][..],
         ),
     ] {
         let json = run_report(&exe, &format!("threads-{tag}"), &[], extra);
@@ -737,4 +742,8 @@ fn each_thread_has_its_own_paths() {
         found.push((squares, parity));
     }
     assert_eq!(found[0], found[1], "the per-block reference's");
+    assert_eq!(
+        found[2], found[1],
+        "the sums recorder's: the per-block reference's"
+    );
 }

@@ -36,6 +36,7 @@
 
 use hotpath_events::is_id;
 
+use super::fast::repeat_run_end;
 use super::ids::{cache_slot, FxMap, NONE};
 use super::numbering::EXIT_EDGE;
 use super::recorder::PathRecorder;
@@ -110,6 +111,10 @@ const CALL: u8 = 1;
 const RETURN: u8 = 2;
 const NEVER: u8 = 3;
 
+/// Runs the general way takes after the intra loop took fewer than two events (calls,
+/// returns, new pairs: its start would be all it does).
+const FAST_BACKOFF: u32 = 8;
+
 /// A program epoch no function has (a chain to compile again).
 const STALE: u32 = u32::MAX;
 
@@ -161,12 +166,10 @@ pub(crate) struct Pairs {
     prev_run: u32,
     /// A superblock whose extent the next event tells, or [`NONE`].
     pending: u32,
+    /// Runs to take the general way before [`PathRecorder::run_sums_loop`] is tried again.
+    backoff: u32,
     /// Bumped when a [`NEVER`] program may compile now (any function's epoch changed).
     pub(crate) epoch: u32,
-    /// Runs taken by a program, and by the per-block step.
-    pub(crate) by_program: u64,
-    pub(crate) by_step: u64,
-    pub(crate) why: [u64; 20],
 }
 
 impl Pairs {
@@ -177,10 +180,6 @@ impl Pairs {
             cache: vec![(NONE, NONE, NONE); PAIR_CACHE_SLOTS].into_boxed_slice(),
             ..Default::default()
         }
-    }
-
-    pub(crate) fn progs_len(&self) -> usize {
-        self.progs.len()
     }
 
     /// The program of pair `(prev, run)`, if one was compiled (perhaps stale).
@@ -211,6 +210,7 @@ impl PathRecorder {
     /// program, or through the per-block step.
     pub(crate) fn record_pairs(&mut self, events: &[u32], tables: &Tables) {
         let mut i = 0;
+        self.memo.repeats.clear();
         if self.pairs.pending != NONE {
             let Some(&next) = events.first() else { return };
             self.learn_event(next, tables);
@@ -220,6 +220,16 @@ impl PathRecorder {
             self.run_pair(if exited { next } else { sb }, tables);
         }
         while i < events.len() {
+            if self.pairs.backoff == 0 {
+                let j = self.run_sums_loop(events, i);
+                if j < i + 2 {
+                    self.pairs.backoff = FAST_BACKOFF;
+                }
+                i = j;
+                let Some(_) = events.get(i) else { break };
+            } else {
+                self.pairs.backoff -= 1;
+            }
             let e = events[i];
             i += 1;
             if !is_id(e) || !self.learn_event(e, tables) {
@@ -238,6 +248,138 @@ impl PathRecorder {
             }
             self.run_pair(run, tables);
         }
+    }
+
+    /// The common case with its state in registers: runs whose pair's program is one piece
+    /// that continues the top activation's path, from `events[i]` on. Returns the index of
+    /// the first event it did not take (anything else: a call, a return, a stale or missing
+    /// program, a superblock whose extent the next piece of events tells).
+    fn run_sums_loop(&mut self, events: &[u32], mut i: usize) -> usize {
+        let Some(top) = self.stack.last().copied() else {
+            return i;
+        };
+        if self.config.k > 0 || self.prev == NONE || !self.by_sums(top.func) {
+            return i;
+        }
+        let func = top.func;
+        let epoch = self.fepoch[func as usize];
+        let pap = top.pap != NONE;
+        let (mut r, mut len, mut pinstr) = (top.r, top.len, top.path_instr);
+        let (mut node, mut addr, mut last) = (top.last_node, top.last_addr, self.prev);
+        let (mut blocks, mut instrs, mut path_ends) = (0u64, 0u64, 0u64);
+        let mut prev_run = self.pairs.prev_run;
+        let start = i;
+        let infos = &self.memo.events;
+        while let Some(&e) = events.get(i) {
+            let Some(info) = infos.get(e as usize) else {
+                break;
+            };
+            let (run, took) = if info.is_superblock {
+                let Some(&next) = events.get(i + 1) else {
+                    break;
+                };
+                match infos.get(next as usize) {
+                    Some(n) if n.superblock == e => (next, 2),
+                    _ => (e, 1),
+                }
+            } else {
+                (e, 1)
+            };
+            let Some(p) = self.pairs.find(prev_run, run) else {
+                break;
+            };
+            let prog = &self.pairs.progs[p as usize];
+            if prog.kind != INTRA
+                || prog.next != NONE
+                || prog.epoch != epoch
+                || prog.func != func
+                || prog.from != node
+                || prog.nind > 0
+                || (pap && prog.nends > 0)
+            {
+                break;
+            }
+            if prog.nends == 0 {
+                r = r.wrapping_add(prog.add);
+                len += prog.blocks;
+                pinstr += prog.instr;
+            } else {
+                let first = r.wrapping_add(prog.add);
+                if prog.cbase != NO_DENSE {
+                    self.dense[r.wrapping_add(prog.cbase) as usize] += 1;
+                } else {
+                    let fun = &mut self.funcs[func as usize];
+                    if first < fun.dense_len {
+                        self.dense[(fun.dense_base + first) as usize] += 1;
+                    } else {
+                        *fun.bl_counts.entry(first).or_insert(0) += 1;
+                    }
+                }
+                blocks += (len + prog.blocks) as u64 + prog.mid_blocks;
+                instrs += pinstr + prog.instr + prog.mid_instr;
+                path_ends += prog.nends as u64;
+                (r, len, pinstr) = (prog.r_after, prog.blocks_after, prog.instr_after);
+                if prog.nends > 1 {
+                    let runs = &mut self.pairs.runs[p as usize];
+                    if *runs == 0 {
+                        self.pairs.dirty.push(p);
+                    }
+                    *runs += 1;
+                }
+            }
+            (node, addr, last) = (prog.last_node, prog.last_addr, prog.last);
+            i += took;
+            if prev_run == run && took == 1 && prog.from == prog.last_node {
+                // A loop whose body is this run: the same program again from the same state,
+                // as often as the event repeats, counted at once (and by the tables too:
+                // `Tables::record_with_repeats`).
+                let next = repeat_run_end(events, i, e, info.is_superblock);
+                let k = (next - i) as u64;
+                if k > 0 {
+                    self.memo.repeats.push((i as u32, next as u32));
+                    if prog.nends == 0 {
+                        r = r.wrapping_add(prog.add.wrapping_mul(k));
+                        len += prog.blocks * k as u32;
+                        pinstr += prog.instr * k;
+                    } else {
+                        let first = r.wrapping_add(prog.add);
+                        if prog.cbase != NO_DENSE {
+                            self.dense[r.wrapping_add(prog.cbase) as usize] += k;
+                        } else {
+                            let fun = &mut self.funcs[func as usize];
+                            if first < fun.dense_len {
+                                self.dense[(fun.dense_base + first) as usize] += k;
+                            } else {
+                                *fun.bl_counts.entry(first).or_insert(0) += k;
+                            }
+                        }
+                        blocks += k * ((len + prog.blocks) as u64 + prog.mid_blocks);
+                        instrs += k * (pinstr + prog.instr + prog.mid_instr);
+                        path_ends += k * prog.nends as u64;
+                        if prog.nends > 1 {
+                            let runs = &mut self.pairs.runs[p as usize];
+                            if *runs == 0 {
+                                self.pairs.dirty.push(p);
+                            }
+                            *runs += k;
+                        }
+                    }
+                    i = next;
+                }
+            }
+            prev_run = run;
+        }
+        if i > start {
+            self.pairs.prev_run = prev_run;
+            self.prev = last;
+            let top = self.stack.last_mut().expect("an activation");
+            (top.r, top.len, top.path_instr) = (r, len, pinstr);
+            (top.last_node, top.last_addr) = (node, addr);
+            top.blocks += blocks;
+            top.instructions += instrs;
+            top.path_ends += path_ends;
+        }
+        i
     }
 
     /// The superblock still waiting for its next event ran to its end.
@@ -272,7 +414,6 @@ impl PathRecorder {
                 Err((_, pos)) => from = pos,
             }
         }
-        self.pairs.by_step += 1;
         let info = self.memo.events[run as usize];
         for k in info.start + from..info.start + info.len {
             let b = self.memo.seq[k as usize];
@@ -288,23 +429,25 @@ impl PathRecorder {
     /// compiled again next time.
     #[inline]
     fn apply_chain(&mut self, first: u32) -> Result<(), (Applied, u32)> {
+        // Out of `self` while they are applied, so that a piece is read in place (a copy of
+        // one was a `memcpy` whose stores the next load waited for).
+        let mut progs = std::mem::take(&mut self.pairs.progs);
         let mut p = first;
-        loop {
-            let prog = self.pairs.progs[p as usize];
-            let a = self.apply(p, &prog);
-            if a != Applied::Yes {
-                self.pairs.why[(prog.kind as usize) * 3 + (a as usize)] += 1;
-            }
-            match a {
-                Applied::Yes if prog.next == NONE => return Ok(()),
-                Applied::Yes => p = prog.next,
+        let done = loop {
+            let prog = &mut progs[p as usize];
+            let (next, pos) = (prog.next, prog.pos);
+            match self.apply(p, prog) {
+                Applied::Yes if next == NONE => break Ok(()),
+                Applied::Yes => p = next,
                 Applied::Stale if p != first => {
-                    self.pairs.progs[first as usize].epoch = STALE;
-                    return Err((Applied::Refused, prog.pos));
+                    progs[first as usize].epoch = STALE;
+                    break Err((Applied::Refused, pos));
                 }
-                a => return Err((a, prog.pos)),
+                a => break Err((a, pos)),
             }
-        }
+        };
+        self.pairs.progs = progs;
+        done
     }
 
     /// Keeps the chain of pieces `chain` as pair `(prev, run)`'s program (over the stale one,
@@ -389,7 +532,7 @@ impl PathRecorder {
 
     /// Applies piece `p` (`prog`) if its assumptions hold (module doc).
     #[inline]
-    fn apply(&mut self, p: u32, prog: &Program) -> Applied {
+    fn apply(&mut self, p: u32, prog: &mut Program) -> Applied {
         if prog.kind == NEVER {
             return if prog.epoch == self.pairs.epoch {
                 Applied::Refused
@@ -398,36 +541,15 @@ impl PathRecorder {
             };
         }
         if self.fepoch[prog.func as usize] != prog.epoch {
-            self.pairs.why[3] += 1;
-            if self.pairs.why[3] % 1000000 == 1 && std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some()
-            {
-                eprintln!(
-                    "stale epoch: p {} kind {} pos {} epoch {} fepoch {} next {} func {}",
-                    p,
-                    prog.kind,
-                    prog.pos,
-                    prog.epoch,
-                    self.fepoch[prog.func as usize],
-                    prog.next,
-                    prog.func
-                );
-            }
             return Applied::Stale;
         }
         let depth = self.stack.len();
         let Some(top) = self.stack.last() else {
-            {
-                self.pairs.why[12 + (401 % 7)] += 1;
-                return Applied::Refused;
-            }
+            return Applied::Refused;
         };
         match prog.kind {
             INTRA => {
                 if top.func != prog.func || top.last_node != prog.from {
-                    if self.pairs.why[9] < 8 && std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some() {
-                        self.pairs.why[9] += 1;
-                        eprintln!("stale intra: top func {} node {} addr {:#x} ret {:#x}, prog func {} from {} pos {} last {} prev {} prevrun {}", top.func, top.last_node, top.last_addr, top.return_to, prog.func, prog.from, prog.pos, prog.last, self.prev, self.pairs.prev_run);
-                    }
                     return Applied::Stale;
                 }
                 if !self.ind_ok(prog, top.return_to) {
@@ -440,10 +562,7 @@ impl PathRecorder {
                 let fun = &self.funcs[prog.func as usize];
                 let records = fun.path_ends >= self.config.pap_threshold;
                 if call_node == NONE || depth >= self.stack_cap() || !self.ind_ok(prog, prog.ret) {
-                    {
-                        self.pairs.why[12 + (423 % 7)] += 1;
-                        return Applied::Refused;
-                    }
+                    return Applied::Refused;
                 }
                 let fun = &mut self.funcs[prog.func as usize];
                 fun.activations += 1;
@@ -475,17 +594,10 @@ impl PathRecorder {
             _ => {
                 // RETURN
                 if depth < 2 || top.return_to != prog.ret {
-                    {
-                        self.pairs.why[12 + (455 % 7)] += 1;
-                        return Applied::Refused;
-                    }
+                    return Applied::Refused;
                 }
                 let below = &self.stack[depth - 2];
                 if below.func != prog.func {
-                    if self.pairs.why[6] < 5 && std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some() {
-                        self.pairs.why[6] += 1;
-                        eprintln!("stale return: below func {} node {} addr {:#x}, prog func {} from {} pos {} last {}", below.func, below.last_node, below.last_addr, prog.func, prog.from, prog.pos, prog.last);
-                    }
                     return Applied::Stale;
                 }
                 if !self.ind_ok(prog, below.return_to) {
@@ -502,13 +614,9 @@ impl PathRecorder {
                         })
                         .flatten();
                     let Some(e) = edge else {
-                        {
-                            self.pairs.why[12 + (476 % 7)] += 1;
-                            return Applied::Refused;
-                        }
+                        return Applied::Refused;
                     };
-                    let cached = &mut self.pairs.progs[p as usize];
-                    (cached.from, cached.r0) = (below.last_node, e);
+                    (prog.from, prog.r0) = (below.last_node, e);
                     e
                 };
                 self.pop_activation();
@@ -520,7 +628,6 @@ impl PathRecorder {
                 top.last_addr = prog.ret;
             }
         }
-        self.pairs.by_program += 1;
         self.prev = prog.last;
         self.apply_segment(p, prog);
         Applied::Yes

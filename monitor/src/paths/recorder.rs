@@ -310,15 +310,6 @@ impl PathRecorder {
         self.settle_memos();
         self.settle_pairs();
         self.flush_all_sums();
-        if std::env::var_os("HOTPATH_DEBUG_PAIRS").is_some() {
-            eprintln!(
-                "pairs: {} by program, {} by step, {} programs",
-                self.pairs.by_program,
-                self.pairs.by_step,
-                self.pairs.progs_len()
-            );
-            eprintln!("why (kind*3+applied): {:?}", self.pairs.why);
-        }
     }
 
     /// Distinct paths recorded so far.

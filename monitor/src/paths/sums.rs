@@ -46,7 +46,6 @@ impl PathRecorder {
     /// Pair programs of `func` may no longer hold, and any pair the per-block step took may
     /// compile now (see `pairs`).
     pub(crate) fn bump_epoch(&mut self, func: u32) {
-        self.pairs.why[10] += 1;
         if let Some(e) = self.fepoch.get_mut(func as usize) {
             *e = e.wrapping_add(1) % STALE_EPOCH;
         }
