@@ -172,8 +172,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PAP_THRESHOLD)]
     pub pap_threshold: u64,
     /// The path recorder (every one gives the same profile): `memo`, memoised transitions
-    /// per superblock run (the default); `sums`, Ball-Larus sums per activation, stepped per
-    /// basic block; `per-block`, the path trie stepped per basic block, the slower reference
+    /// per superblock run (the default); `sums`, Ball-Larus sums per activation, a program per
+    /// pair of events (being built to replace `memo`); `per-block`, the path trie stepped per basic block, the slower reference
     /// the others are checked against.
     #[arg(long, value_enum, value_name = "RECORDER", default_value_t = PathsRecorder::Memo)]
     pub paths_recorder: PathsRecorder,
@@ -298,7 +298,7 @@ mod tests {
 pub enum PathsRecorder {
     /// Memoised transitions per superblock run.
     Memo,
-    /// Ball-Larus sums per activation, per basic block.
+    /// Ball-Larus sums per activation, a program per pair of events.
     Sums,
     /// The path trie per basic block (the reference).
     PerBlock,

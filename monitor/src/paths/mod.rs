@@ -62,11 +62,14 @@
 //! | `stack.rs` | the shadow stack, its resynchronisation rules, the call tree |
 //! | `recorder.rs` | the recorder's state and the per-block step (the reference) |
 //! | `memo.rs`, `fast.rs` | the per-event recorder: memoised transitions and its fast loops |
+//! | `numbering.rs` | a function's Ball-Larus numbering as its CFG is discovered |
+//! | `sums.rs`, `pairs.rs` | the sums recorder: sums per activation, programs per pair of runs |
 //! | `pap_runs.rs` | the PAP run trie |
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
 //!
 //! `docs/paths-design.md` is where this is going (#56): one recorder fused with the tables,
-//! fed the same event stream with and without paths.
+//! fed the same event stream with and without paths; the sums recorder
+//! ([`Recorder::Sums`]) is that recorder as far as it is built.
 
 mod fast;
 mod function;

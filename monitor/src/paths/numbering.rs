@@ -43,6 +43,8 @@ pub(crate) struct Numbering {
     total: u64,
     /// The last numbering needed more than 2^64 ids; the values are stale.
     overflowed: bool,
+    /// Nodes by decreasing guest address (a topological order, last first).
+    order: Vec<u32>,
 }
 
 impl Numbering {
@@ -90,12 +92,17 @@ impl Numbering {
         self.out.resize(n, Vec::new());
         self.paths_from.clear();
         self.paths_from.resize(n, 1);
-        let mut order: Vec<u32> = (0..n as u32)
-            .filter(|&v| (v as usize) < addr.len())
-            .collect();
-        order.sort_unstable_by_key(|&v| std::cmp::Reverse(addr[v as usize]));
+        // Nodes are only ever added: the new ones join the order and it is sorted again
+        // (nearly sorted already).
+        if self.order.len() != addr.len() {
+            self.order
+                .extend(self.order.len() as u32..addr.len() as u32);
+            self.order
+                .sort_unstable_by_key(|&v| std::cmp::Reverse(addr[v as usize]));
+        }
         self.overflowed = false;
-        for v in order {
+        for k in 0..self.order.len() {
+            let v = self.order[k];
             // The activation end is the first edge, value 0.
             let mut acc: u64 = 1;
             for e in 0..self.out[v as usize].len() {
@@ -128,7 +135,6 @@ impl Numbering {
 
     /// The path whose id is `id`, or `None` if no path has it (an id at or above the paths
     /// from the entry).
-    #[cfg(test)]
     pub(crate) fn decode(&self, id: u64) -> Option<Spelled> {
         let mut out = Spelled::default();
         self.decode_into(id, &mut out).then_some(out)

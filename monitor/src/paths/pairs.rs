@@ -45,21 +45,51 @@ use super::trie::{START_ENTRY, START_HEAD};
 use crate::Tables;
 
 /// What a run does to the shadow stack and the top activation's path (see the module doc).
+/// Laid out for the loop in registers: what a piece with no path end reads is the first
+/// cache line.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
 pub(crate) struct Program {
-    /// Its function's epoch when compiled (`PathRecorder::fepoch`).
-    epoch: u32,
-    /// The next piece of the run ([`NONE`]: the last), and where this one starts in the run
-    /// (blocks).
-    next: u32,
-    pos: u32,
     /// [`INTRA`], [`CALL`], [`RETURN`], or [`NEVER`] (the per-block step).
     kind: u8,
+    /// Paths the segment ends; the second and later ones are `Pairs::ends[ends..ends + nends
+    /// - 1]`, counted `Pairs::runs` times when settled, with their blocks and instructions
+    /// summed in `mid_blocks` and `mid_instr`.
+    nends: u32,
+    /// Its function's epoch when compiled (`PathRecorder::fepoch`).
+    epoch: u32,
+    /// The next piece of the run ([`NONE`]: the last).
+    next: u32,
     /// The function the run's path steps in, and the node its path must be at before the
     /// segment ([`INTRA`]: the top activation; [`RETURN`]: the caller returned to; [`CALL`]:
     /// the callee, at its first node).
     func: u32,
     from: u32,
+    /// Blocks the segment adds to the current path (with ends: to the first ended path).
+    blocks: u32,
+    /// The node of the run's last block, and the block itself.
+    last_node: u32,
+    last: u32,
+    /// Guest addresses of the run's blocks that follow an indirect jump: each must not be the
+    /// stepping activation's return address (`Pairs::ind[ind..ind + nind]`).
+    nind: u32,
+    /// Added to the register: the segment's edges (with no path end), or the edges up to and
+    /// including the first back edge's end (the first ended path's id is then the register
+    /// plus it).
+    add: u64,
+    /// Guest instructions the segment adds to the current path (with ends: to the first
+    /// ended path).
+    instr: u64,
+    /// The guest address of the run's last block.
+    last_addr: u64,
+    /// With ends: the register, the path's instructions and blocks after the last one.
+    r_after: u64,
+    instr_after: u64,
+    /// Where the first ended path's count is, minus the register: the function's dense
+    /// counters' base plus `add` (wrapping), or [`NO_DENSE`] when its counters are a map.
+    cbase: u64,
+    mid_blocks: u64,
+    mid_instr: u64,
     /// [`CALL`]: the callee's return address and the register its first path starts with.
     /// [`RETURN`]: the address returned to (the top activation's return address), where the
     /// caller's path goes on with the return point's node `first_node` (`first_instr` guest
@@ -68,38 +98,13 @@ pub(crate) struct Program {
     /// addresses, so that is a one-entry cache the piece updates, not a check).
     ret: u64,
     r0: u64,
-    first_node: u32,
     first_instr: u64,
-    /// Guest addresses of the run's blocks that follow an indirect jump: each must not be the
-    /// stepping activation's return address (`Pairs::ind[ind..ind + nind]`).
-    ind: u32,
-    nind: u32,
-    /// Added to the register: the segment's edges (with no path end), or the edges up to and
-    /// including the first back edge's end (the first ended path's id is then the register
-    /// plus it).
-    add: u64,
-    /// Blocks and guest instructions the segment adds to the current path (with ends: to the
-    /// first ended path).
-    blocks: u32,
-    instr: u64,
-    /// Paths the segment ends; the second and later ones are `Pairs::ends[ends..ends + nends
-    /// - 1]`, counted `Pairs::runs` times when settled, with their blocks and instructions
-    /// summed in `mid_blocks` and `mid_instr`.
-    nends: u32,
-    ends: u32,
-    mid_blocks: u64,
-    mid_instr: u64,
-    /// Where the first ended path's count is, minus the register: the function's dense
-    /// counters' base plus `add` (wrapping), or [`NO_DENSE`] when its counters are a map.
-    cbase: u64,
-    /// With ends: the register, the path's blocks and instructions after the last one.
-    r_after: u64,
     blocks_after: u32,
-    instr_after: u64,
-    /// The node and guest address of the run's last block, and the block itself.
-    last_node: u32,
-    last_addr: u64,
-    last: u32,
+    ends: u32,
+    first_node: u32,
+    /// Where this piece starts in the run (blocks).
+    pos: u32,
+    ind: u32,
 }
 
 /// Program kinds: the run continues the top activation's path; its first block is a

@@ -39,9 +39,10 @@ pub enum Recorder {
     /// The shadow stack and the path trie stepped once per basic block: the reference the
     /// others are checked against (several times slower).
     PerBlock,
-    /// Ball-Larus sums stepped once per basic block: each activation keeps its path as a sum
-    /// of edge values under its function's numbering as seen so far (`numbering.rs`,
-    /// `sums.rs`), counted per id and spelled only when the numbering changes and at the end.
+    /// Ball-Larus sums: each activation keeps its path as a sum of edge values under its
+    /// function's numbering as seen so far (`numbering.rs`, `sums.rs`), a run of blocks is a
+    /// program per pair of events (`pairs.rs`); counted per id, spelled only when the
+    /// numbering changes and at the end.
     Sums,
 }
 
@@ -105,6 +106,8 @@ pub struct PathRecorder {
     /// The sums recorder's dense path counters: a block per function with few paths (see
     /// `Function::dense_base`).
     pub(crate) dense: Vec<u64>,
+    /// Beside `dense`: each id's path number once looked up (for PAP runs), or [`NONE`].
+    pub(crate) dense_numbers: Vec<u32>,
     /// `per_block` mode: superblock events turned back into blocks.
     pub(crate) expander: Expander,
     pub(crate) expanded: Vec<u32>,
@@ -159,6 +162,7 @@ impl PathRecorder {
             memo: MemoState::default(),
             pairs: Pairs::new(),
             dense: Vec::new(),
+            dense_numbers: Vec::new(),
             fepoch: Vec::new(),
             expander: Expander::default(),
             expanded: Vec::new(),

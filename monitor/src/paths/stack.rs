@@ -368,6 +368,9 @@ impl PathRecorder {
     /// then its counts go to its call-tree node and function and its PAP run is counted.
     #[inline]
     pub(crate) fn pop_activation(&mut self) {
+        if self.sums && self.pop_sums() {
+            return;
+        }
         let mut a = self.stack.pop().expect("an activation");
         let p = self.count_path(&a, END_EXIT);
         let instr = self.current_instructions(&a);

@@ -2,11 +2,11 @@
 //! a Ball-Larus sum under its function's numbering (`numbering.rs`), so a path end is one
 //! count keyed by an id, not a walk through a prefix trie.
 //!
-//! This is the first stage of the recorder docs/paths-design.md describes ("The recorder at
-//! the tables' cost", build order step 1): the per-block step of the reference (`recorder.rs`,
-//! `stack.rs`: the same shadow stack, resynchronisations and call tree) with the trie node of
-//! each activation replaced by `(r, last node)`. What the design adds next, programs per pair
-//! of events that sum a superblock's edges once, needs exactly these numbers.
+//! This is the recorder docs/paths-design.md describes ("The recorder at the tables' cost"):
+//! the per-block step of the reference (`recorder.rs`, `stack.rs`: the same shadow stack,
+//! resynchronisations and call tree) with the trie node of each activation replaced by
+//! `(r, last node)`, and (`pairs.rs`) a program per pair of runs that applies a run's blocks
+//! at once.
 //!
 //! **Growth.** An edge, path start or back-edge end not seen before is added to the
 //! numbering, which is then redone (`Numbering::renumber`). Before that, the function's
@@ -17,7 +17,8 @@
 //! activations get the trie node of their prefix and it is stepped as the reference steps it.
 //!
 //! **Path numbers** (the interned paths) are needed during the run only for PAP runs and
-//! k-paths: there a path end decodes its id and interns the path (slow, exact).
+//! k-paths: there a path end looks its id's number up beside the counters (a dense array, or
+//! a map), decoding and interning the path the first time.
 
 use super::ids::NONE;
 use super::numbering::{Numbering, Spelled, EXIT_EDGE};
@@ -84,6 +85,45 @@ impl PathRecorder {
             self.kslab_push(a.func, p);
         }
         p
+    }
+
+    /// [`PathRecorder::pop_activation`] of an activation with a sum, with its function's
+    /// state read once: false (nothing done) if the top activation's function is spelled.
+    #[inline]
+    pub(crate) fn pop_sums(&mut self) -> bool {
+        let a = *self.stack.last().expect("an activation");
+        let fun = &mut self.funcs[a.func as usize];
+        if fun.spelled {
+            return false;
+        }
+        self.stack.pop();
+        // Its path ends with the activation: its id is its sum.
+        if a.r < fun.dense_len {
+            self.dense[(fun.dense_base + a.r) as usize] += 1;
+        } else {
+            *fun.bl_counts.entry(a.r).or_insert(0) += 1;
+        }
+        fun.path_ends += a.path_ends + 1;
+        let node = &mut self.calltree[a.call_node as usize];
+        node.blocks += a.blocks + a.len as u64;
+        node.instructions += a.instructions + a.path_instr;
+        if a.pap != NONE || self.config.k > 0 {
+            self.pop_sums_numbered(a);
+        }
+        true
+    }
+
+    /// What [`PathRecorder::pop_sums`] does for an activation that records a PAP run or
+    /// feeds a k-slab forest: its last path's number.
+    fn pop_sums_numbered(&mut self, mut a: Activation) {
+        let p = self.number_of(a.func, a.r);
+        if self.config.k > 0 {
+            self.kslab_push(a.func, p);
+        }
+        if a.pap != NONE {
+            self.pap_runs.push(&mut a, p);
+            self.pap_runs.end(&a);
+        }
     }
 
     /// Counts `n` runs of `func`'s path `id` (under its current numbering).
@@ -231,54 +271,62 @@ impl PathRecorder {
     #[cold]
     fn grow(&mut self, func: u32, add: impl FnOnce(&mut Numbering)) -> bool {
         self.settle_pairs();
-        self.flush_sums(func);
         // Its pair programs summed the old numbers.
         self.bump_epoch(func);
-        let fun = &mut self.funcs[func as usize];
-        fun.numbers.clear();
-        let old = fun.bl.clone();
-        add(&mut fun.bl);
-        let numbered = fun.bl.renumber(&fun.node_addr);
-        let mut prefix = Spelled::default();
-        for i in 0..self.stack.len() {
-            let a = self.stack[i];
-            if a.func != func {
-                continue;
-            }
-            let decoded = old.decode_into(a.r, &mut prefix);
-            debug_assert!(
-                decoded && prefix.end.is_none() && prefix.nodes.last() == Some(&a.last_node),
-                "a live sum names its prefix"
-            );
-            if numbered {
-                self.stack[i].r = self.funcs[func as usize]
-                    .bl
-                    .encode(&prefix)
-                    .expect("edges are only ever added");
-            } else {
-                self.stack[i].cur = self.trie_walk(func, &prefix);
+        // What the old numbers name: the live activations' prefixes.
+        let bl = &self.funcs[func as usize].bl;
+        let mut live: Vec<(usize, Spelled)> = Vec::new();
+        for (i, a) in self.stack.iter().enumerate() {
+            if a.func == func {
+                let mut prefix = Spelled::default();
+                let decoded = bl.decode_into(a.r, &mut prefix);
+                debug_assert!(
+                    decoded && prefix.end.is_none() && prefix.nodes.last() == Some(&a.last_node),
+                    "a live sum names its prefix"
+                );
+                live.push((i, prefix));
             }
         }
+        // The counts go to the interned paths now: kept under the new ids, every later
+        // renumbering would spell them all again.
+        self.flush_sums(func);
         let fun = &mut self.funcs[func as usize];
+        fun.numbers.clear();
+        add(&mut fun.bl);
+        let numbered = fun.bl.renumber(&fun.node_addr);
         if !numbered {
             fun.spelled = true;
             fun.dense_len = 0;
-        } else if fun.bl.total() <= DENSE_MAX {
+            for (i, prefix) in &live {
+                self.stack[*i].cur = self.trie_walk(func, prefix);
+            }
+            return false;
+        }
+        if fun.bl.total() <= DENSE_MAX {
             if fun.bl.total() > fun.dense_cap {
                 fun.dense_cap = fun.bl.total().next_power_of_two().max(16);
                 fun.dense_base = self.dense.len() as u64;
                 self.dense
                     .resize(self.dense.len() + fun.dense_cap as usize, 0);
+                self.dense_numbers.resize(self.dense.len(), NONE);
+            } else {
+                // The ids mean other paths now.
+                let block = fun.dense_base as usize..(fun.dense_base + fun.dense_cap) as usize;
+                self.dense_numbers[block].fill(NONE);
             }
             fun.dense_len = fun.bl.total();
         } else {
             fun.dense_len = 0;
         }
-        numbered
+        for (i, prefix) in &live {
+            self.stack[*i].r = fun.bl.encode(prefix).expect("edges are only ever added");
+        }
+        true
     }
 
-    /// Adds `func`'s counted ids to the interned paths' counts.
-    fn flush_sums(&mut self, func: u32) {
+    /// Empties `func`'s counters: every counted path, spelled under its current numbers, with
+    /// its count.
+    fn take_counts(&mut self, func: u32) -> Vec<(Spelled, u64)> {
         let mut counts = std::mem::take(&mut self.funcs[func as usize].bl_counts);
         let fun = &self.funcs[func as usize];
         let dense = fun.dense_base as usize..(fun.dense_base + fun.dense_len) as usize;
@@ -287,15 +335,26 @@ impl PathRecorder {
                 *counts.entry(id as u64).or_insert(0) += std::mem::take(c);
             }
         }
-        let mut path = Spelled::default();
-        for (&id, &count) in &counts {
-            let decoded = self.funcs[func as usize].bl.decode_into(id, &mut path);
-            debug_assert!(decoded, "a counted id names a path");
+        let bl = &self.funcs[func as usize].bl;
+        let out = counts
+            .drain()
+            .map(|(id, count)| {
+                let path = bl.decode(id);
+                debug_assert!(path.is_some(), "a counted id names a path");
+                (path.unwrap_or_default(), count)
+            })
+            .filter(|(path, _)| !path.nodes.is_empty())
+            .collect();
+        self.funcs[func as usize].bl_counts = counts;
+        out
+    }
+
+    /// Adds `func`'s counted ids to the interned paths' counts.
+    fn flush_sums(&mut self, func: u32) {
+        for (path, count) in self.take_counts(func) {
             let p = self.intern_spelled(func, &path);
             self.paths[p as usize].count += count;
         }
-        counts.clear();
-        self.funcs[func as usize].bl_counts = counts;
     }
 
     /// Adds every function's counted ids to the interned paths' counts (the profile is taken).
@@ -310,7 +369,19 @@ impl PathRecorder {
 
     /// The path number of `func`'s path with id `id` under its current numbering.
     pub(crate) fn number_of(&mut self, func: u32, id: u64) -> u32 {
-        if let Some(&p) = self.funcs[func as usize].numbers.get(&id) {
+        let fun = &self.funcs[func as usize];
+        if id < fun.dense_len {
+            let at = (fun.dense_base + id) as usize;
+            return match self.dense_numbers[at] {
+                NONE => {
+                    let p = self.number_of_slow(func, id);
+                    self.dense_numbers[at] = p;
+                    p
+                }
+                p => p,
+            };
+        }
+        if let Some(&p) = fun.numbers.get(&id) {
             return p;
         }
         let p = self.number_of_slow(func, id);
