@@ -135,6 +135,7 @@ impl Numbering {
 
     /// The path whose id is `id`, or `None` if no path has it (an id at or above the paths
     /// from the entry).
+    #[cfg(test)]
     pub(crate) fn decode(&self, id: u64) -> Option<Spelled> {
         let mut out = Spelled::default();
         self.decode_into(id, &mut out).then_some(out)

@@ -163,6 +163,7 @@ pub(crate) struct Pairs {
     progs: Vec<Program>,
     ends: Vec<End>,
     ind: Vec<u64>,
+    scratch: Scratch,
     /// Per program: runs whose second and later path ends are not yet counted, and the
     /// programs that have some.
     runs: Vec<u64>,
@@ -409,8 +410,10 @@ impl PathRecorder {
             match applied {
                 Ok(()) => return,
                 Err((Applied::Stale, 0)) => {
-                    let chain = self.compile(run);
-                    let p = self.store_pair(prev, run, chain);
+                    let mut scratch = std::mem::take(&mut self.pairs.scratch);
+                    self.compile(run, &mut scratch);
+                    let p = self.store_pair(prev, run, &mut scratch.chain);
+                    self.pairs.scratch = scratch;
                     match self.apply_chain(p) {
                         Ok(()) => return,
                         Err((_, pos)) => from = pos,
@@ -458,7 +461,7 @@ impl PathRecorder {
     /// Keeps the chain of pieces `chain` as pair `(prev, run)`'s program (over the stale one,
     /// whose runs are settled first, where it has as many pieces), in its slots. Returns its
     /// first piece.
-    fn store_pair(&mut self, prev: u32, run: u32, mut chain: Vec<Program>) -> u32 {
+    fn store_pair(&mut self, prev: u32, run: u32, chain: &mut [Program]) -> u32 {
         let old = self.pairs.map.get(&(prev, run)).copied();
         let old_len = old.map(|p| self.chain_len(p));
         let first = match old {
@@ -714,32 +717,36 @@ impl PathRecorder {
     /// The chain of pieces of run `run` after the block `self.prev` in the current state: one
     /// [`NEVER`] piece if the per-block step would do anything but plain calls, plain returns
     /// and steps of an activation's path with nodes and edges its function's numbering has.
-    fn compile(&mut self, run: u32) -> Vec<Program> {
+    fn compile(&mut self, run: u32, scratch: &mut Scratch) {
         let ind = self.pairs.ind.len();
         let ends = self.pairs.ends.len();
-        match self.compile_pieces(run) {
-            Some(chain) => chain,
-            None => {
-                self.pairs.ind.truncate(ind);
-                self.pairs.ends.truncate(ends);
-                vec![Program {
-                    epoch: self.pairs.epoch,
-                    kind: NEVER,
-                    ..Program::empty()
-                }]
-            }
+        scratch.blocks.clear();
+        scratch.sim.clear();
+        scratch.chain.clear();
+        if self.compile_pieces(run, scratch).is_none() {
+            self.pairs.ind.truncate(ind);
+            self.pairs.ends.truncate(ends);
+            scratch.chain.clear();
+            scratch.chain.push(Program {
+                epoch: self.pairs.epoch,
+                kind: NEVER,
+                ..Program::empty()
+            });
         }
     }
 
     /// [`PathRecorder::compile`]'s work: `None` where the per-block step is needed. The
     /// shadow stack is simulated: frames pushed inside the run, over the real stack's.
-    fn compile_pieces(&mut self, run: u32) -> Option<Vec<Program>> {
+    fn compile_pieces(&mut self, run: u32, scratch: &mut Scratch) -> Option<()> {
         if self.prev == NONE || self.config.k > 0 || self.stack.is_empty() {
             return None;
         }
         let info = self.memo.events[run as usize];
-        let blocks: Vec<u32> =
-            self.memo.seq[info.start as usize..(info.start + info.len) as usize].to_vec();
+        scratch.blocks.extend_from_slice(
+            &self.memo.seq[info.start as usize..(info.start + info.len) as usize],
+        );
+        let Scratch { blocks, sim, chain } = scratch;
+        let blocks = &blocks[..];
         // The simulated stack: the real frames below `real` as they are, then copies of the
         // others as the run changes them, and the frames it pushes.
         let mut real = self.stack.len() - 1;
@@ -749,8 +756,7 @@ impl PathRecorder {
             addr: a.last_addr,
             return_to: a.return_to,
         };
-        let mut sim = vec![frame_of(&self.stack[real])];
-        let mut chain = Vec::new();
+        sim.push(frame_of(&self.stack[real]));
         let mut before = self.prev;
         let mut k = 0;
         while k < blocks.len() {
@@ -864,7 +870,7 @@ impl PathRecorder {
             before = blocks[end - 1];
             k = end;
         }
-        Some(chain)
+        Some(())
     }
 
     /// Adds block `c`'s step to piece `prog`'s segment on frame `frame` (its function, node
@@ -910,6 +916,14 @@ impl PathRecorder {
         prog.last_addr = a;
         Some(())
     }
+}
+
+/// Buffers compiling a run uses: its blocks, the simulated stack, the pieces made.
+#[derive(Clone, Default)]
+pub(crate) struct Scratch {
+    blocks: Vec<u32>,
+    sim: Vec<SimFrame>,
+    chain: Vec<Program>,
 }
 
 /// A frame of the shadow stack as compiling a run sees it.

@@ -6,6 +6,7 @@ use hotpath_events::is_id;
 use super::function::{Function, FunctionSymbol};
 use super::ids::{FxMap, NONE};
 use super::memo::MemoState;
+use super::numbering::Spelled;
 use super::pairs::Pairs;
 use super::pap_runs::PapRuns;
 use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
@@ -108,6 +109,8 @@ pub struct PathRecorder {
     pub(crate) dense: Vec<u64>,
     /// Beside `dense`: each id's path number once looked up (for PAP runs), or [`NONE`].
     pub(crate) dense_numbers: Vec<u32>,
+    /// A path spelled from its id (the sums recorder's buffer).
+    pub(crate) spelled: Spelled,
     /// `per_block` mode: superblock events turned back into blocks.
     pub(crate) expander: Expander,
     pub(crate) expanded: Vec<u32>,
@@ -163,6 +166,7 @@ impl PathRecorder {
             pairs: Pairs::new(),
             dense: Vec::new(),
             dense_numbers: Vec::new(),
+            spelled: Spelled::default(),
             fepoch: Vec::new(),
             expander: Expander::default(),
             expanded: Vec::new(),

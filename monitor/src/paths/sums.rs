@@ -324,35 +324,33 @@ impl PathRecorder {
         true
     }
 
-    /// Empties `func`'s counters: every counted path, spelled under its current numbers, with
-    /// its count.
-    fn take_counts(&mut self, func: u32) -> Vec<(Spelled, u64)> {
-        let mut counts = std::mem::take(&mut self.funcs[func as usize].bl_counts);
+    /// Adds `func`'s counted ids to the interned paths' counts, spelling each under the
+    /// current numbers, and empties its counters.
+    fn flush_sums(&mut self, func: u32) {
+        let mut path = std::mem::take(&mut self.spelled);
         let fun = &self.funcs[func as usize];
-        let dense = fun.dense_base as usize..(fun.dense_base + fun.dense_len) as usize;
-        for (id, c) in self.dense[dense].iter_mut().enumerate() {
-            if *c != 0 {
-                *counts.entry(id as u64).or_insert(0) += std::mem::take(c);
+        for id in 0..fun.dense_len {
+            let at = (self.funcs[func as usize].dense_base + id) as usize;
+            let count = std::mem::take(&mut self.dense[at]);
+            if count != 0 {
+                self.add_spelled(func, id, count, &mut path);
             }
         }
-        let bl = &self.funcs[func as usize].bl;
-        let out = counts
-            .drain()
-            .map(|(id, count)| {
-                let path = bl.decode(id);
-                debug_assert!(path.is_some(), "a counted id names a path");
-                (path.unwrap_or_default(), count)
-            })
-            .filter(|(path, _)| !path.nodes.is_empty())
-            .collect();
+        let mut counts = std::mem::take(&mut self.funcs[func as usize].bl_counts);
+        for (&id, &count) in &counts {
+            self.add_spelled(func, id, count, &mut path);
+        }
+        counts.clear();
         self.funcs[func as usize].bl_counts = counts;
-        out
+        self.spelled = path;
     }
 
-    /// Adds `func`'s counted ids to the interned paths' counts.
-    fn flush_sums(&mut self, func: u32) {
-        for (path, count) in self.take_counts(func) {
-            let p = self.intern_spelled(func, &path);
+    /// Adds `count` runs of `func`'s path `id` to its interned path's count (`path`: a buffer).
+    fn add_spelled(&mut self, func: u32, id: u64, count: u64, path: &mut Spelled) {
+        let decoded = self.funcs[func as usize].bl.decode_into(id, path);
+        debug_assert!(decoded, "a counted id names a path");
+        if decoded {
+            let p = self.intern_spelled(func, path);
             self.paths[p as usize].count += count;
         }
     }
@@ -391,10 +389,12 @@ impl PathRecorder {
 
     #[cold]
     fn number_of_slow(&mut self, func: u32, id: u64) -> u32 {
-        let mut path = Spelled::default();
+        let mut path = std::mem::take(&mut self.spelled);
         let decoded = self.funcs[func as usize].bl.decode_into(id, &mut path);
         debug_assert!(decoded, "a counted id names a path");
-        self.intern_spelled(func, &path)
+        let p = self.intern_spelled(func, &path);
+        self.spelled = path;
+        p
     }
 
     /// The interned path number of a spelled path of `func`.
