@@ -25,9 +25,9 @@
 //!    stack and its call-tree child cached;
 //! 3. no block of it that follows an indirect jump is that activation's return address (the
 //!    per-block step would return there);
-//! 4. no PAP run is being recorded by that activation if the segment ends paths, and no
-//!    k-slab forest is kept (both want each path's number in order: the per-block step gives
-//!    it).
+//! 4. no k-slab forest is kept (it wants every path's number in order: the per-block step
+//!    gives it). An activation that records a PAP run gets the numbers of the paths a
+//!    segment ends, in order, looked up beside the counters.
 //!
 //! A piece that fails its checks hands the rest of the run, from its first block, to the
 //! per-block step (the pieces before it are applied and stand). Anything else —
@@ -129,8 +129,8 @@ enum Applied {
     Yes,
     /// The program was compiled for other numbers or another state: compile it again.
     Stale,
-    /// Its assumptions hold but this run needs the per-block step (a PAP run, a full stack, a
-    /// call-tree child not cached).
+    /// Its assumptions hold but this run needs the per-block step (a full stack, a call-tree
+    /// child not cached, a block after an indirect jump that is the return address).
     Refused,
 }
 
