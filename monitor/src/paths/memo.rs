@@ -126,6 +126,16 @@ pub(crate) struct Memo {
     pub(crate) last_kind: u8,
 }
 
+/// What [`PathRecorder::next_run`] found.
+pub(crate) enum NextRun {
+    /// The run of this event id.
+    Run(u32),
+    /// A system call event (or an id the tables do not know).
+    Skip,
+    /// A superblock at the end of the piece of events.
+    Pending,
+}
+
 /// What the per-block step would do with the next block, as the block before it decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Context {
@@ -291,13 +301,10 @@ impl PathRecorder {
         let mut i = 0;
         self.memo.repeats.clear();
         if self.memo.pending != NONE {
-            // A superblock from the previous piece: its extent is the first event here.
-            let Some(&next) = events.first() else { return };
-            self.learn_event(next, tables);
-            let sb = std::mem::replace(&mut self.memo.pending, NONE);
-            let exited = self.exits(sb, next);
-            i = exited as usize;
-            let run = if exited { next } else { sb };
+            let Some((run, taken)) = self.pending_run(events, tables) else {
+                return;
+            };
+            i = taken;
             self.run_event(run, self.memo.events[run as usize], 0, tables);
         }
         while i < events.len() {
@@ -316,26 +323,52 @@ impl PathRecorder {
             } else {
                 self.memo.fast_backoff -= 1;
             }
-            let Some(&e) = events.get(i) else { break };
-            i += 1;
-            if !is_id(e) || !self.learn_event(e, tables) {
-                continue;
+            if i >= events.len() {
+                break;
             }
-            let mut run = e;
-            if self.memo.events[e as usize].is_superblock {
-                let Some(&next) = events.get(i) else {
-                    self.memo.pending = e;
-                    break;
-                };
-                self.learn_event(next, tables);
-                // Branch-free: whether a superblock left early is the guest's own branch,
-                // often unpredictable.
-                let exited = self.exits(e, next);
-                run = if exited { next } else { e };
-                i += exited as usize;
+            match self.next_run(events, &mut i, tables) {
+                NextRun::Run(run) => self.run_event(run, self.memo.events[run as usize], 0, tables),
+                NextRun::Skip => {}
+                NextRun::Pending => break,
             }
-            self.run_event(run, self.memo.events[run as usize], 0, tables);
         }
+    }
+
+    /// The run the superblock left by the previous piece of events stands for (its extent
+    /// is this piece's first event), and the events of this piece it took (0 or 1); `None`
+    /// if the piece is empty (the superblock still waits).
+    pub(crate) fn pending_run(&mut self, events: &[u32], tables: &Tables) -> Option<(u32, usize)> {
+        let &next = events.first()?;
+        self.learn_event(next, tables);
+        let sb = std::mem::replace(&mut self.memo.pending, NONE);
+        let exited = self.exits(sb, next);
+        Some((if exited { next } else { sb }, exited as usize))
+    }
+
+    /// The run that event `events[*i]` begins (a basic block, a superblock run to its end, or
+    /// one left at a side exit, which the next event then is), with `*i` moved past it;
+    /// [`NextRun::Pending`] if it is a superblock whose extent the next piece of events tells
+    /// (kept in `MemoState::pending`).
+    #[inline(always)]
+    pub(crate) fn next_run(&mut self, events: &[u32], i: &mut usize, tables: &Tables) -> NextRun {
+        let e = events[*i];
+        *i += 1;
+        if !is_id(e) || !self.learn_event(e, tables) {
+            return NextRun::Skip;
+        }
+        if !self.memo.events[e as usize].is_superblock {
+            return NextRun::Run(e);
+        }
+        let Some(&next) = events.get(*i) else {
+            self.memo.pending = e;
+            return NextRun::Pending;
+        };
+        self.learn_event(next, tables);
+        // Branch-free: whether a superblock left early is the guest's own branch, often
+        // unpredictable.
+        let exited = self.exits(e, next);
+        *i += exited as usize;
+        NextRun::Run(if exited { next } else { e })
     }
 
     /// The runs of a repeated event the last [`record`](PathRecorder::record) found, for

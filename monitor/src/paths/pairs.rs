@@ -34,7 +34,7 @@
 //! resynchronisations, new nodes or edges (which renumber), tail calls — is the per-block step
 //! of the run's blocks, after which the pair usually compiles.
 
-use hotpath_events::is_id;
+use super::memo::NextRun;
 
 use super::fast::repeat_run_end;
 use super::ids::{cache_slot, FxMap, NONE};
@@ -170,8 +170,6 @@ pub(crate) struct Pairs {
     dirty: Vec<u32>,
     /// The previous run ([`NONE`]: none yet).
     prev_run: u32,
-    /// A superblock whose extent the next event tells, or [`NONE`].
-    pending: u32,
     /// Runs to take the general way before [`PathRecorder::run_sums_loop`] is tried again.
     backoff: u32,
     /// Bumped when a [`NEVER`] program may compile now (any function's epoch changed).
@@ -182,7 +180,6 @@ impl Pairs {
     pub(crate) fn new() -> Pairs {
         Pairs {
             prev_run: NONE,
-            pending: NONE,
             cache: vec![(NONE, NONE, NONE); PAIR_CACHE_SLOTS].into_boxed_slice(),
             ..Default::default()
         }
@@ -217,13 +214,12 @@ impl PathRecorder {
     pub(crate) fn record_pairs(&mut self, events: &[u32], tables: &Tables) {
         let mut i = 0;
         self.memo.repeats.clear();
-        if self.pairs.pending != NONE {
-            let Some(&next) = events.first() else { return };
-            self.learn_event(next, tables);
-            let sb = std::mem::replace(&mut self.pairs.pending, NONE);
-            let exited = self.exits(sb, next);
-            i = exited as usize;
-            self.run_pair(if exited { next } else { sb }, tables);
+        if self.memo.pending != NONE {
+            let Some((run, taken)) = self.pending_run(events, tables) else {
+                return;
+            };
+            i = taken;
+            self.run_pair(run, tables);
         }
         while i < events.len() {
             if self.pairs.backoff == 0 {
@@ -236,23 +232,11 @@ impl PathRecorder {
             } else {
                 self.pairs.backoff -= 1;
             }
-            let e = events[i];
-            i += 1;
-            if !is_id(e) || !self.learn_event(e, tables) {
-                continue;
+            match self.next_run(events, &mut i, tables) {
+                NextRun::Run(run) => self.run_pair(run, tables),
+                NextRun::Skip => {}
+                NextRun::Pending => break,
             }
-            let mut run = e;
-            if self.memo.events[e as usize].is_superblock {
-                let Some(&next) = events.get(i) else {
-                    self.pairs.pending = e;
-                    break;
-                };
-                self.learn_event(next, tables);
-                let exited = self.exits(e, next);
-                run = if exited { next } else { e };
-                i += exited as usize;
-            }
-            self.run_pair(run, tables);
         }
     }
 
@@ -390,7 +374,7 @@ impl PathRecorder {
 
     /// The superblock still waiting for its next event ran to its end.
     pub(crate) fn flush_pending_pair(&mut self, tables: &Tables) {
-        let pending = std::mem::replace(&mut self.pairs.pending, NONE);
+        let pending = std::mem::replace(&mut self.memo.pending, NONE);
         if pending != NONE {
             self.run_pair(pending, tables);
         }
@@ -567,36 +551,17 @@ impl PathRecorder {
             CALL => {
                 let parent = top.call_node;
                 let call_node = self.cached_call_child(parent, prog.func);
-                let fun = &self.funcs[prog.func as usize];
-                let records = fun.path_ends >= self.config.pap_threshold;
                 if call_node == NONE || depth >= self.stack_cap() || !self.ind_ok(prog, prog.ret) {
                     return Applied::Refused;
                 }
-                let fun = &mut self.funcs[prog.func as usize];
-                fun.activations += 1;
-                let path_instr = fun.node_instr[prog.from as usize] as u64;
-                let pap = if records {
-                    self.pap_runs.root(fun)
-                } else {
-                    NONE
-                };
+                let pap = self.start_activation(prog.func);
                 self.stack.push(Activation {
-                    func: prog.func,
-                    return_to: prog.ret,
-                    cur: NONE,
-                    len: 1,
-                    blocks: 0,
-                    instructions: 0,
-                    path_ends: 0,
-                    // Set by the segment.
-                    last_addr: prog.last_addr,
-                    pap,
-                    pap_len: 0,
-                    call_node,
-                    resume: NONE,
                     r: prog.r0,
                     last_node: prog.from,
-                    path_instr,
+                    path_instr: self.funcs[prog.func as usize].node_instr[prog.from as usize]
+                        as u64,
+                    // The address is set by the segment.
+                    ..Activation::new(prog.func, prog.ret, call_node, pap, prog.last_addr)
                 });
             }
             _ => {

@@ -94,6 +94,37 @@ pub(crate) struct Activation {
     pub(crate) resume: u32,
 }
 
+impl Activation {
+    /// A frame of `func` just started: returning to `return_to` (0: none known), under
+    /// call-tree node `call_node`, recording the PAP run from `pap` ([`NONE`]: none), its path
+    /// one block long, at guest address `last_addr`, with no trie node and no sum yet.
+    pub(crate) fn new(
+        func: u32,
+        return_to: u64,
+        call_node: u32,
+        pap: u32,
+        last_addr: u64,
+    ) -> Activation {
+        Activation {
+            func,
+            return_to,
+            cur: NONE,
+            len: 1,
+            blocks: 0,
+            instructions: 0,
+            path_ends: 0,
+            last_addr,
+            pap,
+            pap_len: 0,
+            call_node,
+            resume: NONE,
+            r: 0,
+            last_node: NONE,
+            path_instr: 0,
+        }
+    }
+}
+
 /// A call-tree node (for flame graphs): a function under a parent, with the blocks executed
 /// directly in it.
 #[derive(Clone, Debug)]
@@ -247,30 +278,33 @@ impl PathRecorder {
         {
             (root, call_node) = self.prepare_activation(func, parent_call, id, tables);
         }
+        let pap = self.start_activation(func);
+        self.stack.push(Activation {
+            cur: root,
+            ..Activation::new(func, return_to, call_node, pap, self.id_addr[id as usize])
+        });
+    }
+
+    /// Counts an activation of `func` starting: the root of the PAP run it records if the
+    /// function is hot, else [`NONE`].
+    #[inline]
+    pub(crate) fn start_activation(&mut self, func: u32) -> u32 {
         let fun = &mut self.funcs[func as usize];
         fun.activations += 1;
-        let pap = if fun.path_ends >= self.config.pap_threshold {
+        if fun.path_ends >= self.config.pap_threshold {
             self.pap_runs.root(fun)
         } else {
             NONE
-        };
-        self.stack.push(Activation {
-            func,
-            return_to,
-            cur: root,
-            len: 1,
-            blocks: 0,
-            instructions: 0,
-            path_ends: 0,
-            last_addr: self.id_addr[id as usize],
-            pap,
-            pap_len: 0,
-            call_node,
-            resume: NONE,
-            r: 0,
-            last_node: NONE,
-            path_instr: 0,
-        });
+        }
+    }
+
+    /// Starts the k-slab forest's routine of `func` (`--k`): an activation of it begins.
+    pub(crate) fn kslab_enter(&mut self, func: u32) {
+        let k = self.config.k;
+        self.funcs[func as usize]
+            .kslab
+            .get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1"))
+            .routine_entry();
     }
 
     /// What [`PathRecorder::push_activation`] does outside its common case: makes room on a
@@ -299,11 +333,7 @@ impl PathRecorder {
         };
         let call_node = self.call_child(parent_call, func);
         if self.config.k > 0 {
-            let k = self.config.k;
-            self.funcs[func as usize]
-                .kslab
-                .get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1"))
-                .routine_entry();
+            self.kslab_enter(func);
         }
         (root, call_node)
     }

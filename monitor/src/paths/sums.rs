@@ -28,7 +28,6 @@ use super::recorder::Recorder;
 use super::stack::{Activation, SHADOW_STACK_MAX};
 use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
 use crate::Tables;
-use hotpath_pathprof::KSlabForest;
 
 /// Function epochs stay below it (the pairs' mark of a chain to compile again).
 const STALE_EPOCH: u32 = u32::MAX;
@@ -217,36 +216,15 @@ impl PathRecorder {
             c => c,
         };
         if self.config.k > 0 {
-            let k = self.config.k;
-            self.funcs[func as usize]
-                .kslab
-                .get_or_insert_with(|| KSlabForest::new(k).expect("k >= 1"))
-                .routine_entry();
+            self.kslab_enter(func);
         }
-        let fun = &mut self.funcs[func as usize];
-        fun.activations += 1;
-        let path_instr = fun.node_instr[node as usize] as u64;
-        let pap = if fun.path_ends >= self.config.pap_threshold {
-            self.pap_runs.root(fun)
-        } else {
-            NONE
-        };
+        let pap = self.start_activation(func);
         self.stack.push(Activation {
-            func,
-            return_to,
             cur,
-            len: 1,
-            blocks: 0,
-            instructions: 0,
-            path_ends: 0,
-            last_addr: self.id_addr[id as usize],
-            pap,
-            pap_len: 0,
-            call_node,
-            resume: NONE,
             r,
             last_node: node,
-            path_instr,
+            path_instr: self.funcs[func as usize].node_instr[node as usize] as u64,
+            ..Activation::new(func, return_to, call_node, pap, self.id_addr[id as usize])
         });
     }
 
