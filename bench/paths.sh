@@ -10,8 +10,9 @@
 # programs: busybox_sort and busybox_gzip (sort / gzip -c of an 8 MiB text file, as in
 # bench/run.sh; skipped without /bin/busybox).
 #
-# Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [-r RECORDER] [--no-build]
-# (-r passes --paths-recorder RECORDER to the paths mode: memo, sums or per-block.)
+# Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [-r RECORDER] [-p "FLAGS"] [--no-build]
+# (-r passes --paths-recorder RECORDER to the paths mode: memo, sums or per-block; -p adds
+# FLAGS to it, e.g. -p "--call-tree --pap-runs" for the profile's optional parts.)
 # Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured; BUSYBOX
 # (default /bin/busybox).
 set -euo pipefail
@@ -23,11 +24,13 @@ samples="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort b
 busybox="${BUSYBOX:-/bin/busybox}"
 build=1
 recorder=()
+extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) runs="$2"; shift 2 ;;
         -s) samples="$2"; shift 2 ;;
         -r) recorder=(--paths-recorder "$2"); shift 2 ;;
+        -p) read -r -a extra <<<"$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench/paths.sh: unknown argument: $1" >&2; exit 2 ;;
@@ -70,7 +73,7 @@ for spec in $samples; do
         for mode in $modes; do
             case $mode in
                 native) t0=$(now); "$exe" $arg >/dev/null; t1=$(now); echo "$t1 - $t0" | bc >>"$work/$name.$mode"; continue ;;
-                nomon) flags=(--no-monitor) ;; tables) flags=(--no-paths --report "$work/r.json") ;; paths) flags=(--paths "${recorder[@]}" --report "$work/r.json") ;;
+                nomon) flags=(--no-monitor) ;; tables) flags=(--no-paths --report "$work/r.json") ;; paths) flags=(--paths "${recorder[@]}" "${extra[@]}" --report "$work/r.json") ;;
             esac
             t0=$(now); "$hotpath" run --quiet "${flags[@]}" -- "$exe" $arg >/dev/null; t1=$(now)
             echo "$t1 - $t0" | bc >>"$work/$name.$mode"

@@ -9,8 +9,8 @@ use std::process::Command;
 use hotpath_e2e::{guest_build, hotpath_bin, runner, Linkage};
 use serde_json::Value;
 
-/// Runs `hotpath run --quiet --paths --report R extra... -- exe`, which must exit 0, and returns
-/// its report.
+/// Runs `hotpath run --quiet --paths --call-tree --report R extra... -- exe`, which must exit 0,
+/// and returns its report.
 fn paths_report(exe: &Path, tag: &str, extra: &[&str]) -> Value {
     let hotpath =
         hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
@@ -19,7 +19,8 @@ fn paths_report(exe: &Path, tag: &str, extra: &[&str]) -> Value {
     let dir = DIR.get_or_init(|| hotpath_e2e::paths::scratch_dir("contexts"));
     let report = dir.join(format!("{tag}.json"));
     let mut cmd = Command::new(&hotpath);
-    cmd.args(["run", "--quiet", "--paths", "--report"])
+    // The contexts are what these tests check: the call tree is asked for.
+    cmd.args(["run", "--quiet", "--paths", "--call-tree", "--report"])
         .arg(&report)
         .args(extra)
         .arg("--")

@@ -86,18 +86,22 @@ fn check_consistency(what: &str, json: &Value) {
             "{what}: path block {a:#x} is not in the block table"
         );
     }
-    // The flame graph's stacks share out every executed block, each to the stack it ran in.
-    let in_stacks: u64 = json["path_profile"]["stacks"]
+    // With the call tree (`--call-tree`, `--flamegraph`), the flame graph's stacks share out
+    // every executed block, each to the stack it ran in; without it there are none.
+    let stacks = json["path_profile"]["stacks"]
         .as_array()
-        .unwrap_or_else(|| panic!("{what}: no stacks in the report"))
+        .unwrap_or_else(|| panic!("{what}: no stacks in the report"));
+    let in_stacks: u64 = stacks
         .iter()
         .map(|s| s["blocks"].as_u64().expect("blocks"))
         .sum();
-    assert_eq!(
-        in_stacks,
-        json["totals"]["blocks_executed"].as_u64().unwrap(),
-        "{what}: the stacks' blocks do not add up to the blocks executed"
-    );
+    if !stacks.is_empty() {
+        assert_eq!(
+            in_stacks,
+            json["totals"]["blocks_executed"].as_u64().unwrap(),
+            "{what}: the stacks' blocks do not add up to the blocks executed"
+        );
+    }
     // PAP runs: heaviest (count x blocks) first, each listing at most 1000 blocks, run-length
     // entries and breakpoints, and its sizes in full.
     let pap: Vec<&Value> = paths.iter().filter(|p| p["kind"] == "pap").collect();
@@ -132,7 +136,12 @@ fn check_consistency(what: &str, json: &Value) {
 fn branchy_loop_paths_are_exact() {
     let exe =
         guest_build::build("paths_branchy.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-    let json = run_report(&exe, "branchy", &[], &["--pap-threshold", "0", "--k", "2"]);
+    let json = run_report(
+        &exe,
+        "branchy",
+        &[],
+        &["--call-tree", "--pap-threshold", "0", "--k", "2"],
+    );
     check_consistency("paths_branchy", &json);
     let sym: HashMap<u64, String> = json["blocks"]
         .as_array()
@@ -238,7 +247,12 @@ fn branchy_loop_paths_are_exact() {
 fn recursion_paths_are_exact() {
     let exe =
         guest_build::build("paths_recursion.S", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-    let json = run_report(&exe, "recursion", &[], &["--pap-threshold", "0"]);
+    let json = run_report(
+        &exe,
+        "recursion",
+        &[],
+        &["--call-tree", "--pap-threshold", "0"],
+    );
     check_consistency("paths_recursion", &json);
     let rsum: Vec<&Value> = json["path_profile"]["paths"]
         .as_array()
@@ -310,12 +324,21 @@ fn call_stacks_follow_the_source() {
     for linkage in Linkage::ALL {
         let exe = guest_build::build("count_calls.S", linkage).unwrap_or_else(|e| panic!("{e}"));
         for (tag, extra) in [
-            ("default", &[][..]),
-            ("eager", &["--superblock-threshold", "1"][..]),
-            ("per-block", &["--paths-recorder", "per-block"][..]),
+            ("default", &["--call-tree"][..]),
+            ("eager", &["--call-tree", "--superblock-threshold", "1"][..]),
+            (
+                "per-block",
+                &["--call-tree", "--paths-recorder", "per-block"][..],
+            ),
             (
                 "tiny-ring",
-                &["--superblock-threshold", "1", "--ring-entries", "64"][..],
+                &[
+                    "--call-tree",
+                    "--superblock-threshold",
+                    "1",
+                    "--ring-entries",
+                    "64",
+                ][..],
             ),
         ] {
             let what = format!("count_calls ({linkage}, {tag})");
@@ -365,7 +388,12 @@ fn call_stacks_follow_the_source() {
 fn c_loops_and_recursion() {
     let exe =
         guest_build::build("paths_loops.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
-    let json = run_report(&exe, "loops", &["400", "5"], &["--pap-threshold", "0"]);
+    let json = run_report(
+        &exe,
+        "loops",
+        &["400", "5"],
+        &["--call-tree", "--pap-threshold", "0"],
+    );
     check_consistency("paths_loops", &json);
     let paths = json["path_profile"]["paths"].as_array().unwrap();
     let counts = |f: &str| -> Vec<u64> {
@@ -420,6 +448,59 @@ fn every_sample_has_consistent_paths() {
             }
             check_consistency(&format!("{}{tag}", s.name), &json);
         }
+    }
+}
+
+/// `--paths` alone records Ball-Larus paths and activations, with no call tree and no PAP
+/// runs (what costs the monitor most on big programs and on recursion: README "Path
+/// profiles"); `--call-tree` adds the stacks, `--pap-runs` the PAP runs of hot functions and
+/// `--pap-threshold` implies it; the paths themselves are the same in each.
+#[test]
+fn call_tree_and_pap_runs_are_asked_for() {
+    let exe =
+        guest_build::build("paths_loops.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+    let args = ["400", "5"];
+    let run = |tag: &str, extra: &[&str]| {
+        let json = run_report(&exe, &format!("asked-{tag}"), &args, extra);
+        check_consistency(tag, &json);
+        json
+    };
+    let stacks = |j: &Value| j["path_profile"]["stacks"].as_array().unwrap().len();
+    let pap_runs = |j: &Value| j["path_profile"]["stats"]["pap_runs"].as_u64().unwrap();
+    let bl_paths = |j: &Value| -> Vec<Value> {
+        let paths = j["path_profile"]["paths"].as_array().unwrap();
+        paths
+            .iter()
+            .filter(|p| p["kind"] == "bl")
+            .cloned()
+            .collect()
+    };
+    let flat = run("flat", &[]);
+    assert_eq!(stacks(&flat), 0, "--paths alone keeps no call tree");
+    assert_eq!(pap_runs(&flat), 0, "--paths alone records no PAP runs");
+    let tree = run("call-tree", &["--call-tree"]);
+    assert!(stacks(&tree) > 0, "--call-tree: no stacks");
+    assert_eq!(pap_runs(&tree), 0, "--call-tree alone records no PAP runs");
+    let pap = run("pap-runs", &["--pap-runs"]);
+    assert!(
+        pap_runs(&pap) > 0,
+        "--pap-runs: no PAP runs (a loop here is hot)"
+    );
+    assert_eq!(stacks(&pap), 0, "--pap-runs alone keeps no call tree");
+    let all = run("pap-threshold", &["--pap-threshold", "0"]);
+    assert!(
+        pap_runs(&all) > pap_runs(&pap),
+        "--pap-threshold 0: every function's activations record runs"
+    );
+    for (tag, j) in [
+        ("call-tree", &tree),
+        ("pap-runs", &pap),
+        ("pap-threshold", &all),
+    ] {
+        assert!(
+            bl_paths(j) == bl_paths(&flat),
+            "{tag}: the Ball-Larus paths differ from --paths alone"
+        );
     }
 }
 
@@ -602,24 +683,34 @@ fn every_recorder_matches_the_per_block_reference() {
         // More paths than a u64 numbers, found mid-activation (the sums recorder spells it).
         "paths_many_paths.c",
     ]);
-    // Every path end replayed one by one (k-paths, PAP everywhere); PAP everywhere without
-    // k-paths (the fast loop feeds PAP runs itself); and the default: memoised path ends only
-    // added up, PAP runs only for functions that became hot.
-    let configs: [&[&str]; 4] = [
+    // Every path end replayed one by one (k-paths, PAP everywhere, the call tree); PAP
+    // everywhere without k-paths (the fast loops feed PAP runs themselves); PAP runs only for
+    // functions that became hot; and the default: paths and activations, no call tree, no PAP
+    // runs.
+    let configs: [&[&str]; 5] = [
         &[
             "--superblock-threshold",
             "1",
+            "--call-tree",
             "--k",
             "3",
             "--pap-threshold",
             "0",
         ],
-        &["--superblock-threshold", "1", "--pap-threshold", "0"],
+        &[
+            "--superblock-threshold",
+            "1",
+            "--call-tree",
+            "--pap-threshold",
+            "0",
+        ],
+        &["--superblock-threshold", "1", "--call-tree", "--pap-runs"],
         &["--superblock-threshold", "1"],
         // A small ring: superblocks come at other moments, the profile must not change.
         &[
             "--superblock-threshold",
             "1",
+            "--call-tree",
             "--pap-threshold",
             "0",
             "--ring-entries",

@@ -157,9 +157,10 @@ pub struct RunArgs {
     /// Write the profile as JSON (schema hotpath-report/2, docs/report-schema.md) to FILE.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
-    /// Record path profiles (functions, shadow stack, Ball-Larus and PAP paths, k-paths).
-    /// Off by default: 1.1-12x the tables-only run's time on the bench samples
-    /// (bench/paths.sh; README "Path profiles").
+    /// Record path profiles: functions, the shadow stack's activations and resynchronisations,
+    /// Ball-Larus paths per function (with `--call-tree`, `--pap-runs`, `--k`: more). Off by
+    /// default: 1.0-4x the tables-only run's time on the bench samples (bench/paths.sh;
+    /// README "Path profiles").
     #[arg(long, overrides_with = "no_paths")]
     pub paths: bool,
     /// Record tables only: no functions, shadow stack or path profiles (the default).
@@ -168,12 +169,25 @@ pub struct RunArgs {
     /// Record k-iteration paths: runs of up to N consecutive Ball-Larus paths (0: none).
     #[arg(long = "k", value_name = "N", default_value_t = 0)]
     pub k: usize,
-    /// Path ends after which a function is hot and records PAP cyclic paths (0: all).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_PAP_THRESHOLD)]
-    pub pap_threshold: u64,
+    /// With the path profile, also keep the calling-context tree: blocks and instructions per
+    /// shadow call stack (folded stacks, flame graphs, callgrind's inclusive costs, pprof's
+    /// contexts; `--flamegraph` and `--callgrind` ask for it themselves). Costs the monitor
+    /// a call-tree step per call (README "Path profiles").
+    #[arg(long)]
+    pub call_tree: bool,
+    /// With the path profile, also record PAP cyclic paths: the run of Ball-Larus paths of
+    /// each activation of a hot function. Costs the monitor a run-trie step per path end of
+    /// those activations (README "Path profiles").
+    #[arg(long)]
+    pub pap_runs: bool,
+    /// Path ends after which a function is hot and records PAP cyclic paths (0: all; implies
+    /// `--pap-runs`) [default: 1000].
+    #[arg(long, value_name = "N")]
+    pub pap_threshold: Option<u64>,
     /// The path recorder (every one gives the same profile): `memo`, memoised transitions
     /// per superblock run (the default); `sums`, Ball-Larus sums per activation, a program per
-    /// pair of events (being built to replace `memo`); `per-block`, the path trie stepped per basic block, the slower reference
+    /// pair of events (faster on dispatch loops, slower on big programs: README "Path
+    /// profiles"); `per-block`, the path trie stepped per basic block, the slower reference
     /// the others are checked against.
     #[arg(long, value_enum, value_name = "RECORDER", default_value_t = PathsRecorder::Memo)]
     pub paths_recorder: PathsRecorder,
@@ -235,8 +249,31 @@ impl RunArgs {
     /// `--no-paths` comes last.
     pub fn records_paths(&self) -> bool {
         let o = &self.outputs;
-        (self.paths || o.callgrind.is_some() || o.dot.is_some() || o.flamegraph.is_some())
+        (self.paths
+            || self.call_tree
+            || self.pap_runs
+            || self.pap_threshold.is_some()
+            || o.callgrind.is_some()
+            || o.dot.is_some()
+            || o.flamegraph.is_some())
             && !self.no_paths
+    }
+
+    /// Whether the path profile keeps the calling-context tree: `--call-tree`, or an output
+    /// made of call stacks (`--flamegraph`, `--callgrind`).
+    pub fn records_call_tree(&self) -> bool {
+        let o = &self.outputs;
+        self.call_tree || o.flamegraph.is_some() || o.callgrind.is_some()
+    }
+
+    /// The path ends after which a function records PAP runs: `--pap-threshold`, else
+    /// [`DEFAULT_PAP_THRESHOLD`] with `--pap-runs`, else none (`u64::MAX`).
+    pub fn pap_threshold(&self) -> u64 {
+        match self.pap_threshold {
+            Some(n) => n,
+            None if self.pap_runs => DEFAULT_PAP_THRESHOLD,
+            None => u64::MAX,
+        }
     }
 }
 
@@ -290,6 +327,23 @@ mod tests {
         assert!(run_args(&["run", "--callgrind", "cg", "p"]).records_paths());
         assert!(!run_args(&["run", "--callgrind", "cg", "--no-paths", "p"]).records_paths());
         assert!(!run_args(&["run", "p"]).records_paths());
+    }
+
+    #[test]
+    fn the_call_tree_and_pap_runs_are_asked_for() {
+        let flat = run_args(&["run", "--paths", "p"]);
+        assert!(!flat.records_call_tree());
+        assert_eq!(flat.pap_threshold(), u64::MAX);
+        let tree = run_args(&["run", "--call-tree", "p"]);
+        assert!(tree.records_paths() && tree.records_call_tree());
+        assert!(run_args(&["run", "--flamegraph", "f.svg", "p"]).records_call_tree());
+        assert!(run_args(&["run", "--callgrind", "cg", "p"]).records_call_tree());
+        let pap = run_args(&["run", "--pap-runs", "p"]);
+        assert!(pap.records_paths() && !pap.records_call_tree());
+        assert_eq!(pap.pap_threshold(), DEFAULT_PAP_THRESHOLD);
+        let all = run_args(&["run", "--pap-threshold", "0", "p"]);
+        assert!(all.records_paths());
+        assert_eq!(all.pap_threshold(), 0);
     }
 }
 

@@ -538,7 +538,8 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         None => monitor_core(cores),
     };
     let paths = args.records_paths().then(|| PathConfig {
-        pap_threshold: args.pap_threshold,
+        pap_threshold: args.pap_threshold(),
+        call_tree: args.records_call_tree(),
         k: args.k,
         recorder: args.paths_recorder.recorder(),
         symbols: image
@@ -707,10 +708,14 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
         opt("--paths", None);
     }
     opt("--k", Some(args.k.to_string().into()));
-    opt(
-        "--pap-threshold",
-        Some(args.pap_threshold.to_string().into()),
-    );
+    if args.call_tree {
+        opt("--call-tree", None);
+    }
+    if let Some(n) = args.pap_threshold {
+        opt("--pap-threshold", Some(n.to_string().into()));
+    } else if args.pap_runs {
+        opt("--pap-runs", None);
+    }
     if args.paths_recorder != crate::cli::PathsRecorder::Memo {
         let name = clap::ValueEnum::to_possible_value(&args.paths_recorder).expect("a named value");
         opt("--paths-recorder", Some(name.get_name().to_string().into()));

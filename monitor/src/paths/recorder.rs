@@ -9,7 +9,9 @@ use super::memo::MemoState;
 use super::numbering::Spelled;
 use super::pairs::Pairs;
 use super::pap_runs::PapRuns;
-use super::stack::{Activation, CallNode, Resync, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET};
+use super::stack::{
+    Activation, CallNode, Resync, ANY_FUNC, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET,
+};
 use super::trie::{PathRec, TrieNode, START_HEAD};
 use crate::tables::Expander;
 use crate::Tables;
@@ -21,8 +23,12 @@ pub const DEFAULT_PAP_THRESHOLD: u64 = 1000;
 /// What to record besides the tables.
 #[derive(Clone, Debug)]
 pub struct PathConfig {
-    /// Path ends after which a function records PAP runs (0: every function).
+    /// Path ends after which a function records PAP runs (0: every function; `u64::MAX`:
+    /// none).
     pub pap_threshold: u64,
+    /// Whether the calling-context tree is kept (folded stacks for flame graphs, callgrind's
+    /// inclusive costs, pprof's contexts); without it every activation counts in the root.
+    pub call_tree: bool,
     /// Ball-Larus paths per k-iteration path (`--k`); 0 keeps no k-slab forest.
     pub k: usize,
     /// Function symbols, sorted by address.
@@ -51,6 +57,7 @@ impl Default for PathConfig {
     fn default() -> Self {
         PathConfig {
             pap_threshold: DEFAULT_PAP_THRESHOLD,
+            call_tree: true,
             k: 0,
             symbols: Vec::new(),
             recorder: Recorder::Memo,
@@ -131,6 +138,12 @@ impl PathRecorder {
     pub fn new(mut config: PathConfig) -> PathRecorder {
         config.symbols.sort_by_key(|s| s.addr);
         let sums = config.recorder == Recorder::Sums;
+        // Without a call tree the root is every activation's node.
+        let (last_func, last_child) = if config.call_tree {
+            (NONE, NONE)
+        } else {
+            (ANY_FUNC, 0)
+        };
         PathRecorder {
             sums,
             config,
@@ -156,8 +169,8 @@ impl PathRecorder {
                 blocks: 0,
                 instructions: 0,
                 depth: 0,
-                last_func: NONE,
-                last_child: NONE,
+                last_func,
+                last_child,
             }],
             call_child: FxMap::default(),
             call_cache: vec![(NONE, NONE, NONE); CALL_CACHE_SLOTS].into_boxed_slice(),

@@ -32,6 +32,10 @@ pub const SHADOW_STACK_MAX: usize = 1 << 18;
 /// 100 000 stacks averaging 50 000 frames.
 pub const CALL_TREE_MAX_DEPTH: u32 = 128;
 
+/// `CallNode::last_func` of the one node of a recorder that keeps no call tree
+/// (`PathConfig::call_tree` off): every call stays in it.
+pub(crate) const ANY_FUNC: u32 = NONE - 1;
+
 /// Slots of the direct-mapped call-tree cache, a power of two (12 bytes each: 48 KiB).
 pub(crate) const CALL_CACHE_SLOTS: usize = 1 << 12;
 
@@ -47,7 +51,7 @@ pub(crate) fn cached_call_child(
 ) -> u32 {
     let p = &calltree[parent as usize];
     // `last_func` is a real function only below CALL_TREE_MAX_DEPTH (see `call_child`).
-    if p.last_func == func {
+    if p.last_func == func || p.last_func == ANY_FUNC {
         return p.last_child;
     }
     let (cp, cf, c) = call_cache[cache_slot(parent, func, call_cache.len())];
@@ -224,7 +228,7 @@ impl PathRecorder {
         } else {
             func
         };
-        if p.last_func == func {
+        if p.last_func == func || p.last_func == ANY_FUNC {
             return p.last_child;
         }
         let depth = p.depth + 1;
@@ -437,7 +441,11 @@ impl PathRecorder {
     /// return address (a tail call, or a resynchronisation).
     pub(crate) fn replace_activation(&mut self, func: u32, id: u32, tables: &Tables) {
         let (return_to, parent) = match self.stack.last() {
-            Some(a) => (a.return_to, self.calltree[a.call_node as usize].parent),
+            // Without a call tree every activation is the root's (which has no parent).
+            Some(a) => match self.calltree[a.call_node as usize].parent {
+                NONE => (a.return_to, 0),
+                parent => (a.return_to, parent),
+            },
             None => (0, 0),
         };
         if !self.stack.is_empty() {
