@@ -331,17 +331,51 @@ impl RingProducer {
     }
 }
 
-/// Flushes from every cache the lines of `events` (positions `start..end`) that the
-/// consumer has now read to their end, so that the producer's next lap finds them in no
-/// other core's cache. Without it every line the producer writes again is still shared with
-/// the consumer's core, and each of the producer's stores waits for that copy to be
+/// How the consumer hands back the cache lines it has read (see [`release_read_lines`]): the
+/// cheapest instruction this CPU has that moves a line out of the consumer's core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LineRelease {
+    /// `cldemote`: the line moves to a cache both cores share (a hint, made for producer and
+    /// consumer handing lines over).
+    Demote,
+    /// `clflushopt`: written back and dropped from every cache, unordered with other flushes.
+    FlushOpt,
+    /// `clflush` (SSE2, on every x86-64 CPU): the same, but each flush waits for the one before.
+    Flush,
+}
+
+impl LineRelease {
+    /// The one this CPU has (CPUID leaf 7: ECX bit 25 `cldemote`, EBX bit 23 `clflushopt`),
+    /// found once.
+    fn of_this_cpu() -> LineRelease {
+        static KIND: std::sync::OnceLock<LineRelease> = std::sync::OnceLock::new();
+        *KIND.get_or_init(|| {
+            use std::arch::x86_64::{__cpuid, __cpuid_count};
+            // Leaf 7 is read only where leaf 0 says it exists.
+            let leaf7 = (__cpuid(0).eax >= 7).then(|| __cpuid_count(7, 0));
+            match leaf7 {
+                Some(l) if l.ecx & (1 << 25) != 0 => LineRelease::Demote,
+                Some(l) if l.ebx & (1 << 23) != 0 => LineRelease::FlushOpt,
+                _ => LineRelease::Flush,
+            }
+        })
+    }
+}
+
+/// Moves the lines of `events` (positions `start..end`) that the consumer has now read to
+/// their end out of its core's caches ([`LineRelease`]), so that the producer's next lap finds
+/// them in no other core's cache. Without it every line the producer writes again is still
+/// shared with the consumer's core, and each of the producer's stores waits for that copy to be
 /// invalidated: a producer writing an event every 0.6 ns was measured at 2.9 ns an event
-/// against 0.8 ns with the flush (a C model of the ring on the 2-vCPU AMD EPYC VM; sqlite3
-/// under hotpath with `--no-superblocks`, 813 M events: docs/measurements.md). `clflush` is
-/// SSE2, so every x86-64 CPU has it. With a capacity that is a multiple of a line's entries,
-/// position `p`'s line starts at `p & !15` in the array (whole cache lines when the array is
-/// line-aligned, as the thread area's is; anywhere else the flushes only miss their aim).
-fn flush_read_lines(events: &[u32], start: u64, end: u64) {
+/// against 0.8 ns with `clflush` (a C model of the ring on the 2-vCPU AMD EPYC VM; sqlite3
+/// under hotpath with `--no-superblocks`, 813 M events: docs/measurements.md). Which
+/// instruction matters as much: on an Intel Xeon 2-vCPU VM (it has all three) `clflush` cost
+/// the monitor 9.6 ns an event on bench_fib's stream, and `clflushopt` or `cldemote` 1.9–2.0
+/// (no flush at all: 1.6–1.7): each `clflush` waits for the write-back of the one before.
+/// With a capacity that is a multiple of a line's entries, position `p`'s line starts at
+/// `p & !15` in the array (whole cache lines when the array is line-aligned, as the thread
+/// area's is; anywhere else the hints only miss their aim).
+fn release_read_lines(events: &[u32], start: u64, end: u64, how: LineRelease) {
     let first_line = start & !(LINE_ENTRIES - 1);
     let mut line = first_line;
     while line + LINE_ENTRIES <= end {
@@ -349,9 +383,24 @@ fn flush_read_lines(events: &[u32], start: u64, end: u64) {
         let offset = line as i64 - start as i64;
         let p = events.as_ptr().wrapping_offset(offset as isize);
         // SAFETY: `p` lies in the ring's array (the line holds entries this consumer read, in
-        // this drain or the one before); `clflush` only writes the line back and drops it
-        // from the caches, it changes no byte.
-        unsafe { std::arch::x86_64::_mm_clflush(p as *const u8) };
+        // this drain or the one before); each instruction only moves the line between caches
+        // and memory (writing it back where it is dirty), it changes no byte, and `how` was
+        // chosen from what CPUID says this CPU has.
+        unsafe {
+            match how {
+                LineRelease::Demote => std::arch::asm!(
+                    "cldemote [{0}]",
+                    in(reg) p,
+                    options(nostack, preserves_flags)
+                ),
+                LineRelease::FlushOpt => std::arch::asm!(
+                    "clflushopt [{0}]",
+                    in(reg) p,
+                    options(nostack, preserves_flags)
+                ),
+                LineRelease::Flush => std::arch::x86_64::_mm_clflush(p as *const u8),
+            }
+        }
         line += LINE_ENTRIES;
     }
 }
@@ -407,6 +456,7 @@ impl RingConsumer {
             }
         }
         let start = tail;
+        let how = LineRelease::of_this_cpu();
         while tail < head {
             let index = tail % cap;
             let len = (head - tail).min(cap - index);
@@ -418,7 +468,7 @@ impl RingConsumer {
             };
             sink(events);
             if cap >= LINE_ENTRIES {
-                flush_read_lines(events, tail, tail + len);
+                release_read_lines(events, tail, tail + len, how);
             }
             tail += len;
         }
