@@ -85,6 +85,15 @@ const MAX_EXTENSIONS: u32 = 16;
 /// too even) is looked at again, once per later call of [`Decisions::decide`].
 const RETRIES: u32 = 16;
 
+/// Superblocks requested per step of the hot threshold: after `n` requests a new head needs
+/// `1 + n / SUPERBLOCKS_PER_THRESHOLD_STEP` times the threshold it was given. Each superblock
+/// is code beside its blocks' (tail-duplicated, unrolled), and a program whose superblocks
+/// outgrow the caches runs slower for them: `cc1 -O2` of 16,000 lines, 21,000 superblocks at a
+/// fixed threshold of 3000, ran 11.4-14.6 s as shipped, 12.3 s without superblocks and 10.2 s
+/// at 30,000 (docs/measurements.md, 2026-12-02). Programs with few hot loops never reach a
+/// step; a big one keeps forming superblocks only for what runs most.
+pub const SUPERBLOCKS_PER_THRESHOLD_STEP: u64 = 1024;
+
 /// What the decisions remember between calls.
 #[derive(Clone, Default)]
 pub struct Decisions {
@@ -107,6 +116,9 @@ pub struct Decisions {
     looks: u64,
     /// The event count at which the superblocks' side exits are looked at next.
     next_scan: u64,
+    /// The hot threshold the tables were given (0: not read yet), which
+    /// [`SUPERBLOCKS_PER_THRESHOLD_STEP`] raises `tables.hot_threshold` from.
+    base_threshold: u64,
 }
 
 impl Decisions {
@@ -119,6 +131,9 @@ impl Decisions {
     /// Looks at the event pairs that just became hot (`tables.hot`, emptied) and, when due,
     /// at the superblocks' side exits, and returns the superblocks to request.
     pub fn decide(&mut self, tables: &mut Tables) -> Vec<Command> {
+        if self.base_threshold == 0 {
+            self.base_threshold = tables.hot_threshold;
+        }
         let hot = std::mem::take(&mut tables.hot);
         let mut out = Vec::new();
         if self.scan_due(tables) {
@@ -154,6 +169,10 @@ impl Decisions {
                     }
                 }
             }
+        }
+        if self.base_threshold != u64::MAX {
+            let step = 1 + self.requests / SUPERBLOCKS_PER_THRESHOLD_STEP;
+            tables.hot_threshold = self.base_threshold.saturating_mul(step);
         }
         out
     }
@@ -736,6 +755,34 @@ mod tests {
         // 8 instructions per iteration: 6 copies reach 48.
         assert_eq!(requested(&cmds), vec![[0, 1].repeat(6)]);
         assert_eq!(d.requests, 1);
+    }
+
+    /// The hot threshold rises by its starting value every
+    /// [`SUPERBLOCKS_PER_THRESHOLD_STEP`] superblocks requested, and stays where the tables
+    /// say "never" (`u64::MAX`, superblocks off).
+    #[test]
+    fn the_hot_threshold_rises_with_the_superblocks_requested() {
+        let mut t = Tables::default();
+        t.hot_threshold = 10;
+        let mut d = Decisions::default();
+        d.decide(&mut t);
+        assert_eq!(t.hot_threshold, 10);
+        d.requests = SUPERBLOCKS_PER_THRESHOLD_STEP - 1;
+        d.decide(&mut t);
+        assert_eq!(t.hot_threshold, 10);
+        d.requests = SUPERBLOCKS_PER_THRESHOLD_STEP;
+        d.decide(&mut t);
+        assert_eq!(t.hot_threshold, 20);
+        d.requests = 5 * SUPERBLOCKS_PER_THRESHOLD_STEP + 7;
+        d.decide(&mut t);
+        assert_eq!(t.hot_threshold, 60);
+        let mut off = Tables::default();
+        let mut d = Decisions {
+            requests: 3 * SUPERBLOCKS_PER_THRESHOLD_STEP,
+            ..Decisions::default()
+        };
+        d.decide(&mut off);
+        assert_eq!(off.hot_threshold, u64::MAX);
     }
 
     /// A loop whose body calls through a pointer: a trace follows the call to its usual

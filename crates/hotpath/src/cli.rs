@@ -196,7 +196,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_superblocks: bool,
     /// Executions of a loop's back edge after which the monitor asks for a superblock at the
-    /// loop head (the monitor-thread patent's 3000).
+    /// loop head (the monitor-thread patent's 3000); N more after every 1024 superblocks
+    /// requested, so that a big program's superblocks stay what runs most.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SUPERBLOCK_THRESHOLD,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub superblock_threshold: u64,
