@@ -21,8 +21,11 @@
 #                  loop that forks and execs `busybox expr` 300 times), startup
 #                  (`busybox true`, 100 separate runs: each mode's start-up and exit cost),
 #                  and the dynamically linked python3 (a script), python3_pass
-#                  (`python3 -c pass`: startup), sqlite3 (a recursive CTE), lua (lua5.4) and
-#                  zstd_t2 (`zstd -T2 -5` on 22 MiB of random text: two compression threads))
+#                  (`python3 -c pass`: startup), sqlite3 (a recursive CTE), lua (lua5.4),
+#                  zstd_t2 (`zstd -T2 -5` on 22 MiB of random text: two compression threads)
+#                  and gcc_zstd (a big program: `gcc -O2 -S` of 16,000 preprocessed lines of
+#                  zstd 1.5.6's amalgamation, fetched once from PyPI's zstandard 0.23.0 sdist
+#                  with pip; the assembly on stdout must equal native's))
 #   --mib N        size of the busybox input in MiB (default 8)
 #   --no-build     do not run cargo build (use HOTPATH_BIN or the existing release binary)
 # Environment: HOTPATH_BIN overrides the hotpath binary; CARGO_TARGET_DIR is honoured;
@@ -33,7 +36,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass sqlite3 lua zstd_t2"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass sqlite3 lua zstd_t2 gcc_zstd"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -181,6 +184,25 @@ LUA
                     fi
                     argv[$w]="$prog_path -q -c -T2 -5 $input" ;;
             esac
+            ;;
+        gcc_zstd)
+            # A compiler on a big file: cc1 runs a quarter of a million distinct blocks.
+            input="$out_dir/zstd-16k.i"
+            if [ ! -s "$input" ]; then
+                echo "fetching zstandard 0.23.0 from PyPI and preprocessing zstd.c..." >&2
+                if ! python3 -m pip download -q --no-binary :all: --no-deps zstandard==0.23.0 \
+                        -d "$tmp/sdist" >&2 \
+                    || ! tar xzf "$tmp/sdist/zstandard-0.23.0.tar.gz" -C "$tmp" \
+                    || ! gcc -E -P "$tmp/zstandard-0.23.0/zstd/zstd.c" -o "$tmp/zstd.i"; then
+                    echo "bench/run.sh: cannot fetch or preprocess zstandard: skipping $w" >&2
+                    continue
+                fi
+                # Up to the last top-level closing brace before line 16,000.
+                cut=$(awk 'NR <= 16000 && /^}/ { n = NR } END { print n }' "$tmp/zstd.i")
+                head -n "$cut" "$tmp/zstd.i" >"$input.tmp"
+                mv "$input.tmp" "$input"
+            fi
+            argv[$w]="$(command -v gcc) -O2 -S -o - $input"
             ;;
         *) echo "bench/run.sh: unknown workload $w" >&2; exit 2 ;;
     esac
