@@ -228,14 +228,14 @@ fi
 # that `sb gain` compares superblocks alone); the monitor mode's gives the time spent on a
 # full ring.
 run_once() { # mode workload
-    local mode="$1" w="$2" start end status=0 wait_ns=0
+    local mode="$1" w="$2" start end status=0 wait_ns=0 cpu_ns=0 share=-1
     local -a cmd
     read -r -a cmd <<<"${argv[$w]}"
     case "$mode" in
         native) ;;
         no-monitor) cmd=("$hotpath" run --quiet --cache-dir "$cache" --no-monitor -- "${cmd[@]}") ;;
         no-sb) cmd=("$hotpath" run --quiet --cache-dir "$cache" --no-superblocks --report "$tmp/report-no-sb.json" -- "${cmd[@]}") ;;
-        monitor) rm -f "$tmp/report.json"; cmd=("$hotpath" run --quiet --cache-dir "$cache" --report "$tmp/report.json" -- "${cmd[@]}") ;;
+        monitor) rm -f "$tmp"/report.json*; cmd=("$hotpath" run --quiet --cache-dir "$cache" --report "$tmp/report.json" -- "${cmd[@]}") ;;
         paths) cmd=("$hotpath" run --quiet --cache-dir "$cache" --paths -- "${cmd[@]}") ;;
         cold) cmd=("$hotpath" run --quiet --no-cache --report "$tmp/report-cold.json" -- "${cmd[@]}") ;;
         qemu) cmd=("$qemu" "${cmd[@]}") ;;
@@ -246,19 +246,30 @@ run_once() { # mode workload
     done
     end=$(date +%s%N)
     if [ "$mode" = monitor ]; then
-        # totals.ring_wait_ns (each thread in `threads` has one too).
-        wait_ns=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["totals"]["ring_wait_ns"])' \
-            "$tmp/report.json" 2>/dev/null || true)
+        # The CPU time of every process of the run (this subshell's children, waited for).
+        times >"$tmp/times.$mode" # (not in a pipeline: a subshell has no children's times)
+        cpu_ns=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] } printf "%.0f", t * 1e9 }' "$tmp/times.$mode")
+        # totals.ring_wait_ns (each thread in `threads` has one too); the monitor's busy time
+        # over every process's report (a child writes REPORT.PID, an exec'd program
+        # REPORT.exec) as a share of the rest of the CPU time, the guest's.
+        read -r wait_ns share < <(python3 -c '
+import glob, json, sys
+reports = [json.load(open(f))["totals"] for f in sorted(glob.glob(sys.argv[1] + "*"))]
+busy = sum(t["monitor_busy_ns"] for t in reports)
+guest = int(sys.argv[2]) - busy
+print(reports[0]["ring_wait_ns"], "%.4f" % (100 * busy / guest) if guest > 0 else -1)
+' "$tmp/report.json" "$cpu_ns" 2>/dev/null || true)
         wait_ns=${wait_ns:--1}
+        share=${share:--1}
     fi
-    echo "$(( (end - start) / 1000 )) $status $wait_ns"
+    echo "$(( (end - start) / 1000 )) $status $wait_ns $share"
 }
 
 median() { # values on stdin -> median
     sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) { print "" } else if (NR % 2) { print v[(NR + 1) / 2] } else { print (v[NR / 2] + v[NR / 2 + 1]) / 2 } }'
 }
 
-declare -A times wrong waits
+declare -A times wrong waits shares
 echo "hotpath: $hotpath" >&2
 echo "runs: $runs per mode, interleaved; linkage: $linkage; qemu: $([ $have_qemu = 1 ] && command -v "$qemu" || echo "not installed")" >&2
 for w in $selected; do
@@ -267,11 +278,12 @@ for w in $selected; do
     ${argv[$w]} >"$tmp/ref.out" 2>/dev/null </dev/null || ref_status=$?
     for mode in "${modes[@]}"; do times[$w,$mode]=""; wrong[$w,$mode]=""; done
     waits[$w]=""
+    shares[$w]=""
     # Warm the translation cache: one untimed run of each mode that uses it.
     for mode in no-monitor no-sb monitor paths; do run_once "$mode" "$w" >/dev/null; done
     for ((i = 1; i <= runs; i++)); do
         for mode in "${modes[@]}"; do
-            read -r us status wait_ns < <(run_once "$mode" "$w")
+            read -r us status wait_ns share < <(run_once "$mode" "$w")
             if [ "$status" != "$ref_status" ]; then
                 wrong[$w,$mode]="status $status"
             elif ! cmp -s "$tmp/ref.out" "$tmp/out.$mode"; then
@@ -285,6 +297,8 @@ for w in $selected; do
                     else
                         waits[$w]+="nan "
                     fi
+                    shares[$w]+="$share "
+
                 fi
             fi
         done
@@ -301,11 +315,11 @@ fmt_cell() { # microseconds native_microseconds
 printf '\n%-14s' "workload"
 for mode in "${modes[@]}"; do printf ' | %-18s' "$mode"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "qemu"
-printf ' | %-11s | %-11s | %-11s | %-9s\n' "mon/no-mon" "sb gain" "paths/mon" "ring wait"
+printf ' | %-11s | %-11s | %-11s | %-9s | %-9s\n' "mon/no-mon" "sb gain" "paths/mon" "ring wait" "mon cpu"
 printf '%-14s' "--------------"
 for mode in "${modes[@]}"; do printf ' | %-18s' "------------------"; done
 [ $have_qemu = 1 ] || printf ' | %-18s' "------------------"
-printf ' | %-11s | %-11s | %-11s | %-9s\n' "-----------" "-----------" "-----------" "---------"
+printf ' | %-11s | %-11s | %-11s | %-9s | %-9s\n' "-----------" "-----------" "-----------" "---------" "---------"
 for w in $selected; do
     native_med=$(printf '%s\n' ${times[$w,native]} | median)
     printf '%-14s' "$w"
@@ -339,9 +353,13 @@ for w in $selected; do
         printf ' | %-11s' "n/a"
     fi
     case "${waits[$w]}" in
-        *nan*) printf ' | %-9s\n' "no report" ;;
-        "") printf ' | %-9s\n' "n/a" ;;
-        *) printf ' | %-9s\n' "$(printf '%s\n' ${waits[$w]} | median | awk '{ printf "%6.2f %%", $1 }')" ;;
+        *nan*) printf ' | %-9s' "no report" ;;
+        "") printf ' | %-9s' "n/a" ;;
+        *) printf ' | %-9s' "$(printf '%s\n' ${waits[$w]} | median | awk '{ printf "%6.2f %%", $1 }')" ;;
+    esac
+    case "${shares[$w]}" in
+        ""|*-1*) printf ' | %-9s\n' "n/a" ;;
+        *) printf ' | %-9s\n' "$(printf '%s\n' ${shares[$w]} | median | awk '{ printf "%6.1f %%", $1 }')" ;;
     esac
     unset med
 done
@@ -352,7 +370,9 @@ printf 'no-monitor, no-sb and monitor run with a warm translation cache; cold = 
 printf -- '--no-cache (every block translated, as on a first run);\n'
 printf 'mon/no-mon = monitor / --no-monitor (the cost of profiling); sb gain = no-sb / monitor\n'
 printf '(what superblocks buy); ring wait = share of the monitor run'"'"'s wall time the guest\n'
-printf 'waited for a full event ring (totals.ring_wait_ns).\n'
+printf 'waited for a full event ring (totals.ring_wait_ns); mon cpu = the monitor threads'"'"' busy\n'
+printf 'time (totals.monitor_busy_ns, every process) as a share of the guest'"'"'s CPU time (the\n'
+printf 'monitor run'"'"'s CPU time less that).\n'
 any_wrong=0
 for k in "${!wrong[@]}"; do [ -n "${wrong[$k]}" ] && any_wrong=1; done
 if [ $any_wrong = 1 ]; then
