@@ -356,21 +356,8 @@ impl PathRecorder {
                         NONE
                     };
                     stack.push(Activation {
-                        func: f,
-                        return_to: id_ret[prev as usize],
                         cur: root,
-                        len: 1,
-                        blocks: 0,
-                        instructions: 0,
-                        path_ends: 0,
-                        last_addr: id_addr[b],
-                        pap: pap_node,
-                        pap_len: 0,
-                        call_node,
-                        resume: NONE,
-                        r: 0,
-                        last_node: NONE,
-                        path_instr: 0,
+                        ..Activation::new(f, id_ret[prev as usize], call_node, pap_node, id_addr[b])
                     });
                     (func, return_to, pap) = (f, id_ret[prev as usize], pap_node != NONE);
                     (cur, blocks, ends, by_memo) = (root, 0, 0, false);

@@ -102,6 +102,7 @@ impl Activation {
     /// A frame of `func` just started: returning to `return_to` (0: none known), under
     /// call-tree node `call_node`, recording the PAP run from `pap` ([`NONE`]: none), its path
     /// one block long, at guest address `last_addr`, with no trie node and no sum yet.
+    #[inline]
     pub(crate) fn new(
         func: u32,
         return_to: u64,
