@@ -92,14 +92,7 @@ impl Numbering {
         self.out.resize(n, Vec::new());
         self.paths_from.clear();
         self.paths_from.resize(n, 1);
-        // Nodes are only ever added: the new ones join the order and it is sorted again
-        // (nearly sorted already).
-        if self.order.len() != addr.len() {
-            self.order
-                .extend(self.order.len() as u32..addr.len() as u32);
-            self.order
-                .sort_unstable_by_key(|&v| std::cmp::Reverse(addr[v as usize]));
-        }
+        self.order_new_nodes(addr);
         self.overflowed = false;
         for k in 0..self.order.len() {
             let v = self.order[k];
@@ -171,6 +164,31 @@ impl Numbering {
             }
             v = key;
         }
+    }
+
+    /// Puts the nodes added since the last numbering (`self.order.len()..addr.len()`) into
+    /// `order`. Nodes are only ever added and addresses never change, so the order stays
+    /// sorted: a few new nodes (a function growing an edge at a time, the common case) are
+    /// each inserted where they belong, O(nodes) apiece; many are appended and merged by the
+    /// stable sort, which finds the two sorted runs.
+    fn order_new_nodes(&mut self, addr: &[u64]) {
+        const INSERT_MAX: usize = 8;
+        let (old, n) = (self.order.len(), addr.len());
+        if n - old <= INSERT_MAX {
+            for v in old as u32..n as u32 {
+                let a = addr[v as usize];
+                let at = self.order.partition_point(|&u| addr[u as usize] > a);
+                self.order.insert(at, v);
+            }
+        } else {
+            self.order.extend(old as u32..n as u32);
+            self.order
+                .sort_by_key(|&v| std::cmp::Reverse(addr[v as usize]));
+        }
+        debug_assert!(self
+            .order
+            .windows(2)
+            .all(|w| addr[w[0] as usize] >= addr[w[1] as usize]));
     }
 
     /// The id of a spelled path under the current numbers, or `None` if one of its edges has
@@ -269,6 +287,49 @@ mod tests {
                 ids.sort_unstable();
                 prop_assert_eq!(ids, (0..n.total()).collect::<Vec<_>>());
                 prop_assert_eq!(n.decode(n.total()), None);
+            }
+        }
+    }
+
+    proptest! {
+        /// Nodes discovered one at a time at addresses in any order (as a function's blocks
+        /// are): the numbering kept across renumberings gives every edge and start the value
+        /// a numbering made at once from the same DAG gives it.
+        #[test]
+        fn growing_nodes_number_as_a_fresh_numbering(
+            addrs in proptest::sample::subsequence((0u64..64).collect::<Vec<_>>(), 1..20)
+                .prop_shuffle(),
+            edges in proptest::collection::vec((0u32..20, 0u32..20, any::<bool>()), 1..40),
+        ) {
+            let addr: Vec<u64> = addrs.iter().map(|a| 16 * a).collect();
+            let mut n = Numbering::default();
+            n.add_start(0, 0);
+            let mut known = 1;
+            prop_assert!(n.renumber(&addr[..known]));
+            for (a, b, grow) in edges {
+                if grow && known < addr.len() {
+                    known += 1;
+                }
+                let (a, b) = (a % known as u32, b % known as u32);
+                let (ua, ub) = (addr[a as usize], addr[b as usize]);
+                if ua < ub && n.edge(a, b).is_none() {
+                    n.add_edge(a, b);
+                } else if ub <= ua && n.edge(a, EXIT_EDGE | b).is_none() {
+                    n.add_edge(a, EXIT_EDGE | b);
+                    if n.start(1, b).is_none() {
+                        n.add_start(1, b);
+                    }
+                }
+                prop_assert!(n.renumber(&addr[..known]));
+                let mut fresh = Numbering {
+                    out: n.out.clone(),
+                    starts: n.starts.clone(),
+                    ..Numbering::default()
+                };
+                prop_assert!(fresh.renumber(&addr[..known]));
+                prop_assert_eq!(&fresh.out, &n.out);
+                prop_assert_eq!(&fresh.starts, &n.starts);
+                prop_assert_eq!(fresh.total(), n.total());
             }
         }
     }
