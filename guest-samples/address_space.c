@@ -13,7 +13,11 @@
  *   exec-only  - code written to a page made PROT_EXEC alone runs (whether the page can also
  *                be read depends on the CPU: with protection keys it cannot);
  *   hole       - in the gap between two PT_LOAD segments (built with 2 MiB segment alignment
- *                to have one): a load faults with SEGV_MAPERR, and the guest may map there. */
+ *                to have one): a load faults with SEGV_MAPERR, and the guest may map there;
+ *   malloc-max - mallocs 1 MiB blocks (each touched) until malloc fails, prints how many MiB
+ *                it got (under an RLIMIT_AS: what the limit leaves the program);
+ *   idle-threads N - prints VmSize and VmRSS (kB, from /proc/self/status) before and while N
+ *                threads wait on a barrier: what each thread costs the process. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <link.h>
@@ -24,6 +28,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <pthread.h>
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -186,6 +191,66 @@ static long depth(long n)
     return depth(n - 1) + frame[0];
 }
 
+static int malloc_max(void)
+{
+    long mib = 0;
+    for (;;) {
+        char *p = malloc(1 << 20);
+        if (!p)
+            break;
+        p[0] = 1;
+        mib++;
+    }
+    printf("malloc got %ld MiB\n", mib);
+    return 0;
+}
+
+static pthread_barrier_t started, release;
+
+static void *idle(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&started);
+    pthread_barrier_wait(&release);
+    return NULL;
+}
+
+/* Prints "TAG VmSize VmRSS" in kB. */
+static void status_line(const char *tag)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long size = -1, rss = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        sscanf(line, "VmSize: %ld", &size);
+        sscanf(line, "VmRSS: %ld", &rss);
+    }
+    if (f)
+        fclose(f);
+    printf("%s %ld %ld\n", tag, size, rss);
+}
+
+static int idle_threads(int n)
+{
+    pthread_t t[256];
+    if (n < 1 || n > 256)
+        return 2;
+    pthread_barrier_init(&started, NULL, n + 1);
+    pthread_barrier_init(&release, NULL, n + 1);
+    status_line("before");
+    for (int i = 0; i < n; i++)
+        if (pthread_create(&t[i], NULL, idle, NULL) != 0) {
+            printf("pthread_create failed\n");
+            return 1;
+        }
+    pthread_barrier_wait(&started);
+    status_line("during");
+    pthread_barrier_wait(&release);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -206,12 +271,16 @@ int main(int argc, char **argv)
         return hole();
     if (!strcmp(c, "exec-only"))
         return exec_only();
+    if (!strcmp(c, "malloc-max"))
+        return malloc_max();
+    if (!strcmp(c, "idle-threads") && argc > 2)
+        return idle_threads(atoi(argv[2]));
     if (!strcmp(c, "stack") && argc > 2) {
         long kib = atol(argv[2]);
         printf("recursing %ld KiB deep\n", kib);
         printf("came back (%ld)\n", depth(kib) & 1);
         return 0;
     }
-    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|stack KIB\n");
+    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|malloc-max|idle-threads N|stack KIB\n");
     return 2;
 }

@@ -177,3 +177,102 @@ fn gaps_between_segments_are_unmapped_as_natively() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The numbers after `tag` on the line of `stdout` that starts with it.
+fn numbers_after(stdout: &[u8], tag: &str) -> Vec<i64> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(tag))
+        .unwrap_or_else(|| panic!("no line starting {tag:?} in:\n{text}"));
+    line[tag.len()..]
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+/// Threads the idle-threads case starts.
+const IDLE_THREADS: i64 = 16;
+
+/// Each idle thread costs the process at most this much address space beyond what it costs
+/// natively (kB): hotpath's code regions start small and grow with the code (#57).
+const THREAD_ADDRESS_SPACE_KB: i64 = 64 * 1024;
+
+/// ... and at most this much resident memory beyond native's (kB).
+const THREAD_RESIDENT_KB: i64 = 2 * 1000;
+
+/// `VmSize` and `VmRSS` growth per thread (kB) from the idle-threads case's output.
+fn per_thread_growth(stdout: &[u8]) -> (i64, i64) {
+    let before = numbers_after(stdout, "before ");
+    let during = numbers_after(stdout, "during ");
+    (
+        (during[0] - before[0]) / IDLE_THREADS,
+        (during[1] - before[1]) / IDLE_THREADS,
+    )
+}
+
+/// Sixteen threads that wait on a barrier cost each at most `THREAD_ADDRESS_SPACE_KB` of
+/// address space and `THREAD_RESIDENT_KB` resident beyond what a thread costs natively, as
+/// `/proc/self/status` shows them to the guest itself.
+#[test]
+fn an_idle_thread_costs_little_address_space() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let n = IDLE_THREADS.to_string();
+    let args = ["idle-threads", n.as_str()];
+    let mut problems = Vec::new();
+    for linkage in Linkage::WITH_DYNAMIC {
+        let exe = guest_build::build(SOURCE, linkage).expect("sample builds");
+        let native = runner::run(&mut native_command(&exe, &args), CASE_TIMEOUT).expect("native");
+        let (native_size, native_rss) = per_thread_growth(&native.stdout);
+        for mode in MonitorMode::ALL {
+            let mut cmd = hotpath_command(&hotpath, mode, &exe, &args);
+            let run = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
+            let (size, rss) = per_thread_growth(&run.stdout);
+            let label = format!("[{linkage}, {}]", mode.label());
+            if size - native_size > THREAD_ADDRESS_SPACE_KB {
+                problems.push(format!(
+                    "{label}: a thread takes {size} kB of address space, natively {native_size}"
+                ));
+            }
+            if rss - native_rss > THREAD_RESIDENT_KB {
+                problems.push(format!(
+                    "{label}: a thread takes {rss} kB resident, natively {native_rss}"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// What hotpath itself may take of a 1 GiB `RLIMIT_AS` (MiB): its binary, heap, the
+/// monitor, the thread area with its ring, and the code cache's first regions.
+const OWN_SHARE_MIB: i64 = 128;
+
+/// `ulimit -v 1048576`: a program that mallocs until it fails gets at least native's amount
+/// less `OWN_SHARE_MIB`.
+#[test]
+fn malloc_under_rlimit_as_gets_nearly_what_it_gets_natively() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let limits: &'static [(libc::__rlimit_resource_t, u64)] = &[(libc::RLIMIT_AS, 1024 * MIB)];
+    let mut problems = Vec::new();
+    for linkage in Linkage::WITH_DYNAMIC {
+        let exe = guest_build::build(SOURCE, linkage).expect("sample builds");
+        let mut native = native_command(&exe, &["malloc-max"]);
+        with_limits(&mut native, limits);
+        let native = runner::run(&mut native, CASE_TIMEOUT).expect("native run");
+        let native_mib = numbers_after(&native.stdout, "malloc got ")[0];
+        for mode in MonitorMode::ALL {
+            let mut cmd = hotpath_command(&hotpath, mode, &exe, &["malloc-max"]);
+            with_limits(&mut cmd, limits);
+            let run = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
+            let got = numbers_after(&run.stdout, "malloc got ")[0];
+            if got < native_mib - OWN_SHARE_MIB {
+                problems.push(format!(
+                    "[{linkage}, {}]: malloc got {got} MiB, natively {native_mib}",
+                    mode.label()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -183,12 +183,30 @@ impl CacheIndex {
     }
 }
 
-/// Size of each of a code cache's regions in bytes (64 MiB). When one fills, the whole cache
-/// is flushed.
-pub const CODE_CACHE_SIZE: u64 = 64 << 20;
+/// Size in bytes of a code cache's first region, and of the first region made for each far
+/// stretch of guest code (4 MiB: `busybox true` translates 0.4 MiB, a warm `python3 -c pass`
+/// 12 MiB). Each view of a region is mapped, and counts against the guest's `RLIMIT_AS`, so a
+/// cache starts small and grows by regions ([`CodeCache::region_for`]).
+pub const FIRST_REGION_SIZE: u64 = 4 << 20;
 
-/// Most regions one code cache has: its home region and those beside far guest code.
-pub const MAX_REGIONS: usize = 16;
+/// Largest size in bytes of one region (64 MiB): a region made for guest code whose regions
+/// are full is twice the size of the largest of them, up to this.
+pub const MAX_REGION_SIZE: u64 = 64 << 20;
+
+/// Most bytes of code one cache holds in all its regions (256 MiB; each byte is mapped twice,
+/// once per view). Past it, a translation that finds no room flushes the cache, which keeps
+/// its regions.
+pub const MAX_CACHE_BYTES: u64 = 256 << 20;
+
+/// Most regions one code cache has: its home region, those beside far guest code, and those
+/// made when a region filled.
+pub const MAX_REGIONS: usize = 64;
+
+/// Free bytes below which a region takes no new translation while another can be had: more
+/// than the largest block or superblock emits (a trace has at most 256 instructions), so that
+/// a translation started in the region [`CodeCache::region_for`] picks fits without
+/// assembling it twice.
+const REGION_SLACK: u64 = 64 << 10;
 
 /// Guest bytes on each side of a block's address that its region must reach with a 32-bit
 /// displacement (256 MiB): a module's code and the data its RIP-relative operands address.
@@ -321,7 +339,7 @@ impl CodeCache {
     pub fn create(rx_addr: u64, size: u64) -> Result<CodeCache, TranslateError> {
         let table: &'static RegionTable = Box::leak(Box::new(RegionTable {
             len: AtomicUsize::new(0),
-            entries: Default::default(),
+            entries: std::array::from_fn(|_| RegionEntry::default()),
         }));
         let mut cache = CodeCache {
             regions: Vec::new(),
@@ -404,43 +422,69 @@ impl CodeCache {
     }
 
     /// A region whose code reaches guest code at `pc` and the data around it
-    /// (`GUEST_WINDOW`) with 32-bit displacements: the current one if it does, else another
-    /// made before, else a new one reserved beside `pc` with veneers to the gateway's routines:
-    /// above it first when `above_first()` says nothing of the guest grows there (code in the
-    /// mmap area, above the brk heap), else as the first cache is placed. The home region when
-    /// none reaches and no new one can be made (no room in the address space there, or
-    /// [`MAX_REGIONS`] made): far operands are rewritten there, as before.
+    /// (`GUEST_WINDOW`) with 32-bit displacements and has room for a translation
+    /// ([`REGION_SLACK`]): the current one if it does, else another made before, else a new
+    /// one reserved beside `pc` with veneers to the gateway's routines: above it first when
+    /// `above_first()` says nothing of the guest grows there (code in the mmap area, above the
+    /// brk heap), else as the first cache is placed. A new region is [`FIRST_REGION_SIZE`]
+    /// bytes, or twice the largest region already reaching `pc` (up to [`MAX_REGION_SIZE`])
+    /// when those are full: the cache grows with the code it holds. When no region can be made
+    /// ([`MAX_REGIONS`] or [`MAX_CACHE_BYTES`] reached, or no room in the address space
+    /// there): the reaching region with the most room (a translation that does not fit then
+    /// flushes the cache), else the home region, where far operands are rewritten.
     pub fn region_for(&mut self, pc: u64, above_first: impl FnOnce() -> bool) -> usize {
         let (lo, hi) = (
             pc.saturating_sub(GUEST_WINDOW),
             pc.saturating_add(GUEST_WINDOW),
         );
-        if self.regions[self.current].reaches(lo, hi) {
+        let usable = |r: &Region| r.reaches(lo, hi) && r.size - r.cursor >= REGION_SLACK;
+        if usable(&self.regions[self.current]) {
             return self.current;
         }
-        if let Some(i) = self.regions.iter().position(|r| r.reaches(lo, hi)) {
+        if let Some(i) = self.regions.iter().position(usable) {
             return i;
         }
+        // The regions that reach `pc` are full (or there are none): the fullest-grown one
+        // sets the next one's size.
+        let reaching = self
+            .regions
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.reaches(lo, hi))
+            .max_by_key(|(_, r)| r.size - r.cursor)
+            .map(|(i, _)| i);
+        let largest = self
+            .regions
+            .iter()
+            .filter(|r| r.reaches(lo, hi))
+            .map(|r| r.size)
+            .max();
+        let fallback = reaching.unwrap_or(0);
+        let size = largest.map_or(FIRST_REGION_SIZE, |s| (2 * s).min(MAX_REGION_SIZE));
+        let mapped: u64 = self.regions.iter().map(|r| r.size).sum();
         if self.regions.len() >= MAX_REGIONS
+            || mapped + size > MAX_CACHE_BYTES
             || self.unplaceable.iter().any(|&(l, h)| pc >= l && pc < h)
         {
-            return 0;
+            return fallback;
         }
         let above = above_first()
-            .then(|| hotpath_loader::reserve_above(lo, hi, CODE_CACHE_SIZE))
+            .then(|| hotpath_loader::reserve_above(lo, hi, size))
             .flatten();
-        let at = above.or_else(|| hotpath_loader::reserve_within_reach(lo, hi, CODE_CACHE_SIZE));
-        let mapped = at.and_then(|at| match self.map_region(at, CODE_CACHE_SIZE) {
+        let at = above.or_else(|| hotpath_loader::reserve_within_reach(lo, hi, size));
+        let mapped = at.and_then(|at| match self.map_region(at, size) {
             Ok(i) => Some(i),
             Err(_) => {
                 // SAFETY: the reservation just made, which nothing uses.
-                unsafe { libc::munmap(at as *mut c_void, CODE_CACHE_SIZE as usize) };
+                unsafe { libc::munmap(at as *mut c_void, size as usize) };
                 None
             }
         });
         let Some(i) = mapped else {
-            self.unplaceable.push((lo, hi));
-            return 0;
+            if reaching.is_none() {
+                self.unplaceable.push((lo, hi));
+            }
+            return fallback;
         };
         let home = self.regions[0].routines;
         let routines = GatewayJumps {
@@ -874,7 +918,7 @@ mod tests {
 
     #[test]
     fn far_code_gets_a_region_in_reach_and_links_between_regions_go_through_veneers() {
-        let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE).unwrap();
+        let mut cache = CodeCache::create_anywhere(FIRST_REGION_SIZE).unwrap();
         // A stand-in gateway: two routines at the home region's start.
         let exit = cache.insert(&[0xcc; 16]);
         let ibl_miss = cache.insert(&[0xcc; 16]);
@@ -908,7 +952,7 @@ mod tests {
             .2;
         assert_eq!(
             cache.regions[r].rx_base.wrapping_add(rw),
-            cache.regions[r].rx_base + CODE_CACHE_SIZE,
+            cache.regions[r].rx_base + FIRST_REGION_SIZE,
             "its writable view right above it"
         );
         cache.select(r);
@@ -946,6 +990,62 @@ mod tests {
         cache.select(r);
         assert_eq!(cache.next_addr().0, floors[r]);
         assert_eq!(veneer_target(cache.gateway_jumps().exit), exit.0);
+        // SAFETY: nothing runs this cache's code.
+        unsafe { cache.release() };
+    }
+
+    #[test]
+    fn a_full_region_makes_a_larger_one_for_the_same_code_and_a_flush_empties_them() {
+        let mut cache = CodeCache::create_anywhere(FIRST_REGION_SIZE).unwrap();
+        let exit = cache.insert(&[0xcc; 16]);
+        let ibl_miss = cache.insert(&[0xcc; 16]);
+        cache.seal_floor();
+        cache.set_gateway(GatewayJumps { exit, ibl_miss });
+        let pc = cache.regions[0].rx_base + 4096;
+        assert_eq!(cache.region_for(pc, || false), 0);
+        let mut made = vec![0];
+        // Each region filled to within its slack: the next one reaches the same code and is
+        // twice as large, up to the largest size.
+        for _ in 0..6 {
+            let r = *made.last().unwrap();
+            let region = &mut cache.regions[r];
+            region.cursor = region.size - REGION_SLACK + 1;
+            let next = cache.region_for(pc, || false);
+            assert!(!made.contains(&next), "a full region is not picked again");
+            let (prev_size, size) = (cache.regions[r].size, cache.regions[next].size);
+            assert_eq!(size, (2 * prev_size).min(MAX_REGION_SIZE));
+            assert!(cache.regions[next].reaches(pc - GUEST_WINDOW, pc + GUEST_WINDOW));
+            cache.select(next);
+            assert_eq!(veneer_target(cache.gateway_jumps().exit), exit.0);
+            made.push(next);
+        }
+        let mapped: u64 = cache.regions.iter().map(|r| r.size).sum();
+        assert_eq!(mapped, (4 + 8 + 16 + 32 + 64 + 64 + 64) << 20);
+        // Past the cache's most bytes no region is made: the one with the most room is
+        // given, and a translation that does not fit there flushes.
+        let r = *made.last().unwrap();
+        let region = &mut cache.regions[r];
+        region.cursor = region.size - REGION_SLACK + 1;
+        let before = cache.regions.len();
+        let given = cache.region_for(pc, || false);
+        assert_eq!(
+            cache.regions.len(),
+            before,
+            "no region past MAX_CACHE_BYTES"
+        );
+        assert!(made.contains(&given));
+        cache.flush();
+        assert_eq!(
+            cache.region_for(pc, || false),
+            given,
+            "the region given keeps serving"
+        );
+        cache.select(0);
+        assert_eq!(
+            cache.region_for(pc, || false),
+            0,
+            "after a flush the home region has room"
+        );
         // SAFETY: nothing runs this cache's code.
         unsafe { cache.release() };
     }

@@ -16,7 +16,7 @@ use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
-use crate::code_cache::{CacheIndex, CodeCache, CODE_CACHE_SIZE};
+use crate::code_cache::{CacheIndex, CodeCache, FIRST_REGION_SIZE};
 use crate::code_cache::{ExitKind, HostLayout};
 use crate::code_log::{CodeKind, CodeRecord};
 pub use crate::config::{Config, Stats};
@@ -346,7 +346,7 @@ impl Translator {
                     r
                 }
                 None => {
-                    let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE)?;
+                    let mut cache = CodeCache::create_anywhere(FIRST_REGION_SIZE)?;
                     let gateway = emit_gateway(&mut cache, host)?;
                     let area = map_area(&cfg, &gateway)?;
                     let setup = handler_setup(area, &cache, &gateway, host);
@@ -1688,7 +1688,7 @@ impl Translator {
     /// # Errors
     /// [`TranslateError::CodeCache`] when the new cache cannot be mapped.
     fn move_cache(&mut self) -> Result<(), TranslateError> {
-        let mut cache = CodeCache::create_anywhere(CODE_CACHE_SIZE)?;
+        let mut cache = CodeCache::create_anywhere(FIRST_REGION_SIZE)?;
         let gateway = emit_gateway(&mut cache, self.host)?;
         if !matches!(self.next, Next::Signal) {
             self.next = Next::Guest(self.guest_rip_settled(self.next));

@@ -19,7 +19,7 @@ use hotpath_monitor::{
     MonitorResult, MonitorState, Namer, PathConfig, PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
-use hotpath_translator::code_cache::CODE_CACHE_SIZE;
+use hotpath_translator::code_cache::FIRST_REGION_SIZE;
 use hotpath_translator::modules::GuestModule;
 use hotpath_translator::{
     signal_name, Config, ExecWrapper, Forked, GuestExit, ModuleSource, Stop, ThreadStart,
@@ -471,7 +471,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     let image = match load(
         &program,
         LoadOptions {
-            extra_reserve: CODE_CACHE_SIZE,
+            extra_reserve: FIRST_REGION_SIZE,
         },
     ) {
         Ok(i) => i,
