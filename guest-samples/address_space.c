@@ -17,7 +17,10 @@
  *   malloc-max - mallocs 1 MiB blocks (each touched) until malloc fails, prints how many MiB
  *                it got (under an RLIMIT_AS: what the limit leaves the program);
  *   idle-threads N - prints VmSize and VmRSS (kB, from /proc/self/status) before and while N
- *                threads wait on a barrier: what each thread costs the process. */
+ *                threads wait on a barrier: what each thread costs the process;
+ *   threads-until-fail - starts threads (each formats a few numbers first, then waits) until
+ *                pthread_create fails (under an RLIMIT_AS: no room for another stack), then
+ *                lets them all end; prints the failure, not the count. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <link.h>
@@ -251,6 +254,43 @@ static int idle_threads(int n)
     return 0;
 }
 
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_open = PTHREAD_COND_INITIALIZER;
+static int gate;
+
+static void *busy_then_wait(void *arg)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%ld %f %x", (long)arg, (double)(long)arg / 3, (unsigned)(long)arg);
+    pthread_mutex_lock(&gate_lock);
+    while (!gate)
+        pthread_cond_wait(&gate_open, &gate_lock);
+    pthread_mutex_unlock(&gate_lock);
+    return strlen(buf) ? NULL : arg;
+}
+
+static int threads_until_fail(void)
+{
+    enum { MOST = 4096 };
+    static pthread_t t[MOST];
+    int n = 0, err = 0;
+    while (n < MOST && (err = pthread_create(&t[n], NULL, busy_then_wait, (void *)(long)n)) == 0)
+        n++;
+    if (n == MOST)
+        printf("%d threads started, no failure\n", MOST);
+    else
+        printf("pthread_create failed after %s: %s\n", n > 0 ? "some threads" : "none",
+               strerror(err));
+    pthread_mutex_lock(&gate_lock);
+    gate = 1;
+    pthread_cond_broadcast(&gate_open);
+    pthread_mutex_unlock(&gate_lock);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    printf("joined\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -271,6 +311,8 @@ int main(int argc, char **argv)
         return hole();
     if (!strcmp(c, "exec-only"))
         return exec_only();
+    if (!strcmp(c, "threads-until-fail"))
+        return threads_until_fail();
     if (!strcmp(c, "malloc-max"))
         return malloc_max();
     if (!strcmp(c, "idle-threads") && argc > 2)
@@ -281,6 +323,6 @@ int main(int argc, char **argv)
         printf("came back (%ld)\n", depth(kib) & 1);
         return 0;
     }
-    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|malloc-max|idle-threads N|stack KIB\n");
+    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|malloc-max|idle-threads N|threads-until-fail|stack KIB\n");
     return 2;
 }

@@ -1,9 +1,10 @@
 //! The guest's address space is the guest's (`guest-samples/address_space.c`): mmap hints
 //! at low addresses, MAP_FIXED where hotpath's code cache was, execute-only code, gaps between
 //! segments, brk growing by gigabytes and stopping at a mapping, mprotect past brk,
-//! the stack bounded by RLIMIT_STACK, and hotpath starting under RLIMIT_AS. Each case runs
-//! natively and under hotpath (monitor off, on, eager superblocks; static, static-pie and
-//! dynamic builds) with the same resource limits, and the runs are compared.
+//! the stack bounded by RLIMIT_STACK, hotpath starting under RLIMIT_AS, threads started until
+//! RLIMIT_AS leaves no room. Each case runs natively and under hotpath (monitor off, on, eager
+//! superblocks; static, static-pie and dynamic builds) with the same resource limits, and the
+//! runs are compared. And what a thread and hotpath itself take of the address space.
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -73,6 +74,13 @@ const CASES: &[Case] = &[
     Case {
         args: &["hints"],
         limits: &[(libc::RLIMIT_AS, 1024 * MIB)],
+    },
+    // Threads started until there is no room for another under a 512 MiB RLIMIT_AS:
+    // pthread_create fails with EAGAIN as natively (hotpath's own share of a thread fails the
+    // guest's clone, never aborts the process), and the threads started all end.
+    Case {
+        args: &["threads-until-fail"],
+        limits: &[(libc::RLIMIT_AS, 512 * MIB)],
     },
     // brk counts against RLIMIT_DATA.
     Case {

@@ -162,16 +162,26 @@ pub(crate) struct CacheIndex {
 /// -c pass` makes 80,000).
 const EXITS_RESERVED: usize = 1 << 18;
 
+/// An empty exit table with room for [`EXITS_RESERVED`] exits where the address space has it
+/// (room never written costs no memory, only address space), else none yet: the table then
+/// grows by doubling, and a thread started under a tight `RLIMIT_AS` does not abort on the
+/// reservation (it did: "memory allocation of 12582912 bytes failed").
+///
+/// Room from the start because growing by doubling copied the exits into fresh pages each
+/// time (a warm `python3 -c pass` took 1,800 page faults there).
+fn reserved_exits() -> Vec<Exit> {
+    let mut exits = Vec::new();
+    let _ = exits.try_reserve_exact(EXITS_RESERVED);
+    exits
+}
+
 impl CacheIndex {
     /// The index of an empty cache, made when `invalidations_seen` had been published.
     pub(crate) fn new(invalidations_seen: u64) -> CacheIndex {
         CacheIndex {
             blocks: FxHashMap::default(),
             spans: BTreeMap::new(),
-            // Room for the exits of a large program's translations from the start: growing by
-            // doubling copied them into fresh pages each time (a warm `python3 -c pass` took
-            // 1,800 page faults there), and room never written costs no memory.
-            exits: Vec::with_capacity(EXITS_RESERVED),
+            exits: reserved_exits(),
             generation: 0,
             generation_first_id: 0,
             superblock_heads: FxHashMap::default(),
