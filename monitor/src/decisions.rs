@@ -137,7 +137,7 @@ impl Decisions {
         let hot = std::mem::take(&mut tables.hot);
         let mut out = Vec::new();
         if self.scan_due(tables) {
-            let per_ids = REFORM_SCAN_EVENTS_PER_ID * tables.kinds.len() as u64;
+            let per_ids = REFORM_SCAN_EVENTS_PER_ID * tables.known() as u64;
             self.next_scan = tables.events + REFORM_SCAN_EVENTS.max(per_ids);
             self.reform(tables, &mut out);
         }
@@ -187,7 +187,7 @@ impl Decisions {
     /// head; nothing when the trace would not change.
     fn reform(&mut self, tables: &Tables, out: &mut Vec<Command>) {
         let min_entries = REFORM_MIN_ENTRIES * tables.hot_threshold.max(1);
-        for (id, kind) in tables.kinds.iter().enumerate() {
+        for (id, kind) in tables.kinds().enumerate() {
             let IdKind::Superblock { blocks } = kind else {
                 continue;
             };
@@ -314,7 +314,7 @@ impl Exits {
         };
         for (to, c) in tables.successors_of(id) {
             x.entries += c;
-            if let Some(IdKind::SideExit { superblock, after }) = tables.kinds.get(to as usize) {
+            if let Some(IdKind::SideExit { superblock, after }) = tables.kind(to) {
                 if superblock.0 == id {
                     x.worst = x.worst.max((c, *after, to));
                     if let Some(n) = x.by_position.get_mut(*after as usize) {
@@ -342,21 +342,21 @@ impl Exits {
 }
 
 fn is_block(tables: &Tables, id: u32) -> bool {
-    matches!(tables.kinds.get(id as usize), Some(IdKind::Block))
+    matches!(tables.kind(id), Some(IdKind::Block))
 }
 
 /// The head of a trace for the hot pair `from → to`: `to`, when it is a basic block that a
 /// superblock (`from`, or its side exit) leads to, or that is at or before the block `from`
 /// ended with (a backward edge: `to` heads a loop).
 fn trace_head(tables: &Tables, from: u32, to: u32) -> Option<u32> {
-    if !is_block(tables, to) || from as usize >= tables.blocks.len() {
+    if !is_block(tables, to) || from as usize >= tables.known() {
         return None;
     }
     if !is_block(tables, from) {
         return Some(to);
     }
-    let source = tables.blocks.get(tables.last_block(from) as usize)?;
-    let target = tables.blocks.get(to as usize)?;
+    let source = tables.summary(tables.last_block(from))?;
+    let target = tables.summary(to)?;
     (target.start <= source.start).then_some(to)
 }
 
@@ -372,7 +372,7 @@ fn hottest_successor(tables: &Tables, id: u32) -> Option<(u32, f64)> {
             Some(t) => t[0].0,
             None => to,
         };
-        let Some(b) = tables.blocks.get(first as usize) else {
+        let Some(b) = tables.summary(first) else {
             continue;
         };
         match by_addr.iter_mut().find(|e| e.0 == b.start.0) {
@@ -410,14 +410,14 @@ fn extend_trace(
     let head = trace[0];
     let mut instructions: u32 = trace
         .iter()
-        .map(|&b| tables.blocks[b as usize].instructions)
+        .map(|&b| tables.summary(b).expect("a known id").instructions)
         .sum();
     let mut closed = false;
     // Probability that a run reaching the current block came along the trace.
     let mut along = 1.0;
     let mut cur = *trace.last()?;
     while trace.len() < MAX_TRACE_BLOCKS && instructions < MAX_TRACE_INSTRUCTIONS {
-        let b = &tables.blocks[cur as usize];
+        let b = tables.summary(cur).expect("a known id");
         // A step chosen from a superblock's or a side exit's successors knows the path that
         // led there: a block the trace has already (an interpreter's dispatch, between two
         // handlers) may come again.
@@ -436,7 +436,7 @@ fn extend_trace(
             None => break,
         };
         along *= share;
-        let n = &tables.blocks[first as usize];
+        let n = tables.summary(first).expect("a known id");
         let static_successor = match b.terminator {
             Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
                 target == n.start
@@ -472,7 +472,7 @@ fn extend_trace(
                 trace.extend(rest.iter().take(upto - 1).map(|b| b.0));
                 instructions += trace[trace.len() - upto..]
                     .iter()
-                    .map(|&b| tables.blocks[b as usize].instructions)
+                    .map(|&b| tables.summary(b).expect("a known id").instructions)
                     .sum::<u32>();
                 if upto == after as usize + 1 && x.follow_exit(tables) {
                     cur = *trace.last()?;
@@ -491,7 +491,7 @@ fn extend_trace(
             // find too spread may be the usual one after this path).
             instructions += std::iter::once(first)
                 .chain(rest.iter().map(|b| b.0))
-                .map(|b| tables.blocks[b as usize].instructions)
+                .map(|b| tables.summary(b).expect("a known id").instructions)
                 .sum::<u32>();
             cur = *trace.last()?;
             via = Some(next);
@@ -570,14 +570,14 @@ mod tests {
         let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
         t.learn(&NewBlock {
             id: BlockId(3),
-            summary: t.blocks[0],
+            summary: *t.summary(0).expect("a known id"),
             kind: IdKind::Superblock { blocks: trace },
             code: Box::default(),
         });
         for after in 0..2u32 {
             t.learn(&NewBlock {
                 id: BlockId(4 + after),
-                summary: t.blocks[after as usize],
+                summary: *t.summary(after).expect("a known id"),
                 kind: IdKind::SideExit {
                     superblock: BlockId(3),
                     after,
@@ -688,14 +688,14 @@ mod tests {
                 let trace: Arc<[BlockId]> = vec![BlockId(h), BlockId(0)].into();
                 t.learn(&NewBlock {
                     id: BlockId(sb),
-                    summary: t.blocks[h as usize],
+                    summary: *t.summary(h).expect("a known id"),
                     kind: IdKind::Superblock { blocks: trace },
                     code: Box::default(),
                 });
                 for after in 0..2u32 {
                     t.learn(&NewBlock {
                         id: BlockId(sb + 1 + after),
-                        summary: t.blocks[h as usize],
+                        summary: *t.summary(h).expect("a known id"),
                         kind: IdKind::SideExit {
                             superblock: BlockId(sb),
                             after,
@@ -874,14 +874,14 @@ mod tests {
         let trace: Arc<[BlockId]> = vec![BlockId(0), BlockId(1)].into();
         t.learn(&NewBlock {
             id: BlockId(4),
-            summary: t.blocks[0],
+            summary: *t.summary(0).expect("a known id"),
             kind: IdKind::Superblock { blocks: trace },
             code: Box::default(),
         });
         for (i, &b) in [0u32, 1].iter().enumerate() {
             t.learn(&NewBlock {
                 id: BlockId(5 + i as u32),
-                summary: t.blocks[b as usize],
+                summary: *t.summary(b).expect("a known id"),
                 kind: IdKind::SideExit {
                     superblock: BlockId(4),
                     after: i as u32,

@@ -87,13 +87,10 @@ pub fn thread_report_with(
     ring_waits: u64,
     ring_wait_ns: u64,
 ) -> Thread {
-    let counts = tables.block_counts_with(meta);
     let mut by_addr: HashMap<u64, u64> = HashMap::new();
     let (mut blocks_executed, mut guest_instructions) = (0, 0);
-    for (b, &c) in meta.blocks.iter().zip(&counts) {
-        if c == 0 {
-            continue;
-        }
+    for (id, c) in tables.counted_blocks_with(meta) {
+        let b = known_summary(meta, id);
         blocks_executed += c;
         guest_instructions += c * b.instructions as u64;
         *by_addr.entry(b.start.0).or_insert(0) += c;
@@ -182,16 +179,14 @@ fn report_with(tables: &Tables, symbolize: Symbolizer, run: RunInfo, parallel: b
         let blocks = block_rows(tables, &counts, symbolize, &mut totals);
         (blocks, edge_rows(tables, &all_edges))
     };
-    let blocks = &tables.blocks;
-
     let mut syscalls: Vec<Syscall> = tables
         .syscalls
         .iter()
         .map(|(&nr, s)| {
             let mut sites: HashMap<u64, u64> = HashMap::new();
             for (&id, &c) in &s.sites {
-                let addr = blocks
-                    .get(tables.last_block(id) as usize)
+                let addr = tables
+                    .summary(tables.last_block(id))
                     .map(|b| b.terminator_addr.0)
                     .unwrap_or(0);
                 *sites.entry(addr).or_insert(0) += c;
@@ -211,13 +206,16 @@ fn report_with(tables: &Tables, symbolize: Symbolizer, run: RunInfo, parallel: b
         .into_iter()
         .filter_map(|(id, entries, exits)| {
             let trace = tables.trace(id)?;
-            let addrs: Vec<u64> = trace.iter().map(|b| blocks[b.index()].start.0).collect();
+            let addrs: Vec<u64> = trace
+                .iter()
+                .map(|b| known_summary(tables, b.0).start.0)
+                .collect();
             Some(Superblock {
                 head: Addr(addrs[0]),
                 symbol: name(symbolize, addrs[0]),
                 instructions: trace
                     .iter()
-                    .map(|b| blocks[b.index()].instructions as u64)
+                    .map(|b| known_summary(tables, b.0).instructions as u64)
                     .sum(),
                 blocks: addrs.into_iter().map(Addr).collect(),
                 entries,
@@ -264,12 +262,11 @@ fn block_rows(
     symbolize: Symbolizer,
     totals: &mut Totals,
 ) -> Vec<Block> {
-    let blocks = &tables.blocks;
     // Ids counted, by guest address and then id: the blocks of one address (translated again
     // after its code changed) are summed under the first one's metadata. Sorted, not put in
     // a B-tree: a short run's report has a thousand blocks and edges, each a B-tree insert.
-    let mut counted: Vec<(u64, usize)> = Vec::with_capacity(blocks.len());
-    for (id, b) in blocks.iter().enumerate() {
+    let mut counted: Vec<(u64, usize)> = Vec::with_capacity(tables.known());
+    for (id, b) in tables.summaries().enumerate() {
         let c = counts[id];
         totals.blocks_executed += c;
         totals.guest_instructions += c * b.instructions as u64;
@@ -283,7 +280,7 @@ fn block_rows(
         match report_blocks.last_mut() {
             Some(last) if last.addr.0 == addr => last.count += counts[id],
             _ => {
-                let b = &blocks[id];
+                let b = known_summary(tables, id as u32);
                 report_blocks.push(Block {
                     addr: Addr(addr),
                     count: counts[id],
@@ -302,14 +299,18 @@ fn block_rows(
     report_blocks
 }
 
+/// The summary of id `id`, which `tables` knows (every id a report shows was learnt first).
+fn known_summary(tables: &Tables, id: u32) -> &hotpath_ir::BlockSummary {
+    tables.summary(id).expect("a known id")
+}
+
 /// The report's edge rows and indirect sites from the stream's edges `all_edges`
 /// (`(from id, to id, count)`), each sorted by address.
 fn edge_rows(tables: &Tables, all_edges: &[(u32, u32, u64)]) -> (Vec<Edge>, Vec<IndirectSite>) {
-    let blocks = &tables.blocks;
     let mut edge_counts: Vec<((u64, u64, EdgeKind), u64)> = Vec::with_capacity(all_edges.len());
     let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();
     for &(from, to, c) in all_edges {
-        let (Some(f), Some(t)) = (blocks.get(from as usize), blocks.get(to as usize)) else {
+        let (Some(f), Some(t)) = (tables.summary(from), tables.summary(to)) else {
             continue;
         };
         let kind = match f.terminator {

@@ -16,9 +16,12 @@
 
 use std::collections::HashMap;
 
-use hotpath_events::{is_id, BlockCatalog, IdKind, NewBlock, SYSCALL_EVENT, TAG_MASK};
+use hotpath_events::{
+    is_id, BlockCatalog, CatalogWriter, IdKind, NewBlock, SYSCALL_EVENT, TAG_MASK,
+};
 use hotpath_ir::{BlockId, BlockSummary};
 use rustc_hash::FxHashMap;
+use std::sync::{Arc, Mutex};
 
 /// No id — the monitor's one "none" for its `u32` ids: no block (a successor slot is empty,
 /// or no block has run yet), and in the path recorder no node, function, path or run.
@@ -69,14 +72,37 @@ pub struct SyscallCount {
     pub sites: HashMap<u32, u64>,
 }
 
-/// Exact counts of everything the event stream shows, indexed by block id.
+/// The ids' metadata as one [`Tables`] knows it: a view of a [`BlockCatalog`] up to the ids it
+/// has learnt. Every thread's tables of a process view the process's catalog, so a thread
+/// that starts copies nothing (each thread's tables held a copy of every id's metadata, and a
+/// python3 program that starts and joins 200 threads spent half of the monitor's time
+/// copying). Tables made alone (tests, tools) own a catalog of their own and append to it.
+#[derive(Clone)]
+struct Meta {
+    catalog: Arc<BlockCatalog>,
+    /// Ids learnt: `0..known` are published in `catalog`.
+    known: usize,
+    /// The catalog's writer when these tables made the catalog themselves (shared with their
+    /// clones, which view the same catalog).
+    writer: Option<Arc<Mutex<CatalogWriter>>>,
+}
+
+impl Default for Meta {
+    fn default() -> Meta {
+        let (catalog, writer) = BlockCatalog::new();
+        Meta {
+            catalog,
+            known: 0,
+            writer: Some(Arc::new(Mutex::new(writer))),
+        }
+    }
+}
+
+/// Exact counts of everything the event stream shows, indexed by block id; and the ids'
+/// metadata ([`Tables::summary`], [`Tables::kind`]), read from the process's catalog.
 #[derive(Clone)]
 pub struct Tables {
-    /// Block metadata by id, learned from the translator's `NewBlock` messages (for a
-    /// superblock or side-exit id: its first / its block's, see `kinds`).
-    pub blocks: Vec<BlockSummary>,
-    /// What each id stands for: a basic block, a superblock, a superblock's side exit.
-    pub kinds: Vec<IdKind>,
+    meta: Meta,
     /// Pair count at which `(from, to)` is noted in `hot` (`u64::MAX`: never).
     pub hot_threshold: u64,
     /// Event pairs `(from, to)` whose count just reached `hot_threshold`, for the decisions.
@@ -101,8 +127,7 @@ pub struct Tables {
 impl Default for Tables {
     fn default() -> Tables {
         Tables {
-            blocks: Vec::new(),
-            kinds: Vec::new(),
+            meta: Meta::default(),
             hot_threshold: u64::MAX,
             hot: Vec::new(),
             successors: Vec::new(),
@@ -421,25 +446,96 @@ impl Tables {
         self.tails.extend(other.last_events());
     }
 
-    /// Takes in block metadata (ids in translation order; one already known is skipped).
+    /// Takes in block metadata (ids in translation order; one already known is skipped): the
+    /// next id of the catalog these tables view, appended to it first if these tables made
+    /// it.
+    ///
+    /// # Panics
+    /// If `b` is neither in the catalog nor appendable (tables viewing a process's catalog
+    /// learn from it, [`Tables::learn_from`]): a bug in hotpath.
     pub fn learn(&mut self, b: &NewBlock) {
-        if b.id.index() < self.blocks.len() {
+        let m = &mut self.meta;
+        if b.id.index() < m.known {
             return;
         }
         debug_assert_eq!(
             b.id.index(),
-            self.blocks.len(),
+            m.known,
             "block ids arrive in translation order"
         );
-        self.blocks.push(b.summary);
-        self.kinds.push(b.kind.clone());
+        if b.id.index() >= m.catalog.len() {
+            let writer = m
+                .writer
+                .as_ref()
+                .expect("tables over a shared catalog learn from it");
+            writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .append(b.clone());
+        }
+        m.known = b.id.index() + 1;
     }
 
-    /// Takes in every id of `catalog` not known yet.
-    pub fn learn_from(&mut self, catalog: &BlockCatalog) {
-        for b in catalog.iter_from(self.blocks.len()) {
-            self.learn(b);
+    /// Takes in every id of `catalog` not known yet. Tables that know no id yet (or view
+    /// `catalog` already) view it from now on, copying nothing; others copy the new entries.
+    pub fn learn_from(&mut self, catalog: &Arc<BlockCatalog>) {
+        let m = &mut self.meta;
+        if Arc::ptr_eq(&m.catalog, catalog) {
+            m.known = catalog.len();
+        } else if m.known == 0 {
+            *m = Meta {
+                catalog: catalog.clone(),
+                known: catalog.len(),
+                writer: None,
+            };
+        } else {
+            for b in catalog.iter_from(m.known) {
+                self.learn(b);
+            }
         }
+    }
+
+    /// Ids whose metadata these tables know (`0..known()`).
+    pub fn known(&self) -> usize {
+        self.meta.known
+    }
+
+    /// Metadata of id `id`, if known.
+    fn entry(&self, id: u32) -> Option<&NewBlock> {
+        if id as usize >= self.meta.known {
+            return None;
+        }
+        self.meta.catalog.get(BlockId(id))
+    }
+
+    /// Shape and terminator of id `id`'s basic block (for a superblock or side-exit id: of
+    /// its trace's first block, see [`Tables::kind`]), if known.
+    pub fn summary(&self, id: u32) -> Option<&BlockSummary> {
+        self.entry(id).map(|b| &b.summary)
+    }
+
+    /// What id `id` stands for (a basic block, a superblock, a superblock's side exit), if
+    /// known.
+    pub fn kind(&self, id: u32) -> Option<&IdKind> {
+        self.entry(id).map(|b| &b.kind)
+    }
+
+    /// Every known id's summary, in id order.
+    pub fn summaries(&self) -> impl Iterator<Item = &BlockSummary> + '_ {
+        self.meta
+            .catalog
+            .iter()
+            .take(self.meta.known)
+            .map(|b| &b.summary)
+    }
+
+    /// Every known id's kind, in id order.
+    pub fn kinds(&self) -> impl Iterator<Item = &IdKind> + '_ {
+        self.meta
+            .catalog
+            .iter()
+            .take(self.meta.known)
+            .map(|b| &b.kind)
     }
 
     /// Every observed pair of consecutive events `(from id, to id, count)`, superblock and
@@ -469,7 +565,7 @@ impl Tables {
 
     /// The basic blocks of superblock `id`'s trace, if `id` is a superblock.
     pub fn trace(&self, id: u32) -> Option<&[BlockId]> {
-        match self.kinds.get(id as usize) {
+        match self.kind(id) {
             Some(IdKind::Superblock { blocks }) => Some(blocks),
             _ => None,
         }
@@ -478,7 +574,7 @@ impl Tables {
     /// The basic block an event `id` starts with (`None` for a side exit, which only ever
     /// follows its own superblock).
     fn first_block(&self, id: u32) -> Option<u32> {
-        match self.kinds.get(id as usize) {
+        match self.kind(id) {
             Some(IdKind::Superblock { blocks }) => Some(blocks[0].0),
             Some(IdKind::SideExit { .. }) => None,
             _ => Some(id),
@@ -488,7 +584,7 @@ impl Tables {
     /// The basic block an event `id` ends with: itself, a superblock's last block, or the
     /// block a side exit left from.
     pub fn last_block(&self, id: u32) -> u32 {
-        match self.kinds.get(id as usize) {
+        match self.kind(id) {
             Some(IdKind::Superblock { blocks }) => blocks[blocks.len() - 1].0,
             Some(IdKind::SideExit { superblock, after }) => self
                 .trace(superblock.0)
@@ -516,9 +612,9 @@ impl Tables {
         };
         let mut outer: Vec<(u32, u32, u64)> = Vec::new();
         for (from, to, c) in self.raw_edges() {
-            match meta.kinds.get(from as usize) {
+            match meta.kind(from) {
                 Some(IdKind::Superblock { blocks }) => {
-                    let ended_after = match meta.kinds.get(to as usize) {
+                    let ended_after = match meta.kind(to) {
                         Some(IdKind::SideExit { superblock, after }) if superblock.0 == from => {
                             Some(*after as usize)
                         }
@@ -577,9 +673,32 @@ impl Tables {
         (counts, edges)
     }
 
+    /// The basic blocks these tables counted and their executions, `(id, count)` in id order,
+    /// with the ids' metadata read from `meta`: [`Tables::block_counts_with`] without a count
+    /// for every id of the process, so that a thread that ran a few blocks of a big program
+    /// costs what it ran.
+    pub fn counted_blocks_with(&self, meta: &Tables) -> Vec<(u32, u64)> {
+        let mut counts: FxHashMap<u32, u64> = FxHashMap::default();
+        for (from, _, c) in self.stream_edges_with(meta) {
+            *counts.entry(from).or_insert(0) += c;
+        }
+        for last in self.last_events() {
+            let b = meta.last_block(last);
+            if (b as usize) < meta.known() {
+                *counts.entry(b).or_insert(0) += 1;
+            }
+        }
+        let mut out: Vec<(u32, u64)> = counts
+            .into_iter()
+            .filter(|&(id, c)| c > 0 && (id as usize) < meta.known())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The block counts of [`Tables::block_counts_with`], from the stream's edges `stream`.
     fn counts_of(&self, meta: &Tables, stream: &[(u32, u32, u64)]) -> Vec<u64> {
-        let mut counts = vec![0u64; meta.blocks.len().max(self.successors.len())];
+        let mut counts = vec![0u64; meta.known().max(self.successors.len())];
         for &(from, _, c) in stream {
             counts[from as usize] += c;
         }
@@ -588,7 +707,7 @@ impl Tables {
                 *n += 1;
             }
         }
-        counts.truncate(meta.blocks.len());
+        counts.truncate(meta.known());
         counts
     }
 
@@ -596,7 +715,7 @@ impl Tables {
     /// where entries that ran the whole trace are `entries − Σ side exits`.
     pub fn superblock_runs(&self) -> Vec<(u32, u64, Vec<u64>)> {
         let mut runs: FxHashMap<u32, (u64, Vec<u64>)> = FxHashMap::default();
-        for (id, k) in self.kinds.iter().enumerate() {
+        for (id, k) in self.kinds().enumerate() {
             if let IdKind::Superblock { blocks } = k {
                 runs.insert(id as u32, (0, vec![0; blocks.len()]));
             }
@@ -606,7 +725,7 @@ impl Tables {
                 continue;
             };
             r.0 += c;
-            if let Some(IdKind::SideExit { superblock, after }) = self.kinds.get(to as usize) {
+            if let Some(IdKind::SideExit { superblock, after }) = self.kind(to) {
                 if superblock.0 == from {
                     r.1[*after as usize] += c;
                 }
@@ -665,7 +784,7 @@ impl Expander {
         for &ev in events {
             if let Some(sb) = self.pending.take() {
                 let trace = tables.trace(sb).expect("pending ids are superblocks");
-                let upto = match tables.kinds.get(ev as usize) {
+                let upto = match tables.kind(ev) {
                     Some(IdKind::SideExit { superblock, after }) if superblock.0 == sb => {
                         Some(*after as usize)
                     }
@@ -1021,7 +1140,7 @@ mod superblock_tests {
                 .map(|(f, to, c)| ((f, to), c))
                 .collect();
             assert_eq!(got_edges, want_edges, "seed {seed}");
-            let mut want_counts = vec![0u64; t.blocks.len()];
+            let mut want_counts = vec![0u64; t.known()];
             for &b in &blocks_only {
                 want_counts[b as usize] += 1;
             }

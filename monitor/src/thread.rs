@@ -96,7 +96,7 @@ impl Ended {
     /// Folds the finished thread `t` in (its tables need not know every id: these learn
     /// the new ones from `catalog`, once for all threads); its path profile, if it recorded
     /// one, is named by `namer`.
-    fn fold(&mut self, t: ThreadState, catalog: &BlockCatalog, namer: Option<&Namer>) {
+    fn fold(&mut self, t: ThreadState, catalog: &Arc<BlockCatalog>, namer: Option<&Namer>) {
         self.tables.learn_from(catalog);
         let mut row = crate::profile::thread_report_with(
             t.tid,
@@ -564,7 +564,7 @@ impl Monitor {
                 for c in requests {
                     let (Command::FormSuperblock { blocks } | Command::ReformSuperblock { blocks }) =
                         &c;
-                    if let Some(b) = l.state.tables.blocks.get(blocks[0].0 as usize) {
+                    if let Some(b) = l.state.tables.summary(blocks[0].0) {
                         heads.push(b.start.0);
                     }
                     // A translator that is gone needs no superblocks.
@@ -632,7 +632,7 @@ fn record(events: &[u32], tables: &mut Tables, paths: Option<&mut PathRecorder>)
 /// the guest's core). Superblock requests are not sent again.
 fn replay(
     events: &[u32],
-    catalog: &BlockCatalog,
+    catalog: &Arc<BlockCatalog>,
     tables0: Tables,
     paths0: Option<PathRecorder>,
     n: usize,

@@ -109,8 +109,11 @@ impl PathRecorder {
     /// tables learn every id of a piece of events before the recorder sees it).
     #[cold]
     pub(crate) fn learn_known(&mut self, tables: &Tables) {
-        for i in self.id_addr.len()..tables.blocks.len() {
-            if !self.memo.learn(i as u32, &tables.kinds[i]) {
+        for i in self.id_addr.len()..tables.known() {
+            if !self
+                .memo
+                .learn(i as u32, tables.kind(i as u32).expect("a known id"))
+            {
                 // A superblock or a side exit: its blocks carry the metadata.
                 self.id_addr.push(0);
                 self.id_kind.push(K_OTHER);
@@ -120,7 +123,7 @@ impl PathRecorder {
                 self.id_entry.push(NONE);
                 continue;
             }
-            let b = &tables.blocks[i];
+            let b = tables.summary(i as u32).expect("a known id");
             let (kind, ret) = match b.terminator {
                 // `call 1f; 1:` (get-pc) pushes an address and goes on: no activation.
                 Terminator::Call { target, return_to } if target == return_to => (K_OTHER, 0),
@@ -242,7 +245,7 @@ impl PathRecorder {
                     .get(a)
                     .is_some_and(|&g| self.funcs[g as usize].called)
             };
-            let succs: Vec<u64> = match tables.blocks[id as usize].terminator {
+            let succs: Vec<u64> = match tables.summary(id).expect("a known id").terminator {
                 Terminator::Call { return_to, .. } | Terminator::IndirectCall { return_to } => {
                     vec![return_to.0]
                 }
@@ -255,7 +258,8 @@ impl PathRecorder {
             };
             self.funcs[func as usize].static_succs[n as usize] = succs;
         }
-        self.funcs[func as usize].node_instr[n as usize] = tables.blocks[id as usize].instructions;
+        self.funcs[func as usize].node_instr[n as usize] =
+            tables.summary(id).expect("a known id").instructions;
         self.id_node[id as usize] = (func, n);
         self.id_root[id as usize] = NONE;
         n
