@@ -124,8 +124,14 @@ pub struct Decisions {
 impl Decisions {
     /// True when [`Self::decide`] has work besides new hot pairs: a look at the superblocks'
     /// side exits is due.
+    ///
+    /// A superblock is looked at once it has had [`REFORM_MIN_ENTRIES`] entries per hot
+    /// threshold in this thread's stream, so no look is due before the stream has had that
+    /// many events: a thread that runs briefly never scans the process's ids (a python3
+    /// program that started and joined 200 threads scanned them 200 times).
     pub fn scan_due(&self, tables: &Tables) -> bool {
-        tables.events >= self.next_scan
+        let first = REFORM_MIN_ENTRIES.saturating_mul(tables.hot_threshold.max(1));
+        tables.events >= self.next_scan.max(first)
     }
 
     /// Looks at the event pairs that just became hot (`tables.hot`, emptied) and, when due,

@@ -113,6 +113,10 @@ pub struct Tables {
     wide_of: Vec<u32>,
     /// Direct-mapped successor tables of the blocks that have more than two successors.
     wide: Vec<Wide>,
+    /// The ids with an out-edge (a filled successor slot), in the order they got their first:
+    /// what [`Tables::raw_edges`] reads, so that a thread's tables cost what the thread ran,
+    /// not the size of the process's id space.
+    sources: Vec<u32>,
     /// System call number → counts.
     pub syscalls: HashMap<u32, SyscallCount>,
     /// The previous block event (the source of the next edge).
@@ -133,6 +137,7 @@ impl Default for Tables {
             successors: Vec::new(),
             wide_of: Vec::new(),
             wide: Vec::new(),
+            sources: Vec::new(),
             syscalls: HashMap::new(),
             prev: NONE,
             tails: Vec::new(),
@@ -335,6 +340,7 @@ impl Tables {
                 id: [to, NONE],
                 count: [1, 0],
             };
+            self.sources.push(from);
             1
         } else if s.id[1] == NONE {
             s.id[1] = to;
@@ -542,22 +548,26 @@ impl Tables {
     /// side-exit ids included.
     pub fn raw_edges(&self) -> Vec<(u32, u32, u64)> {
         let mut out = Vec::new();
-        for (from, s) in self.successors.iter().enumerate() {
+        let mut sources = self.sources.clone();
+        sources.sort_unstable();
+        for &from in &sources {
+            let s = &self.successors[from as usize];
             for k in 0..2 {
                 if s.id[k] < IN_WIDE {
-                    out.push((from as u32, s.id[k], s.count[k]));
+                    out.push((from, s.id[k], s.count[k]));
                 }
             }
         }
-        for (from, &w) in self.wide_of.iter().enumerate() {
+        for &from in &sources {
+            let w = self.wide_of[from as usize];
             if w != NONE {
                 let t = &self.wide[w as usize];
                 for k in 0..WIDE_SLOTS {
                     if t.id[k] != NONE {
-                        out.push((from as u32, t.id[k], t.count[k]));
+                        out.push((from, t.id[k], t.count[k]));
                     }
                 }
-                out.extend(t.rest.iter().map(|(&to, &c)| (from as u32, to, c)));
+                out.extend(t.rest.iter().map(|(&to, &c)| (from, to, c)));
             }
         }
         out
