@@ -44,19 +44,30 @@ pub struct HostFeatures {
 }
 
 impl HostFeatures {
-    /// Reads the host's features.
+    /// The host's features, read once per process: every thread that starts asks, and under
+    /// a hypervisor each CPUID is a VM exit (2.5 % of a program that starts and joins
+    /// threads one after another).
     ///
     /// # Errors
     /// [`TranslateError::Host`] if the CPU lacks XSAVE/OSXSAVE or needs a bigger XSAVE area
     /// than hotpath reserves.
     pub fn detect() -> Result<HostFeatures, TranslateError> {
+        static FEATURES: std::sync::OnceLock<Result<HostFeatures, String>> =
+            std::sync::OnceLock::new();
+        FEATURES
+            .get_or_init(HostFeatures::read)
+            .clone()
+            .map_err(|reason| TranslateError::Host { reason })
+    }
+
+    /// Reads the host's features from CPUID, XCR0 and the auxiliary vector; what is missing
+    /// when they do not do.
+    fn read() -> Result<HostFeatures, String> {
         use std::arch::x86_64::{__cpuid, __cpuid_count};
         // SAFETY: CPUID is available on every x86-64 CPU.
         let leaf1 = __cpuid(1);
         if leaf1.ecx & (1 << 27) == 0 {
-            return Err(TranslateError::Host {
-                reason: "the CPU or OS does not enable XSAVE (OSXSAVE)".into(),
-            });
+            return Err("the CPU or OS does not enable XSAVE (OSXSAVE)".into());
         }
         let xcr0: u64;
         // SAFETY: xgetbv(0) is valid when OSXSAVE is set (checked above).
@@ -69,9 +80,9 @@ impl HostFeatures {
         // SAFETY: CPUID leaf 0xD exists when XSAVE does.
         let size = __cpuid_count(0xd, 0).ebx;
         if size as usize > crate::thread_area::XSAVE_AREA_SIZE {
-            return Err(TranslateError::Host {
-                reason: format!("XSAVE area of {size} bytes is larger than supported"),
-            });
+            return Err(format!(
+                "XSAVE area of {size} bytes is larger than supported"
+            ));
         }
         // SAFETY: getauxval has no preconditions.
         let hwcap2 = unsafe { libc::getauxval(libc::AT_HWCAP2) };
