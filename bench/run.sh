@@ -21,7 +21,9 @@
 #                  loop that forks and execs `busybox expr` 300 times), startup
 #                  (`busybox true`, 100 separate runs: each mode's start-up and exit cost),
 #                  and the dynamically linked python3 (a script), python3_pass
-#                  (`python3 -c pass`: startup), sqlite3 (a recursive CTE), lua (lua5.4),
+#                  (`python3 -c pass`: startup), py_threads_seq (python3 starting and joining
+#                  200 threads one after another), py_threads_16 (16 python3 threads running
+#                  the same loop at once), sqlite3 (a recursive CTE), lua (lua5.4),
 #                  zstd_t2 (`zstd -T2 -5` on 22 MiB of random text: two compression threads)
 #                  and gcc_zstd (a big program: `gcc -O2 -S` of 16,000 preprocessed lines of
 #                  zstd 1.5.6's amalgamation, fetched once from PyPI's zstandard 0.23.0 sdist
@@ -36,7 +38,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass sqlite3 lua zstd_t2 gcc_zstd"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass py_threads_seq py_threads_16 sqlite3 lua zstd_t2 gcc_zstd"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -124,10 +126,10 @@ SH
                 startup) argv[$w]="$busybox true"; reps[$w]=100 ;;
             esac
             ;;
-        python3|python3_pass|sqlite3|lua|zstd_t2)
+        python3|python3_pass|py_threads_seq|py_threads_16|sqlite3|lua|zstd_t2)
             # Dynamically linked programs from Debian (installed by .ci/setup).
             case "$w" in
-                python3*) prog=python3 ;;
+                python3*|py_threads*) prog=python3 ;;
                 sqlite3) prog=sqlite3 ;;
                 lua) prog=lua5.4 ;;
                 zstd_t2) prog=zstd ;;
@@ -153,6 +155,38 @@ print(sum(sorted(d.values())[::1000]))
 PY
                     argv[$w]="$prog_path $script" ;;
                 python3_pass) argv[$w]="$prog_path -c pass" ;;
+                py_threads_seq)
+                    # A thread's start and end: each one does next to nothing.
+                    script="$out_dir/threads_seq.py"
+                    cat >"$script" <<'PY'
+import threading
+done = []
+for i in range(200):
+    t = threading.Thread(target=done.append, args=(i,))
+    t.start()
+    t.join()
+print(len(done), sum(done))
+PY
+                    argv[$w]="$prog_path $script" ;;
+                py_threads_16)
+                    # Threads at once: the GIL hands the loop from thread to thread.
+                    script="$out_dir/threads_16.py"
+                    cat >"$script" <<'PY'
+import threading
+out = [0] * 16
+def loop(k):
+    s = 0
+    for i in range(100000):
+        s += (i * k) % 7
+    out[k] = s
+ts = [threading.Thread(target=loop, args=(k,)) for k in range(16)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(sum(out))
+PY
+                    argv[$w]="$prog_path $script" ;;
                 sqlite3)
                     script="$out_dir/bench.sql"
                     cat >"$script" <<'SQL'
