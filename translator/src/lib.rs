@@ -92,8 +92,16 @@ pub fn guest_vdso() -> Option<u64> {
 }
 
 /// The guest range `[start, end)` of the vDSO given to the guest (see [`guest_vdso`]), from
-/// its ELF program headers: the span of its PT_LOAD segments.
+/// its ELF program headers: the span of its PT_LOAD segments. Read once per process (the
+/// kernel maps the vDSO once, and a fork keeps it where it is): every thread that starts asks,
+/// and each read is four `process_vm_readv` calls.
 pub fn vdso_range() -> Option<(u64, u64)> {
+    static RANGE: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    *RANGE.get_or_init(read_vdso_range)
+}
+
+/// [`vdso_range`], read from the vDSO's headers.
+fn read_vdso_range() -> Option<(u64, u64)> {
     let base = guest_vdso()?;
     let mut ehdr = [0u8; 64];
     guest_mem::read(base, &mut ehdr).ok()?;
