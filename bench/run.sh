@@ -27,7 +27,9 @@
 #                  zstd_t2 (`zstd -T2 -5` on 22 MiB of random text: two compression threads)
 #                  and gcc_zstd (a big program: `gcc -O2 -S` of 16,000 preprocessed lines of
 #                  zstd 1.5.6's amalgamation, fetched once from PyPI's zstandard 0.23.0 sdist
-#                  with pip; the assembly on stdout must equal native's))
+#                  with pip; the assembly on stdout must equal native's), make_j2 (`make -j2`
+#                  of Brotli 1.1.0's C library, 31 sources, from PyPI's sdist; every object
+#                  must equal native's) and two_procs (two busybox gzip processes at once))
 #   --mib N        size of the busybox input in MiB (default 8)
 #   --no-build     do not run cargo build (use HOTPATH_BIN or the existing release binary)
 # Environment: HOTPATH_BIN overrides the hotpath binary; CARGO_TARGET_DIR is honoured;
@@ -38,7 +40,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass py_threads_seq py_threads_16 sqlite3 lua zstd_t2 gcc_zstd"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass py_threads_seq py_threads_16 sqlite3 lua zstd_t2 gcc_zstd make_j2 two_procs"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -238,6 +240,53 @@ LUA
             fi
             argv[$w]="$(command -v gcc) -O2 -S -o - $input"
             ;;
+        make_j2)
+            # A build: `make -j2` of Brotli 1.1.0's C library (31 sources, gcc -O2), from
+            # PyPI's sdist, fetched once. Every process of it (make, gcc, cc1, as) runs under
+            # hotpath; stdout lists each object's sha256, which must equal native's.
+            src="$out_dir/Brotli-1.1.0"
+            if [ ! -d "$src/c/enc" ]; then
+                echo "fetching Brotli 1.1.0 from PyPI..." >&2
+                if ! python3 -m pip download -q --no-binary :all: --no-deps Brotli==1.1.0 \
+                        -d "$tmp/brotli" >&2 \
+                    || ! tar xzf "$tmp/brotli/Brotli-1.1.0.tar.gz" -C "$out_dir"; then
+                    echo "bench/run.sh: cannot fetch Brotli: skipping $w" >&2
+                    continue
+                fi
+            fi
+            cat >"$out_dir/brotli.mk" <<'MK'
+SRC := $(wildcard $(S)/c/common/*.c $(S)/c/dec/*.c $(S)/c/enc/*.c)
+OBJ := $(patsubst $(S)/c/%.c,%.o,$(SRC))
+all: $(OBJ)
+$(OBJ): %.o: $(S)/c/%.c
+	@mkdir -p $(dir $@)
+	@gcc -O2 -I$(S)/c/include -c $< -o $@
+MK
+            script="$out_dir/make_j2.sh"
+            cat >"$script" <<SH
+d=\$(mktemp -d) && cd "\$d" || exit 1
+make -s -j2 -f "$out_dir/brotli.mk" S="$src" || exit 1
+find . -name '*.o' | sort | xargs sha256sum
+cd / && rm -rf "\$d"
+SH
+            argv[$w]="/bin/sh $script" ;;
+        two_procs)
+            # Two processes at once on two cores (two monitors beside two guests): busybox
+            # gzip of the input, twice, from one shell; stdout is both outputs' checksums.
+            if [ ! -x "$busybox" ]; then
+                echo "bench/run.sh: $busybox not found: skipping $w" >&2
+                continue
+            fi
+            input="$out_dir/busybox-input-${mib}mib.txt"
+            "$root/bench/busybox-input.sh" "$mib" "$input"
+            script="$out_dir/two_procs.sh"
+            cat >"$script" <<SH
+d=\$(mktemp -d) || exit 1
+$busybox gzip -c "$input" >"\$d/a" & $busybox gzip -c "$input" >"\$d/b" & wait
+cksum <"\$d/a"; cksum <"\$d/b"
+rm -rf "\$d"
+SH
+            argv[$w]="/bin/sh $script" ;;
         *) echo "bench/run.sh: unknown workload $w" >&2; exit 2 ;;
     esac
     selected+="$w "
