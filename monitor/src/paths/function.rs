@@ -109,6 +109,15 @@ impl PathRecorder {
     /// tables learn every id of a piece of events before the recorder sees it).
     #[cold]
     pub(crate) fn learn_known(&mut self, tables: &Tables) {
+        let new = tables.known().saturating_sub(self.id_addr.len());
+        self.id_addr.reserve(new);
+        self.id_kind.reserve(new);
+        self.id_ret.reserve(new);
+        self.id_node.reserve(new);
+        self.id_root.reserve(new);
+        self.id_entry.reserve(new);
+        self.ids_at.reserve(new);
+        self.memo.reserve(new);
         for i in self.id_addr.len()..tables.known() {
             if !self
                 .memo
@@ -145,7 +154,12 @@ impl PathRecorder {
                 _ => NONE,
             };
             self.id_entry.push(entry);
-            self.ids_at.entry(addr).or_default().push(i as u32);
+            if let Some(&first) = self.ids_at.get(&addr) {
+                debug_assert_ne!(first, i as u32);
+                self.more_ids_at.entry(addr).or_default().push(i as u32);
+            } else {
+                self.ids_at.insert(addr, i as u32);
+            }
         }
     }
 
@@ -171,8 +185,9 @@ impl PathRecorder {
         let f = self.function_at(addr);
         if !self.funcs[f as usize].called {
             self.funcs[f as usize].called = true;
-            if let Some(ids) = self.ids_at.get(&addr).cloned() {
-                for i in ids {
+            if let Some(&first) = self.ids_at.get(&addr) {
+                let more = self.more_ids_at.get(&addr).cloned().unwrap_or_default();
+                for i in std::iter::once(first).chain(more) {
                     self.id_entry[i as usize] = f;
                     // Pair programs of the function it was seen in took it for a step of
                     // their paths.

@@ -247,6 +247,12 @@ impl Default for MemoState {
 }
 
 impl MemoState {
+    /// Makes room for `n` more ids (each at least one block of the sequence).
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.events.reserve(n);
+        self.seq.reserve(n);
+    }
+
     /// Learns what id `id` (the next one) stands for. Returns whether it is a basic block.
     pub(crate) fn learn(&mut self, id: u32, kind: &IdKind) -> bool {
         debug_assert_eq!(self.events.len(), id as usize);

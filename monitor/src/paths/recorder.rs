@@ -83,8 +83,13 @@ pub struct PathRecorder {
     /// Per block id: the trie root of a path of `id_node`'s function starting at it after an
     /// entry (a call, tail call or resync), or [`NONE`].
     pub(crate) id_root: Vec<u32>,
-    /// Guest address → block ids with that address (to refresh `id_entry`).
-    pub(crate) ids_at: FxMap<u64, Vec<u32>>,
+    /// Guest address → the first block id with that address (to refresh `id_entry`); the
+    /// others (the address translated again) in `more_ids_at`. One id per address is the
+    /// rule: a `Vec` per address was an allocation per id, and each thread's recorder learns
+    /// every id of the process.
+    pub(crate) ids_at: FxMap<u64, u32>,
+    /// Guest address → its block ids after the first.
+    pub(crate) more_ids_at: FxMap<u64, Vec<u32>>,
     pub(crate) stack: Vec<Activation>,
     /// The path trie.
     pub(crate) trie: Vec<TrieNode>,
@@ -156,6 +161,7 @@ impl PathRecorder {
             id_node: Vec::new(),
             id_root: Vec::new(),
             ids_at: FxMap::default(),
+            more_ids_at: FxMap::default(),
             stack: Vec::new(),
             trie: Vec::new(),
             roots: FxMap::default(),
