@@ -526,22 +526,19 @@ impl Tables {
         self.entry(id).map(|b| &b.kind)
     }
 
+    /// Every known id's metadata, in id order.
+    fn entries(&self) -> impl Iterator<Item = &NewBlock> + '_ {
+        self.meta.catalog.iter().take(self.meta.known)
+    }
+
     /// Every known id's summary, in id order.
     pub fn summaries(&self) -> impl Iterator<Item = &BlockSummary> + '_ {
-        self.meta
-            .catalog
-            .iter()
-            .take(self.meta.known)
-            .map(|b| &b.summary)
+        self.entries().map(|b| &b.summary)
     }
 
     /// Every known id's kind, in id order.
     pub fn kinds(&self) -> impl Iterator<Item = &IdKind> + '_ {
-        self.meta
-            .catalog
-            .iter()
-            .take(self.meta.known)
-            .map(|b| &b.kind)
+        self.entries().map(|b| &b.kind)
     }
 
     /// Every observed pair of consecutive events `(from id, to id, count)`, superblock and
