@@ -105,7 +105,75 @@ pub(crate) struct Program {
     /// Where this piece starts in the run (blocks).
     pos: u32,
     ind: u32,
+    /// Calls the segment makes whose callees return inside it (*folded* activations, see
+    /// [`PathRecorder::fold_call`]): the paths they end, `Pairs::ends[ends + nends - 1..]`
+    /// (`nfold_ends` of them, after the segment's own), the functions they run with their
+    /// epochs and counts (`Pairs::folds[folds..folds + nfolds]`), the blocks and guest
+    /// instructions they execute (to the call tree's root), all counted `Pairs::runs` times
+    /// when settled; `fold_depth`: the most frames they stack at once.
+    nfold_ends: u32,
+    folds: u32,
+    nfolds: u32,
+    fold_depth: u32,
+    fold_blocks: u64,
+    fold_instr: u64,
 }
+
+/// A function that a piece's folded activations run (`Program::folds`): its epoch when
+/// compiled, and what each run of the piece adds to its activations and path ends.
+#[derive(Clone, Copy, Debug)]
+struct Fold {
+    func: u32,
+    epoch: u32,
+    activations: u32,
+    path_ends: u32,
+}
+
+/// How far a [`FoldAcc`] had got: what [`FoldAcc::truncate`] goes back to.
+#[derive(Clone, Copy, Default)]
+struct FoldMark {
+    ends: usize,
+    acts: usize,
+    blocks: u64,
+    instr: u64,
+    depth: u32,
+}
+
+/// The folded activations of the piece being compiled: the paths they end as `(function,
+/// id)`, each activation as `(function, paths it ended)`, their blocks, guest instructions
+/// and deepest nesting. Only appended to while compiling, so that a call that cannot be
+/// folded after all is undone by [`FoldAcc::truncate`].
+#[derive(Clone, Default)]
+struct FoldAcc {
+    ends: Vec<(u32, u64)>,
+    acts: Vec<(u32, u32)>,
+    blocks: u64,
+    instr: u64,
+    depth: u32,
+}
+
+impl FoldAcc {
+    fn clear(&mut self) {
+        self.truncate(FoldMark::default());
+    }
+
+    fn mark(&self) -> FoldMark {
+        FoldMark {
+            ends: self.ends.len(),
+            acts: self.acts.len(),
+            blocks: self.blocks,
+            instr: self.instr,
+            depth: self.depth,
+        }
+    }
+
+    fn truncate(&mut self, m: FoldMark) {
+        self.ends.truncate(m.ends);
+        self.acts.truncate(m.acts);
+        (self.blocks, self.instr, self.depth) = (m.blocks, m.instr, m.depth);
+    }
+}
+
 
 /// Program kinds: the run continues the top activation's path; its first block is a
 /// callee's entry (the block before it calls); it returns to the frame below the top one
@@ -140,9 +208,11 @@ const PAIR_CACHE_SLOTS: usize = 1 << 14;
 /// `Program::cbase` of a function whose counters are a map.
 const NO_DENSE: u64 = u64::MAX;
 
-/// A path a program ends after its first: a constant id, and its number.
+/// A path a program ends after its first, or one a folded activation ends: its function, a
+/// constant id, and its number.
 #[derive(Clone, Copy, Debug)]
 struct End {
+    func: u32,
     id: u64,
     /// Its path number once a PAP run needed it ([`NONE`] before: interning it earlier would
     /// list a path that never ran).
@@ -162,6 +232,7 @@ pub(crate) struct Pairs {
     map: FxMap<(u32, u32), u32>,
     progs: Vec<Program>,
     ends: Vec<End>,
+    folds: Vec<Fold>,
     ind: Vec<u64>,
     scratch: Scratch,
     /// Per program: runs whose second and later path ends are not yet counted, and the
@@ -252,6 +323,7 @@ impl PathRecorder {
             return i;
         }
         let func = top.func;
+        let depth = self.stack.len();
         let epoch = self.fepoch[func as usize];
         let pap = top.pap != NONE;
         let (mut r, mut len, mut pinstr) = (top.r, top.len, top.path_instr);
@@ -286,8 +358,16 @@ impl PathRecorder {
                 || prog.from != node
                 || prog.nind > 0
                 || (pap && prog.nends > 0)
+                || (prog.nfolds > 0 && self.folds_hold(prog, depth) != Applied::Yes)
             {
                 break;
+            }
+            if prog.nfolds > 0 {
+                let runs = &mut self.pairs.runs[p as usize];
+                if *runs == 0 {
+                    self.pairs.dirty.push(p);
+                }
+                *runs += 1;
             }
             if prog.nends == 0 {
                 r = r.wrapping_add(prog.add);
@@ -309,7 +389,7 @@ impl PathRecorder {
                 instrs += pinstr + prog.instr + prog.mid_instr;
                 path_ends += prog.nends as u64;
                 (r, len, pinstr) = (prog.r_after, prog.blocks_after, prog.instr_after);
-                if prog.nends > 1 {
+                if prog.nends > 1 && prog.nfolds == 0 {
                     let runs = &mut self.pairs.runs[p as usize];
                     if *runs == 0 {
                         self.pairs.dirty.push(p);
@@ -327,6 +407,9 @@ impl PathRecorder {
                 let k = (next - i) as u64;
                 if k > 0 {
                     self.memo.repeats.push((i as u32, next as u32));
+                    if prog.nfolds > 0 {
+                        self.pairs.runs[p as usize] += k;
+                    }
                     if prog.nends == 0 {
                         r = r.wrapping_add(prog.add.wrapping_mul(k));
                         len += prog.blocks * k as u32;
@@ -346,7 +429,7 @@ impl PathRecorder {
                         blocks += k * ((len + prog.blocks) as u64 + prog.mid_blocks);
                         instrs += k * (pinstr + prog.instr + prog.mid_instr);
                         path_ends += k * prog.nends as u64;
-                        if prog.nends > 1 {
+                        if prog.nends > 1 && prog.nfolds == 0 {
                             let runs = &mut self.pairs.runs[p as usize];
                             if *runs == 0 {
                                 self.pairs.dirty.push(p);
@@ -516,10 +599,45 @@ impl PathRecorder {
             return;
         }
         let prog = self.pairs.progs[p as usize];
-        for k in prog.ends..prog.ends + prog.nends - 1 {
-            let id = self.pairs.ends[k as usize].id;
-            self.count_id(prog.func, id, n);
+        let later = prog.nends.saturating_sub(1) + prog.nfold_ends;
+        for k in prog.ends..prog.ends + later {
+            let End { func, id, .. } = self.pairs.ends[k as usize];
+            self.count_id(func, id, n);
         }
+        if prog.nfolds > 0 {
+            for k in prog.folds..prog.folds + prog.nfolds {
+                let f = self.pairs.folds[k as usize];
+                let fun = &mut self.funcs[f.func as usize];
+                fun.activations += n * f.activations as u64;
+                fun.path_ends += n * f.path_ends as u64;
+            }
+            // Folding is for a recorder without a call tree: every activation is the root's.
+            let root = &mut self.calltree[0];
+            root.blocks += n * prog.fold_blocks;
+            root.instructions += n * prog.fold_instr;
+        }
+    }
+
+    /// Whether piece `prog`'s folded activations (if any) may run on a stack `depth` frames
+    /// deep when its segment starts: the functions they run are numbered as when compiled
+    /// (else `Stale`), and the stack has room for them without dropping frames (else
+    /// `Refused`, as the per-block step would drop some).
+    #[inline]
+    fn folds_hold(&self, prog: &Program, depth: usize) -> Applied {
+        if prog.nfolds == 0 {
+            return Applied::Yes;
+        }
+        let folds = &self.pairs.folds[prog.folds as usize..(prog.folds + prog.nfolds) as usize];
+        if folds
+            .iter()
+            .any(|f| self.fepoch[f.func as usize] != f.epoch)
+        {
+            return Applied::Stale;
+        }
+        if depth + prog.fold_depth as usize > self.stack_cap() {
+            return Applied::Refused;
+        }
+        Applied::Yes
     }
 
     /// Applies piece `p` (`prog`) if its assumptions hold (module doc).
@@ -547,12 +665,20 @@ impl PathRecorder {
                 if !self.ind_ok(prog, top.return_to) {
                     return Applied::Refused;
                 }
+                match self.folds_hold(prog, depth) {
+                    Applied::Yes => {}
+                    a => return a,
+                }
             }
             CALL => {
                 let parent = top.call_node;
                 let call_node = self.cached_call_child(parent, prog.func);
                 if call_node == NONE || depth >= self.stack_cap() || !self.ind_ok(prog, prog.ret) {
                     return Applied::Refused;
+                }
+                match self.folds_hold(prog, depth + 1) {
+                    Applied::Yes => {}
+                    a => return a,
                 }
                 let pap = self.start_activation(prog.func);
                 self.stack.push(Activation {
@@ -575,6 +701,10 @@ impl PathRecorder {
                 }
                 if !self.ind_ok(prog, below.return_to) {
                     return Applied::Refused;
+                }
+                match self.folds_hold(prog, depth - 1) {
+                    Applied::Yes => {}
+                    a => return a,
                 }
                 let e = if below.last_node == prog.from {
                     prog.r0
@@ -618,6 +748,13 @@ impl PathRecorder {
     /// The segment of piece `p` on the top activation's path (the checks are done).
     #[inline]
     fn apply_segment(&mut self, p: u32, prog: &Program) {
+        if prog.nfolds > 0 {
+            let runs = &mut self.pairs.runs[p as usize];
+            if *runs == 0 {
+                self.pairs.dirty.push(p);
+            }
+            *runs += 1;
+        }
         let top = self.stack.last_mut().expect("an activation");
         if prog.nends == 0 {
             top.r = top.r.wrapping_add(prog.add);
@@ -645,7 +782,7 @@ impl PathRecorder {
         if pap {
             self.pap_ends(prog, r.wrapping_add(prog.add));
         }
-        if prog.nends > 1 {
+        if prog.nends > 1 && prog.nfolds == 0 {
             let runs = &mut self.pairs.runs[p as usize];
             if *runs == 0 {
                 self.pairs.dirty.push(p);
@@ -688,9 +825,11 @@ impl PathRecorder {
         scratch.blocks.clear();
         scratch.sim.clear();
         scratch.chain.clear();
+        let folds = self.pairs.folds.len();
         if self.compile_pieces(run, scratch).is_none() {
             self.pairs.ind.truncate(ind);
             self.pairs.ends.truncate(ends);
+            self.pairs.folds.truncate(folds);
             scratch.chain.clear();
             scratch.chain.push(Program {
                 epoch: self.pairs.epoch,
@@ -710,7 +849,15 @@ impl PathRecorder {
         scratch.blocks.extend_from_slice(
             &self.memo.seq[info.start as usize..(info.start + info.len) as usize],
         );
-        let Scratch { blocks, sim, chain } = scratch;
+        let Scratch {
+            blocks,
+            sim,
+            chain,
+            fold,
+        } = scratch;
+        // A call whose callee returns inside the run is folded into the caller's piece where
+        // nothing but the path counts needs its activation: no call tree, PAP runs or k-paths.
+        let can_fold = !self.config.call_tree && self.config.pap_threshold == u64::MAX;
         let blocks = &blocks[..];
         // The simulated stack: the real frames below `real` as they are, then copies of the
         // others as the run changes them, and the frames it pushes.
@@ -798,12 +945,28 @@ impl PathRecorder {
             prog.last = b;
             prog.last_node = frame.node;
             prog.last_addr = frame.addr;
-            // The segment: up to the first block after a call or a return.
+            // The segment: up to the first block after a call or a return, calls whose
+            // callees return inside the run folded in.
             let mut end = seg_start;
+            fold.clear();
             while end < blocks.len() {
                 let c = blocks[end];
                 let prior = if end == 0 { self.prev } else { blocks[end - 1] };
                 let kind = self.id_kind[prior as usize];
+                if end > k && kind == K_CALL && can_fold {
+                    let mark = fold.mark();
+                    match self.fold_call(blocks, end, &frame, fold, 1) {
+                        Some(m) => {
+                            // The return point: a forward edge of the caller (checked).
+                            self.compile_step(&mut prog, &mut frame, blocks[m])
+                                .expect("fold_call checked the return point's edge");
+                            prog.last = blocks[m];
+                            end = m + 1;
+                            continue;
+                        }
+                        None => fold.truncate(mark),
+                    }
+                }
                 if end > k && (kind == K_CALL || kind == K_RET) {
                     break;
                 }
@@ -830,12 +993,146 @@ impl PathRecorder {
             if prog.nends > 0 && fun.dense_len > 0 {
                 prog.cbase = fun.dense_base.wrapping_add(prog.add);
             }
+            if !fold.acts.is_empty() {
+                self.keep_folds(&mut prog, fold);
+            }
             *sim.last_mut().expect("a frame") = frame;
             chain.push(prog);
             before = blocks[end - 1];
             k = end;
         }
         Some(())
+    }
+
+    /// Records the folded activations `fold` as piece `prog`'s (after its own path ends).
+    fn keep_folds(&mut self, prog: &mut Program, fold: &FoldAcc) {
+        prog.nfold_ends = fold.ends.len() as u32;
+        self.pairs.ends.extend(fold.ends.iter().map(|&(func, id)| End {
+            func,
+            id,
+            number: NONE,
+        }));
+        prog.folds = self.pairs.folds.len() as u32;
+        let first = self.pairs.folds.len();
+        for &(func, path_ends) in &fold.acts {
+            match self.pairs.folds[first..].iter_mut().find(|f| f.func == func) {
+                Some(f) => {
+                    f.activations += 1;
+                    f.path_ends += path_ends;
+                }
+                None => self.pairs.folds.push(Fold {
+                    func,
+                    epoch: self.fepoch[func as usize],
+                    activations: 1,
+                    path_ends,
+                }),
+            }
+        }
+        prog.nfolds = (self.pairs.folds.len() - first) as u32;
+        prog.fold_depth = fold.depth;
+        prog.fold_blocks = fold.blocks;
+        prog.fold_instr = fold.instr;
+    }
+
+    /// Folds the activation that `blocks[at]` starts (the block before it calls) into the
+    /// piece whose frame is `caller`, if it returns inside the run and is a plain activation
+    /// throughout: it is entered at a function entry a call has reached, its steps are its
+    /// function's numbered edges (its calls folded the same way, `depth` frames above the
+    /// caller's), and it returns to its return address, where the caller's path goes on with
+    /// a numbered forward edge. What it does is then the same at every run of the piece: the
+    /// paths it ends, one activation, its blocks and instructions, added to `acc`. Returns the
+    /// position of the return point in `blocks`; `None` where the per-block step would do
+    /// anything else (`acc` may then hold part of the activation: the caller truncates it).
+    fn fold_call(
+        &self,
+        blocks: &[u32],
+        at: usize,
+        caller: &SimFrame,
+        acc: &mut FoldAcc,
+        depth: u32,
+    ) -> Option<usize> {
+        let b = blocks[at];
+        let ret = self.id_ret[blocks[at - 1] as usize];
+        let entry_addr = self.id_addr[b as usize];
+        let f = self.id_entry.get(b as usize).copied()?;
+        let (g, n) = self.id_node[b as usize];
+        if entry_addr == ret || f == NONE || g != f || !self.by_sums(f) {
+            return None;
+        }
+        let fun = &self.funcs[f as usize];
+        let bl = &fun.bl;
+        let tag = if n == 0 { START_ENTRY } else { START_HEAD };
+        let mut r = bl.start(tag, n)?;
+        let (mut node, mut addr) = (n, entry_addr);
+        let mut ends = 0u32;
+        acc.depth = acc.depth.max(depth);
+        acc.blocks += 1;
+        acc.instr += fun.node_instr[n as usize] as u64;
+        let mut j = at + 1;
+        while j < blocks.len() {
+            let c = blocks[j];
+            let a = self.id_addr[c as usize];
+            match self.id_kind[blocks[j - 1] as usize] {
+                K_RET => {
+                    // A plain return (anything else resynchronises): the activation's last
+                    // path ends with it, its id its sum.
+                    if a != ret {
+                        return None;
+                    }
+                    acc.ends.push((f, r));
+                    acc.acts.push((f, ends + 1));
+                    let (h, rn) = self.id_node[c as usize];
+                    if h != caller.func || a <= caller.addr || !self.by_sums(h) {
+                        return None;
+                    }
+                    self.funcs[h as usize].bl.edge(caller.node, rn)?;
+                    return Some(j);
+                }
+                K_CALL => {
+                    let me = SimFrame {
+                        func: f,
+                        node,
+                        addr,
+                        return_to: ret,
+                    };
+                    let m = self.fold_call(blocks, j, &me, acc, depth + 1)?;
+                    let rn = self.id_node[blocks[m] as usize].1;
+                    r = r.wrapping_add(bl.edge(node, rn).expect("checked by the inner fold"));
+                    (node, addr) = (rn, self.id_addr[blocks[m] as usize]);
+                    acc.blocks += 1;
+                    acc.instr += fun.node_instr[rn as usize] as u64;
+                    j = m + 1;
+                    continue;
+                }
+                kind => {
+                    // An indirect jump to the return address would return; into another
+                    // function (or a jump to another entry), a tail call.
+                    if kind == K_INDIRECT && a == ret {
+                        return None;
+                    }
+                    let entry = self.id_entry.get(c as usize).copied()?;
+                    let (h, cn) = self.id_node[c as usize];
+                    if h != f || (entry != NONE && entry != f) {
+                        return None;
+                    }
+                    if a <= addr {
+                        // A back edge ends a path.
+                        let e = bl.edge(node, EXIT_EDGE | cn)?;
+                        acc.ends.push((f, r.wrapping_add(e)));
+                        ends += 1;
+                        r = bl.start(START_HEAD, cn)?;
+                    } else {
+                        r = r.wrapping_add(bl.edge(node, cn)?);
+                    }
+                    (node, addr) = (cn, a);
+                    acc.blocks += 1;
+                    acc.instr += fun.node_instr[cn as usize] as u64;
+                }
+            }
+            j += 1;
+        }
+        // The run ends inside the callee.
+        None
     }
 
     /// Adds block `c`'s step to piece `prog`'s segment on frame `frame` (its function, node
@@ -856,6 +1153,7 @@ impl PathRecorder {
                 prog.add = prog.add.wrapping_add(end);
             } else {
                 self.pairs.ends.push(End {
+                    func: frame.func,
                     id: prog.r_after.wrapping_add(end),
                     number: NONE,
                 });
@@ -889,6 +1187,7 @@ pub(crate) struct Scratch {
     blocks: Vec<u32>,
     sim: Vec<SimFrame>,
     chain: Vec<Program>,
+    fold: FoldAcc,
 }
 
 /// A frame of the shadow stack as compiling a run sees it.
@@ -930,6 +1229,12 @@ impl Program {
             last_node: NONE,
             last_addr: 0,
             last: NONE,
+            nfold_ends: 0,
+            folds: 0,
+            nfolds: 0,
+            fold_depth: 0,
+            fold_blocks: 0,
+            fold_instr: 0,
         }
     }
 }
