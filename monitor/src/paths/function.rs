@@ -215,6 +215,19 @@ impl PathRecorder {
         self.function_at(entry)
     }
 
+    /// Node of block `id` in function `func`, if it has one yet (`id_node` caches the node of
+    /// the function the block was last stepped in; a block may be in several).
+    #[inline]
+    pub(crate) fn node_in(&self, func: u32, id: u32) -> Option<u32> {
+        match self.id_node[id as usize] {
+            (f, n) if f == func => Some(n),
+            _ => self.funcs[func as usize]
+                .nodes
+                .get(&self.id_addr[id as usize])
+                .copied(),
+        }
+    }
+
     /// Node of block `id` in function `func`, created (with its static successors) if new.
     #[inline]
     pub(crate) fn node_of(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
@@ -227,12 +240,10 @@ impl PathRecorder {
 
     #[cold]
     pub(crate) fn node_of_slow(&mut self, func: u32, id: u32, tables: &Tables) -> u32 {
-        let was = self.id_node[id as usize].0;
-        if self.sums && was != NONE {
-            // A block seen in another function: that one's pair programs assumed it was there
-            // (the per-block step of an indirect jump to it asks).
-            self.bump_epoch(was);
-        }
+        // A block seen in another function before: `id_node` caches one function's node, and
+        // nothing the per-block step does depends on which (an indirect jump asks the
+        // function's own nodes, see `step_indirect`), so no pair program is stale for it
+        // (they were compiled for nodes that stay). Node numbers are never reused.
         let addr = self.id_addr[id as usize];
         let fun = &mut self.funcs[func as usize];
         if fun.node_addr.is_empty() && addr != fun.entry {

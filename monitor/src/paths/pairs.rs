@@ -40,7 +40,7 @@ use super::fast::repeat_run_end;
 use super::ids::{cache_slot, FxMap, NONE};
 use super::numbering::EXIT_EDGE;
 use super::recorder::PathRecorder;
-use super::stack::{Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
+use super::stack::{Activation, Resync, K_CALL, K_INDIRECT, K_OTHER, K_RET};
 use super::trie::{START_ENTRY, START_HEAD};
 use crate::Tables;
 
@@ -117,6 +117,10 @@ pub(crate) struct Program {
     fold_depth: u32,
     fold_blocks: u64,
     fold_instr: u64,
+    /// Tail calls the folded activations make (resynchronisations, counted as such).
+    fold_tails: u32,
+    /// [`TAIL`]: the function of the activation it replaces.
+    tail_of: u32,
 }
 
 /// A function that a piece's folded activations run (`Program::folds`): its epoch when
@@ -137,6 +141,7 @@ struct FoldMark {
     blocks: u64,
     instr: u64,
     depth: u32,
+    tail_calls: u32,
 }
 
 /// The folded activations of the piece being compiled: the paths they end as `(function,
@@ -150,6 +155,7 @@ struct FoldAcc {
     blocks: u64,
     instr: u64,
     depth: u32,
+    tail_calls: u32,
 }
 
 impl FoldAcc {
@@ -164,6 +170,7 @@ impl FoldAcc {
             blocks: self.blocks,
             instr: self.instr,
             depth: self.depth,
+            tail_calls: self.tail_calls,
         }
     }
 
@@ -171,9 +178,9 @@ impl FoldAcc {
         self.ends.truncate(m.ends);
         self.acts.truncate(m.acts);
         (self.blocks, self.instr, self.depth) = (m.blocks, m.instr, m.depth);
+        self.tail_calls = m.tail_calls;
     }
 }
-
 
 /// Program kinds: the run continues the top activation's path; its first block is a
 /// callee's entry (the block before it calls); it returns to the frame below the top one
@@ -183,6 +190,9 @@ const INTRA: u8 = 0;
 const CALL: u8 = 1;
 const RETURN: u8 = 2;
 const NEVER: u8 = 3;
+/// The run's first block is another function's entry that the top activation jumps to (a tail
+/// call): the top activation ends and one of the entry's function takes its place.
+const TAIL: u8 = 4;
 
 /// Runs the general way takes after the intra loop took fewer than two events (calls,
 /// returns, new pairs: its start would be all it does).
@@ -615,6 +625,8 @@ impl PathRecorder {
             let root = &mut self.calltree[0];
             root.blocks += n * prog.fold_blocks;
             root.instructions += n * prog.fold_instr;
+            self.resyncs += n * prog.fold_tails as u64;
+            self.resync_kinds[Resync::TailCall as usize] += n * prog.fold_tails as u64;
         }
     }
 
@@ -688,6 +700,35 @@ impl PathRecorder {
                         as u64,
                     // The address is set by the segment.
                     ..Activation::new(prog.func, prog.ret, call_node, pap, prog.last_addr)
+                });
+            }
+            TAIL => {
+                if top.func != prog.tail_of {
+                    return Applied::Stale;
+                }
+                let return_to = top.return_to;
+                let parent = match self.calltree[top.call_node as usize].parent {
+                    NONE => 0,
+                    parent => parent,
+                };
+                let call_node = self.cached_call_child(parent, prog.func);
+                if call_node == NONE || !self.ind_ok(prog, return_to) {
+                    return Applied::Refused;
+                }
+                match self.folds_hold(prog, depth) {
+                    Applied::Yes => {}
+                    a => return a,
+                }
+                // As the per-block step's `replace_activation`.
+                self.resync(Resync::TailCall);
+                self.pop_activation();
+                let pap = self.start_activation(prog.func);
+                self.stack.push(Activation {
+                    r: prog.r0,
+                    last_node: prog.from,
+                    path_instr: self.funcs[prog.func as usize].node_instr[prog.from as usize]
+                        as u64,
+                    ..Activation::new(prog.func, return_to, call_node, pap, prog.last_addr)
                 });
             }
             _ => {
@@ -883,16 +924,29 @@ impl PathRecorder {
             let seg_start = match self.id_kind[before as usize] {
                 // Only the run's first block follows a block that neither calls nor returns
                 // and starts a piece.
+                K_OTHER | K_INDIRECT
+                    if matches!(self.id_entry.get(b as usize), Some(&e)
+                        if e != NONE && e != sim.last().expect("a frame").func) =>
+                {
+                    // A tail call: the top frame's activation is replaced.
+                    let (f, r0, n, _) = self.fold_start(b)?;
+                    let top = sim.last_mut().expect("a frame");
+                    prog.kind = TAIL;
+                    prog.tail_of = top.func;
+                    prog.r0 = r0;
+                    (top.func, top.node, top.addr) = (f, n, addr);
+                    k + 1
+                }
                 K_OTHER | K_INDIRECT => {
                     prog.kind = INTRA;
                     k
                 }
                 K_CALL if addr != self.id_ret[before as usize] => {
                     let f = self.id_entry.get(b as usize).copied()?;
-                    let (g, n) = self.id_node[b as usize];
-                    if f == NONE || g != f || !self.by_sums(f) {
+                    if f == NONE || !self.by_sums(f) {
                         return None;
                     }
+                    let n = self.node_in(f, b)?;
                     prog.kind = CALL;
                     prog.ret = self.id_ret[before as usize];
                     let tag = if n == 0 { START_ENTRY } else { START_HEAD };
@@ -917,8 +971,9 @@ impl PathRecorder {
                     // The caller's path goes on with the return point: a forward edge from
                     // the caller's last block.
                     let caller = sim.last_mut().expect("a frame");
-                    let (g, n) = self.id_node[b as usize];
-                    if g != caller.func || addr <= caller.addr || !self.by_sums(g) {
+                    let g = caller.func;
+                    let n = self.node_in(g, b)?;
+                    if addr <= caller.addr || !self.by_sums(g) {
                         return None;
                     }
                     let fun = &self.funcs[g as usize];
@@ -970,10 +1025,16 @@ impl PathRecorder {
                 if end > k && (kind == K_CALL || kind == K_RET) {
                     break;
                 }
+                if end > k
+                    && kind != K_RET
+                    && matches!(self.id_entry.get(c as usize), Some(&e) if e != NONE && e != frame.func)
+                {
+                    // A tail call starts the next piece.
+                    break;
+                }
                 if kind == K_INDIRECT {
-                    if self.id_node[c as usize].0 != frame.func {
-                        return None;
-                    }
+                    // A step of the path only into a block of its own function.
+                    self.node_in(frame.func, c)?;
                     self.pairs.ind.push(self.id_addr[c as usize]);
                     prog.nind += 1;
                 }
@@ -1007,15 +1068,20 @@ impl PathRecorder {
     /// Records the folded activations `fold` as piece `prog`'s (after its own path ends).
     fn keep_folds(&mut self, prog: &mut Program, fold: &FoldAcc) {
         prog.nfold_ends = fold.ends.len() as u32;
-        self.pairs.ends.extend(fold.ends.iter().map(|&(func, id)| End {
-            func,
-            id,
-            number: NONE,
-        }));
+        self.pairs
+            .ends
+            .extend(fold.ends.iter().map(|&(func, id)| End {
+                func,
+                id,
+                number: NONE,
+            }));
         prog.folds = self.pairs.folds.len() as u32;
         let first = self.pairs.folds.len();
         for &(func, path_ends) in &fold.acts {
-            match self.pairs.folds[first..].iter_mut().find(|f| f.func == func) {
+            match self.pairs.folds[first..]
+                .iter_mut()
+                .find(|f| f.func == func)
+            {
                 Some(f) => {
                     f.activations += 1;
                     f.path_ends += path_ends;
@@ -1032,6 +1098,7 @@ impl PathRecorder {
         prog.fold_depth = fold.depth;
         prog.fold_blocks = fold.blocks;
         prog.fold_instr = fold.instr;
+        prog.fold_tails = fold.tail_calls;
     }
 
     /// Folds the activation that `blocks[at]` starts (the block before it calls) into the
@@ -1051,27 +1118,21 @@ impl PathRecorder {
         acc: &mut FoldAcc,
         depth: u32,
     ) -> Option<usize> {
-        let b = blocks[at];
         let ret = self.id_ret[blocks[at - 1] as usize];
-        let entry_addr = self.id_addr[b as usize];
-        let f = self.id_entry.get(b as usize).copied()?;
-        let (g, n) = self.id_node[b as usize];
-        if entry_addr == ret || f == NONE || g != f || !self.by_sums(f) {
+        if self.id_addr[blocks[at] as usize] == ret {
             return None;
         }
-        let fun = &self.funcs[f as usize];
-        let bl = &fun.bl;
-        let tag = if n == 0 { START_ENTRY } else { START_HEAD };
-        let mut r = bl.start(tag, n)?;
-        let (mut node, mut addr) = (n, entry_addr);
+        // The function stepped, its path's sum, node, address and the paths it ended.
+        let (mut f, mut r, mut node, mut addr) = self.fold_start(blocks[at])?;
         let mut ends = 0u32;
         acc.depth = acc.depth.max(depth);
         acc.blocks += 1;
-        acc.instr += fun.node_instr[n as usize] as u64;
+        acc.instr += self.funcs[f as usize].node_instr[node as usize] as u64;
         let mut j = at + 1;
         while j < blocks.len() {
             let c = blocks[j];
             let a = self.id_addr[c as usize];
+            let bl = &self.funcs[f as usize].bl;
             match self.id_kind[blocks[j - 1] as usize] {
                 K_RET => {
                     // A plain return (anything else resynchronises): the activation's last
@@ -1081,8 +1142,9 @@ impl PathRecorder {
                     }
                     acc.ends.push((f, r));
                     acc.acts.push((f, ends + 1));
-                    let (h, rn) = self.id_node[c as usize];
-                    if h != caller.func || a <= caller.addr || !self.by_sums(h) {
+                    let h = caller.func;
+                    let rn = self.node_in(h, c)?;
+                    if a <= caller.addr || !self.by_sums(h) {
                         return None;
                     }
                     self.funcs[h as usize].bl.edge(caller.node, rn)?;
@@ -1096,23 +1158,38 @@ impl PathRecorder {
                         return_to: ret,
                     };
                     let m = self.fold_call(blocks, j, &me, acc, depth + 1)?;
-                    let rn = self.id_node[blocks[m] as usize].1;
+                    let rn = self
+                        .node_in(f, blocks[m])
+                        .expect("checked by the inner fold");
                     r = r.wrapping_add(bl.edge(node, rn).expect("checked by the inner fold"));
                     (node, addr) = (rn, self.id_addr[blocks[m] as usize]);
                     acc.blocks += 1;
-                    acc.instr += fun.node_instr[rn as usize] as u64;
+                    acc.instr += self.funcs[f as usize].node_instr[rn as usize] as u64;
                     j = m + 1;
                     continue;
                 }
                 kind => {
-                    // An indirect jump to the return address would return; into another
-                    // function (or a jump to another entry), a tail call.
-                    if kind == K_INDIRECT && a == ret {
-                        return None;
-                    }
                     let entry = self.id_entry.get(c as usize).copied()?;
-                    let (h, cn) = self.id_node[c as usize];
-                    if h != f || (entry != NONE && entry != f) {
+                    if entry != NONE && entry != f {
+                        // A jump to another function's entry: a tail call, which ends this
+                        // activation and starts one of `entry` that returns where it would.
+                        acc.ends.push((f, r));
+                        acc.acts.push((f, ends + 1));
+                        acc.tail_calls += 1;
+                        ends = 0;
+                        (f, r, node, addr) = self.fold_start(c)?;
+                        if f != entry {
+                            return None;
+                        }
+                        acc.blocks += 1;
+                        acc.instr += self.funcs[f as usize].node_instr[node as usize] as u64;
+                        j += 1;
+                        continue;
+                    }
+                    // An indirect jump to the return address would return; one to another
+                    // function's block, resynchronise.
+                    let cn = self.node_in(f, c)?;
+                    if kind == K_INDIRECT && a == ret {
                         return None;
                     }
                     if a <= addr {
@@ -1126,7 +1203,7 @@ impl PathRecorder {
                     }
                     (node, addr) = (cn, a);
                     acc.blocks += 1;
-                    acc.instr += fun.node_instr[cn as usize] as u64;
+                    acc.instr += self.funcs[f as usize].node_instr[cn as usize] as u64;
                 }
             }
             j += 1;
@@ -1135,15 +1212,26 @@ impl PathRecorder {
         None
     }
 
+    /// How an activation that block `b` starts begins, if `b` is a function entry whose
+    /// activations keep sums and whose start is numbered: the function, the register, the
+    /// node and the address.
+    fn fold_start(&self, b: u32) -> Option<(u32, u64, u32, u64)> {
+        let f = self.id_entry.get(b as usize).copied()?;
+        if f == NONE || !self.by_sums(f) {
+            return None;
+        }
+        let n = self.node_in(f, b)?;
+        let tag = if n == 0 { START_ENTRY } else { START_HEAD };
+        let r = self.funcs[f as usize].bl.start(tag, n)?;
+        Some((f, r, n, self.id_addr[b as usize]))
+    }
+
     /// Adds block `c`'s step to piece `prog`'s segment on frame `frame` (its function, node
     /// and address before and after): `None` if its node, edge or end is not numbered.
     fn compile_step(&mut self, prog: &mut Program, frame: &mut SimFrame, c: u32) -> Option<()> {
         let fun = &self.funcs[frame.func as usize];
         let bl = &fun.bl;
-        let (f, n) = self.id_node[c as usize];
-        if f != frame.func {
-            return None;
-        }
+        let n = self.node_in(frame.func, c)?;
         let a = self.id_addr[c as usize];
         let i = fun.node_instr[n as usize] as u64;
         if a <= frame.addr {
@@ -1235,6 +1323,8 @@ impl Program {
             fold_depth: 0,
             fold_blocks: 0,
             fold_instr: 0,
+            fold_tails: 0,
+            tail_of: NONE,
         }
     }
 }

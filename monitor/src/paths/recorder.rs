@@ -315,9 +315,13 @@ impl PathRecorder {
                     self.resync(Resync::TailCall);
                     self.replace_activation(entry, id, tables);
                 } else if kind == K_INDIRECT
-                    && (self.id_node[id as usize].0 != top.func
-                        || self.id_addr[id as usize] == top.return_to)
+                    && (self.id_addr[id as usize] == top.return_to
+                        || (self.id_node[id as usize].0 != top.func
+                            && !self.owns(top.func, self.id_addr[id as usize])))
                 {
+                    // Out of the function, or to its activation's return address (a jump
+                    // within its function is a step of its path, whichever function the block
+                    // was last seen in).
                     self.step_indirect(id, tables);
                 } else {
                     self.step_intra(id, tables);

@@ -499,14 +499,7 @@ impl PathRecorder {
             self.step_intra(id, tables);
             return;
         }
-        let owner = |p: &PathRecorder, f: u32| {
-            let fun = &p.funcs[f as usize];
-            fun.nodes.contains_key(&addr)
-                || match fun.symbol {
-                    Some(s) => p.symbol_at(addr) == Some(s),
-                    None => false,
-                }
-        };
+        let owner = |p: &PathRecorder, f: u32| p.owns(f, addr);
         let top = self.stack.last().expect("an activation").func;
         if owner(self, top) || self.symbol_at(addr).is_none() {
             self.step_intra(id, tables);
@@ -526,6 +519,17 @@ impl PathRecorder {
         self.resync(Resync::ForeignJump);
         let f = self.function_containing(addr);
         self.replace_activation(f, id, tables);
+    }
+
+    /// Whether guest address `addr` belongs to function `func`: one of its blocks, or inside
+    /// its ELF symbol.
+    pub(crate) fn owns(&self, func: u32, addr: u64) -> bool {
+        let fun = &self.funcs[func as usize];
+        fun.nodes.contains_key(&addr)
+            || match fun.symbol {
+                Some(s) => self.symbol_at(addr) == Some(s),
+                None => false,
+            }
     }
 
     /// Activations the stack holds before a push drops its bottom half: [`SHADOW_STACK_MAX`].
