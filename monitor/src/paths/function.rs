@@ -36,6 +36,9 @@ pub(crate) struct Function {
     pub node_instr: Vec<u32>,
     /// Guest address → node.
     pub nodes: FxMap<u64, u32>,
+    /// The lowest and highest guest addresses of its nodes (`(u64::MAX, 0)`: none yet): an
+    /// address outside is no node of it, without a look at `nodes`.
+    pub(crate) node_span: (u64, u64),
     /// Static intra-procedural successors of each node, by guest address (from the IR).
     pub static_succs: Vec<Vec<u64>>,
     /// Paths ended in this function.
@@ -78,6 +81,7 @@ impl Function {
             node_addr: Vec::new(),
             node_instr: Vec::new(),
             nodes: FxMap::default(),
+            node_span: (u64::MAX, 0),
             static_succs: Vec::new(),
             path_ends: 0,
             activations: 0,
@@ -251,6 +255,10 @@ impl PathRecorder {
             fun.node_addr.push(fun.entry);
             fun.node_instr.push(0);
             fun.nodes.insert(fun.entry, 0);
+            fun.node_span = (
+                fun.node_span.0.min(fun.entry),
+                fun.node_span.1.max(fun.entry),
+            );
             fun.static_succs.push(Vec::new());
         }
         let n = match fun.nodes.get(&addr) {
@@ -260,6 +268,7 @@ impl PathRecorder {
                 fun.node_addr.push(addr);
                 fun.node_instr.push(0);
                 fun.nodes.insert(addr, n);
+                fun.node_span = (fun.node_span.0.min(addr), fun.node_span.1.max(addr));
                 fun.static_succs.push(Vec::new());
                 n
             }

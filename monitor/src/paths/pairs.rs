@@ -119,8 +119,11 @@ pub(crate) struct Program {
     fold_instr: u64,
     /// Tail calls the folded activations make (resynchronisations, counted as such).
     fold_tails: u32,
-    /// [`TAIL`]: the function of the activation it replaces.
+    /// [`TAIL`], [`FOREIGN`]: the function of the activation it replaces.
     tail_of: u32,
+    /// [`FOREIGN`]: the guest address jumped to, and the index of the symbol containing it.
+    foreign_addr: u64,
+    foreign_sym: u32,
 }
 
 /// A function that a piece's folded activations run (`Program::folds`): its epoch when
@@ -193,6 +196,10 @@ const NEVER: u8 = 3;
 /// The run's first block is another function's entry that the top activation jumps to (a tail
 /// call): the top activation ends and one of the entry's function takes its place.
 const TAIL: u8 = 4;
+/// The run's first block follows an indirect jump out of the top activation's function, into
+/// a function no frame's activation is of and at no frame's return address (a foreign jump:
+/// a PLT stub's jump into its library): the top activation is replaced, as for a tail call.
+const FOREIGN: u8 = 5;
 
 /// Runs the general way takes after the intra loop took fewer than two events (calls,
 /// returns, new pairs: its start would be all it does).
@@ -702,9 +709,12 @@ impl PathRecorder {
                     ..Activation::new(prog.func, prog.ret, call_node, pap, prog.last_addr)
                 });
             }
-            TAIL => {
+            TAIL | FOREIGN => {
                 if top.func != prog.tail_of {
                     return Applied::Stale;
+                }
+                if prog.kind == FOREIGN && !self.foreign_ok(prog) {
+                    return Applied::Refused;
                 }
                 let return_to = top.return_to;
                 let parent = match self.calltree[top.call_node as usize].parent {
@@ -720,7 +730,11 @@ impl PathRecorder {
                     a => return a,
                 }
                 // As the per-block step's `replace_activation`.
-                self.resync(Resync::TailCall);
+                self.resync(if prog.kind == TAIL {
+                    Resync::TailCall
+                } else {
+                    Resync::ForeignJump
+                });
                 self.pop_activation();
                 let pap = self.start_activation(prog.func);
                 self.stack.push(Activation {
@@ -775,6 +789,17 @@ impl PathRecorder {
         self.prev = prog.last;
         self.apply_segment(p, prog);
         Applied::Yes
+    }
+
+    /// Whether the per-block step of [`FOREIGN`] piece `prog`'s jump would find a foreign
+    /// jump on the stack as it is: no frame but the bottom one returns to its target, and no
+    /// frame's function owns it (else it returns there, or unwinds to that frame).
+    fn foreign_ok(&self, prog: &Program) -> bool {
+        let (addr, sym) = (prog.foreign_addr, Some(prog.foreign_sym as usize));
+        self.stack
+            .iter()
+            .enumerate()
+            .all(|(i, a)| (i == 0 || a.return_to != addr) && !self.owns_in(a.func, addr, sym))
     }
 
     /// Whether none of the piece's blocks that follow an indirect jump is `return_to` (the
@@ -937,6 +962,25 @@ impl PathRecorder {
                     (top.func, top.node, top.addr) = (f, n, addr);
                     k + 1
                 }
+                K_INDIRECT if self.node_in(sim.last().expect("a frame").func, b).is_none() => {
+                    // Out of the top frame's function: a foreign jump, if that is what the
+                    // per-block step would find (the rest is checked when applied).
+                    let top = sim.last_mut().expect("a frame");
+                    let sym = self.symbol_at(addr)?;
+                    let entry = self.config.symbols[sym].addr;
+                    let f = self.func_by_entry.get(&entry).copied()?;
+                    if addr == top.return_to || self.owns(top.func, addr) || !self.by_sums(f) {
+                        return None;
+                    }
+                    let n = self.node_in(f, b)?;
+                    let tag = if n == 0 { START_ENTRY } else { START_HEAD };
+                    prog.kind = FOREIGN;
+                    prog.tail_of = top.func;
+                    prog.r0 = self.funcs[f as usize].bl.start(tag, n)?;
+                    (prog.foreign_addr, prog.foreign_sym) = (addr, sym as u32);
+                    (top.func, top.node, top.addr) = (f, n, addr);
+                    k + 1
+                }
                 K_OTHER | K_INDIRECT => {
                     prog.kind = INTRA;
                     k
@@ -1033,6 +1077,10 @@ impl PathRecorder {
                     break;
                 }
                 if kind == K_INDIRECT {
+                    if end > k && self.node_in(frame.func, c).is_none() {
+                        // Out of the function: the next piece (a foreign jump, or nothing).
+                        break;
+                    }
                     // A step of the path only into a block of its own function.
                     self.node_in(frame.func, c)?;
                     self.pairs.ind.push(self.id_addr[c as usize]);
@@ -1325,6 +1373,8 @@ impl Program {
             fold_instr: 0,
             fold_tails: 0,
             tail_of: NONE,
+            foreign_addr: 0,
+            foreign_sym: NONE,
         }
     }
 }

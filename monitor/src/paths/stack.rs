@@ -525,11 +525,21 @@ impl PathRecorder {
     /// its ELF symbol.
     pub(crate) fn owns(&self, func: u32, addr: u64) -> bool {
         let fun = &self.funcs[func as usize];
-        fun.nodes.contains_key(&addr)
+        let (lo, hi) = fun.node_span;
+        (lo <= addr && addr <= hi && fun.nodes.contains_key(&addr))
             || match fun.symbol {
                 Some(s) => self.symbol_at(addr) == Some(s),
                 None => false,
             }
+    }
+
+    /// [`PathRecorder::owns`] with the symbol containing `addr` known (`sym`).
+    #[inline]
+    pub(crate) fn owns_in(&self, func: u32, addr: u64, sym: Option<usize>) -> bool {
+        let fun = &self.funcs[func as usize];
+        let (lo, hi) = fun.node_span;
+        (fun.symbol.is_some() && fun.symbol == sym)
+            || (lo <= addr && addr <= hi && fun.nodes.contains_key(&addr))
     }
 
     /// Activations the stack holds before a push drops its bottom half: [`SHADOW_STACK_MAX`].
