@@ -720,7 +720,9 @@ fn every_recorder_matches_the_per_block_reference() {
     let mut with_superblocks = 0;
     for (c, config) in configs.iter().enumerate() {
         for (name, exe, args) in &runs {
-            let memo = run_report(exe, &format!("memo{c}-{name}"), args, config);
+            let mut by_memo = config.to_vec();
+            by_memo.extend(["--paths-recorder", "memo"]);
+            let memo = run_report(exe, &format!("memo{c}-{name}"), args, &by_memo);
             let mut per_block = config.to_vec();
             per_block.extend(["--paths-recorder", "per-block"]);
             let reference = run_report(exe, &format!("per-block{c}-{name}"), args, &per_block);
@@ -780,7 +782,10 @@ fn each_thread_has_its_own_paths() {
         .unwrap_or_else(|e| panic!("building paths_threads.c: {e}"));
     let mut found: Vec<(Value, Value)> = Vec::new();
     for (tag, extra) in [
-        ("memo", &["--superblock-threshold", "1"][..]),
+        (
+            "memo",
+            &["--superblock-threshold", "1", "--paths-recorder", "memo"][..],
+        ),
         (
             "per-block",
             &[

@@ -184,12 +184,12 @@ pub struct RunArgs {
     /// `--pap-runs`) [default: 1000].
     #[arg(long, value_name = "N")]
     pub pap_threshold: Option<u64>,
-    /// The path recorder (every one gives the same profile): `memo`, memoised transitions
-    /// per superblock run (the default); `sums`, Ball-Larus sums per activation, a program per
-    /// pair of events (faster on dispatch loops, slower on big programs: README "Path
-    /// profiles"); `per-block`, the path trie stepped per basic block, the slower reference
-    /// the others are checked against.
-    #[arg(long, value_enum, value_name = "RECORDER", default_value_t = PathsRecorder::Memo)]
+    /// The path recorder (every one gives the same profile): `sums`, Ball-Larus sums per
+    /// activation and a program per pair of events (the default); `memo`, memoised transitions
+    /// per superblock run (faster on deep recursion, several times the memory on big programs:
+    /// README "Path profiles"); `per-block`, the path trie stepped per basic block, the slower
+    /// reference the others are checked against.
+    #[arg(long, value_enum, value_name = "RECORDER", default_value_t = PathsRecorder::Sums)]
     pub paths_recorder: PathsRecorder,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
     /// buy; the profile is the same).

@@ -716,7 +716,7 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     } else if args.pap_runs {
         opt("--pap-runs", None);
     }
-    if args.paths_recorder != crate::cli::PathsRecorder::Memo {
+    if args.paths_recorder != crate::cli::PathsRecorder::Sums {
         let name = clap::ValueEnum::to_possible_value(&args.paths_recorder).expect("a named value");
         opt("--paths-recorder", Some(name.get_name().to_string().into()));
     }

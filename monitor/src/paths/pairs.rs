@@ -342,7 +342,7 @@ impl PathRecorder {
         let func = top.func;
         let depth = self.stack.len();
         let epoch = self.fepoch[func as usize];
-        let pap = top.pap != NONE;
+        let (pap, return_to) = (top.pap != NONE, top.return_to);
         let (mut r, mut len, mut pinstr) = (top.r, top.len, top.path_instr);
         let (mut node, mut addr, mut last) = (top.last_node, top.last_addr, self.prev);
         let (mut blocks, mut instrs, mut path_ends) = (0u64, 0u64, 0u64);
@@ -373,7 +373,7 @@ impl PathRecorder {
                 || prog.epoch != epoch
                 || prog.func != func
                 || prog.from != node
-                || prog.nind > 0
+                || (prog.nind > 0 && !self.ind_ok(prog, return_to))
                 || (pap && prog.nends > 0)
                 || (prog.nfolds > 0 && self.folds_hold(prog, depth) != Applied::Yes)
             {

@@ -41,7 +41,6 @@ pub struct PathConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Recorder {
     /// Memoised transitions per (path prefix, event, position) (`memo.rs`, `fast.rs`).
-    #[default]
     Memo,
     /// The shadow stack and the path trie stepped once per basic block: the reference the
     /// others are checked against (several times slower).
@@ -49,7 +48,8 @@ pub enum Recorder {
     /// Ball-Larus sums: each activation keeps its path as a sum of edge values under its
     /// function's numbering as seen so far (`numbering.rs`, `sums.rs`), a run of blocks is a
     /// program per pair of events (`pairs.rs`); counted per id, spelled only when the
-    /// numbering changes and at the end.
+    /// numbering changes and at the end. The default.
+    #[default]
     Sums,
 }
 
@@ -60,7 +60,7 @@ impl Default for PathConfig {
             call_tree: true,
             k: 0,
             symbols: Vec::new(),
-            recorder: Recorder::Memo,
+            recorder: Recorder::Sums,
         }
     }
 }
