@@ -50,9 +50,11 @@
 //!
 //! **Per event, not per block.** The ring carries one event per superblock run; stepping the
 //! shadow stack and the trie once per basic block would cost the monitor far more per event
-//! than the tables do. `memo` memoises what a run of a superblock's blocks does to the
-//! current path (see there); [`PathConfig::per_block`] keeps the plain per-block stepping of
-//! this file as the reference the memoised recorder is tested against.
+//! than the tables do. The default recorder ([`Recorder::Sums`]) keeps each activation's path
+//! as a Ball-Larus sum and applies a run's blocks as one compiled program per pair of runs,
+//! calls that return inside the run folded in (`pairs`); [`Recorder::Memo`] memoises what a
+//! run does to the current path's trie node (`memo`); [`Recorder::PerBlock`] keeps the plain
+//! per-block stepping of this file as the reference both are tested against.
 //!
 //! | file | what |
 //! |---|---|
@@ -68,8 +70,8 @@
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
 //!
 //! `docs/paths-design.md` is where this is going (#56): one recorder fused with the tables,
-//! fed the same event stream with and without paths; the sums recorder
-//! ([`Recorder::Sums`]) is that recorder as far as it is built.
+//! fed the same event stream with and without paths; the sums recorder is that recorder as
+//! far as it is built.
 
 mod fast;
 mod function;
