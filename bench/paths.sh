@@ -11,7 +11,7 @@
 # bench/run.sh; skipped without /bin/busybox).
 #
 # Usage: bench/paths.sh [-n RUNS] [-s "workload[:arg] ..."] [-r RECORDER] [-p "FLAGS"] [--no-build]
-# (-r passes --paths-recorder RECORDER to the paths mode: memo, sums or per-block; -p adds
+# (-r passes --paths-recorder RECORDER to the paths mode: sums or per-block; -p adds
 # FLAGS to it, e.g. -p "--call-tree --pap-runs" for the profile's optional parts.)
 # Environment: HOTPATH_BIN overrides the binary; CARGO_TARGET_DIR is honoured; BUSYBOX
 # (default /bin/busybox).

@@ -3,9 +3,9 @@
 //! ```text
 //! ring (block ids + syscall events, FIFO) ──drain──▶ Tables (edge counts by block id)
 //!        NewBlock metadata ──────────────────────────▶ Tables::blocks
-//!        events ──▶ PathRecorder: memoised per event (paths/memo.rs), shadow stack, functions,
-//!                   paths interned at their ends (paths/trie.rs) ──▶ BL ids, PAP traces, k-paths
-//!                   (paths/report.rs)
+//!        events ──▶ PathRecorder: a program per pair of runs (paths/pairs.rs), shadow stack,
+//!                   functions, Ball-Larus sums counted per id (paths/sums.rs) ──▶ paths, PAP
+//!                   traces, k-paths (paths/report.rs)
 //!        hot back edge ──▶ decisions: trace along the hottest successors ──▶ FormSuperblock
 //! guest ends ──▶ hotpath_report::Report (aggregated by guest address) ──▶ JSON, text, ...
 //! ```

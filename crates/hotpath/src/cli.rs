@@ -184,11 +184,10 @@ pub struct RunArgs {
     /// `--pap-runs`) [default: 1000].
     #[arg(long, value_name = "N")]
     pub pap_threshold: Option<u64>,
-    /// The path recorder (every one gives the same profile): `sums`, Ball-Larus sums per
-    /// activation and a program per pair of events (the default); `memo`, memoised transitions
-    /// per superblock run (faster on deep recursion, several times the memory on big programs:
-    /// README "Path profiles"); `per-block`, the path trie stepped per basic block, the slower
-    /// reference the others are checked against.
+    /// The path recorder (both give the same profile): `sums`, Ball-Larus sums per activation
+    /// and a program per pair of events (the default); `per-block`, the shadow stack and a
+    /// path trie stepped per basic block, several times slower: the reference the default is
+    /// checked against.
     #[arg(long, value_enum, value_name = "RECORDER", default_value_t = PathsRecorder::Sums)]
     pub paths_recorder: PathsRecorder,
     /// Build no superblocks: every block enqueues its own event (measures what superblocks
@@ -351,8 +350,6 @@ mod tests {
 /// `--paths-recorder`'s values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PathsRecorder {
-    /// Memoised transitions per superblock run.
-    Memo,
     /// Ball-Larus sums per activation, a program per pair of events.
     Sums,
     /// The path trie per basic block (the reference).
@@ -363,7 +360,6 @@ impl PathsRecorder {
     /// The monitor's recorder of that name.
     pub fn recorder(self) -> hotpath_monitor::Recorder {
         match self {
-            PathsRecorder::Memo => hotpath_monitor::Recorder::Memo,
             PathsRecorder::Sums => hotpath_monitor::Recorder::Sums,
             PathsRecorder::PerBlock => hotpath_monitor::Recorder::PerBlock,
         }

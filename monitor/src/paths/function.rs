@@ -121,10 +121,10 @@ impl PathRecorder {
         self.id_root.reserve(new);
         self.id_entry.reserve(new);
         self.ids_at.reserve(new);
-        self.memo.reserve(new);
+        self.runs.reserve(new);
         for i in self.id_addr.len()..tables.known() {
             if !self
-                .memo
+                .runs
                 .learn(i as u32, tables.kind(i as u32).expect("a known id"))
             {
                 // A superblock or a side exit: its blocks carry the metadata.
@@ -200,10 +200,6 @@ impl PathRecorder {
                         self.bump_epoch(was);
                     }
                 }
-                // A block already seen is now a function entry: a jump to it is a tail call,
-                // no longer a step of the current path, so no memoised transition may be
-                // trusted.
-                self.memo.invalidate();
             }
         }
         f

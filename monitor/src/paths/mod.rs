@@ -24,7 +24,7 @@
 //! return to one of them resynchronises); the call tree behind the flame graph is cut at
 //! [`CALL_TREE_MAX_DEPTH`] frames; in-flight and stored PAP runs are capped by
 //! [`PAP_MAX_PATHS`] and [`PAP_STORE_MAX`]. What remains grows with the program's code
-//! (functions, blocks, distinct paths, memoised transitions), not with its run time.
+//! (functions, blocks, distinct paths, pair programs), not with its run time.
 //!
 //! **Paths** (Ball-Larus lecture; DESIGN.md "Monitor"). A path runs inside one activation: it
 //! starts at the function's entry or just after a back edge, and ends at a back edge or when
@@ -52,9 +52,8 @@
 //! shadow stack and the trie once per basic block would cost the monitor far more per event
 //! than the tables do. The default recorder ([`Recorder::Sums`]) keeps each activation's path
 //! as a Ball-Larus sum and applies a run's blocks as one compiled program per pair of runs,
-//! calls that return inside the run folded in (`pairs`); [`Recorder::Memo`] memoises what a
-//! run does to the current path's trie node (`memo`); [`Recorder::PerBlock`] keeps the plain
-//! per-block stepping of this file as the reference both are tested against.
+//! calls that return inside the run folded in (`pairs`); [`Recorder::PerBlock`] keeps the
+//! plain per-block stepping of this file as the reference it is tested against.
 //!
 //! | file | what |
 //! |---|---|
@@ -63,7 +62,7 @@
 //! | `trie.rs` | the path trie and path interning |
 //! | `stack.rs` | the shadow stack, its resynchronisation rules, the call tree |
 //! | `recorder.rs` | the recorder's state and the per-block step (the reference) |
-//! | `memo.rs`, `fast.rs` | the per-event recorder: memoised transitions and its fast loops |
+//! | `runs.rs` | what each event id stands for, and the stream cut into runs |
 //! | `numbering.rs` | a function's Ball-Larus numbering as its CFG is discovered |
 //! | `sums.rs`, `pairs.rs` | the sums recorder: sums per activation, programs per pair of runs |
 //! | `pap_runs.rs` | the PAP run trie |
@@ -73,15 +72,14 @@
 //! fed the same event stream with and without paths; the sums recorder is that recorder as
 //! far as it is built.
 
-mod fast;
 mod function;
 mod ids;
-mod memo;
 mod numbering;
 mod pairs;
 mod pap_runs;
 mod recorder;
 pub(crate) mod report;
+mod runs;
 mod stack;
 mod sums;
 mod trie;

@@ -34,12 +34,10 @@
 //! resynchronisations, new nodes or edges (which renumber), tail calls — is the per-block step
 //! of the run's blocks, after which the pair usually compiles.
 
-use super::memo::NextRun;
-
-use super::fast::repeat_run_end;
 use super::ids::{cache_slot, FxMap, NONE};
 use super::numbering::EXIT_EDGE;
 use super::recorder::PathRecorder;
+use super::runs::{repeat_run_end, NextRun};
 use super::stack::{Activation, Resync, K_CALL, K_INDIRECT, K_OTHER, K_RET};
 use super::trie::{START_ENTRY, START_HEAD};
 use crate::Tables;
@@ -301,8 +299,8 @@ impl PathRecorder {
     /// program, or through the per-block step.
     pub(crate) fn record_pairs(&mut self, events: &[u32], tables: &Tables) {
         let mut i = 0;
-        self.memo.repeats.clear();
-        if self.memo.pending != NONE {
+        self.runs.repeats.clear();
+        if self.runs.pending != NONE {
             let Some((run, taken)) = self.pending_run(events, tables) else {
                 return;
             };
@@ -348,7 +346,7 @@ impl PathRecorder {
         let (mut blocks, mut instrs, mut path_ends) = (0u64, 0u64, 0u64);
         let mut prev_run = self.pairs.prev_run;
         let start = i;
-        let infos = &self.memo.events;
+        let infos = &self.runs.events;
         while let Some(&e) = events.get(i) {
             let Some(info) = infos.get(e as usize) else {
                 break;
@@ -423,7 +421,7 @@ impl PathRecorder {
                 let next = repeat_run_end(events, i, e, info.is_superblock);
                 let k = (next - i) as u64;
                 if k > 0 {
-                    self.memo.repeats.push((i as u32, next as u32));
+                    self.runs.repeats.push((i as u32, next as u32));
                     if prog.nfolds > 0 {
                         self.pairs.runs[p as usize] += k;
                     }
@@ -474,7 +472,7 @@ impl PathRecorder {
 
     /// The superblock still waiting for its next event ran to its end.
     pub(crate) fn flush_pending_pair(&mut self, tables: &Tables) {
-        let pending = std::mem::replace(&mut self.memo.pending, NONE);
+        let pending = std::mem::replace(&mut self.runs.pending, NONE);
         if pending != NONE {
             self.run_pair(pending, tables);
         }
@@ -506,9 +504,9 @@ impl PathRecorder {
                 Err((_, pos)) => from = pos,
             }
         }
-        let info = self.memo.events[run as usize];
+        let info = self.runs.events[run as usize];
         for k in info.start + from..info.start + info.len {
-            let b = self.memo.seq[k as usize];
+            let b = self.runs.seq[k as usize];
             if (b as usize) < self.id_addr.len() {
                 self.step(b, tables);
             }
@@ -911,9 +909,9 @@ impl PathRecorder {
         if self.prev == NONE || self.config.k > 0 || self.stack.is_empty() {
             return None;
         }
-        let info = self.memo.events[run as usize];
+        let info = self.runs.events[run as usize];
         scratch.blocks.extend_from_slice(
-            &self.memo.seq[info.start as usize..(info.start + info.len) as usize],
+            &self.runs.seq[info.start as usize..(info.start + info.len) as usize],
         );
         let Scratch {
             blocks,

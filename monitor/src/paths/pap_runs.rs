@@ -305,7 +305,6 @@ mod tests {
             pap,
             pap_len: 0,
             call_node: 0,
-            resume: NONE,
             r: 0,
             last_node: NONE,
             path_instr: 0,

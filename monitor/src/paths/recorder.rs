@@ -1,14 +1,14 @@
-//! The recorder: its configuration, its state, and the per-block step the memoised recorder is
-//! checked against.
+//! The recorder: its configuration, its state, and the per-block step (the reference the sums
+//! recorder is checked against, and what it falls back on).
 
 use hotpath_events::is_id;
 
 use super::function::{Function, FunctionSymbol};
 use super::ids::{FxMap, NONE};
-use super::memo::MemoState;
 use super::numbering::Spelled;
 use super::pairs::Pairs;
 use super::pap_runs::PapRuns;
+use super::runs::Runs;
 use super::stack::{
     Activation, CallNode, Resync, ANY_FUNC, CALL_CACHE_SLOTS, K_CALL, K_INDIRECT, K_RET,
 };
@@ -40,8 +40,6 @@ pub struct PathConfig {
 /// The path recorders: every one gives the same profile.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Recorder {
-    /// Memoised transitions per (path prefix, event, position) (`memo.rs`, `fast.rs`).
-    Memo,
     /// The shadow stack and the path trie stepped once per basic block: the reference the
     /// others are checked against (several times slower).
     PerBlock,
@@ -108,9 +106,8 @@ pub struct PathRecorder {
     pub(crate) call_cache: Box<[(u32, u32, u32)]>,
     /// The last basic block stepped.
     pub(crate) prev: u32,
-    /// Event-level state (see `memo`; the sums recorder uses its catalogue of events and its
-    /// epoch).
-    pub(crate) memo: MemoState,
+    /// What each event id stands for (see `runs`).
+    pub(crate) runs: Runs,
     /// The sums recorder's pair programs.
     pub(crate) pairs: Pairs,
     /// Per function: bumped when pair programs compiled for it may no longer hold (see
@@ -181,7 +178,7 @@ impl PathRecorder {
             call_child: FxMap::default(),
             call_cache: vec![(NONE, NONE, NONE); CALL_CACHE_SLOTS].into_boxed_slice(),
             prev: NONE,
-            memo: MemoState::default(),
+            runs: Runs::default(),
             pairs: Pairs::new(),
             dense: Vec::new(),
             dense_numbers: Vec::new(),
@@ -241,7 +238,7 @@ impl PathRecorder {
     pub fn record(&mut self, events: &[u32], tables: &Tables) {
         if self.sums {
             self.record_pairs(events, tables);
-        } else if self.config.recorder == Recorder::PerBlock {
+        } else {
             if let Some(&max) = events.iter().filter(|&&e| is_id(e)).max() {
                 if max as usize >= self.id_addr.len() {
                     self.learn_known(tables);
@@ -252,8 +249,6 @@ impl PathRecorder {
             self.expander.expand(tables, events, &mut expanded);
             self.record_blocks(&expanded, tables);
             self.expanded = expanded;
-        } else {
-            self.record_events(events, tables);
         }
     }
 
@@ -261,13 +256,11 @@ impl PathRecorder {
     pub fn end_of_stream(&mut self, tables: &Tables) {
         if self.sums {
             self.flush_pending_pair(tables);
-        } else if self.config.recorder == Recorder::PerBlock {
+        } else {
             let mut expanded = std::mem::take(&mut self.expanded);
             expanded.clear();
             self.expander.finish(tables, &mut expanded);
             self.record_blocks(&expanded, tables);
-        } else {
-            self.flush_pending(tables);
         }
     }
 
@@ -301,9 +294,7 @@ impl PathRecorder {
                     NONE => self.called_function_at(self.id_addr[id as usize]),
                     f => f,
                 };
-                let caller = self.stack.last_mut().expect("an activation");
-                caller.resume = self.memo.last();
-                let parent = caller.call_node;
+                let parent = self.stack.last().expect("an activation").call_node;
                 self.push_activation(f, self.id_ret[prev as usize], parent, id, tables);
             }
             K_RET => self.step_return(id, tables),
@@ -331,14 +322,13 @@ impl PathRecorder {
     }
 
     /// Ends every activation (the guest has ended, [`PathRecorder::end_of_stream`] was
-    /// called): every block executed is then on a counted path. Adds the runs of memoised
-    /// transitions to their paths' counts.
+    /// called): every block executed is then on a counted path. Adds the runs of the pair
+    /// programs to their paths' counts.
     pub fn finish(&mut self) {
         while !self.stack.is_empty() {
             self.pop_activation();
         }
         self.prev = NONE;
-        self.settle_memos();
         self.settle_pairs();
         self.flush_all_sums();
     }

@@ -92,10 +92,6 @@ pub(crate) struct Activation {
     pub(crate) r: u64,
     pub(crate) last_node: u32,
     pub(crate) path_instr: u64,
-    /// While it is not the top frame: the memo that ended with its call, whose successors
-    /// predict the memo its path goes on with after the return ([`NONE`]: none; a guess,
-    /// checked before use, see `memo`).
-    pub(crate) resume: u32,
 }
 
 impl Activation {
@@ -122,7 +118,6 @@ impl Activation {
             pap,
             pap_len: 0,
             call_node,
-            resume: NONE,
             r: 0,
             last_node: NONE,
             path_instr: 0,

@@ -11,19 +11,6 @@ pub(crate) const START_HEAD: u32 = 1;
 /// Path-key end tag: the path ends with its activation (return, tail call, unwinding, exit).
 pub(crate) const END_EXIT: u32 = u32::MAX;
 
-/// The number of the path that ends at trie node `t` with its activation ([`END_EXIT`]) where
-/// the node caches it (the last path that ended there did so at an exit); else [`NONE`]
-/// (`PathRecorder::path_of` finds or interns it).
-#[inline]
-pub(crate) fn cached_exit_path(trie: &[TrieNode], t: u32) -> u32 {
-    let n = &trie[t as usize];
-    if n.last_end == END_EXIT {
-        n.last_end_path
-    } else {
-        NONE
-    }
-}
-
 /// One interned path.
 #[derive(Clone, Debug)]
 pub(crate) struct PathRec {
