@@ -48,8 +48,11 @@ use crate::Tables;
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 pub(crate) struct Program {
-    /// [`INTRA`], [`CALL`], [`RETURN`], or [`NEVER`] (the per-block step).
+    /// [`INTRA`], [`CALL`], [`RETURN`], [`TAIL`], [`FOREIGN`], or [`NEVER`] (the per-block
+    /// step).
     kind: u8,
+    /// It has folded activations (`nfolds > 0`; here, in the first cache line).
+    folded: bool,
     /// Paths the segment ends; the second and later ones are `Pairs::ends[ends..ends + nends
     /// - 1]`, counted `Pairs::runs` times when settled, with their blocks and instructions
     /// summed in `mid_blocks` and `mid_instr`.
@@ -70,7 +73,7 @@ pub(crate) struct Program {
     last: u32,
     /// Guest addresses of the run's blocks that follow an indirect jump: each must not be the
     /// stepping activation's return address (`Pairs::ind[ind..ind + nind]`).
-    nind: u32,
+    nind: u16,
     /// Added to the register: the segment's edges (with no path end), or the edges up to and
     /// including the first back edge's end (the first ended path's id is then the register
     /// plus it).
@@ -94,9 +97,14 @@ pub(crate) struct Program {
     /// instructions): `r0` is the value of the edge to it from node `from`, the caller's last
     /// node as last seen (callers reach one return point from blocks entered at different
     /// addresses, so that is a one-entry cache the piece updates, not a check).
+    /// [`TAIL`], [`FOREIGN`]: the register the new activation's path starts with; for
+    /// [`FOREIGN`], `ret` is the guest address jumped to.
     ret: u64,
     r0: u64,
     first_instr: u64,
+    /// Blocks and guest instructions of the folded activations (see `nfold_ends`).
+    fold_blocks: u64,
+    fold_instr: u64,
     blocks_after: u32,
     ends: u32,
     first_node: u32,
@@ -113,14 +121,11 @@ pub(crate) struct Program {
     folds: u32,
     nfolds: u32,
     fold_depth: u32,
-    fold_blocks: u64,
-    fold_instr: u64,
     /// Tail calls the folded activations make (resynchronisations, counted as such).
     fold_tails: u32,
     /// [`TAIL`], [`FOREIGN`]: the function of the activation it replaces.
     tail_of: u32,
-    /// [`FOREIGN`]: the guest address jumped to, and the index of the symbol containing it.
-    foreign_addr: u64,
+    /// [`FOREIGN`]: the index of the symbol containing the address jumped to (`ret`).
     foreign_sym: u32,
 }
 
@@ -182,6 +187,14 @@ impl FoldAcc {
         self.tail_calls = m.tail_calls;
     }
 }
+
+// What the register loop reads of a piece with no path end is in its first cache line.
+const _: () = assert!(
+    std::mem::offset_of!(Program, last_addr) + 8 <= 64
+        && std::mem::offset_of!(Program, folded) < 64
+        && std::mem::offset_of!(Program, nind) < 64
+        && std::mem::size_of::<Program>() <= 192
+);
 
 /// Program kinds: the run continues the top activation's path; its first block is a
 /// callee's entry (the block before it calls); it returns to the frame below the top one
@@ -373,11 +386,11 @@ impl PathRecorder {
                 || prog.from != node
                 || (prog.nind > 0 && !self.ind_ok(prog, return_to))
                 || (pap && prog.nends > 0)
-                || (prog.nfolds > 0 && self.folds_hold(prog, depth) != Applied::Yes)
+                || (prog.folded && self.folds_hold(prog, depth) != Applied::Yes)
             {
                 break;
             }
-            if prog.nfolds > 0 {
+            if prog.folded {
                 let runs = &mut self.pairs.runs[p as usize];
                 if *runs == 0 {
                     self.pairs.dirty.push(p);
@@ -404,7 +417,7 @@ impl PathRecorder {
                 instrs += pinstr + prog.instr + prog.mid_instr;
                 path_ends += prog.nends as u64;
                 (r, len, pinstr) = (prog.r_after, prog.blocks_after, prog.instr_after);
-                if prog.nends > 1 && prog.nfolds == 0 {
+                if prog.nends > 1 && !prog.folded {
                     let runs = &mut self.pairs.runs[p as usize];
                     if *runs == 0 {
                         self.pairs.dirty.push(p);
@@ -422,7 +435,7 @@ impl PathRecorder {
                 let k = (next - i) as u64;
                 if k > 0 {
                     self.runs.repeats.push((i as u32, next as u32));
-                    if prog.nfolds > 0 {
+                    if prog.folded {
                         self.pairs.runs[p as usize] += k;
                     }
                     if prog.nends == 0 {
@@ -444,7 +457,7 @@ impl PathRecorder {
                         blocks += k * ((len + prog.blocks) as u64 + prog.mid_blocks);
                         instrs += k * (pinstr + prog.instr + prog.mid_instr);
                         path_ends += k * prog.nends as u64;
-                        if prog.nends > 1 && prog.nfolds == 0 {
+                        if prog.nends > 1 && !prog.folded {
                             let runs = &mut self.pairs.runs[p as usize];
                             if *runs == 0 {
                                 self.pairs.dirty.push(p);
@@ -619,7 +632,7 @@ impl PathRecorder {
             let End { func, id, .. } = self.pairs.ends[k as usize];
             self.count_id(func, id, n);
         }
-        if prog.nfolds > 0 {
+        if prog.folded {
             for k in prog.folds..prog.folds + prog.nfolds {
                 let f = self.pairs.folds[k as usize];
                 let fun = &mut self.funcs[f.func as usize];
@@ -641,7 +654,7 @@ impl PathRecorder {
     /// `Refused`, as the per-block step would drop some).
     #[inline]
     fn folds_hold(&self, prog: &Program, depth: usize) -> Applied {
-        if prog.nfolds == 0 {
+        if !prog.folded {
             return Applied::Yes;
         }
         let folds = &self.pairs.folds[prog.folds as usize..(prog.folds + prog.nfolds) as usize];
@@ -793,7 +806,7 @@ impl PathRecorder {
     /// jump on the stack as it is: no frame but the bottom one returns to its target, and no
     /// frame's function owns it (else it returns there, or unwinds to that frame).
     fn foreign_ok(&self, prog: &Program) -> bool {
-        let (addr, sym) = (prog.foreign_addr, Some(prog.foreign_sym as usize));
+        let (addr, sym) = (prog.ret, Some(prog.foreign_sym as usize));
         self.stack
             .iter()
             .enumerate()
@@ -805,14 +818,14 @@ impl PathRecorder {
     #[inline]
     fn ind_ok(&self, prog: &Program, return_to: u64) -> bool {
         prog.nind == 0
-            || !self.pairs.ind[prog.ind as usize..(prog.ind + prog.nind) as usize]
+            || !self.pairs.ind[prog.ind as usize..(prog.ind + prog.nind as u32) as usize]
                 .contains(&return_to)
     }
 
     /// The segment of piece `p` on the top activation's path (the checks are done).
     #[inline]
     fn apply_segment(&mut self, p: u32, prog: &Program) {
-        if prog.nfolds > 0 {
+        if prog.folded {
             let runs = &mut self.pairs.runs[p as usize];
             if *runs == 0 {
                 self.pairs.dirty.push(p);
@@ -846,7 +859,7 @@ impl PathRecorder {
         if pap {
             self.pap_ends(prog, r.wrapping_add(prog.add));
         }
-        if prog.nends > 1 && prog.nfolds == 0 {
+        if prog.nends > 1 && !prog.folded {
             let runs = &mut self.pairs.runs[p as usize];
             if *runs == 0 {
                 self.pairs.dirty.push(p);
@@ -975,7 +988,7 @@ impl PathRecorder {
                     prog.kind = FOREIGN;
                     prog.tail_of = top.func;
                     prog.r0 = self.funcs[f as usize].bl.start(tag, n)?;
-                    (prog.foreign_addr, prog.foreign_sym) = (addr, sym as u32);
+                    (prog.ret, prog.foreign_sym) = (addr, sym as u32);
                     (top.func, top.node, top.addr) = (f, n, addr);
                     k + 1
                 }
@@ -1141,6 +1154,7 @@ impl PathRecorder {
             }
         }
         prog.nfolds = (self.pairs.folds.len() - first) as u32;
+        prog.folded = prog.nfolds > 0;
         prog.fold_depth = fold.depth;
         prog.fold_blocks = fold.blocks;
         prog.fold_instr = fold.instr;
@@ -1349,6 +1363,7 @@ impl Program {
             first_instr: 0,
             ind: 0,
             nind: 0,
+            folded: false,
             add: 0,
             blocks: 0,
             instr: 0,
@@ -1371,7 +1386,6 @@ impl Program {
             fold_instr: 0,
             fold_tails: 0,
             tail_of: NONE,
-            foreign_addr: 0,
             foreign_sym: NONE,
         }
     }
