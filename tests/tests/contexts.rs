@@ -183,6 +183,46 @@ fn tail_calls_into_a_superblock_head_are_counted_by_hand() {
     }
 }
 
+/// paths_late_entry.S: `shared` is reached first only by the jumps that end `outer_a` and
+/// `outer_b` (a step of each one's paths, the block in two functions), then called, and then
+/// jumped to by both again: those last 2000 jumps are tail calls, whichever function the block
+/// was last seen in. By hand: `shared`'s context has its 1000 calls and 2000 tail calls (3000
+/// blocks, 6000 instructions); each outer function's has its 2000 calls (a block entering its
+/// loop, three more rounds, the jump: 5 blocks, 14 instructions) and the first phase's 1000
+/// runs of `shared` (11000 blocks, 30000 instructions). The default recorder must count it as
+/// the per-block reference does.
+#[test]
+fn a_jump_into_code_a_call_reaches_later_becomes_a_tail_call() {
+    let exe = guest_build::build("paths_late_entry.S", Linkage::Static)
+        .unwrap_or_else(|e| panic!("building paths_late_entry.S: {e}"));
+    for (m, extra) in MODES
+        .iter()
+        .copied()
+        .chain([&["--paths-recorder", "per-block"][..]])
+        .enumerate()
+    {
+        let r = paths_report(&exe, &format!("late_entry-{m}"), extra);
+        assert_eq!(resyncs(&r), [c("tail_call", 2000)], "{extra:?}");
+        let below_root: Vec<(String, u64, u64)> = stacks(&r)
+            .into_iter()
+            .filter(|(s, _, _)| !s.is_empty())
+            .map(|(s, blocks, instructions)| {
+                let name = if s.starts_with("outer_") { s } else { "shared".to_string() };
+                (name, blocks, instructions)
+            })
+            .collect();
+        assert_eq!(
+            below_root,
+            [
+                ("outer_a".to_string(), 11_000, 30_000),
+                ("outer_b".to_string(), 11_000, 30_000),
+                ("shared".to_string(), 3000, 6000),
+            ],
+            "{extra:?}"
+        );
+    }
+}
+
 /// paths_vsyscall.S: `f` calls the vsyscall page's `time`, which runs no translated block (the
 /// runtime carries it out and returns): the block after the call is the call's own return
 /// point, so no activation is pushed. The call tree has `_start`'s activation (its first block,

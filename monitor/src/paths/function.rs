@@ -193,12 +193,14 @@ impl PathRecorder {
                 let more = self.more_ids_at.get(&addr).cloned().unwrap_or_default();
                 for i in std::iter::once(first).chain(more) {
                     self.id_entry[i as usize] = f;
-                    // Pair programs of the function it was seen in took it for a step of
-                    // their paths.
-                    let was = self.id_node[i as usize].0;
-                    if self.sums && was != NONE {
-                        self.bump_epoch(was);
-                    }
+                }
+            }
+            // Pair programs of every function the address was seen in took it for a step of
+            // their paths (a jump to it is now a tail call).
+            if let Some(&g) = self.funcs_at.get(&addr) {
+                let more = self.more_funcs_at.get(&addr).cloned().unwrap_or_default();
+                for g in std::iter::once(g).chain(more) {
+                    self.bump_epoch(g);
                 }
             }
         }
@@ -266,6 +268,14 @@ impl PathRecorder {
                 fun.nodes.insert(addr, n);
                 fun.node_span = (fun.node_span.0.min(addr), fun.node_span.1.max(addr));
                 fun.static_succs.push(Vec::new());
+                if self.sums && addr != fun.entry {
+                    if let Some(&first) = self.funcs_at.get(&addr) {
+                        debug_assert_ne!(first, func);
+                        self.more_funcs_at.entry(addr).or_default().push(func);
+                    } else {
+                        self.funcs_at.insert(addr, func);
+                    }
+                }
                 n
             }
         };

@@ -88,6 +88,13 @@ pub struct PathRecorder {
     pub(crate) ids_at: FxMap<u64, u32>,
     /// Guest address → its block ids after the first.
     pub(crate) more_ids_at: FxMap<u64, Vec<u32>>,
+    /// Guest address → the first function given a node there other than its entry (the sums
+    /// recorder's: when a call makes the address an entry, the pair programs of every
+    /// function that took it for a step of its paths are stale); the others in
+    /// `more_funcs_at`.
+    pub(crate) funcs_at: FxMap<u64, u32>,
+    /// Guest address → the functions given a node there after the first.
+    pub(crate) more_funcs_at: FxMap<u64, Vec<u32>>,
     pub(crate) stack: Vec<Activation>,
     /// The path trie.
     pub(crate) trie: Vec<TrieNode>,
@@ -159,6 +166,8 @@ impl PathRecorder {
             id_root: Vec::new(),
             ids_at: FxMap::default(),
             more_ids_at: FxMap::default(),
+            funcs_at: FxMap::default(),
+            more_funcs_at: FxMap::default(),
             stack: Vec::new(),
             trie: Vec::new(),
             roots: FxMap::default(),
