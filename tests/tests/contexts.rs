@@ -207,7 +207,11 @@ fn a_jump_into_code_a_call_reaches_later_becomes_a_tail_call() {
             .into_iter()
             .filter(|(s, _, _)| !s.is_empty())
             .map(|(s, blocks, instructions)| {
-                let name = if s.starts_with("outer_") { s } else { "shared".to_string() };
+                let name = if s.starts_with("outer_") {
+                    s
+                } else {
+                    "shared".to_string()
+                };
                 (name, blocks, instructions)
             })
             .collect();

@@ -55,34 +55,49 @@
 //! calls that return inside the run folded in (`pairs`); [`Recorder::PerBlock`] keeps the
 //! plain per-block stepping of this file as the reference it is tested against.
 //!
+//! The files are stages that import one way (`tests/tests/layers.rs` fails on a cycle): first
+//! the types each stage keeps, then the recorder's state, then what it does, stage by stage
+//! (each an `impl PathRecorder` that imports the state and the types below it).
+//!
 //! | file | what |
 //! |---|---|
 //! | `ids.rs` | the one `NONE`, the maps' hasher, direct-mapped cache slots |
-//! | `function.rs` | functions, their dynamic CFGs and symbols |
-//! | `trie.rs` | the path trie and path interning |
-//! | `stack.rs` | the shadow stack, its resynchronisation rules, the call tree |
-//! | `recorder.rs` | the recorder's state and the per-block step (the reference) |
-//! | `runs.rs` | what each event id stands for, and the stream cut into runs |
 //! | `numbering.rs` | a function's Ball-Larus numbering as its CFG is discovered |
-//! | `sums.rs`, `pairs.rs` | the sums recorder: sums per activation, programs per pair of runs |
+//! | `trie.rs` | the path trie's nodes and path records |
+//! | `frames.rs` | shadow-stack frames, call-tree nodes, resynchronisation causes |
+//! | `function.rs` | functions, their dynamic CFGs and symbols |
+//! | `runs.rs` | what each event id stands for, and runs of repeated events |
 //! | `pap_runs.rs` | the PAP run trie |
+//! | `programs.rs` | pair programs and where they are found |
+//! | `recorder.rs` | the recorder's state, the per-block step (the reference) and the trie's |
+//! | `learn.rs` | ids, functions and CFG nodes learnt from the stream; the stream cut into runs |
+//! | `stack.rs` | the shadow stack's rules and the call tree |
+//! | `sums.rs` | Ball-Larus sums per activation, renumbering as a CFG grows |
+//! | `pairs.rs` | the sums recorder per event: programs applied, the register loop |
+//! | `compile.rs` | a pair of runs compiled into its chain of pieces |
 //! | `report.rs` | Ball-Larus numbering, PAP encoding and k-paths when the profile is taken |
 //!
 //! `docs/paths-design.md` is where this is going (#56): one recorder fused with the tables,
 //! fed the same event stream with and without paths; the sums recorder is that recorder as
 //! far as it is built.
 
+// Types, each file importing only the ones listed before it.
+mod frames;
 mod function;
 mod ids;
 mod numbering;
-mod pairs;
 mod pap_runs;
+mod programs;
 mod recorder;
-pub(crate) mod report;
 mod runs;
+mod trie;
+// What `PathRecorder` does, stage by stage (each imports the state and the stages below it).
+mod compile;
+mod learn;
+mod pairs;
+pub(crate) mod report;
 mod stack;
 mod sums;
-mod trie;
 
 pub use function::FunctionSymbol;
 pub use pap_runs::PAP_MAX_PATHS;

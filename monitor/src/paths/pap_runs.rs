@@ -13,11 +13,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::frames::Activation;
 use super::function::Function;
-use std::hash::Hasher;
-
 use super::ids::{cache_slot, FxHasher, FxMap, NONE};
-use super::stack::Activation;
+use std::hash::Hasher;
 
 /// Longest PAP run kept, in Ball-Larus paths: a longer activation (a main loop) stops
 /// recording its PAP run and counts one abandoned run (`path_stats.pap_abandoned` in the

@@ -20,9 +20,9 @@ use hotpath_report::{
     PathEntry, PathKind, PathProfile, PathStart, Stack,
 };
 
+use super::frames::{Resync, DEEPER};
 use super::ids::{FxHasher, NONE};
 use super::recorder::PathRecorder;
-use super::stack::{Resync, DEEPER};
 use super::trie::{END_EXIT, START_ENTRY};
 
 /// k-iteration paths listed per function and length.

@@ -2,11 +2,9 @@
 //! side exit), and how the event stream is cut into *runs*: the blocks one event, or a
 //! superblock event and the side exit after it, executed.
 
-use hotpath_events::{is_id, IdKind};
+use hotpath_events::IdKind;
 
 use super::ids::NONE;
-use super::recorder::PathRecorder;
-use crate::Tables;
 
 /// The basic blocks an event id stands for: `seq[start..start + len]`.
 #[derive(Clone, Copy, Debug)]
@@ -100,71 +98,6 @@ impl Runs {
         };
         self.events.push(info);
         matches!(kind, IdKind::Block)
-    }
-}
-
-impl PathRecorder {
-    /// The run the superblock left by the previous piece of events stands for (its extent
-    /// is this piece's first event), and the events of this piece it took (0 or 1); `None`
-    /// if the piece is empty (the superblock still waits).
-    pub(crate) fn pending_run(&mut self, events: &[u32], tables: &Tables) -> Option<(u32, usize)> {
-        let &next = events.first()?;
-        self.learn_event(next, tables);
-        let sb = std::mem::replace(&mut self.runs.pending, NONE);
-        let exited = self.exits(sb, next);
-        Some((if exited { next } else { sb }, exited as usize))
-    }
-
-    /// The run that event `events[*i]` begins (a basic block, a superblock run to its end, or
-    /// one left at a side exit, which the next event then is), with `*i` moved past it;
-    /// [`NextRun::Pending`] if it is a superblock whose extent the next piece of events tells
-    /// (kept in `Runs::pending`).
-    #[inline(always)]
-    pub(crate) fn next_run(&mut self, events: &[u32], i: &mut usize, tables: &Tables) -> NextRun {
-        let e = events[*i];
-        *i += 1;
-        if !is_id(e) || !self.learn_event(e, tables) {
-            return NextRun::Skip;
-        }
-        if !self.runs.events[e as usize].is_superblock {
-            return NextRun::Run(e);
-        }
-        let Some(&next) = events.get(*i) else {
-            self.runs.pending = e;
-            return NextRun::Pending;
-        };
-        self.learn_event(next, tables);
-        // Branch-free: whether a superblock left early is the guest's own branch, often
-        // unpredictable.
-        let exited = self.exits(e, next);
-        *i += exited as usize;
-        NextRun::Run(if exited { next } else { e })
-    }
-
-    /// The runs of a repeated event the last [`record`](PathRecorder::record) counted at
-    /// once, for [`Tables::record_with_repeats`] of the same events.
-    pub(crate) fn repeats(&self) -> &[(u32, u32)] {
-        &self.runs.repeats
-    }
-
-    /// Makes sure event id `e` is known (a syscall event is not an id). Returns false if
-    /// `tables` do not know it (a bug: ids are catalogued before they run).
-    #[inline(always)]
-    pub(crate) fn learn_event(&mut self, e: u32, tables: &Tables) -> bool {
-        if is_id(e) && e as usize >= self.runs.events.len() {
-            self.learn_known(tables);
-        }
-        (e as usize) < self.runs.events.len()
-    }
-
-    /// Whether `next`, the event after superblock `sb`, is one of `sb`'s side exits (which
-    /// then stands for the blocks `sb` ran); else `sb` ran to its end.
-    #[inline(always)]
-    pub(crate) fn exits(&self, sb: u32, next: u32) -> bool {
-        self.runs
-            .events
-            .get(next as usize)
-            .is_some_and(|n| n.superblock == sb)
     }
 }
 

@@ -20,12 +20,10 @@
 //! k-paths: there a path end looks its id's number up beside the counters (a dense array, or
 //! a map), decoding and interning the path the first time.
 
+use super::frames::{Activation, SHADOW_STACK_MAX};
 use super::ids::NONE;
 use super::numbering::{Numbering, Spelled, EXIT_EDGE};
 use super::recorder::PathRecorder;
-#[cfg(doc)]
-use super::recorder::Recorder;
-use super::stack::{Activation, SHADOW_STACK_MAX};
 use super::trie::{END_EXIT, START_ENTRY, START_HEAD};
 use crate::Tables;
 

@@ -1,18 +1,24 @@
-//! The translator's modules import one way (#39, "Layout"): no cycle among the files of
-//! `translator/src`, counting every `crate::…` and `super::…` path in a file's code (comments
-//! and `#[cfg(test)]` modules left out) as an import of the module it names. A cycle is
-//! reported with the names each edge uses, so the type to move is plain.
+//! The translator's and the monitor's modules import one way (#39, "Layout"; #56, the path
+//! recorder's stages): no cycle among the files of `translator/src` or of `monitor/src`,
+//! counting every `crate::…` and `super::…` path in a file's code (comments and `#[cfg(test)]`
+//! modules left out) as an import of the module it names. A cycle is reported with the names
+//! each edge uses, so the type to move is plain.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Module path (`emit`, `linux::signals`, `` for lib.rs) → its source, tests cut off.
-fn modules() -> BTreeMap<String, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Module path (`emit`, `linux::signals`, `` for lib.rs) → its source, tests cut off, for the
+/// crate whose `src` is `crate_dir/src` (relative to the workspace).
+fn modules(crate_dir: &str) -> BTreeMap<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .join(crate_dir)
+        .join("src");
     let mut out = BTreeMap::new();
     let mut dirs = vec![root.clone()];
     while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("translator/src") {
+        for entry in std::fs::read_dir(&dir).expect("a crate's src") {
             let path = entry.expect("a directory entry").path();
             if path.is_dir() {
                 dirs.push(path);
@@ -68,9 +74,9 @@ fn resolve(mods: &BTreeSet<String>, path: &str) -> Option<String> {
         .find(|m| mods.contains(m))
 }
 
-#[test]
-fn translator_modules_import_one_way() {
-    let sources = modules();
+/// The import cycles among `crate_dir`'s modules, each described edge by edge (none: `[]`).
+fn import_cycles(crate_dir: &str) -> Vec<String> {
+    let sources = modules(crate_dir);
     let mods: BTreeSet<String> = sources.keys().cloned().collect();
     // (from, to) → names used.
     let mut edges: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
@@ -119,7 +125,7 @@ fn translator_modules_import_one_way() {
             break;
         }
     }
-    let described: Vec<String> = cycles
+    cycles
         .iter()
         .map(|c| {
             c.windows(2)
@@ -130,10 +136,25 @@ fn translator_modules_import_one_way() {
                 .collect::<Vec<_>>()
                 .join(", ")
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn translator_modules_import_one_way() {
+    let cycles = import_cycles("translator");
     assert!(
         cycles.is_empty(),
         "translator/src has import cycles:\n{}",
-        described.join("\n")
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn monitor_modules_import_one_way() {
+    let cycles = import_cycles("monitor");
+    assert!(
+        cycles.is_empty(),
+        "monitor/src has import cycles:\n{}",
+        cycles.join("\n")
     );
 }
