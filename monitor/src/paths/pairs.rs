@@ -34,59 +34,15 @@
 //! resynchronisations, new nodes or edges (which renumber), tail calls — is the per-block step
 //! of the run's blocks, after which the pair usually compiles.
 
-use super::frames::{cached_call_child, Activation, Resync};
+use super::frames::{Activation, Resync};
 use super::ids::{cache_slot, NONE};
 use super::programs::{
     Applied, End, Program, CALL, FAST_BACKOFF, FOREIGN, INTRA, NEVER, NO_DENSE, PAIR_CACHE_SLOTS,
-    RETURN, STALE, TAIL,
+    STALE, TAIL,
 };
 use super::recorder::PathRecorder;
 use super::runs::{repeat_run_end, NextRun};
 use crate::Tables;
-
-/// The top activation's fields that [`PathRecorder::run_sums_loop`] keeps in registers
-/// (its frame on the stack is stale meanwhile, and written back when the loop pushes a frame
-/// above it or leaves).
-#[derive(Clone, Copy)]
-struct Top {
-    func: u32,
-    call_node: u32,
-    return_to: u64,
-    r: u64,
-    len: u32,
-    pinstr: u64,
-    node: u32,
-    addr: u64,
-    blocks: u64,
-    instrs: u64,
-    path_ends: u64,
-}
-
-impl Top {
-    #[inline(always)]
-    fn load(a: &Activation) -> Top {
-        Top {
-            func: a.func,
-            call_node: a.call_node,
-            return_to: a.return_to,
-            r: a.r,
-            len: a.len,
-            pinstr: a.path_instr,
-            node: a.last_node,
-            addr: a.last_addr,
-            blocks: a.blocks,
-            instrs: a.instructions,
-            path_ends: a.path_ends,
-        }
-    }
-
-    #[inline(always)]
-    fn store(&self, a: &mut Activation) {
-        (a.r, a.len, a.path_instr) = (self.r, self.len, self.pinstr);
-        (a.last_node, a.last_addr) = (self.node, self.addr);
-        (a.blocks, a.instructions, a.path_ends) = (self.blocks, self.instrs, self.path_ends);
-    }
-}
 
 impl PathRecorder {
     /// [`PathRecorder::record`] for the sums recorder: each event's run through its pair's
@@ -103,7 +59,7 @@ impl PathRecorder {
         }
         while i < events.len() {
             if self.pairs.backoff == 0 {
-                let j = self.run_sums_loop(events, i, tables);
+                let j = self.run_sums_loop(events, i);
                 if j < i + 2 {
                     self.pairs.backoff = FAST_BACKOFF;
                 }
@@ -120,258 +76,128 @@ impl PathRecorder {
         }
     }
 
-    /// The common case with the top activation in registers: runs whose pair's program is a
-    /// chain of pieces that continue the top activation's path, call (push an activation) and
-    /// return (pop one), from `events[i]` on, while every piece's checks hold (see
-    /// [`PathRecorder::apply`], which this loop does the same as). Returns the index of the
-    /// first event it did not take: a run whose first piece fails its checks (stale or
-    /// missing programs, tail calls, foreign jumps, PAP runs, a full stack) is left to the
-    /// general way whole; one whose later piece fails is finished by it here.
-    fn run_sums_loop(&mut self, events: &[u32], mut i: usize, tables: &Tables) -> usize {
-        let Some(a) = self.stack.last() else {
+    /// The common case with its state in registers: runs whose pair's program is one piece
+    /// that continues the top activation's path, from `events[i]` on. Returns the index of
+    /// the first event it did not take (anything else: a call, a return, a stale or missing
+    /// program, a superblock whose extent the next piece of events tells).
+    fn run_sums_loop(&mut self, events: &[u32], mut i: usize) -> usize {
+        let Some(top) = self.stack.last().copied() else {
             return i;
         };
-        if self.config.k > 0 || self.prev == NONE || a.pap != NONE || !self.by_sums(a.func) {
+        if self.config.k > 0 || self.prev == NONE || !self.by_sums(top.func) {
             return i;
         }
-        let mut top = Top::load(a);
-        let mut depth = self.stack.len();
-        let mut last = self.prev;
+        let func = top.func;
+        let depth = self.stack.len();
+        let epoch = self.fepoch[func as usize];
+        let (pap, return_to) = (top.pap != NONE, top.return_to);
+        let (mut r, mut len, mut pinstr) = (top.r, top.len, top.path_instr);
+        let (mut node, mut addr, mut last) = (top.last_node, top.last_addr, self.prev);
+        let (mut blocks, mut instrs, mut path_ends) = (0u64, 0u64, 0u64);
         let mut prev_run = self.pairs.prev_run;
-        let pap_threshold = self.config.pap_threshold;
+        let start = i;
+        let infos = &self.runs.events;
         while let Some(&e) = events.get(i) {
-            let Some(info) = self.runs.events.get(e as usize) else {
+            let Some(info) = infos.get(e as usize) else {
                 break;
             };
-            let is_superblock = info.is_superblock;
-            let (run, took) = if is_superblock {
+            let (run, took) = if info.is_superblock {
                 let Some(&next) = events.get(i + 1) else {
                     break;
                 };
-                match self.runs.events.get(next as usize) {
+                match infos.get(next as usize) {
                     Some(n) if n.superblock == e => (next, 2),
                     _ => (e, 1),
                 }
             } else {
                 (e, 1)
             };
-            let Some(first) = self.pairs.find(prev_run, run) else {
+            let Some(p) = self.pairs.find(prev_run, run) else {
                 break;
             };
-            let mut p = first;
-            let failed = loop {
-                let prog = &self.pairs.progs[p as usize];
-                let mut caller_node = None;
-                if prog.kind == NEVER || self.fepoch[prog.func as usize] != prog.epoch {
-                    break true;
+            let prog = &self.pairs.progs[p as usize];
+            if prog.kind != INTRA
+                || prog.next != NONE
+                || prog.epoch != epoch
+                || prog.func != func
+                || prog.from != node
+                || (prog.nind > 0 && !self.ind_ok(prog, return_to))
+                || (pap && prog.nends > 0)
+                || (prog.folded && self.folds_hold(prog, depth) != Applied::Yes)
+            {
+                break;
+            }
+            if prog.folded {
+                let runs = &mut self.pairs.runs[p as usize];
+                if *runs == 0 {
+                    self.pairs.dirty.push(p);
                 }
-                match prog.kind {
-                    INTRA => {
-                        if top.func != prog.func
-                            || top.node != prog.from
-                            || (prog.nind > 0 && !self.ind_ok(prog, top.return_to))
-                            || (prog.folded && self.folds_hold(prog, depth) != Applied::Yes)
-                        {
-                            break true;
-                        }
+                *runs += 1;
+            }
+            if prog.nends == 0 {
+                r = r.wrapping_add(prog.add);
+                len += prog.blocks;
+                pinstr += prog.instr;
+            } else {
+                let first = r.wrapping_add(prog.add);
+                if prog.cbase != NO_DENSE {
+                    self.dense[r.wrapping_add(prog.cbase) as usize] += 1;
+                } else {
+                    let fun = &mut self.funcs[func as usize];
+                    if first < fun.dense_len {
+                        self.dense[(fun.dense_base + first) as usize] += 1;
+                    } else {
+                        *fun.bl_counts.entry(first).or_insert(0) += 1;
                     }
-                    CALL => {
-                        let call_node = cached_call_child(
-                            &self.calltree,
-                            &self.call_cache,
-                            top.call_node,
-                            prog.func,
-                        );
-                        if call_node == NONE
-                            || depth >= self.stack_cap()
-                            || (prog.nind > 0 && !self.ind_ok(prog, prog.ret))
-                            || (prog.folded && self.folds_hold(prog, depth + 1) != Applied::Yes)
-                            || self.funcs[prog.func as usize].path_ends >= pap_threshold
-                        {
-                            break true;
-                        }
-                        // As `apply`: the callee's activation starts (with no PAP run).
-                        self.funcs[prog.func as usize].activations += 1;
-                        top.store(self.stack.last_mut().expect("an activation"));
-                        self.stack.push(Activation::new(
-                            prog.func,
-                            prog.ret,
-                            call_node,
-                            NONE,
-                            prog.last_addr,
-                        ));
-                        depth += 1;
-                        top = Top {
-                            func: prog.func,
-                            call_node,
-                            return_to: prog.ret,
-                            r: prog.r0,
-                            len: 1,
-                            pinstr: prog.first_instr,
-                            node: prog.from,
-                            addr: prog.last_addr,
-                            blocks: 0,
-                            instrs: 0,
-                            path_ends: 0,
-                        };
-                    }
-                    RETURN => {
-                        if depth < 2 || top.return_to != prog.ret {
-                            break true;
-                        }
-                        let below = &self.stack[depth - 2];
-                        if below.func != prog.func
-                            || below.pap != NONE
-                            || (prog.nind > 0 && !self.ind_ok(prog, below.return_to))
-                            || (prog.folded && self.folds_hold(prog, depth - 1) != Applied::Yes)
-                        {
-                            break true;
-                        }
-                        let e = if below.last_node == prog.from {
-                            prog.r0
-                        } else {
-                            // As `apply`: the piece's one-entry cache of the caller's last node.
-                            let edge = (below.last_addr < prog.ret)
-                                .then(|| {
-                                    self.funcs[prog.func as usize]
-                                        .bl
-                                        .edge(below.last_node, prog.first_node)
-                                })
-                                .flatten();
-                            let Some(e) = edge else {
-                                break true;
-                            };
-                            caller_node = Some((below.last_node, e));
-                            e
-                        };
-                        let fun = &mut self.funcs[top.func as usize];
-                        if fun.spelled {
-                            break true;
-                        }
-                        // As `pop_sums`: the top activation's path ends with it (its id is
-                        // its sum), its counts go to its function and call-tree node.
-                        if top.r < fun.dense_len {
-                            self.dense[(fun.dense_base + top.r) as usize] += 1;
-                        } else {
-                            *fun.bl_counts.entry(top.r).or_insert(0) += 1;
-                        }
-                        fun.path_ends += top.path_ends + 1;
-                        let node = &mut self.calltree[top.call_node as usize];
-                        node.blocks += top.blocks + top.len as u64;
-                        node.instructions += top.instrs + top.pinstr;
-                        self.stack.pop();
-                        depth -= 1;
-                        top = Top::load(&self.stack[depth - 1]);
-                        // The caller's path goes on with the return point.
-                        top.r = top.r.wrapping_add(e);
-                        top.len += 1;
-                        top.pinstr += prog.first_instr;
-                        top.node = prog.first_node;
-                        top.addr = prog.ret;
-                    }
-                    _ => break true,
                 }
-                // The segment, as `apply_segment`.
-                if prog.folded {
+                blocks += (len + prog.blocks) as u64 + prog.mid_blocks;
+                instrs += pinstr + prog.instr + prog.mid_instr;
+                path_ends += prog.nends as u64;
+                (r, len, pinstr) = (prog.r_after, prog.blocks_after, prog.instr_after);
+                if prog.nends > 1 && !prog.folded {
                     let runs = &mut self.pairs.runs[p as usize];
                     if *runs == 0 {
                         self.pairs.dirty.push(p);
                     }
                     *runs += 1;
                 }
-                if prog.nends == 0 {
-                    top.r = top.r.wrapping_add(prog.add);
-                    top.len += prog.blocks;
-                    top.pinstr += prog.instr;
-                } else {
-                    let first_id = top.r.wrapping_add(prog.add);
-                    if prog.cbase != NO_DENSE {
-                        self.dense[top.r.wrapping_add(prog.cbase) as usize] += 1;
-                    } else {
-                        let fun = &mut self.funcs[top.func as usize];
-                        if first_id < fun.dense_len {
-                            self.dense[(fun.dense_base + first_id) as usize] += 1;
-                        } else {
-                            *fun.bl_counts.entry(first_id).or_insert(0) += 1;
-                        }
-                    }
-                    top.blocks += (top.len + prog.blocks) as u64 + prog.mid_blocks;
-                    top.instrs += top.pinstr + prog.instr + prog.mid_instr;
-                    top.path_ends += prog.nends as u64;
-                    (top.r, top.len, top.pinstr) =
-                        (prog.r_after, prog.blocks_after, prog.instr_after);
-                    if prog.nends > 1 && !prog.folded {
-                        let runs = &mut self.pairs.runs[p as usize];
-                        if *runs == 0 {
-                            self.pairs.dirty.push(p);
-                        }
-                        *runs += 1;
-                    }
-                }
-                (top.node, top.addr, last) = (prog.last_node, prog.last_addr, prog.last);
-                let next = prog.next;
-                if let Some((from, e)) = caller_node {
-                    let prog = &mut self.pairs.progs[p as usize];
-                    (prog.from, prog.r0) = (from, e);
-                }
-                if next == NONE {
-                    break false;
-                }
-                p = next;
-            };
-            if failed {
-                if p == first {
-                    // Nothing of the run is applied: the general way takes it.
-                    break;
-                }
-                // The pieces before `p` stand; the general way finishes the run from `p`.
-                top.store(self.stack.last_mut().expect("an activation"));
-                self.prev = last;
-                self.pairs.prev_run = run;
-                self.finish_run(run, first, p, tables);
-                return i + took;
             }
+            (node, addr, last) = (prog.last_node, prog.last_addr, prog.last);
             i += took;
-            let prog = &self.pairs.progs[first as usize];
-            if prev_run == run
-                && took == 1
-                && prog.kind == INTRA
-                && prog.next == NONE
-                && prog.from == prog.last_node
-            {
+            if prev_run == run && took == 1 && prog.from == prog.last_node {
                 // A loop whose body is this run: the same program again from the same state,
                 // as often as the event repeats, counted at once (and by the tables too:
                 // `Tables::record_with_repeats`).
-                let next = repeat_run_end(events, i, e, is_superblock);
+                let next = repeat_run_end(events, i, e, info.is_superblock);
                 let k = (next - i) as u64;
                 if k > 0 {
                     self.runs.repeats.push((i as u32, next as u32));
                     if prog.folded {
-                        self.pairs.runs[first as usize] += k;
+                        self.pairs.runs[p as usize] += k;
                     }
                     if prog.nends == 0 {
-                        top.r = top.r.wrapping_add(prog.add.wrapping_mul(k));
-                        top.len += prog.blocks * k as u32;
-                        top.pinstr += prog.instr * k;
+                        r = r.wrapping_add(prog.add.wrapping_mul(k));
+                        len += prog.blocks * k as u32;
+                        pinstr += prog.instr * k;
                     } else {
-                        let first_id = top.r.wrapping_add(prog.add);
+                        let first = r.wrapping_add(prog.add);
                         if prog.cbase != NO_DENSE {
-                            self.dense[top.r.wrapping_add(prog.cbase) as usize] += k;
+                            self.dense[r.wrapping_add(prog.cbase) as usize] += k;
                         } else {
-                            let fun = &mut self.funcs[top.func as usize];
-                            if first_id < fun.dense_len {
-                                self.dense[(fun.dense_base + first_id) as usize] += k;
+                            let fun = &mut self.funcs[func as usize];
+                            if first < fun.dense_len {
+                                self.dense[(fun.dense_base + first) as usize] += k;
                             } else {
-                                *fun.bl_counts.entry(first_id).or_insert(0) += k;
+                                *fun.bl_counts.entry(first).or_insert(0) += k;
                             }
                         }
-                        top.blocks += k * ((top.len + prog.blocks) as u64 + prog.mid_blocks);
-                        top.instrs += k * (top.pinstr + prog.instr + prog.mid_instr);
-                        top.path_ends += k * prog.nends as u64;
+                        blocks += k * ((len + prog.blocks) as u64 + prog.mid_blocks);
+                        instrs += k * (pinstr + prog.instr + prog.mid_instr);
+                        path_ends += k * prog.nends as u64;
                         if prog.nends > 1 && !prog.folded {
-                            let runs = &mut self.pairs.runs[first as usize];
+                            let runs = &mut self.pairs.runs[p as usize];
                             if *runs == 0 {
-                                self.pairs.dirty.push(first);
+                                self.pairs.dirty.push(p);
                             }
                             *runs += k;
                         }
@@ -381,9 +207,16 @@ impl PathRecorder {
             }
             prev_run = run;
         }
-        top.store(self.stack.last_mut().expect("an activation"));
-        self.prev = last;
-        self.pairs.prev_run = prev_run;
+        if i > start {
+            self.pairs.prev_run = prev_run;
+            self.prev = last;
+            let top = self.stack.last_mut().expect("an activation");
+            (top.r, top.len, top.path_instr) = (r, len, pinstr);
+            (top.last_node, top.last_addr) = (node, addr);
+            top.blocks += blocks;
+            top.instructions += instrs;
+            top.path_ends += path_ends;
+        }
         i
     }
 
@@ -403,7 +236,7 @@ impl PathRecorder {
         if prev != NONE {
             let found = self.pairs.find(prev, run);
             let applied = match found {
-                Some(p) => self.apply_chain(p, p),
+                Some(p) => self.apply_chain(p),
                 None => Err((Applied::Stale, 0)),
             };
             match applied {
@@ -413,7 +246,7 @@ impl PathRecorder {
                     self.compile(run, &mut scratch);
                     let p = self.store_pair(prev, run, &mut scratch.chain);
                     self.pairs.scratch = scratch;
-                    match self.apply_chain(p, p) {
+                    match self.apply_chain(p) {
                         Ok(()) => return,
                         Err((_, pos)) => from = pos,
                     }
@@ -422,15 +255,6 @@ impl PathRecorder {
             }
         }
         self.step_run_from(run, from, tables);
-    }
-
-    /// Finishes run `run` the general way from piece `p` of its chain (which starts at piece
-    /// `first`), the pieces before `p` applied.
-    #[cold]
-    fn finish_run(&mut self, run: u32, first: u32, p: u32, tables: &Tables) {
-        if let Err((_, pos)) = self.apply_chain(first, p) {
-            self.step_run_from(run, pos, tables);
-        }
     }
 
     /// The per-block step of run `run`'s blocks from position `from` (blocks) on.
@@ -444,17 +268,16 @@ impl PathRecorder {
         }
     }
 
-    /// Applies the chain of pieces that starts at program `first`, from its piece `start` on
-    /// (the ones before applied); on a piece that fails its checks, what it found and the
-    /// position in the run where the per-block step must take over. A later piece found
-    /// stale makes the chain's first piece stale too, so that the pair is compiled again next
-    /// time.
+    /// Applies the chain of pieces from program `first`; on a piece that fails its checks, what
+    /// it found and the position in the run where the per-block step must take over. A later
+    /// piece found stale makes the chain's first piece stale too, so that the pair is compiled
+    /// again next time.
     #[inline]
-    fn apply_chain(&mut self, first: u32, start: u32) -> Result<(), (Applied, u32)> {
+    fn apply_chain(&mut self, first: u32) -> Result<(), (Applied, u32)> {
         // Out of `self` while they are applied, so that a piece is read in place (a copy of
         // one was a `memcpy` whose stores the next load waited for).
         let mut progs = std::mem::take(&mut self.pairs.progs);
-        let mut p = start;
+        let mut p = first;
         let done = loop {
             let prog = &mut progs[p as usize];
             let (next, pos) = (prog.next, prog.pos);
