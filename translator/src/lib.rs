@@ -13,35 +13,20 @@
 //! ```
 //!
 //! Guest registers live in host registers while translated code runs; the gateway
-//! ([`gateway`]) switches between the guest's context and Rust's, saving GPRs, RFLAGS, the
-//! XSAVE state and the FS base into the thread's [`thread_area::ThreadArea`], which the code
+//! ([`runtime::gateway`]) switches between the guest's context and Rust's, saving GPRs, RFLAGS, the
+//! XSAVE state and the FS base into the thread's [`runtime::thread_area::ThreadArea`], which the code
 //! reaches through GS.
 
-pub mod code_cache;
-pub mod code_log;
-mod config;
-mod cpu;
-pub mod decode;
-mod dispatch;
-pub mod emit;
-pub mod gateway;
-pub mod guest_mem;
-pub mod jump_table;
-mod links;
+pub mod backend;
+pub mod cache;
+pub mod frontend;
 pub mod linux;
-pub mod modules;
-pub mod persist;
-pub mod relocs;
-mod smc;
-mod special;
-mod stubs;
-pub mod superblock;
-pub mod thread_area;
+pub mod runtime;
 
-pub use dispatch::{Config, Forked, ModuleSource, Stats, Stop, Translator};
 pub use linux::exec::ExecWrapper;
 pub use linux::process::{Spawner, ThreadStart};
 pub use linux::syscalls::{signal_name, GuestExit};
+pub use runtime::dispatch::{Config, Forked, ModuleSource, Stats, Stop, Translator};
 
 /// Why translation stopped. `Display` is one line for the user.
 #[derive(Debug, thiserror::Error)]
@@ -104,14 +89,14 @@ pub fn vdso_range() -> Option<(u64, u64)> {
 fn read_vdso_range() -> Option<(u64, u64)> {
     let base = guest_vdso()?;
     let mut ehdr = [0u8; 64];
-    guest_mem::read(base, &mut ehdr).ok()?;
+    runtime::guest_mem::read(base, &mut ehdr).ok()?;
     let phoff = u64::from_le_bytes(ehdr[32..40].try_into().ok()?);
     let phentsize = u16::from_le_bytes(ehdr[54..56].try_into().ok()?) as u64;
     let phnum = u16::from_le_bytes(ehdr[56..58].try_into().ok()?) as u64;
     let mut end = base;
     for i in 0..phnum.min(64) {
         let mut ph = [0u8; 56];
-        guest_mem::read(base + phoff + i * phentsize, &mut ph).ok()?;
+        runtime::guest_mem::read(base + phoff + i * phentsize, &mut ph).ok()?;
         if u32::from_le_bytes(ph[0..4].try_into().ok()?) == 1 {
             // PT_LOAD: vaddr at 16, memsz at 40 (the vDSO is linked at 0).
             let vaddr = u64::from_le_bytes(ph[16..24].try_into().ok()?);

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use hotpath_loader::{module_symbols, symbolize_in, Symbol};
 use hotpath_report::{module_of, Addr, Module};
-use hotpath_translator::modules::GuestModule;
+use hotpath_translator::cache::modules::GuestModule;
 
 /// The guest's modules with their symbols, read once when a report is written.
 pub struct ModuleMap {
@@ -86,6 +86,6 @@ fn map_file(path: &Path) -> Option<memmap2::Mmap> {
 /// The vDSO's bytes, read from this process's memory, where the kernel mapped it.
 fn vdso_bytes(m: &GuestModule) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; (m.end - m.start) as usize];
-    hotpath_translator::guest_mem::read(m.start, &mut buf).ok()?;
+    hotpath_translator::runtime::guest_mem::read(m.start, &mut buf).ok()?;
     Some(buf)
 }

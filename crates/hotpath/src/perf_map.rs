@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use hotpath_translator::code_log::CodeKind;
+use hotpath_translator::cache::code_log::CodeKind;
 use hotpath_translator::Translator;
 
 use crate::modules::ModuleMap;

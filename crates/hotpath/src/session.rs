@@ -19,8 +19,8 @@ use hotpath_monitor::{
     MonitorResult, MonitorState, Namer, PathConfig, PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
-use hotpath_translator::code_cache::FIRST_REGION_SIZE;
-use hotpath_translator::modules::GuestModule;
+use hotpath_translator::cache::code_cache::FIRST_REGION_SIZE;
+use hotpath_translator::cache::modules::GuestModule;
 use hotpath_translator::{
     signal_name, Config, ExecWrapper, Forked, GuestExit, ModuleSource, Stop, ThreadStart,
     TranslateError, Translator,

@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crossbeam::channel::Sender;
 use hotpath_events::{BlockCatalog, CatalogWriter, NewBlock};
 
-use crate::config::{Config, Stats};
+use crate::cache::modules::ModuleList;
+use crate::cache::smc::ProtectedPages;
 use crate::linux::signals::{Actions, HandlerShared};
-use crate::modules::ModuleList;
-use crate::smc::ProtectedPages;
+use crate::runtime::config::{Config, Stats};
 
 /// Locks `m`, going on after a panic elsewhere (the data is plain bookkeeping).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -52,9 +52,9 @@ pub struct ForkHold<'a> {
     _spawner: MutexGuard<'a, Option<Spawner>>,
     pool: MutexGuard<'a, Vec<ThreadResources>>,
     mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
-    _code_log: MutexGuard<'a, Option<crate::code_log::CodeLog>>,
-    _smc: crate::smc::PagesHold<'a>,
-    store: Option<crate::persist::StoreHold<'a>>,
+    _code_log: MutexGuard<'a, Option<crate::cache::code_log::CodeLog>>,
+    _smc: crate::cache::smc::PagesHold<'a>,
+    store: Option<crate::cache::persist::StoreHold<'a>>,
 }
 
 /// The guest's address space as hotpath tracks it.
@@ -237,9 +237,9 @@ pub struct ProcessShared {
     /// `kernel_writes` (threads share their descriptor table).
     pub mem_fds: Mutex<std::collections::BTreeSet<i32>>,
     /// Where translated code was put, for host profilers (`None`: not asked for).
-    pub code_log: Mutex<Option<crate::code_log::CodeLog>>,
+    pub code_log: Mutex<Option<crate::cache::code_log::CodeLog>>,
     /// The persisted translations this process reads and adds to (unset: no cache).
-    pub store: std::sync::OnceLock<Arc<crate::persist::Store>>,
+    pub store: std::sync::OnceLock<Arc<crate::cache::persist::Store>>,
 }
 
 impl ProcessShared {
@@ -431,9 +431,9 @@ pub(crate) const POOL_WAIT: std::time::Duration = std::time::Duration::from_mill
 /// thread ends (a program that starts and joins threads in a loop maps them once, and
 /// translates the code they run once).
 pub struct ThreadResources {
-    pub(crate) cache: crate::code_cache::CodeCache,
-    pub(crate) gateway: crate::gateway::Gateway,
-    pub(crate) area: &'static mut crate::thread_area::ThreadArea,
+    pub(crate) cache: crate::cache::code_cache::CodeCache,
+    pub(crate) gateway: crate::runtime::gateway::Gateway,
+    pub(crate) area: &'static mut crate::runtime::thread_area::ThreadArea,
     pub(crate) signals: crate::linux::signals::SignalState,
     /// The translations in `cache` (and the thread area's lookup and jump tables) when they
     /// were kept for the next thread; `None` for an empty cache.
@@ -447,9 +447,9 @@ pub struct ThreadResources {
 /// code without it.
 pub(crate) struct KeptTranslations {
     /// Blocks, exits, superblocks, links.
-    pub(crate) index: crate::code_cache::CacheIndex,
+    pub(crate) index: crate::cache::code_cache::CacheIndex,
     /// The jump-table sites whose tables are in the thread area.
-    pub(crate) jump_tables: crate::jump_table::Sites,
+    pub(crate) jump_tables: crate::backend::jump_table::Sites,
 }
 
 // SAFETY: a thread's resources are used by one host thread at a time: its own while it runs,
@@ -475,7 +475,7 @@ mod tests {
                 guest_regions: Default::default(),
                 modules: Default::default(),
             },
-            Arc::new(crate::smc::ProtectedPages::default()),
+            Arc::new(crate::cache::smc::ProtectedPages::default()),
             Arc::new(Mutex::new(
                 [crate::linux::signals::GuestAction::default(); crate::linux::signals::NSIG + 1],
             )),

@@ -1,7 +1,7 @@
 //! What belongs to one guest thread for the emulated system calls: its signal state (mask,
 //! alternate stack, pending signals), what it must invalidate, the address the kernel clears
 //! when it ends. Its registers and event ring live in its
-//! [`ThreadArea`](crate::thread_area::ThreadArea), its code in its own code cache; what every
+//! [`ThreadArea`](crate::runtime::thread_area::ThreadArea), its code in its own code cache; what every
 //! thread shares is [`ProcessShared`].
 
 use crate::linux::process::ProcessShared;
@@ -21,7 +21,7 @@ pub struct GuestThread {
     /// The thread's signal state (the process's dispositions inside).
     pub signals: SignalState,
     /// The kernel's page protections, for deciding which translated pages to watch.
-    pub maps: crate::smc::MapsCache,
+    pub maps: crate::cache::smc::MapsCache,
     /// Guest address the kernel would clear and wake when the thread ends
     /// (`CLONE_CHILD_CLEARTID`, `set_tid_address`); 0 for none.
     pub clear_child_tid: u64,

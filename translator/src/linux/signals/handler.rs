@@ -5,9 +5,9 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::code_cache::{HostLayout, LayoutMap};
-use crate::links::ExitKind;
-use crate::thread_area;
+use crate::cache::code_cache::{HostLayout, LayoutMap};
+use crate::cache::links::ExitKind;
+use crate::runtime::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {
     read_base(fsgsbase, false)

@@ -30,10 +30,10 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crate::code_cache::{Exit, RegionTable};
-use crate::guest_mem;
+use crate::cache::code_cache::{Exit, RegionTable};
 use crate::linux::host::raw_syscall;
-use crate::thread_area::ThreadArea;
+use crate::runtime::guest_mem;
+use crate::runtime::thread_area::ThreadArea;
 
 /// Highest signal number.
 pub const NSIG: usize = 64;
@@ -196,7 +196,7 @@ struct SyncFault {
     /// Trap number, error code, CR2 and RF of the fault.
     trap: TrapDetails,
     /// The side-exit event of the superblock block it happened in (see
-    /// [`HostLayout::trace_exit`](crate::code_cache::HostLayout::trace_exit)).
+    /// [`HostLayout::trace_exit`](crate::cache::code_cache::HostLayout::trace_exit)).
     trace_exit: Option<u32>,
 }
 
@@ -258,7 +258,7 @@ pub struct HandlerShared {
     /// writable view is (replaced only by the dispatcher when the cache moves).
     regions: AtomicPtr<RegionTable>,
     /// Guest pages write-protected because code was translated from them (the process's).
-    smc: std::sync::Arc<crate::smc::ProtectedPages>,
+    smc: std::sync::Arc<crate::cache::smc::ProtectedPages>,
     /// Set by another thread that needs this one out of the code cache (see `kick`).
     kicked: std::sync::atomic::AtomicBool,
     /// Set by the handler when the guest did something hotpath refuses (it single-stepped
@@ -277,7 +277,7 @@ pub(super) struct CacheView {
     /// The gateway's `exit_from_signal` routine (host address).
     pub(super) exit_from_signal: u64,
     /// The layouts of every block in the cache.
-    pub(super) blocks: &'static crate::code_cache::BlockMap,
+    pub(super) blocks: &'static crate::cache::code_cache::BlockMap,
 }
 
 impl HandlerShared {
@@ -461,7 +461,7 @@ pub struct HandlerSetup {
     /// `rdfsbase`/`wrfsbase` are usable.
     pub fsgsbase: bool,
     /// The code cache's block layouts.
-    pub blocks: &'static crate::code_cache::BlockMap,
+    pub blocks: &'static crate::cache::code_cache::BlockMap,
     /// Bytes of the XSAVE image copied into signal frames.
     pub xsave_size: usize,
     /// The XSAVE component mask.
@@ -495,7 +495,7 @@ impl SignalState {
     /// The OS error when the alternate stack cannot be mapped.
     pub fn install(
         setup: HandlerSetup,
-        smc: std::sync::Arc<crate::smc::ProtectedPages>,
+        smc: std::sync::Arc<crate::cache::smc::ProtectedPages>,
     ) -> std::io::Result<SignalState> {
         let actions =
             std::sync::Arc::new(std::sync::Mutex::new([GuestAction::default(); NSIG + 1]));
@@ -542,7 +542,7 @@ impl SignalState {
     pub fn for_thread(
         setup: HandlerSetup,
         actions: std::sync::Arc<Actions>,
-        smc: std::sync::Arc<crate::smc::ProtectedPages>,
+        smc: std::sync::Arc<crate::cache::smc::ProtectedPages>,
     ) -> std::io::Result<SignalState> {
         let HandlerSetup {
             area,
@@ -621,7 +621,7 @@ impl SignalState {
     }
 
     /// The guest pages write-protected to catch code that writes code (see `smc`).
-    pub fn protected_pages(&self) -> &crate::smc::ProtectedPages {
+    pub fn protected_pages(&self) -> &crate::cache::smc::ProtectedPages {
         &self.shared.smc
     }
 
@@ -765,7 +765,11 @@ impl SignalState {
     /// (`critical == true`; waits while another thread unlinks this one's code), or its end,
     /// publishing `index`'s exit table and list of linked exits for the handler and for other
     /// threads.
-    pub(crate) fn set_critical(&self, critical: bool, index: &crate::code_cache::CacheIndex) {
+    pub(crate) fn set_critical(
+        &self,
+        critical: bool,
+        index: &crate::cache::code_cache::CacheIndex,
+    ) {
         if critical {
             while self
                 .shared

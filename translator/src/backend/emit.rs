@@ -25,12 +25,12 @@ use iced_x86::{
 
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Inst, Terminator};
 
-use crate::code_cache::{Exit, ExitKind, HostLayout};
-pub(crate) use crate::decode::return_pop;
-use crate::gateway::{emit_ibl, emit_ibl_call, emit_ibl_in, Gateway, GS};
-use crate::relocs::{RelocKind, Relocs, Routine};
-pub(crate) use crate::stubs::{align_patchable, enqueue_stub, gpr, RcxSave, Slow};
-use crate::thread_area::off;
+use crate::backend::relocs::{RelocKind, Relocs, Routine};
+pub(crate) use crate::backend::stubs::{align_patchable, enqueue_stub, gpr, RcxSave, Slow};
+use crate::cache::code_cache::{Exit, ExitKind, HostLayout};
+pub(crate) use crate::frontend::decode::return_pop;
+use crate::runtime::gateway::{emit_ibl, emit_ibl_call, emit_ibl_in, Gateway, GS};
+use crate::runtime::thread_area::off;
 use crate::TranslateError;
 
 /// A block's host code, assembled for a known address, not yet in the cache.
@@ -304,7 +304,7 @@ impl Relocator {
     /// # Errors
     /// [`TranslateError::Encode`] if the instruction has to be re-encoded and cannot be.
     pub fn relocate(&mut self, inst: &Inst, guest: Option<&[u8]>) -> Result<(), TranslateError> {
-        if crate::decode::gs_memory(&inst.inst) {
+        if crate::frontend::decode::gs_memory(&inst.inst) {
             return self.relocate_gs_memory(inst, guest);
         }
         if inst.inst.mnemonic() == iced_x86::Mnemonic::Rdgsbase && host_fsgsbase() {

@@ -1,4 +1,4 @@
-//! The thread's jump-table sites (`crate::jump_table`): which translation each table in the
+//! The thread's jump-table sites (`crate::backend::jump_table`): which translation each table in the
 //! thread area belongs to, and the fill that makes an index's stub the first time a `switch`
 //! index runs.
 
@@ -6,11 +6,11 @@ use hotpath_ir::{GuestAddr, HostAddr};
 use iced_x86::Register;
 
 use super::{Next, Translator};
-use crate::code_log::CodeKind;
-use crate::jump_table::{emit_index_stub, Site};
-use crate::links::ExitKind;
-use crate::stubs::gpr;
-use crate::thread_area::{
+use crate::backend::jump_table::{emit_index_stub, Site};
+use crate::backend::stubs::gpr;
+use crate::cache::code_log::CodeKind;
+use crate::cache::links::ExitKind;
+use crate::runtime::thread_area::{
     JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE, JUMP_TABLE_SITES, JUMP_TABLE_STRIDE,
 };
 use crate::TranslateError;
@@ -42,12 +42,13 @@ impl Translator {
 
     /// Site `site`'s fill stub ran (the guest's dispatch done, the case's address in its
     /// register): takes the base the site is for when it has none, makes the index's stub
-    /// when the index, the base and the table entry allow (see `crate::jump_table`), and goes
+    /// when the index, the base and the table entry allow (see `crate::backend::jump_table`), and goes
     /// on at the case.
     pub(super) fn fill_jump_table(&mut self, site: u32) -> Result<Next, TranslateError> {
         let s = self.jump_tables.sites[site as usize];
         let p = s.pattern;
-        let reg = |area: &crate::thread_area::ThreadArea, r: Register| area.gpr[gpr(r) as usize];
+        let reg =
+            |area: &crate::runtime::thread_area::ThreadArea, r: Register| area.gpr[gpr(r) as usize];
         let (base, target) = (reg(self.area, p.base), reg(self.area, p.target));
         let index = self.area.jump_table_index;
         let words = site as usize * JUMP_TABLE_STRIDE;
@@ -79,7 +80,10 @@ impl Translator {
         // straight when it sets the `jmp`'s register and the status flags before it reads
         // them (or can fault); else through the index's stub, made once (a signal points the
         // entry back at the fill stub, not the stub away).
-        let case = self.decode(GuestAddr(target), crate::decode::MAX_BLOCK_INSTRUCTIONS);
+        let case = self.decode(
+            GuestAddr(target),
+            crate::frontend::decode::MAX_BLOCK_INSTRUCTIONS,
+        );
         let direct = hotpath_ir::dead_at_entry(&case.body, p.target)
             && hotpath_ir::status_flags_dead_at_entry(&case.body);
         let to = if direct {
@@ -112,7 +116,9 @@ impl Translator {
     ) -> Result<Option<HostAddr>, TranslateError> {
         let gateway = self.select_region(s.from.0);
         let exit = self.index.exits.len() as u32;
-        if self.cache.room() < INDEX_STUB_MAX || exit + 1 >= crate::gateway::EXIT_SPECIAL_BASE {
+        if self.cache.room() < INDEX_STUB_MAX
+            || exit + 1 >= crate::runtime::gateway::EXIT_SPECIAL_BASE
+        {
             return Ok(None);
         }
         let at = self.cache.next_addr();

@@ -16,7 +16,7 @@ use rustix::fs::FlockOperation;
 
 use super::format::{self, EmitKey, FileBytes, Key, ModuleRecords};
 use super::record::BlockRecord;
-use crate::modules::FileId;
+use crate::cache::modules::FileId;
 
 /// The default size bound of the cache directory, in bytes.
 const DEFAULT_LIMIT: u64 = 1 << 30;
@@ -563,7 +563,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::persist::format::tests::{key, record};
+    use crate::cache::persist::format::tests::{key, record};
 
     #[test]
     fn a_file_is_rewritten_for_enough_new_records_only() {

@@ -17,7 +17,7 @@ use std::ffi::c_void;
 
 use hotpath_ir::HostAddr;
 
-pub use crate::links::{Exit, ExitKind, HostLayout};
+pub use crate::cache::links::{Exit, ExitKind, HostLayout};
 use crate::TranslateError;
 
 /// Host code start → layout of every block and superblock in one code cache: how host

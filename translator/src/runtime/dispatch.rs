@@ -16,17 +16,15 @@ use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
-use crate::code_cache::{CacheIndex, CodeCache, FIRST_REGION_SIZE};
-use crate::code_cache::{ExitKind, HostLayout};
-use crate::code_log::{CodeKind, CodeRecord};
-pub use crate::config::{Config, Stats};
-use crate::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
-use crate::emit::{emit_block, EmitContext};
-use crate::gateway::{
-    emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
-    EXIT_SPECIAL_BASE,
-};
-use crate::guest_mem;
+use crate::backend::emit::{emit_block, EmitContext};
+use crate::backend::superblock::{emit_superblock, side_exit_id};
+use crate::cache::code_cache::{CacheIndex, CodeCache, FIRST_REGION_SIZE};
+use crate::cache::code_cache::{ExitKind, HostLayout};
+use crate::cache::code_log::{CodeKind, CodeRecord};
+use crate::cache::modules::FileId;
+use crate::cache::persist::record::BlockRecord;
+use crate::cache::persist::Store;
+use crate::frontend::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
 use crate::linux::host::{raw_syscall, GATE_REFUSED};
 use crate::linux::kernel_writes;
 use crate::linux::process::ThreadResources;
@@ -36,12 +34,14 @@ use crate::linux::process::{
 use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
 use crate::linux::thread::GuestThread;
-use crate::modules::FileId;
-use crate::persist::record::BlockRecord;
-use crate::persist::Store;
-use crate::special;
-use crate::superblock::{emit_superblock, side_exit_id};
-use crate::thread_area::{self, IblEntry, ThreadArea};
+pub use crate::runtime::config::{Config, Stats};
+use crate::runtime::gateway::{
+    emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
+    EXIT_SPECIAL_BASE,
+};
+use crate::runtime::guest_mem;
+use crate::runtime::special;
+use crate::runtime::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
 
 /// Where to go next.
@@ -140,7 +140,7 @@ pub struct Translator {
     /// of their choosing, to see the process end and its profile written.
     panic_at_syscall: Option<u64>,
     /// The jump-table sites of the translations in `cache` (they go with it, as `index`).
-    jump_tables: crate::jump_table::Sites,
+    jump_tables: crate::backend::jump_table::Sites,
     /// The module of the persisted store the last block looked for came from (blocks are
     /// reached in runs from one module: no module list search, file id copy or store lookup
     /// per block).
@@ -155,7 +155,7 @@ struct PersistedModule {
     start: u64,
     file: FileId,
     /// Its records, read from the store file the first time (`None`: the store keeps nothing).
-    records: Option<Arc<crate::persist::ModuleRecords>>,
+    records: Option<Arc<crate::cache::persist::ModuleRecords>>,
     /// Guest addresses `[lo, hi)` where the module list finds this module.
     lo: u64,
     hi: u64,
@@ -244,7 +244,7 @@ impl Translator {
         cfg: Config,
     ) -> Result<Translator, TranslateError> {
         let host = HostFeatures::detect()?;
-        let smc = Arc::new(crate::smc::ProtectedPages::default());
+        let smc = Arc::new(crate::cache::smc::ProtectedPages::default());
         let mut cache = CodeCache::create(image.extra.0, image.extra.1)?;
         let gateway = emit_gateway(&mut cache, host)?;
         let area = map_area(&cfg, &gateway)?;
@@ -331,7 +331,7 @@ impl Translator {
             reply,
             tsc_sigsegv,
         } = start;
-        crate::cpu::set_tsc_sigsegv(tsc_sigsegv);
+        crate::runtime::cpu::set_tsc_sigsegv(tsc_sigsegv);
         let built = (|| {
             let host = HostFeatures::detect()?;
             let resources = match process.take_pooled(cfg.enqueue) {
@@ -496,7 +496,7 @@ impl Translator {
     }
 
     /// The ELF images mapped into the guest so far, in mapping order.
-    pub fn modules(&self) -> Vec<crate::modules::GuestModule> {
+    pub fn modules(&self) -> Vec<crate::cache::modules::GuestModule> {
         lock(&self.process.shared.memory).modules.all().to_vec()
     }
 
@@ -542,11 +542,12 @@ impl Translator {
     }
 
     /// Reads and adds to the persisted translations in the cache directory `dir` (see
-    /// [`crate::persist`]); a directory that cannot be used is counted in
+    /// [`crate::cache::persist`]); a directory that cannot be used is counted in
     /// [`Self::cache_stats`] and otherwise ignored.
     pub fn use_translation_cache(&self, dir: &std::path::Path) {
-        let key =
-            crate::persist::EmitKey::current(self.cfg.enqueue.then_some(self.cfg.ring_entries));
+        let key = crate::cache::persist::EmitKey::current(
+            self.cfg.enqueue.then_some(self.cfg.ring_entries),
+        );
         let _ = self
             .process
             .shared
@@ -565,7 +566,7 @@ impl Translator {
     }
 
     /// The persisted store's counters (`None` without a cache).
-    pub fn cache_stats(&self) -> Option<crate::persist::StoreStats> {
+    pub fn cache_stats(&self) -> Option<crate::cache::persist::StoreStats> {
         self.process.shared.store.get().map(|s| s.stats())
     }
 
@@ -929,14 +930,14 @@ impl Translator {
         let direct = (!folded.is_empty()).then(|| {
             let mut direct = blocks.clone();
             for &(i, _, target) in &folded {
-                direct[i] = crate::decode::with_direct_target(&blocks[i], target);
+                direct[i] = crate::frontend::decode::with_direct_target(&blocks[i], target);
             }
             direct
         });
         let to_emit = direct.as_deref().unwrap_or(&blocks);
         // A trace that ends in a `switch`'s dispatch gets a jump table of its own.
         let last = &to_emit[to_emit.len() - 1];
-        let site = crate::jump_table::pattern(last).zip(self.free_jump_table_site());
+        let site = crate::backend::jump_table::pattern(last).zip(self.free_jump_table_site());
         let cx = EmitContext {
             jump_table: site.map(|(_, number)| number),
             ..cx
@@ -973,7 +974,7 @@ impl Translator {
         if let (Some((pattern, number)), Some(code), Some(jmp)) =
             (site, trace.jump_table, last.term_inst.as_ref())
         {
-            let s = crate::jump_table::Site {
+            let s = crate::backend::jump_table::Site {
                 pattern,
                 id: sb,
                 from: last.start,
@@ -1309,7 +1310,7 @@ impl Translator {
             clone,
             mask: crate::linux::signals::guest_mask(),
             reply: tx,
-            tsc_sigsegv: crate::cpu::tsc_sigsegv(),
+            tsc_sigsegv: crate::runtime::cpu::tsc_sigsegv(),
         };
         if let Err(e) = spawner(start) {
             return -(e.raw_os_error().unwrap_or(libc::EAGAIN) as i64);
@@ -1744,9 +1745,9 @@ impl Translator {
         if let Some(&h) = self.index.blocks.get(&pc) {
             return Ok(h);
         }
-        let started = crate::cpu::tsc();
+        let started = crate::runtime::cpu::tsc();
         let entry = self.translate(pc);
-        self.stats.translation_ticks += crate::cpu::tsc().wrapping_sub(started);
+        self.stats.translation_ticks += crate::runtime::cpu::tsc().wrapping_sub(started);
         entry
     }
 
@@ -1797,12 +1798,12 @@ impl Translator {
     }
 
     /// The slot and target of `block`'s indirect branch when the slot
-    /// ([`crate::decode::constant_slot`]) holds a constant: on a private page the guest can
-    /// read but not write ([`crate::smc::MapsCache::constant`]; a GOT after relocation), so it
+    /// ([`crate::frontend::decode::constant_slot`]) holds a constant: on a private page the guest can
+    /// read but not write ([`crate::cache::smc::MapsCache::constant`]; a GOT after relocation), so it
     /// changes only through a system call that discards this translation. `None` for a
     /// non-canonical value, which must fault at the branch.
     fn constant_target(&mut self, block: &hotpath_ir::Block) -> Option<(GuestAddr, GuestAddr)> {
-        let slot = crate::decode::constant_slot(block)?;
+        let slot = crate::frontend::decode::constant_slot(block)?;
         Some((slot, self.constant_value(slot)?))
     }
 
@@ -1820,7 +1821,7 @@ impl Translator {
 
     /// True if the `len` bytes at guest `addr` change only through a system call that
     /// discards the translations of their range: on a private page the guest can read but
-    /// not write ([`crate::smc::MapsCache::constant`]), nor write-protected by hotpath for a
+    /// not write ([`crate::cache::smc::MapsCache::constant`]), nor write-protected by hotpath for a
     /// guest that may write it.
     fn constant_bytes(&mut self, addr: u64, len: u64) -> bool {
         let guest_writable = [addr, addr + len - 1].into_iter().any(|a| {
@@ -1888,7 +1889,8 @@ impl Translator {
         let folded = (max == MAX_BLOCK_INSTRUCTIONS)
             .then(|| self.constant_target(&block))
             .flatten();
-        let direct = folded.map(|(_, target)| crate::decode::with_direct_target(&block, target));
+        let direct =
+            folded.map(|(_, target)| crate::frontend::decode::with_direct_target(&block, target));
         let gateway = self.select_region(pc);
         let cx = EmitContext {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
@@ -1901,7 +1903,7 @@ impl Translator {
         // A `switch`'s dispatch through a jump table gets a table of its own (`jump_table`),
         // while there is one free.
         let switch = match &direct {
-            None if max == MAX_BLOCK_INSTRUCTIONS => crate::jump_table::pattern(&block),
+            None if max == MAX_BLOCK_INSTRUCTIONS => crate::backend::jump_table::pattern(&block),
             _ => None,
         };
         let mut site = None;
@@ -1917,7 +1919,7 @@ impl Translator {
                         jump_table: Some(number),
                         ..cx
                     };
-                    let (emitted, code) = crate::jump_table::emit_block(
+                    let (emitted, code) = crate::backend::jump_table::emit_block(
                         to_emit, &p, id, at, first_exit, &cx, number,
                     )?;
                     site = Some((number, p, id, code));
@@ -1964,7 +1966,7 @@ impl Translator {
             registry,
         )?;
         if let (Some((number, pattern, id, code)), Some(jmp_at)) = (site, jmp_at) {
-            let s = crate::jump_table::Site {
+            let s = crate::backend::jump_table::Site {
                 pattern,
                 id,
                 from: GuestAddr(pc),
@@ -1996,7 +1998,7 @@ impl Translator {
     /// guest cannot write, while the guest's `rdtsc` runs (decoding depends on nothing else
     /// of the process's state: with `PR_TSC_SIGSEGV` it traps).
     fn persisted_module(&mut self, pc: u64) -> Option<Arc<PersistedModule>> {
-        if crate::cpu::tsc_sigsegv() {
+        if crate::runtime::cpu::tsc_sigsegv() {
             return None;
         }
         let store = self.process.shared.store.get()?;
@@ -2112,7 +2114,7 @@ impl Translator {
         &mut self,
         pc: u64,
         max: usize,
-        emitted: crate::emit::EmittedBlock,
+        emitted: crate::backend::emit::EmittedBlock,
         summary: hotpath_ir::BlockSummary,
         code: Box<[u8]>,
         end: u64,
@@ -2185,7 +2187,7 @@ impl ModuleSource {
     /// The ELF images mapped into the guest now, in mapping order; `None` while a guest
     /// thread holds the process's memory map (it may be waiting for the monitor, which must
     /// not wait for it in turn).
-    pub fn try_modules(&self) -> Option<Vec<crate::modules::GuestModule>> {
+    pub fn try_modules(&self) -> Option<Vec<crate::cache::modules::GuestModule>> {
         let memory = self.0.memory.try_lock().ok()?;
         Some(memory.modules.all().to_vec())
     }

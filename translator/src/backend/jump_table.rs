@@ -42,15 +42,15 @@ use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembl
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 use iced_x86::{Code, Instruction, OpKind, Register};
 
-use crate::code_cache::{Exit, ExitKind, HostLayout};
-use crate::emit::{
+use crate::backend::emit::{
     assembled, emit_block_with, encode_at, exit_stub, load_indirect_target, patchable_jmp, Code_,
     EmitContext, EmittedBlock,
 };
-use crate::gateway::{emit_ibl, emit_ibl_in, GS};
-use crate::relocs::{RelocKind, Relocs, Routine};
-use crate::stubs::gpr;
-use crate::thread_area::{off, JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE};
+use crate::backend::relocs::{RelocKind, Relocs, Routine};
+use crate::backend::stubs::gpr;
+use crate::cache::code_cache::{Exit, ExitKind, HostLayout};
+use crate::runtime::gateway::{emit_ibl, emit_ibl_in, GS};
+use crate::runtime::thread_area::{off, JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE};
 use crate::TranslateError;
 
 /// The guest's jump-table dispatch at the end of a block: the last two body instructions and
@@ -151,11 +151,11 @@ pub fn pattern(block: &Block) -> Option<Pattern> {
 }
 
 /// Emits `block`, which ends in pattern `p`, for host address `at` with its dispatch as
-/// jump-table site `site` (as [`crate::emit::emit_block`] does otherwise). Returns the block
+/// jump-table site `site` (as [`crate::backend::emit::emit_block`] does otherwise). Returns the block
 /// and where its fill stub is.
 ///
 /// # Errors
-/// As [`crate::emit::emit_block`].
+/// As [`crate::backend::emit::emit_block`].
 pub fn emit_block(
     block: &Block,
     p: &Pattern,

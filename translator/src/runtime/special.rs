@@ -17,13 +17,13 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic
 
 use hotpath_ir::TrapKind;
 
-use crate::cpu::set_guest_pkru;
-use crate::decode::is_system_instruction;
-use crate::guest_mem;
+use crate::cache::smc::MapsCache;
+use crate::frontend::decode::is_system_instruction;
 use crate::linux::host::raw_syscall;
 pub use crate::linux::signals::{GuestFault, TrapDetails};
-use crate::smc::MapsCache;
-use crate::thread_area::{self, ThreadArea};
+use crate::runtime::cpu::set_guest_pkru;
+use crate::runtime::guest_mem;
+use crate::runtime::thread_area::{self, ThreadArea};
 
 /// What the dispatcher does with a trapping or special instruction.
 #[derive(Debug)]
@@ -287,10 +287,10 @@ fn unsupported(i: &Instruction, at: u64, area: &mut ThreadArea) -> Action {
             text()
         )),
         // Writing what is already there (selector 0, base 0) changes nothing.
-        _ if crate::decode::writes_gs(i) && writes_zero_to_gs(i, area) => {
+        _ if crate::frontend::decode::writes_gs(i) && writes_zero_to_gs(i, area) => {
             Action::Continue(i.next_ip())
         }
-        _ if crate::decode::writes_gs(i) => Action::Refuse(format!(
+        _ if crate::frontend::decode::writes_gs(i) => Action::Refuse(format!(
             "{} (it changes GS, where hotpath keeps its per-thread state)",
             text()
         )),
@@ -495,7 +495,7 @@ pub fn single_step(next: u64) -> GuestFault {
 
 /// True if the guest instruction at `pc` has a GS-relative memory operand.
 pub fn gs_relative(pc: u64) -> bool {
-    decode_at(pc).is_some_and(|i| crate::decode::gs_memory(&i))
+    decode_at(pc).is_some_and(|i| crate::frontend::decode::gs_memory(&i))
 }
 
 /// True if single-stepping the instruction at `pc` ends in a trap after it: not after
@@ -859,7 +859,9 @@ pub fn noncanonical_branch(
         let rsp = &mut area.gpr[thread_area::RSP];
         let direct = i.op0_kind() == iced_x86::OpKind::NearBranch64;
         match i.mnemonic() {
-            Mnemonic::Ret => *rsp = rsp.wrapping_sub(crate::decode::return_pop(&i) as u64),
+            Mnemonic::Ret => {
+                *rsp = rsp.wrapping_sub(crate::frontend::decode::return_pop(&i) as u64)
+            }
             Mnemonic::Call if direct || indirect_call_pushed => *rsp = rsp.wrapping_add(8),
             Mnemonic::Call if noncanonical_call_writes_return() => {
                 // An unwritable slot is left alone and the #GP reported (natively the push

@@ -9,10 +9,10 @@
 
 use hotpath_ir::{BlockId, BlockSummary, Cond, GuestAddr, HostAddr, Terminator};
 
-use crate::emit::EmittedBlock;
-use crate::gateway::Gateway;
-use crate::links::{Exit, ExitKind, HostLayout};
-use crate::relocs::{RelocKind, Routine};
+use crate::backend::emit::EmittedBlock;
+use crate::backend::relocs::{RelocKind, Routine};
+use crate::cache::links::{Exit, ExitKind, HostLayout};
+use crate::runtime::gateway::Gateway;
 
 /// A persisted basic block (see the module doc for the units of its fields).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -735,8 +735,8 @@ impl<'a> RecordView<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::decode_block_from;
-    use crate::emit::{emit_block, EmitContext};
+    use crate::backend::emit::{emit_block, EmitContext};
+    use crate::frontend::decode::decode_block_from;
 
     /// The executable bytes of this test binary (a large x86-64 program: Rust's standard
     /// library, iced, dynasm) and the virtual address they are linked at.
@@ -842,9 +842,9 @@ mod tests {
             // The same block with its slot's value taken as constant, if it has such a slot:
             // placed with the value the slot holds in the second process (another module's
             // address, not moved with this one).
-            if let Some(slot) = crate::decode::constant_slot(&b1) {
+            if let Some(slot) = crate::frontend::decode::constant_slot(&b1) {
                 let (t1, t2) = (GuestAddr(0x7f00_1234_5000), GuestAddr(0x7f77_0000_9000));
-                let d1 = crate::decode::with_direct_target(&b1, t1);
+                let d1 = crate::frontend::decode::with_direct_target(&b1, t1);
                 let e1 =
                     emit_block(&d1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
                 let bytes = BlockRecord::capture(&e1, &b1, at as u64, Some((slot, t1)))
@@ -853,7 +853,7 @@ mod tests {
                 let r = RecordView::parse(&bytes).expect("a record reads back");
                 let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
                 let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
-                let d2 = crate::decode::with_direct_target(&b2, t2);
+                let d2 = crate::frontend::decode::with_direct_target(&b2, t2);
                 let e2 =
                     emit_block(&d2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
                 let gw = &cx(h1 + shift).gateway;

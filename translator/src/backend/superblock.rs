@@ -32,16 +32,16 @@ use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembl
 use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
-use crate::code_cache::{Exit, ExitKind, HostLayout};
-use crate::emit::{
+use crate::backend::emit::{
     append_body, assembled, emit_terminator, enqueue_stub, exit_stub, indirect_call_lookup, jcc,
     load_indirect_target, patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop,
     return_through_lookup, Code_, EmitContext, RcxSave, Slow,
 };
-use crate::gateway::{emit_ibl, GS};
-use crate::relocs::Relocs;
-use crate::stubs::add_to_rcx;
-use crate::thread_area::off;
+use crate::backend::relocs::Relocs;
+use crate::backend::stubs::add_to_rcx;
+use crate::cache::code_cache::{Exit, ExitKind, HostLayout};
+use crate::runtime::gateway::{emit_ibl, GS};
+use crate::runtime::thread_area::off;
 use crate::TranslateError;
 
 /// A superblock's host code, assembled for a known address, not yet in the cache.
@@ -55,7 +55,7 @@ pub struct EmittedTrace {
     /// One layout per block of the trace, then one per side-exit stub, in address order.
     pub layouts: Vec<HostLayout>,
     /// With a jump-table site (`EmitContext::jump_table`) at its end: where its parts are.
-    pub jump_table: Option<crate::jump_table::SiteCode>,
+    pub jump_table: Option<crate::backend::jump_table::SiteCode>,
 }
 
 /// Where a side exit goes.
@@ -114,7 +114,7 @@ fn broken(blocks: &[Block], position: usize) -> TranslateError {
 ///
 /// # Errors
 /// [`TranslateError::Superblock`] if a block does not lead to the next (the guest code changed
-/// since the monitor saw the path); the encoding errors of [`crate::emit::emit_block`].
+/// since the monitor saw the path); the encoding errors of [`crate::backend::emit::emit_block`].
 pub fn emit_superblock(
     blocks: &[Block],
     sb: BlockId,
@@ -163,12 +163,15 @@ pub fn emit_superblock(
         if i + 1 == blocks.len() {
             let first = first_exit + exits.len() as u32;
             let mut relocs = Relocs::default();
-            let last_exits = match cx.jump_table.zip(crate::jump_table::pattern(block)) {
+            let last_exits = match cx
+                .jump_table
+                .zip(crate::backend::jump_table::pattern(block))
+            {
                 // The trace ends in a `switch`'s dispatch: a jump-table site of its own.
                 Some((site, p)) => {
-                    let body = crate::jump_table::without_dispatch(block);
+                    let body = crate::backend::jump_table::without_dispatch(block);
                     append_body(&body, &mut code, &mut layout, &mut relocs)?;
-                    let (e, c) = crate::jump_table::emit_site(
+                    let (e, c) = crate::backend::jump_table::emit_site(
                         block,
                         sb,
                         &p,
