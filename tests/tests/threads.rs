@@ -182,7 +182,7 @@ fn a_panic_on_a_guest_thread_ends_the_process_with_its_profile() {
             "{linkage}: {stderr}"
         );
         assert_eq!(stderr.lines().count(), 1, "{linkage}: one line:\n{stderr}");
-        let said = "internal error (bug in hotpath): panicked at translator/src/dispatch.rs";
+        let said = "internal error (bug in hotpath): panicked at translator/src/runtime/dispatch/kernel.rs";
         assert!(
             stderr.contains(said) && stderr.contains("injected at system call"),
             "{linkage}: {stderr}"

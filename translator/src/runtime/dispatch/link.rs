@@ -1,0 +1,69 @@
+//! Links noted as translations chain, and what the cache drops: invalidated ranges and flushes.
+
+use super::*;
+
+impl Translator {
+    /// Discards translations overlapping ranges the guest unmapped, remapped, reprotected or
+    /// wrote to (code that writes code).
+    pub(super) fn apply_invalidations(&mut self) {
+        let ranges = std::mem::take(&mut self.process.invalidate);
+        if ranges.is_empty() {
+            return;
+        }
+        self.process
+            .shared
+            .publish_invalidations(&ranges, self.ctl.tid);
+        // This thread's own ranges are in the log too: skip them there.
+        self.take_invalidations();
+    }
+
+    /// Discards this thread's translations of `ranges`.
+    pub(super) fn discard(&mut self, ranges: &[(u64, u64)]) {
+        for &(s, e) in ranges {
+            self.process.maps.invalidate_range(s, e);
+            self.process.signals.protected_pages().forget(s, e);
+        }
+        let hit = ranges.iter().any(|&(s, e)| {
+            // Blocks are at most a few hundred bytes: look a page back for ones that start before.
+            self.index
+                .spans
+                .range(s.saturating_sub(4096)..e)
+                .any(|(&bs, &be)| bs < e && be > s)
+        });
+        if hit {
+            self.flush();
+        }
+    }
+
+    /// Notes that direct exit `exit` was linked to its target, guest `target`
+    /// ([`CacheIndex::linked`]). Past [`LINKED_UNSORTED`] unsorted entries the list is sorted
+    /// again (a stable sort merges the sorted part and the new entries' run in linear time)
+    /// and entries made twice (links undone by a signal or a kick, then made again) merged.
+    pub(super) fn note_link(&mut self, target: u64, exit: u32) {
+        let index = &mut self.index;
+        index.linked.push((target, exit));
+        if index.linked.len() - index.linked_sorted > LINKED_UNSORTED {
+            index.linked.sort();
+            index.linked.dedup();
+            index.linked_sorted = index.linked.len();
+        }
+    }
+
+    /// Empties the code cache: every block will be translated again (with new ids).
+    pub(super) fn flush(&mut self) {
+        self.cache.flush();
+        self.index.blocks.clear();
+        self.index.spans.clear();
+        self.index.exits.clear();
+        self.index.linked.clear();
+        self.index.linked_sorted = 0;
+        self.area.clear_ibl(self.gateway.ibl_empty.0);
+        self.index.generation += 1;
+        self.index.generation_first_id = lock(&self.process.shared.registry).next_id;
+        self.index.superblock_heads.clear();
+        self.index.step_blocks.clear();
+        self.jump_tables.clear();
+        self.area.jump_tables_open = 0;
+        self.stats.flushes += 1;
+    }
+}
