@@ -16,14 +16,17 @@
 #                     [--no-build] [-h]
 #   -n RUNS        runs per mode and workload (default 5; env BENCH_RUNS)
 #   -l LINKAGE     static (default) or static-pie (the samples; busybox is what it is)
-#   -s WORKLOADS   space-separated names (default: all bench_* samples, busybox_sort,
+#   -s WORKLOADS   space-separated names (default: all bench_* samples (bench_threads: two
+#                  threads at once; bench_deep: deep recursion), busybox_sort,
 #                  busybox_gzip, busybox_awk (a field-counting script), busybox_sh (a shell
 #                  loop that forks and execs `busybox expr` 300 times), startup
 #                  (`busybox true`, 100 separate runs: each mode's start-up and exit cost),
-#                  and the dynamically linked python3 (a script), python3_pass
+#                  and the dynamically linked python3 (a script), py_text (another python3
+#                  script: regular expressions, a Counter, classes), python3_pass
 #                  (`python3 -c pass`: startup), py_threads_seq (python3 starting and joining
 #                  200 threads one after another), py_threads_16 (16 python3 threads running
-#                  the same loop at once), sqlite3 (a recursive CTE), lua (lua5.4),
+#                  the same loop at once), sqlite3 (a recursive CTE), lua (lua5.4), lua_oop
+#                  (another lua script: metatables, string building, a recursive search),
 #                  zstd_t2 (`zstd -T2 -5` on 22 MiB of random text: two compression threads)
 #                  and gcc_zstd (a big program: `gcc -O2 -S` of 16,000 preprocessed lines of
 #                  zstd 1.5.6's amalgamation, fetched once from PyPI's zstandard 0.23.0 sdist
@@ -40,7 +43,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 python3_pass py_threads_seq py_threads_16 sqlite3 lua zstd_t2 gcc_zstd make_j2 two_procs"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp bench_threads bench_deep busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 py_text python3_pass py_threads_seq py_threads_16 sqlite3 lua lua_oop zstd_t2 gcc_zstd make_j2 two_procs"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -128,12 +131,12 @@ SH
                 startup) argv[$w]="$busybox true"; reps[$w]=100 ;;
             esac
             ;;
-        python3|python3_pass|py_threads_seq|py_threads_16|sqlite3|lua|zstd_t2)
+        python3|py_text|python3_pass|py_threads_seq|py_threads_16|sqlite3|lua|lua_oop|zstd_t2)
             # Dynamically linked programs from Debian (installed by .ci/setup).
             case "$w" in
-                python3*|py_threads*) prog=python3 ;;
+                python3*|py_*) prog=python3 ;;
                 sqlite3) prog=sqlite3 ;;
-                lua) prog=lua5.4 ;;
+                lua*) prog=lua5.4 ;;
                 zstd_t2) prog=zstd ;;
             esac
             prog_path=$(command -v "$prog" || true)
@@ -154,6 +157,39 @@ for i in range(200000):
 s = json.dumps(d)
 print(len(zlib.compress(s.encode())), hashlib.sha256(s.encode()).hexdigest()[:16])
 print(sum(sorted(d.values())[::1000]))
+PY
+                    argv[$w]="$prog_path $script" ;;
+                py_text)
+                    # Another script than the bench's own: regular expressions, a Counter,
+                    # method calls through a class hierarchy.
+                    script="$out_dir/text.py"
+                    cat >"$script" <<'PY'
+import collections, re
+words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+x = 12345
+lines = []
+for i in range(40000):
+    x = (x * 1103515245 + 12345) % 2147483648
+    lines.append(" ".join(words[(x >> s) % 8] + str((x >> s) % 13) for s in (3, 7, 11, 15, 19)))
+text = "\n".join(lines)
+counts = collections.Counter(re.findall(r"[a-z]+\d+", text))
+class Shape:
+    def area(self):
+        raise NotImplementedError
+class Rect(Shape):
+    def __init__(self, w, h):
+        self.w, self.h = w, h
+    def area(self):
+        return self.w * self.h
+class Tri(Shape):
+    def __init__(self, b, h):
+        self.b, self.h = b, h
+    def area(self):
+        return self.b * self.h / 2
+shapes = [Rect(i % 7 + 1, i % 5 + 1) if i % 3 else Tri(i % 11 + 1, i % 4 + 1) for i in range(150000)]
+total = sum(s.area() for s in shapes)
+print(len(counts), counts.most_common(3), f"{total:.1f}")
+print(" ".join(sorted(set(text[:2000].split())))[:60])
 PY
                     argv[$w]="$prog_path $script" ;;
                 python3_pass) argv[$w]="$prog_path -c pass" ;;
@@ -205,6 +241,43 @@ table.sort(t)
 local s = 0
 for i = 1, #t, 97 do s = s + t[i] end
 print(s)
+LUA
+                    argv[$w]="$prog_path $script" ;;
+                lua_oop)
+                    # Another script than the bench's own: metatables and method calls, string
+                    # building and matching, a recursive search.
+                    script="$out_dir/oop.lua"
+                    cat >"$script" <<'LUA'
+local Point = {}
+Point.__index = Point
+function Point.new(x, y) return setmetatable({x = x, y = y}, Point) end
+function Point:add(o) return Point.new(self.x + o.x, self.y + o.y) end
+local acc = Point.new(0, 0)
+for i = 1, 600000 do acc = acc:add(Point.new(i % 7, i % 11)) end
+local parts = {}
+for i = 1, 200000 do parts[#parts + 1] = string.format("%d:%s", i, string.rep("x", i % 5)) end
+local s = table.concat(parts, ",")
+local n = 0
+for _ in s:gmatch("%d+:xx,") do n = n + 1 end
+local function queens(size)
+  local count, cols = 0, {}
+  local function ok(r, c)
+    for pr = 1, r - 1 do
+      local pc = cols[pr]
+      if pc == c or math.abs(pc - c) == r - pr then return false end
+    end
+    return true
+  end
+  local function place(r)
+    if r > size then count = count + 1; return end
+    for c = 1, size do
+      if ok(r, c) then cols[r] = c; place(r + 1) end
+    end
+  end
+  place(1)
+  return count
+end
+print(acc.x, acc.y, #s, n, queens(8))
 LUA
                     argv[$w]="$prog_path $script" ;;
                 zstd_t2)

@@ -361,6 +361,11 @@ pub const SAMPLES: &[Sample] = &[
         "n-body doubles (benchmark, small size)"),
     sample("bench_interp", "bench_interp.c", &["20"], Exit(0),
         "switch-dispatched bytecode interpreter (benchmark, small size)"),
+    sample("bench_threads", "bench_threads.c", &["2"], Exit(0),
+        "two threads each running its own loop at once (benchmark, small size)"),
+    sample("bench_deep", "bench_deep.c", &["2"], Exit(0),
+        "deep recursion: a 100,000-frame list walk, a recursive tree, Ackermann (benchmark, \
+         small size)"),
 ];
 
 /// The sample called `name`, if any.

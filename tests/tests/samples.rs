@@ -112,6 +112,8 @@ sample_tests! {
     bench_fib,
     bench_nbody,
     bench_interp,
+    bench_threads,
+    bench_deep,
 }
 
 #[test]
