@@ -74,11 +74,16 @@ fn resolve(mods: &BTreeSet<String>, path: &str) -> Option<String> {
         .find(|m| mods.contains(m))
 }
 
-/// The import cycles among `crate_dir`'s modules, each described edge by edge (none: `[]`).
-fn import_cycles(crate_dir: &str) -> Vec<String> {
+/// `crate_dir`'s modules, and its imports: (from, to) → the names `from` uses of `to`.
+#[allow(clippy::type_complexity)]
+fn imports(
+    crate_dir: &str,
+) -> (
+    BTreeSet<String>,
+    BTreeMap<(String, String), BTreeSet<String>>,
+) {
     let sources = modules(crate_dir);
     let mods: BTreeSet<String> = sources.keys().cloned().collect();
-    // (from, to) → names used.
     let mut edges: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for (m, code) in &sources {
         let parent = m.rsplit_once("::").map_or("", |(p, _)| p);
@@ -100,6 +105,12 @@ fn import_cycles(crate_dir: &str) -> Vec<String> {
             }
         }
     }
+    (mods, edges)
+}
+
+/// The import cycles among `crate_dir`'s modules, each described edge by edge (none: `[]`).
+fn import_cycles(crate_dir: &str) -> Vec<String> {
+    let (mods, edges) = imports(crate_dir);
     // A module reaches itself through the import graph: a cycle.
     let mut cycles = Vec::new();
     for start in &mods {
@@ -157,4 +168,48 @@ fn monitor_modules_import_one_way() {
         "monitor/src has import cycles:\n{}",
         cycles.join("\n")
     );
+}
+
+/// The translator's folders, from the bottom: a module may import modules of its own folder
+/// and of folders before it, never of one after it (docs/design.md, "The translator's
+/// layers"). `lib.rs` is above them all.
+const TRANSLATOR_FOLDERS: [&str; 7] = [
+    "host", "frontend", "cache", "backend", "persist", "linux", "runtime",
+];
+
+#[test]
+fn translator_folders_import_down_the_layers() {
+    let (_, edges) = imports("translator");
+    let rank = |m: &str| {
+        let folder = m.split("::").next().unwrap_or_default();
+        TRANSLATOR_FOLDERS.iter().position(|&f| f == folder)
+    };
+    let up: Vec<String> = edges
+        .iter()
+        .filter(|((from, to), _)| match (rank(from), rank(to)) {
+            (Some(a), Some(b)) => a < b,
+            _ => false,
+        })
+        .map(|((from, to), names)| format!("{from} -> {to} ({names:?})"))
+        .collect();
+    assert!(
+        up.is_empty(),
+        "translator/src imports up its folders' order {TRANSLATOR_FOLDERS:?}:\n{}",
+        up.join("\n")
+    );
+    // Every folder of translator/src is in the order.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .join("translator/src");
+    for entry in std::fs::read_dir(&root).expect("translator/src") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                TRANSLATOR_FOLDERS.contains(&name.as_str()),
+                "translator/src/{name} is in no layer"
+            );
+        }
+    }
 }

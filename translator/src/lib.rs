@@ -13,14 +13,29 @@
 //! ```
 //!
 //! Guest registers live in host registers while translated code runs; the gateway
-//! ([`runtime::gateway`]) switches between the guest's context and Rust's, saving GPRs, RFLAGS, the
-//! XSAVE state and the FS base into the thread's [`runtime::thread_area::ThreadArea`], which the code
+//! ([`backend::gateway`]) switches between the guest's context and Rust's, saving GPRs, RFLAGS, the
+//! XSAVE state and the FS base into the thread's [`host::thread_area::ThreadArea`], which the code
 //! reaches through GS.
+//!
+//! The folders are the layers, each importing only itself and the ones before it (the layers
+//! test in `tests/tests/layers.rs` keeps it so):
+//!
+//! | folder | what |
+//! |---|---|
+//! | [`host`] | the host CPU's facts, guest memory, the thread area, raw system calls |
+//! | [`frontend`] | guest bytes decoded and lifted to the IR |
+//! | [`cache`] | the code cache's regions, layouts and links; code that writes code; modules |
+//! | [`backend`] | blocks, superblocks and jump tables lowered to host code; the gateway |
+//! | [`persist`] | translations kept across processes |
+//! | [`linux`] | the process, its threads, system calls, signals, exec |
+//! | [`runtime`] | the dispatcher, and the instructions it carries out itself |
 
 pub mod backend;
 pub mod cache;
 pub mod frontend;
+pub mod host;
 pub mod linux;
+pub mod persist;
 pub mod runtime;
 
 pub use linux::exec::ExecWrapper;
@@ -89,14 +104,14 @@ pub fn vdso_range() -> Option<(u64, u64)> {
 fn read_vdso_range() -> Option<(u64, u64)> {
     let base = guest_vdso()?;
     let mut ehdr = [0u8; 64];
-    runtime::guest_mem::read(base, &mut ehdr).ok()?;
+    host::guest_mem::read(base, &mut ehdr).ok()?;
     let phoff = u64::from_le_bytes(ehdr[32..40].try_into().ok()?);
     let phentsize = u16::from_le_bytes(ehdr[54..56].try_into().ok()?) as u64;
     let phnum = u16::from_le_bytes(ehdr[56..58].try_into().ok()?) as u64;
     let mut end = base;
     for i in 0..phnum.min(64) {
         let mut ph = [0u8; 56];
-        runtime::guest_mem::read(base + phoff + i * phentsize, &mut ph).ok()?;
+        host::guest_mem::read(base + phoff + i * phentsize, &mut ph).ok()?;
         if u32::from_le_bytes(ph[0..4].try_into().ok()?) == 1 {
             // PT_LOAD: vaddr at 16, memsz at 40 (the vDSO is linked at 0).
             let vaddr = u64::from_le_bytes(ph[16..24].try_into().ok()?);

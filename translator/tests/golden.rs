@@ -8,11 +8,11 @@ use std::path::PathBuf;
 
 use hotpath_ir::{BlockId, GuestAddr, HostAddr};
 use hotpath_translator::backend::emit::{emit_block, EmitContext};
+use hotpath_translator::backend::gateway::Gateway;
 use hotpath_translator::backend::jump_table;
 use hotpath_translator::backend::superblock::emit_superblock;
 use hotpath_translator::cache::code_cache::Exit;
 use hotpath_translator::frontend::decode::decode_block;
-use hotpath_translator::runtime::gateway::Gateway;
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 
 /// Guest address every case is decoded at (mapped by the test).

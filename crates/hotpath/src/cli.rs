@@ -234,10 +234,10 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// The translation cache's directory: `--cache-dir`, else the default location
-    /// ([`hotpath_translator::cache::persist::CacheDir::location`]); `None` with `--no-cache` or
+    /// ([`hotpath_translator::persist::CacheDir::location`]); `None` with `--no-cache` or
     /// `HOTPATH_CACHE=off`.
     pub fn translation_cache(&self) -> Option<PathBuf> {
-        use hotpath_translator::cache::persist::CacheDir;
+        use hotpath_translator::persist::CacheDir;
         if self.no_cache || CacheDir::switched_off() {
             return None;
         }

@@ -6,7 +6,7 @@
 //! hotpath report FILE.json [OUTPUTS]        outputs.rs: text, DOT, flame graph, drcov, callgrind
 //! hotpath merge A.json B.json... -o OUT     hotpath_report::merge
 //! hotpath bench [--runs N] PROGRAM [ARGS]   bench.rs: native vs each mode vs qemu, medians
-//! hotpath cache [clear]                     the persisted translations (hotpath_translator::cache::persist)
+//! hotpath cache [clear]                     the persisted translations (hotpath_translator::persist)
 //! ```
 
 pub mod bench;
@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use hotpath_report::{merge, Report};
 
 use cli::{CacheArgs, MergeArgs, ReportArgs};
-use hotpath_translator::cache::persist::CacheDir;
+use hotpath_translator::persist::CacheDir;
 
 /// Writes one line (`line` and a newline) to stderr in one write, as `eprintln!` does but
 /// never panicking: hotpath's own messages go to wherever the guest's stderr goes, and a

@@ -86,6 +86,6 @@ fn map_file(path: &Path) -> Option<memmap2::Mmap> {
 /// The vDSO's bytes, read from this process's memory, where the kernel mapped it.
 fn vdso_bytes(m: &GuestModule) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; (m.end - m.start) as usize];
-    hotpath_translator::runtime::guest_mem::read(m.start, &mut buf).ok()?;
+    hotpath_translator::host::guest_mem::read(m.start, &mut buf).ok()?;
     Some(buf)
 }

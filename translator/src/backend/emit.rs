@@ -25,12 +25,12 @@ use iced_x86::{
 
 use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Inst, Terminator};
 
+use crate::backend::gateway::{emit_ibl, emit_ibl_call, emit_ibl_in, Gateway, GS};
 use crate::backend::relocs::{RelocKind, Relocs, Routine};
 pub(crate) use crate::backend::stubs::{align_patchable, enqueue_stub, gpr, RcxSave, Slow};
 use crate::cache::code_cache::{Exit, ExitKind, HostLayout};
 pub(crate) use crate::frontend::decode::return_pop;
-use crate::runtime::gateway::{emit_ibl, emit_ibl_call, emit_ibl_in, Gateway, GS};
-use crate::runtime::thread_area::off;
+use crate::host::thread_area::off;
 use crate::TranslateError;
 
 /// A block's host code, assembled for a known address, not yet in the cache.

@@ -46,11 +46,11 @@ use crate::backend::emit::{
     assembled, emit_block_with, encode_at, exit_stub, load_indirect_target, patchable_jmp, Code_,
     EmitContext, EmittedBlock,
 };
+use crate::backend::gateway::{emit_ibl, emit_ibl_in, GS};
 use crate::backend::relocs::{RelocKind, Relocs, Routine};
 use crate::backend::stubs::gpr;
 use crate::cache::code_cache::{Exit, ExitKind, HostLayout};
-use crate::runtime::gateway::{emit_ibl, emit_ibl_in, GS};
-use crate::runtime::thread_area::{off, JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE};
+use crate::host::thread_area::{off, JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE};
 use crate::TranslateError;
 
 /// The guest's jump-table dispatch at the end of a block: the last two body instructions and

@@ -5,8 +5,8 @@
 use dynasmrt::{dynasm, x64::X64Relocation, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use iced_x86::Register;
 
-use crate::runtime::gateway::{EXIT_RING_FULL, GS};
-use crate::runtime::thread_area::off;
+use crate::backend::gateway::{EXIT_RING_FULL, GS};
+use crate::host::thread_area::off;
 
 /// The x86 register number (0 = RAX … 15 = R15) of a 64-bit general-purpose register.
 pub(crate) fn gpr(r: Register) -> u8 {

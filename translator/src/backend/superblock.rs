@@ -37,11 +37,11 @@ use crate::backend::emit::{
     load_indirect_target, patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop,
     return_through_lookup, Code_, EmitContext, RcxSave, Slow,
 };
+use crate::backend::gateway::{emit_ibl, GS};
 use crate::backend::relocs::Relocs;
 use crate::backend::stubs::add_to_rcx;
 use crate::cache::code_cache::{Exit, ExitKind, HostLayout};
-use crate::runtime::gateway::{emit_ibl, GS};
-use crate::runtime::thread_area::off;
+use crate::host::thread_area::off;
 use crate::TranslateError;
 
 /// A superblock's host code, assembled for a known address, not yet in the cache.

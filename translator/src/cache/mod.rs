@@ -1,9 +1,8 @@
-//! The code cache: regions and what they hold (layouts, links), code that writes code, the
-//! guest's modules, and translations persisted across processes.
+//! The code cache: regions and what they hold (layouts, links, where code went), code that
+//! writes code, and the guest's modules.
 
 pub mod code_cache;
 pub mod code_log;
 pub(crate) mod links;
 pub mod modules;
-pub mod persist;
 pub(crate) mod smc;

@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::linux::host::raw_syscall;
+use crate::host::syscall::raw_syscall;
 
 const PAGE: u64 = 4096;
 

@@ -12,7 +12,7 @@ use iced_x86::{
 
 use hotpath_ir::{Block, Cond, GuestAddr, Inst, Terminator, TrapKind};
 
-use crate::runtime::guest_mem;
+use crate::host::guest_mem;
 
 /// Most guest instructions in one block (a size limit, so one block's host code stays small).
 pub const MAX_BLOCK_INSTRUCTIONS: usize = 64;
@@ -183,11 +183,11 @@ fn classify(inst: &Instruction, next: GuestAddr) -> Option<Terminator> {
             Mnemonic::Popf | Mnemonic::Popfq => trap(TrapKind::Unsupported),
             // With protection keys, PKRU also governs hotpath's own memory (key 0): the
             // dispatcher checks the value first (see `special`). Without them it is #UD.
-            Mnemonic::Wrpkru if crate::runtime::cpu::host_pku() => trap(TrapKind::Unsupported),
+            Mnemonic::Wrpkru if crate::host::cpu::host_pku() => trap(TrapKind::Unsupported),
             _ if is_system_instruction(inst) => trap(TrapKind::Unsupported),
             // With the time-stamp counter disabled (`PR_SET_TSC`): #GP, as in user mode with
             // CR4.TSD set.
-            Mnemonic::Rdtsc | Mnemonic::Rdtscp if crate::runtime::cpu::tsc_sigsegv() => {
+            Mnemonic::Rdtsc | Mnemonic::Rdtscp if crate::host::cpu::tsc_sigsegv() => {
                 trap(TrapKind::Privileged)
             }
             _ => None,

@@ -11,9 +11,9 @@ use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
-use crate::linux::host::gated_syscall;
+use crate::host::guest_mem;
+use crate::host::syscall::gated_syscall;
 use crate::linux::thread::GuestThread;
-use crate::runtime::guest_mem;
 
 /// How to run a new program under hotpath: `hotpath` with `args` before the program.
 #[derive(Clone, Debug)]

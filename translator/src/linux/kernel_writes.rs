@@ -55,10 +55,10 @@
 
 use std::collections::BTreeSet;
 
-use crate::linux::host::raw_syscall;
+use crate::host::guest_mem;
+use crate::host::syscall::raw_syscall;
 use crate::linux::process::lock;
 use crate::linux::thread::GuestThread;
-use crate::runtime::guest_mem;
 
 /// Most `iovec`s read from a vectored call's array (the kernel's `UIO_MAXIOV`: more is EINVAL).
 const MAX_IOVECS: u64 = 1024;

@@ -2,7 +2,7 @@
 //! system calls and signals hotpath emulates between them.
 //!
 //! ```text
-//! syscalls ──▶ exec ──▶ thread ──▶ process ──▶ signals ──▶ host
+//! syscalls ──▶ exec ──▶ thread ──▶ process ──▶ signals ──▶ crate::host::syscall
 //!    │                    │                       ▲
 //!    └────────────────────┴───────────────────────┘
 //! ```
@@ -20,13 +20,13 @@
 //! - [`exec`]: `execve` under hotpath and `/proc/self/exe`;
 //! - [`seccomp`]: the guest's seccomp strict mode (emulated) and filters (hotpath's own calls
 //!   let through);
-//! - [`host`]: the raw `syscall` instruction and the gate blocking calls go through.
+//! - `crate::host::syscall` (below this layer): the raw `syscall` instruction and the gate
+//!   blocking calls go through.
 //!
 //! Arrows point at what a module uses; none uses a module to its left. [`kernel_writes`]
-//! stands beside `syscalls` (it uses `thread`, `process` and `host`).
+//! stands beside `syscalls` (it uses `thread`, `process` and the raw system calls).
 
 pub mod exec;
-pub mod host;
 pub mod kernel_writes;
 pub mod process;
 pub mod seccomp;

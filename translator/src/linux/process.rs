@@ -21,8 +21,8 @@ use hotpath_events::{BlockCatalog, CatalogWriter, NewBlock};
 
 use crate::cache::modules::ModuleList;
 use crate::cache::smc::ProtectedPages;
+use crate::host::config::{Config, Stats};
 use crate::linux::signals::{Actions, HandlerShared};
-use crate::runtime::config::{Config, Stats};
 
 /// Locks `m`, going on after a panic elsewhere (the data is plain bookkeeping).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -54,7 +54,7 @@ pub struct ForkHold<'a> {
     mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
     _code_log: MutexGuard<'a, Option<crate::cache::code_log::CodeLog>>,
     _smc: crate::cache::smc::PagesHold<'a>,
-    store: Option<crate::cache::persist::StoreHold<'a>>,
+    store: Option<crate::persist::StoreHold<'a>>,
 }
 
 /// The guest's address space as hotpath tracks it.
@@ -239,7 +239,7 @@ pub struct ProcessShared {
     /// Where translated code was put, for host profilers (`None`: not asked for).
     pub code_log: Mutex<Option<crate::cache::code_log::CodeLog>>,
     /// The persisted translations this process reads and adds to (unset: no cache).
-    pub store: std::sync::OnceLock<Arc<crate::cache::persist::Store>>,
+    pub store: std::sync::OnceLock<Arc<crate::persist::Store>>,
 }
 
 impl ProcessShared {
@@ -432,8 +432,8 @@ pub(crate) const POOL_WAIT: std::time::Duration = std::time::Duration::from_mill
 /// translates the code they run once).
 pub struct ThreadResources {
     pub(crate) cache: crate::cache::code_cache::CodeCache,
-    pub(crate) gateway: crate::runtime::gateway::Gateway,
-    pub(crate) area: &'static mut crate::runtime::thread_area::ThreadArea,
+    pub(crate) gateway: crate::backend::gateway::Gateway,
+    pub(crate) area: &'static mut crate::host::thread_area::ThreadArea,
     pub(crate) signals: crate::linux::signals::SignalState,
     /// The translations in `cache` (and the thread area's lookup and jump tables) when they
     /// were kept for the next thread; `None` for an empty cache.

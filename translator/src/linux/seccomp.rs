@@ -31,11 +31,11 @@
 //! `arch_prctl`, `exit_group`, ...) are not judged; `SECCOMP_RET_KILL_THREAD` ends the whole
 //! process; a kill from a filter whose own traps use hotpath's data ends it without a report.
 
-use crate::linux::host::{guest_syscall, guest_syscall_returns, raw_syscall};
+use crate::host::guest_mem;
+use crate::host::syscall::{guest_syscall, guest_syscall_returns, raw_syscall};
 use crate::linux::process::lock;
 use crate::linux::signals::SECCOMP_KILL_DATA;
 use crate::linux::thread::GuestThread;
-use crate::runtime::guest_mem;
 
 /// `seccomp(2)` operations and `prctl(PR_SET_SECCOMP)` modes.
 const SECCOMP_SET_MODE_STRICT: u64 = 0;

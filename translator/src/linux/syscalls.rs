@@ -19,13 +19,13 @@
 
 use std::collections::BTreeMap;
 
+use crate::host::guest_mem;
+use crate::host::syscall::{gated_syscall, guest_syscall, raw_syscall};
+use crate::host::thread_area::ThreadArea;
 use crate::linux::exec::{exe_path_arg, is_proc_self_exe};
-use crate::linux::host::{gated_syscall, guest_syscall, raw_syscall};
 use crate::linux::process::{lock, CloneArgs, Memory};
 use crate::linux::seccomp;
 use crate::linux::thread::GuestThread;
-use crate::runtime::guest_mem;
-use crate::runtime::thread_area::ThreadArea;
 
 /// How the guest ended, as the waiting parent would see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -559,7 +559,7 @@ fn sys_rt_sigsuspend(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> O
 fn sys_sigaltstack(p: &mut GuestThread, area: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
     Outcome::Return(
         p.signals
-            .sigaltstack(a[0], a[1], area.gpr[crate::runtime::thread_area::RSP]),
+            .sigaltstack(a[0], a[1], area.gpr[crate::host::thread_area::RSP]),
     )
 }
 
@@ -726,7 +726,7 @@ fn sys_prctl(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
         // The time-stamp counter setting is the thread's and is emulated: the kernel's would
         // make hotpath's own clock (the vDSO's `rdtscp`) fault.
         libc::PR_GET_TSC => {
-            let mode = if crate::runtime::cpu::tsc_sigsegv() {
+            let mode = if crate::host::cpu::tsc_sigsegv() {
                 libc::PR_TSC_SIGSEGV
             } else {
                 libc::PR_TSC_ENABLE
@@ -739,8 +739,8 @@ fn sys_prctl(p: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
                 libc::PR_TSC_SIGSEGV => true,
                 _ => return Outcome::Return(-(libc::EINVAL as i64)),
             };
-            if on != crate::runtime::cpu::tsc_sigsegv() {
-                crate::runtime::cpu::set_tsc_sigsegv(on);
+            if on != crate::host::cpu::tsc_sigsegv() {
+                crate::host::cpu::set_tsc_sigsegv(on);
                 // Translations made under the other mode: this thread's go (its code cache
                 // is its own).
                 p.invalidate.push((0, 1 << 47));

@@ -1,7 +1,7 @@
 //! What belongs to one guest thread for the emulated system calls: its signal state (mask,
 //! alternate stack, pending signals), what it must invalidate, the address the kernel clears
 //! when it ends. Its registers and event ring live in its
-//! [`ThreadArea`](crate::runtime::thread_area::ThreadArea), its code in its own code cache; what every
+//! [`ThreadArea`](crate::host::thread_area::ThreadArea), its code in its own code cache; what every
 //! thread shares is [`ProcessShared`].
 
 use crate::linux::process::ProcessShared;

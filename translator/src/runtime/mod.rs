@@ -1,11 +1,5 @@
-//! The runtime: the thread area translated code reaches through GS, the gateway between Rust
-//! and translated code, the dispatcher, the instructions it carries out itself, and the host
-//! CPU's facts.
+//! The runtime, the top layer: the dispatcher (which uses every folder below) and the
+//! instructions it carries out itself instead of running them translated.
 
-pub(crate) mod config;
-pub(crate) mod cpu;
 pub(crate) mod dispatch;
-pub mod gateway;
-pub mod guest_mem;
 pub(crate) mod special;
-pub mod thread_area;

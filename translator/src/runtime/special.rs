@@ -19,11 +19,11 @@ use hotpath_ir::TrapKind;
 
 use crate::cache::smc::MapsCache;
 use crate::frontend::decode::is_system_instruction;
-use crate::linux::host::raw_syscall;
+use crate::host::cpu::set_guest_pkru;
+use crate::host::guest_mem;
+use crate::host::syscall::raw_syscall;
+use crate::host::thread_area::{self, ThreadArea};
 pub use crate::linux::signals::{GuestFault, TrapDetails};
-use crate::runtime::cpu::set_guest_pkru;
-use crate::runtime::guest_mem;
-use crate::runtime::thread_area::{self, ThreadArea};
 
 /// What the dispatcher does with a trapping or special instruction.
 #[derive(Debug)]

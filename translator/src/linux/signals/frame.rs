@@ -2,7 +2,7 @@
 //! `siginfo`, XSAVE image) built on the guest's stack, and `rt_sigreturn` reading it back.
 
 use super::*;
-use crate::runtime::thread_area;
+use crate::host::thread_area;
 
 // Kernel `struct ucontext` layout on x86-64 (offsets in bytes).
 const UC_FLAGS: usize = 0;
@@ -28,8 +28,8 @@ fn reset_xsave(area: &mut ThreadArea) {
     area.xsave.0[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
     area.xsave.0[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
     // The kernel gives a handler its initial PKRU, not the architectural 0.
-    if let Some(pkru) = crate::runtime::cpu::initial_pkru() {
-        crate::runtime::cpu::set_guest_pkru(&mut area.xsave.0, pkru);
+    if let Some(pkru) = crate::host::cpu::initial_pkru() {
+        crate::host::cpu::set_guest_pkru(&mut area.xsave.0, pkru);
     }
 }
 

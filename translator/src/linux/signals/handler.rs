@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use super::*;
 use crate::cache::code_cache::{HostLayout, LayoutMap};
 use crate::cache::links::ExitKind;
-use crate::runtime::thread_area;
+use crate::host::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {
     read_base(fsgsbase, false)
@@ -128,7 +128,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     let si_code = i32::from_le_bytes(info_bytes[8..12].try_into().unwrap());
     if !in_cache
         && (is_fault_signal(sig) || sig == libc::SIGSYS)
-        && crate::linux::host::guest_syscall_returns().contains(&pc)
+        && crate::host::syscall::guest_syscall_returns().contains(&pc)
     {
         // The kernel forced this signal on the guest's system call (`uretprobe` called from
         // outside its trampoline raises SIGILL, a seccomp filter's SECCOMP_RET_TRAP raises
@@ -275,7 +275,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     // SAFETY: this thread's own area; the dispatcher it interrupted writes the field only
     // with every signal blocked.
     unsafe { std::ptr::write_volatile(&mut area.gate_pending, 1) };
-    let (gate, gate_insn, refused) = crate::linux::host::gate_addresses();
+    let (gate, gate_insn, refused) = crate::host::syscall::gate_addresses();
     if pc >= gate && pc <= gate_insn {
         // Interrupted on its way into a system call: do not let the call block.
         gregs[REG_RIP] = refused as i64;

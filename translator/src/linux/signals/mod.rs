@@ -31,9 +31,9 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use crate::cache::code_cache::{Exit, RegionTable};
-use crate::linux::host::raw_syscall;
-use crate::runtime::guest_mem;
-use crate::runtime::thread_area::ThreadArea;
+use crate::host::guest_mem;
+use crate::host::syscall::raw_syscall;
+use crate::host::thread_area::ThreadArea;
 
 /// Highest signal number.
 pub const NSIG: usize = 64;

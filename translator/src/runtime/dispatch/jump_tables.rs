@@ -10,7 +10,7 @@ use crate::backend::jump_table::{emit_index_stub, Site};
 use crate::backend::stubs::gpr;
 use crate::cache::code_log::CodeKind;
 use crate::cache::links::ExitKind;
-use crate::runtime::thread_area::{
+use crate::host::thread_area::{
     JUMP_TABLE_ENTRIES, JUMP_TABLE_FIRST, JUMP_TABLE_NO_BASE, JUMP_TABLE_SITES, JUMP_TABLE_STRIDE,
 };
 use crate::TranslateError;
@@ -48,7 +48,7 @@ impl Translator {
         let s = self.jump_tables.sites[site as usize];
         let p = s.pattern;
         let reg =
-            |area: &crate::runtime::thread_area::ThreadArea, r: Register| area.gpr[gpr(r) as usize];
+            |area: &crate::host::thread_area::ThreadArea, r: Register| area.gpr[gpr(r) as usize];
         let (base, target) = (reg(self.area, p.base), reg(self.area, p.target));
         let index = self.area.jump_table_index;
         let words = site as usize * JUMP_TABLE_STRIDE;
@@ -117,7 +117,7 @@ impl Translator {
         let gateway = self.select_region(s.from.0);
         let exit = self.index.exits.len() as u32;
         if self.cache.room() < INDEX_STUB_MAX
-            || exit + 1 >= crate::runtime::gateway::EXIT_SPECIAL_BASE
+            || exit + 1 >= crate::backend::gateway::EXIT_SPECIAL_BASE
         {
             return Ok(None);
         }

@@ -171,7 +171,7 @@ impl Translator {
             clone,
             mask: crate::linux::signals::guest_mask(),
             reply: tx,
-            tsc_sigsegv: crate::runtime::cpu::tsc_sigsegv(),
+            tsc_sigsegv: crate::host::cpu::tsc_sigsegv(),
         };
         if let Err(e) = spawner(start) {
             return -(e.raw_os_error().unwrap_or(libc::EAGAIN) as i64);

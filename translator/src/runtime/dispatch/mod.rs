@@ -32,15 +32,20 @@ use hotpath_loader::{GuestStack, Image};
 use iced_x86::{Formatter, IntelFormatter};
 
 use crate::backend::emit::{emit_block, EmitContext};
+use crate::backend::gateway::{
+    emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
+    EXIT_SPECIAL_BASE,
+};
 use crate::backend::superblock::{emit_superblock, side_exit_id};
 use crate::cache::code_cache::{CacheIndex, CodeCache, FIRST_REGION_SIZE};
 use crate::cache::code_cache::{ExitKind, HostLayout};
 use crate::cache::code_log::{CodeKind, CodeRecord};
 use crate::cache::modules::FileId;
-use crate::cache::persist::record::BlockRecord;
-use crate::cache::persist::Store;
 use crate::frontend::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
-use crate::linux::host::{raw_syscall, GATE_REFUSED};
+pub use crate::host::config::{Config, Stats};
+use crate::host::guest_mem;
+use crate::host::syscall::{raw_syscall, GATE_REFUSED};
+use crate::host::thread_area::{self, IblEntry, ThreadArea};
 use crate::linux::kernel_writes;
 use crate::linux::process::ThreadResources;
 use crate::linux::process::{
@@ -49,14 +54,9 @@ use crate::linux::process::{
 use crate::linux::signals::{Delivery, GuestFault, HandlerSetup, SignalState};
 use crate::linux::syscalls::{self, GuestExit, Outcome};
 use crate::linux::thread::GuestThread;
-pub use crate::runtime::config::{Config, Stats};
-use crate::runtime::gateway::{
-    emit_gateway, Gateway, HostFeatures, EXIT_IBL_MISS, EXIT_RING_FULL, EXIT_SIGNAL,
-    EXIT_SPECIAL_BASE,
-};
-use crate::runtime::guest_mem;
+use crate::persist::record::BlockRecord;
+use crate::persist::Store;
 use crate::runtime::special;
-use crate::runtime::thread_area::{self, IblEntry, ThreadArea};
 use crate::TranslateError;
 
 /// Where to go next.
@@ -170,7 +170,7 @@ struct PersistedModule {
     start: u64,
     file: FileId,
     /// Its records, read from the store file the first time (`None`: the store keeps nothing).
-    records: Option<Arc<crate::cache::persist::ModuleRecords>>,
+    records: Option<Arc<crate::persist::ModuleRecords>>,
     /// Guest addresses `[lo, hi)` where the module list finds this module.
     lo: u64,
     hi: u64,
@@ -346,7 +346,7 @@ impl Translator {
             reply,
             tsc_sigsegv,
         } = start;
-        crate::runtime::cpu::set_tsc_sigsegv(tsc_sigsegv);
+        crate::host::cpu::set_tsc_sigsegv(tsc_sigsegv);
         let built = (|| {
             let host = HostFeatures::detect()?;
             let resources = match process.take_pooled(cfg.enqueue) {
@@ -557,12 +557,11 @@ impl Translator {
     }
 
     /// Reads and adds to the persisted translations in the cache directory `dir` (see
-    /// [`crate::cache::persist`]); a directory that cannot be used is counted in
+    /// [`crate::persist`]); a directory that cannot be used is counted in
     /// [`Self::cache_stats`] and otherwise ignored.
     pub fn use_translation_cache(&self, dir: &std::path::Path) {
-        let key = crate::cache::persist::EmitKey::current(
-            self.cfg.enqueue.then_some(self.cfg.ring_entries),
-        );
+        let key =
+            crate::persist::EmitKey::current(self.cfg.enqueue.then_some(self.cfg.ring_entries));
         let _ = self
             .process
             .shared
@@ -581,7 +580,7 @@ impl Translator {
     }
 
     /// The persisted store's counters (`None` without a cache).
-    pub fn cache_stats(&self) -> Option<crate::cache::persist::StoreStats> {
+    pub fn cache_stats(&self) -> Option<crate::persist::StoreStats> {
         self.process.shared.store.get().map(|s| s.stats())
     }
 

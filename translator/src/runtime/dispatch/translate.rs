@@ -9,9 +9,9 @@ impl Translator {
         if let Some(&h) = self.index.blocks.get(&pc) {
             return Ok(h);
         }
-        let started = crate::runtime::cpu::tsc();
+        let started = crate::host::cpu::tsc();
         let entry = self.translate(pc);
-        self.stats.translation_ticks += crate::runtime::cpu::tsc().wrapping_sub(started);
+        self.stats.translation_ticks += crate::host::cpu::tsc().wrapping_sub(started);
         entry
     }
 
@@ -269,7 +269,7 @@ impl Translator {
     /// guest cannot write, while the guest's `rdtsc` runs (decoding depends on nothing else
     /// of the process's state: with `PR_TSC_SIGSEGV` it traps).
     pub(super) fn persisted_module(&mut self, pc: u64) -> Option<Arc<PersistedModule>> {
-        if crate::runtime::cpu::tsc_sigsegv() {
+        if crate::host::cpu::tsc_sigsegv() {
             return None;
         }
         let store = self.process.shared.store.get()?;

@@ -61,7 +61,7 @@ pub struct Stats {
 impl Stats {
     /// Wall time spent translating basic blocks, in nanoseconds.
     pub fn translation_ns(&self) -> u64 {
-        crate::runtime::cpu::tsc_ns(self.translation_ticks)
+        crate::host::cpu::tsc_ns(self.translation_ticks)
     }
 
     /// Adds `o`'s counts to these.

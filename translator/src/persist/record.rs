@@ -10,9 +10,9 @@
 use hotpath_ir::{BlockId, BlockSummary, Cond, GuestAddr, HostAddr, Terminator};
 
 use crate::backend::emit::EmittedBlock;
+use crate::backend::gateway::Gateway;
 use crate::backend::relocs::{RelocKind, Routine};
 use crate::cache::links::{Exit, ExitKind, HostLayout};
-use crate::runtime::gateway::Gateway;
 
 /// A persisted basic block (see the module doc for the units of its fields).
 #[derive(Clone, Debug, PartialEq, Eq)]

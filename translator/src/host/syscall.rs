@@ -35,7 +35,7 @@ std::arch::global_asm!(
     "hotpath_gate_syscall_refused:",
     "    mov rax, {refused}",
     "    ret",
-    pending = const crate::runtime::thread_area::off::GATE_PENDING,
+    pending = const crate::host::thread_area::off::GATE_PENDING,
     refused = const GATE_REFUSED,
 );
 

@@ -563,7 +563,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::persist::format::tests::{key, record};
+    use crate::persist::format::tests::{key, record};
 
     #[test]
     fn a_file_is_rewritten_for_enough_new_records_only() {

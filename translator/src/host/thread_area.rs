@@ -250,8 +250,8 @@ impl ThreadArea {
         area.xsave.0[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
         area.xsave.0[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
         // PKRU's initial state is 0 (every key open); a process starts with the kernel's.
-        if let Some(pkru) = crate::runtime::cpu::initial_pkru() {
-            crate::runtime::cpu::set_guest_pkru(&mut area.xsave.0, pkru);
+        if let Some(pkru) = crate::host::cpu::initial_pkru() {
+            crate::host::cpu::set_guest_pkru(&mut area.xsave.0, pkru);
         }
         Ok(area)
     }

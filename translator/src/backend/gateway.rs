@@ -1,7 +1,7 @@
 //! The gateway routines at the bottom of the code cache: `enter` (Rust → translated code),
 //! `exit` (translated code → Rust), and the indirect branch lookup.
 //!
-//! All of them address the thread's [`ThreadArea`](crate::runtime::thread_area::ThreadArea) through GS
+//! All of them address the thread's [`ThreadArea`](crate::host::thread_area::ThreadArea) through GS
 //! (`0x65` prefix on an absolute `[disp32]` operand), so they need no free register and never
 //! touch the guest's stack or red zone.
 
@@ -10,7 +10,7 @@ use hotpath_ir::HostAddr;
 use iced_x86::Register;
 
 use crate::cache::code_cache::{CodeCache, GatewayJumps};
-use crate::runtime::thread_area::off;
+use crate::host::thread_area::off;
 use crate::TranslateError;
 
 /// The GS segment-override prefix byte.
@@ -79,7 +79,7 @@ impl HostFeatures {
         let xsave_mask = xcr0 & !XSAVE_EXCLUDED;
         // SAFETY: CPUID leaf 0xD exists when XSAVE does.
         let size = __cpuid_count(0xd, 0).ebx;
-        if size as usize > crate::runtime::thread_area::XSAVE_AREA_SIZE {
+        if size as usize > crate::host::thread_area::XSAVE_AREA_SIZE {
             return Err(format!(
                 "XSAVE area of {size} bytes is larger than supported"
             ));

@@ -74,7 +74,7 @@ impl EmitKey {
             hotpath: format!("{} {exe}", env!("CARGO_PKG_VERSION")),
             hwcap,
             hwcap2,
-            pku: crate::runtime::cpu::host_pku(),
+            pku: crate::host::cpu::host_pku(),
             ring_entries: ring_entries.unwrap_or(0),
         }
     }
@@ -344,7 +344,7 @@ pub fn encode_merged(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::cache::persist::record::{ExitRecord, RelocRecord, TermRecord};
+    use crate::persist::record::{ExitRecord, RelocRecord, TermRecord};
 
     pub(crate) fn key() -> Key {
         let file = FileId {
