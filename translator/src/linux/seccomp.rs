@@ -6,7 +6,7 @@
 //! `process_vm_readv`, parking on a full ring with `futex`, writing the report) and, with
 //! `SECCOMP_FILTER_FLAG_TSYNC`, the monitor's. The kernel tells them apart for us: every call
 //! made for the guest returns to one of two host addresses (the gate's `syscall` and the
-//! guest site's, [`host::guest_syscall_returns`]), so the filter handed to the kernel is
+//! guest site's, [`crate::host::syscall::guest_syscall_returns`]), so the filter handed to the kernel is
 //!
 //! ```text
 //! ip == a guest site              → the guest's filter
