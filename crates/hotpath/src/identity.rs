@@ -66,7 +66,7 @@ pub fn set_name(file: &Path) {
 /// The OS error of `PR_SET_MM_MAP` (EPERM or EINVAL without CONFIG_CHECKPOINT_RESTORE), or
 /// of reading `/proc/self/stat`.
 pub fn show_guest_args(stack: &GuestStack) -> std::io::Result<()> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let stat = hotpath_translator::host::procfs::read_to_string("/proc/self/stat")?;
     // Fields after the command name's closing parenthesis start at field 3.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<u64> = rest

@@ -629,7 +629,7 @@ fn choose_monitor_cpu(
 
 /// Threads runnable on the machine now (`procs_running` of `/proc/stat`, this one included).
 fn runnable_threads() -> Option<usize> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let stat = hotpath_translator::host::procfs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("procs_running "))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }

@@ -395,7 +395,7 @@ impl MapsCache {
         self.stale_all = false;
         self.stale.clear();
         self.ranges.clear();
-        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        let Ok(maps) = crate::host::procfs::read_to_string("/proc/self/maps") else {
             return;
         };
         for line in maps.lines() {

@@ -5,5 +5,6 @@
 pub(crate) mod config;
 pub(crate) mod cpu;
 pub mod guest_mem;
+pub mod procfs;
 pub mod syscall;
 pub mod thread_area;

@@ -175,7 +175,7 @@ fn install_filter(thread: &mut GuestThread, nr: u64, a: &[u64; 6], prog_arg: usi
     let guest: Vec<Insn> = bytes.chunks_exact(8).map(Insn::from_bytes).collect();
     let host_code = {
         let memory = lock(&thread.shared.memory);
-        match std::fs::read_to_string("/proc/self/maps") {
+        match crate::host::procfs::read_to_string("/proc/self/maps") {
             Ok(maps) => host_code_ranges(&maps, |s, e| memory.overlaps_guest(s, e)),
             Err(_) => Vec::new(),
         }

@@ -321,7 +321,7 @@ impl Memory {
     /// True if `[addr, addr+len)` overlaps memory that is mapped but not the guest's, i.e.
     /// hotpath's own (code cache, heap, stacks, the thread area, hotpath's binary).
     pub fn overlaps_hotpath(&self, addr: u64, len: u64) -> bool {
-        match std::fs::read_to_string("/proc/self/maps") {
+        match crate::host::procfs::read_to_string("/proc/self/maps") {
             Ok(maps) => overlaps_foreign(&self.guest_regions, &maps, addr, len),
             Err(_) => true,
         }
@@ -446,7 +446,7 @@ fn address_space_short(grow: u64) -> bool {
         return false;
     }
     // The process's size in pages: the first field of /proc/self/statm.
-    let size = std::fs::read_to_string("/proc/self/statm")
+    let size = crate::host::procfs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| s.split(' ').next()?.parse::<u64>().ok())
         .map_or(0, |pages| pages * hotpath_loader::PAGE_SIZE);
