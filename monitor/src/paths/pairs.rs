@@ -17,8 +17,8 @@
 //! the same way), a direct-mapped cache and a map behind them, and each piece is checked
 //! before it is applied against what it assumed:
 //! 1. its function's numbering, entries and nodes are as they were (a per-function epoch,
-//!    bumped by a renumbering, by a new function entry at one of its blocks, and by one of its
-//!    blocks being seen in another function);
+//!    bumped by a renumbering and by a call reaching one of its nodes' addresses first, which
+//!    makes it an entry in every function that has it);
 //! 2. the activation its segment steps (the top one; after a return, the one below it) is in
 //!    the piece's function, at the node it was compiled from; a pop is of a frame whose
 //!    return address is the piece's first block, with a frame below; a push has room on the
