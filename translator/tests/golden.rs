@@ -121,7 +121,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         let jmp_at = GuestAddr(block.term_inst.as_ref().expect("a jmp").inst.ip());
         let stub_at = HOST + 0x1000;
         let (code, exit, _) = jump_table::emit_index_stub(
-            &p,
+            &site.dispatch,
             HostAddr(stub_at),
             GuestAddr(guest + 0x40),
             block.start,

@@ -19,6 +19,9 @@ mod terminator;
 
 pub use block::{Block, BlockSummary, Inst, FLAGS_ALL};
 pub use ids::{BlockId, GuestAddr, HostAddr};
-pub use liveness::{cannot_fault, dead_at_entry, scratch_register, status_flags_dead_at_entry};
+pub use liveness::{
+    cannot_fault, dead_at_entry, entry_dead, gpr_numbered, scratch_register,
+    status_flags_dead_at_entry, FLAGS_DEAD,
+};
 pub use syscalls::syscall_name;
 pub use terminator::{Cond, Terminator, TerminatorKind, TrapKind};

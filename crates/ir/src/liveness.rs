@@ -38,6 +38,22 @@ pub fn dead_at_entry(body: &[Inst], reg: Register) -> bool {
     dead_registers(body) & bit(reg) != 0
 }
 
+/// [`entry_dead`]'s bit saying the status flags are dead at entry (bits 0–15 are GPRs).
+pub const FLAGS_DEAD: u32 = 1 << 16;
+
+/// What code may enter `body` with any value in: bit i set for the 64-bit GPR numbered i
+/// (RAX = 0 … R15 = 15) where [`dead_at_entry`] holds, and [`FLAGS_DEAD`] where
+/// [`status_flags_dead_at_entry`] does. Computed once per translation and persisted with it,
+/// so that a warm run answers without decoding the block again.
+pub fn entry_dead(body: &[Inst]) -> u32 {
+    let flags = if status_flags_dead_at_entry(body) {
+        FLAGS_DEAD
+    } else {
+        0
+    };
+    dead_registers(body) as u32 | flags
+}
+
 /// The status flags (OF, SF, ZF, AF, CF, PF) in iced's `RflagsBits` layout.
 const STATUS_FLAGS: u32 = iced_x86::RflagsBits::OF
     | iced_x86::RflagsBits::SF
@@ -230,9 +246,13 @@ fn bit(reg: Register) -> u16 {
 }
 
 fn gpr64(n: u32) -> Register {
-    Register::values()
-        .find(|r| r.is_gpr64() && *r as u32 - Register::RAX as u32 == n)
-        .expect("16 GPRs")
+    gpr_numbered(n).expect("16 GPRs")
+}
+
+/// The 64-bit general-purpose register numbered `n` (RAX = 0 … R15 = 15, the numbering of
+/// [`entry_dead`]'s bits), or `None` past 15.
+pub fn gpr_numbered(n: u32) -> Option<Register> {
+    Register::values().find(|r| r.is_gpr64() && *r as u32 - Register::RAX as u32 == n)
 }
 
 #[cfg(test)]

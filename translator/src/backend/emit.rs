@@ -75,6 +75,11 @@ impl Code_ {
     pub fn append(&mut self, chunk: Vec<u8>) {
         self.bytes.extend(chunk);
     }
+
+    /// The bytes appended since host address `from` (an address of this code).
+    pub fn bytes_from(&self, from: u64) -> &[u8] {
+        &self.bytes[(from - self.base) as usize..]
+    }
 }
 
 pub(crate) fn assembled(

@@ -37,6 +37,12 @@
 //! guest's would). To bring the thread out of the cache for a signal, the handler
 //! points every entry back at its fill stub (`ThreadArea::unlink_jump_tables`), as it empties
 //! the lookup table. The monitor sees the block and then the case, as without the table.
+//!
+//! A site's translation is persisted like a block's: the three displacements naming its table
+//! in the thread area are relocated ([`RelocKind::JumpTableArea`]), so a warm run places it with
+//! whichever table is free, and the site keeps its guest load and `add` encoded ([`Dispatch`])
+//! for the index stubs; the fill asks the case's persisted record which registers its block
+//! may be entered with. A warm run decodes and encodes nothing for its `switch`es.
 
 use dynasmrt::{dynasm, x64::X64Relocation, DynasmApi, DynasmLabelApi, VecAssembler};
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
@@ -71,11 +77,20 @@ pub struct Pattern {
     pub disp: i32,
 }
 
-/// A site in use: what its fill needs to make an index's stub.
+/// A site in use: what its fill needs to make an index's stub. Made from a [`Pattern`] when
+/// the site is translated, or from its persisted record (no decoding: iced's tables are not
+/// built for a warm run).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Site {
-    /// The dispatch the site translates.
-    pub pattern: Pattern,
+    /// The table's base register, the `switch` index register and the register the case's
+    /// address ends in ([`Pattern`]'s).
+    pub base: Register,
+    pub index: Register,
+    pub target: Register,
+    /// The load's displacement (bytes).
+    pub disp: i32,
+    /// The guest's load and `add`, encoded.
+    pub dispatch: Dispatch,
     /// The translation's id (a block's or a superblock's).
     pub id: BlockId,
     /// The guest start of the basic block the dispatch ends.
@@ -84,6 +99,30 @@ pub(crate) struct Site {
     pub jmp_at: GuestAddr,
     /// Its general path ([`SiteCode::general`]).
     pub general: HostAddr,
+}
+
+impl Site {
+    /// The site of dispatch `p` ending the block at guest `from` (its `jmp` at `jmp_at`),
+    /// translated as `id` into `code`.
+    pub fn of(
+        p: &Pattern,
+        id: BlockId,
+        from: GuestAddr,
+        jmp_at: GuestAddr,
+        code: &SiteCode,
+    ) -> Site {
+        Site {
+            base: p.base,
+            index: p.index,
+            target: p.target,
+            disp: p.disp,
+            dispatch: code.dispatch,
+            id,
+            from,
+            jmp_at,
+            general: code.general,
+        }
+    }
 }
 
 /// The jump-table sites of one code cache's translations, by site number (the number the
@@ -197,6 +236,8 @@ pub struct SiteCode {
     /// The guest's load and `add`, then the lookup: where an entry goes whose table entry in
     /// guest memory is not constant.
     pub general: HostAddr,
+    /// The guest's load and `add` as the site encoded them.
+    pub dispatch: Dispatch,
 }
 
 /// Appends the translation of `block`'s last two body instructions and its `jmp` as jump-table
@@ -219,8 +260,6 @@ pub(crate) fn emit_site(
     layout: &mut HostLayout,
     relocs: &mut Relocs,
 ) -> Result<(Vec<Exit>, SiteCode), TranslateError> {
-    // The table's entries are this thread's: the translation is not persisted.
-    relocs.complete = false;
     let i = gpr(p.index);
     let b = gpr(p.base);
     let exit_addr = cx.gateway.exit.0 as usize;
@@ -232,24 +271,39 @@ pub(crate) fn emit_site(
     // The probe reads what the guest's load reads: a fault there is the guest's, with every
     // register and flag the guest's.
     layout.body.push((base, p.load.ip()));
+    // The three fields naming the site's table in the thread area are relocated: a persisted
+    // site is placed with whichever table is free then.
+    let mut area_fields = Vec::with_capacity(3);
     dynasm!(ops
         ; .arch x64
         ; cmp DWORD [Rq(b) + Rq(i) * 4 + p.disp], 0
         ; cmp Rq(i), (JUMP_TABLE_ENTRIES - 1) as i32
         ; ja >general
-        ; .u8 GS ; cmp Rq(b), QWORD [table]
-        ; jne >mismatch
-        ; .u8 GS ; jmp QWORD [Rq(i) * 8 + entries]
+    );
+    let from = ops.offset().0;
+    dynasm!(ops ; .arch x64 ; .u8 GS ; cmp Rq(b), QWORD [table]);
+    area_fields.push((from, ops.offset().0, table, 0));
+    dynasm!(ops ; .arch x64 ; jne >mismatch);
+    let from = ops.offset().0;
+    dynasm!(ops ; .arch x64 ; .u8 GS ; jmp QWORD [Rq(i) * 8 + entries]);
+    area_fields.push((from, ops.offset().0, entries, entries - table));
+    let from = ops.offset().0;
+    dynasm!(ops
+        ; .arch x64
         ; mismatch:
         ; .u8 GS ; cmp QWORD [table], JUMP_TABLE_NO_BASE as i32
-        ; jne >general
     );
+    area_fields.push((from, ops.offset().0, table, 0));
+    dynasm!(ops ; .arch x64 ; jne >general);
     let fill = HostAddr(base + ops.offset().0 as u64);
     dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::JUMP_TABLE_INDEX], Rq(i));
     dispatch.put(&mut ops, base, layout);
     let l = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; jmp =>l);
-    exit_stub(&mut ops, l, first_exit, exit_addr);
+    let (index_at, gateway_at) = exit_stub(&mut ops, l, first_exit, exit_addr);
+    // The fill is the first exit of the code appended here.
+    relocs.add(base + index_at, RelocKind::Exit(0));
+    relocs.add(base + gateway_at, RelocKind::Gateway(Routine::Exit));
     // The general path, also where an entry goes whose table entry is not constant.
     dynasm!(ops ; .arch x64 ; general:);
     let general = HostAddr(base + ops.offset().0 as u64);
@@ -258,6 +312,22 @@ pub(crate) fn emit_site(
         block: id,
         kind: ExitKind::JumpTableFill { site },
     }];
+    // Each relocated field's offset: the one place in its instruction holding the table's
+    // displacement, found once the site's first part is assembled.
+    let mut note_fields = |bytes: &[u8]| -> Result<(), TranslateError> {
+        for &(from, to, value, offset) in &area_fields {
+            let field =
+                field_holding(&bytes[from..to], value).ok_or_else(|| TranslateError::Assemble {
+                    what: "jump table",
+                    reason: format!("no displacement {value:#x} in the instruction at {from}"),
+                })?;
+            relocs.add(
+                base + (from + field) as u64,
+                RelocKind::JumpTableArea { offset },
+            );
+        }
+        Ok(())
+    };
     // The lookup, on the target where it is.
     if p.target == Register::RCX {
         let jmp = block
@@ -265,39 +335,104 @@ pub(crate) fn emit_site(
             .as_ref()
             .expect("an indirect branch has its instruction")
             .inst;
-        load_indirect_target(ops, &jmp, code, layout, relocs, "jump table")?;
+        let mut head = Relocs::default();
+        load_indirect_target(ops, &jmp, code, layout, &mut head, "jump table")?;
+        note_fields(&code.bytes_from(base))?;
+        relocs.list.extend(head.list);
         let tail_base = code.addr();
         let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
-        emit_ibl(&mut tail, &cx.gateway);
+        let miss = emit_ibl(&mut tail, &cx.gateway);
+        relocs.add(tail_base + miss, RelocKind::Gateway(Routine::IblMiss));
         code.append(assembled(tail, "jump table")?);
     } else {
         dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx);
         layout.rcx_borrowed_from = Some(base + ops.offset().0 as u64);
         let miss = emit_ibl_in(&mut ops, &cx.gateway, p.target, false);
+        let bytes = assembled(ops, "jump table")?;
+        note_fields(&bytes)?;
         relocs.add(base + miss, RelocKind::Gateway(Routine::Exit));
-        code.append(assembled(ops, "jump table")?);
+        code.append(bytes);
     }
-    Ok((exits, SiteCode { fill, general }))
+    Ok((
+        exits,
+        SiteCode {
+            fill,
+            general,
+            dispatch,
+        },
+    ))
 }
 
-/// The guest's load and `add`, encoded (neither is RIP-relative: the bytes run anywhere).
-struct Dispatch {
-    bytes: Vec<u8>,
-    /// The `add`'s offset in `bytes`.
-    add_at: usize,
-    load_ip: u64,
-    add_ip: u64,
+/// The offset in `bytes` (one instruction) of the only 4-byte little-endian field holding
+/// `value`, if there is exactly one.
+fn field_holding(bytes: &[u8], value: i32) -> Option<usize> {
+    let want = value.to_le_bytes();
+    let mut found = bytes
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == want)
+        .map(|(k, _)| k);
+    let first = found.next()?;
+    found.next().is_none().then_some(first)
+}
+
+/// Most bytes the guest's load and `add` take encoded (`movslq` with a SIB and a 32-bit
+/// displacement is 8, the `add` 3).
+pub const DISPATCH_MAX: usize = 16;
+
+/// The guest's load and `add`, encoded (neither is RIP-relative: the bytes run anywhere), with
+/// their guest addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    bytes: [u8; DISPATCH_MAX],
+    len: u8,
+    /// The `add`'s offset in the bytes.
+    add_at: u8,
+    pub load_ip: u64,
+    pub add_ip: u64,
 }
 
 impl Dispatch {
     fn of(p: &Pattern) -> Result<Dispatch, TranslateError> {
         let e = encode_at(&[p.load, p.add], 0)?;
-        Ok(Dispatch {
-            bytes: e.bytes,
-            add_at: e.offsets[1] as usize,
-            load_ip: p.load.ip(),
-            add_ip: p.add.ip(),
+        Dispatch::from_parts(&e.bytes, e.offsets[1] as usize, p.load.ip(), p.add.ip()).ok_or_else(
+            || TranslateError::Assemble {
+                what: "jump table",
+                reason: format!("a dispatch of {} bytes", e.bytes.len()),
+            },
+        )
+    }
+
+    /// The dispatch of encoded `bytes` whose `add` starts at `add_at`, the load at guest
+    /// `load_ip` and the `add` at `add_ip`; `None` if the parts do not fit.
+    pub(crate) fn from_parts(
+        bytes: &[u8],
+        add_at: usize,
+        load_ip: u64,
+        add_ip: u64,
+    ) -> Option<Dispatch> {
+        if bytes.len() > DISPATCH_MAX || add_at == 0 || add_at >= bytes.len() {
+            return None;
+        }
+        let mut b = [0; DISPATCH_MAX];
+        b[..bytes.len()].copy_from_slice(bytes);
+        Some(Dispatch {
+            bytes: b,
+            len: bytes.len() as u8,
+            add_at: add_at as u8,
+            load_ip,
+            add_ip,
         })
+    }
+
+    /// The encoded load and `add`.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// The `add`'s offset in [`Self::bytes`].
+    pub(crate) fn add_at(&self) -> usize {
+        self.add_at as usize
     }
 
     /// Appends the two to `ops` (assembling for host address `base`), each in `layout.body`.
@@ -305,7 +440,7 @@ impl Dispatch {
         let at = base + ops.offset().0 as u64;
         layout.body.push((at, self.load_ip));
         layout.body.push((at + self.add_at as u64, self.add_ip));
-        for &byte in &self.bytes {
+        for &byte in self.bytes() {
             ops.push(byte);
         }
     }
@@ -321,7 +456,7 @@ impl Dispatch {
 /// [`TranslateError`] if dynasm or iced rejects the code (a bug in hotpath).
 #[allow(clippy::too_many_arguments)]
 pub fn emit_index_stub(
-    p: &Pattern,
+    dispatch: &Dispatch,
     at: HostAddr,
     target: GuestAddr,
     from: GuestAddr,
@@ -338,7 +473,7 @@ pub fn emit_index_stub(
         ..HostLayout::default()
     };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(at.0 as usize);
-    Dispatch::of(p)?.put(&mut ops, at.0, &mut layout);
+    dispatch.put(&mut ops, at.0, &mut layout);
     layout.term_start = at.0 + ops.offset().0 as u64;
     let l = ops.new_dynamic_label();
     let site = patchable_jmp(&mut ops, at.0, l);

@@ -39,6 +39,9 @@ pub enum RelocKind {
     /// 4 bytes, sign-extended by the instruction (`push imm32`): guest address `target`, which
     /// must be below 2^31.
     GuestSigned32 { target: GuestAddr },
+    /// 4 bytes: a displacement into the thread area, `offset` bytes from the start of the
+    /// translation's jump-table site's table (`thread_area::off::jump_table(site)`).
+    JumpTableArea { offset: i32 },
 }
 
 /// One relocated field.

@@ -23,7 +23,7 @@ use crate::cache::modules::FileId;
 /// The start of every store file, then the format's version.
 const MAGIC: &[u8; 4] = b"HPTC";
 /// Bumped when [`BlockRecord`] or the file layout changes.
-const FORMAT: u32 = 4;
+const FORMAT: u32 = 5;
 /// Header size in bytes.
 const HEADER: usize = 32;
 /// Index entry size in bytes.
@@ -380,6 +380,8 @@ pub(crate) mod tests {
             rcx_borrowed_from: None,
             far_borrows: Vec::new(),
             slot: None,
+            dead: 0,
+            site: None,
         }
     }
 

@@ -11,8 +11,11 @@ use hotpath_ir::{BlockId, BlockSummary, Cond, GuestAddr, HostAddr, Terminator};
 
 use crate::backend::emit::EmittedBlock;
 use crate::backend::gateway::Gateway;
+use crate::backend::jump_table::{Dispatch, Site, DISPATCH_MAX};
 use crate::backend::relocs::{RelocKind, Routine};
+use crate::backend::stubs::gpr;
 use crate::cache::links::{Exit, ExitKind, HostLayout};
+use crate::host::thread_area::off;
 
 /// A persisted basic block (see the module doc for the units of its fields).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +52,34 @@ pub struct BlockRecord {
     /// as a direct one to the slot's value (`decode::constant_slot`): placing it needs the
     /// slot's value in this process, which [`ExitRecord::Folded`] goes to.
     pub slot: Option<i64>,
+    /// What code may enter the block with any value in ([`hotpath_ir::entry_dead`]): a
+    /// `switch`'s table entry for a case goes straight to its block when the case's register
+    /// and the status flags are among them.
+    pub dead: u32,
+    /// The block's `switch` dispatch, translated as a jump-table site (its table is whichever
+    /// is free where it is placed).
+    pub site: Option<SiteRecord>,
+}
+
+/// A jump-table site ending a block (`crate::backend::jump_table::Site`), guest addresses as
+/// deltas from the block's start and host addresses as offsets from its code's start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteRecord {
+    /// GPR numbers (RAX = 0) of the table's base, the index and the `jmp`'s register.
+    pub base: u8,
+    pub index: u8,
+    pub target: u8,
+    /// The guest load's displacement (bytes).
+    pub disp: i32,
+    /// The guest's load and `add`, encoded, and the `add`'s offset in them.
+    pub dispatch: Vec<u8>,
+    pub add_at: u8,
+    /// Guest deltas of the load and the `add`.
+    pub load: i64,
+    pub add: i64,
+    /// Host offsets of the fill stub and the general path.
+    pub fill: u32,
+    pub general: u32,
 }
 
 /// A block's terminator with its guest addresses as deltas from the block's start.
@@ -76,13 +107,34 @@ pub enum TermRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RelocRecord {
     BlockId(u32),
-    Exit { at: u32, k: u32 },
+    Exit {
+        at: u32,
+        k: u32,
+    },
     GatewayExit(u32),
     GatewayIblMiss(u32),
-    GuestRel32 { at: u32, delta: i64, end: u8 },
-    GuestAbs64 { at: u32, delta: i64 },
-    GuestLow32 { at: u32, delta: i64 },
-    GuestSigned32 { at: u32, delta: i64 },
+    GuestRel32 {
+        at: u32,
+        delta: i64,
+        end: u8,
+    },
+    GuestAbs64 {
+        at: u32,
+        delta: i64,
+    },
+    GuestLow32 {
+        at: u32,
+        delta: i64,
+    },
+    GuestSigned32 {
+        at: u32,
+        delta: i64,
+    },
+    /// The thread area's displacement `offset` bytes into the block's jump-table site's table.
+    JumpTableArea {
+        at: u32,
+        offset: i32,
+    },
 }
 
 /// One exit, guest addresses as deltas, host addresses as offsets.
@@ -105,6 +157,8 @@ pub enum ExitRecord {
         stub: u32,
         call: bool,
     },
+    /// The jump-table site's fill (its site number is the one it is placed with).
+    JumpTableFill,
 }
 
 /// Every condition, in the order its index is persisted.
@@ -135,19 +189,23 @@ pub struct Placed {
     pub emitted: EmittedBlock,
     /// What the monitor is told.
     pub summary: BlockSummary,
+    /// Its jump-table site and the site's fill stub, for the site number it was placed with.
+    pub(crate) site: Option<(Site, HostAddr)>,
 }
 
 impl BlockRecord {
     /// The record of `emitted`, the translation of `block` found `offset` bytes into its
     /// module (with its indirect branch through `folded`'s slot translated as a direct one to
-    /// `folded`'s target, if given); `None` when it cannot be persisted: its
+    /// `folded`'s target, if given; its dispatch translated as jump-table site `site`, with
+    /// its fill stub, if given); `None` when it cannot be persisted: its
     /// relocations are incomplete, it traps, or it has an
     /// exit or layout part a record does not describe.
-    pub fn capture(
+    pub(crate) fn capture(
         emitted: &EmittedBlock,
         block: &hotpath_ir::Block,
         offset: u64,
         folded: Option<(GuestAddr, GuestAddr)>,
+        site: Option<(&Site, HostAddr)>,
     ) -> Option<BlockRecord> {
         if !emitted.relocs.complete || block.code.len() != block.len_bytes as usize {
             return None;
@@ -204,6 +262,10 @@ impl BlockRecord {
                     at,
                     delta: gd(target),
                 },
+                RelocKind::JumpTableArea { offset } => {
+                    site?;
+                    RelocRecord::JumpTableArea { at, offset }
+                }
             });
         }
         let mut exits = Vec::with_capacity(emitted.exits.len());
@@ -231,9 +293,25 @@ impl BlockRecord {
                     at: gd(at),
                     next: gd(next),
                 },
+                ExitKind::JumpTableFill { .. } if site.is_some() => ExitRecord::JumpTableFill,
                 _ => return None,
             });
         }
+        let site = match site {
+            Some((s, fill)) => Some(SiteRecord {
+                base: gpr(s.base),
+                index: gpr(s.index),
+                target: gpr(s.target),
+                disp: s.disp,
+                dispatch: s.dispatch.bytes().to_vec(),
+                add_at: s.dispatch.add_at() as u8,
+                load: g(s.dispatch.load_ip),
+                add: g(s.dispatch.add_ip),
+                fill: h(fill.0)?,
+                general: h(s.general.0)?,
+            }),
+            None => None,
+        };
         let l = &emitted.layout;
         if l.trace_exit.is_some() || l.guest_start != start {
             return None;
@@ -266,6 +344,8 @@ impl BlockRecord {
                 .map(|&(host, r)| Some((h(host)?, r)))
                 .collect::<Option<_>>()?,
             slot: folded.map(|(slot, _)| gd(slot)),
+            dead: hotpath_ir::entry_dead(&block.body),
+            site,
         })
     }
 
@@ -278,7 +358,8 @@ impl BlockRecord {
                 + RELOC * self.relocs.len()
                 + EXIT * self.exits.len()
                 + BODY * self.body.len()
-                + FAR * self.far_borrows.len(),
+                + FAR * self.far_borrows.len()
+                + SITE,
         );
         let u32_ = |w: &mut Vec<u8>, v: u32| w.extend_from_slice(&v.to_le_bytes());
         let i64_ = |w: &mut Vec<u8>, v: i64| w.extend_from_slice(&v.to_le_bytes());
@@ -308,6 +389,8 @@ impl BlockRecord {
         u32_(&mut w, self.rcx_borrowed_from.unwrap_or(u32::MAX));
         w.push(self.slot.is_some() as u8);
         i64_(&mut w, self.slot.unwrap_or(0));
+        u32_(&mut w, self.dead);
+        w.push(self.site.is_some() as u8);
         for n in [
             self.guest.len(),
             self.code.len(),
@@ -317,6 +400,19 @@ impl BlockRecord {
             self.far_borrows.len(),
         ] {
             u32_(&mut w, n as u32);
+        }
+        if let Some(site) = &self.site {
+            w.extend_from_slice(&[site.base, site.index, site.target, site.add_at]);
+            w.extend_from_slice(&site.disp.to_le_bytes());
+            i64_(&mut w, site.load);
+            i64_(&mut w, site.add);
+            u32_(&mut w, site.fill);
+            u32_(&mut w, site.general);
+            let mut dispatch = [0u8; DISPATCH_MAX];
+            let n = site.dispatch.len().min(DISPATCH_MAX);
+            dispatch[..n].copy_from_slice(&site.dispatch[..n]);
+            w.push(n as u8);
+            w.extend_from_slice(&dispatch);
         }
         w.extend_from_slice(&self.guest);
         w.extend_from_slice(&self.code);
@@ -330,6 +426,7 @@ impl BlockRecord {
                 RelocRecord::GuestAbs64 { at, delta } => (5, 0, at, delta),
                 RelocRecord::GuestLow32 { at, delta } => (6, 0, at, delta),
                 RelocRecord::GuestSigned32 { at, delta } => (7, 0, at, delta),
+                RelocRecord::JumpTableArea { at, offset } => (8, 0, at, offset as i64),
             };
             w.extend_from_slice(&[kind, end]);
             u32_(&mut w, at);
@@ -345,6 +442,7 @@ impl BlockRecord {
                 } => (0, call, site, stub, target, 0),
                 ExitRecord::Syscall { at, next } => (1, false, 0, 0, at, next),
                 ExitRecord::Folded { site, stub, call } => (2, call, site, stub, 0, 0),
+                ExitRecord::JumpTableFill => (3, false, 0, 0, 0, 0),
             };
             w.extend_from_slice(&[kind, call as u8]);
             u32_(&mut w, site);
@@ -365,7 +463,9 @@ impl BlockRecord {
 }
 
 /// Bytes of a record's fixed part (see [`RecordView`]).
-const FIXED: usize = 8 + 4 + 8 + 18 + 4 + 4 + 8 + 4 + 9 + 6 * 4;
+const FIXED: usize = 8 + 4 + 8 + 18 + 4 + 4 + 8 + 4 + 9 + 4 + 1 + 6 * 4;
+/// Bytes of a record's jump-table site, when it has one.
+const SITE: usize = 4 + 4 + 8 + 8 + 4 + 4 + 1 + DISPATCH_MAX;
 /// Bytes of one relocation, exit, body entry and far borrow.
 const RELOC: usize = 14;
 const EXIT: usize = 26;
@@ -414,12 +514,14 @@ impl<'a> Reader<'a> {
 /// terminator: kind u8 (Jump, Branch, Call, FallThrough, IndirectJump, IndirectCall, Return,
 ///             Syscall), condition u8, two deltas i64,
 /// entry u32, term_start u32, term_guest i64, rcx_borrowed_from u32 (u32::MAX: none),
-/// slot: present u8, delta i64,
+/// slot: present u8, delta i64, dead u32, site present u8,
 /// counts u32 × 6: guest bytes, code bytes, relocations, exits, body entries, far borrows
+/// site (when present): base u8, index u8, target u8, add_at u8, disp i32, load i64,
+///              add i64, fill u32, general u32, dispatch length u8, dispatch [u8; 16]
 /// guest bytes, code bytes,
 /// relocations  14 bytes each: kind u8 (RelocRecord's order), end u8, at u32, value i64
-/// exits        26 bytes each: kind u8 (Direct, Syscall, Folded), call u8, site u32,
-///              stub u32, two values i64
+/// exits        26 bytes each: kind u8 (Direct, Syscall, Folded, JumpTableFill), call u8,
+///              site u32, stub u32, two values i64
 /// body         12 bytes each: host offset u32, guest delta i64
 /// far borrows   5 bytes each: host offset u32, register u8
 /// ```
@@ -438,6 +540,9 @@ pub struct RecordView<'a> {
     rcx_borrowed_from: Option<u32>,
     /// The constant slot's guest delta, for a block translated through one.
     pub slot: Option<i64>,
+    /// [`BlockRecord::dead`].
+    pub dead: u32,
+    site: Option<SiteRecord>,
     /// The guest bytes the block covers.
     pub guest: &'a [u8],
     /// The host code as emitted.
@@ -483,10 +588,33 @@ impl<'a> RecordView<'a> {
             (0, _) => None,
             (_, d) => Some(d),
         };
+        let dead = r.u32()?;
+        let has_site = r.u8()? != 0;
         let mut n = [0usize; 6];
         for n in &mut n {
             *n = r.u32()? as usize;
         }
+        let site = if has_site {
+            let [base, index, target, add_at] = r.array()?;
+            let disp = i32::from_le_bytes(r.array()?);
+            let (load, add, fill, general) = (r.i64()?, r.i64()?, r.u32()?, r.u32()?);
+            let len = r.u8()? as usize;
+            let dispatch = r.take(DISPATCH_MAX)?.get(..len)?.to_vec();
+            Some(SiteRecord {
+                base,
+                index,
+                target,
+                disp,
+                dispatch,
+                add_at,
+                load,
+                add,
+                fill,
+                general,
+            })
+        } else {
+            None
+        };
         let view = RecordView {
             offset,
             instructions,
@@ -497,6 +625,8 @@ impl<'a> RecordView<'a> {
             term_guest,
             rcx_borrowed_from,
             slot,
+            dead,
+            site,
             guest: r.take(n[0])?,
             code: r.take(n[1])?,
             relocs: r.take(n[2].checked_mul(RELOC)?)?,
@@ -533,6 +663,10 @@ impl<'a> RecordView<'a> {
                 5 => RelocRecord::GuestAbs64 { at, delta: value },
                 6 => RelocRecord::GuestLow32 { at, delta: value },
                 7 => RelocRecord::GuestSigned32 { at, delta: value },
+                8 => RelocRecord::JumpTableArea {
+                    at,
+                    offset: i32::try_from(value).ok()?,
+                },
                 _ => return None,
             })
         })
@@ -553,6 +687,7 @@ impl<'a> RecordView<'a> {
                 },
                 1 => ExitRecord::Syscall { at: a, next: b },
                 2 => ExitRecord::Folded { site, stub, call },
+                3 => ExitRecord::JumpTableFill,
                 _ => return None,
             })
         })
@@ -592,15 +727,24 @@ impl<'a> RecordView<'a> {
             rcx_borrowed_from: self.rcx_borrowed_from,
             far_borrows: self.far_borrows().collect(),
             slot: self.slot,
+            dead: self.dead,
+            site: self.site.clone(),
         })
     }
 
+    /// Whether the block ends in a jump-table site (placing it takes a free site number).
+    pub fn has_site(&self) -> bool {
+        self.site.is_some()
+    }
+
     /// The block placed at host address `at` for guest address `start`, with id `id` and exits
-    /// from index `first_exit`, its gateway `gateway`, and `folded` the value its constant
-    /// slot holds now (see [`Self::slot`]); `None` when a field cannot hold its new value (a
+    /// from index `first_exit`, its gateway `gateway`, `folded` the value its constant
+    /// slot holds now (see [`Self::slot`]) and `site` the jump-table site number its dispatch
+    /// gets (see [`Self::has_site`]); `None` when a field cannot hold its new value (a
     /// RIP-relative operand now out of a displacement's reach, a pushed return address now
-    /// above 2^31) or the record needs a slot's value `folded` does not give: the block is
-    /// then translated afresh.
+    /// above 2^31) or the record needs a slot's value or a site `folded` or `site` does not
+    /// give: the block is then translated afresh.
+    #[allow(clippy::too_many_arguments)]
     pub fn place(
         &self,
         start: GuestAddr,
@@ -609,8 +753,9 @@ impl<'a> RecordView<'a> {
         first_exit: u32,
         gateway: &Gateway,
         folded: Option<GuestAddr>,
+        site: Option<u32>,
     ) -> Option<Placed> {
-        if self.slot.is_some() != folded.is_some() {
+        if self.slot.is_some() != folded.is_some() || (self.site.is_some() && site.is_none()) {
             return None;
         }
         let base = at.0;
@@ -644,6 +789,10 @@ impl<'a> RecordView<'a> {
                     let v = i32::try_from(guest(delta)).ok()?;
                     put(at, &v.to_le_bytes())?
                 }
+                RelocRecord::JumpTableArea { at, offset } => {
+                    let v = off::jump_table(site?).checked_add(offset)?;
+                    put(at, &v.to_le_bytes())?
+                }
             }
         }
         let exits = self
@@ -675,10 +824,35 @@ impl<'a> RecordView<'a> {
                             at: GuestAddr(guest(at)),
                             next: GuestAddr(guest(next)),
                         },
+                        ExitRecord::JumpTableFill => ExitKind::JumpTableFill { site: site? },
                     },
                 })
             })
             .collect::<Option<Vec<Exit>>>()?;
+        let placed_site = match &self.site {
+            Some(s) => {
+                let reg = |n: u8| hotpath_ir::gpr_numbered(n as u32);
+                let dispatch = Dispatch::from_parts(
+                    &s.dispatch,
+                    s.add_at as usize,
+                    guest(s.load),
+                    guest(s.add),
+                )?;
+                let site = Site {
+                    base: reg(s.base)?,
+                    index: reg(s.index)?,
+                    target: reg(s.target)?,
+                    disp: s.disp,
+                    dispatch,
+                    id,
+                    from: start,
+                    jmp_at: GuestAddr(guest(self.term_at)),
+                    general: HostAddr(host(s.general)),
+                };
+                Some((site, HostAddr(host(s.fill))))
+            }
+            None => None,
+        };
         let layout = HostLayout {
             code_start: base,
             entry: host(self.entry),
@@ -728,6 +902,7 @@ impl<'a> RecordView<'a> {
                 instructions: self.instructions,
                 terminator,
             },
+            site: placed_site,
         })
     }
 }
@@ -793,7 +968,7 @@ mod tests {
             if far { 0x1000_0000 } else { 0x5555_4000_0000 },
         );
         let shift = 0x5a5a_5000;
-        let (mut at, mut checked, mut pushes, mut folded) = (0usize, 0, 0, 0);
+        let (mut at, mut checked, mut pushes, mut folded, mut sites) = (0usize, 0, 0, 0, 0);
         while at + 16 < text.len() {
             let fetch = |base: u64| {
                 move |addr: u64, buf: &mut [u8]| {
@@ -807,7 +982,7 @@ mod tests {
             let len = (b1.len_bytes as usize).max(1);
             let e1 =
                 emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
-            if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64, None) {
+            if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64, None, None) {
                 // Placed through its bytes, as a store file gives it.
                 let bytes = r.encode();
                 let r = RecordView::parse(&bytes).expect("a record reads back");
@@ -822,6 +997,7 @@ mod tests {
                         BlockId(4242),
                         1000,
                         &cx(h1 + shift).gateway,
+                        None,
                         None,
                     )
                     .expect("the same reach places");
@@ -847,7 +1023,7 @@ mod tests {
                 let d1 = crate::frontend::decode::with_direct_target(&b1, t1);
                 let e1 =
                     emit_block(&d1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
-                let bytes = BlockRecord::capture(&e1, &b1, at as u64, Some((slot, t1)))
+                let bytes = BlockRecord::capture(&e1, &b1, at as u64, Some((slot, t1)), None)
                     .expect("a folded block is persisted")
                     .encode();
                 let r = RecordView::parse(&bytes).expect("a record reads back");
@@ -858,7 +1034,15 @@ mod tests {
                     emit_block(&d2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
                 let gw = &cx(h1 + shift).gateway;
                 let p = r
-                    .place(b2.start, HostAddr(h2), BlockId(4242), 1000, gw, Some(t2))
+                    .place(
+                        b2.start,
+                        HostAddr(h2),
+                        BlockId(4242),
+                        1000,
+                        gw,
+                        Some(t2),
+                        None,
+                    )
                     .expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "folded block at +{at:#x}");
                 assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
@@ -868,15 +1052,81 @@ mod tests {
                     "the monitor learns the indirect branch"
                 );
                 assert!(r
-                    .place(b2.start, HostAddr(h2), BlockId(1), 0, gw, None)
+                    .place(b2.start, HostAddr(h2), BlockId(1), 0, gw, None, None)
                     .is_none());
                 folded += 1;
+            }
+            // A `switch`'s dispatch translated as jump-table site 3, placed as site 9: the
+            // translation as site 9 there, and the same site for the table to open.
+            if let Some(pat) = crate::backend::jump_table::pattern(&b1) {
+                let (e1, c1) = crate::backend::jump_table::emit_block(
+                    &b1,
+                    &pat,
+                    BlockId(7),
+                    HostAddr(h1 + at as u64 * 16),
+                    3,
+                    &cx(h1),
+                    3,
+                )
+                .unwrap();
+                let jmp_at =
+                    |b: &hotpath_ir::Block| GuestAddr(b.term_inst.as_ref().unwrap().inst.ip());
+                let s1 = Site::of(&pat, BlockId(7), b1.start, jmp_at(&b1), &c1);
+                let bytes = BlockRecord::capture(&e1, &b1, at as u64, None, Some((&s1, c1.fill)))
+                    .expect("a jump-table site is persisted")
+                    .encode();
+                let r = RecordView::parse(&bytes).expect("a record reads back");
+                assert!(r.has_site());
+                let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
+                let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
+                let p2 = crate::backend::jump_table::pattern(&b2).unwrap();
+                let cx2 = cx(h1 + shift);
+                let (e2, c2) = crate::backend::jump_table::emit_block(
+                    &b2,
+                    &p2,
+                    BlockId(4242),
+                    HostAddr(h2),
+                    1000,
+                    &cx2,
+                    9,
+                )
+                .unwrap();
+                let s2 = Site::of(&p2, BlockId(4242), b2.start, jmp_at(&b2), &c2);
+                let gw = &cx2.gateway;
+                let p = r
+                    .place(
+                        b2.start,
+                        HostAddr(h2),
+                        BlockId(4242),
+                        1000,
+                        gw,
+                        None,
+                        Some(9),
+                    )
+                    .expect("the same reach places");
+                assert_eq!(p.emitted.code, e2.code, "jump-table site at +{at:#x}");
+                assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
+                assert_eq!(
+                    format!("{:?}", p.emitted.layout),
+                    format!("{:?}", e2.layout)
+                );
+                assert_eq!(
+                    format!("{:?}", p.site),
+                    format!("{:?}", Some((s2, c2.fill)))
+                );
+                assert_eq!(r.dead, hotpath_ir::entry_dead(&b2.body));
+                assert!(
+                    r.place(b2.start, HostAddr(h2), BlockId(4242), 1000, gw, None, None)
+                        .is_none(),
+                    "a site needs a table"
+                );
+                sites += 1;
             }
             at += len;
         }
         assert!(
-            checked > 10_000 && pushes > 500 && folded > 50,
-            "{checked} blocks, {pushes} calls, {folded} through constant slots"
+            checked > 10_000 && pushes > 500 && folded > 50 && sites > 20,
+            "{checked} blocks, {pushes} calls, {folded} through constant slots, {sites} jump-table sites"
         );
     }
 
@@ -909,7 +1159,9 @@ mod tests {
             jump_table: None,
         };
         let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
-        let bytes = BlockRecord::capture(&e, &b, 0, None).unwrap().encode();
+        let bytes = BlockRecord::capture(&e, &b, 0, None, None)
+            .unwrap()
+            .encode();
         let r = RecordView::parse(&bytes).unwrap();
         assert!(r
             .place(
@@ -918,6 +1170,7 @@ mod tests {
                 BlockId(2),
                 0,
                 &cx.gateway,
+                None,
                 None
             )
             .is_some());
@@ -928,6 +1181,7 @@ mod tests {
                 BlockId(2),
                 0,
                 &cx.gateway,
+                None,
                 None
             )
             .is_none());
@@ -977,6 +1231,7 @@ mod tests {
                     },
                     RelocRecord::GuestLow32 { at: 9, delta: 10 },
                     RelocRecord::GuestSigned32 { at: 11, delta: -12 },
+                    RelocRecord::JumpTableArea { at: 12, offset: 16 },
                 ],
                 exits: vec![
                     ExitRecord::Direct {
@@ -991,6 +1246,7 @@ mod tests {
                         stub: 31,
                         call: false,
                     },
+                    ExitRecord::JumpTableFill,
                 ],
                 body: vec![(8, 0), (12, 1)],
                 term_start: 16,
@@ -998,6 +1254,19 @@ mod tests {
                 rcx_borrowed_from: (i % 2 == 0).then_some(14),
                 far_borrows: vec![(10, 2)],
                 slot: (i % 3 == 0).then_some(-64),
+                dead: 0x1_0041 + i as u32,
+                site: (i % 2 == 1).then(|| SiteRecord {
+                    base: 3,
+                    index: 0,
+                    target: 2,
+                    disp: -16,
+                    dispatch: vec![0x48, 0x63, 0x04, 0x83, 0x48, 0x01, 0xd8],
+                    add_at: 4,
+                    load: -7,
+                    add: -3,
+                    fill: 30,
+                    general: 36,
+                }),
             };
             let bytes = r.encode();
             assert_eq!(

@@ -46,10 +46,9 @@ impl Translator {
     /// on at the case.
     pub(super) fn fill_jump_table(&mut self, site: u32) -> Result<Next, TranslateError> {
         let s = self.jump_tables.sites[site as usize];
-        let p = s.pattern;
         let reg =
             |area: &crate::host::thread_area::ThreadArea, r: Register| area.gpr[gpr(r) as usize];
-        let (base, target) = (reg(self.area, p.base), reg(self.area, p.target));
+        let (base, target) = (reg(self.area, s.base), reg(self.area, s.target));
         let index = self.area.jump_table_index;
         let words = site as usize * JUMP_TABLE_STRIDE;
         if self.area.jump_tables[words] == JUMP_TABLE_NO_BASE {
@@ -57,7 +56,7 @@ impl Translator {
         }
         let entry = base
             .wrapping_add(index.wrapping_mul(4))
-            .wrapping_add(p.disp as u64);
+            .wrapping_add(s.disp as u64);
         if self.area.jump_tables[words] != base
             || index >= JUMP_TABLE_ENTRIES as u64
             || target >= 1 << 47
@@ -80,12 +79,8 @@ impl Translator {
         // straight when it sets the `jmp`'s register and the status flags before it reads
         // them (or can fault); else through the index's stub, made once (a signal points the
         // entry back at the fill stub, not the stub away).
-        let case = self.decode(
-            GuestAddr(target),
-            crate::frontend::decode::MAX_BLOCK_INSTRUCTIONS,
-        );
-        let direct = hotpath_ir::dead_at_entry(&case.body, p.target)
-            && hotpath_ir::status_flags_dead_at_entry(&case.body);
+        let dead = self.dead_at_entry(target);
+        let direct = dead & (1 << gpr(s.target)) != 0 && dead & hotpath_ir::FLAGS_DEAD != 0;
         let to = if direct {
             self.stats.jump_table_entries_direct += 1;
             host
@@ -101,6 +96,29 @@ impl Translator {
         self.stats.jump_table_entries += 1;
         self.area.jump_tables[words + JUMP_TABLE_FIRST + index as usize] = to.0;
         Ok(Next::Host(host))
+    }
+
+    /// What the block at guest `pc` may be entered with any value in
+    /// ([`hotpath_ir::entry_dead`]): from its persisted record where the store has one for
+    /// the bytes mapped now (a warm run decodes nothing), else from the block decoded.
+    fn dead_at_entry(&mut self, pc: u64) -> u32 {
+        if let Some(module) = self.persisted_module(pc) {
+            if let Some(record) = module
+                .records
+                .as_ref()
+                .and_then(|r| r.get(pc - module.start))
+            {
+                let mut now = vec![0u8; record.guest.len()];
+                if self.fetch_code(pc, &mut now) == now.len() && now == record.guest {
+                    return record.dead;
+                }
+            }
+        }
+        let case = self.decode(
+            GuestAddr(pc),
+            crate::frontend::decode::MAX_BLOCK_INSTRUCTIONS,
+        );
+        hotpath_ir::entry_dead(&case.body)
     }
 
     /// Makes the stub of site `site`'s index `index` (the site `s`), whose case at guest
@@ -123,7 +141,7 @@ impl Translator {
         }
         let at = self.cache.next_addr();
         let (code, e, layout) = emit_index_stub(
-            &s.pattern,
+            &s.dispatch,
             at,
             GuestAddr(target),
             s.from,

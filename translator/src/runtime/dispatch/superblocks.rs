@@ -145,13 +145,13 @@ impl Translator {
         if let (Some((pattern, number)), Some(code), Some(jmp)) =
             (site, trace.jump_table, last.term_inst.as_ref())
         {
-            let s = crate::backend::jump_table::Site {
-                pattern,
-                id: sb,
-                from: last.start,
-                jmp_at: GuestAddr(jmp.inst.ip()),
-                general: code.general,
-            };
+            let s = crate::backend::jump_table::Site::of(
+                &pattern,
+                sb,
+                last.start,
+                GuestAddr(jmp.inst.ip()),
+                &code,
+            );
             self.open_jump_table(number, s, code.fill);
         }
         self.index.exits.extend(trace.exits);

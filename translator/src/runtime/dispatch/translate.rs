@@ -213,10 +213,19 @@ impl Translator {
             registry = lock(&shared.registry);
             flushed = true;
         };
+        let jmp_at = block.term_inst.as_ref().map(|i| GuestAddr(i.inst.ip()));
+        let site = match (site, jmp_at) {
+            (Some((number, pattern, id, code)), Some(jmp_at)) => Some((
+                number,
+                crate::backend::jump_table::Site::of(&pattern, id, GuestAddr(pc), jmp_at, &code),
+                code.fill,
+            )),
+            _ => None,
+        };
         if let Some(m) = &module {
-            // A translation the store cannot hold (a jump-table site's, whose table is this
-            // thread's) is no miss: no run would have found it there.
-            if let Some(r) = BlockRecord::capture(&emitted, &block, pc - m.start, folded) {
+            let kept_site = site.as_ref().map(|(_, s, fill)| (s, *fill));
+            if let Some(r) = BlockRecord::capture(&emitted, &block, pc - m.start, folded, kept_site)
+            {
                 m.store.keep(&m.file, r);
                 self.stats.blocks_missed += 1;
             }
@@ -226,7 +235,6 @@ impl Translator {
         }
         let end = block.end().0.max(pc + 1);
         let summary = block.summary();
-        let jmp_at = block.term_inst.as_ref().map(|i| GuestAddr(i.inst.ip()));
         let entry = self.install_block(
             pc,
             max,
@@ -236,15 +244,8 @@ impl Translator {
             end,
             registry,
         )?;
-        if let (Some((number, pattern, id, code)), Some(jmp_at)) = (site, jmp_at) {
-            let s = crate::backend::jump_table::Site {
-                pattern,
-                id,
-                from: GuestAddr(pc),
-                jmp_at,
-                general: code.general,
-            };
-            self.open_jump_table(number, s, code.fill);
+        if let Some((number, s, fill)) = site {
+            self.open_jump_table(number, s, fill);
         }
         Ok(entry)
     }
@@ -352,7 +353,18 @@ impl Translator {
         let id = BlockId(registry.next_id);
         let first_exit = self.index.exits.len() as u32;
         let at = self.cache.next_addr();
-        let Some(placed) = record.place(GuestAddr(pc), at, id, first_exit, &gateway, folded) else {
+        // A `switch`'s dispatch gets a table of its own, while there is one free.
+        let number = if record.has_site() {
+            match self.free_jump_table_site() {
+                Some(n) => Some(n),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        let Some(placed) =
+            record.place(GuestAddr(pc), at, id, first_exit, &gateway, folded, number)
+        else {
             return Ok(None);
         };
         if placed.emitted.code.len() as u64 > self.cache.room() {
@@ -373,6 +385,9 @@ impl Translator {
             pc + len,
             registry,
         )?;
+        if let (Some(number), Some((site, fill))) = (number, placed.site) {
+            self.open_jump_table(number, site, fill);
+        }
         Ok(Some(entry))
     }
 
