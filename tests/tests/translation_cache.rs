@@ -314,6 +314,35 @@ fn a_warm_run_has_the_cold_runs_profile() {
     cold_then_warm(&exe, &[], &[], "recursion", MainProfile::Exact);
 }
 
+/// A program that meets a few blocks no earlier program stored in a library's file that others
+/// filled (fewer than the file's rewrite takes) keeps them too, in the file's delta: its next
+/// run places every block (a run that translates one afresh builds iced's tables).
+#[test]
+fn a_few_new_blocks_in_a_big_file_are_kept_too() {
+    let big = guest_build::build("strings.c", Linkage::Dynamic).unwrap_or_else(|e| panic!("{e}"));
+    let small = guest_build::build("hello.c", Linkage::Dynamic).unwrap_or_else(|e| panic!("{e}"));
+    let dir = scratch("delta");
+    let cache = dir.join("cache");
+    run(&big, &[], &cache, &[], &native(&big, &[], &dir), &dir);
+    let n = native(&small, &[], &dir);
+    let first = run(&small, &[], &cache, &[], &n, &dir);
+    let second = run(&small, &[], &cache, &[], &n, &dir);
+    let placed = |r: &Value| {
+        (
+            as_u64(&r["totals"]["blocks_loaded"]),
+            as_u64(&r["totals"]["blocks_translated"]),
+        )
+    };
+    let (loaded, translated) = placed(&second);
+    assert_eq!(
+        loaded,
+        translated,
+        "the second run translated blocks afresh (first run: {:?})",
+        placed(&first)
+    );
+    assert_eq!(profile(&first), profile(&second));
+}
+
 #[test]
 fn a_shell_script_runs_warm_in_every_process() {
     let Some(bb) = busybox() else { return };

@@ -132,6 +132,9 @@ pub struct ModuleRecords {
     /// later (one more entry, `count`, at the end): a lookup searches one page's entries, a
     /// cache line or two, not the whole index (16 probes across a python3 file's 1.2 MB).
     pages: Vec<u32>,
+    /// The records written beside the file since it was last rewritten (its delta file, a
+    /// store file of its own), looked up after the file's.
+    delta: Option<Box<ModuleRecords>>,
 }
 
 /// A little-endian integer of `N` bytes at `at`, if `bytes` holds it.
@@ -169,6 +172,7 @@ impl ModuleRecords {
             count,
             records_at,
             pages: Vec::new(),
+            delta: None,
         };
         records.pages = records.page_directory()?;
         Some(records)
@@ -230,19 +234,36 @@ impl ModuleRecords {
         None
     }
 
-    /// Whether the file has a record for guest offset `offset` (not checked or decoded).
-    pub fn contains(&self, offset: u64) -> bool {
-        self.find(offset).is_some()
+    /// These records with `delta`'s after them (see `delta`).
+    pub fn with_delta(mut self, delta: ModuleRecords) -> ModuleRecords {
+        self.delta = Some(Box::new(delta));
+        self
     }
 
-    /// Records in the file.
+    /// The delta file's records, if it was read.
+    pub fn delta(&self) -> Option<&ModuleRecords> {
+        self.delta.as_deref()
+    }
+
+    /// Whether the file or its delta has a record for guest offset `offset` (not checked or
+    /// decoded).
+    pub fn contains(&self, offset: u64) -> bool {
+        self.find(offset).is_some() || self.delta.as_ref().is_some_and(|d| d.contains(offset))
+    }
+
+    /// Records in the file and its delta.
     pub fn len(&self) -> usize {
+        self.count + self.delta.as_ref().map_or(0, |d| d.len())
+    }
+
+    /// Records in the file itself (its delta's not counted).
+    pub fn own_len(&self) -> usize {
         self.count
     }
 
-    /// Whether the file has no records.
+    /// Whether the file and its delta have no records.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.len() == 0
     }
 
     /// The bytes of record `i` of the index with its offset, if they are unchanged.
@@ -261,9 +282,13 @@ impl ModuleRecords {
         (record.offset == offset).then_some(record)
     }
 
-    /// The record of the block at guest offset `offset`, if the file has one and it is whole.
+    /// The record of the block at guest offset `offset`, if the file (else its delta) has
+    /// one and it is whole.
     pub fn get(&self, offset: u64) -> Option<RecordView<'_>> {
-        self.decode(self.find(offset)?)
+        match self.find(offset) {
+            Some(i) => self.decode(i),
+            None => self.delta.as_ref()?.get(offset),
+        }
     }
 
     /// Every whole record, in offset order (a damaged one is left out).
@@ -273,44 +298,29 @@ impl ModuleRecords {
     }
 }
 
-/// The bytes of a store file for `key` holding the records of `old` and `new` (a new one
-/// replaces an old one at the same offset). Old records are copied as they are, without
-/// decoding them (a damaged one is left out): a library's file holds tens of thousands.
-/// `None` if a part is too large for its field.
-pub fn encode_merged(
-    key: &Key,
-    old: Option<&ModuleRecords>,
-    new: &[BlockRecord],
-) -> Option<Vec<u8>> {
-    let mut fresh = new
+/// The bytes of a store file for `key` holding the records of the files `old` (their own, not
+/// their deltas') and `new`; where several have a record at one offset, `new`'s is kept, else
+/// the one of the latest in `old`. Old records are copied as they are, without decoding them
+/// (a damaged one is left out): a library's file holds tens of thousands. `None` if a part is
+/// too large for its field.
+pub fn encode_merged(key: &Key, old: &[&ModuleRecords], new: &[BlockRecord]) -> Option<Vec<u8>> {
+    let fresh = new
         .iter()
         .map(|r| (r.offset, r.encode()))
         .collect::<Vec<_>>();
-    fresh.sort_by_key(|f| f.0);
-    fresh.dedup_by_key(|f| f.0);
-    let kept: Vec<(u64, &[u8])> = old.map_or(Vec::new(), |o| {
-        (0..o.count).filter_map(|i| o.blob(i)).collect()
-    });
-    // Both sorted by offset: merge them, the new record winning a tie.
-    let mut parts: Vec<(u64, &[u8])> = Vec::with_capacity(kept.len() + fresh.len());
-    let (mut k, mut f) = (kept.iter().peekable(), fresh.iter().peekable());
-    loop {
-        let take_fresh = match (k.peek(), f.peek()) {
-            (None, None) => break,
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (Some(a), Some(b)) => b.0 <= a.0,
-        };
-        if take_fresh {
-            let (offset, blob) = f.next()?;
-            if k.peek().is_some_and(|a| a.0 == *offset) {
-                k.next();
-            }
-            parts.push((*offset, blob));
-        } else {
-            parts.push(*k.next()?);
-        }
+    // (offset, rank: later wins, blob)
+    let mut parts: Vec<(u64, usize, &[u8])> = Vec::new();
+    for (rank, o) in old.iter().enumerate() {
+        parts.extend(
+            (0..o.count)
+                .filter_map(|i| o.blob(i))
+                .map(|(at, b)| (at, rank, b)),
+        );
     }
+    parts.extend(fresh.iter().map(|(at, b)| (*at, old.len(), b.as_slice())));
+    parts.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    parts.dedup_by_key(|p| p.0);
+    let parts: Vec<(u64, &[u8])> = parts.into_iter().map(|(at, _, b)| (at, b)).collect();
     let key_bytes = postcard::to_stdvec(key).ok()?;
     let mut index = Vec::with_capacity(parts.len() * ENTRY);
     let mut at = 0usize;
@@ -388,7 +398,7 @@ pub(crate) mod tests {
     #[test]
     fn records_are_found_by_offset_and_checked_on_use() {
         let records: Vec<_> = [0x10u64, 0x40, 0x41, 0x900].map(record).into();
-        let bytes = encode_merged(&key(), None, &records).unwrap();
+        let bytes = encode_merged(&key(), &[], &records).unwrap();
         let file = ModuleRecords::parse(bytes.clone().into(), &key()).unwrap();
         assert_eq!(file.len(), 4);
         for r in &records {
@@ -426,7 +436,7 @@ pub(crate) mod tests {
     fn records_on_many_pages_are_found_and_gaps_are_not() {
         let offsets = [0x10u64, 0xfff, 0x1000, 0x1fff, 0x5000, 0x5008, 0x12345];
         let records: Vec<_> = offsets.map(record).into();
-        let bytes = encode_merged(&key(), None, &records).unwrap();
+        let bytes = encode_merged(&key(), &[], &records).unwrap();
         let file = ModuleRecords::parse(bytes.into(), &key()).unwrap();
         for r in &records {
             assert_eq!(
@@ -448,19 +458,19 @@ pub(crate) mod tests {
             assert!(!file.contains(missing), "{missing:#x} found");
         }
         // Offsets beyond what a directory covers: the file is refused, not given a huge one.
-        let far = encode_merged(&key(), None, &[record(0x10), record(1 << 40)]).unwrap();
+        let far = encode_merged(&key(), &[], &[record(0x10), record(1 << 40)]).unwrap();
         assert!(ModuleRecords::parse(far.into(), &key()).is_none());
     }
 
     #[test]
     fn a_merge_keeps_old_records_and_replaces_them_by_new_ones() {
         let old: Vec<_> = [0x10u64, 0x40, 0x900].map(record).into();
-        let bytes = encode_merged(&key(), None, &old).unwrap();
+        let bytes = encode_merged(&key(), &[], &old).unwrap();
         let file = ModuleRecords::parse(bytes.into(), &key()).unwrap();
         let mut newer = record(0x40);
         newer.instructions = 9;
         let new = vec![record(0x41), newer.clone(), record(0x5)];
-        let merged = encode_merged(&key(), Some(&file), &new).unwrap();
+        let merged = encode_merged(&key(), &[&file], &new).unwrap();
         let merged = ModuleRecords::parse(merged.into(), &key()).unwrap();
         let offsets: Vec<u64> = merged.all().map(|r| r.offset).collect();
         assert_eq!(offsets, [0x5, 0x10, 0x40, 0x41, 0x900]);

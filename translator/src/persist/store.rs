@@ -25,11 +25,15 @@ const DEFAULT_LIMIT: u64 = 1 << 30;
 const TRIM_TO_PERCENT: u64 = 90;
 /// The hit/miss log is summed into one line when it grows past this many bytes.
 const STATS_COMPACT_BYTES: u64 = 64 << 10;
-/// A store file is rewritten with this process's new records when there are at least this
-/// many of them, ...
+/// A store file is rewritten with this process's new records and its delta file's when there
+/// are at least this many of them, ...
 const REWRITE_MIN_NEW: usize = 256;
-/// ... or when they are at least 1/`REWRITE_SHARE` of the records the file held.
+/// ... or when they are at least 1/`REWRITE_SHARE` of the records the file held. Fewer go to
+/// its delta file (a store file of its own, next to it), rewritten with them: small, so cheap
+/// to rewrite, and read with the file.
 const REWRITE_SHARE: usize = 32;
+/// What a store file's delta file adds to its name (`<hash>.delta.hpc`).
+const DELTA: &str = "delta";
 /// Suffix of store files.
 const SUFFIX: &str = "hpc";
 /// Suffix added to a store file's name for its lock file (`<hash>.hpc.lock`, empty).
@@ -151,6 +155,12 @@ impl CacheDir {
         let mut h = std::hash::DefaultHasher::new();
         key.hash(&mut h);
         format!("{:016x}.{SUFFIX}", h.finish())
+    }
+
+    /// The file name of the delta file of store file `name` (see [`REWRITE_SHARE`]).
+    fn delta_name(name: &str) -> String {
+        let stem = name.strip_suffix(SUFFIX).unwrap_or(name);
+        format!("{stem}{DELTA}.{SUFFIX}")
     }
 
     /// The records of store file `name`, if it is a regular file owned by this user, mode
@@ -462,13 +472,18 @@ impl Store {
             return Some(m.records.clone());
         }
         let key = (self.key.clone(), file.clone());
-        let records = match dir.read(&CacheDir::file_name(&key), &key) {
+        let name = CacheDir::file_name(&key);
+        let mut records = match dir.read(&name, &key) {
             Some(records) => {
                 self.files_read.fetch_add(1, Ordering::Relaxed);
                 records
             }
             None => ModuleRecords::default(),
         };
+        if let Some(delta) = dir.read(&CacheDir::delta_name(&name), &key) {
+            self.files_read.fetch_add(1, Ordering::Relaxed);
+            records = records.with_delta(delta);
+        }
         let records = Arc::new(records);
         modules.insert(
             file.clone(),
@@ -512,26 +527,39 @@ impl Store {
         let mut modules = self.lock();
         let mut wrote = false;
         for (file, m) in modules.iter_mut() {
-            // A rewrite costs about what the file holds; a few new blocks are not worth it
-            // (they are translated again next time): python3 meets a dozen new ones on each
-            // run (its hashes are randomised), in a 7.7 MB file.
-            if m.pending.is_empty()
-                || (m.pending.len() < REWRITE_MIN_NEW
-                    && m.pending.len() * REWRITE_SHARE < m.records.len())
-            {
-                m.pending.clear();
+            if m.pending.is_empty() {
                 continue;
             }
+            // A rewrite costs about what the file holds; a few new blocks go to its delta
+            // file, rewritten instead: python3 meets a dozen new ones on each run (its hashes
+            // are randomised), `ls` a hundred in a libc file of 40,000 that other programs
+            // filled, and each run translating one afresh builds iced's tables (a millisecond
+            // and a half).
+            let new = m.pending.len() + m.records.delta().map_or(0, |d| d.len());
+            let whole = new >= REWRITE_MIN_NEW || new * REWRITE_SHARE >= m.records.own_len();
             let key = (self.key.clone(), file.clone());
             let name = CacheDir::file_name(&key);
+            let delta_name = CacheDir::delta_name(&name);
             // Without the lock (another writer has held it for LOCK_WAIT, or its file cannot
             // be made) the file is still merged and replaced whole, as with it; only a writer
             // at the same time may then lose its records to ours, or ours to its (they are
-            // translated again next time).
+            // translated again next time). One lock covers the file and its delta.
             let lock = dir.lock(&name);
-            let old = dir.read(&name, &key);
-            let written = format::encode_merged(&key, old.as_ref(), &m.pending)
-                .is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+            let delta = dir.read(&delta_name, &key);
+            let written = if whole {
+                let old = dir.read(&name, &key);
+                let olds: Vec<&ModuleRecords> = old.iter().chain(delta.iter()).collect();
+                let done = format::encode_merged(&key, &olds, &m.pending)
+                    .is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+                if done && delta.is_some() {
+                    let _ = fs::remove_file(dir.path.join(&delta_name));
+                }
+                done
+            } else {
+                let olds: Vec<&ModuleRecords> = delta.iter().collect();
+                format::encode_merged(&key, &olds, &m.pending)
+                    .is_some_and(|bytes| dir.write(&delta_name, &bytes).is_ok())
+            };
             drop(lock);
             m.pending.clear();
             if written {
@@ -570,10 +598,17 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hotpath-store-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let (emit, file) = key();
-        let in_file = |n: usize| {
+        // Records in the file itself, and in its delta file.
+        let in_files = |own: usize, delta: usize| {
             let store = Store::new(&dir, emit.clone());
-            assert_eq!(store.records(&file).unwrap().len(), n);
+            let r = store.records(&file).unwrap();
+            assert_eq!(
+                (r.own_len(), r.delta().map_or(0, |d| d.own_len())),
+                (own, delta)
+            );
         };
+        let name = CacheDir::file_name(&(emit.clone(), file.clone()));
+        let delta_file = dir.join(CacheDir::delta_name(&name));
         // A new file: written whatever it holds.
         let store = Store::new(&dir, emit.clone());
         assert!(store.records(&file).unwrap().is_empty());
@@ -581,30 +616,41 @@ mod tests {
             store.keep(&file, record(i * 16));
         }
         store.write(0, 40);
-        in_file(40);
-        // One new record against 40: fewer than 1/32, not worth a rewrite.
+        in_files(40, 0);
+        // One new record against 40: fewer than 1/32, not worth a rewrite: it goes to the
+        // delta file, and the next process finds it there.
         let store = Store::new(&dir, emit.clone());
         store.records(&file);
         store.keep(&file, record(0x1000));
         store.write(40, 1);
-        in_file(40);
-        // Two: 1/20 of the file, rewritten, the old records kept.
-        let store = Store::new(&dir, emit.clone());
-        store.records(&file);
-        store.keep(&file, record(0x1000));
-        store.keep(&file, record(0x1010));
-        store.write(40, 2);
-        in_file(42);
+        in_files(40, 1);
         let store = Store::new(&dir, emit.clone());
         let records = store.records(&file).unwrap();
+        assert!(records.contains(0x1000) && records.contains(0x10));
         assert_eq!(
-            records.get(0x10).and_then(|v| v.to_record()),
-            Some(record(0x10))
+            records.get(0x1000).and_then(|v| v.to_record()),
+            Some(record(0x1000))
         );
-        assert_eq!(
-            records.get(0x1010).and_then(|v| v.to_record()),
-            Some(record(0x1010))
-        );
+        // Known already (in the delta): not kept again.
+        store.keep(&file, record(0x1000));
+        store.write(41, 0);
+        in_files(40, 1);
+        // One more: with the delta's, 2 against 40, 1/20 of the file: rewritten with the old
+        // records and the delta's, and the delta file goes.
+        let store = Store::new(&dir, emit.clone());
+        store.records(&file);
+        store.keep(&file, record(0x1010));
+        store.write(41, 1);
+        in_files(42, 0);
+        assert!(!delta_file.exists());
+        let store = Store::new(&dir, emit.clone());
+        let records = store.records(&file).unwrap();
+        for offset in [0x10, 0x1000, 0x1010] {
+            assert_eq!(
+                records.get(offset).and_then(|v| v.to_record()),
+                Some(record(offset))
+            );
+        }
         let _ = fs::remove_dir_all(&dir);
     }
 
