@@ -100,6 +100,19 @@ pub fn vdso_range() -> Option<(u64, u64)> {
     *RANGE.get_or_init(read_vdso_range)
 }
 
+/// The identity the vDSO's translations are persisted under ([`cache::modules::FileId::of_image`]
+/// of its bytes), read once per process; `None` without a vDSO.
+pub fn vdso_file_id() -> Option<cache::modules::FileId> {
+    static ID: std::sync::OnceLock<Option<cache::modules::FileId>> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let (start, end) = vdso_range()?;
+        let mut bytes = vec![0u8; usize::try_from(end - start).ok()?];
+        host::guest_mem::read(start, &mut bytes).ok()?;
+        Some(cache::modules::FileId::of_image(&bytes))
+    })
+    .clone()
+}
+
 /// [`vdso_range`], read from the vDSO's headers.
 fn read_vdso_range() -> Option<(u64, u64)> {
     let base = guest_vdso()?;

@@ -40,6 +40,23 @@ impl FileId {
         })
     }
 
+    /// The id of an image that has no file (the vDSO), from its bytes: their length and GNU
+    /// build id, and the CRC-32 of the bytes with it (the kernel's vDSO carries a build id; the
+    /// CRC tells two images apart without one); device, inode and times 0. Its translations
+    /// are persisted like a file's: the store compares each block's bytes before use anyway.
+    pub fn of_image(bytes: &[u8]) -> FileId {
+        let mut id = build_id(bytes).unwrap_or_default();
+        id.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
+        FileId {
+            dev: 0,
+            ino: 0,
+            size: bytes.len() as u64,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            build_id: id,
+        }
+    }
+
     /// The id of the file at `path`.
     pub fn of_path(path: &std::path::Path) -> Option<FileId> {
         let f = std::fs::File::open(path).ok()?;
@@ -91,7 +108,7 @@ pub struct GuestModule {
     pub end: u64,
     /// The guest unmapped it (dlclose); a later load at the same place is a new entry.
     pub unloaded: bool,
-    /// Its file's identity when it was mapped (`None` for the vDSO).
+    /// Its file's identity when it was mapped (the vDSO's: [`FileId::of_image`]).
     pub file: Option<FileId>,
 }
 

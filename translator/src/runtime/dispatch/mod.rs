@@ -293,7 +293,9 @@ impl Translator {
             );
         }
         if let Some((start, end)) = crate::vdso_range().filter(|_| cfg.vdso) {
-            memory.modules.add("[vdso]".into(), start, end, None);
+            memory
+                .modules
+                .add("[vdso]".into(), start, end, crate::vdso_file_id());
         }
         memory.add_region(image.image_start, image.image_end);
         if let Some(interp) = &image.interpreter {
