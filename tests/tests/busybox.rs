@@ -302,3 +302,50 @@ fn ctrl_c_ends_busybox_sleep_as_natively() {
         );
     }
 }
+
+/// Runs `args` under hotpath (its summary on, `--top 1`) in `dir`; returns its stdout and
+/// stderr.
+fn run_with_summary(args: &[&str], dir: &Path) -> (String, String) {
+    let hotpath = hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(hotpath)
+        .args(["run", "--top", "1", "--"])
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run hotpath");
+    assert!(out.status.success(), "{args:?}: {:?}", out.status);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// hotpath's summary goes to the stderr hotpath started with, not to what the guest made of
+/// its descriptor 2: a shell's `exec 2>log` leaves the guest's file as natively (before, the
+/// summary was appended to it), and a program that closes its stderr at exit (GNU `date`,
+/// `ls`: `close_stdout`) still gets a summary.
+#[test]
+fn the_summary_goes_to_hotpaths_stderr_not_the_guests() {
+    let Some(bb) = busybox() else { return };
+    let bb = bb.to_str().expect("a UTF-8 path");
+    let dir = paths::scratch_dir("busybox-stderr");
+    let script = "exec 2>log; echo guest line >&2; echo out";
+    let (out, err) = run_with_summary(&[bb, "sh", "-c", script], &dir);
+    assert_eq!(out, "out\n");
+    assert_eq!(
+        fs::read_to_string(dir.join("log")).expect("the guest's log"),
+        "guest line\n",
+        "the guest's own file holds only what the guest wrote"
+    );
+    assert!(err.contains("hotpath: "), "no summary: {err:?}");
+    let date = Path::new("/bin/date");
+    if date.exists() {
+        let (out, err) = run_with_summary(&["/bin/date", "+%Y"], &dir);
+        assert_eq!(out.trim().len(), 4, "{out:?}");
+        assert!(
+            err.contains("hotpath: ") && err.contains("blocks"),
+            "no summary after the guest closed its stderr: {err:?}"
+        );
+    }
+}

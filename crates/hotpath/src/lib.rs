@@ -34,9 +34,11 @@ pub fn say(line: std::fmt::Arguments) {
     say_text(&format!("{line}\n"));
 }
 
-/// Writes `text` to stderr as it is, errors ignored (see [`say`]).
+/// Writes `text` to stderr as it is, errors ignored (see [`say`]): the stderr hotpath started
+/// with, also when the guest has closed or replaced its own since
+/// (`hotpath_translator::host::messages`).
 pub fn say_text(text: &str) {
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+    hotpath_translator::host::messages::write_all(text.as_bytes());
 }
 
 /// `hotpath report`: the text summary of a saved report on stdout, and the files asked for.

@@ -33,7 +33,9 @@ pub fn install() {
         if backtrace {
             standard(info);
         } else if !CAUGHT.with(Cell::get) {
-            eprintln!("hotpath: internal error (bug in hotpath): {line}");
+            crate::say(format_args!(
+                "hotpath: internal error (bug in hotpath): {line}"
+            ));
         }
         LAST.with(|l| *l.borrow_mut() = Some(line));
     }));

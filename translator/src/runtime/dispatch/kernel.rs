@@ -68,6 +68,8 @@ impl Translator {
         // Memory the call changes without a store the write fault sees (buffers in protected
         // code pages, /proc/self/mem, madvise): as the guest left it, its code discarded.
         kernel_writes::before_call(&mut self.process, nr, &args);
+        // hotpath's messages keep the stderr it started with when the guest's goes.
+        crate::host::messages::before_call(nr, &args);
         let mut outcome = syscalls::dispatch(&mut self.process, self.area, nr, &args);
         if matches!(outcome, Outcome::Return(r) if r == -(libc::EFAULT as i64))
             && self.process.signals.protected_pages().any()
@@ -179,7 +181,9 @@ impl Translator {
         match rx.recv() {
             Ok(Ok(tid)) => tid as i64,
             Ok(Err(reason)) => {
-                eprintln!("hotpath: cannot start a guest thread: {reason}");
+                crate::host::messages::write_all(
+                    format!("hotpath: cannot start a guest thread: {reason}\n").as_bytes(),
+                );
                 -(libc::EAGAIN as i64)
             }
             Err(_) => -(libc::EAGAIN as i64),

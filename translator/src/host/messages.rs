@@ -1,0 +1,111 @@
+//! Where hotpath's own messages go (the summary, its errors): the stderr hotpath started with,
+//! kept when the guest closes or replaces its descriptor 2.
+//!
+//! The guest owns descriptor 2. GNU programs close it at exit (`close_stdout`: `ls`, `date`,
+//! `sort`...), and a shell's `exec 2>log` makes it the guest's own file: writing the summary to
+//! descriptor 2 at the end lost it in the first case and appended it to the guest's file in the
+//! second. So before a guest call that closes or replaces descriptor 2 (`close`, `dup2`,
+//! `dup3`, `close_range`), hotpath keeps a copy of it at descriptor [`KEPT_MIN`] or above,
+//! close-on-exec (a program the guest execs starts from its own descriptor 2, as it would
+//! natively). That copy is the guest's to take: a call that closes or replaces it drops it
+//! (hotpath then has nowhere to write, and writes nothing rather than into a descriptor the
+//! guest may reuse). A program that never closes or replaces its stderr sees no copy.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The lowest descriptor the copy of stderr takes: above what programs number by hand
+/// (shells use up to 255 for their own) and below the usual 1024 soft limit.
+pub const KEPT_MIN: i32 = 900;
+
+/// Where messages go: 2 until the guest takes descriptor 2 away, then the copy, or -1.
+static FD: AtomicI32 = AtomicI32::new(2);
+
+/// The descriptor hotpath's messages go to, if there is one.
+pub fn fd() -> Option<i32> {
+    let fd = FD.load(Ordering::Acquire);
+    (fd >= 0).then_some(fd)
+}
+
+/// Writes `bytes` to [`fd`], all of them unless a write fails; errors (a reader gone, no
+/// descriptor) are ignored: hotpath's messages must never end a run.
+pub fn write_all(mut bytes: &[u8]) {
+    let Some(fd) = fd() else { return };
+    while !bytes.is_empty() {
+        // SAFETY: a write of our own buffer to a descriptor; a bad descriptor is an error.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n > 0 {
+            bytes = &bytes[n as usize..];
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
+/// Before a guest system call that closes or replaces every descriptor in `[first, last]`:
+/// keeps a copy of stderr if descriptor 2 is among them and still the one messages go to,
+/// and drops the copy if it is among them.
+pub fn before_losing(first: u64, last: u64) {
+    let fd = FD.load(Ordering::Acquire);
+    let hit = |d: i32| d >= 0 && first <= d as u64 && d as u64 <= last;
+    if fd == 2 && hit(2) {
+        // SAFETY: fcntl on a descriptor number; a closed one gives EBADF.
+        let kept = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, KEPT_MIN) };
+        let _ = FD.compare_exchange(2, kept.max(-1), Ordering::AcqRel, Ordering::Acquire);
+    } else if fd > 2 && hit(fd) {
+        let _ = FD.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// [`before_losing`] for guest system call `nr` with arguments `a`, if it is one that closes
+/// or replaces descriptors: `close(fd)`, `dup2(old, new)`, `dup3(old, new, flags)`,
+/// `close_range(first, last, flags)` (not with `CLOSE_RANGE_CLOEXEC`, which closes nothing
+/// now).
+pub fn before_call(nr: u64, a: &[u64; 6]) {
+    const CLOSE_RANGE_CLOEXEC: u64 = 4;
+    let fd = |v: u64| v as u32 as u64;
+    match nr {
+        n if n == libc::SYS_close as u64 => before_losing(fd(a[0]), fd(a[0])),
+        n if n == libc::SYS_dup2 as u64 || n == libc::SYS_dup3 as u64 => {
+            before_losing(fd(a[1]), fd(a[1]))
+        }
+        n if n == libc::SYS_close_range as u64 && a[2] & CLOSE_RANGE_CLOEXEC == 0 => {
+            before_losing(fd(a[0]), fd(a[1]))
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_calls_that_take_a_descriptor_away_are_seen() {
+        // Descriptor 2 is this test process's stderr: the copy is made once it is about to go
+        // (here nothing closes it: the call is not made), then dropped when the copy goes.
+        assert_eq!(fd(), Some(2));
+        before_call(libc::SYS_dup as u64, &[2, 0, 0, 0, 0, 0]);
+        before_call(libc::SYS_close as u64, &[5, 0, 0, 0, 0, 0]);
+        before_call(
+            libc::SYS_close_range as u64,
+            &[0, u32::MAX as u64, 4, 0, 0, 0],
+        );
+        assert_eq!(fd(), Some(2));
+        before_call(
+            libc::SYS_close_range as u64,
+            &[0, u32::MAX as u64, 0, 0, 0, 0],
+        );
+        let kept = fd().expect("a copy of stderr");
+        assert!(kept >= KEPT_MIN);
+        // SAFETY: F_GETFD on a descriptor number.
+        let flags = unsafe { libc::fcntl(kept, libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        before_call(libc::SYS_dup2 as u64, &[1, kept as u64, 0, 0, 0, 0]);
+        assert_eq!(fd(), None);
+        // SAFETY: closing the copy this test made.
+        unsafe { libc::close(kept) };
+    }
+}
