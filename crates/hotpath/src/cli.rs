@@ -202,6 +202,11 @@ pub struct RunArgs {
     pub superblock_threshold: u64,
     #[command(flatten)]
     pub outputs: OutputArgs,
+    /// Write hotpath's summary and messages to descriptor FD (open, made close-on-exec)
+    /// instead of 2. hotpath passes the copy of its stderr it kept (when the guest closed or
+    /// replaced its own) to the programs the guest execs this way.
+    #[arg(long, value_name = "FD")]
+    pub messages_fd: Option<i32>,
     /// The name the program sees as its argv[0] (default: PROGRAM as given).
     #[arg(long, value_name = "NAME")]
     pub argv0: Option<OsString>,

@@ -455,6 +455,14 @@ const GUEST_THREAD_HOST_STACK: usize = 8 << 20;
 /// program cannot be started (with the shell's status: 127 not found, 126 cannot execute).
 /// `cores` are the CPUs this process may use, read before any thread was pinned.
 pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
+    if let Some(fd) = args.messages_fd {
+        if !hotpath_translator::host::messages::adopt(fd) {
+            crate::say(format_args!(
+                "hotpath: --messages-fd {fd}: not an open file descriptor"
+            ));
+            return ExitCode::from(2);
+        }
+    }
     absolutize_outputs(&mut args);
     let file = search_path(&args.command[0]);
     if let Some(name) = args.argv0.take() {

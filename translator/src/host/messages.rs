@@ -6,8 +6,8 @@
 //! descriptor 2 at the end lost it in the first case and appended it to the guest's file in the
 //! second. So before a guest call that closes or replaces descriptor 2 (`close`, `dup2`,
 //! `dup3`, `close_range`), hotpath keeps a copy of it at descriptor [`KEPT_MIN`] or above,
-//! close-on-exec (a program the guest execs starts from its own descriptor 2, as it would
-//! natively). That copy is the guest's to take: a call that closes or replaces it drops it
+//! close-on-exec, and passed to the hotpath that runs a program the guest execs
+//! (`--messages-fd`, the flag cleared for the `execve` alone). That copy is the guest's to take: a call that closes or replaces it drops it
 //! (hotpath then has nowhere to write, and writes nothing rather than into a descriptor the
 //! guest may reuse). A program that never closes or replaces its stderr sees no copy.
 
@@ -24,6 +24,33 @@ static FD: AtomicI32 = AtomicI32::new(2);
 pub fn fd() -> Option<i32> {
     let fd = FD.load(Ordering::Acquire);
     (fd >= 0).then_some(fd)
+}
+
+/// Makes descriptor `fd` (open, set close-on-exec here) the one messages go to: the copy of
+/// stderr a hotpath that exec'd this one kept (`hotpath run --messages-fd`). False if `fd` is
+/// not open.
+pub fn adopt(fd: i32) -> bool {
+    // SAFETY: fcntl on a descriptor number; a closed one gives EBADF.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return false;
+    }
+    FD.store(fd, Ordering::Release);
+    true
+}
+
+/// The descriptor to pass to a program the guest execs (see [`adopt`]), when messages go to a
+/// kept copy of stderr rather than to descriptor 2; its close-on-exec flag is cleared for the
+/// exec, and [`exec_failed`] sets it again.
+pub fn for_exec() -> Option<i32> {
+    let fd = fd().filter(|&fd| fd != 2)?;
+    // SAFETY: fcntl on our own descriptor.
+    (unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == 0).then_some(fd)
+}
+
+/// The exec that [`for_exec`] prepared failed: the copy is close-on-exec again.
+pub fn exec_failed(fd: i32) {
+    // SAFETY: fcntl on our own descriptor.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
 }
 
 /// Writes `bytes` to [`fd`], all of them unless a write fails; errors (a reader gone, no

@@ -78,10 +78,17 @@ fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -
     };
     let argv = read_string_array(argv).ok()?;
     let envp = read_string_array(envp).ok()?;
-    let mut new_argv: Vec<CString> = Vec::with_capacity(argv.len() + w.args.len() + 4);
+    let mut new_argv: Vec<CString> = Vec::with_capacity(argv.len() + w.args.len() + 6);
     new_argv.push(CString::new(w.hotpath.as_os_str().as_bytes()).ok()?);
     for a in &w.args {
         new_argv.push(CString::new(a.as_bytes()).ok()?);
+    }
+    // hotpath's messages go on to the stderr it kept (`host::messages`), not to the program's.
+    let messages = crate::host::messages::fd().filter(|&fd| fd != 2);
+    if let Some(fd) = messages {
+        // After `run` (w.args[0]): an option of it.
+        new_argv.insert(2, CString::new("--messages-fd").ok()?);
+        new_argv.insert(3, CString::new(fd.to_string()).ok()?);
     }
     // An empty argv is allowed: the program then sees argc 0 natively; hotpath gives it its
     // path as argv[0], as the kernel does since Linux 5.18.
@@ -93,10 +100,16 @@ fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -
     new_argv.push(CString::new("--").ok()?);
     new_argv.push(CString::new(file.as_os_str().as_bytes()).ok()?);
     new_argv.extend(argv.into_iter().skip(1));
-    let argv_ptrs = null_terminated(&new_argv);
     let envp_ptrs = null_terminated(&envp);
     let hotpath = CString::new(w.hotpath.as_os_str().as_bytes()).ok()?;
-    Some(gated_syscall(
+    // The copy is passed open (its close-on-exec flag cleared for this call alone); if that
+    // cannot be done, the new hotpath writes to the program's stderr, as without a copy.
+    let passed = messages.and_then(|_| crate::host::messages::for_exec());
+    if messages.is_some() && passed.is_none() {
+        new_argv.drain(2..4);
+    }
+    let argv_ptrs = null_terminated(&new_argv);
+    let ret = gated_syscall(
         59,
         &[
             hotpath.as_ptr() as u64,
@@ -106,7 +119,11 @@ fn exec_translated(p: &GuestThread, w: &ExecWrapper, nr: u64, args: &[u64; 6]) -
             0,
             0,
         ],
-    ))
+    );
+    if let Some(fd) = passed {
+        crate::host::messages::exec_failed(fd);
+    }
+    Some(ret)
 }
 
 /// True if the kernel will surely refuse the guest's `execve` (`nr` 59) or `execveat` (322)
