@@ -979,6 +979,12 @@ mod tests {
                 }
             };
             let b1 = decode_block_from(GuestAddr(g1 + at as u64), fetch(g1));
+            // The same block in the second place: its host address and the block decoded there.
+            let second = || {
+                let g2 = g1 + shift;
+                let b2 = decode_block_from(GuestAddr(g2 + at as u64), fetch(g2));
+                (h1 + shift + at as u64 * 16, b2)
+            };
             let len = (b1.len_bytes as usize).max(1);
             let e1 =
                 emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
@@ -986,8 +992,7 @@ mod tests {
                 // Placed through its bytes, as a store file gives it.
                 let bytes = r.encode();
                 let r = RecordView::parse(&bytes).expect("a record reads back");
-                let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
-                let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
+                let (h2, b2) = second();
                 let e2 =
                     emit_block(&b2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
                 let p = r
@@ -1027,8 +1032,7 @@ mod tests {
                     .expect("a folded block is persisted")
                     .encode();
                 let r = RecordView::parse(&bytes).expect("a record reads back");
-                let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
-                let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
+                let (h2, b2) = second();
                 let d2 = crate::frontend::decode::with_direct_target(&b2, t2);
                 let e2 =
                     emit_block(&d2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
@@ -1077,8 +1081,7 @@ mod tests {
                     .encode();
                 let r = RecordView::parse(&bytes).expect("a record reads back");
                 assert!(r.has_site());
-                let (g2, h2) = (g1 + shift, h1 + shift + at as u64 * 16);
-                let b2 = decode_block_from(GuestAddr(g1 + shift + at as u64), fetch(g2));
+                let (h2, b2) = second();
                 let p2 = crate::backend::jump_table::pattern(&b2).unwrap();
                 let cx2 = cx(h1 + shift);
                 let (e2, c2) = crate::backend::jump_table::emit_block(

@@ -609,6 +609,15 @@ mod tests {
         };
         let name = CacheDir::file_name(&(emit.clone(), file.clone()));
         let delta_file = dir.join(CacheDir::delta_name(&name));
+        // A process that reads the file, keeps records at `offsets` and writes.
+        let run = |offsets: &[u64]| {
+            let store = Store::new(&dir, emit.clone());
+            store.records(&file);
+            for &o in offsets {
+                store.keep(&file, record(o));
+            }
+            store.write(0, offsets.len() as u64);
+        };
         // A new file: written whatever it holds.
         let store = Store::new(&dir, emit.clone());
         assert!(store.records(&file).unwrap().is_empty());
@@ -619,10 +628,7 @@ mod tests {
         in_files(40, 0);
         // One new record against 40: fewer than 1/32, not worth a rewrite: it goes to the
         // delta file, and the next process finds it there.
-        let store = Store::new(&dir, emit.clone());
-        store.records(&file);
-        store.keep(&file, record(0x1000));
-        store.write(40, 1);
+        run(&[0x1000]);
         in_files(40, 1);
         let store = Store::new(&dir, emit.clone());
         let records = store.records(&file).unwrap();
@@ -637,10 +643,7 @@ mod tests {
         in_files(40, 1);
         // One more: with the delta's, 2 against 40, 1/20 of the file: rewritten with the old
         // records and the delta's, and the delta file goes.
-        let store = Store::new(&dir, emit.clone());
-        store.records(&file);
-        store.keep(&file, record(0x1010));
-        store.write(41, 1);
+        run(&[0x1010]);
         in_files(42, 0);
         assert!(!delta_file.exists());
         let store = Store::new(&dir, emit.clone());

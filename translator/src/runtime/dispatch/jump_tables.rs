@@ -108,8 +108,7 @@ impl Translator {
                 .as_ref()
                 .and_then(|r| r.get(pc - module.start))
             {
-                let mut now = vec![0u8; record.guest.len()];
-                if self.fetch_code(pc, &mut now) == now.len() && now == record.guest {
+                if self.code_is(pc, record.guest) {
                     return record.dead;
                 }
             }

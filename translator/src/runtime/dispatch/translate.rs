@@ -327,8 +327,7 @@ impl Translator {
             return Ok(None);
         };
         let len = record.guest.len() as u64;
-        let mut now = vec![0u8; len as usize];
-        if self.fetch_code(pc, &mut now) != now.len() || now != record.guest {
+        if !self.code_is(pc, record.guest) {
             return Ok(None);
         }
         // A block translated with its slot's value as constant: the value in this process.
@@ -389,6 +388,13 @@ impl Translator {
             self.open_jump_table(number, site, fill);
         }
         Ok(Some(entry))
+    }
+
+    /// Whether the guest's executable code at `pc` is `bytes` now (a persisted record is used
+    /// only then).
+    pub(super) fn code_is(&mut self, pc: u64, bytes: &[u8]) -> bool {
+        let mut now = vec![0u8; bytes.len()];
+        self.fetch_code(pc, &mut now) == now.len() && now == bytes
     }
 
     /// Puts `emitted`, the translation of the block at `pc` (at most `max` instructions,
