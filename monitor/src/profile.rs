@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use hotpath_events::{BlockCatalog, IdKind};
+use hotpath_events::{IdKind, NewBlock};
 use hotpath_ir::{syscall_name, Terminator, TerminatorKind};
 use hotpath_report::{
     most_frequent, most_frequent_first, Addr, Block, Count, Edge, EdgeKind, Ending, IndirectSite,
@@ -355,11 +355,12 @@ fn edge_rows(tables: &Tables, all_edges: &[(u32, u32, u64)]) -> (Vec<Edge>, Vec<
 }
 
 /// Gives every block of `report` its guest code bytes as they were last translated at its
-/// address (from `catalog`; a block retranslated after the guest rewrote its code shows the
-/// latest bytes). Nothing is read from the guest's memory, which may be gone by now.
-pub fn add_code(report: &mut Report, catalog: &BlockCatalog) {
+/// address (from `ids`, the ids' metadata in id order; a block retranslated after the guest
+/// rewrote its code shows the latest bytes). Nothing is read from the guest's memory, which
+/// may be gone by now.
+pub fn add_code<'a>(report: &mut Report, ids: impl Iterator<Item = &'a NewBlock>) {
     let mut code: HashMap<u64, &[u8]> = HashMap::new();
-    for b in catalog.iter() {
+    for b in ids {
         if b.kind == IdKind::Block {
             code.insert(b.summary.start.0, &b.code);
         }
@@ -374,7 +375,6 @@ pub fn add_code(report: &mut Report, catalog: &BlockCatalog) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hotpath_events::NewBlock;
     use hotpath_ir::{BlockId, BlockSummary, GuestAddr};
 
     /// Tables over `n` blocks of every kind of terminator, fed a pseudo-random stream that

@@ -72,6 +72,21 @@ pub struct SyscallCount {
     pub sites: HashMap<u32, u64>,
 }
 
+/// What a [`Tables`] counted, without the ids' metadata ([`Tables::counts`]): the form a raw
+/// profile keeps and [`Tables::add_counts`] takes back. Ids are event ids (superblocks and
+/// side exits included) of the process's catalog.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Counts {
+    /// Every observed pair of consecutive events `(from, to, count)` ([`Tables::raw_edges`]).
+    pub edges: Vec<(u32, u32, u64)>,
+    /// `(system call number, calls, [(block id that issued it, calls)])`, by number.
+    pub syscalls: Vec<(u32, u64, Vec<(u32, u64)>)>,
+    /// The last event of each stream counted (it ran once more than its out-edges say).
+    pub last: Vec<u32>,
+    /// Events processed (blocks and system calls).
+    pub events: u64,
+}
+
 /// The ids' metadata as one [`Tables`] knows it: a view of a [`BlockCatalog`] up to the ids it
 /// has learnt. Every thread's tables of a process view the process's catalog, so a thread
 /// that starts copies nothing (each thread's tables held a copy of every id's metadata, and a
@@ -432,8 +447,34 @@ impl Tables {
     /// Adds the counts of another thread's stream (`other`, over the same ids) to these: its
     /// edges, system calls and events, and its last event. Metadata is not copied.
     pub fn merge(&mut self, other: &Tables) {
+        self.add_counts(&other.counts());
+    }
+
+    /// What these tables counted, apart from the ids' metadata: what a raw profile keeps.
+    pub fn counts(&self) -> Counts {
+        let mut syscalls: Vec<(u32, u64, Vec<(u32, u64)>)> = self
+            .syscalls
+            .iter()
+            .map(|(&nr, s)| {
+                let mut sites: Vec<(u32, u64)> = s.sites.iter().map(|(&b, &c)| (b, c)).collect();
+                sites.sort_unstable();
+                (nr, s.count, sites)
+            })
+            .collect();
+        syscalls.sort_unstable_by_key(|s| s.0);
+        Counts {
+            edges: self.raw_edges(),
+            syscalls,
+            last: self.last_events().collect(),
+            events: self.events,
+        }
+    }
+
+    /// Adds `counts` (of a stream over the same ids) to these, as [`merge`](Self::merge)
+    /// does: edges, system calls, events, and its streams' last events.
+    pub fn add_counts(&mut self, counts: &Counts) {
         let threshold = std::mem::replace(&mut self.hot_threshold, u64::MAX);
-        for (from, to, c) in other.raw_edges() {
+        for &(from, to, c) in &counts.edges {
             let top = from.max(to);
             if top as usize >= self.successors.len() {
                 self.grow(top);
@@ -441,15 +482,15 @@ impl Tables {
             self.add_edge_n(from, to, c);
         }
         self.hot_threshold = threshold;
-        for (&nr, sc) in &other.syscalls {
-            let mine = self.syscalls.entry(nr).or_default();
-            mine.count += sc.count;
-            for (&site, &n) in &sc.sites {
+        for (nr, count, sites) in &counts.syscalls {
+            let mine = self.syscalls.entry(*nr).or_default();
+            mine.count += count;
+            for &(site, n) in sites {
                 *mine.sites.entry(site).or_insert(0) += n;
             }
         }
-        self.events += other.events;
-        self.tails.extend(other.last_events());
+        self.events += counts.events;
+        self.tails.extend(counts.last.iter().copied().filter(|&e| e != NONE));
     }
 
     /// Takes in block metadata (ids in translation order; one already known is skipped): the
@@ -527,7 +568,7 @@ impl Tables {
     }
 
     /// Every known id's metadata, in id order.
-    fn entries(&self) -> impl Iterator<Item = &NewBlock> + '_ {
+    pub fn entries(&self) -> impl Iterator<Item = &NewBlock> + '_ {
         self.meta.catalog.iter().take(self.meta.known)
     }
 

@@ -31,9 +31,11 @@ pub struct Cli {
 pub enum Command {
     /// Run PROGRAM under translation; it behaves as it does natively.
     Run(RunArgs),
-    /// Render a saved JSON report as text, DOT files, a flame graph, drcov or callgrind.
+    /// Render a saved profile (JSON report or raw profile) as text, JSON, DOT files, a flame
+    /// graph, drcov, callgrind or pprof.
     Report(ReportArgs),
-    /// Sum the JSON reports of several runs of one program into one report.
+    /// Sum the profiles (JSON reports or raw profiles) of several runs of one program into one
+    /// JSON report.
     Merge(MergeArgs),
     /// Time PROGRAM natively, under hotpath in each mode, and under qemu-x86_64 when
     /// installed; print medians and ratios to native.
@@ -103,8 +105,16 @@ impl OutputArgs {
 /// `hotpath report`.
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
-    /// The JSON report (from `run --report` or `merge`).
+    /// The profile: a JSON report (from `run --report` or `merge`) or a raw profile (from
+    /// `run --profile`).
     pub file: PathBuf,
+    /// Write the profile as a JSON report (schema hotpath-report/2) to FILE: what
+    /// `run --report FILE` would have written.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Print no text summary (only the files asked for).
+    #[arg(long, short)]
+    pub quiet: bool,
     #[command(flatten)]
     pub outputs: OutputArgs,
 }
@@ -112,7 +122,7 @@ pub struct ReportArgs {
 /// `hotpath merge`.
 #[derive(clap::Args, Debug)]
 pub struct MergeArgs {
-    /// The reports to sum: runs of one program.
+    /// The profiles to sum (JSON reports or raw profiles): runs of one program.
     #[arg(required = true, num_args = 1..)]
     pub reports: Vec<PathBuf>,
     /// Where to write the merged report.
@@ -157,6 +167,12 @@ pub struct RunArgs {
     /// Write the profile as JSON (schema hotpath-report/2, docs/report-schema.md) to FILE.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Write the raw profile to FILE: the monitor's tables as they are, in a versioned binary
+    /// file that `hotpath report FILE` renders later (text, `--json`, every other output).
+    /// Cheaper than `--report` at the end of a run (no symbols read, no JSON); with `--quiet`
+    /// and no other output, the run renders nothing.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
     /// Record path profiles: functions, the shadow stack's activations and resynchronisations,
     /// Ball-Larus paths per function (with `--call-tree`, `--pap-runs`, `--k`: more). Off by
     /// default: 1.0-4x the tables-only run's time on the bench samples (bench/paths.sh;

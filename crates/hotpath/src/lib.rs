@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! hotpath run [OPTIONS] PROGRAM [ARGS...]   session.rs: load, translate, monitor, report
-//! hotpath report FILE.json [OUTPUTS]        outputs.rs: text, DOT, flame graph, drcov, callgrind
-//! hotpath merge A.json B.json... -o OUT     hotpath_report::merge
+//! hotpath report FILE [OUTPUTS]             outputs.rs: text, JSON, DOT, flame graph, drcov, ...
+//!                                           (FILE: a JSON report, or a raw profile: raw.rs)
+//! hotpath merge A B... -o OUT.json          hotpath_report::merge
 //! hotpath bench [--runs N] PROGRAM [ARGS]   bench.rs: native vs each mode vs qemu, medians
 //! hotpath cache [clear]                     the persisted translations (hotpath_translator::persist)
 //! ```
@@ -16,6 +17,7 @@ pub mod modules;
 pub mod outputs;
 pub mod panics;
 pub mod perf_map;
+pub mod raw;
 pub mod session;
 
 use std::path::PathBuf;
@@ -41,17 +43,41 @@ pub fn say_text(text: &str) {
     hotpath_translator::host::messages::write_all(text.as_bytes());
 }
 
-/// `hotpath report`: the text summary of a saved report on stdout, and the files asked for.
+/// Reads a saved profile: a JSON report, or a raw profile ([`raw`]) rendered into one (a
+/// module whose file changed since the run is said on stderr: its blocks are named by offset).
+///
+/// # Errors
+/// A one-line reason naming `path`: unreadable, neither form, another version, damaged.
+pub fn read_profile(path: &std::path::Path) -> Result<Report, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !raw::is_raw(&bytes) {
+        return Report::from_json(&bytes, path).map_err(|e| e.to_string());
+    }
+    let (report, changed) = raw::render(&bytes, path)?;
+    for m in changed {
+        eprintln!("hotpath: {m} is not the file the run mapped (changed or gone): its blocks are named by offset");
+    }
+    Ok(report)
+}
+
+/// `hotpath report`: the text summary of a saved profile (JSON report or raw profile) on
+/// stdout, and the files asked for (the JSON report with `--json`).
 pub fn report(args: ReportArgs) -> ExitCode {
-    let report = match Report::read(&args.file) {
+    let report = match read_profile(&args.file) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("hotpath: {e}");
             return ExitCode::from(1);
         }
     };
-    print!("{}", outputs::summary(&report, &args.outputs));
-    if outputs::write_files(&report, &args.outputs, None) {
+    let json_ok = args
+        .json
+        .as_ref()
+        .is_none_or(|path| outputs::write_json(&report, path));
+    if !args.quiet {
+        print!("{}", outputs::summary(&report, &args.outputs));
+    }
+    if outputs::write_files(&report, &args.outputs, None) && json_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -111,7 +137,7 @@ pub fn cache(args: CacheArgs) -> ExitCode {
 pub fn merge(args: MergeArgs) -> ExitCode {
     let mut reports: Vec<(PathBuf, Report)> = Vec::with_capacity(args.reports.len());
     for path in args.reports {
-        match Report::read(&path) {
+        match read_profile(&path) {
             Ok(r) => reports.push((path, r)),
             Err(e) => {
                 eprintln!("hotpath: {e}");

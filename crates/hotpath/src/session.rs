@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::{
-    add_code, report_of, thread_report, thread_row_of, FunctionSymbol, MonitorHandle,
+    thread_report, FunctionSymbol, MonitorHandle,
     MonitorResult, MonitorState, Namer, PathConfig, PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
@@ -28,6 +28,7 @@ use hotpath_translator::{
 
 use crate::cli::{OutputArgs, RunArgs};
 use crate::identity;
+use crate::raw;
 use crate::modules::ModuleMap;
 use crate::outputs;
 
@@ -53,6 +54,8 @@ struct Monitoring {
     core: Option<core_affinity::CoreId>,
     /// Where this process image's JSON report goes.
     report: Option<PathBuf>,
+    /// Where its raw profile goes.
+    profile: Option<PathBuf>,
     /// The other files it writes (renamed like `report` in a forked child).
     outputs: OutputArgs,
 }
@@ -141,6 +144,7 @@ impl Monitoring {
         let o = &mut self.outputs;
         for p in [
             &mut self.report,
+            &mut self.profile,
             &mut o.dot,
             &mut o.flamegraph,
             &mut o.drcov,
@@ -178,7 +182,7 @@ impl Monitoring {
 
     /// True if nothing of the profile is shown or written (`--quiet`, no report, no file).
     fn unread(&self, quiet: bool) -> bool {
-        quiet && self.report.is_none() && !self.outputs.any_file()
+        quiet && self.report.is_none() && self.profile.is_none() && !self.outputs.any_file()
     }
 
     /// Closes the ring (the other threads' are closed or stopped) and collects what the
@@ -567,12 +571,13 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         superblock_threshold: (!args.no_superblocks).then_some(args.superblock_threshold),
         core,
         report: args.report.clone(),
+        profile: args.profile.clone(),
         outputs: args.outputs.clone(),
     };
     if monitor_on {
         let fresh = monitoring.fresh();
         monitoring.start(&mut translator, fresh);
-    } else if args.report.is_some() {
+    } else if args.report.is_some() || args.profile.is_some() {
         crate::say(format_args!(
             "hotpath: no report: --no-monitor collects no profile"
         ));
@@ -652,6 +657,7 @@ fn absolutize_outputs(args: &mut RunArgs) {
     let o = &mut args.outputs;
     for p in [
         &mut args.report,
+        &mut args.profile,
         &mut o.dot,
         &mut o.flamegraph,
         &mut o.drcov,
@@ -711,6 +717,9 @@ fn exec_wrapper(args: &RunArgs, monitoring: &Monitoring) -> Option<ExecWrapper> 
     }
     if let Some(r) = &monitoring.report {
         opt("--report", Some(with_suffix(r, EXEC_SUFFIX).into()));
+    }
+    if let Some(r) = &monitoring.profile {
+        opt("--profile", Some(with_suffix(r, EXEC_SUFFIX).into()));
     }
     if args.records_paths() {
         opt("--paths", None);
@@ -801,11 +810,16 @@ fn finish_report(
     // The process ends right after an exit's report: its memory goes with it, unfreed (a
     // python3 run's tables, catalog and report took 3 ms to free).
     let process_ends = !matches!(ending, Ending::Exec);
-    let modules = ModuleMap::read(&translator.modules());
-    let symbolize = |addr: u64| modules.symbolize(addr);
-    let name_of = |addr: u64| address_name(Some(&modules), addr);
+    let guest_modules = translator.modules();
+    // Rendered only when something rendered is asked for: a raw profile alone reads no
+    // symbol and sums nothing by address (`hotpath report` does that later).
+    let rendered = !quiet || monitoring.report.is_some() || monitoring.outputs.any_file();
     let ended = result.ended;
     let mut threads = ended.threads;
+    let has_paths = result.threads.iter().any(|t| t.state.paths.is_some())
+        || threads.iter().any(|(_, t)| t.path_profile.is_some());
+    let modules = (rendered || has_paths).then(|| ModuleMap::read(&guest_modules));
+    let name_of = |addr: u64| address_name(modules.as_ref(), addr);
     let (mut waits, mut wait_ns, mut busy_ns) = (0, 0, ended.busy_ns);
     for (_, t) in &threads {
         waits += t.ring_waits;
@@ -849,30 +863,7 @@ fn finish_report(
     }
     // In the order the threads started.
     threads.sort_by_key(|&(started, _)| started);
-    let threads: Vec<_> = threads.into_iter().map(|(_, t)| t).collect();
-    let stats = translator.stats();
-    let run = RunInfo {
-        program: program.display().to_string(),
-        argv: args
-            .command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        ending,
-        blocks_translated: stats.blocks_translated,
-        blocks_loaded: stats.blocks_loaded,
-        translation_cache_errors: translator.cache_stats().map_or(0, |s| s.errors),
-        translation_ns: stats.translation_ns(),
-    };
-    let mut report = report_of(&tables, &symbolize, run);
-    report.threads = match only_row {
-        Some((tid, events, w, w_ns)) => vec![thread_row_of(tid, &report, events, w, w_ns)],
-        None => threads,
-    };
-    report.totals.ring_waits = waits;
-    report.totals.ring_wait_ns = wait_ns;
-    report.totals.monitor_busy_ns = busy_ns;
-    report.attribute_modules(modules.profiles.clone());
+    let mut threads: Vec<_> = threads.into_iter().map(|(_, t)| t).collect();
     // The process's path profile: its one thread's, or every thread's summed (each row keeps
     // its own).
     let path_profile = match only_paths {
@@ -880,30 +871,56 @@ fn finish_report(
             rec.finish();
             Some(rec.profile(&name_of))
         }
-        None if report.threads.len() == 1 => report.threads[0].path_profile.take(),
+        None if threads.len() == 1 => threads[0].path_profile.take(),
         None => hotpath_report::merge::sum_path_profiles(
-            report
-                .threads
+            threads
                 .iter()
                 .filter_map(|t| t.path_profile.clone())
                 .collect(),
         ),
     };
-    if path_profile.is_some() {
-        // The hot paths' listing disassembles their blocks.
-        add_code(&mut report, &result.catalog);
-        report.path_profile = path_profile;
+    let stats = translator.stats();
+    let parts = raw::Parts {
+        run: RunInfo {
+            program: program.display().to_string(),
+            argv: args
+                .command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            ending,
+            blocks_translated: stats.blocks_translated,
+            blocks_loaded: stats.blocks_loaded,
+            translation_cache_errors: translator.cache_stats().map_or(0, |s| s.errors),
+            translation_ns: stats.translation_ns(),
+        },
+        threads,
+        only_row,
+        ring_waits: waits,
+        ring_wait_ns: wait_ns,
+        monitor_busy_ns: busy_ns,
+        path_profile,
+    };
+    if let Some(path) = &monitoring.profile {
+        if let Err(e) = raw::write(path, &tables, &parts, &guest_modules) {
+            crate::say(format_args!("hotpath: cannot write the raw profile: {e}"));
+        }
     }
-    if let Some(path) = &monitoring.report {
-        outputs::write_json(&report, path);
+    if let Some(modules) = modules.as_ref().filter(|_| rendered) {
+        let report = raw::assemble(&tables, parts, modules);
+        if let Some(path) = &monitoring.report {
+            outputs::write_json(&report, path);
+        }
+        if !quiet {
+            crate::say_text(&outputs::summary(&report, &monitoring.outputs));
+        }
+        // hotpath runs the guest in its own process: its pid is the guest's.
+        outputs::write_files(&report, &monitoring.outputs, Some(std::process::id()));
+        if process_ends {
+            std::mem::forget(report);
+        }
     }
-    if !quiet {
-        crate::say_text(&outputs::summary(&report, &monitoring.outputs));
-    }
-    // hotpath runs the guest in its own process: its pid is the guest's.
-    outputs::write_files(&report, &monitoring.outputs, Some(std::process::id()));
     if process_ends {
-        std::mem::forget(report);
         std::mem::forget(tables);
         std::mem::forget(result.catalog);
     }

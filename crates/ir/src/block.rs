@@ -114,7 +114,7 @@ impl Block {
 }
 
 /// What the monitor needs to know about a block to classify its events: shape and terminator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BlockSummary {
     /// Guest address of the first instruction.
     pub start: GuestAddr,

@@ -4,7 +4,7 @@ use crate::GuestAddr;
 
 /// A condition code of a conditional branch, as the x86 `Jcc` family encodes it
 /// (plus the counter-based `loop`/`jrcxz` forms, which test RCX/ECX and do not read flags).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Cond {
     /// `jo`
     O,
@@ -72,7 +72,7 @@ impl Cond {
 }
 
 /// Why a block traps: what the CPU would raise when it reaches the terminating instruction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum TrapKind {
     /// `int3`: SIGTRAP, reported after the instruction.
     Breakpoint,
@@ -91,7 +91,7 @@ pub enum TrapKind {
 }
 
 /// How control leaves a block. Targets are guest addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Terminator {
     /// `jmp rel` to a known target.
     Jump { target: GuestAddr },
