@@ -9,7 +9,7 @@
 # that drift in machine load hits all modes alike. Prints the median wall time of each mode
 # and its ratio to native, the cost of the monitor (monitor / --no-monitor), and the share of
 # the monitor run's wall time the guest spent waiting for a full event ring (from the run's
-# JSON report: totals.ring_wait_ns, median over runs). A run whose stdout or exit status
+# raw profile, rendered after it: totals.ring_wait_ns, median over runs). A run whose stdout or exit status
 # differs from native is reported as WRONG instead of timed.
 #
 # Usage: bench/run.sh [-n RUNS] [-l static|static-pie] [-s "workload ..."] [--mib N]
@@ -380,9 +380,10 @@ if command -v "$qemu" >/dev/null 2>&1; then
 fi
 
 # 3. Measure. One run: prints "<microseconds> <status> <ring wait ns>" and leaves stdout in
-# $tmp/out.<mode>. Both monitor modes write a JSON report (as a user of the profile would, so
-# that `sb gain` compares superblocks alone); the monitor mode's gives the time spent on a
-# full ring.
+# $tmp/out.<mode>. The monitor modes write a raw profile per process (`--profile`, as a user
+# of the profile would, so that `sb gain` compares superblocks alone; `hotpath report`
+# renders it later); the monitor mode's, rendered after the timing, gives the time spent on
+# a full ring and the monitor's CPU time.
 run_once() { # mode workload
     local mode="$1" w="$2" start end status=0 wait_ns=0 cpu_ns=0 share=-1
     local -a cmd
@@ -390,10 +391,10 @@ run_once() { # mode workload
     case "$mode" in
         native) ;;
         no-monitor) cmd=("$hotpath" run --quiet --cache-dir "$cache" --no-monitor -- "${cmd[@]}") ;;
-        no-sb) cmd=("$hotpath" run --quiet --cache-dir "$cache" --no-superblocks --report "$tmp/report-no-sb.json" -- "${cmd[@]}") ;;
-        monitor) rm -f "$tmp"/report.json*; cmd=("$hotpath" run --quiet --cache-dir "$cache" --report "$tmp/report.json" -- "${cmd[@]}") ;;
+        no-sb) cmd=("$hotpath" run --quiet --cache-dir "$cache" --no-superblocks --profile "$tmp/profile-no-sb.raw" -- "${cmd[@]}") ;;
+        monitor) rm -f "$tmp"/profile.raw*; cmd=("$hotpath" run --quiet --cache-dir "$cache" --profile "$tmp/profile.raw" -- "${cmd[@]}") ;;
         paths) cmd=("$hotpath" run --quiet --cache-dir "$cache" --paths -- "${cmd[@]}") ;;
-        cold) cmd=("$hotpath" run --quiet --no-cache --report "$tmp/report-cold.json" -- "${cmd[@]}") ;;
+        cold) cmd=("$hotpath" run --quiet --no-cache --profile "$tmp/profile-cold.raw" -- "${cmd[@]}") ;;
         qemu) cmd=("$qemu" "${cmd[@]}") ;;
     esac
     start=$(date +%s%N)
@@ -406,8 +407,12 @@ run_once() { # mode workload
         times >"$tmp/times.$mode" # (not in a pipeline: a subshell has no children's times)
         cpu_ns=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] } printf "%.0f", t * 1e9 }' "$tmp/times.$mode")
         # totals.ring_wait_ns (each thread in `threads` has one too); the monitor's busy time
-        # over every process's report (a child writes REPORT.PID, an exec'd program
-        # REPORT.exec) as a share of the rest of the CPU time, the guest's.
+        # over every process's profile (a child writes PROFILE.PID, an exec'd program
+        # PROFILE.exec) as a share of the rest of the CPU time, the guest's.
+        rm -f "$tmp"/report.json*
+        for f in "$tmp"/profile.raw*; do
+            [ -e "$f" ] && printf '%s\0' "$f"
+        done | xargs -0 -r -P 2 -I{} sh -c '"$1" report -q "$2" --json "$3/report.json${2#"$3"/profile.raw}"' _ "$hotpath" {} "$tmp"
         read -r wait_ns share < <(python3 -c '
 import glob, json, sys
 reports = [json.load(open(f))["totals"] for f in sorted(glob.glob(sys.argv[1] + "*"))]
