@@ -490,7 +490,8 @@ impl Tables {
             }
         }
         self.events += counts.events;
-        self.tails.extend(counts.last.iter().copied().filter(|&e| e != NONE));
+        self.tails
+            .extend(counts.last.iter().copied().filter(|&e| e != NONE));
     }
 
     /// Takes in block metadata (ids in translation order; one already known is skipped): the

@@ -32,8 +32,8 @@ fn run(dir: &Path, args: &[&std::ffi::OsStr], expect_success: bool) -> (String, 
     cmd.args(args);
     set_guest_environment(&mut cmd, dir);
     let what = runner::describe(&cmd);
-    let out = runner::run(&mut cmd, hotpath_e2e::run_timeout())
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let out =
+        runner::run(&mut cmd, hotpath_e2e::run_timeout()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if expect_success {
         assert_eq!(
@@ -110,11 +110,14 @@ fn check_raw_equals_json(dir: &Path, exe: &Path, args: &[&str], hotpath_args: &[
 /// the rendered raw profile is the JSON report, and its text summary is the JSON's.
 #[test]
 fn a_raw_profile_renders_the_report_the_run_wrote_threads_and_paths() {
-    let exe = guest_build::build("paths_threads.c", Linkage::Dynamic).unwrap_or_else(|e| panic!("{e}"));
+    let exe =
+        guest_build::build("paths_threads.c", Linkage::Dynamic).unwrap_or_else(|e| panic!("{e}"));
     let dir = scratch("threads");
     assert_eq!(check_raw_equals_json(&dir, &exe, &[], &["--paths"]), 1);
     let report = Report::read(&dir.join("r.json")).unwrap_or_else(|e| panic!("{e}"));
-    assert!(report.json["threads"].as_array().is_some_and(|t| t.len() >= 3));
+    assert!(report.json["threads"]
+        .as_array()
+        .is_some_and(|t| t.len() >= 3));
     assert!(report.json["path_profile"].is_object());
     let text_of = |f: &str| run(&dir, &[os("report"), dir.join(f).as_os_str()], true).0;
     assert_eq!(text_of("r.raw"), text_of("r.json"));
@@ -155,8 +158,14 @@ fn merge_takes_raw_profiles() {
     let one = Report::read(&dir.join("r.json")).unwrap_or_else(|e| panic!("{e}"));
     let two = Report::read(&merged).unwrap_or_else(|e| panic!("{e}"));
     assert!(one.total("blocks_executed") > 0);
-    assert_eq!(two.total("blocks_executed"), 2 * one.total("blocks_executed"));
-    assert_eq!(two.total("guest_instructions"), 2 * one.total("guest_instructions"));
+    assert_eq!(
+        two.total("blocks_executed"),
+        2 * one.total("blocks_executed")
+    );
+    assert_eq!(
+        two.total("guest_instructions"),
+        2 * one.total("guest_instructions")
+    );
 }
 
 /// The program's file changed after the run (same build id, other size): its blocks are not
@@ -170,17 +179,33 @@ fn a_module_changed_since_the_run_is_named_by_offset() {
     let raw = dir.join("r.raw");
     run(
         &dir,
-        &[os("run"), os("-q"), os("--profile"), raw.as_os_str(), os("--"), exe.as_os_str()],
+        &[
+            os("run"),
+            os("-q"),
+            os("--profile"),
+            raw.as_os_str(),
+            os("--"),
+            exe.as_os_str(),
+        ],
         true,
     );
     let render = |out: &str| {
         let json = dir.join(out);
         let (_, stderr) = run(
             &dir,
-            &[os("report"), os("-q"), raw.as_os_str(), os("--json"), json.as_os_str()],
+            &[
+                os("report"),
+                os("-q"),
+                raw.as_os_str(),
+                os("--json"),
+                json.as_os_str(),
+            ],
             true,
         );
-        (Report::read(&json).unwrap_or_else(|e| panic!("{e}")), stderr)
+        (
+            Report::read(&json).unwrap_or_else(|e| panic!("{e}")),
+            stderr,
+        )
     };
     let (before, stderr) = render("before.json");
     assert!(stderr.is_empty(), "{stderr}");
@@ -200,7 +225,10 @@ fn a_module_changed_since_the_run_is_named_by_offset() {
         })
     };
     assert!(names_main(&before));
-    assert!(!names_main(&after), "a block named from the changed file's symbols");
+    assert!(
+        !names_main(&after),
+        "a block named from the changed file's symbols"
+    );
     assert_eq!(
         after.total("blocks_executed"),
         before.total("blocks_executed")
@@ -216,7 +244,14 @@ fn a_damaged_raw_profile_gets_one_clear_line() {
     let raw = dir.join("r.raw");
     run(
         &dir,
-        &[os("run"), os("-q"), os("--profile"), raw.as_os_str(), os("--"), exe.as_os_str()],
+        &[
+            os("run"),
+            os("-q"),
+            os("--profile"),
+            raw.as_os_str(),
+            os("--"),
+            exe.as_os_str(),
+        ],
         true,
     );
     let good = fs::read(&raw).expect("read");
@@ -228,7 +263,11 @@ fn a_damaged_raw_profile_gets_one_clear_line() {
         *b = !*b;
     }
     for (name, bytes, says) in [
-        ("truncated.raw", good[..good.len() / 3].to_vec(), "not a usable raw profile"),
+        (
+            "truncated.raw",
+            good[..good.len() / 3].to_vec(),
+            "not a usable raw profile",
+        ),
         ("short.raw", good[..10].to_vec(), "not a usable raw profile"),
         ("version.raw", version, "raw profile version"),
         ("flipped.raw", flipped, "not a usable raw profile"),
@@ -252,6 +291,9 @@ fn a_damaged_raw_profile_gets_one_clear_line() {
                 && !stderr.contains("panicked"),
             "{name}: {stderr}"
         );
-        assert!(stderr.to_lowercase().contains(&says.to_lowercase()), "{name}: {stderr}");
+        assert!(
+            stderr.to_lowercase().contains(&says.to_lowercase()),
+            "{name}: {stderr}"
+        );
     }
 }

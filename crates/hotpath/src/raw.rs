@@ -151,7 +151,11 @@ pub fn write(
                     after: *after,
                 },
             },
-            code: if with_code { b.code.to_vec() } else { Vec::new() },
+            code: if with_code {
+                b.code.to_vec()
+            } else {
+                Vec::new()
+            },
         })
         .collect();
     let raw = RawProfile {
@@ -215,7 +219,9 @@ pub fn is_raw(bytes: &[u8]) -> bool {
 /// A one-line reason, naming `path`: not a raw profile, another version, or a damaged file.
 pub fn render(bytes: &[u8], path: &Path) -> Result<(Report, Vec<String>), String> {
     let damaged = |why: &str| format!("{}: not a usable raw profile ({why})", path.display());
-    let rest = bytes.strip_prefix(MAGIC).ok_or_else(|| damaged("no magic"))?;
+    let rest = bytes
+        .strip_prefix(MAGIC)
+        .ok_or_else(|| damaged("no magic"))?;
     let version = rest
         .get(..4)
         .map(|v| u32::from_le_bytes(v.try_into().expect("four bytes")))
@@ -226,7 +232,9 @@ pub fn render(bytes: &[u8], path: &Path) -> Result<(Report, Vec<String>), String
             path.display()
         ));
     }
-    let (sum, body) = rest[4..].split_at_checked(4).ok_or_else(|| damaged("truncated"))?;
+    let (sum, body) = rest[4..]
+        .split_at_checked(4)
+        .ok_or_else(|| damaged("truncated"))?;
     if crc32fast::hash(body).to_le_bytes() != sum {
         return Err(damaged("its checksum does not match: truncated or changed"));
     }
@@ -274,7 +282,11 @@ pub fn render(bytes: &[u8], path: &Path) -> Result<(Report, Vec<String>), String
         });
     }
     let ids_ok = |e: u32| (e as usize) < known;
-    if !raw.counts.edges.iter().all(|&(f, t, _)| ids_ok(f) && ids_ok(t))
+    if !raw
+        .counts
+        .edges
+        .iter()
+        .all(|&(f, t, _)| ids_ok(f) && ids_ok(t))
         || !raw.counts.last.iter().all(|&e| ids_ok(e))
     {
         return Err(damaged("an event out of range"));

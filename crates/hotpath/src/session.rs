@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::{
-    thread_report, FunctionSymbol, MonitorHandle,
-    MonitorResult, MonitorState, Namer, PathConfig, PathRecorder, RunInfo, Stream, Tables,
+    thread_report, FunctionSymbol, MonitorHandle, MonitorResult, MonitorState, Namer, PathConfig,
+    PathRecorder, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
 use hotpath_translator::cache::code_cache::FIRST_REGION_SIZE;
@@ -28,9 +28,9 @@ use hotpath_translator::{
 
 use crate::cli::{OutputArgs, RunArgs};
 use crate::identity;
-use crate::raw;
 use crate::modules::ModuleMap;
 use crate::outputs;
+use crate::raw;
 
 /// Exit status for a program that could not be loaded (as shells use: 127 not found, 126
 /// cannot execute).

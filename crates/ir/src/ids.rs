@@ -6,8 +6,19 @@ use std::fmt;
 ///
 /// Monitor tables are arrays indexed by it. Superblocks share the same id space.
 /// A block re-translated after a code cache flush gets a new id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct BlockId(pub u32);
 
 impl BlockId {
@@ -19,8 +30,19 @@ impl BlockId {
 
 /// A virtual address in the guest's address space (which is also hotpath's: the guest
 /// image is mapped at its own addresses in hotpath's process).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct GuestAddr(pub u64);
 
 impl GuestAddr {
