@@ -247,6 +247,9 @@ pub const SAMPLES: &[Sample] = &[
         "a SIGCHLD handler reaping and counting children; CLD_STOPPED/CONTINUED/EXITED"),
     sample("sigchld_sigsuspend", "sigchld.c", &["sigsuspend"], Exit(0),
         "sigsuspend with SIGCHLD already pending runs the handler before returning"),
+    machine_dependent("signal_xstate", "signal_xstate.c",
+        "the x87, MXCSR, XMM and YMM state a signal frame shows after parts of it went back to \
+         their initial configuration (fninit, vzeroall, vzeroupper) since a system call"),
     machine_dependent("cpu_features", "cpu_features.c",
         "cpuid feature bits and XCR0 as glibc's ifunc resolvers see them"),
     sample("jit_remap", "jit_remap.c", &[], Exit(0),

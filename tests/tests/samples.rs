@@ -52,6 +52,7 @@ sample_tests! {
     signal_rt_queue,
     signal_restart,
     signal_dead_regs,
+    signal_xstate,
     signal_fault,
     nonexec,
     signal_overflow,

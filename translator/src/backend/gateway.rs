@@ -39,8 +39,13 @@ pub struct HostFeatures {
     pub fsgsbase: bool,
     /// XCR0 with the excluded components masked off: the XSAVE request mask.
     pub xsave_mask: u64,
-    /// Bytes XSAVE writes for `xsave_mask` (CPUID.(EAX=0DH,ECX=0):EBX).
+    /// Bytes XSAVE writes for `xsave_mask`: the end of its last component.
     pub xsave_size: u32,
+    /// XSAVEOPT is available (CPUID.(EAX=0DH,ECX=1):EAX bit 0): the exit saves with it, which
+    /// skips the components the guest did not change since the entry's XRSTOR from the same
+    /// image and those in their initial configuration (XSTATE_BV says which; their bytes in
+    /// the image are stale, `linux::signals::frame` fills them as XSAVE would for a frame).
+    pub xsaveopt: bool,
 }
 
 impl HostFeatures {
@@ -69,21 +74,17 @@ impl HostFeatures {
         if leaf1.ecx & (1 << 27) == 0 {
             return Err("the CPU or OS does not enable XSAVE (OSXSAVE)".into());
         }
-        let xcr0: u64;
-        // SAFETY: xgetbv(0) is valid when OSXSAVE is set (checked above).
-        unsafe {
-            let (lo, hi): (u32, u32);
-            std::arch::asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi, options(nomem, nostack));
-            xcr0 = (hi as u64) << 32 | lo as u64;
-        }
-        let xsave_mask = xcr0 & !XSAVE_EXCLUDED;
-        // SAFETY: CPUID leaf 0xD exists when XSAVE does.
-        let size = __cpuid_count(0xd, 0).ebx;
-        if size as usize > crate::host::thread_area::XSAVE_AREA_SIZE {
+        let layout = crate::host::cpu::xstate_layout();
+        let xsave_mask = layout.xcr0 & !XSAVE_EXCLUDED;
+        let size = layout.size_for(xsave_mask);
+        let largest = size.max(layout.frame_size);
+        if largest > crate::host::thread_area::XSAVE_AREA_SIZE {
             return Err(format!(
-                "XSAVE area of {size} bytes is larger than supported"
+                "XSAVE area of {largest} bytes is larger than supported"
             ));
         }
+        // CPUID.(EAX=0DH,ECX=1):EAX bit 0.
+        let xsaveopt = __cpuid_count(0xd, 1).eax & 1 != 0;
         // SAFETY: getauxval has no preconditions.
         let hwcap2 = unsafe { libc::getauxval(libc::AT_HWCAP2) };
         // `HOTPATH_NO_FSGSBASE` forces the arch_prctl path (for testing it on hosts that have
@@ -92,7 +93,8 @@ impl HostFeatures {
         Ok(HostFeatures {
             fsgsbase,
             xsave_mask,
-            xsave_size: size,
+            xsave_size: size as u32,
+            xsaveopt,
         })
     }
 }
@@ -213,7 +215,17 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; popfq
         ; mov eax, mask_lo
         ; mov edx, mask_hi
-        ; .u8 GS ; xsave64 [off::XSAVE]
+    );
+    // The modified optimization is sound here: only this exit writes the image between the
+    // entry's XRSTOR and the next XSAVEOPT (the dispatcher changes it only while the guest is
+    // out, and XRSTOR loads what it changed).
+    if host.xsaveopt {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; xsaveopt64 [off::XSAVE]);
+    } else {
+        dynasm!(ops ; .arch x64 ; .u8 GS ; xsave64 [off::XSAVE]);
+    }
+    dynasm!(ops
+        ; .arch x64
         // The host's x87 state (`fninit`, its control word), unless the guest left the x87
         // in its initial configuration (XSTATE_BV bit 0 clear: control word 0x37F, every
         // register empty) and that is the host's control word too: `fninit` and `fldcw` took

@@ -61,11 +61,113 @@ pub fn tsc_ns(ticks: u64) -> u64 {
     (ticks as f64 * ns / elapsed as f64) as u64
 }
 
+/// One extended state component (XCR0 bit 2 or above) in the XSAVE standard format.
+#[derive(Clone, Copy, Debug)]
+pub struct XstateComponent {
+    /// Its bit in XCR0 and XSTATE_BV.
+    pub bit: u32,
+    /// Offset of its state from the start of the image, bytes (CPUID.(EAX=0DH,ECX=bit):EBX).
+    pub offset: usize,
+    /// Size of its state, bytes (CPUID.(EAX=0DH,ECX=bit):EAX).
+    pub size: usize,
+}
+
+/// The host's XSAVE standard format, read from CPUID once per process: what the gateway saves
+/// and what the kernel puts in a signal frame.
+#[derive(Debug)]
+pub struct XstateLayout {
+    /// XCR0: the components the OS enabled.
+    pub xcr0: u64,
+    /// The components of a signal frame's image: XCR0 less those whose first use the kernel
+    /// traps (XFD, CPUID.(EAX=0DH,ECX=bit):ECX bit 2: AMX tile data), as a process that asked
+    /// for no extra permission sees them (the kernel's `xfeatures` in the frame).
+    pub frame_features: u64,
+    /// Bytes of a signal frame's image (the kernel's `xstate_size`): up to the end of the last
+    /// component of `frame_features`.
+    pub frame_size: usize,
+    /// The bits of MXCSR the CPU lets software set (the image's MXCSR_MASK, 0xFFBF when the
+    /// CPU writes 0 there).
+    pub mxcsr_mask: u32,
+    /// Every extended component of XCR0, by bit.
+    pub components: Vec<XstateComponent>,
+}
+
+/// Bytes of the XSAVE legacy region and header, before the first extended component.
+const XSAVE_LEGACY_AND_HEADER: usize = 576;
+
+impl XstateLayout {
+    /// Bytes of a standard-format image holding `features`: the end of its last component.
+    pub fn size_for(&self, features: u64) -> usize {
+        self.components
+            .iter()
+            .filter(|c| features >> c.bit & 1 != 0)
+            .map(|c| c.offset + c.size)
+            .fold(XSAVE_LEGACY_AND_HEADER, usize::max)
+    }
+
+    fn read() -> XstateLayout {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        let mut xcr0 = 3; // x87 and SSE: what FXSAVE has, without XSAVE.
+        if __cpuid(1).ecx & (1 << 27) != 0 {
+            let (lo, hi): (u32, u32);
+            // SAFETY: xgetbv(0) is valid when OSXSAVE is set (checked above).
+            unsafe {
+                std::arch::asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi,
+                    options(nomem, nostack, preserves_flags));
+            }
+            xcr0 = (hi as u64) << 32 | lo as u64;
+        }
+        let mut components = Vec::new();
+        let mut trapped = 0u64;
+        for bit in 2..64 {
+            if xcr0 >> bit & 1 == 0 {
+                continue;
+            }
+            let leaf = __cpuid_count(0xd, bit);
+            if leaf.ecx & (1 << 2) != 0 {
+                trapped |= 1 << bit;
+            }
+            components.push(XstateComponent {
+                bit,
+                offset: leaf.ebx as usize,
+                size: leaf.eax as usize,
+            });
+        }
+        #[repr(C, align(16))]
+        struct Fxsave([u8; 512]);
+        let mut fx = Fxsave([0; 512]);
+        // SAFETY: FXSAVE writes exactly the 512 bytes of the 16-byte-aligned buffer.
+        unsafe {
+            std::arch::asm!("fxsave64 [{}]", in(reg) fx.0.as_mut_ptr(),
+                options(nostack, preserves_flags));
+        }
+        let mask = u32::from_le_bytes(fx.0[28..32].try_into().unwrap());
+        let mut layout = XstateLayout {
+            xcr0,
+            frame_features: xcr0 & !trapped,
+            frame_size: 0,
+            mxcsr_mask: if mask == 0 { 0xffbf } else { mask },
+            components,
+        };
+        layout.frame_size = layout.size_for(layout.frame_features);
+        layout
+    }
+}
+
+/// The host's XSAVE layout (read on first use).
+pub fn xstate_layout() -> &'static XstateLayout {
+    static LAYOUT: OnceLock<XstateLayout> = OnceLock::new();
+    LAYOUT.get_or_init(XstateLayout::read)
+}
+
 /// Writes `pkru` as the PKRU of the guest's saved XSAVE state `xsave` (standard format), which
 /// the next entry to the cache loads. False if `xsave` has no room for it.
 pub fn set_guest_pkru(xsave: &mut [u8], pkru: u32) -> bool {
     // XSAVE component 9 (PKRU): its offset in the standard format, and its XSTATE_BV bit.
-    let offset = std::arch::x86_64::__cpuid_count(0xd, 9).ebx as usize;
+    let Some(pkru_component) = xstate_layout().components.iter().find(|c| c.bit == 9) else {
+        return false;
+    };
+    let offset = pkru_component.offset;
     let Some(slot) = xsave.get_mut(offset..offset + 4) else {
         return false;
     };

@@ -22,6 +22,85 @@ const MC_FPSTATE: usize = 184;
 /// `ThreadArea::gpr` (x86 encoding order).
 const SIGCONTEXT_GPR: [usize; 16] = [8, 9, 10, 11, 12, 13, 14, 15, 7, 6, 5, 3, 2, 0, 1, 4];
 
+/// The frame's software bytes: `magic1` (in the legacy region's reserved bytes) and `magic2`
+/// (after the image) say that an XSAVE image follows the legacy region (the kernel's
+/// `FP_XSTATE_MAGIC1/2`).
+const FP_XSTATE_MAGIC1: u32 = 0x4650_5853;
+const FP_XSTATE_MAGIC2: u32 = 0x4650_5845;
+/// Offset of XSTATE_BV in the image (the XSAVE header's bitmap of the components not in their
+/// initial configuration); XCOMP_BV and the header's reserved bytes follow it up to byte 576.
+const XSTATE_BV: usize = 512;
+/// XSTATE_BV's x87 and SSE bits.
+const FP_SSE: u64 = 3;
+
+/// Makes the gateway's saved image `image` (standard format, as long as a frame's) what the
+/// kernel's XSAVE writes into a signal frame. The gateway saves with XSAVEOPT, which leaves the
+/// bytes of a component in its initial configuration as they were (its XSTATE_BV bit clear),
+/// and never saves `saved`'s complement (AMX tile configuration); the frame shows those
+/// components' initial values, since a handler may read the legacy region's x87 and XMM
+/// registers without looking at XSTATE_BV. As the kernel does for programs that never look at
+/// XSTATE_BV, the x87 and SSE bits are set (its `save_xstate_epilog`).
+fn as_xsave_writes(image: &mut [u8], saved: u64, layout: &crate::host::cpu::XstateLayout) {
+    let mut bv = u64::from_le_bytes(image[XSTATE_BV..XSTATE_BV + 8].try_into().unwrap());
+    if bv & 1 == 0 {
+        // x87: control word 0x37F, every other field and register 0 (MXCSR, bytes 24..32,
+        // belongs to SSE and AVX).
+        image[0..24].fill(0);
+        image[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
+        image[32..160].fill(0);
+    }
+    if bv & 2 == 0 {
+        image[160..416].fill(0); // XMM0-15
+    }
+    for c in &layout.components {
+        let bit = 1u64 << c.bit;
+        if layout.frame_features & bit != 0 && (bv & bit == 0 || saved & bit == 0) {
+            image[c.offset..c.offset + c.size].fill(0);
+            bv &= !bit;
+        }
+    }
+    bv |= FP_SSE;
+    image[XSTATE_BV..XSTATE_BV + 8].copy_from_slice(&bv.to_le_bytes());
+}
+
+/// Reads the XSAVE image of a guest's signal frame at `fpstate` (guest address) for
+/// `rt_sigreturn`, checked as the kernel checks it: an image without the software bytes' magic
+/// restores the legacy region alone (the rest initial); a header with components the frame
+/// cannot have, a non-zero XCOMP_BV or reserved byte, or MXCSR bits the CPU does not have is a
+/// bad frame, which XRSTOR would refuse with a fault in hotpath's gateway.
+///
+/// # Errors
+/// `SIGSEGV` (the signal the kernel sends for a bad frame) when the image cannot be read or
+/// is not valid.
+fn frame_image(fpstate: u64) -> Result<Vec<u8>, i32> {
+    let layout = crate::host::cpu::xstate_layout();
+    let size = layout.frame_size;
+    let mut fp = vec![0u8; size];
+    guest_mem::read(fpstate, &mut fp[..512]).map_err(|_| libc::SIGSEGV)?;
+    let word = |fp: &[u8], off: usize| u32::from_le_bytes(fp[off..off + 4].try_into().unwrap());
+    let mut magic2 = [0u8; 4];
+    let extended = word(&fp, 464) == FP_XSTATE_MAGIC1
+        && word(&fp, 468) as usize == size + 4
+        && word(&fp, 480) as usize == size
+        && guest_mem::read(fpstate + size as u64, &mut magic2).is_ok()
+        && u32::from_le_bytes(magic2) == FP_XSTATE_MAGIC2;
+    if extended {
+        guest_mem::read(fpstate + 512, &mut fp[512..]).map_err(|_| libc::SIGSEGV)?;
+        let bv = u64::from_le_bytes(fp[XSTATE_BV..XSTATE_BV + 8].try_into().unwrap());
+        if bv & !layout.frame_features != 0 || fp[XSTATE_BV + 8..576].iter().any(|&b| b != 0) {
+            return Err(libc::SIGSEGV);
+        }
+    } else {
+        fp[XSTATE_BV..XSTATE_BV + 8].copy_from_slice(&FP_SSE.to_le_bytes());
+    }
+    if word(&fp, 24) & !layout.mxcsr_mask != 0 {
+        return Err(libc::SIGSEGV);
+    }
+    // The software bytes are not state.
+    fp[464..512].fill(0);
+    Ok(fp)
+}
+
 /// Puts the guest's FPU/SSE/AVX state (and PKRU) back to what a handler starts with.
 fn reset_xsave(area: &mut ThreadArea) {
     area.xsave.0[..1024].fill(0);
@@ -60,24 +139,18 @@ impl SignalState {
                 rsp - 128
             };
         // XSAVE image, 64-byte aligned, followed by the 4-byte FP_XSTATE_MAGIC2.
-        let xsize = self.xsave_size;
+        let layout = crate::host::cpu::xstate_layout();
+        let xsize = layout.frame_size;
         sp -= xsize as u64 + 4;
         sp &= !63;
         let fpstate = sp;
         let mut fp = area.xsave.0[..xsize].to_vec();
-        if fp[512] & 1 == 0 {
-            // x87 state in its init configuration: XSAVE left its bytes as they were; the
-            // kernel's frame shows the init values (FCW 0x37f, everything else 0).
-            fp[0..24].fill(0);
-            fp[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
-            fp[32..160].fill(0);
-            fp[512] |= 1;
-        }
-        fp[464..468].copy_from_slice(&0x4650_5853u32.to_le_bytes()); // FP_XSTATE_MAGIC1
+        as_xsave_writes(&mut fp, self.xsave_mask, layout);
+        fp[464..468].copy_from_slice(&FP_XSTATE_MAGIC1.to_le_bytes());
         fp[468..472].copy_from_slice(&((xsize + 4) as u32).to_le_bytes()); // extended_size
-        fp[472..480].copy_from_slice(&self.xsave_mask.to_le_bytes()); // xfeatures
+        fp[472..480].copy_from_slice(&layout.frame_features.to_le_bytes()); // xfeatures
         fp[480..484].copy_from_slice(&(xsize as u32).to_le_bytes()); // xstate_size
-        fp.extend_from_slice(&0x4650_5845u32.to_le_bytes()); // FP_XSTATE_MAGIC2
+        fp.extend_from_slice(&FP_XSTATE_MAGIC2.to_le_bytes());
         guest_mem::write(fpstate, &fp).map_err(|_| ())?;
 
         const FRAME: u64 = 8 + UC_SIZE as u64 + 128;
@@ -152,11 +225,8 @@ impl SignalState {
         area.rflags = (area.rflags & !FIX_EFLAGS) | (eflags & FIX_EFLAGS) | 0x2;
         let fpstate = get(uc + UC_MCONTEXT + MC_FPSTATE);
         if fpstate != 0 {
-            let mut fp = vec![0u8; self.xsave_size];
-            guest_mem::read(fpstate, &mut fp).map_err(|_| libc::SIGSEGV)?;
-            // Keep the header's reserved bytes zero, as XRSTOR demands.
-            fp[464..512].fill(0);
-            area.xsave.0[..self.xsave_size].copy_from_slice(&fp);
+            let image = frame_image(fpstate)?;
+            area.xsave.0[..image.len()].copy_from_slice(&image);
         } else {
             reset_xsave(area);
         }

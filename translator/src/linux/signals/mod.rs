@@ -462,9 +462,7 @@ pub struct HandlerSetup {
     pub fsgsbase: bool,
     /// The code cache's block layouts.
     pub blocks: &'static crate::cache::code_cache::BlockMap,
-    /// Bytes of the XSAVE image copied into signal frames.
-    pub xsave_size: usize,
-    /// The XSAVE component mask.
+    /// The components the gateway saves (its XSAVE request mask).
     pub xsave_mask: u64,
 }
 
@@ -479,8 +477,7 @@ pub struct SignalState {
     /// signals are delivered (their frames restore the guest's normal mask).
     pub suspend_mask: Option<u64>,
     shared: &'static HandlerShared,
-    /// Bytes of XSAVE image copied into frames.
-    xsave_size: usize,
+    /// The components the gateway saves (its XSAVE request mask).
     xsave_mask: u64,
     /// The trap details of the last fault delivered, which the kernel shows in the frames of
     /// later signals that are not faults (its `thread.trap_nr`, `error_code`, `cr2`).
@@ -550,7 +547,6 @@ impl SignalState {
             exit_from_signal,
             fsgsbase,
             blocks,
-            xsave_size,
             xsave_mask,
         } = setup;
         let shared = Box::leak(Box::new(HandlerShared {
@@ -588,7 +584,6 @@ impl SignalState {
             },
             suspend_mask: None,
             shared,
-            xsave_size,
             xsave_mask,
             last_trap: TrapDetails::default(),
         };

@@ -238,7 +238,6 @@ fn handler_setup(
         exit_from_signal: gateway.exit_from_signal.0,
         fsgsbase: host.fsgsbase,
         blocks: cache.block_map(),
-        xsave_size: host.xsave_size as usize,
         xsave_mask: host.xsave_mask,
     }
 }
