@@ -5,12 +5,16 @@
  * initial configuration there); the frame must still show what the kernel's would: the x87
  * registers, MXCSR, the XMM registers and the upper halves of the YMM registers as they are.
  * Each case is one asm block: the state in use, a system call, the state reset, then tgkill,
- * so nothing the compiler emits runs in between. Compared with the native run. */
+ * so nothing the compiler emits runs in between. Then what rt_sigreturn makes of a frame the
+ * handler changed: a new MXCSR, an image without the software bytes' magic (the legacy region
+ * alone is restored), a header byte XRSTOR ignores, and a header byte XRSTOR refuses (the kernel
+ * kills the process with SIGSEGV; done in a child). Compared with the native run. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 #include <cpuid.h>
@@ -20,11 +24,31 @@ static volatile int delivered;
 static int avx;
 static unsigned avx_offset; /* of the YMM upper halves in the standard XSAVE format (bytes) */
 
+/* What the handler does to the frame's image before it returns. */
+static enum { KEEP, SET_MXCSR, DROP_MAGIC, HIGH_HEADER, BAD_HEADER } edit;
+
 static void handler(int sig, siginfo_t *si, void *ctx)
 {
     (void)sig;
     (void)si;
-    const uint8_t *fp = (const uint8_t *)((ucontext_t *)ctx)->uc_mcontext.fpregs;
+    uint8_t *fp = (uint8_t *)((ucontext_t *)ctx)->uc_mcontext.fpregs;
+    uint32_t mx = 0x3f80; /* rounding toward -inf */
+    switch (edit) {
+    case KEEP:
+        break;
+    case SET_MXCSR:
+        memcpy(fp + 24, &mx, 4);
+        break;
+    case DROP_MAGIC:
+        memset(fp + 464, 0, 4);
+        break;
+    case HIGH_HEADER: /* header bytes 24..63: XRSTOR does not look at them */
+        fp[512 + 60] = 1;
+        break;
+    case BAD_HEADER: /* header bytes 8..23 (XCOMP_BV and after) must be 0 for XRSTOR */
+        fp[512 + 12] = 1;
+        break;
+    }
     uint32_t size;
     memcpy(&size, fp + 480, 4); /* sw_reserved.xstate_size */
     if (size > sizeof frame || size < 576)
@@ -160,5 +184,46 @@ int main(void)
         show("ymm zero, then in use");
         __asm__ volatile("vzeroupper" ::: "memory");
     }
+
+    /* rt_sigreturn restores what the handler left in the frame. */
+    uint32_t mx;
+    edit = SET_MXCSR;
+    CASE("", "");
+    __asm__ volatile("stmxcsr %0" : "=m"(mx));
+    __asm__ volatile("ldmxcsr %0" : : "m"(mx_a));
+    printf("mxcsr set by the handler: %08x\n", mx);
+    if (avx) {
+        uint8_t upper[32] __attribute__((aligned(32)));
+        edit = DROP_MAGIC;
+        /* ymm1's upper half in use when the signal comes; the frame without its magic restores
+         * the legacy region alone, and the upper halves start from zero. */
+        long ax;
+        __asm__ volatile("vmovdqa %[pat], %%ymm1\n\tmov $234, %%eax\n\tsyscall\n\t"
+                         "vmovdqa %%ymm1, %[out]\n\tvzeroupper"
+                         : "=a"(ax), [out] "=m"(upper)
+                         : "D"(pid), "S"(tid), "d"(SIGUSR1), [pat] "m"(pattern)
+                         : "rcx", "r11", "memory", "xmm1");
+        hex("frame without magic: ymm1", upper, 32);
+        printf("\n");
+    }
+    edit = HIGH_HEADER;
+    CASE("", "");
+    printf("header byte 60 set: restored\n");
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        edit = BAD_HEADER;
+        pid = getpid();
+        tid = syscall(SYS_gettid);
+        CASE("", "");
+        printf("header byte 12 set: restored\n");
+        return 0;
+    }
+    int status;
+    waitpid(child, &status, 0);
+    if (WIFSIGNALED(status))
+        printf("header byte 12 set: killed by signal %d\n", WTERMSIG(status));
+    else
+        printf("header byte 12 set: exit %d\n", WEXITSTATUS(status));
     return 0;
 }

@@ -66,8 +66,9 @@ fn as_xsave_writes(image: &mut [u8], saved: u64, layout: &crate::host::cpu::Xsta
 /// Reads the XSAVE image of a guest's signal frame at `fpstate` (guest address) for
 /// `rt_sigreturn`, checked as the kernel checks it: an image without the software bytes' magic
 /// restores the legacy region alone (the rest initial); a header with components the frame
-/// cannot have, a non-zero XCOMP_BV or reserved byte, or MXCSR bits the CPU does not have is a
-/// bad frame, which XRSTOR would refuse with a fault in hotpath's gateway.
+/// cannot have or a non-zero byte among its bytes 8..23 (XCOMP_BV and the next eight), or MXCSR
+/// bits the CPU does not have, is a bad frame, which XRSTOR would refuse with a fault in
+/// hotpath's gateway (the header's later bytes XRSTOR ignores, as natively).
 ///
 /// # Errors
 /// `SIGSEGV` (the signal the kernel sends for a bad frame) when the image cannot be read or
@@ -87,7 +88,9 @@ fn frame_image(fpstate: u64) -> Result<Vec<u8>, i32> {
     if extended {
         guest_mem::read(fpstate + 512, &mut fp[512..]).map_err(|_| libc::SIGSEGV)?;
         let bv = u64::from_le_bytes(fp[XSTATE_BV..XSTATE_BV + 8].try_into().unwrap());
-        if bv & !layout.frame_features != 0 || fp[XSTATE_BV + 8..576].iter().any(|&b| b != 0) {
+        if bv & !layout.frame_features != 0
+            || fp[XSTATE_BV + 8..XSTATE_BV + 24].iter().any(|&b| b != 0)
+        {
             return Err(libc::SIGSEGV);
         }
     } else {
