@@ -39,7 +39,7 @@ pub struct HostFeatures {
     pub fsgsbase: bool,
     /// XCR0 with the excluded components masked off: the XSAVE request mask.
     pub xsave_mask: u64,
-    /// Bytes XSAVE writes for `xsave_mask`: the end of its last component.
+    /// Bytes XSAVE writes at most for `xsave_mask` (the size for all of XCR0).
     pub xsave_size: u32,
     /// XSAVEOPT is available (CPUID.(EAX=0DH,ECX=1):EAX bit 0): the exit saves with it, which
     /// skips the components the guest did not change since the entry's XRSTOR from the same
@@ -74,13 +74,22 @@ impl HostFeatures {
         if leaf1.ecx & (1 << 27) == 0 {
             return Err("the CPU or OS does not enable XSAVE (OSXSAVE)".into());
         }
-        let layout = crate::host::cpu::xstate_layout();
-        let xsave_mask = layout.xcr0 & !XSAVE_EXCLUDED;
-        let size = layout.size_for(xsave_mask);
-        let largest = size.max(layout.frame_size);
-        if largest > crate::host::thread_area::XSAVE_AREA_SIZE {
+        let xcr0: u64;
+        // SAFETY: xgetbv(0) is valid when OSXSAVE is set (checked above).
+        unsafe {
+            let (lo, hi): (u32, u32);
+            std::arch::asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi, options(nomem, nostack));
+            xcr0 = (hi as u64) << 32 | lo as u64;
+        }
+        let xsave_mask = xcr0 & !XSAVE_EXCLUDED;
+        // The size for all of XCR0 (CPUID.(EAX=0DH,ECX=0):EBX): at least what the mask needs,
+        // and what any signal frame's image takes. The components' own offsets
+        // (`host::cpu::xstate_layout`, seven more CPUIDs, each a VM exit under a hypervisor)
+        // are read only when a signal frame is.
+        let size = __cpuid_count(0xd, 0).ebx;
+        if size as usize > crate::host::thread_area::XSAVE_AREA_SIZE {
             return Err(format!(
-                "XSAVE area of {largest} bytes is larger than supported"
+                "XSAVE area of {size} bytes is larger than supported"
             ));
         }
         // CPUID.(EAX=0DH,ECX=1):EAX bit 0.
@@ -93,7 +102,7 @@ impl HostFeatures {
         Ok(HostFeatures {
             fsgsbase,
             xsave_mask,
-            xsave_size: size as u32,
+            xsave_size: size,
             xsaveopt,
         })
     }

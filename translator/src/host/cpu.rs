@@ -76,8 +76,6 @@ pub struct XstateComponent {
 /// and what the kernel puts in a signal frame.
 #[derive(Debug)]
 pub struct XstateLayout {
-    /// XCR0: the components the OS enabled.
-    pub xcr0: u64,
     /// The components of a signal frame's image: XCR0 less those whose first use the kernel
     /// traps (XFD, CPUID.(EAX=0DH,ECX=bit):ECX bit 2: AMX tile data), as a process that asked
     /// for no extra permission sees them (the kernel's `xfeatures` in the frame).
@@ -143,7 +141,6 @@ impl XstateLayout {
         }
         let mask = u32::from_le_bytes(fx.0[28..32].try_into().unwrap());
         let mut layout = XstateLayout {
-            xcr0,
             frame_features: xcr0 & !trapped,
             frame_size: 0,
             mxcsr_mask: if mask == 0 { 0xffbf } else { mask },
