@@ -20,12 +20,17 @@
  *                threads wait on a barrier: what each thread costs the process;
  *   threads-until-fail - starts threads (each formats a few numbers first, then waits) until
  *                pthread_create fails (under an RLIMIT_AS: no room for another stack), then
- *                lets them all end; prints the failure, not the count. */
+ *                lets them all end; prints the failure, not the count;
+ *   exhaust-then-run N - generates N small functions (each its own block), mallocs 1 MiB
+ *                blocks until malloc fails (keeping them), then calls every function and
+ *                prints their sum: under an RLIMIT_AS, new code to run after the program used
+ *                up its memory (natively it needs none; under hotpath, its translations do). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <link.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +296,44 @@ static int threads_until_fail(void)
     return 0;
 }
 
+/* `mov eax, imm32; ret`, 8 bytes apart. */
+static int exhaust_then_run(long n)
+{
+    size_t len = (size_t)n * 8;
+    unsigned char *code = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                               -1, 0);
+    if (code == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    for (long i = 0; i < n; i++) {
+        unsigned char *f = code + i * 8;
+        uint32_t v = (uint32_t)(i * 2654435761u);
+        f[0] = 0xb8;
+        memcpy(f + 1, &v, 4);
+        f[5] = 0xc3;
+        f[6] = f[7] = 0xcc;
+    }
+    if (mprotect(code, len, PROT_READ | PROT_EXEC)) {
+        perror("mprotect");
+        return 1;
+    }
+    printf("%ld functions\n", n);
+    long mib = 0;
+    for (;;) {
+        char *p = malloc(1 << 20);
+        if (!p)
+            break;
+        p[0] = 1;
+        mib++;
+    }
+    uint64_t sum = 0;
+    for (long i = 0; i < n; i++)
+        sum += ((uint32_t(*)(void))(code + i * 8))();
+    printf("malloc failed; the functions sum to %llu\n", (unsigned long long)sum);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -315,6 +358,8 @@ int main(int argc, char **argv)
         return threads_until_fail();
     if (!strcmp(c, "malloc-max"))
         return malloc_max();
+    if (!strcmp(c, "exhaust-then-run") && argc > 2)
+        return exhaust_then_run(atol(argv[2]));
     if (!strcmp(c, "idle-threads") && argc > 2)
         return idle_threads(atoi(argv[2]));
     if (!strcmp(c, "stack") && argc > 2) {
@@ -323,6 +368,6 @@ int main(int argc, char **argv)
         printf("came back (%ld)\n", depth(kib) & 1);
         return 0;
     }
-    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|malloc-max|idle-threads N|threads-until-fail|stack KIB\n");
+    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|malloc-max|exhaust-then-run N|idle-threads N|threads-until-fail|stack KIB\n");
     return 2;
 }

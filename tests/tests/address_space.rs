@@ -87,6 +87,13 @@ const CASES: &[Case] = &[
         args: &["brk"],
         limits: &[(libc::RLIMIT_DATA, 1024 * MIB)],
     },
+    // New code run after malloc has used up a 1 GiB RLIMIT_AS: a little of it translates in
+    // the room hotpath keeps (its translation cache's records, which it can do without, are
+    // dropped rather than abort the run).
+    Case {
+        args: &["exhaust-then-run", "5000"],
+        limits: &[(libc::RLIMIT_AS, 1024 * MIB)],
+    },
 ];
 
 /// Makes `cmd` start with the soft `limits` (hard limits unchanged).
@@ -278,6 +285,53 @@ fn malloc_under_rlimit_as_gets_nearly_what_it_gets_natively() {
                 problems.push(format!(
                     "[{linkage}, {}]: malloc got {got} MiB, natively {native_mib}",
                     mode.label()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Much new code run after malloc has used up a 1 GiB `RLIMIT_AS` (200,000 functions of one
+/// block each, their translations larger than any room hotpath keeps): the run goes as
+/// natively, or ends with hotpath's one-line out-of-memory error and status 1 (its profile
+/// written when its reserve leaves room); never Rust's `memory allocation of N bytes failed`
+/// abort, a panic or a signal.
+#[test]
+fn running_out_of_memory_for_translations_ends_the_run_cleanly() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let limits: &'static [(libc::__rlimit_resource_t, u64)] = &[(libc::RLIMIT_AS, 1024 * MIB)];
+    let args = &["exhaust-then-run", "200000"];
+    let mut problems = Vec::new();
+    for linkage in Linkage::WITH_DYNAMIC {
+        let exe = guest_build::build(SOURCE, linkage).expect("sample builds");
+        let mut native = native_command(&exe, args);
+        with_limits(&mut native, limits);
+        let native = runner::run(&mut native, CASE_TIMEOUT).expect("native run");
+        assert_eq!(
+            native.termination,
+            runner::Termination::Exited(0),
+            "natively"
+        );
+        for mode in MonitorMode::ALL {
+            let mut cmd = hotpath_command(&hotpath, mode, &exe, args);
+            with_limits(&mut cmd, limits);
+            let run = runner::run(&mut cmd, CASE_TIMEOUT).expect("hotpath run");
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            let as_natively = run.termination == native.termination && run.stdout == native.stdout;
+            let out_of_memory = run.termination == runner::Termination::Exited(1)
+                && stderr
+                    .lines()
+                    .any(|l| l.starts_with("hotpath: ") && l.contains("out of memory"))
+                && native.stdout.starts_with(&run.stdout);
+            let aborted =
+                stderr.contains("memory allocation of") || stderr.contains("internal error");
+            if aborted || !(as_natively || out_of_memory) {
+                problems.push(format!(
+                    "[{linkage}, {}]: {:?}\nstdout: {}\nstderr: {stderr}",
+                    mode.label(),
+                    run.termination,
+                    String::from_utf8_lossy(&run.stdout)
                 ));
             }
         }

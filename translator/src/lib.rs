@@ -74,6 +74,10 @@ pub enum TranslateError {
     /// where): a bug in hotpath. Made by the embedder that caught it.
     #[error("internal error (bug in hotpath): {reason}")]
     Internal { reason: String },
+    /// hotpath's own memory ran out (an allocation failed; its reserve,
+    /// [`host::reserve`], lets the run end with its profile).
+    #[error("out of memory for hotpath's own use: the run ends here (under an address space limit, ulimit -v, raise it)")]
+    OutOfMemory,
     /// A superblock the monitor asked for cannot be laid out (the request is dropped; the
     /// guest goes on with its basic blocks).
     #[error("cannot form the superblock at {head:#x}: {reason}")]

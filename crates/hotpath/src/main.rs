@@ -88,6 +88,12 @@ fn keep_own_heap_out_of_guest_mappings() {
     }
 }
 
+/// The system allocator with hotpath's reserve behind it: an allocation that fails ends the
+/// run with one line (its profile written when the reserve leaves room), never Rust's abort.
+#[global_allocator]
+static ALLOCATOR: hotpath_translator::host::reserve::ReserveAllocator =
+    hotpath_translator::host::reserve::ReserveAllocator;
+
 fn main() -> ExitCode {
     hotpath::panics::install();
     // The guest gets its descriptors as they were: a standard one that was closed is closed
@@ -103,7 +109,12 @@ fn main() -> ExitCode {
     // Read the usable CPUs before any thread is pinned (children inherit masks).
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     match Cli::parse().command {
-        Command::Run(args) => hotpath::session::run(args, &cores),
+        Command::Run(args) => {
+            // Before the guest's first mapping: under a finite RLIMIT_AS, room for the end of
+            // a run that outgrows the headroom the guest's mappings leave hotpath.
+            hotpath_translator::host::reserve::keep();
+            hotpath::session::run(args, &cores)
+        }
         Command::Report(args) => hotpath::report(args),
         Command::Merge(args) => hotpath::merge(args),
         Command::Bench(args) => hotpath::bench::bench(args),

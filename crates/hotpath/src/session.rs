@@ -320,6 +320,11 @@ impl RunCtx {
         if let Err(e) = &outcome {
             crate::say(format_args!("hotpath: {}: {e}", self.program.display()));
         }
+        match &outcome {
+            Ok(GuestExit::Exited(code)) => hotpath_translator::host::reserve::ending(Ok(*code)),
+            Ok(GuestExit::Signaled(sig)) => hotpath_translator::host::reserve::ending(Err(*sig)),
+            Err(_) => {}
+        }
         let mut monitoring = self.monitoring();
         if monitoring.unread(self.args.quiet) {
             monitoring.abandon();

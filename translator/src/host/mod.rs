@@ -8,5 +8,6 @@ pub(crate) mod cpu;
 pub mod guest_mem;
 pub mod messages;
 pub mod procfs;
+pub mod reserve;
 pub mod syscall;
 pub mod thread_area;

@@ -425,14 +425,16 @@ fn data_limit() -> u64 {
     r.rlim_cur
 }
 
-/// Address space (bytes) kept free for hotpath under a finite `RLIMIT_AS`: a guest mapping
-/// that would leave less is refused with ENOMEM, as the kernel refuses one past the limit, so
+/// Address space (bytes) kept for hotpath under a finite `RLIMIT_AS`: a guest mapping that
+/// would leave less free is refused with ENOMEM, as the kernel refuses one past the limit, so
 /// that translation and the monitor can still allocate after the guest has used up its share
-/// (they would otherwise abort the process where natively malloc returns NULL).
+/// (natively malloc returns NULL there). Part of it is hotpath's reserve
+/// ([`crate::host::reserve`]), mapped, for the end of a run that outgrows the rest.
 const AS_HEADROOM: u64 = 64 << 20;
 
 /// True if the guest may not grow its address space by `grow` bytes: `RLIMIT_AS` is finite
-/// and the process's size plus `grow` would come within [`AS_HEADROOM`] of it.
+/// and the process's size plus `grow` would come within [`AS_HEADROOM`] of it (less the
+/// reserve, which the size already counts).
 fn address_space_short(grow: u64) -> bool {
     let mut r = libc::rlimit {
         rlim_cur: 0,
@@ -450,7 +452,8 @@ fn address_space_short(grow: u64) -> bool {
         .ok()
         .and_then(|s| s.split(' ').next()?.parse::<u64>().ok())
         .map_or(0, |pages| pages * hotpath_loader::PAGE_SIZE);
-    size.saturating_add(grow).saturating_add(AS_HEADROOM) > r.rlim_cur
+    let headroom = AS_HEADROOM - crate::host::reserve::held();
+    size.saturating_add(grow).saturating_add(headroom) > r.rlim_cur
 }
 
 fn sys_mmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {

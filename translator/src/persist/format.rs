@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{BlockRecord, RecordView};
 use crate::cache::modules::FileId;
+use crate::host::reserve;
 
 /// The start of every store file, then the format's version.
 const MAGIC: &[u8; 4] = b"HPTC";
@@ -304,12 +305,17 @@ impl ModuleRecords {
 /// (a damaged one is left out): a library's file holds tens of thousands. `None` if a part is
 /// too large for its field.
 pub fn encode_merged(key: &Key, old: &[&ModuleRecords], new: &[BlockRecord]) -> Option<Vec<u8>> {
+    // The large buffers are reserved fallibly: the file is optional, and the memory may be
+    // short (a guest that used up an address space limit).
+    let fallible = |v: &mut Vec<u8>, n: usize| reserve::fallibly(|| v.try_reserve_exact(n)).ok();
     let fresh = new
         .iter()
         .map(|r| (r.offset, r.encode()))
         .collect::<Vec<_>>();
     // (offset, rank: later wins, blob)
     let mut parts: Vec<(u64, usize, &[u8])> = Vec::new();
+    let count = old.iter().map(|o| o.count).sum::<usize>() + fresh.len();
+    reserve::fallibly(|| parts.try_reserve_exact(count)).ok()?;
     for (rank, o) in old.iter().enumerate() {
         parts.extend(
             (0..o.count)
@@ -322,7 +328,8 @@ pub fn encode_merged(key: &Key, old: &[&ModuleRecords], new: &[BlockRecord]) -> 
     parts.dedup_by_key(|p| p.0);
     let parts: Vec<(u64, &[u8])> = parts.into_iter().map(|(at, _, b)| (at, b)).collect();
     let key_bytes = postcard::to_stdvec(key).ok()?;
-    let mut index = Vec::with_capacity(parts.len() * ENTRY);
+    let mut index = Vec::new();
+    fallible(&mut index, parts.len() * ENTRY)?;
     let mut at = 0usize;
     for (offset, blob) in &parts {
         index.extend_from_slice(&offset.to_le_bytes());
@@ -335,7 +342,8 @@ pub fn encode_merged(key: &Key, old: &[&ModuleRecords], new: &[BlockRecord]) -> 
     let mut crc = crc32fast::Hasher::new();
     crc.update(&key_bytes);
     crc.update(&index);
-    let mut out = Vec::with_capacity(HEADER + key_bytes.len() + index.len() + at);
+    let mut out = Vec::new();
+    fallible(&mut out, HEADER + key_bytes.len() + index.len() + at)?;
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
     out.extend_from_slice(&u32::try_from(key_bytes.len()).ok()?.to_le_bytes());

@@ -504,6 +504,15 @@ impl Store {
         let mut modules = self.lock();
         let m = modules.entry(file.clone()).or_default();
         if !m.records.contains(record.offset) {
+            // Keeping is optional: with no memory for it (an address space limit the guest
+            // used up), the module's new records are dropped, to be translated again next time.
+            if crate::host::reserve::exhausted()
+                || crate::host::reserve::fallibly(|| m.pending.try_reserve(1)).is_err()
+            {
+                m.pending = Vec::new();
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             m.pending.push(record);
         }
     }
@@ -524,6 +533,10 @@ impl Store {
     /// and `misses` to its counts.
     pub fn write(&self, hits: u64, misses: u64) {
         let Some(dir) = &self.dir else { return };
+        // Out of memory, the run's end needs what is left for its profile.
+        if crate::host::reserve::exhausted() {
+            return;
+        }
         let mut modules = self.lock();
         let mut wrote = false;
         for (file, m) in modules.iter_mut() {

@@ -104,6 +104,9 @@ impl Translator {
             }
             self.process.signals.set_critical(true, &self.index);
             let exit = self.handle_exit();
+            if crate::host::reserve::exhausted() {
+                return Err(TranslateError::OutOfMemory);
+            }
             let stepped = std::mem::take(&mut self.stepping);
             match exit? {
                 Ok(n) => {
