@@ -143,7 +143,9 @@ fn store_files(cache: &Path) -> Vec<PathBuf> {
 /// What a profile says about the guest, by module and offset (ASLR moves libraries between
 /// runs; hotpath's own start-up can move them too): every block's count, size and
 /// terminator, every edge, indirect target and system call, and the totals that count the
-/// guest's work.
+/// guest's work. The vDSO's blocks are there without their counts, its edges not at all, and
+/// the totals without them: its clock reads retry when the kernel updates the time meanwhile
+/// (a seqlock), natively too, so how often its loop runs is the kernel's timing.
 fn profile(r: &Value) -> Vec<String> {
     let modules: Vec<(String, u64, u64)> = r["modules"]
         .as_array()
@@ -170,17 +172,26 @@ fn profile(r: &Value) -> Vec<String> {
         }
     };
     let mut out = Vec::new();
+    let vdso = |name: &str| name.starts_with("[vdso]");
+    let (mut vdso_blocks, mut vdso_instructions) = (0, 0);
     for b in r["blocks"].as_array().unwrap() {
+        let at = rel(&b["addr"]);
+        let count = if vdso(&at) {
+            vdso_blocks += as_u64(&b["count"]);
+            vdso_instructions += as_u64(&b["count"]) * as_u64(&b["instructions"]);
+            "*".to_string()
+        } else {
+            b["count"].to_string()
+        };
         out.push(format!(
-            "block {} {} {} {} {}",
-            rel(&b["addr"]),
-            b["count"],
-            b["instructions"],
-            b["bytes"],
-            b["terminator"]
+            "block {at} {count} {} {} {}",
+            b["instructions"], b["bytes"], b["terminator"]
         ));
     }
     for e in r["edges"].as_array().unwrap() {
+        if vdso(&rel(&e["from"])) {
+            continue;
+        }
         out.push(format!(
             "edge {} {} {} {}",
             rel(&e["from"]),
@@ -194,9 +205,16 @@ fn profile(r: &Value) -> Vec<String> {
     }
     // Not `events`: how many blocks ran inside superblocks depends on when the monitor formed
     // them.
-    for k in ["blocks_executed", "guest_instructions", "distinct_blocks"] {
-        out.push(format!("{k} {}", r["totals"][k]));
-    }
+    let totals = &r["totals"];
+    out.push(format!(
+        "blocks_executed {}",
+        as_u64(&totals["blocks_executed"]) - vdso_blocks
+    ));
+    out.push(format!(
+        "guest_instructions {}",
+        as_u64(&totals["guest_instructions"]) - vdso_instructions
+    ));
+    out.push(format!("distinct_blocks {}", totals["distinct_blocks"]));
     out.sort();
     out
 }
