@@ -243,6 +243,9 @@ pub const SAMPLES: &[Sample] = &[
         "fork + execve of /bin/echo, a failing exec, execvp, /bin/sh, /proc/self/exe"),
     sample("fork_exec_kill_early", "fork_exec.c", &["kill-early"], Exit(0),
         "SIGTERM reaching a child before, during or just after its execve: it dies of it"),
+    sample("fork_loop", "fork_loop.c", &[], Exit(0),
+        "a loop of forks, each child running code the parent never runs: the later children \
+         find the first one's translations in the cache"),
     sample("sigchld", "sigchld.c", &[], Exit(0),
         "a SIGCHLD handler reaping and counting children; CLD_STOPPED/CONTINUED/EXITED"),
     sample("sigchld_sigsuspend", "sigchld.c", &["sigsuspend"], Exit(0),

@@ -61,6 +61,7 @@ sample_tests! {
     fork_wait,
     fork_kill_paused,
     fork_exec,
+    fork_loop,
     fork_exec_kill_early,
     sigchld,
     sigchld_sigsuspend,

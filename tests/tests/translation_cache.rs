@@ -493,3 +493,27 @@ fn the_cache_command_shows_and_clears() {
     assert!(store_files(&cache).is_empty());
     assert!(show(&[]).contains("files             0"));
 }
+
+/// A loop of forks on a cold cache: the first child translates the code only children run
+/// and stores it at its exit; every later child finds it there (the store reads a module's
+/// file again after a miss when another process has written it since), so it places every
+/// block and writes nothing.
+#[test]
+fn later_children_of_a_fork_loop_find_the_first_ones_blocks() {
+    let exe = guest_build::build("fork_loop.c", Linkage::Dynamic).unwrap_or_else(|e| panic!("{e}"));
+    let dir = scratch("fork-loop");
+    let cache = dir.join("cache");
+    let n = native(&exe, &[], &dir);
+    let images = run_images(&exe, &[], &cache, &[], &n, &dir);
+    assert_eq!(images.len(), 9, "the parent and its 8 children");
+    for (name, r) in &images[2..] {
+        let (loaded, translated) = (
+            as_u64(&r["totals"]["blocks_loaded"]),
+            as_u64(&r["totals"]["blocks_translated"]),
+        );
+        assert!(
+            translated > 0 && loaded == translated,
+            "child {name}: placed {loaded} of {translated} blocks from the cache"
+        );
+    }
+}

@@ -23,6 +23,15 @@ const DEFAULT_LIMIT: u64 = 1 << 30;
 /// What the directory is trimmed to when it is over its bound: this share of the bound, so
 /// that every write does not trim again.
 const TRIM_TO_PERCENT: u64 = 90;
+/// How long after one process checked the directory against its bound (a read of every
+/// file's size and age: about 2 ms for 800 files) another that wrote a store file skips the
+/// check, unless it wrote at least 1/[`TRIM_EVERY_SHARE`] of the bound itself: a shell loop's
+/// processes each paid the check, and with the files written since, the directory can exceed
+/// its bound by what its writers add in this time.
+const TRIM_INTERVAL: Duration = Duration::from_secs(30);
+const TRIM_EVERY_SHARE: u64 = 32;
+/// The file whose modification time is when the directory was last checked against its bound.
+const TRIMMED: &str = "trimmed";
 /// The hit/miss log is summed into one line when it grows past this many bytes.
 const STATS_COMPACT_BYTES: u64 = 64 << 10;
 /// A store file is rewritten with this process's new records and its delta file's when there
@@ -199,6 +208,14 @@ impl CacheDir {
         Some(records)
     }
 
+    /// What says whether store file `name` is still the one read: its inode and size (a
+    /// writer renames a new file over it; a read changes its modification time). `None` when
+    /// there is none.
+    fn stamp(&self, name: &str) -> Option<(u64, u64)> {
+        let m = fs::symlink_metadata(self.path.join(name)).ok()?;
+        Some((m.ino(), m.len()))
+    }
+
     /// The lock of store file `name`, taken: held by whoever reads, merges and replaces the
     /// file, so that two writers at the same time (the two ends of a shell pipeline, say) do
     /// not each replace it with a merge that lacks the other's records. Waits at most
@@ -300,9 +317,21 @@ impl CacheDir {
             .collect()
     }
 
+    /// Whether a process that wrote `written` bytes of store files checks the directory
+    /// against its bound ([`trim`](Self::trim)): when nobody has for [`TRIM_INTERVAL`], or it
+    /// wrote a large share of the bound.
+    fn trim_due(&self, written: u64) -> bool {
+        if written >= self.limit / TRIM_EVERY_SHARE {
+            return true;
+        }
+        let checked = fs::metadata(self.path.join(TRIMMED)).and_then(|m| m.modified());
+        !checked.is_ok_and(|at| at.elapsed().is_ok_and(|age| age < TRIM_INTERVAL))
+    }
+
     /// Removes the least recently used store files (and their lock files) while the directory
-    /// is over its bound.
+    /// is over its bound, and notes when it did ([`trim_due`](Self::trim_due)).
     fn trim(&self) {
+        let _ = fs::File::create(self.path.join(TRIMMED));
         let mut files = self.files();
         let mut total: u64 = files.iter().map(|f| f.1).sum();
         if total <= self.limit {
@@ -406,6 +435,11 @@ struct ModuleStore {
     records: Arc<ModuleRecords>,
     /// New ones, not in `records`, to write at the end.
     pending: Vec<BlockRecord>,
+    /// The store file's and its delta file's [`CacheDir::stamp`] when they were read.
+    stamps: [Option<(u64, u64)>; 2],
+    /// A block missing from `records` has made the store look at the files again since they
+    /// were read (or since the process was forked): see [`Store::refresh`].
+    checked: bool,
 }
 
 /// Counters of the store's work in this process.
@@ -430,6 +464,9 @@ impl StoreHold<'_> {
     pub fn forget_pending(&mut self) {
         for m in self.0.values_mut() {
             std::mem::forget(std::mem::take(&mut m.pending));
+            // What earlier children wrote since the parent read the files is the child's to
+            // find (`Store::refresh`).
+            m.checked = false;
         }
     }
 }
@@ -471,8 +508,31 @@ impl Store {
         if let Some(m) = modules.get(file) {
             return Some(m.records.clone());
         }
+        let (records, stamps) = self.read_module(dir, file);
+        modules.insert(
+            file.clone(),
+            ModuleStore {
+                records: records.clone(),
+                pending: Vec::new(),
+                stamps,
+                checked: false,
+            },
+        );
+        Some(records)
+    }
+
+    /// Reads the records of the module in file `file` from its store file and delta file,
+    /// with the files' stamps (taken first: a writer that replaces a file meanwhile makes the
+    /// next [`refresh`](Self::refresh) read it again).
+    fn read_module(
+        &self,
+        dir: &CacheDir,
+        file: &FileId,
+    ) -> (Arc<ModuleRecords>, [Option<(u64, u64)>; 2]) {
         let key = (self.key.clone(), file.clone());
         let name = CacheDir::file_name(&key);
+        let delta_name = CacheDir::delta_name(&name);
+        let stamps = [dir.stamp(&name), dir.stamp(&delta_name)];
         let mut records = match dir.read(&name, &key) {
             Some(records) => {
                 self.files_read.fetch_add(1, Ordering::Relaxed);
@@ -480,18 +540,36 @@ impl Store {
             }
             None => ModuleRecords::default(),
         };
-        if let Some(delta) = dir.read(&CacheDir::delta_name(&name), &key) {
+        if let Some(delta) = dir.read(&delta_name, &key) {
             self.files_read.fetch_add(1, Ordering::Relaxed);
             records = records.with_delta(delta);
         }
-        let records = Arc::new(records);
-        modules.insert(
-            file.clone(),
-            ModuleStore {
-                records: records.clone(),
-                pending: Vec::new(),
-            },
-        );
+        (Arc::new(records), stamps)
+    }
+
+    /// After a block of the module in file `file` was missing from its records: the records
+    /// read again, if its store files changed since they were read (another process wrote
+    /// them: an earlier child of a shell loop wrote the blocks that the parent never runs and
+    /// each child does). At most once per module per process (and again in a forked child);
+    /// `None` when nothing changed or it was done already.
+    pub fn refresh(&self, file: &FileId) -> Option<Arc<ModuleRecords>> {
+        let dir = self.dir.as_ref()?;
+        let mut modules = self.lock();
+        let m = modules.get_mut(file)?;
+        if m.checked {
+            return None;
+        }
+        m.checked = true;
+        let key = (self.key.clone(), file.clone());
+        let name = CacheDir::file_name(&key);
+        let now = [dir.stamp(&name), dir.stamp(&CacheDir::delta_name(&name))];
+        if now == m.stamps {
+            return None;
+        }
+        let (records, stamps) = self.read_module(dir, file);
+        m.records = records.clone();
+        m.stamps = stamps;
+        m.pending.retain(|r| !records.contains(r.offset));
         Some(records)
     }
 
@@ -539,6 +617,7 @@ impl Store {
         }
         let mut modules = self.lock();
         let mut wrote = false;
+        let mut bytes_written = 0u64;
         for (file, m) in modules.iter_mut() {
             if m.pending.is_empty() {
                 continue;
@@ -559,11 +638,18 @@ impl Store {
             // translated again next time). One lock covers the file and its delta.
             let lock = dir.lock(&name);
             let delta = dir.read(&delta_name, &key);
+            let mut write = |name: &str, bytes: Vec<u8>| {
+                let ok = dir.write(name, &bytes).is_ok();
+                if ok {
+                    bytes_written += bytes.len() as u64;
+                }
+                ok
+            };
             let written = if whole {
                 let old = dir.read(&name, &key);
                 let olds: Vec<&ModuleRecords> = old.iter().chain(delta.iter()).collect();
                 let done = format::encode_merged(&key, &olds, &m.pending)
-                    .is_some_and(|bytes| dir.write(&name, &bytes).is_ok());
+                    .is_some_and(|bytes| write(&name, bytes));
                 if done && delta.is_some() {
                     let _ = fs::remove_file(dir.path.join(&delta_name));
                 }
@@ -571,7 +657,7 @@ impl Store {
             } else {
                 let olds: Vec<&ModuleRecords> = delta.iter().collect();
                 format::encode_merged(&key, &olds, &m.pending)
-                    .is_some_and(|bytes| dir.write(&delta_name, &bytes).is_ok())
+                    .is_some_and(|bytes| write(&delta_name, bytes))
             };
             drop(lock);
             m.pending.clear();
@@ -583,7 +669,7 @@ impl Store {
             }
         }
         drop(modules);
-        if wrote {
+        if wrote && dir.trim_due(bytes_written) {
             dir.trim();
         }
         if hits + misses > 0 {

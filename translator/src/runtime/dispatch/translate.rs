@@ -324,7 +324,21 @@ impl Translator {
             return Ok(None);
         };
         let Some(record) = records.get(pc - module.start) else {
-            return Ok(None);
+            // Another process may have written it since the records were read.
+            let Some(newer) = module.store.refresh(&module.file) else {
+                return Ok(None);
+            };
+            let module = Arc::new(PersistedModule {
+                store: module.store.clone(),
+                start: module.start,
+                file: module.file.clone(),
+                records: Some(newer),
+                lo: module.lo,
+                hi: module.hi,
+                version: module.version,
+            });
+            self.last_module = Some(module.clone());
+            return self.place_persisted(pc, &module);
         };
         let len = record.guest.len() as u64;
         if !self.code_is(pc, record.guest) {
