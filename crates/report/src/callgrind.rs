@@ -39,22 +39,33 @@ struct Func {
 /// `symbol+0xOFF` without the offset, and `module!symbol` without the module when `module` is
 /// the file name of `module_path`; [`UNKNOWN`] for `module+0xOFF` (no symbol covers it).
 pub(crate) fn function_of_symbol(symbol: &str, module_path: Option<&str>) -> String {
+    function_name(symbol, module_path).to_string()
+}
+
+/// [`function_of_symbol`] without allocating: a part of `symbol`, or [`UNKNOWN`] (a report
+/// names every block, and the summary sums them by function).
+pub(crate) fn function_name<'a>(symbol: &'a str, module_path: Option<&str>) -> &'a str {
     let base = match symbol.rsplit_once('+') {
         Some((f, off)) if off.starts_with("0x") => f,
         _ => symbol,
     };
     if module_path.and_then(|p| p.rsplit('/').next()) == Some(base) {
-        return UNKNOWN.to_string();
+        return UNKNOWN;
     }
-    strip_module(base, module_path)
+    without_module(base, module_path)
 }
 
 /// `name` without a leading `file!` naming the module it is in.
 fn strip_module(name: &str, module_path: Option<&str>) -> String {
+    without_module(name, module_path).to_string()
+}
+
+/// [`strip_module`] without allocating.
+fn without_module<'a>(name: &'a str, module_path: Option<&str>) -> &'a str {
     let file = module_path.and_then(|p| p.rsplit('/').next());
     match (name.split_once('!'), file) {
-        (Some((m, f)), Some(file)) if m == file => f.to_string(),
-        _ => name.to_string(),
+        (Some((m, f)), Some(file)) if m == file => f,
+        _ => name,
     }
 }
 
