@@ -16,6 +16,7 @@
 //! guest's. Counts are exact: the ring never drops an event.
 
 mod decisions;
+mod os_thread;
 mod paths;
 mod profile;
 mod tables;

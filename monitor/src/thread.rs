@@ -2,7 +2,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
@@ -11,6 +10,7 @@ use hotpath_events::futex::Doorbell;
 use hotpath_events::{BlockCatalog, Command, RingConsumer, MIN_POLL_INTERVAL};
 
 use crate::decisions::Decisions;
+use crate::os_thread::{self, OsThread};
 use crate::{PathRecorder, Tables};
 
 /// What a monitor keeps: the tables, the path recorder unless paths are off, and its
@@ -120,7 +120,7 @@ impl Ended {
 
 /// A running monitor thread.
 pub struct MonitorHandle {
-    handle: JoinHandle<Result<MonitorResult, String>>,
+    handle: OsThread<Result<MonitorResult, String>>,
     /// Set to make the monitor finish once every ring it knows is closed and drained.
     stop: Arc<AtomicBool>,
     /// What the monitor sleeps on when no ring has work; rung to wake it.
@@ -128,6 +128,9 @@ pub struct MonitorHandle {
     /// The core it was pinned to, if any.
     pub pinned_to: Option<usize>,
 }
+
+/// Bytes of the monitor thread's stack (what `std::thread` gives a thread by default).
+const MONITOR_STACK: usize = 2 << 20;
 
 /// How long the monitor first naps when every ring stays without a batch after spinning, in
 /// microseconds: short enough that a producer waiting on a full ring is released quickly.
@@ -246,30 +249,15 @@ pub fn spawn(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    // The new thread maps memory of its own as it starts (its malloc arena): wait for that,
-    // so that it happens before the guest's next instruction and not whenever the thread is
-    // first scheduled, which can be after the guest has unmapped a page it means to map again
-    // (`hole_reuse.S`: a mapping of the thread's landed in the hole). It starts on this
-    // thread's CPU, which this thread leaves to it by waiting: on its own CPU it queued behind
-    // whatever ran there, 0.7–2.5 ms in most of a scheduler trace's `busybox true` runs, all
-    // of it the guest's wait. Once started it is moved to its own CPUs.
-    let narrowed = NarrowedAffinity::to_current_cpu();
-    let target = core.map_or_else(
-        || narrowed.as_ref().map(|n| n.saved),
-        |c| Some(cpu_set_of(c.id)),
-    );
-    let (started, wait_started) = crossbeam::channel::bounded::<libc::pid_t>(1);
-    let handle = std::thread::Builder::new()
-        .name("hotpath-monitor".into())
-        .spawn(move || {
-            // A first allocation makes the thread's arena.
-            drop(std::hint::black_box(Box::new(0u64)));
-            // SAFETY: gettid has no preconditions.
-            let _ = started.send(unsafe { libc::gettid() });
-            // The spawning thread moves it too, unless it stopped waiting.
-            if let Some(set) = &target {
-                set_affinity(0, set);
-            }
+    // Its stack is mapped here, before the guest's next instruction, and it maps nothing of
+    // its own once it runs (`os_thread`), so nothing waits for it to start: the guest's events
+    // wait in its ring. It starts on its own CPU (`core`), else on any of this thread's.
+    let target = core.map(|c| cpu_set_of(c.id));
+    let handle = os_thread::spawn(
+        b"hotpath-monitor\0",
+        MONITOR_STACK,
+        target.as_ref(),
+        move || {
             let mut monitor = Monitor {
                 live: Vec::new(),
                 done: Vec::new(),
@@ -310,19 +298,8 @@ pub fn spawn(
                         .unwrap_or_else(|| "unknown panic".into()))
                 }
             }
-        });
-    // Bounded: a thread that cannot start at once (in a forked child, say) must not hold the
-    // guest up; it then maps its memory whenever it runs, as before.
-    let tid = match &handle {
-        Ok(_) => wait_started.recv_timeout(Duration::from_secs(1)).ok(),
-        Err(_) => None,
-    };
-    if let (Some(tid), Some(set)) = (tid, &target) {
-        set_affinity(tid, set);
-    }
-    if let Some(n) = narrowed {
-        set_affinity(0, &n.saved);
-    }
+        },
+    );
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
     Ok(MonitorHandle {
@@ -333,33 +310,6 @@ pub fn spawn(
     })
 }
 
-/// The calling thread's CPU mask, saved while it is narrowed to the CPU the thread runs on
-/// (so that a thread it creates meanwhile inherits that one CPU).
-struct NarrowedAffinity {
-    saved: libc::cpu_set_t,
-}
-
-impl NarrowedAffinity {
-    /// Narrows the calling thread's mask to its current CPU; `None` (nothing changed) when the
-    /// mask cannot be read or set.
-    fn to_current_cpu() -> Option<Self> {
-        // SAFETY: the sets are plain bit arrays of the size passed; the calls change only the
-        // calling thread's mask.
-        unsafe {
-            let mut saved: libc::cpu_set_t = std::mem::zeroed();
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            if libc::sched_getaffinity(0, size, &mut saved) != 0 {
-                return None;
-            }
-            let cpu = usize::try_from(libc::sched_getcpu()).ok()?;
-            if !set_affinity(0, &cpu_set_of(cpu)) {
-                return None;
-            }
-            Some(Self { saved })
-        }
-    }
-}
-
 /// The CPU set holding `cpu` alone.
 fn cpu_set_of(cpu: usize) -> libc::cpu_set_t {
     // SAFETY: a zeroed `cpu_set_t` is the empty set; CPU_SET checks `cpu` against its size.
@@ -368,12 +318,6 @@ fn cpu_set_of(cpu: usize) -> libc::cpu_set_t {
         libc::CPU_SET(cpu, &mut set);
         set
     }
-}
-
-/// Sets thread `tid`'s CPU mask (0: the calling thread's); false when the kernel refuses.
-fn set_affinity(tid: libc::pid_t, set: &libc::cpu_set_t) -> bool {
-    // SAFETY: the kernel reads `size_of::<cpu_set_t>()` bytes at `set`.
-    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
 }
 
 /// A ring being drained, with the thread's state.
@@ -712,8 +656,8 @@ impl MonitorHandle {
         self.stop.store(true, Ordering::Release);
         self.bell.ring();
         match self.handle.join() {
-            Ok(result) => result,
-            Err(_) => Err("the monitor thread ended abnormally".into()),
+            Some(result) => result,
+            None => Err("the monitor thread ended abnormally".into()),
         }
     }
 }
