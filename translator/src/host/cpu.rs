@@ -160,11 +160,10 @@ pub fn xstate_layout() -> &'static XstateLayout {
 /// Writes `pkru` as the PKRU of the guest's saved XSAVE state `xsave` (standard format), which
 /// the next entry to the cache loads. False if `xsave` has no room for it.
 pub fn set_guest_pkru(xsave: &mut [u8], pkru: u32) -> bool {
-    // XSAVE component 9 (PKRU): its offset in the standard format, and its XSTATE_BV bit.
-    let Some(pkru_component) = xstate_layout().components.iter().find(|c| c.bit == 9) else {
-        return false;
-    };
-    let offset = pkru_component.offset;
+    // XSAVE component 9 (PKRU): its offset in the standard format (one CPUID per process:
+    // every thread area is given the initial PKRU), and its XSTATE_BV bit.
+    static OFFSET: OnceLock<usize> = OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| std::arch::x86_64::__cpuid_count(0xd, 9).ebx as usize);
     let Some(slot) = xsave.get_mut(offset..offset + 4) else {
         return false;
     };
