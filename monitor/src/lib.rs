@@ -30,5 +30,5 @@ pub use paths::{
 pub use profile::{
     add_code, report_of, thread_report, thread_row_of, RunInfo, Symbolizer, THREAD_HOTTEST,
 };
-pub use tables::{Counts, SyscallCount, Tables};
+pub use tables::{Counts, SyscallCount, SyscallRow, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Namer, Stream, ThreadState};

@@ -72,6 +72,9 @@ pub struct SyscallCount {
     pub sites: HashMap<u32, u64>,
 }
 
+/// One system call's row of [`Counts`]: `(number, calls, [(block id that issued it, calls)])`.
+pub type SyscallRow = (u32, u64, Vec<(u32, u64)>);
+
 /// What a [`Tables`] counted, without the ids' metadata ([`Tables::counts`]): the form a raw
 /// profile keeps and [`Tables::add_counts`] takes back. Ids are event ids (superblocks and
 /// side exits included) of the process's catalog.
@@ -79,8 +82,8 @@ pub struct SyscallCount {
 pub struct Counts {
     /// Every observed pair of consecutive events `(from, to, count)` ([`Tables::raw_edges`]).
     pub edges: Vec<(u32, u32, u64)>,
-    /// `(system call number, calls, [(block id that issued it, calls)])`, by number.
-    pub syscalls: Vec<(u32, u64, Vec<(u32, u64)>)>,
+    /// One row per system call, by number.
+    pub syscalls: Vec<SyscallRow>,
     /// The last event of each stream counted (it ran once more than its out-edges say).
     pub last: Vec<u32>,
     /// Events processed (blocks and system calls).
@@ -452,7 +455,7 @@ impl Tables {
 
     /// What these tables counted, apart from the ids' metadata: what a raw profile keeps.
     pub fn counts(&self) -> Counts {
-        let mut syscalls: Vec<(u32, u64, Vec<(u32, u64)>)> = self
+        let mut syscalls: Vec<SyscallRow> = self
             .syscalls
             .iter()
             .map(|(&nr, s)| {

@@ -337,7 +337,7 @@ pub(crate) fn emit_site(
             .inst;
         let mut head = Relocs::default();
         load_indirect_target(ops, &jmp, code, layout, &mut head, "jump table")?;
-        note_fields(&code.bytes_from(base))?;
+        note_fields(code.bytes_from(base))?;
         relocs.list.extend(head.list);
         let tail_base = code.addr();
         let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
