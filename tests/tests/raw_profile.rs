@@ -45,6 +45,19 @@ fn run(dir: &Path, args: &[&std::ffi::OsStr], expect_success: bool) -> (String, 
     (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
 }
 
+/// `hotpath run -q --profile RAW -- EXE` in `dir`, which must succeed.
+fn run_with_profile(dir: &Path, raw: &Path, exe: &Path) {
+    let args = [
+        os("run"),
+        os("-q"),
+        os("--profile"),
+        raw.as_os_str(),
+        os("--"),
+        exe.as_os_str(),
+    ];
+    run(dir, &args, true);
+}
+
 fn os(s: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(s)
 }
@@ -177,18 +190,7 @@ fn a_module_changed_since_the_run_is_named_by_offset() {
     let exe = dir.join("loops");
     fs::copy(&built, &exe).expect("copy the program");
     let raw = dir.join("r.raw");
-    run(
-        &dir,
-        &[
-            os("run"),
-            os("-q"),
-            os("--profile"),
-            raw.as_os_str(),
-            os("--"),
-            exe.as_os_str(),
-        ],
-        true,
-    );
+    run_with_profile(&dir, &raw, &exe);
     let render = |out: &str| {
         let json = dir.join(out);
         let (_, stderr) = run(
@@ -242,18 +244,7 @@ fn a_damaged_raw_profile_gets_one_clear_line() {
     let exe = guest_build::build("hello.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let dir = scratch("damaged");
     let raw = dir.join("r.raw");
-    run(
-        &dir,
-        &[
-            os("run"),
-            os("-q"),
-            os("--profile"),
-            raw.as_os_str(),
-            os("--"),
-            exe.as_os_str(),
-        ],
-        true,
-    );
+    run_with_profile(&dir, &raw, &exe);
     let good = fs::read(&raw).expect("read");
     let mut version = good.clone();
     version[8] = version[8].wrapping_add(1);

@@ -2,22 +2,14 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 /// Dense id of a translated block, handed out in translation order from 0.
 ///
 /// Monitor tables are arrays indexed by it. Superblocks share the same id space.
 /// A block re-translated after a code cache flush gets a new id.
 #[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 pub struct BlockId(pub u32);
 
@@ -31,17 +23,7 @@ impl BlockId {
 /// A virtual address in the guest's address space (which is also hotpath's: the guest
 /// image is mapped at its own addresses in hotpath's process).
 #[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 pub struct GuestAddr(pub u64);
 

@@ -164,6 +164,7 @@ pub struct Translator {
 
 /// A module whose blocks the persisted store keeps, as [`Translator::persisted_module`] found
 /// it for a guest address.
+#[derive(Clone)]
 struct PersistedModule {
     store: Arc<Store>,
     /// Guest address of the module's start (its blocks' offsets count from it).

@@ -329,13 +329,8 @@ impl Translator {
                 return Ok(None);
             };
             let module = Arc::new(PersistedModule {
-                store: module.store.clone(),
-                start: module.start,
-                file: module.file.clone(),
                 records: Some(newer),
-                lo: module.lo,
-                hi: module.hi,
-                version: module.version,
+                ..PersistedModule::clone(module)
             });
             self.last_module = Some(module.clone());
             return self.place_persisted(pc, &module);
