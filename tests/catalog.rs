@@ -357,6 +357,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("indirect_traces", "indirect_traces.c", &[], Exit(0),
         "hot indirect calls, a jump table and a computed goto with a usual target, one whose \
          target changes half way, and branches to a non-canonical address in a hot trace"),
+    sample("ibl_collisions", "ibl_collisions.c", &[], Exit(0),
+        "indirect calls to four functions whose addresses share their low 16 bits, in turn \
+         (one slot of the indirect branch lookup table; its victim table keeps the others)"),
     sample("bench_sieve", "bench_sieve.c", &["300000"], Exit(0),
         "segmented sieve (benchmark, small size)"),
     sample("bench_crc", "bench_crc.c", &["3"], Exit(0),

@@ -396,3 +396,45 @@ fn instruction_count_is_exact_asm_redzone() {
 fn instruction_count_is_exact_asm_flags() {
     check_valgrind_total("asm_flags.S", 8 * 6000);
 }
+
+/// Indirect calls to four functions whose addresses share their low 16 bits (one slot of the
+/// indirect branch lookup table), in turn: the victim table behind the lookup table keeps the
+/// ones a fill pushes out, so after the first round the calls stay in the code cache (before
+/// it, each of the 400,000 calls left it), and every call is still counted exactly.
+#[test]
+fn indirect_calls_to_colliding_targets_stay_in_the_code_cache() {
+    let hotpath = hotpath_e2e::hotpath_bin::hotpath().unwrap_or_else(|e| panic!("{e}"));
+    for linkage in Linkage::ALL {
+        let exe = guest_build::build("ibl_collisions.c", linkage).unwrap_or_else(|e| panic!("{e}"));
+        let name = format!("ibl_collisions.c.{linkage}");
+        let out = std::process::Command::new(&hotpath)
+            .args(["run", "--no-monitor", "--"])
+            .arg(&exe)
+            .output()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        assert!(
+            stdout.contains("after 100000 rounds; low 16 bits of the targets all zero"),
+            "{name}: the targets do not collide as the test needs: {stdout}"
+        );
+        let misses: u64 = stderr
+            .split(" indirect lookup misses")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no lookup misses in the summary: {stderr}"));
+        // The program's own first misses (every return and indirect call target once, a
+        // dynamic program's start-up in ld.so and libc): a few hundred.
+        assert!(
+            misses < 5_000,
+            "{name}: {misses} lookup misses for 400,000 calls to 4 colliding targets"
+        );
+        let run = run_with_report(&exe, &[], &scratch(), &name, &[]);
+        assert_eq!(run.outcome.termination, Termination::Exited(0), "{name}");
+        for f in ["f0", "f1", "f2", "f3"] {
+            assert_eq!(run.report.count(f), 100_000, "{name}: executions of {f}");
+        }
+    }
+}

@@ -109,6 +109,7 @@ sample_tests! {
     auxv_count,
     superblock_fault,
     indirect_traces,
+    ibl_collisions,
     bench_sieve,
     bench_crc,
     bench_fib,

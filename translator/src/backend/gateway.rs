@@ -191,9 +191,20 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
     );
 
     // ---- exit ----
+    // A lookup miss first probes the victim table (`ThreadArea::ibl2`), flag-free: every exit
+    // comes here with a 32-bit code in ECX, and EXIT_IBL_MISS comes with the guest target in
+    // `ibl_target`, the guest's RCX in its scratch slot and every other register the guest's.
+    // A hit goes on at the target's block without leaving the cache.
+    // (`jrcxz` reaches 127 bytes: the probe is reached through a jump placed before `exit`.)
+    dynasm!(ops ; .arch x64 ; to_victim: ; jmp ->victim);
     let exit = ops.offset();
+    let miss_bias = (EXIT_IBL_MISS as i32).wrapping_neg();
     dynasm!(ops
         ; .arch x64
+        ; lea ecx, [rcx + miss_bias]                      // 0 iff the code is EXIT_IBL_MISS
+        ; jrcxz <to_victim
+        ; lea ecx, [rcx - miss_bias]
+        ; ->save_state:
         ; .u8 GS ; mov QWORD [off::EXIT_CODE], rcx
         ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
         ; .u8 GS ; mov QWORD [gpr(0)], rax
@@ -271,6 +282,35 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; .arch x64
         ; pop r15 ; pop r14 ; pop r13 ; pop r12 ; pop rbp ; pop rbx
         ; ret
+    );
+
+    // ---- the victim table's probe (see `exit`) ----
+    // Slot: bits 0-15 of the target plus its bits 16-31 (`ThreadArea::ibl2_index`).
+    dynasm!(ops
+        ; .arch x64
+        ; ->victim:
+        ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; .u8 GS ; mov rdx, QWORD [off::IBL_TARGET]
+        ; .u8 GS ; movzx ecx, WORD [off::IBL_TARGET + 2]
+        ; lea ecx, [rcx + rdx]
+        ; movzx ecx, cx
+        ; lea rcx, [rcx + rcx]                            // slot * 2, scaled by 8: 16-byte slots
+        ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL2]   // !(slot's guest address)
+        ; lea rcx, [rcx + rdx + 1]                        // 0 iff the slot holds the target
+        ; jrcxz >victim_hit
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; mov ecx, EXIT_IBL_MISS as i32
+        ; jmp ->save_state
+        ; victim_hit:
+        ; .u8 GS ; movzx ecx, WORD [off::IBL_TARGET + 2]
+        ; lea ecx, [rcx + rdx]
+        ; movzx ecx, cx
+        ; lea rcx, [rcx + rcx]
+        ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL2 + 8]
+        ; .u8 GS ; mov QWORD [off::JUMP_TO], rcx
+        ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
+        ; .u8 GS ; mov rcx, QWORD [off::SCRATCH_RCX]
+        ; .u8 GS ; jmp QWORD [off::JUMP_TO]
     );
 
     // ---- indirect branch lookup miss ----

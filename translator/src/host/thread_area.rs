@@ -16,7 +16,8 @@ use std::mem::{offset_of, size_of};
 use hotpath_events::RingControl;
 
 /// Number of entries in the indirect branch lookup table: indexed by the low 16 bits of the
-/// guest target, direct-mapped.
+/// guest target, direct-mapped. The victim table behind it has as many, indexed by
+/// [`ThreadArea::ibl2_index`].
 pub const IBL_ENTRIES: usize = 1 << 16;
 
 /// Jump-table sites a thread's code cache can hold at once (`jump_table`): each has a table in
@@ -89,9 +90,17 @@ impl IblEntry {
     }
 
     /// A tag that no lookup reaching slot `index` can match: that of a target whose low 16
-    /// bits index another slot.
+    /// bits index another slot. (The target is below 2^16, so it indexes the victim table's
+    /// slot `index ^ 1` too: the tag is dead there as well.)
     pub fn dead_tag(index: usize) -> u64 {
         !((index ^ 1) as u64)
+    }
+
+    /// The guest target the slot holds, if it holds one (not empty, not dead) at slot `index`
+    /// of a table indexed by `index_of`.
+    fn target_at(&self, index: usize, index_of: fn(u64) -> usize) -> Option<u64> {
+        let target = !self.tag;
+        (target != u64::MAX && index_of(target) == index).then_some(target)
     }
 }
 
@@ -153,6 +162,11 @@ pub struct ThreadArea {
     pub xsave: XsaveArea,
     /// The indirect branch lookup table.
     pub ibl: [IblEntry; IBL_ENTRIES],
+    /// Its victim table: the entries a fill pushed out of `ibl`, probed by the gateway's exit
+    /// routine before it leaves the cache on a lookup miss (see `gateway::emit_gateway`), so
+    /// that targets whose low 16 bits collide (a large program's returns) do not leave the
+    /// cache in turn. Pages untouched until an entry is pushed there.
+    pub ibl2: [IblEntry; IBL_ENTRIES],
     /// The `switch` index a jump-table site's fill stub found no translation for, for the
     /// dispatcher (`jump_table`).
     pub jump_table_index: u64,
@@ -197,6 +211,7 @@ pub mod off {
     pub const RING_CURSOR: i32 = (offset_of!(ThreadArea, ring) + RingControl::CURSOR_OFFSET) as i32;
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
+    pub const IBL2: i32 = offset_of!(ThreadArea, ibl2) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
     pub const JUMP_TABLE_INDEX: i32 = offset_of!(ThreadArea, jump_table_index) as i32;
 
@@ -243,6 +258,7 @@ impl ThreadArea {
         // SAFETY: writing a valid value into our own mapping.
         unsafe { std::ptr::write(&mut area.ring, RingControl::new(ring_entries)) };
         area.ibl[IBL_ENTRIES - 1].host = ibl_miss;
+        area.kill_empty_ibl2_slot();
         area.rflags = 0x202;
         // Legacy XSAVE region: FCW at 0, MXCSR at 24; XSTATE_BV (header at 512) = 0 means every
         // component is in its initial state, so XRSTOR loads the power-on FPU/SSE/AVX state
@@ -276,14 +292,80 @@ impl ThreadArea {
         }
     }
 
-    /// Empties the indirect branch lookup table (after a code cache flush).
+    /// Empties the indirect branch lookup table and its victim table (after a code cache
+    /// flush).
     pub fn clear_ibl(&mut self, ibl_miss: u64) {
         self.ibl.fill(IblEntry { tag: 0, host: 0 });
         self.ibl[IBL_ENTRIES - 1].host = ibl_miss;
+        self.ibl2.fill(IblEntry { tag: 0, host: 0 });
+        self.kill_empty_ibl2_slot();
+    }
+
+    /// A zero tag matches the target `u64::MAX` alone; in the lookup table that is the last
+    /// slot, which leads to the miss path. In the victim table that target's slot gets a dead
+    /// tag instead, so an empty victim table matches nothing.
+    fn kill_empty_ibl2_slot(&mut self) {
+        let i = ThreadArea::ibl2_index(u64::MAX);
+        self.ibl2[i].tag = IblEntry::dead_tag(i);
     }
 
     /// Index of `guest` in the lookup table: its low 16 bits (what the emitted `movzx` takes).
     pub fn ibl_index(guest: u64) -> usize {
         (guest & 0xffff) as usize
+    }
+
+    /// Index of `guest` in the victim table: its bits 0-15 plus its bits 16-31, modulo 2^16
+    /// (what the gateway computes, flag-free, with `movzx` and `lea`), so that targets whose
+    /// low 16 bits collide in the lookup table mostly land in different slots here.
+    pub fn ibl2_index(guest: u64) -> usize {
+        ((guest & 0xffff) + ((guest >> 16) & 0xffff)) as usize & 0xffff
+    }
+
+    /// Puts guest `target`, translated at host address `host`, in its lookup-table slot; the
+    /// target the slot held before goes to the victim table (where it displaces whatever its
+    /// slot there held).
+    pub fn fill_ibl(&mut self, target: u64, host: u64) {
+        let i = ThreadArea::ibl_index(target);
+        let old = self.ibl[i];
+        if let Some(t) = old.target_at(i, ThreadArea::ibl_index) {
+            if t != target {
+                self.ibl2[ThreadArea::ibl2_index(t)] = old;
+            }
+        }
+        self.ibl[i] = IblEntry::new(target, host);
+    }
+
+    /// Points the slots that hold guest `target` (in either table) at host address `host`.
+    pub fn retarget_ibl(&mut self, target: u64, host: u64) {
+        let i = ThreadArea::ibl_index(target);
+        if self.ibl[i].holds(target) {
+            self.ibl[i].host = host;
+        }
+        let j = ThreadArea::ibl2_index(target);
+        if self.ibl2[j].holds(target) {
+            self.ibl2[j].host = host;
+        }
+    }
+
+    /// Makes the slots that hold guest `target` match nothing. Only the tags are written: a
+    /// lookup interrupted between its tag check and its load of the host address still loads
+    /// a valid block entry.
+    pub fn forget_ibl(&mut self, target: u64) {
+        let i = ThreadArea::ibl_index(target);
+        self.ibl[i].tag = IblEntry::dead_tag(i);
+        let j = ThreadArea::ibl2_index(target);
+        if self.ibl2[j].holds(target) {
+            self.ibl2[j].tag = IblEntry::dead_tag(j);
+        }
+    }
+
+    /// Makes every slot of both tables match nothing (tags only, as [`Self::forget_ibl`]).
+    pub fn forget_all_ibl(&mut self) {
+        for (i, slot) in self.ibl.iter_mut().enumerate() {
+            slot.tag = IblEntry::dead_tag(i);
+        }
+        for (i, slot) in self.ibl2.iter_mut().enumerate() {
+            slot.tag = IblEntry::dead_tag(i);
+        }
     }
 }

@@ -329,9 +329,7 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
     unlink_exits(shared, |_| true);
     // Only the tags: a lookup this handler interrupted between its tag check and its load of
     // the host address must still load a valid block entry (the blocks themselves stay).
-    for (i, slot) in area.ibl.iter_mut().enumerate() {
-        slot.tag = thread_area::IblEntry::dead_tag(i);
-    }
+    area.forget_all_ibl();
     // Jump tables too: each entry back to its site's fill stub (always a valid target).
     area.unlink_jump_tables();
 }
@@ -362,8 +360,7 @@ pub(super) fn unlink_into(shared: &HandlerShared, area: &mut ThreadArea, targets
         unlink_listed(shared, exits);
     }
     for &t in targets {
-        let i = ThreadArea::ibl_index(t);
-        area.ibl[i].tag = thread_area::IblEntry::dead_tag(i);
+        area.forget_ibl(t);
     }
 }
 

@@ -45,7 +45,7 @@ use crate::frontend::decode::{decode_block_split, MAX_BLOCK_INSTRUCTIONS};
 pub use crate::host::config::{Config, Stats};
 use crate::host::guest_mem;
 use crate::host::syscall::{raw_syscall, GATE_REFUSED};
-use crate::host::thread_area::{self, IblEntry, ThreadArea};
+use crate::host::thread_area::{self, ThreadArea};
 use crate::linux::kernel_writes;
 use crate::linux::process::ThreadResources;
 use crate::linux::process::{

@@ -328,7 +328,7 @@ impl Translator {
             return Ok(Ok(Next::Guest(target)));
         }
         let host = self.lookup_or_translate(target)?;
-        self.area.ibl[ThreadArea::ibl_index(target)] = IblEntry::new(target, host.0);
+        self.area.fill_ibl(target, host.0);
         Ok(Ok(Next::Host(host)))
     }
 

@@ -189,10 +189,7 @@ impl Translator {
         self.index.blocks.insert(head, trace.entry);
         self.index.superblock_heads.insert(head, trace_ids);
         self.cache.patch_jump(old_entry, trace.entry);
-        let slot = &mut self.area.ibl[ThreadArea::ibl_index(head)];
-        if slot.holds(head) {
-            slot.host = trace.entry.0;
-        }
+        self.area.retarget_ibl(head, trace.entry.0);
         self.stats.superblocks += 1;
         true
     }
