@@ -289,6 +289,13 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
     dynasm!(ops
         ; .arch x64
         ; ->victim:
+        ; .u8 GS ; mov rcx, QWORD [off::IBL2_OPEN]
+        ; jrcxz >victim_closed
+        ; jmp >victim_open
+        ; victim_closed:
+        ; mov ecx, EXIT_IBL_MISS as i32
+        ; jmp ->save_state
+        ; victim_open:
         ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
         ; .u8 GS ; mov rdx, QWORD [off::IBL_TARGET]
         ; .u8 GS ; movzx ecx, WORD [off::IBL_TARGET + 2]

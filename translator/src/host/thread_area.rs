@@ -156,6 +156,10 @@ pub struct ThreadArea {
     /// This thread's handler state (`signals::HandlerShared`), for the host signal handler,
     /// which finds the area through the GS base.
     pub handler: u64,
+    /// Nonzero while the victim table may be probed: the signal handler clears it when it
+    /// empties the lookup table to bring the thread to the dispatcher (one store instead of
+    /// killing 64 Ki tags), and the dispatcher sets it again once no signal is deliverable.
+    pub ibl2_open: u64,
     /// The event ring's control block.
     pub ring: RingControl,
     /// XSAVE image of the guest's extended state, valid outside the code cache.
@@ -212,6 +216,7 @@ pub mod off {
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
     pub const IBL2: i32 = offset_of!(ThreadArea, ibl2) as i32;
+    pub const IBL2_OPEN: i32 = offset_of!(ThreadArea, ibl2_open) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
     pub const JUMP_TABLE_INDEX: i32 = offset_of!(ThreadArea, jump_table_index) as i32;
 
@@ -259,6 +264,7 @@ impl ThreadArea {
         unsafe { std::ptr::write(&mut area.ring, RingControl::new(ring_entries)) };
         area.ibl[IBL_ENTRIES - 1].host = ibl_miss;
         area.kill_empty_ibl2_slot();
+        area.ibl2_open = 1;
         area.rflags = 0x202;
         // Legacy XSAVE region: FCW at 0, MXCSR at 24; XSTATE_BV (header at 512) = 0 means every
         // component is in its initial state, so XRSTOR loads the power-on FPU/SSE/AVX state
@@ -359,13 +365,13 @@ impl ThreadArea {
         }
     }
 
-    /// Makes every slot of both tables match nothing (tags only, as [`Self::forget_ibl`]).
+    /// Makes every slot of the lookup table match nothing (tags only, as
+    /// [`Self::forget_ibl`]) and closes the victim table until the dispatcher reopens it
+    /// ([`Self::ibl2_open`]): its entries stay valid, but no lookup finds them meanwhile.
     pub fn forget_all_ibl(&mut self) {
         for (i, slot) in self.ibl.iter_mut().enumerate() {
             slot.tag = IblEntry::dead_tag(i);
         }
-        for (i, slot) in self.ibl2.iter_mut().enumerate() {
-            slot.tag = IblEntry::dead_tag(i);
-        }
+        self.ibl2_open = 0;
     }
 }

@@ -37,6 +37,11 @@ impl Translator {
                     Delivery::Exit(sig) => return Ok(Stop::Exit(GuestExit::Signaled(sig))),
                 }
             }
+            // The signal handler closes the victim table with the lookup table when it brings
+            // the thread here; with nothing left to deliver, its entries serve again.
+            if self.area.ibl2_open == 0 && !self.process.signals.deliverable() {
+                self.area.ibl2_open = 1;
+            }
             let written = self.process.signals.protected_pages().take_hits();
             if !written.is_empty() {
                 // The guest wrote into pages whose code was translated: resume at the guest
