@@ -199,7 +199,8 @@ static long depth(long n)
     return depth(n - 1) + frame[0];
 }
 
-static int malloc_max(void)
+/* Mallocs 1 MiB blocks (each touched) until malloc fails; returns how many it got. */
+static long malloc_until_failure(void)
 {
     long mib = 0;
     for (;;) {
@@ -209,7 +210,12 @@ static int malloc_max(void)
         p[0] = 1;
         mib++;
     }
-    printf("malloc got %ld MiB\n", mib);
+    return mib;
+}
+
+static int malloc_max(void)
+{
+    printf("malloc got %ld MiB\n", malloc_until_failure());
     return 0;
 }
 
@@ -319,14 +325,7 @@ static int exhaust_then_run(long n)
         return 1;
     }
     printf("%ld functions\n", n);
-    long mib = 0;
-    for (;;) {
-        char *p = malloc(1 << 20);
-        if (!p)
-            break;
-        p[0] = 1;
-        mib++;
-    }
+    malloc_until_failure();
     uint64_t sum = 0;
     for (long i = 0; i < n; i++)
         sum += ((uint32_t(*)(void))(code + i * 8))();

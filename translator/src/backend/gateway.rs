@@ -289,14 +289,9 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
     dynasm!(ops
         ; .arch x64
         ; ->victim:
-        ; .u8 GS ; mov rcx, QWORD [off::IBL2_OPEN]
-        ; jrcxz >victim_closed
-        ; jmp >victim_open
-        ; victim_closed:
-        ; mov ecx, EXIT_IBL_MISS as i32
-        ; jmp ->save_state
-        ; victim_open:
         ; .u8 GS ; mov QWORD [off::SCRATCH_RDX], rdx
+        ; .u8 GS ; mov rcx, QWORD [off::IBL2_OPEN]
+        ; jrcxz >victim_miss                              // closed: a miss
         ; .u8 GS ; mov rdx, QWORD [off::IBL_TARGET]
         ; .u8 GS ; movzx ecx, WORD [off::IBL_TARGET + 2]
         ; lea ecx, [rcx + rdx]
@@ -305,6 +300,7 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
         ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL2]   // !(slot's guest address)
         ; lea rcx, [rcx + rdx + 1]                        // 0 iff the slot holds the target
         ; jrcxz >victim_hit
+        ; victim_miss:
         ; .u8 GS ; mov rdx, QWORD [off::SCRATCH_RDX]
         ; mov ecx, EXIT_IBL_MISS as i32
         ; jmp ->save_state

@@ -96,11 +96,11 @@ impl IblEntry {
         !((index ^ 1) as u64)
     }
 
-    /// The guest target the slot holds, if it holds one (not empty, not dead) at slot `index`
-    /// of a table indexed by `index_of`.
-    fn target_at(&self, index: usize, index_of: fn(u64) -> usize) -> Option<u64> {
+    /// The guest target the lookup table's slot `index` holds, if it holds one (not empty,
+    /// not dead).
+    fn target_at(&self, index: usize) -> Option<u64> {
         let target = !self.tag;
-        (target != u64::MAX && index_of(target) == index).then_some(target)
+        (target != u64::MAX && ThreadArea::ibl_index(target) == index).then_some(target)
     }
 }
 
@@ -333,7 +333,7 @@ impl ThreadArea {
     pub fn fill_ibl(&mut self, target: u64, host: u64) {
         let i = ThreadArea::ibl_index(target);
         let old = self.ibl[i];
-        if let Some(t) = old.target_at(i, ThreadArea::ibl_index) {
+        if let Some(t) = old.target_at(i) {
             if t != target {
                 self.ibl2[ThreadArea::ibl2_index(t)] = old;
             }
@@ -373,5 +373,40 @@ impl ThreadArea {
             slot.tag = IblEntry::dead_tag(i);
         }
         self.ibl2_open = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two targets that share their low 16 bits: the second fill pushes the first into the
+    /// victim table, where forgetting it kills it; an empty victim table matches nothing, not
+    /// even the target whose slot a zero tag would match.
+    #[test]
+    fn a_fill_pushes_the_colliding_target_into_the_victim_table() {
+        let area = ThreadArea::map(16, 0x1000).expect("a thread area");
+        let empty = ThreadArea::ibl2_index(u64::MAX);
+        assert!(!area.ibl2[empty].holds(u64::MAX));
+        assert_eq!(area.ibl2_open, 1);
+        let (a, b) = (0x40_1234u64, 0x7f_1234u64);
+        assert_eq!(ThreadArea::ibl_index(a), ThreadArea::ibl_index(b));
+        assert_ne!(ThreadArea::ibl2_index(a), ThreadArea::ibl2_index(b));
+        area.fill_ibl(a, 0xa);
+        area.fill_ibl(b, 0xb);
+        let i = ThreadArea::ibl_index(b);
+        assert!(area.ibl[i].holds(b) && area.ibl[i].host == 0xb);
+        let j = ThreadArea::ibl2_index(a);
+        assert!(area.ibl2[j].holds(a) && area.ibl2[j].host == 0xa);
+        area.retarget_ibl(a, 0xaa);
+        assert_eq!(area.ibl2[j].host, 0xaa);
+        area.forget_ibl(a);
+        assert!(!area.ibl2[j].holds(a) && !area.ibl[i].holds(a));
+        area.fill_ibl(b, 0xb);
+        area.forget_all_ibl();
+        assert!(!area.ibl[i].holds(b));
+        assert_eq!(area.ibl2_open, 0);
+        area.clear_ibl(0x1000);
+        assert!(!area.ibl2[empty].holds(u64::MAX));
     }
 }
