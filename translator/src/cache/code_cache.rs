@@ -149,13 +149,10 @@ pub(crate) struct CacheIndex {
     pub(crate) step_blocks: FxHashMap<u64, HostAddr>,
     /// How many of the process's published invalidations these translations reflect.
     pub(crate) invalidations_seen: u64,
-    /// `(guest target, exit index)` of each direct exit the dispatcher linked (some since
-    /// unlinked): where another thread that wants the guest out of the cache at a target
-    /// (`SignalState::kick_at`) finds the links into it without reading every exit. Sorted
-    /// up to `linked_sorted`, in link order after it.
-    pub(crate) linked: Vec<(u64, u32)>,
-    /// How many of `linked`'s entries are sorted.
-    pub(crate) linked_sorted: usize,
+    /// The direct exits the dispatcher linked, by target: where another thread that wants
+    /// the guest out of the cache at a target (`SignalState::kick_at`) finds the links into
+    /// it without reading every exit.
+    pub(crate) linked: crate::cache::links::LinkedExits,
 }
 
 /// Exits a [`CacheIndex`] has room for before its table first grows (262,144: a warm `python3
@@ -187,8 +184,7 @@ impl CacheIndex {
             superblock_heads: FxHashMap::default(),
             step_blocks: FxHashMap::default(),
             invalidations_seen,
-            linked: Vec::new(),
-            linked_sorted: 0,
+            linked: Default::default(),
         }
     }
 }

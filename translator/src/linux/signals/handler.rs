@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::cache::code_cache::{HostLayout, LayoutMap};
-use crate::cache::links::ExitKind;
+use crate::cache::links::{ExitKind, LinkedExits};
 use crate::host::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {
@@ -343,21 +343,20 @@ pub(super) fn unlink_all(shared: &HandlerShared, area: &mut ThreadArea) {
 pub(super) fn unlink_into(shared: &HandlerShared, area: &mut ThreadArea, targets: &[u64]) {
     let ptr = shared.linked.load(Ordering::Relaxed);
     let len = shared.linked_len.load(Ordering::Relaxed) as usize;
+    let starts_ptr = shared.linked_starts.load(Ordering::Relaxed);
+    let starts_len = shared.linked_starts_len.load(Ordering::Relaxed) as usize;
     if !ptr.is_null() {
-        // SAFETY: published by the dispatcher, which is not changing it (not critical).
+        // SAFETY: published by the dispatcher, which is not changing them (not critical).
         let linked = unsafe { std::slice::from_raw_parts(ptr, len) };
-        let sorted_len = (shared.linked_sorted.load(Ordering::Relaxed) as usize).min(len);
-        let (sorted, recent) = linked.split_at(sorted_len);
-        for &t in targets {
-            let from = sorted.partition_point(|&(target, _)| target < t);
-            let to = sorted.partition_point(|&(target, _)| target <= t);
-            unlink_listed(shared, sorted[from..to].iter().map(|&(_, e)| e as usize));
-        }
-        let exits = recent
-            .iter()
-            .filter(|(target, _)| targets.contains(target))
-            .map(|&(_, exit)| exit as usize);
-        unlink_listed(shared, exits);
+        let starts = if starts_ptr.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: as `linked`.
+            unsafe { std::slice::from_raw_parts(starts_ptr, starts_len) }
+        };
+        let sorted = shared.linked_sorted.load(Ordering::Relaxed) as usize;
+        let exits = LinkedExits::exits_into(linked, starts, sorted, targets);
+        unlink_listed(shared, exits.map(|e| e as usize));
     }
     for &t in targets {
         area.forget_ibl(t);

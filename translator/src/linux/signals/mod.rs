@@ -249,10 +249,12 @@ pub struct HandlerShared {
     exits: AtomicPtr<Exit>,
     exits_len: AtomicU64,
     /// The dispatcher's list of linked exits (`CacheIndex::linked`: guest target, exit
-    /// index), published with the exit table.
+    /// index), published with the exit table: its entries, where its sorted runs start, and
+    /// where its unsorted tail starts (`LinkedExits::published`).
     linked: AtomicPtr<(u64, u32)>,
     linked_len: AtomicU64,
-    /// How many of them are sorted (by target, then exit).
+    linked_starts: AtomicPtr<usize>,
+    linked_starts_len: AtomicU64,
     linked_sorted: AtomicU64,
     /// The code cache's regions: which PCs are translated code, and where each region's
     /// writable view is (replaced only by the dispatcher when the cache moves).
@@ -565,6 +567,8 @@ impl SignalState {
             exits_len: AtomicU64::new(0),
             linked: AtomicPtr::new(std::ptr::null_mut()),
             linked_len: AtomicU64::new(0),
+            linked_starts: AtomicPtr::new(std::ptr::null_mut()),
+            linked_starts_len: AtomicU64::new(0),
             linked_sorted: AtomicU64::new(0),
             regions: AtomicPtr::new(regions as *const RegionTable as *mut RegionTable),
             smc,
@@ -780,12 +784,15 @@ impl SignalState {
                 .store(index.exits.as_ptr() as *mut Exit, Ordering::Relaxed);
             s.exits_len
                 .store(index.exits.len() as u64, Ordering::Relaxed);
+            let (linked, starts, sorted) = index.linked.published();
             s.linked
-                .store(index.linked.as_ptr() as *mut (u64, u32), Ordering::Relaxed);
-            s.linked_len
-                .store(index.linked.len() as u64, Ordering::Relaxed);
-            s.linked_sorted
-                .store(index.linked_sorted as u64, Ordering::Relaxed);
+                .store(linked.as_ptr() as *mut (u64, u32), Ordering::Relaxed);
+            s.linked_len.store(linked.len() as u64, Ordering::Relaxed);
+            s.linked_starts
+                .store(starts.as_ptr() as *mut usize, Ordering::Relaxed);
+            s.linked_starts_len
+                .store(starts.len() as u64, Ordering::Relaxed);
+            s.linked_sorted.store(sorted as u64, Ordering::Relaxed);
             s.critical.store(false, Ordering::SeqCst);
         }
     }

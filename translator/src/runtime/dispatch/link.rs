@@ -36,17 +36,9 @@ impl Translator {
     }
 
     /// Notes that direct exit `exit` was linked to its target, guest `target`
-    /// ([`CacheIndex::linked`]). Past [`LINKED_UNSORTED`] unsorted entries the list is sorted
-    /// again (a stable sort merges the sorted part and the new entries' run in linear time)
-    /// and entries made twice (links undone by a signal or a kick, then made again) merged.
+    /// ([`CacheIndex::linked`]).
     pub(super) fn note_link(&mut self, target: u64, exit: u32) {
-        let index = &mut self.index;
-        index.linked.push((target, exit));
-        if index.linked.len() - index.linked_sorted > LINKED_UNSORTED {
-            index.linked.sort();
-            index.linked.dedup();
-            index.linked_sorted = index.linked.len();
-        }
+        self.index.linked.push(target, exit);
     }
 
     /// Empties the code cache: every block will be translated again (with new ids).
@@ -56,7 +48,6 @@ impl Translator {
         self.index.spans.clear();
         self.index.exits.clear();
         self.index.linked.clear();
-        self.index.linked_sorted = 0;
         self.area.clear_ibl(self.gateway.ibl_empty.0);
         self.index.generation += 1;
         self.index.generation_first_id = lock(&self.process.shared.registry).next_id;

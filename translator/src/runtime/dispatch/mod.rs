@@ -179,9 +179,6 @@ struct PersistedModule {
     version: u64,
 }
 
-/// Most entries of [`CacheIndex::linked`] left unsorted: what a kick reads one by one.
-const LINKED_UNSORTED: usize = 2048;
-
 const ARCH_SET_GS: i32 = 0x1001;
 const ARCH_GET_FS: i32 = 0x1003;
 
