@@ -52,8 +52,9 @@ const WIDE_SLOTS: usize = 64;
 /// that fit in no slot.
 #[derive(Clone)]
 struct Wide {
-    id: [u32; WIDE_SLOTS],
-    count: [u64; WIDE_SLOTS],
+    /// `(successor id, count)`: an id and its count share a cache line (as two arrays, an
+    /// indirect branch's event missed the cache twice on a big program's many return sites).
+    slots: [(u32, u64); WIDE_SLOTS],
     /// Successor id → count, for successors whose slot another one holds (rare: two
     /// successors of one block in the same slot; the hash is the fast Fx one, not SipHash).
     /// Kept per block so that a block's successors are found without looking at any other
@@ -199,11 +200,11 @@ impl EdgeCache<'_> {
             }
             let t = &mut self.wide[w as usize];
             let j = to as usize % WIDE_SLOTS;
-            if t.id[j] != to {
+            if t.slots[j].0 != to {
                 return false;
             }
-            t.count[j] += 1;
-            t.count[j]
+            t.slots[j].1 += 1;
+            t.slots[j].1
         };
         if c == self.threshold {
             self.hot.push((from, to));
@@ -321,8 +322,8 @@ impl Tables {
         }
         let t = &mut self.wide[w as usize];
         let j = to as usize % WIDE_SLOTS;
-        Some(if t.id[j] == to {
-            &mut t.count[j]
+        Some(if t.slots[j].0 == to {
+            &mut t.slots[j].1
         } else {
             t.rest.entry(to).or_insert(0)
         })
@@ -374,15 +375,14 @@ impl Tables {
                 // came, the branch mispredicted on most events of an interpreter).
                 w = self.wide.len() as u32;
                 let mut t = Wide {
-                    id: [NONE; WIDE_SLOTS],
-                    count: [0; WIDE_SLOTS],
+                    slots: [(NONE, 0); WIDE_SLOTS],
                     rest: FxHashMap::default(),
                 };
                 for k in 0..2 {
                     let j = s.id[k] as usize % WIDE_SLOTS;
-                    if t.id[j] == NONE {
-                        t.id[j] = s.id[k];
-                        t.count[j] = s.count[k];
+                    if t.slots[j].0 == NONE {
+                        t.slots[j].0 = s.id[k];
+                        t.slots[j].1 = s.count[k];
                     } else {
                         *t.rest.entry(s.id[k]).or_insert(0) += s.count[k];
                     }
@@ -396,10 +396,10 @@ impl Tables {
             }
             let t = &mut self.wide[w as usize];
             let k = to as usize % WIDE_SLOTS;
-            if t.id[k] == to || t.id[k] == NONE {
-                t.id[k] = to;
-                t.count[k] += 1;
-                t.count[k]
+            if t.slots[k].0 == to || t.slots[k].0 == NONE {
+                t.slots[k].0 = to;
+                t.slots[k].1 += 1;
+                t.slots[k].1
             } else {
                 let c = t.rest.entry(to).or_insert(0);
                 *c += 1;
@@ -410,13 +410,13 @@ impl Tables {
                 // the superblock that replaced it shared a slot, and 2 % of all events took
                 // this path, one hash-map update each. The factor of two keeps two equally
                 // hot successors from trading the slot at every event.
-                if c > 2 * t.count[k] {
+                if c > 2 * t.slots[k].1 {
                     t.rest.remove(&to);
-                    let displaced = t.rest.entry(t.id[k]).or_insert(0);
+                    let displaced = t.rest.entry(t.slots[k].0).or_insert(0);
                     debug_assert_eq!(*displaced, 0, "an edge lives in one place");
-                    *displaced += t.count[k];
-                    t.id[k] = to;
-                    t.count[k] = c;
+                    *displaced += t.slots[k].1;
+                    t.slots[k].0 = to;
+                    t.slots[k].1 = c;
                 }
                 c
             }
@@ -605,8 +605,8 @@ impl Tables {
             if w != NONE {
                 let t = &self.wide[w as usize];
                 for k in 0..WIDE_SLOTS {
-                    if t.id[k] != NONE {
-                        out.push((from, t.id[k], t.count[k]));
+                    if t.slots[k].0 != NONE {
+                        out.push((from, t.slots[k].0, t.slots[k].1));
                     }
                 }
                 out.extend(t.rest.iter().map(|(&to, &c)| (from, to, c)));
@@ -810,8 +810,8 @@ impl Tables {
                 .map(|&w| &self.wide[w as usize])
             {
                 for k in 0..WIDE_SLOTS {
-                    if t.id[k] != NONE {
-                        out.push((t.id[k], t.count[k]));
+                    if t.slots[k].0 != NONE {
+                        out.push((t.slots[k].0, t.slots[k].1));
                     }
                 }
                 out.extend(t.rest.iter().map(|(&to, &c)| (to, c)));
