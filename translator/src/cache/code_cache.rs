@@ -9,7 +9,6 @@
 //! thread (it is in Rust). Translated code only executes the RX view.
 
 use std::cell::UnsafeCell;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use rustc_hash::FxHashMap;
@@ -133,8 +132,9 @@ fn new_chunk(layout: HostLayout) -> Vec<HostLayout> {
 pub(crate) struct CacheIndex {
     /// Guest block start → host entry.
     pub(crate) blocks: FxHashMap<u64, HostAddr>,
-    /// Guest block start → guest end, for invalidation.
-    pub(crate) spans: BTreeMap<u64, u64>,
+    /// `(guest start, guest end)` of each block (and of each constant a translation
+    /// depends on), for invalidation.
+    pub(crate) spans: crate::cache::sorted_runs::SortedRuns<(u64, u64)>,
     /// Every exit stub's exit, by exit index.
     pub(crate) exits: Vec<Exit>,
     /// How many times the cache was flushed.
@@ -177,7 +177,7 @@ impl CacheIndex {
     pub(crate) fn new(invalidations_seen: u64) -> CacheIndex {
         CacheIndex {
             blocks: FxHashMap::default(),
-            spans: BTreeMap::new(),
+            spans: Default::default(),
             exits: reserved_exits(),
             generation: 0,
             generation_first_id: 0,
@@ -851,6 +851,7 @@ fn alias(from: u64, size: u64, at: u64, prot: i32) -> Result<(), TranslateError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     /// The host address a `jmp qword [rip+0]` veneer at `at` goes to.
     fn veneer_target(at: HostAddr) -> u64 {

@@ -5,6 +5,8 @@
 
 use hotpath_ir::{BlockId, GuestAddr, HostAddr, TrapKind};
 
+use super::sorted_runs::{RunsView, SortedRuns};
+
 /// Why a block's exit stub leaves the code cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitKind {
@@ -101,112 +103,37 @@ pub struct HostLayout {
     pub trace_exit: Option<u32>,
 }
 
-/// Most sorted runs a [`LinkedExits`] keeps: run lengths at least halve from one run to the
-/// next (see [`LinkedExits::push`]), so 24 runs hold more links than exit indices exist.
-pub const LINKED_RUNS_MAX: usize = 24;
-
-/// Most links a [`LinkedExits`] leaves unsorted after its runs: what a reader scans one by one.
-const LINKED_UNSORTED: usize = 2048;
-
 /// `(guest target, exit index)` of each direct exit a dispatcher linked (some since unlinked):
 /// where another thread that wants the guest out of the cache at a target finds the links
-/// into it without reading every exit. The list is a few sorted runs (by target, then exit)
-/// followed by at most [`LINKED_UNSORTED`] links in link order; a reader binary-searches each
-/// run and scans the rest.
-///
-/// Runs are kept as a binary counter keeps its bits: the unsorted links become a run of their
-/// own, and the last two runs are merged while the earlier one is at most twice as long. Each
-/// link is then moved O(log n) times in all; one sorted list merged with every 2048 new links
-/// moved the whole list each time (7 ms of a warm `python3 -c pass`, 60,000 links).
-#[derive(Default)]
-pub struct LinkedExits {
-    entries: Vec<(u64, u32)>,
-    /// `starts[i]`: where run `i` starts; run `i` ends where run `i + 1` starts, the last
-    /// one at `sorted`.
-    starts: Vec<usize>,
-    sorted: usize,
-}
+/// into it without reading every exit. A reader in another thread or a signal handler reads
+/// it through [`SortedRuns::view`], published while the owner does not change it.
+pub type LinkedExits = SortedRuns<(u64, u32)>;
 
-impl LinkedExits {
-    /// Notes that exit `exit` was linked to guest address `target`.
-    pub fn push(&mut self, target: u64, exit: u32) {
-        self.entries.push((target, exit));
-        if self.entries.len() - self.sorted <= LINKED_UNSORTED {
-            return;
-        }
-        self.starts.push(self.sorted);
-        self.entries[self.sorted..].sort_unstable();
-        while let [.., a, b] = self.starts[..] {
-            let (earlier, later) = (b - a, self.entries.len() - b);
-            if earlier > 2 * later && self.starts.len() < LINKED_RUNS_MAX {
-                break;
-            }
-            // A stable sort merges two sorted runs in linear time.
-            self.entries[a..].sort();
-            self.starts.pop();
-        }
-        // Links made twice (undone by a signal or a kick, then made again) are merged within
-        // the last run, which is the list's tail.
-        let last = *self.starts.last().expect("a run");
-        let mut kept = last;
-        for i in last..self.entries.len() {
-            if i == last || self.entries[i] != self.entries[kept - 1] {
-                self.entries[kept] = self.entries[i];
-                kept += 1;
-            }
-        }
-        self.entries.truncate(kept);
-        self.sorted = kept;
-    }
-
-    /// Forgets every link.
-    pub fn clear(&mut self) {
-        self.entries.clear();
-        self.starts.clear();
-        self.sorted = 0;
-    }
-
-    /// What a reader in another thread (or a signal handler) needs, published while the
-    /// owner does not change the list: the entries, where each sorted run starts, and where
-    /// the unsorted tail starts.
-    pub fn published(&self) -> (&[(u64, u32)], &[usize], usize) {
-        (&self.entries, &self.starts, self.sorted)
-    }
-
-    /// The exits linked to one of `targets`, found in a list as [`Self::published`] gave it
-    /// (an exit linked twice may come twice).
-    pub fn exits_into<'a>(
-        entries: &'a [(u64, u32)],
-        starts: &'a [usize],
-        sorted: usize,
-        targets: &'a [u64],
-    ) -> impl Iterator<Item = u32> + 'a {
-        let sorted = sorted.min(entries.len());
-        let runs = (0..starts.len()).map(move |i| {
-            let end = starts.get(i + 1).copied().unwrap_or(sorted);
-            &entries[starts[i].min(end)..end]
-        });
-        let in_runs = runs.flat_map(move |run| {
-            targets.iter().flat_map(move |&t| {
-                let from = run.partition_point(|&(target, _)| target < t);
-                let to = run.partition_point(|&(target, _)| target <= t);
-                run[from..to].iter().map(|&(_, e)| e)
-            })
-        });
-        let recent = entries[sorted..]
-            .iter()
-            .filter(move |(target, _)| targets.contains(target))
-            .map(|&(_, e)| e);
-        in_runs.chain(recent)
-    }
+/// The exits linked to one of `targets` in `linked` (an exit linked twice may come twice).
+pub fn exits_into<'a>(
+    linked: RunsView<'a, (u64, u32)>,
+    targets: &'a [u64],
+) -> impl Iterator<Item = u32> + 'a {
+    let in_runs = linked.runs().flat_map(move |run| {
+        targets.iter().flat_map(move |&t| {
+            let from = run.partition_point(|&(target, _)| target < t);
+            let to = run.partition_point(|&(target, _)| target <= t);
+            run[from..to].iter().map(|&(_, e)| e)
+        })
+    });
+    let recent = linked
+        .tail()
+        .iter()
+        .filter(move |(target, _)| targets.contains(target))
+        .map(|&(_, e)| e);
+    in_runs.chain(recent)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The runs stay few and sorted, and every target's exits are found, against a
-    /// brute-force scan of every link pushed.
+    /// Every target's exits are found, against a brute-force scan of every link pushed.
     #[test]
     fn linked_exits_find_every_link() {
         let mut l = LinkedExits::default();
@@ -219,19 +146,11 @@ mod tests {
             let target = 0x400000 + (x >> 33) % 30_000;
             // Some links are made twice.
             let exit = if exit % 7 == 0 { exit / 2 } else { exit };
-            l.push(target, exit);
+            l.push((target, exit));
             all.push((target, exit));
             if exit % 9_973 == 0 {
-                let (entries, starts, sorted) = l.published();
-                assert!(starts.len() <= 8, "{} runs", starts.len());
-                for (i, &s) in starts.iter().enumerate() {
-                    let end = starts.get(i + 1).copied().unwrap_or(sorted);
-                    assert!(entries[s..end].windows(2).all(|w| w[0] < w[1]));
-                }
-                assert!(entries.len() - sorted <= LINKED_UNSORTED);
                 let targets = [target, 0x400000 + (x >> 40) % 30_000, 1];
-                let mut found: Vec<u32> =
-                    LinkedExits::exits_into(entries, starts, sorted, &targets).collect();
+                let mut found: Vec<u32> = exits_into(l.view(), &targets).collect();
                 found.sort_unstable();
                 found.dedup();
                 let mut want: Vec<u32> = all

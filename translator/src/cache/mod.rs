@@ -6,3 +6,4 @@ pub mod code_log;
 pub(crate) mod links;
 pub mod modules;
 pub(crate) mod smc;
+pub(crate) mod sorted_runs;

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::cache::code_cache::{HostLayout, LayoutMap};
-use crate::cache::links::{ExitKind, LinkedExits};
+use crate::cache::links::{exits_into, ExitKind};
+use crate::cache::sorted_runs::RunsView;
 use crate::host::thread_area;
 
 fn read_fs(fsgsbase: bool) -> u64 {
@@ -347,7 +348,7 @@ pub(super) fn unlink_into(shared: &HandlerShared, area: &mut ThreadArea, targets
     let starts_len = shared.linked_starts_len.load(Ordering::Relaxed) as usize;
     if !ptr.is_null() {
         // SAFETY: published by the dispatcher, which is not changing them (not critical).
-        let linked = unsafe { std::slice::from_raw_parts(ptr, len) };
+        let items = unsafe { std::slice::from_raw_parts(ptr, len) };
         let starts = if starts_ptr.is_null() {
             &[][..]
         } else {
@@ -355,7 +356,12 @@ pub(super) fn unlink_into(shared: &HandlerShared, area: &mut ThreadArea, targets
             unsafe { std::slice::from_raw_parts(starts_ptr, starts_len) }
         };
         let sorted = shared.linked_sorted.load(Ordering::Relaxed) as usize;
-        let exits = LinkedExits::exits_into(linked, starts, sorted, targets);
+        let linked = RunsView {
+            items,
+            starts,
+            sorted,
+        };
+        let exits = exits_into(linked, targets);
         unlink_listed(shared, exits.map(|e| e as usize));
     }
     for &t in targets {

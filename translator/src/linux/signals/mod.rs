@@ -250,7 +250,7 @@ pub struct HandlerShared {
     exits_len: AtomicU64,
     /// The dispatcher's list of linked exits (`CacheIndex::linked`: guest target, exit
     /// index), published with the exit table: its entries, where its sorted runs start, and
-    /// where its unsorted tail starts (`LinkedExits::published`).
+    /// where its unsorted tail starts (`SortedRuns::view`).
     linked: AtomicPtr<(u64, u32)>,
     linked_len: AtomicU64,
     linked_starts: AtomicPtr<usize>,
@@ -784,15 +784,17 @@ impl SignalState {
                 .store(index.exits.as_ptr() as *mut Exit, Ordering::Relaxed);
             s.exits_len
                 .store(index.exits.len() as u64, Ordering::Relaxed);
-            let (linked, starts, sorted) = index.linked.published();
+            let linked = index.linked.view();
             s.linked
-                .store(linked.as_ptr() as *mut (u64, u32), Ordering::Relaxed);
-            s.linked_len.store(linked.len() as u64, Ordering::Relaxed);
+                .store(linked.items.as_ptr() as *mut (u64, u32), Ordering::Relaxed);
+            s.linked_len
+                .store(linked.items.len() as u64, Ordering::Relaxed);
             s.linked_starts
-                .store(starts.as_ptr() as *mut usize, Ordering::Relaxed);
+                .store(linked.starts.as_ptr() as *mut usize, Ordering::Relaxed);
             s.linked_starts_len
-                .store(starts.len() as u64, Ordering::Relaxed);
-            s.linked_sorted.store(sorted as u64, Ordering::Relaxed);
+                .store(linked.starts.len() as u64, Ordering::Relaxed);
+            s.linked_sorted
+                .store(linked.sorted as u64, Ordering::Relaxed);
             s.critical.store(false, Ordering::SeqCst);
         }
     }

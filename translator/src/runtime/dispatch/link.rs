@@ -27,8 +27,9 @@ impl Translator {
             // Blocks are at most a few hundred bytes: look a page back for ones that start before.
             self.index
                 .spans
-                .range(s.saturating_sub(4096)..e)
-                .any(|(&bs, &be)| bs < e && be > s)
+                .view()
+                .range(|&(bs, _)| bs, s.saturating_sub(4096), e)
+                .any(|&(bs, be)| bs < e && be > s)
         });
         if hit {
             self.flush();
@@ -38,7 +39,7 @@ impl Translator {
     /// Notes that direct exit `exit` was linked to its target, guest `target`
     /// ([`CacheIndex::linked`]).
     pub(super) fn note_link(&mut self, target: u64, exit: u32) {
-        self.index.linked.push(target, exit);
+        self.index.linked.push((target, exit));
     }
 
     /// Empties the code cache: every block will be translated again (with new ids).

@@ -107,8 +107,7 @@ impl Translator {
 
     /// [`Self::depend_on_slot`] for the `len` bytes at guest `addr`.
     pub(super) fn depend_on_bytes(&mut self, addr: u64, len: u64) {
-        let span = self.index.spans.entry(addr).or_insert(addr + len);
-        *span = (*span).max(addr + len);
+        self.index.spans.push((addr, addr + len));
     }
 
     /// Write-protects the guest pages of `start..end` (code just translated) where the guest
@@ -441,8 +440,7 @@ impl Translator {
         } else {
             self.index.blocks.insert(pc, emitted.entry);
         }
-        let span = self.index.spans.entry(pc).or_insert(end);
-        *span = (*span).max(end);
+        self.index.spans.push((pc, end));
         self.stats.blocks_translated += 1;
         registry.announce(NewBlock {
             id,
