@@ -48,7 +48,7 @@ pub struct ForkHold<'a> {
     _actions: MutexGuard<'a, [crate::linux::signals::GuestAction; crate::linux::signals::NSIG + 1]>,
     threads: MutexGuard<'a, Vec<Arc<ThreadCtl>>>,
     _ended_stats: MutexGuard<'a, Stats>,
-    _invalidations: MutexGuard<'a, Vec<(u64, u64)>>,
+    _invalidations: MutexGuard<'a, Invalidations>,
     _spawner: MutexGuard<'a, Option<Spawner>>,
     pool: MutexGuard<'a, Vec<ThreadResources>>,
     mem_fds: MutexGuard<'a, std::collections::BTreeSet<i32>>,
@@ -222,9 +222,9 @@ pub struct ProcessShared {
     /// Set when one thread ends the process (`exit_group`, a fatal signal, `execve`): the
     /// others stop at their next dispatcher entry.
     pub exiting: AtomicBool,
-    /// Guest ranges whose translations every thread must discard, in order; each thread keeps
-    /// how far it has applied them.
-    invalidations: Mutex<Vec<(u64, u64)>>,
+    /// Guest ranges whose translations every thread must discard, in order (each thread keeps
+    /// how far it has applied them), and the guest pages translations were made from.
+    invalidations: Mutex<Invalidations>,
     invalidation_count: AtomicU64,
     /// Creates host threads for new guest threads (the embedder's).
     pub spawner: Mutex<Option<Spawner>>,
@@ -240,6 +240,16 @@ pub struct ProcessShared {
     pub code_log: Mutex<Option<crate::cache::code_log::CodeLog>>,
     /// The persisted translations this process reads and adds to (unset: no cache).
     pub store: std::sync::OnceLock<Arc<crate::persist::Store>>,
+}
+
+/// The process's code invalidations and the pages they concern.
+#[derive(Default)]
+pub struct Invalidations {
+    /// Guest ranges whose translations every thread must discard, in order.
+    ranges: Vec<(u64, u64)>,
+    /// Guest pages (page numbers) some thread made a translation from, or read a constant of
+    /// one from: a change elsewhere concerns no translation.
+    code_pages: std::collections::BTreeSet<u64>,
 }
 
 impl ProcessShared {
@@ -259,7 +269,7 @@ impl ProcessShared {
             threads: Mutex::new(Vec::new()),
             ended_stats: Mutex::new(Stats::default()),
             exiting: AtomicBool::new(false),
-            invalidations: Mutex::new(Vec::new()),
+            invalidations: Mutex::new(Invalidations::default()),
             invalidation_count: AtomicU64::new(0),
             spawner: Mutex::new(None),
             pool: Mutex::new(Vec::new()),
@@ -345,21 +355,48 @@ impl ProcessShared {
         drop(hold);
     }
 
-    /// Publishes `ranges` for every thread to discard, and sends the other live threads out
-    /// of the code cache so they do before running more translated code. `me` is the caller.
+    /// Publishes `ranges` for every thread to discard (and to read its mappings again
+    /// there), and sends the other live threads out of the code cache so they do before
+    /// running more translated code, if a range holds a page any thread made a translation
+    /// from ([`Self::note_code_pages`]). `me` is the caller.
+    ///
+    /// A range no translation was made from needs no kick: the other threads apply it at
+    /// their next dispatcher entry, before they translate anything. (A new thread's stack
+    /// mapped, its guard page protected, an ended thread's stack given back: each kick undid
+    /// every link of every other thread, and a python3 program starting 200 threads one after
+    /// another spent most of its time linking its main thread's code again.) A thread that
+    /// notes a page after the check reads it after the system call that changed it.
     pub fn publish_invalidations(&self, ranges: &[(u64, u64)], me: u32) {
         if ranges.is_empty() {
             return;
         }
-        {
+        let holds_code = {
             let mut log = lock(&self.invalidations);
-            log.extend_from_slice(ranges);
+            log.ranges.extend_from_slice(ranges);
             self.invalidation_count
-                .store(log.len() as u64, Ordering::SeqCst);
+                .store(log.ranges.len() as u64, Ordering::SeqCst);
+            ranges.iter().any(|&(s, e)| {
+                s < e
+                    && log
+                        .code_pages
+                        .range(s / hotpath_loader::PAGE_SIZE..=(e - 1) / hotpath_loader::PAGE_SIZE)
+                        .next()
+                        .is_some()
+            })
+        };
+        if !holds_code {
+            return;
         }
         for t in lock(&self.threads).iter().filter(|t| t.tid != me) {
             t.handler.kick();
         }
+    }
+
+    /// Notes that a translation is about to be made from the guest pages `first..=last`
+    /// (page numbers: addresses divided by the page size), before their bytes are read.
+    pub fn note_code_pages(&self, first: u64, last: u64) {
+        let mut log = lock(&self.invalidations);
+        log.code_pages.extend(first..=last);
     }
 
     /// The invalidations published after the first `seen`, and the new count.
@@ -368,7 +405,10 @@ impl ProcessShared {
             return None;
         }
         let log = lock(&self.invalidations);
-        Some((log[seen as usize..].to_vec(), log.len() as u64))
+        Some((
+            log.ranges[seen as usize..].to_vec(),
+            log.ranges.len() as u64,
+        ))
     }
 
     /// The number of invalidations published so far.

@@ -160,6 +160,9 @@ pub struct Translator {
     /// reached in runs from one module: no module list search, file id copy or store lookup
     /// per block).
     last_module: Option<Arc<PersistedModule>>,
+    /// Guest pages (page numbers) this thread has noted in the process's list of pages
+    /// translations were made from (`ProcessShared::note_code_pages`).
+    code_pages_noted: rustc_hash::FxHashSet<u64>,
 }
 
 /// A module whose blocks the persisted store keeps, as [`Translator::persisted_module`] found
@@ -494,6 +497,7 @@ impl Translator {
                 .and_then(|v| v.parse().ok()),
             jump_tables,
             last_module: None,
+            code_pages_noted: Default::default(),
         }
     }
 

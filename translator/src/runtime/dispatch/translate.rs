@@ -31,6 +31,7 @@ impl Translator {
     /// fetch (see [`Self::decode`]); returns how many bytes it read.
     pub(super) fn fetch_code(&mut self, addr: u64, buf: &mut [u8]) -> usize {
         let len = buf.len() as u64;
+        self.note_code_pages(addr, len);
         let maps = &mut self.process.maps;
         let executable = maps.executable_len(addr, len).min(guest_run(
             &self.process.shared,
@@ -44,6 +45,18 @@ impl Translator {
         } else {
             guest_mem::read_code(addr, buf)
         }
+    }
+
+    /// Notes the guest pages of the `len` bytes at `addr` as pages a translation is made from
+    /// (before they are read), where this thread has not already.
+    fn note_code_pages(&mut self, addr: u64, len: u64) {
+        let page = hotpath_loader::PAGE_SIZE;
+        let (first, last) = (addr / page, addr.saturating_add(len.max(1) - 1) / page);
+        if (first..=last).all(|p| self.code_pages_noted.contains(&p)) {
+            return;
+        }
+        self.process.shared.note_code_pages(first, last);
+        self.code_pages_noted.extend(first..=last);
     }
 
     /// Whether the guest may write the page of `at` or the next (a block's code is on them):
@@ -91,6 +104,7 @@ impl Translator {
     /// not write ([`crate::cache::smc::MapsCache::constant`]), nor write-protected by hotpath for a
     /// guest that may write it.
     pub(super) fn constant_bytes(&mut self, addr: u64, len: u64) -> bool {
+        self.note_code_pages(addr, len);
         let guest_writable = [addr, addr + len - 1].into_iter().any(|a| {
             let prot = self.process.signals.protected_pages().guest_prot(a);
             prot.is_some_and(|p| p & libc::PROT_WRITE != 0)
