@@ -360,6 +360,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("ibl_collisions", "ibl_collisions.c", &[], Exit(0),
         "indirect calls to four functions whose addresses share their low 16 bits, in turn \
          (one slot of the indirect branch lookup table; its victim table keeps the others)"),
+    sample("maps_beside_threads", "maps_beside_threads.c", &[], Exit(0),
+        "anonymous memory mapped, re-protected and unmapped 2,000 times while another thread \
+         runs (the mappings hold no code: the running thread keeps its links)"),
     sample("bench_sieve", "bench_sieve.c", &["300000"], Exit(0),
         "segmented sieve (benchmark, small size)"),
     sample("bench_crc", "bench_crc.c", &["3"], Exit(0),

@@ -110,6 +110,7 @@ sample_tests! {
     superblock_fault,
     indirect_traces,
     ibl_collisions,
+    maps_beside_threads,
     bench_sieve,
     bench_crc,
     bench_fib,
