@@ -62,15 +62,14 @@ fn sorted_desc(m: HashMap<u64, u64>) -> Vec<Count> {
 
 /// `symbol` or `symbol+0xOFF` of `addr`, when `symbolize` knows it.
 fn name(symbolize: Symbolizer, addr: u64) -> Option<String> {
-    symbolize(addr).map(
-        |(s, off)| {
-            if off == 0 {
-                s
-            } else {
-                format!("{s}+{off:#x}")
-            }
-        },
-    )
+    symbolize(addr).map(|(mut s, off)| {
+        if off != 0 {
+            // Onto the symbol's own string: a report names every block it lists.
+            use std::fmt::Write as _;
+            let _ = write!(s, "+{off:#x}");
+        }
+        s
+    })
 }
 
 /// The share of the thread `tid` whose events `tables` counted (every id known).
@@ -308,7 +307,8 @@ fn known_summary(tables: &Tables, id: u32) -> &hotpath_ir::BlockSummary {
 /// (`(from id, to id, count)`), each sorted by address.
 fn edge_rows(tables: &Tables, all_edges: &[(u32, u32, u64)]) -> (Vec<Edge>, Vec<IndirectSite>) {
     let mut edge_counts: Vec<((u64, u64, EdgeKind), u64)> = Vec::with_capacity(all_edges.len());
-    let mut indirect: BTreeMap<u64, (TerminatorKind, HashMap<u64, u64>)> = BTreeMap::new();
+    let mut indirect: BTreeMap<u64, (TerminatorKind, rustc_hash::FxHashMap<u64, u64>)> =
+        BTreeMap::new();
     for &(from, to, c) in all_edges {
         let (Some(f), Some(t)) = (tables.summary(from), tables.summary(to)) else {
             continue;
@@ -323,7 +323,7 @@ fn edge_rows(tables: &Tables, all_edges: &[(u32, u32, u64)]) -> (Vec<Edge>, Vec<
             Terminator::IndirectJump | Terminator::IndirectCall { .. } | Terminator::Return => {
                 let site = indirect
                     .entry(f.terminator_addr.0)
-                    .or_insert_with(|| (f.kind(), HashMap::new()));
+                    .or_insert_with(|| (f.kind(), Default::default()));
                 *site.1.entry(t.start.0).or_insert(0) += c;
                 continue;
             }

@@ -33,6 +33,21 @@ fn weight(p: &PathEntry) -> u64 {
 /// Blocks of a path spelled on its one summary line; a longer path ends in "... (N more)".
 const PATH_NAMES_SHOWN: usize = 12;
 
+/// The first `n` of `rows` in the order `cmp` gives, in that order: the rest is left unsorted
+/// (a summary shows ten rows of a program's tens of thousands of blocks).
+fn top_rows<T>(mut rows: Vec<T>, n: usize, cmp: impl Fn(&T, &T) -> std::cmp::Ordering) -> Vec<T> {
+    if n < rows.len() {
+        if n == 0 {
+            rows.clear();
+            return rows;
+        }
+        rows.select_nth_unstable_by(n - 1, &cmp);
+        rows.truncate(n);
+    }
+    rows.sort_by(cmp);
+    rows
+}
+
 /// Functions by guest instructions executed: `(name, self, with callees)`, most self first. With a
 /// path profile the functions are the shadow stack's and "with callees" counts each folded
 /// stack once for every function on it (a recursion once); without one, they are the blocks'
@@ -251,8 +266,9 @@ pub fn render(r: &Report, top: usize, disasm: bool, separate_debug: bool) -> Str
         }
     }
 
-    let mut hot: Vec<&Block> = r.blocks.iter().collect();
-    hot.sort_by(|a, b| b.count.cmp(&a.count).then(a.addr.cmp(&b.addr)));
+    let hot = top_rows(r.blocks.iter().collect(), top, |a, b| {
+        b.count.cmp(&a.count).then(a.addr.cmp(&b.addr))
+    });
     if !hot.is_empty() {
         out.push_str("hotpath: hottest blocks:\n");
         for b in hot.iter().take(top) {
@@ -268,13 +284,16 @@ pub fn render(r: &Report, top: usize, disasm: bool, separate_debug: bool) -> Str
         }
     }
 
-    let mut sites: Vec<_> = r.indirect_jumps.iter().collect();
-    sites.sort_by(|a, b| b.count.cmp(&a.count).then(a.site.cmp(&b.site)));
+    let sites = top_rows(r.indirect_jumps.iter().collect(), top, |a, b| {
+        b.count.cmp(&a.count).then(a.site.cmp(&b.site))
+    });
     if !sites.is_empty() {
         out.push_str("hotpath: busiest indirect branches (site, targets, predictability):\n");
-        // Blocks by address, to name the block a site is in.
+        // Blocks by address, to name the block a site is in (a report's blocks are sorted so).
         let mut starts: Vec<&Block> = r.blocks.iter().collect();
-        starts.sort_by_key(|b| b.addr);
+        if !starts.is_sorted_by_key(|b| b.addr) {
+            starts.sort_by_key(|b| b.addr);
+        }
         for s in sites.iter().take(top) {
             let i = starts.partition_point(|b| b.addr <= s.site);
             let within = i
