@@ -446,6 +446,7 @@ impl Translator {
             );
         }
         self.cache.insert(&emitted.code);
+        let first_exit = self.index.exits.len();
         self.index.exits.extend(emitted.exits);
         self.note_code(&emitted.layout, CodeKind::Block);
         self.cache.add_layout(emitted.layout);
@@ -456,6 +457,9 @@ impl Translator {
         }
         self.index.spans.push((pc, end));
         self.stats.blocks_translated += 1;
+        if max == MAX_BLOCK_INSTRUCTIONS {
+            self.link_to_known(first_exit);
+        }
         registry.announce(NewBlock {
             id,
             summary,
