@@ -18,7 +18,7 @@ use crate::host::guest_mem;
 pub const MAX_BLOCK_INSTRUCTIONS: usize = 64;
 
 /// Most guest bytes read to decode one block: 64 instructions of up to 15 bytes.
-const MAX_BLOCK_BYTES: usize = MAX_BLOCK_INSTRUCTIONS * 15;
+pub(crate) const MAX_BLOCK_BYTES: usize = MAX_BLOCK_INSTRUCTIONS * 15;
 
 /// Decodes the block starting at guest address `start`.
 ///

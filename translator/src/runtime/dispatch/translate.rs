@@ -59,12 +59,16 @@ impl Translator {
         self.code_pages_noted.extend(first..=last);
     }
 
-    /// Whether the guest may write the page of `at` or the next (a block's code is on them):
-    /// by its own protection, also where hotpath write-protected the page to watch its code.
+    /// Whether the guest may write the page of `at` or the next (a block's code is on them;
+    /// the next only where a block starting at `at` can reach it): by its own protection,
+    /// also where hotpath write-protected the page to watch its code.
     pub(super) fn code_writable(&mut self, at: u64) -> bool {
         let page = hotpath_loader::page_floor(at);
-        [page, page + hotpath_loader::PAGE_SIZE]
-            .into_iter()
+        let last = hotpath_loader::page_floor(
+            at.saturating_add(crate::frontend::decode::MAX_BLOCK_BYTES as u64 - 1),
+        );
+        (page..=last)
+            .step_by(hotpath_loader::PAGE_SIZE as usize)
             .any(|p| {
                 let prot = match self.process.signals.protected_pages().guest_prot(p) {
                     Some(prot) => Some(prot),
