@@ -361,6 +361,21 @@ impl Monitor {
         });
     }
 
+    /// A new thread's initial state: the template, whose path recorder has first learnt every
+    /// id published so far. What an id stands for belongs to the process, so each thread's
+    /// recorder starts from the template's copy instead of learning every id again: a
+    /// python3 program starting 200 threads one after another spent 41 % of the monitor's
+    /// time in each new recorder's `learn_known` (46,000 ids, their maps grown entry by
+    /// entry).
+    fn fresh_state(&mut self) -> MonitorState {
+        let t = &mut self.template;
+        if let Some(p) = t.paths.as_mut() {
+            t.tables.learn_from(&self.catalog);
+            p.learn_known(&t.tables);
+        }
+        t.clone()
+    }
+
     /// The monitor's work: drain every ring in order into its thread's tables (and paths)
     /// until told to stop and every ring is closed, asking each thread for superblocks as
     /// pairs of its events become hot.
@@ -383,7 +398,7 @@ impl Monitor {
         loop {
             let stopping = stop.load(Ordering::Acquire);
             while let Ok(s) = streams.try_recv() {
-                let fresh = self.template.clone();
+                let fresh = self.fresh_state();
                 self.add(s, fresh);
             }
             let started = Instant::now();
