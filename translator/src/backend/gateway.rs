@@ -438,10 +438,17 @@ pub fn emit_ibl_in(
     dynasm!(ops
         ; .arch x64
         ; movzx ecx, Rw(t)
-        ; lea rcx, [rcx + rcx]                            // slot * 2, scaled by 8: 16-byte slots
-        ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL]    // !(slot's guest address)
-        ; lea rcx, [rcx + Rq(t) + 1]                      // 0 iff the slot holds the target
+        ; lea rcx, [rcx + rcx]                            // set * 2, scaled by 8: 16-byte entries
+        ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL]    // !(first entry's guest address)
+        ; lea rcx, [rcx + Rq(t) + 1]                      // 0 iff the entry holds the target
         ; jrcxz >hit
+        ; .u8 GS ; mov rcx, QWORD [off::IBL2_OPEN]        // second entries closed: a miss
+        ; jrcxz >site
+        ; movzx ecx, Rw(t)
+        ; lea rcx, [rcx + rcx]
+        ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL + off::IBL_WAY]  // the second entry's
+        ; lea rcx, [rcx + Rq(t) + 1]
+        ; jrcxz >hit_second
         ; site:
         ; .u8 GS ; mov QWORD [off::IBL_TARGET], Rq(t)
     );
@@ -460,9 +467,14 @@ pub fn emit_ibl_in(
     let miss = ops.offset().0 as u64 - 4;
     dynasm!(ops
         ; .arch x64
+        ; hit_second:
+        ; movzx ecx, Rw(t)
+        ; lea rcx, [rcx + rcx + off::IBL_WAY / 8]
+        ; jmp >host
         ; hit:
         ; movzx ecx, Rw(t)
         ; lea rcx, [rcx + rcx]
+        ; host:
         ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL + 8]
         ; .u8 GS ; mov QWORD [off::JUMP_TO], rcx
     );
@@ -512,10 +524,16 @@ fn lookup(
     dynasm!(ops
         ; .arch x64
         ; movzx eax, dx
-        ; lea rax, [rax + rax]                            // slot * 2, scaled by 8: 16-byte slots
-        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // !(slot's guest address)
-        ; lea rcx, [rcx + rdx + 1]                        // 0 iff the slot holds the target
+        ; lea rax, [rax + rax]                            // set * 2, scaled by 8: 16-byte entries
+        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // !(first entry's guest address)
+        ; lea rcx, [rcx + rdx + 1]                        // 0 iff the entry holds the target
         ; jrcxz >hit
+        ; .u8 GS ; mov rcx, QWORD [off::IBL2_OPEN]        // second entries closed: a miss
+        ; jrcxz >closed
+        ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL + off::IBL_WAY]  // the second entry's
+        ; lea rcx, [rcx + rdx + 1]
+        ; jrcxz >hit_second
+        ; closed:
     );
     if push.is_some() {
         dynasm!(ops
@@ -550,6 +568,8 @@ fn lookup(
     });
     dynasm!(ops
         ; .arch x64
+        ; hit_second:
+        ; lea rax, [rax + off::IBL_WAY / 8]
         ; hit:
         ; .u8 GS ; mov rax, QWORD [rax * 8 + off::IBL + 8]
         ; .u8 GS ; mov QWORD [off::JUMP_TO], rax

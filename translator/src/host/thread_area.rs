@@ -15,9 +15,9 @@ use std::mem::{offset_of, size_of};
 
 use hotpath_events::RingControl;
 
-/// Number of entries in the indirect branch lookup table: indexed by the low 16 bits of the
-/// guest target, direct-mapped. The victim table behind it has as many, indexed by
-/// [`ThreadArea::ibl2_index`].
+/// Number of sets in the indirect branch lookup table: indexed by the low 16 bits of the
+/// guest target, two entries each (`ThreadArea::ibl` and `ThreadArea::ibl_second`). The victim
+/// table behind it has as many entries, indexed by [`ThreadArea::ibl2_index`].
 pub const IBL_ENTRIES: usize = 1 << 16;
 
 /// Jump-table sites a thread's code cache can hold at once (`jump_table`): each has a table in
@@ -156,16 +156,24 @@ pub struct ThreadArea {
     /// This thread's handler state (`signals::HandlerShared`), for the host signal handler,
     /// which finds the area through the GS base.
     pub handler: u64,
-    /// Nonzero while the victim table may be probed: the signal handler clears it when it
-    /// empties the lookup table to bring the thread to the dispatcher (one store instead of
-    /// killing 64 Ki tags), and the dispatcher sets it again once no signal is deliverable.
+    /// Nonzero while the lookup table's second entries and the victim table may be probed:
+    /// the signal handler clears it when it empties the lookup table to bring the thread to
+    /// the dispatcher (one store instead of killing 128 Ki tags), and the dispatcher sets it
+    /// again once no signal is deliverable.
     pub ibl2_open: u64,
     /// The event ring's control block.
     pub ring: RingControl,
     /// XSAVE image of the guest's extended state, valid outside the code cache.
     pub xsave: XsaveArea,
-    /// The indirect branch lookup table.
+    /// The indirect branch lookup table: the first entry of each set, the target filled
+    /// last.
     pub ibl: [IblEntry; IBL_ENTRIES],
+    /// The second entry of each set: the target the first held before (probed inline at
+    /// every lookup site after a first-entry miss while `ibl2_open`), so that two hot targets
+    /// 64 KiB apart (a large program's returns) both stay in the table. A separate array, so
+    /// that a handler emptying the table kills the first entries' tags alone and closes the
+    /// second ones with `ibl2_open`, as the victim table. Pages untouched until used.
+    pub ibl_second: [IblEntry; IBL_ENTRIES],
     /// Its victim table: the entries a fill pushed out of `ibl`, probed by the gateway's exit
     /// routine before it leaves the cache on a lookup miss (see `gateway::emit_gateway`), so
     /// that targets whose low 16 bits collide (a large program's returns) do not leave the
@@ -215,6 +223,9 @@ pub mod off {
     pub const RING_CURSOR: i32 = (offset_of!(ThreadArea, ring) + RingControl::CURSOR_OFFSET) as i32;
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
+    /// Bytes from a lookup set's first entry to its second.
+    pub const IBL_WAY: i32 =
+        (offset_of!(ThreadArea, ibl_second) - offset_of!(ThreadArea, ibl)) as i32;
     pub const IBL2: i32 = offset_of!(ThreadArea, ibl2) as i32;
     pub const IBL2_OPEN: i32 = offset_of!(ThreadArea, ibl2_open) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
@@ -262,7 +273,7 @@ impl ThreadArea {
         let area = unsafe { &mut *(p as *mut ThreadArea) };
         // SAFETY: writing a valid value into our own mapping.
         unsafe { std::ptr::write(&mut area.ring, RingControl::new(ring_entries)) };
-        area.ibl[IBL_ENTRIES - 1].host = ibl_miss;
+        area.point_empty_set_at(ibl_miss);
         area.kill_empty_ibl2_slot();
         area.ibl2_open = 1;
         area.rflags = 0x202;
@@ -301,10 +312,19 @@ impl ThreadArea {
     /// Empties the indirect branch lookup table and its victim table (after a code cache
     /// flush).
     pub fn clear_ibl(&mut self, ibl_miss: u64) {
-        self.ibl.fill(IblEntry { tag: 0, host: 0 });
-        self.ibl[IBL_ENTRIES - 1].host = ibl_miss;
-        self.ibl2.fill(IblEntry { tag: 0, host: 0 });
+        let empty = IblEntry { tag: 0, host: 0 };
+        self.ibl.fill(empty);
+        self.ibl_second.fill(empty);
+        self.point_empty_set_at(ibl_miss);
+        self.ibl2.fill(empty);
         self.kill_empty_ibl2_slot();
+    }
+
+    /// A zero tag matches the target `u64::MAX` alone, whose set is the last one: both its
+    /// entries lead to the miss path `ibl_miss`, so a zero-filled table is empty.
+    fn point_empty_set_at(&mut self, ibl_miss: u64) {
+        self.ibl[IBL_ENTRIES - 1].host = ibl_miss;
+        self.ibl_second[IBL_ENTRIES - 1].host = ibl_miss;
     }
 
     /// A zero tag matches the target `u64::MAX` alone; in the lookup table that is the last
@@ -327,47 +347,64 @@ impl ThreadArea {
         ((guest & 0xffff) + ((guest >> 16) & 0xffff)) as usize & 0xffff
     }
 
-    /// Puts guest `target`, translated at host address `host`, in its lookup-table slot; the
-    /// target the slot held before goes to the victim table (where it displaces whatever its
-    /// slot there held).
+    /// Puts guest `target`, translated at host address `host`, first in its lookup-table set
+    /// (where an entry holding it already is only pointed at `host`); the target the first
+    /// entry held goes to the second, and the second's to the victim table (where it
+    /// displaces whatever its slot there held).
     pub fn fill_ibl(&mut self, target: u64, host: u64) {
         let i = ThreadArea::ibl_index(target);
-        let old = self.ibl[i];
-        if let Some(t) = old.target_at(i) {
-            if t != target {
-                self.ibl2[ThreadArea::ibl2_index(t)] = old;
+        for way in [&mut self.ibl[i], &mut self.ibl_second[i]] {
+            if way.holds(target) {
+                way.host = host;
+                return;
             }
         }
+        let old = self.ibl_second[i];
+        self.ibl_second[i] = self.ibl[i];
         self.ibl[i] = IblEntry::new(target, host);
+        if let Some(t) = old.target_at(i) {
+            self.ibl2[ThreadArea::ibl2_index(t)] = old;
+        }
     }
 
-    /// Points the slots that hold guest `target` (in either table) at host address `host`.
+    /// The entries that may hold `target`, with their indices: its set's two in the lookup
+    /// table and its slot in the victim table.
+    fn entries_for(&mut self, target: u64) -> [(&mut IblEntry, usize); 3] {
+        let (i, j) = (
+            ThreadArea::ibl_index(target),
+            ThreadArea::ibl2_index(target),
+        );
+        [
+            (&mut self.ibl[i], i),
+            (&mut self.ibl_second[i], i),
+            (&mut self.ibl2[j], j),
+        ]
+    }
+
+    /// Points the entries that hold guest `target` (in either table) at host address `host`.
     pub fn retarget_ibl(&mut self, target: u64, host: u64) {
-        let i = ThreadArea::ibl_index(target);
-        if self.ibl[i].holds(target) {
-            self.ibl[i].host = host;
-        }
-        let j = ThreadArea::ibl2_index(target);
-        if self.ibl2[j].holds(target) {
-            self.ibl2[j].host = host;
+        for (e, _) in self.entries_for(target) {
+            if e.holds(target) {
+                e.host = host;
+            }
         }
     }
 
-    /// Makes the slots that hold guest `target` match nothing. Only the tags are written: a
+    /// Makes the entries that hold guest `target` match nothing. Only the tags are written: a
     /// lookup interrupted between its tag check and its load of the host address still loads
     /// a valid block entry.
     pub fn forget_ibl(&mut self, target: u64) {
-        let i = ThreadArea::ibl_index(target);
-        self.ibl[i].tag = IblEntry::dead_tag(i);
-        let j = ThreadArea::ibl2_index(target);
-        if self.ibl2[j].holds(target) {
-            self.ibl2[j].tag = IblEntry::dead_tag(j);
+        for (e, index) in self.entries_for(target) {
+            if e.holds(target) {
+                e.tag = IblEntry::dead_tag(index);
+            }
         }
     }
 
-    /// Makes every slot of the lookup table match nothing (tags only, as
-    /// [`Self::forget_ibl`]) and closes the victim table until the dispatcher reopens it
-    /// ([`Self::ibl2_open`]): its entries stay valid, but no lookup finds them meanwhile.
+    /// Makes every first entry of the lookup table match nothing (tags only, as
+    /// [`Self::forget_ibl`]) and closes the second entries and the victim table until the
+    /// dispatcher reopens them ([`Self::ibl2_open`]): their entries stay valid, but no lookup
+    /// finds them meanwhile.
     pub fn forget_all_ibl(&mut self) {
         for (i, slot) in self.ibl.iter_mut().enumerate() {
             slot.tag = IblEntry::dead_tag(i);
@@ -380,31 +417,43 @@ impl ThreadArea {
 mod tests {
     use super::*;
 
-    /// Two targets that share their low 16 bits: the second fill pushes the first into the
-    /// victim table, where forgetting it kills it; an empty victim table matches nothing, not
-    /// even the target whose slot a zero tag would match.
+    /// Three targets that share their low 16 bits: the set keeps the two filled last, most
+    /// recent first, and the third fill pushes the first into the victim table, where
+    /// forgetting it kills it; an empty victim table matches nothing, not even the target
+    /// whose slot a zero tag would match.
     #[test]
-    fn a_fill_pushes_the_colliding_target_into_the_victim_table() {
+    fn a_fill_pushes_the_set_s_oldest_target_into_the_victim_table() {
         let area = ThreadArea::map(16, 0x1000).expect("a thread area");
         let empty = ThreadArea::ibl2_index(u64::MAX);
         assert!(!area.ibl2[empty].holds(u64::MAX));
         assert_eq!(area.ibl2_open, 1);
-        let (a, b) = (0x40_1234u64, 0x7f_1234u64);
-        assert_eq!(ThreadArea::ibl_index(a), ThreadArea::ibl_index(b));
+        let last = [area.ibl[IBL_ENTRIES - 1], area.ibl_second[IBL_ENTRIES - 1]];
+        assert!(last.iter().all(|w| w.holds(u64::MAX) && w.host == 0x1000));
+        let (a, b, c) = (0x40_1234u64, 0x7f_1234u64, 0x9e_1234u64);
+        let i = ThreadArea::ibl_index(a);
+        assert!(i == ThreadArea::ibl_index(b) && i == ThreadArea::ibl_index(c));
         assert_ne!(ThreadArea::ibl2_index(a), ThreadArea::ibl2_index(b));
+        let set = |area: &ThreadArea| [area.ibl[i], area.ibl_second[i]].map(|w| (!w.tag, w.host));
         area.fill_ibl(a, 0xa);
         area.fill_ibl(b, 0xb);
-        let i = ThreadArea::ibl_index(b);
-        assert!(area.ibl[i].holds(b) && area.ibl[i].host == 0xb);
+        assert_eq!(set(area), [(b, 0xb), (a, 0xa)]);
+        // A fill of a target the set holds only points it elsewhere.
+        area.fill_ibl(a, 0xa0);
+        assert_eq!(set(area), [(b, 0xb), (a, 0xa0)]);
+        area.fill_ibl(c, 0xc);
+        assert_eq!(set(area), [(c, 0xc), (b, 0xb)]);
         let j = ThreadArea::ibl2_index(a);
-        assert!(area.ibl2[j].holds(a) && area.ibl2[j].host == 0xa);
+        assert!(area.ibl2[j].holds(a) && area.ibl2[j].host == 0xa0);
         area.retarget_ibl(a, 0xaa);
+        area.retarget_ibl(b, 0xbb);
         assert_eq!(area.ibl2[j].host, 0xaa);
+        assert_eq!(set(area), [(c, 0xc), (b, 0xbb)]);
         area.forget_ibl(a);
-        assert!(!area.ibl2[j].holds(a) && !area.ibl[i].holds(a));
-        area.fill_ibl(b, 0xb);
+        area.forget_ibl(b);
+        assert!(!area.ibl2[j].holds(a));
+        assert!(area.ibl[i].holds(c) && !area.ibl_second[i].holds(b));
         area.forget_all_ibl();
-        assert!(!area.ibl[i].holds(b));
+        assert!(!area.ibl[i].holds(c));
         assert_eq!(area.ibl2_open, 0);
         area.clear_ibl(0x1000);
         assert!(!area.ibl2[empty].holds(u64::MAX));
