@@ -28,7 +28,7 @@ pub use paths::{
     PAP_LISTED, PAP_MAX_PATHS, PAP_PATHS_TOP,
 };
 pub use profile::{
-    add_code, report_of, thread_report, thread_row_of, RunInfo, Symbolizer, THREAD_HOTTEST,
+    add_code, report_of, thread_report, thread_row_of, Rows, RunInfo, Symbolizer, THREAD_HOTTEST,
 };
 pub use tables::{Counts, SyscallCount, SyscallRow, Tables};
 pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Namer, Stream, ThreadState};

@@ -39,6 +39,17 @@ pub struct RunInfo {
     pub translation_ns: u64,
 }
 
+/// Which of the tables' rows a report is built with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// Every row: what the JSON report and the other files write.
+    All,
+    /// Every row but the direct edges (`Report::edges` left empty), which the text summary
+    /// does not show: sorting a program's tens of thousands of edges was half of a short
+    /// run's summary.
+    NoDirectEdges,
+}
+
 /// The report's name for a terminator kind.
 fn terminator(kind: TerminatorKind) -> hotpath_report::Terminator {
     use hotpath_report::Terminator as T;
@@ -139,17 +150,23 @@ pub fn thread_row_of(
 /// The report of `tables` (every thread's counts over one id space) for `run`: blocks, edges,
 /// indirect sites, system calls and superblocks aggregated by guest address, blocks named
 /// with `symbolize`. Threads, modules and path profiles are left empty for the caller.
-pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo) -> Report {
+pub fn report_of(tables: &Tables, symbolize: Symbolizer, run: RunInfo, rows: Rows) -> Report {
     // The block rows and the edge rows are independent: a long run's are built on two cores
     // when the process may use two (the monitor's is idle by now): 8 ms each for
     // `python3 -c pass`'s 38,000 blocks and 40,000 edges.
     let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
-    report_with(tables, symbolize, run, parallel)
+    report_with(tables, symbolize, run, rows, parallel)
 }
 
 /// [`report_of`], the block and edge rows built on two threads when `parallel` and there are
 /// at least [`PARALLEL_EDGES`] edges.
-fn report_with(tables: &Tables, symbolize: Symbolizer, run: RunInfo, parallel: bool) -> Report {
+fn report_with(
+    tables: &Tables,
+    symbolize: Symbolizer,
+    run: RunInfo,
+    rows: Rows,
+    parallel: bool,
+) -> Report {
     let (counts, all_edges) = tables.counts_and_edges();
     let mut totals = Totals {
         blocks_translated: run.blocks_translated,
@@ -161,23 +178,25 @@ fn report_with(tables: &Tables, symbolize: Symbolizer, run: RunInfo, parallel: b
     };
     let (report_blocks, (edges, indirect_jumps)) = if parallel && all_edges.len() >= PARALLEL_EDGES
     {
+        let counted = counted_ids(tables, &counts, &mut totals);
         std::thread::scope(|s| {
             // A thread that cannot be made (a process limit) leaves the work to this one.
-            let helper = std::thread::Builder::new()
-                .spawn_scoped(s, || edge_rows(tables, &all_edges))
+            let edges = std::thread::Builder::new()
+                .spawn_scoped(s, || edge_rows(tables, &all_edges, rows))
                 .ok();
-            let blocks = block_rows(tables, &counts, symbolize, &mut totals);
-            let edges = match helper {
-                // A panic there is one here.
-                Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                None => edge_rows(tables, &all_edges),
+            let blocks = block_rows(tables, &counts, &counted, symbolize);
+            let edges = match edges {
+                Some(h) => joined(h),
+                None => edge_rows(tables, &all_edges, rows),
             };
             (blocks, edges)
         })
     } else {
-        let blocks = block_rows(tables, &counts, symbolize, &mut totals);
-        (blocks, edge_rows(tables, &all_edges))
+        let counted = counted_ids(tables, &counts, &mut totals);
+        let blocks = block_rows(tables, &counts, &counted, symbolize);
+        (blocks, edge_rows(tables, &all_edges, rows))
     };
+    totals.distinct_blocks = report_blocks.len() as u64;
     let mut syscalls: Vec<Syscall> = tables
         .syscalls
         .iter()
@@ -250,20 +269,19 @@ fn report_with(tables: &Tables, symbolize: Symbolizer, run: RunInfo, parallel: b
     }
 }
 
+/// What scoped thread `h` returned; a panic there is one here.
+fn joined<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
 /// Edge-list lengths from which [`report_of`] builds the block and edge rows on two threads.
 const PARALLEL_EDGES: usize = 8192;
 
-/// The report's block rows from `counts` (by id), sorted by address, blocks of one address
-/// summed; adds the executions and instructions to `totals`.
-fn block_rows(
-    tables: &Tables,
-    counts: &[u64],
-    symbolize: Symbolizer,
-    totals: &mut Totals,
-) -> Vec<Block> {
-    // Ids counted, by guest address and then id: the blocks of one address (translated again
-    // after its code changed) are summed under the first one's metadata. Sorted, not put in
-    // a B-tree: a short run's report has a thousand blocks and edges, each a B-tree insert.
+/// The ids `counts` (by id) counted, as `(guest address, id)` sorted by address and then id;
+/// adds the executions and instructions to `totals`.
+fn counted_ids(tables: &Tables, counts: &[u64], totals: &mut Totals) -> Vec<(u64, usize)> {
+    // Sorted, not put in a B-tree: a short run's report has a thousand blocks and edges, each
+    // a B-tree insert.
     let mut counted: Vec<(u64, usize)> = Vec::with_capacity(tables.known());
     for (id, b) in tables.summaries().enumerate() {
         let c = counts[id];
@@ -274,8 +292,20 @@ fn block_rows(
         }
     }
     counted.sort_unstable();
+    counted
+}
+
+/// The report's block rows of the ids `counted` ([`counted_ids`]), with their counts from
+/// `counts`: the blocks of one address (translated again after its code changed) are summed
+/// under the first one's metadata.
+fn block_rows(
+    tables: &Tables,
+    counts: &[u64],
+    counted: &[(u64, usize)],
+    symbolize: Symbolizer,
+) -> Vec<Block> {
     let mut report_blocks: Vec<Block> = Vec::with_capacity(counted.len());
-    for &(addr, id) in &counted {
+    for &(addr, id) in counted {
         match report_blocks.last_mut() {
             Some(last) if last.addr.0 == addr => last.count += counts[id],
             _ => {
@@ -294,7 +324,6 @@ fn block_rows(
             }
         }
     }
-    totals.distinct_blocks = report_blocks.len() as u64;
     report_blocks
 }
 
@@ -303,14 +332,30 @@ fn known_summary(tables: &Tables, id: u32) -> &hotpath_ir::BlockSummary {
     tables.summary(id).expect("a known id")
 }
 
-/// The report's edge rows and indirect sites from the stream's edges `all_edges`
-/// (`(from id, to id, count)`), each sorted by address.
-fn edge_rows(tables: &Tables, all_edges: &[(u32, u32, u64)]) -> (Vec<Edge>, Vec<IndirectSite>) {
-    let mut edge_counts: Vec<((u64, u64, EdgeKind), u64)> = Vec::with_capacity(all_edges.len());
+/// The report's edge rows (with [`Rows::All`]) and indirect sites from the stream's edges
+/// `all_edges` (`(from id, to id, count)`), each sorted by address.
+fn edge_rows(
+    tables: &Tables,
+    all_edges: &[(u32, u32, u64)],
+    rows: Rows,
+) -> (Vec<Edge>, Vec<IndirectSite>) {
+    let direct = rows == Rows::All;
+    let mut edge_counts: Vec<((u64, u64, EdgeKind), u64)> =
+        Vec::with_capacity(if direct { all_edges.len() } else { 0 });
     let mut indirect: BTreeMap<u64, (TerminatorKind, rustc_hash::FxHashMap<u64, u64>)> =
         BTreeMap::new();
     for &(from, to, c) in all_edges {
-        let (Some(f), Some(t)) = (tables.summary(from), tables.summary(to)) else {
+        let Some(f) = tables.summary(from) else {
+            continue;
+        };
+        let is_indirect = matches!(
+            f.terminator,
+            Terminator::IndirectJump | Terminator::IndirectCall { .. } | Terminator::Return
+        );
+        if !direct && !is_indirect {
+            continue;
+        }
+        let Some(t) = tables.summary(to) else {
             continue;
         };
         let kind = match f.terminator {
@@ -444,10 +489,21 @@ mod tests {
             translation_cache_errors: 0,
             translation_ns: 1,
         };
-        let one = report_with(&tables, &symbolize, run.clone(), false);
-        let two = report_with(&tables, &symbolize, run, true);
+        let one = report_with(&tables, &symbolize, run.clone(), Rows::All, false);
+        let two = report_with(&tables, &symbolize, run.clone(), Rows::All, true);
         assert_eq!(one, two);
         assert_eq!(one.totals.blocks_executed, 200_000);
+        assert_eq!(one.totals.distinct_blocks, one.blocks.len() as u64);
         assert!(one.edges.len() > 1000 && one.indirect_jumps.len() > 1000);
+        // The summary's rows: the same but for the direct edges.
+        let summary = report_with(&tables, &symbolize, run, Rows::NoDirectEdges, true);
+        assert!(summary.edges.is_empty());
+        assert_eq!(
+            Report {
+                edges: one.edges.clone(),
+                ..summary
+            },
+            one
+        );
     }
 }

@@ -655,7 +655,11 @@ impl Tables {
     /// [`Tables::edges`] with the ids' metadata read from `meta` (tables over the same ids
     /// that learned at least every id these counted).
     fn stream_edges_with(&self, meta: &Tables) -> Vec<(u32, u32, u64)> {
-        let mut out: FxHashMap<(u32, u32), u64> = FxHashMap::default();
+        let raw = self.raw_edges();
+        // Sized for the stream's edges at once (growing it step by step, each step a fresh
+        // table and its page faults, was most of its cost for 50,000 edges).
+        let mut out: FxHashMap<(u32, u32), u64> =
+            FxHashMap::with_capacity_and_hasher(raw.len(), Default::default());
         let mut add = |f: u32, t: u32, c: u64| *out.entry((f, t)).or_insert(0) += c;
         let mut inner = |trace: &[BlockId], upto: usize, c: u64| {
             for w in trace[..=upto].windows(2) {
@@ -663,7 +667,7 @@ impl Tables {
             }
         };
         let mut outer: Vec<(u32, u32, u64)> = Vec::new();
-        for (from, to, c) in self.raw_edges() {
+        for (from, to, c) in raw {
             match meta.kind(from) {
                 Some(IdKind::Superblock { blocks }) => {
                     let ended_after = match meta.kind(to) {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use hotpath_events::{IdKind, NewBlock};
 use hotpath_ir::{BlockId, BlockSummary};
-use hotpath_monitor::{add_code, report_of, thread_row_of, Counts, RunInfo, Tables};
+use hotpath_monitor::{add_code, report_of, thread_row_of, Counts, Rows, RunInfo, Tables};
 use hotpath_report::{write_atomically, Ending, PathProfile, Report, ReportError, Thread};
 use hotpath_translator::cache::modules::{FileId, GuestModule};
 use serde::{Deserialize, Serialize};
@@ -51,11 +51,11 @@ pub struct Parts {
 }
 
 /// The report of `tables` (every id's metadata known) and `parts`, blocks named with
-/// `modules`' symbols: what `run --report` writes and what `hotpath report` renders from a raw
-/// profile (the same function, so the two agree).
-pub fn assemble(tables: &Tables, parts: Parts, modules: &ModuleMap) -> Report {
+/// `modules`' symbols, with the tables' `rows`: what `run --report` writes and what `hotpath
+/// report` renders from a raw profile (the same function, so the two agree).
+pub fn assemble(tables: &Tables, parts: Parts, modules: &ModuleMap, rows: Rows) -> Report {
     let symbolize = |addr: u64| modules.symbolize(addr);
-    let mut report = report_of(tables, &symbolize, parts.run);
+    let mut report = report_of(tables, &symbolize, parts.run, rows);
     report.threads = match parts.only_row {
         Some((tid, events, w, w_ns)) => vec![thread_row_of(tid, &report, events, w, w_ns)],
         None => parts.threads,
@@ -326,5 +326,5 @@ pub fn render(bytes: &[u8], path: &Path) -> Result<(Report, Vec<String>), String
         monitor_busy_ns: raw.monitor_busy_ns,
         path_profile,
     };
-    Ok((assemble(&tables, parts, &map), changed))
+    Ok((assemble(&tables, parts, &map, Rows::All), changed))
 }

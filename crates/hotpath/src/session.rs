@@ -16,7 +16,7 @@ use std::sync::Arc;
 use hotpath_loader::{build_stack, load, resolve_script, LoadError, LoadOptions};
 use hotpath_monitor::{
     thread_report, FunctionSymbol, MonitorHandle, MonitorResult, MonitorState, Namer, PathConfig,
-    PathRecorder, RunInfo, Stream, Tables,
+    PathRecorder, Rows, RunInfo, Stream, Tables,
 };
 use hotpath_report::Ending;
 use hotpath_translator::cache::code_cache::FIRST_REGION_SIZE;
@@ -912,7 +912,13 @@ fn finish_report(
         }
     }
     if let Some(modules) = modules.as_ref().filter(|_| rendered) {
-        let report = raw::assemble(&tables, parts, modules);
+        // The text summary alone lists no direct edge.
+        let rows = if monitoring.report.is_some() || monitoring.outputs.any_file() {
+            Rows::All
+        } else {
+            Rows::NoDirectEdges
+        };
+        let report = raw::assemble(&tables, parts, modules, rows);
         if let Some(path) = &monitoring.report {
             outputs::write_json(&report, path);
         }
