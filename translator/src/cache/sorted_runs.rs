@@ -23,6 +23,9 @@ pub struct SortedRuns<T> {
     /// one at `sorted`.
     starts: Vec<usize>,
     sorted: usize,
+    /// Where a merge copies the earlier of its two runs: kept, so that merges allocate (and
+    /// fault in) no memory once it has grown.
+    scratch: Vec<T>,
 }
 
 /// A [`SortedRuns`] as a reader sees it: its items, where each sorted run starts, and where
@@ -57,8 +60,7 @@ impl<T: Ord + Copy> SortedRuns<T> {
             if earlier > 2 * later && self.starts.len() < RUNS_MAX {
                 break;
             }
-            // A stable sort merges two sorted runs in linear time.
-            self.items[a..].sort();
+            merge(&mut self.items[a..], b - a, &mut self.scratch);
             self.starts.pop();
         }
         let last = *self.starts.last().expect("a run");
@@ -73,7 +75,7 @@ impl<T: Ord + Copy> SortedRuns<T> {
         self.sorted = kept;
     }
 
-    /// Forgets every item.
+    /// Forgets every item (keeping the memory).
     pub fn clear(&mut self) {
         self.items.clear();
         self.starts.clear();
@@ -88,6 +90,27 @@ impl<T: Ord + Copy> SortedRuns<T> {
             sorted: self.sorted,
         }
     }
+}
+
+/// Merges the sorted runs `items[..mid]` and `items[mid..]` in place, through `scratch` (a
+/// copy of the first run), in linear time; of equal items, the first run's come first.
+fn merge<T: Ord + Copy>(items: &mut [T], mid: usize, scratch: &mut Vec<T>) {
+    scratch.clear();
+    scratch.extend_from_slice(&items[..mid]);
+    let (mut i, mut j, mut out) = (0, mid, 0);
+    while i < scratch.len() && j < items.len() {
+        if items[j] < scratch[i] {
+            items[out] = items[j];
+            j += 1;
+        } else {
+            items[out] = scratch[i];
+            i += 1;
+        }
+        out += 1;
+    }
+    // What is left of the second run is in place already.
+    let rest = scratch.len() - i;
+    items[out..out + rest].copy_from_slice(&scratch[i..]);
 }
 
 impl<'a, T> RunsView<'a, T> {
@@ -136,6 +159,28 @@ mod tests {
 
     /// The runs stay few and sorted, and a range query finds what a scan of every item
     /// pushed finds.
+    /// A merge of two sorted runs equals a sort of both, whatever their lengths.
+    #[test]
+    fn a_merge_sorts_two_runs() {
+        let mut scratch = Vec::new();
+        let mut x: u64 = 7;
+        for (n, m) in [(0, 0), (0, 5), (5, 0), (1, 1), (3, 17), (17, 3), (200, 150)] {
+            let mut next = || {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (x >> 40) % 50
+            };
+            let mut a: Vec<u64> = (0..n).map(|_| next()).collect();
+            let mut b: Vec<u64> = (0..m).map(|_| next()).collect();
+            a.sort();
+            b.sort();
+            let mut items = [a, b].concat();
+            let mut expected = items.clone();
+            expected.sort();
+            merge(&mut items, n, &mut scratch);
+            assert_eq!(items, expected, "runs of {n} and {m}");
+        }
+    }
+
     #[test]
     fn runs_stay_few_and_ranges_are_exact() {
         let mut r = SortedRuns::default();
