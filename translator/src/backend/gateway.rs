@@ -379,8 +379,10 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
 }
 
 /// Emits the indirect branch lookup for a guest target in RCX (guest RCX already saved in
-/// `scratch_rcx`): on a hit, restores RAX, RCX, RDX and jumps to the target's block; on a
-/// miss, goes to the gateway's miss routine. Flags are never written: `movzx`, `lea`, `mov`
+/// `scratch_rcx`): it probes the target's set in the lookup table, its first entry and then,
+/// while `ibl2_open`, its second (`ThreadArea::ibl_second`); on a hit, restores RAX, RCX, RDX
+/// and jumps to the target's block through this site's own indirect jump; on a miss, goes to
+/// the gateway's miss routine (which probes the victim table). Flags are never written: `movzx`, `lea`, `mov`
 /// and `jrcxz` leave them alone. Returns the offset (from the assembler's start) of its
 /// `rel32` to the miss routine.
 pub fn emit_ibl(ops: &mut VecAssembler<X64Relocation>, gateway: &Gateway) -> u64 {
