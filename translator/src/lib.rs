@@ -39,7 +39,7 @@ pub mod persist;
 pub mod runtime;
 
 pub use linux::exec::ExecWrapper;
-pub use linux::process::{Spawner, ThreadStart};
+pub use linux::process::{Spawner, ThreadStart, GUEST_THREAD_HOST_STACK};
 pub use linux::syscalls::{signal_name, GuestExit};
 pub use runtime::dispatch::{Config, Forked, ModuleSource, Stats, Stop, Translator};
 

@@ -23,7 +23,7 @@ use hotpath_translator::cache::code_cache::FIRST_REGION_SIZE;
 use hotpath_translator::cache::modules::GuestModule;
 use hotpath_translator::{
     signal_name, Config, ExecWrapper, Forked, GuestExit, ModuleSource, Stop, ThreadStart,
-    TranslateError, Translator,
+    TranslateError, Translator, GUEST_THREAD_HOST_STACK,
 };
 
 use crate::cli::{OutputArgs, RunArgs};
@@ -454,10 +454,6 @@ fn spawn_plain_thread(stack: usize, f: Box<dyn FnOnce() + Send>) -> std::io::Res
     }
     Ok(())
 }
-
-/// Stack of the host thread that runs a guest thread's dispatcher, in bytes (the guest's own
-/// stack is its own).
-const GUEST_THREAD_HOST_STACK: usize = 8 << 20;
 
 /// `hotpath run`: runs the program in `args` until the process ends, which it then ends the
 /// way the guest did (exit status, or death by the same signal). Returns only when the

@@ -252,7 +252,7 @@ impl ThreadArea {
     /// # Errors
     /// The OS error if the mapping fails.
     pub fn map(ring_entries: u64, ibl_miss: u64) -> std::io::Result<&'static mut ThreadArea> {
-        let len = ENTRIES_OFFSET + 4 * ring_entries as usize;
+        let len = ThreadArea::map_len(ring_entries);
         // SAFETY: a fresh anonymous mapping; zero bytes are a valid (if empty) ThreadArea except
         // for the ring control and table, which are written below before any use.
         let p = unsafe {
@@ -287,6 +287,11 @@ impl ThreadArea {
             crate::host::cpu::set_guest_pkru(&mut area.xsave.0, pkru);
         }
         Ok(area)
+    }
+
+    /// Bytes [`ThreadArea::map`] maps for a ring of `ring_entries` events.
+    pub fn map_len(ring_entries: u64) -> usize {
+        ENTRIES_OFFSET + 4 * ring_entries as usize
     }
 
     /// Address of ring entry 0.

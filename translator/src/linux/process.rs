@@ -118,6 +118,10 @@ pub enum ThreadPlace {
     Parked = 2,
 }
 
+/// Stack of the host thread that runs a guest thread's dispatcher, in bytes (the guest's own
+/// stack is its own): what a [`Spawner`] gives the thread it makes.
+pub const GUEST_THREAD_HOST_STACK: usize = 8 << 20;
+
 /// One live guest thread as the others see it.
 pub struct ThreadCtl {
     /// Its kernel thread id (the guest's `gettid`).

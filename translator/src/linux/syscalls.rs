@@ -435,7 +435,7 @@ const AS_HEADROOM: u64 = 64 << 20;
 /// True if the guest may not grow its address space by `grow` bytes: `RLIMIT_AS` is finite
 /// and the process's size plus `grow` would come within [`AS_HEADROOM`] of it (less the
 /// reserve, which the size already counts).
-fn address_space_short(grow: u64) -> bool {
+pub(crate) fn address_space_short(grow: u64) -> bool {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -150,6 +150,13 @@ impl Translator {
         let Some(spawner) = lock(&self.process.shared.spawner).clone() else {
             return -(libc::EAGAIN as i64);
         };
+        // A thread maps memory of hotpath's own, which the guest's mappings leave room for
+        // under a finite RLIMIT_AS only if its start does too: refused as the kernel refuses
+        // a clone it has no memory for, so that the threads already running can still
+        // translate (each thread's first translations grow hotpath's heap after its start).
+        if crate::linux::syscalls::address_space_short(thread_start_bytes(self.cfg.ring_entries)) {
+            return -(libc::EAGAIN as i64);
+        }
         self.publish_stats();
         let mut gpr = self.area.gpr;
         gpr[thread_area::RAX] = 0;
@@ -395,4 +402,12 @@ impl Translator {
         self.stats.cache_moves += 1;
         Ok(())
     }
+}
+
+/// What starting a guest thread maps for hotpath's own use at most, in bytes: its thread area
+/// (with a ring of `ring_entries` events), its host thread's stack and the code regions a
+/// thread of a dynamic program makes first (two, each mapped twice).
+fn thread_start_bytes(ring_entries: u64) -> u64 {
+    (ThreadArea::map_len(ring_entries) + crate::linux::process::GUEST_THREAD_HOST_STACK) as u64
+        + 2 * 2 * crate::cache::code_cache::FIRST_REGION_SIZE
 }
