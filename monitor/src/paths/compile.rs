@@ -257,28 +257,17 @@ impl PathRecorder {
             }));
         prog.folds = self.pairs.folds.len() as u32;
         let first = self.pairs.folds.len();
-        for &(func, path_ends) in &fold.acts {
-            match self.pairs.folds[first..]
-                .iter_mut()
-                .find(|f| f.func == func)
-            {
-                Some(f) => {
-                    f.activations += 1;
-                    f.path_ends += path_ends;
-                }
-                None => self.pairs.folds.push(Fold {
+        for &func in &fold.acts {
+            if !self.pairs.folds[first..].iter().any(|f| f.func == func) {
+                self.pairs.folds.push(Fold {
                     func,
                     epoch: self.fepoch[func as usize],
-                    activations: 1,
-                    path_ends,
-                }),
+                });
             }
         }
         prog.nfolds = (self.pairs.folds.len() - first) as u32;
         prog.folded = prog.nfolds > 0;
         prog.fold_depth = fold.depth;
-        prog.fold_blocks = fold.blocks;
-        prog.fold_instr = fold.instr;
         prog.fold_tails = fold.tail_calls;
     }
 
@@ -288,7 +277,7 @@ impl PathRecorder {
     /// function's numbered edges (its calls folded the same way, `depth` frames above the
     /// caller's), and it returns to its return address, where the caller's path goes on with
     /// a numbered forward edge. What it does is then the same at every run of the piece: the
-    /// paths it ends, one activation, its blocks and instructions, added to `acc`. Returns the
+    /// paths it ends and its function, added to `acc`. Returns the
     /// position of the return point in `blocks`; `None` where the per-block step would do
     /// anything else (`acc` may then hold part of the activation: the caller truncates it).
     fn fold_call(
@@ -303,12 +292,9 @@ impl PathRecorder {
         if self.id_addr[blocks[at] as usize] == ret {
             return None;
         }
-        // The function stepped, its path's sum, node, address and the paths it ended.
+        // The function stepped, its path's sum, node and address.
         let (mut f, mut r, mut node, mut addr) = self.fold_start(blocks[at])?;
-        let mut ends = 0u32;
         acc.depth = acc.depth.max(depth);
-        acc.blocks += 1;
-        acc.instr += self.funcs[f as usize].node_instr[node as usize] as u64;
         let mut j = at + 1;
         while j < blocks.len() {
             let c = blocks[j];
@@ -322,7 +308,7 @@ impl PathRecorder {
                         return None;
                     }
                     acc.ends.push((f, r));
-                    acc.acts.push((f, ends + 1));
+                    acc.acts.push(f);
                     let h = caller.func;
                     let rn = self.node_in(h, c)?;
                     if a <= caller.addr || !self.by_sums(h) {
@@ -344,8 +330,6 @@ impl PathRecorder {
                         .expect("checked by the inner fold");
                     r = r.wrapping_add(bl.edge(node, rn).expect("checked by the inner fold"));
                     (node, addr) = (rn, self.id_addr[blocks[m] as usize]);
-                    acc.blocks += 1;
-                    acc.instr += self.funcs[f as usize].node_instr[rn as usize] as u64;
                     j = m + 1;
                     continue;
                 }
@@ -355,15 +339,12 @@ impl PathRecorder {
                         // A jump to another function's entry: a tail call, which ends this
                         // activation and starts one of `entry` that returns where it would.
                         acc.ends.push((f, r));
-                        acc.acts.push((f, ends + 1));
+                        acc.acts.push(f);
                         acc.tail_calls += 1;
-                        ends = 0;
                         (f, r, node, addr) = self.fold_start(c)?;
                         if f != entry {
                             return None;
                         }
-                        acc.blocks += 1;
-                        acc.instr += self.funcs[f as usize].node_instr[node as usize] as u64;
                         j += 1;
                         continue;
                     }
@@ -377,14 +358,11 @@ impl PathRecorder {
                         // A back edge ends a path.
                         let e = bl.edge(node, EXIT_EDGE | cn)?;
                         acc.ends.push((f, r.wrapping_add(e)));
-                        ends += 1;
                         r = bl.start(START_HEAD, cn)?;
                     } else {
                         r = r.wrapping_add(bl.edge(node, cn)?);
                     }
                     (node, addr) = (cn, a);
-                    acc.blocks += 1;
-                    acc.instr += self.funcs[f as usize].node_instr[cn as usize] as u64;
                 }
             }
             j += 1;

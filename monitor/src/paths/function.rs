@@ -40,8 +40,6 @@ pub(crate) struct Function {
     /// Its distinct paths, by the recorder's path number, in the order made (its CFG's edges
     /// as taken can only change when these or its blocks do).
     pub(crate) paths: Vec<u32>,
-    /// Activations started.
-    pub activations: u64,
     /// A call has entered it: from then on a jump to its entry from another function is a tail
     /// call. An entry no call reaches (an ELF symbol that code only jumps or falls into, as
     /// glibc's routines jump between each other's symbols) starts no activation when jumped to.
@@ -78,7 +76,6 @@ impl Function {
             node_span: (u64::MAX, 0),
             static_succs: Vec::new(),
             path_ends: 0,
-            activations: 0,
             called: false,
             kslab: None,
             pap_root: NONE,

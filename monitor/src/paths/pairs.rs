@@ -375,16 +375,6 @@ impl PathRecorder {
             self.count_id(func, id, n);
         }
         if prog.folded {
-            for k in prog.folds..prog.folds + prog.nfolds {
-                let f = self.pairs.folds[k as usize];
-                let fun = &mut self.funcs[f.func as usize];
-                fun.activations += n * f.activations as u64;
-                fun.path_ends += n * f.path_ends as u64;
-            }
-            // Folding is for a recorder without a call tree: every activation is the root's.
-            let root = &mut self.calltree[0];
-            root.blocks += n * prog.fold_blocks;
-            root.instructions += n * prog.fold_instr;
             self.resyncs += n * prog.fold_tails as u64;
             self.resync_kinds[Resync::TailCall as usize] += n * prog.fold_tails as u64;
         }
@@ -443,8 +433,11 @@ impl PathRecorder {
                 }
             }
             CALL => {
-                let parent = top.call_node;
-                let call_node = self.cached_call_child(parent, prog.func);
+                // Without tallies there is no call tree: every activation is the root's.
+                let call_node = match self.tallies {
+                    true => self.cached_call_child(top.call_node, prog.func),
+                    false => 0,
+                };
                 if call_node == NONE || depth >= self.stack_cap() || !self.ind_ok(prog, prog.ret) {
                     return Applied::Refused;
                 }
@@ -452,7 +445,10 @@ impl PathRecorder {
                     Applied::Yes => {}
                     a => return a,
                 }
-                let pap = self.start_activation(prog.func);
+                let pap = match self.tallies {
+                    true => self.start_activation(prog.func),
+                    false => NONE,
+                };
                 self.stack.push(Activation {
                     r: prog.r0,
                     last_node: prog.from,
@@ -529,10 +525,13 @@ impl PathRecorder {
                     e
                 };
                 self.pop_activation();
+                let tallies = self.tallies;
                 let top = self.stack.last_mut().expect("the caller");
                 top.r = top.r.wrapping_add(e);
-                top.len += 1;
-                top.path_instr += prog.first_instr;
+                if tallies {
+                    top.len += 1;
+                    top.path_instr += prog.first_instr;
+                }
                 top.last_node = prog.first_node;
                 top.last_addr = prog.ret;
             }
@@ -572,22 +571,27 @@ impl PathRecorder {
             }
             *runs += 1;
         }
+        let tallies = self.tallies;
         let top = self.stack.last_mut().expect("an activation");
         if prog.nends == 0 {
             top.r = top.r.wrapping_add(prog.add);
-            top.len += prog.blocks;
-            top.path_instr += prog.instr;
+            if tallies {
+                top.len += prog.blocks;
+                top.path_instr += prog.instr;
+            }
             top.last_node = prog.last_node;
             top.last_addr = prog.last_addr;
             return;
         }
         let r = top.r;
-        top.blocks += (top.len + prog.blocks) as u64 + prog.mid_blocks;
-        top.instructions += top.path_instr + prog.instr + prog.mid_instr;
-        top.path_ends += prog.nends as u64;
+        if tallies {
+            top.blocks += (top.len + prog.blocks) as u64 + prog.mid_blocks;
+            top.instructions += top.path_instr + prog.instr + prog.mid_instr;
+            top.path_ends += prog.nends as u64;
+            top.len = prog.blocks_after;
+            top.path_instr = prog.instr_after;
+        }
         top.r = prog.r_after;
-        top.len = prog.blocks_after;
-        top.path_instr = prog.instr_after;
         top.last_node = prog.last_node;
         top.last_addr = prog.last_addr;
         let pap = top.pap != NONE;

@@ -64,9 +64,6 @@ pub(crate) struct Program {
     pub(crate) ret: u64,
     pub(crate) r0: u64,
     pub(crate) first_instr: u64,
-    /// Blocks and guest instructions of the folded activations (see `nfold_ends`).
-    pub(crate) fold_blocks: u64,
-    pub(crate) fold_instr: u64,
     pub(crate) blocks_after: u32,
     pub(crate) ends: u32,
     pub(crate) first_node: u32,
@@ -91,14 +88,12 @@ pub(crate) struct Program {
     pub(crate) foreign_sym: u32,
 }
 
-/// A function that a piece's folded activations run (`Program::folds`): its epoch when
-/// compiled, and what each run of the piece adds to its activations and path ends.
+/// A function that a piece's folded activations run (`Program::folds`), and its epoch when
+/// compiled.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Fold {
     pub(crate) func: u32,
     pub(crate) epoch: u32,
-    pub(crate) activations: u32,
-    pub(crate) path_ends: u32,
 }
 
 /// How far a [`FoldAcc`] had got: what [`FoldAcc::truncate`] goes back to.
@@ -106,22 +101,19 @@ pub(crate) struct Fold {
 pub(crate) struct FoldMark {
     pub(crate) ends: usize,
     pub(crate) acts: usize,
-    pub(crate) blocks: u64,
-    pub(crate) instr: u64,
     pub(crate) depth: u32,
     pub(crate) tail_calls: u32,
 }
 
 /// The folded activations of the piece being compiled: the paths they end as `(function,
-/// id)`, each activation as `(function, paths it ended)`, their blocks, guest instructions
-/// and deepest nesting. Only appended to while compiling, so that a call that cannot be
-/// folded after all is undone by [`FoldAcc::truncate`].
+/// id)`, each activation's function, and their deepest nesting. Only appended to while
+/// compiling, so that a call that cannot be folded after all is undone by
+/// [`FoldAcc::truncate`]. (Their blocks, instructions and path ends are not tallied:
+/// folding is only for a profile without a call tree or PAP runs, which reads none.)
 #[derive(Clone, Default)]
 pub(crate) struct FoldAcc {
     pub(crate) ends: Vec<(u32, u64)>,
-    pub(crate) acts: Vec<(u32, u32)>,
-    pub(crate) blocks: u64,
-    pub(crate) instr: u64,
+    pub(crate) acts: Vec<u32>,
     pub(crate) depth: u32,
     pub(crate) tail_calls: u32,
 }
@@ -135,8 +127,6 @@ impl FoldAcc {
         FoldMark {
             ends: self.ends.len(),
             acts: self.acts.len(),
-            blocks: self.blocks,
-            instr: self.instr,
             depth: self.depth,
             tail_calls: self.tail_calls,
         }
@@ -145,7 +135,7 @@ impl FoldAcc {
     pub(crate) fn truncate(&mut self, m: FoldMark) {
         self.ends.truncate(m.ends);
         self.acts.truncate(m.acts);
-        (self.blocks, self.instr, self.depth) = (m.blocks, m.instr, m.depth);
+        self.depth = m.depth;
         self.tail_calls = m.tail_calls;
     }
 }
@@ -322,8 +312,6 @@ impl Program {
             folds: 0,
             nfolds: 0,
             fold_depth: 0,
-            fold_blocks: 0,
-            fold_instr: 0,
             fold_tails: 0,
             tail_of: NONE,
             foreign_sym: NONE,

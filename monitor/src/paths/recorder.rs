@@ -133,6 +133,11 @@ pub struct PathRecorder {
     /// [`Recorder::Sums`]: activations keep Ball-Larus sums (functions whose numbering
     /// overflowed keep trie nodes).
     pub(crate) sums: bool,
+    /// Activations tally the blocks, guest instructions and path ends of their paths (into
+    /// their call-tree node and function): only the call tree's folded stacks and the PAP
+    /// threshold read them, so the default profile (neither) does not pay for it at every
+    /// call, return and path end; the paths' counts say the same when the profile is taken.
+    pub(crate) tallies: bool,
     /// Times the shadow stack had to be resynchronised (returns to another frame, unwinding,
     /// tail calls, returns to no frame).
     pub resyncs: u64,
@@ -155,6 +160,7 @@ impl PathRecorder {
         };
         PathRecorder {
             sums,
+            tallies: config.call_tree || config.pap_threshold != u64::MAX,
             config,
             funcs: Vec::new(),
             func_by_entry: FxMap::default(),

@@ -108,12 +108,11 @@ impl PathRecorder {
         });
     }
 
-    /// Counts an activation of `func` starting: the root of the PAP run it records if the
-    /// function is hot, else [`NONE`].
+    /// The root of the PAP run an activation of `func` starting records if the function is
+    /// hot, else [`NONE`].
     #[inline]
     pub(crate) fn start_activation(&mut self, func: u32) -> u32 {
         let fun = &mut self.funcs[func as usize];
-        fun.activations += 1;
         if fun.path_ends >= self.config.pap_threshold {
             self.pap_runs.root(fun)
         } else {

@@ -100,10 +100,12 @@ impl PathRecorder {
         } else {
             *fun.bl_counts.entry(a.r).or_insert(0) += 1;
         }
-        fun.path_ends += a.path_ends + 1;
-        let node = &mut self.calltree[a.call_node as usize];
-        node.blocks += a.blocks + a.len as u64;
-        node.instructions += a.instructions + a.path_instr;
+        if self.tallies {
+            fun.path_ends += a.path_ends + 1;
+            let node = &mut self.calltree[a.call_node as usize];
+            node.blocks += a.blocks + a.len as u64;
+            node.instructions += a.instructions + a.path_instr;
+        }
         if a.pap != NONE || self.config.k > 0 {
             self.pop_sums_numbered(a);
         }
