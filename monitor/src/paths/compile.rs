@@ -5,7 +5,8 @@ use super::frames::{Activation, K_CALL, K_INDIRECT, K_OTHER, K_RET};
 use super::ids::NONE;
 use super::numbering::EXIT_EDGE;
 use super::programs::{
-    End, Fold, FoldAcc, Program, Scratch, SimFrame, CALL, FOREIGN, INTRA, NEVER, RETURN, TAIL,
+    End, Fold, FoldAcc, Prefix, Program, Scratch, SimFrame, CALL, FOREIGN, INTRA, NEVER, RETURN,
+    TAIL,
 };
 use super::recorder::PathRecorder;
 use super::trie::{START_ENTRY, START_HEAD};
@@ -21,10 +22,12 @@ impl PathRecorder {
         scratch.sim.clear();
         scratch.chain.clear();
         let folds = self.pairs.folds.len();
+        let prefixes = self.pairs.prefixes.len();
         if self.compile_pieces(run, scratch).is_none() {
             self.pairs.ind.truncate(ind);
             self.pairs.ends.truncate(ends);
             self.pairs.folds.truncate(folds);
+            self.pairs.prefixes.truncate(prefixes);
             scratch.chain.clear();
             scratch.chain.push(Program {
                 epoch: self.pairs.epoch,
@@ -242,7 +245,35 @@ impl PathRecorder {
             before = blocks[end - 1];
             k = end;
         }
+        if !self.tallies {
+            self.fuse_prefixes(chain);
+        }
         Some(())
+    }
+
+    /// Fuses each plain [`INTRA`] piece of `chain` that a call or a return follows into that
+    /// piece, as its [`Prefix`].
+    fn fuse_prefixes(&mut self, chain: &mut Vec<Program>) {
+        let mut k = 0;
+        while k + 1 < chain.len() {
+            let (i, next) = (chain[k], chain[k + 1]);
+            let plain = i.kind == INTRA && i.nends == 0 && !i.folded && i.nind == 0;
+            if plain && matches!(next.kind, CALL | RETURN) && next.prefix == NONE {
+                chain[k + 1].prefix = self.pairs.prefixes.len() as u32;
+                chain[k + 1].pos = i.pos;
+                self.pairs.prefixes.push(Prefix {
+                    func: i.func,
+                    epoch: i.epoch,
+                    from: i.from,
+                    last_node: i.last_node,
+                    last_addr: i.last_addr,
+                    add: i.add,
+                });
+                chain.remove(k);
+            } else {
+                k += 1;
+            }
+        }
     }
 
     /// Records the folded activations `fold` as piece `prog`'s (after its own path ends).

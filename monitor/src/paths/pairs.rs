@@ -419,6 +419,15 @@ impl PathRecorder {
         let Some(top) = self.stack.last() else {
             return Applied::Refused;
         };
+        if prog.prefix != NONE {
+            let pre = &self.pairs.prefixes[prog.prefix as usize];
+            if self.fepoch[pre.func as usize] != pre.epoch
+                || top.func != pre.func
+                || top.last_node != pre.from
+            {
+                return Applied::Stale;
+            }
+        }
         match prog.kind {
             INTRA => {
                 if top.func != prog.func || top.last_node != prog.from {
@@ -449,6 +458,7 @@ impl PathRecorder {
                     true => self.start_activation(prog.func),
                     false => NONE,
                 };
+                self.step_prefix(prog.prefix);
                 self.stack.push(Activation {
                     r: prog.r0,
                     last_node: prog.from,
@@ -524,6 +534,7 @@ impl PathRecorder {
                     (prog.from, prog.r0) = (below.last_node, e);
                     e
                 };
+                self.step_prefix(prog.prefix);
                 self.pop_activation();
                 let tallies = self.tallies;
                 let top = self.stack.last_mut().expect("the caller");
@@ -539,6 +550,18 @@ impl PathRecorder {
         self.prev = prog.last;
         self.apply_segment(p, prog);
         Applied::Yes
+    }
+
+    /// The steps of [`Prefix`] `prefix` ([`NONE`]: none) on the top activation's path (its
+    /// checks are done).
+    #[inline]
+    fn step_prefix(&mut self, prefix: u32) {
+        if prefix != NONE {
+            let pre = self.pairs.prefixes[prefix as usize];
+            let top = self.stack.last_mut().expect("an activation");
+            top.r = top.r.wrapping_add(pre.add);
+            (top.last_node, top.last_addr) = (pre.last_node, pre.last_addr);
+        }
     }
 
     /// Whether the per-block step of [`FOREIGN`] piece `prog`'s jump would find a foreign

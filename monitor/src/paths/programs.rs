@@ -84,8 +84,31 @@ pub(crate) struct Program {
     pub(crate) fold_tails: u32,
     /// [`TAIL`], [`FOREIGN`]: the function of the activation it replaces.
     pub(crate) tail_of: u32,
+    /// [`CALL`], [`RETURN`]: the [`Prefix`] the top activation's path steps first
+    /// (`Pairs::prefixes`), or [`NONE`].
+    pub(crate) prefix: u32,
     /// [`FOREIGN`]: the index of the symbol containing the address jumped to (`ret`).
     pub(crate) foreign_sym: u32,
+}
+
+/// An [`INTRA`] piece fused into the [`CALL`] or [`RETURN`] piece after it
+/// (`Program::prefix`): the steps of the top activation's path before the call or the
+/// return, applied as that piece would have applied them (one piece less a run on calling
+/// code: a run that calls or returns was otherwise two pieces, each with its own checks).
+/// Only where the piece had no path end, folded call or indirect step, and activations keep
+/// no tallies (`PathRecorder::tallies`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Prefix {
+    /// The top activation's function, its epoch when compiled, and the node its path must be
+    /// at.
+    pub(crate) func: u32,
+    pub(crate) epoch: u32,
+    pub(crate) from: u32,
+    /// Its path's node and guest address after the steps.
+    pub(crate) last_node: u32,
+    pub(crate) last_addr: u64,
+    /// Added to its register.
+    pub(crate) add: u64,
 }
 
 /// A function that a piece's folded activations run (`Program::folds`), and its epoch when
@@ -214,6 +237,7 @@ pub(crate) struct Pairs {
     pub(crate) ends: Vec<End>,
     pub(crate) folds: Vec<Fold>,
     pub(crate) ind: Vec<u64>,
+    pub(crate) prefixes: Vec<Prefix>,
     pub(crate) scratch: Scratch,
     /// Per program: runs whose second and later path ends are not yet counted, and the
     /// programs that have some.
@@ -315,6 +339,7 @@ impl Program {
             fold_tails: 0,
             tail_of: NONE,
             foreign_sym: NONE,
+            prefix: NONE,
         }
     }
 }
