@@ -17,6 +17,9 @@
  *   newcode   - 5 times: main writes `mov eax, v; ret` into a page, a new thread calls it
  *               and is joined, the page is unmapped and mapped again (a thread that starts
  *               runs the code as it is now, not what an ended thread ran there);
+ *   jitwriter - a worker writes 2000 small functions into the 64 slots of one RWX page, one
+ *               at a time, and main calls each as soon as it is written (a JIT whose compiler
+ *               thread emits code that another thread runs): every call returns its value;
  *   exit      - main calls exit(3) while a worker spins in a loop forever;
  *   fork      - 10 times, a worker forks while two others take a mutex and malloc in a loop;
  *               the child (the forking thread alone) starts and joins threads of its own
@@ -372,6 +375,58 @@ static int newcode(void)
     return 0;
 }
 
+/* jitwriter: the page, its slots (32 bytes each), and the handshake. */
+#define JIT_SLOTS 64
+#define JIT_FUNCS 2000
+static unsigned char *jit_page;
+static volatile int jit_ready = -1, jit_want;
+
+/* Writes `lea rax, [rdi + 3k + 1]; ret` into slot k % JIT_SLOTS. */
+static void jit_emit(int k)
+{
+    unsigned char c[] = {0x48, 0x8d, 0x87, 0, 0, 0, 0, 0xc3};
+    int32_t imm = 3 * k + 1;
+    memcpy(c + 3, &imm, 4);
+    memcpy(jit_page + (k % JIT_SLOTS) * 32, c, sizeof c);
+}
+
+static void *jit_writer(void *arg)
+{
+    (void)arg;
+    for (int k = 1; k < JIT_FUNCS; k++) {
+        while (__atomic_load_n(&jit_want, __ATOMIC_ACQUIRE) < k)
+            ;
+        jit_emit(k);
+        __atomic_store_n(&jit_ready, k, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static int jitwriter(void)
+{
+    jit_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (jit_page == MAP_FAILED)
+        return 1;
+    for (int k = JIT_SLOTS - 1; k >= 0; k--)
+        jit_emit(k);
+    __atomic_store_n(&jit_ready, 0, __ATOMIC_RELEASE);
+    pthread_t t;
+    pthread_create(&t, NULL, jit_writer, NULL);
+    long sum = 0, bad = 0;
+    for (int k = 0; k < JIT_FUNCS; k++) {
+        while (__atomic_load_n(&jit_ready, __ATOMIC_ACQUIRE) < k)
+            ;
+        long r = ((long (*)(long))(jit_page + (k % JIT_SLOTS) * 32))(k);
+        bad += r != 4L * k + 1;
+        sum += r;
+        __atomic_store_n(&jit_want, k + 1, __ATOMIC_RELEASE);
+    }
+    pthread_join(t, NULL);
+    printf("jitwriter: %d functions, sum %ld, wrong %ld\n", JIT_FUNCS, sum, bad);
+    return bad != 0;
+}
+
 static volatile long forever;
 
 static void *spin_forever(void *arg)
@@ -652,6 +707,8 @@ int main(int argc, char **argv)
         return syscall_case();
     if (!strcmp(c, "newcode"))
         return newcode();
+    if (!strcmp(c, "jitwriter"))
+        return jitwriter();
     if (!strcmp(c, "exit"))
         return exit_case();
     if (!strcmp(c, "fork"))

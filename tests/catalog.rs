@@ -305,6 +305,9 @@ pub const SAMPLES: &[Sample] = &[
          (a raw clone thread): every one reaches the handler, on that thread or on main"),
     sample("thread_newcode", "thread_cases.c", &["newcode"], Exit(0),
         "code rewritten and remapped between threads: each new thread runs it as it is now"),
+    sample("thread_jitwriter", "thread_cases.c", &["jitwriter"], Exit(0),
+        "a worker writes functions into an RWX page's slots one at a time and main calls each \
+         as soon as it is written (another thread's writes to translated code are caught)"),
     sample("thread_exit", "thread_cases.c", &["exit"], Exit(3),
         "exit from main while a worker spins: every thread stops, the status is main's"),
     sample("thread_fork", "thread_cases.c", &["fork"], Exit(0),

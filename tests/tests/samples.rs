@@ -86,6 +86,7 @@ sample_tests! {
     thread_races_fork,
     thread_races_signal,
     thread_newcode,
+    thread_jitwriter,
     thread_exit,
     thread_fork,
     thread_exec,

@@ -21,6 +21,19 @@
 //!
 //! Stores into the block that is running take effect at the end of that block (the rest of
 //! the block runs as translated), not at the next instruction as on hardware.
+//!
+//! # Threads
+//!
+//! The pages and the caught writes are the process's; every thread's code cache may hold
+//! translations from a page. A page leaves the set only where its protection changes: when
+//! a dispatcher takes its caught write ([`ProtectedPages::take_hits`], under the lock the
+//! handlers record writes under), or right after the guest's own system call changes it.
+//! The other threads discard the page's translations later, and may by then have translated
+//! code from it again and protected it anew: they must not forget it (a page left
+//! write-protected and unknown made another thread's next write a SIGSEGV: a JIT compiling
+//! on one thread for another, as node's does). Another thread may still run its translation
+//! of a written page until it comes to its dispatcher, which the writing thread's dispatcher
+//! sends it to at its next block boundary.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -87,18 +100,22 @@ impl ProtectedPages {
     /// (so that thread's dispatcher does not hold the lock).
     pub unsafe fn catch_write(&self, addr: u64) -> bool {
         let page = addr & !(PAGE - 1);
-        let Some(prot) = self.with_map(|m| m.get(&page).copied()) else {
-            return false;
-        };
-        raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
-        let i = self.hit_count.load(Ordering::Relaxed);
-        if i < MAX_HITS {
-            self.hits[i].store(page, Ordering::Relaxed);
-            self.hit_count.store(i + 1, Ordering::Release);
-        } else {
-            self.overflow.store(true, Ordering::Release);
-        }
-        true
+        // Under the lock: the handlers of two threads writing at once each record their page
+        // (a hit lost would leave its page writable with its translations in place).
+        self.with_map(|m| {
+            let Some(&prot) = m.get(&page) else {
+                return false;
+            };
+            raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
+            let i = self.hit_count.load(Ordering::Relaxed);
+            if i < MAX_HITS {
+                self.hits[i].store(page, Ordering::Relaxed);
+                self.hit_count.store(i + 1, Ordering::Release);
+            } else {
+                self.overflow.store(true, Ordering::Release);
+            }
+            true
+        })
     }
 
     /// Takes the lock if it is free (for a `fork`, which must not copy it held by a thread the
@@ -174,19 +191,22 @@ impl ProtectedPages {
         if self.hit_count.load(Ordering::Acquire) == 0 && !self.overflow.load(Ordering::Acquire) {
             return Vec::new();
         }
-        let n = self.hit_count.swap(0, Ordering::Acquire);
-        let mut out: Vec<(u64, u64)> = self.hits[..n]
-            .iter()
-            .map(|h| {
-                let p = h.load(Ordering::Relaxed);
-                (p, p + PAGE)
-            })
-            .collect();
-        if self.overflow.swap(false, Ordering::Acquire) {
+        // The pages are read and forgotten under the lock the handlers record them under: a
+        // page written again after this is protected again first (and caught again).
+        let (mut out, overflow) = self.with_map(|pages| {
+            let n = self.hit_count.swap(0, Ordering::Acquire);
+            let out: Vec<(u64, u64)> = self.hits[..n]
+                .iter()
+                .map(|h| {
+                    let p = h.load(Ordering::Relaxed);
+                    pages.remove(&p);
+                    (p, p + PAGE)
+                })
+                .collect();
+            (out, self.overflow.swap(false, Ordering::Acquire))
+        });
+        if overflow {
             out.extend(self.unprotect_all());
-        }
-        for &(s, e) in &out {
-            self.forget(s, e);
         }
         out
     }

@@ -403,7 +403,7 @@ fn sys_brk(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcom
             return old;
         }
         p.remove_region(new_end, old_end);
-        thread.invalidate.push((new_end, old_end));
+        mapping_changed(&mut thread.invalidate, &thread.signals, new_end, old_end);
     }
     thread
         .maps
@@ -474,9 +474,25 @@ fn sys_mmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outco
                 .note_mmap(start, page_ceil(len), a[4] as i32 as i64, a[5]);
         }
         p.add_region(start, start + page_ceil(len));
-        thread.invalidate.push((start, start + page_ceil(len)));
+        mapping_changed(&mut thread.invalidate, &thread.signals, start, start + page_ceil(len));
     }
     Outcome::Return(r)
+}
+
+/// After a system call of this thread that changed the mappings or protections of `[start,
+/// end)` (guest addresses, bytes): their translations must go (`invalidate`), and any page
+/// there that hotpath write-protected to watch its code now has the protection the guest gave
+/// it, so it is no longer watched. Only the thread that made the change forgets the pages,
+/// right after it: the other threads discard the range later, by which time one of them may
+/// have translated code from a page there again and protected it anew.
+fn mapping_changed(
+    invalidate: &mut Vec<(u64, u64)>,
+    signals: &crate::linux::signals::SignalState,
+    start: u64,
+    end: u64,
+) {
+    signals.protected_pages().forget(start, end);
+    invalidate.push((start, end));
 }
 
 fn sys_munmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outcome {
@@ -489,7 +505,7 @@ fn sys_munmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Out
     if !is_error(r) {
         p.modules.note_munmap(addr, addr + len);
         p.remove_region(addr, addr + len);
-        thread.invalidate.push((addr, addr + len));
+        mapping_changed(&mut thread.invalidate, &thread.signals, addr, addr + len);
     }
     Outcome::Return(r)
 }
@@ -502,7 +518,7 @@ fn sys_mprotect(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> O
     }
     let r = guest_syscall(10, a);
     if !is_error(r) {
-        thread.invalidate.push((addr, addr + len));
+        mapping_changed(&mut thread.invalidate, &thread.signals, addr, addr + len);
     }
     Outcome::Return(r)
 }
@@ -524,8 +540,8 @@ fn sys_mremap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Out
     if !is_error(r) {
         p.remove_region(old, old + old_len);
         p.add_region(r as u64, r as u64 + new_len);
-        thread.invalidate.push((old, old + old_len));
-        thread.invalidate.push((r as u64, r as u64 + new_len));
+        mapping_changed(&mut thread.invalidate, &thread.signals, old, old + old_len);
+        mapping_changed(&mut thread.invalidate, &thread.signals, r as u64, r as u64 + new_len);
     }
     Outcome::Return(r)
 }

@@ -17,11 +17,13 @@ impl Translator {
         self.take_invalidations();
     }
 
-    /// Discards this thread's translations of `ranges`.
+    /// Discards this thread's translations of `ranges`. The write-protected pages there stay
+    /// as they are: whoever changed a page's protection forgot it then (the thread whose
+    /// system call changed it, `GuestThread::mapping_changed`; whoever took a caught write,
+    /// `ProtectedPages::take_hits`), and a page protected since holds new translations.
     pub(super) fn discard(&mut self, ranges: &[(u64, u64)]) {
         for &(s, e) in ranges {
             self.process.maps.invalidate_range(s, e);
-            self.process.signals.protected_pages().forget(s, e);
         }
         let hit = ranges.iter().any(|&(s, e)| {
             // Blocks are at most a few hundred bytes: look a page back for ones that start before.
