@@ -474,7 +474,12 @@ fn sys_mmap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Outco
                 .note_mmap(start, page_ceil(len), a[4] as i32 as i64, a[5]);
         }
         p.add_region(start, start + page_ceil(len));
-        mapping_changed(&mut thread.invalidate, &thread.signals, start, start + page_ceil(len));
+        mapping_changed(
+            &mut thread.invalidate,
+            &thread.signals,
+            start,
+            start + page_ceil(len),
+        );
     }
     Outcome::Return(r)
 }
@@ -541,7 +546,12 @@ fn sys_mremap(thread: &mut GuestThread, _: &mut ThreadArea, a: &[u64; 6]) -> Out
         p.remove_region(old, old + old_len);
         p.add_region(r as u64, r as u64 + new_len);
         mapping_changed(&mut thread.invalidate, &thread.signals, old, old + old_len);
-        mapping_changed(&mut thread.invalidate, &thread.signals, r as u64, r as u64 + new_len);
+        mapping_changed(
+            &mut thread.invalidate,
+            &thread.signals,
+            r as u64,
+            r as u64 + new_len,
+        );
     }
     Outcome::Return(r)
 }
