@@ -20,6 +20,10 @@
  *   jitwriter - a worker writes 2000 small functions into the 64 slots of one RWX page, one
  *               at a time, and main calls each as soon as it is written (a JIT whose compiler
  *               thread emits code that another thread runs): every call returns its value;
+ *   jitversions - a worker rewrites one function of an RWX page 3000 times (`mov eax, v;
+ *               ret`), publishing v after each; main keeps reading v, serialises (cpuid, as
+ *               the SDM asks of code another processor wrote) and calls the function: it
+ *               must return v or later, never an older version;
  *   exit      - main calls exit(3) while a worker spins in a loop forever;
  *   fork      - 10 times, a worker forks while two others take a mutex and malloc in a loop;
  *               the child (the forking thread alone) starts and joins threads of its own
@@ -427,6 +431,48 @@ static int jitwriter(void)
     return bad != 0;
 }
 
+/* jitversions: one function rewritten in place, and the version last written. */
+#define JIT_VERSIONS 3000
+static volatile int jit_version, jit_done;
+
+static void *jit_rewriter(void *arg)
+{
+    (void)arg;
+    for (int v = 1; v <= JIT_VERSIONS; v++) {
+        unsigned char c[] = {0xb8, 0, 0, 0, 0, 0xc3}; /* mov eax, v; ret */
+        memcpy(c + 1, &v, 4);
+        memcpy(jit_page, c, sizeof c);
+        __atomic_store_n(&jit_version, v, __ATOMIC_RELEASE);
+        for (volatile int i = 0; i < 200; i++)
+            ;
+    }
+    __atomic_store_n(&jit_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static int jitversions(void)
+{
+    jit_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (jit_page == MAP_FAILED)
+        return 1;
+    unsigned char first[] = {0xb8, 0, 0, 0, 0, 0xc3};
+    memcpy(jit_page, first, sizeof first);
+    pthread_t t;
+    pthread_create(&t, NULL, jit_rewriter, NULL);
+    long older = 0;
+    while (!__atomic_load_n(&jit_done, __ATOMIC_ACQUIRE)) {
+        int v = __atomic_load_n(&jit_version, __ATOMIC_ACQUIRE);
+        unsigned a = 0, b, c = 0, d;
+        __asm__ volatile("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
+        older += ((int (*)(void))jit_page)() < v;
+    }
+    pthread_join(t, NULL);
+    int last = ((int (*)(void))jit_page)();
+    printf("jitversions: %d versions, older calls %ld, last %d\n", JIT_VERSIONS, older, last);
+    return older != 0;
+}
+
 static volatile long forever;
 
 static void *spin_forever(void *arg)
@@ -709,6 +755,8 @@ int main(int argc, char **argv)
         return newcode();
     if (!strcmp(c, "jitwriter"))
         return jitwriter();
+    if (!strcmp(c, "jitversions"))
+        return jitversions();
     if (!strcmp(c, "exit"))
         return exit_case();
     if (!strcmp(c, "fork"))

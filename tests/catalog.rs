@@ -308,6 +308,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("thread_jitwriter", "thread_cases.c", &["jitwriter"], Exit(0),
         "a worker writes functions into an RWX page's slots one at a time and main calls each \
          as soon as it is written (another thread's writes to translated code are caught)"),
+    sample("thread_jitversions", "thread_cases.c", &["jitversions"], Exit(0),
+        "a worker rewrites a function in place, publishing each version; main, which reads \
+         the version and calls the function, never runs an older one"),
     sample("thread_exit", "thread_cases.c", &["exit"], Exit(3),
         "exit from main while a worker spins: every thread stops, the status is main's"),
     sample("thread_fork", "thread_cases.c", &["fork"], Exit(0),

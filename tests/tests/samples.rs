@@ -87,6 +87,7 @@ sample_tests! {
     thread_races_signal,
     thread_newcode,
     thread_jitwriter,
+    thread_jitversions,
     thread_exit,
     thread_fork,
     thread_exec,

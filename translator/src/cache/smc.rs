@@ -31,9 +31,15 @@
 //! The other threads discard the page's translations later, and may by then have translated
 //! code from it again and protected it anew: they must not forget it (a page left
 //! write-protected and unknown made another thread's next write a SIGSEGV: a JIT compiling
-//! on one thread for another, as node's does). Another thread may still run its translation
-//! of a written page until it comes to its dispatcher, which the writing thread's dispatcher
-//! sends it to at its next block boundary.
+//! on one thread for another, as node's does).
+//!
+//! The handler that catches a write also sends every other live thread out of the code cache
+//! ([`ProtectedPages::peers`]) before the store runs again, so that none enters a translation
+//! of the page after the store (a thread that sees a flag the writer sets after its code
+//! runs the new code, as on hardware). Each dispatcher looks for caught writes before it runs
+//! translated code; one that finds none while another dispatcher has taken some and not yet
+//! published them waits for them ([`ProtectedPages::wait_published`]). Only a translation
+//! already running (the rest of a block, or of a superblock run) goes on with the old code.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -57,6 +63,11 @@ impl Drop for PagesHold<'_> {
 /// can store to few pages; more than this only flushes the cache a second time).
 const MAX_HITS: usize = 16;
 
+/// Most threads the handler sends out of the code cache itself when it catches a write
+/// ([`ProtectedPages::peers`]); the threads of a process with more live at once are sent when
+/// the write is published, as the others' dispatchers read it.
+const MAX_PEERS: usize = 1024;
+
 /// The write-protected pages and the writes the handler caught.
 ///
 /// One per process. Who touches what: dispatchers insert and remove pages, and host signal
@@ -73,6 +84,14 @@ pub struct ProtectedPages {
     hit_count: AtomicUsize,
     /// A write came that `hits` had no room for: discard everything protected.
     overflow: std::sync::atomic::AtomicBool,
+    /// Writes a dispatcher has taken (`take_hits`) and not yet published to the other
+    /// threads (`published`): a dispatcher that finds no write to take waits for these
+    /// before it runs translated code (see the module doc).
+    taken: AtomicUsize,
+    /// The live threads' handler states, opaque here (the signal handler's `HandlerShared`,
+    /// `'static`), in no order, null where free: whom a caught write sends out of the code
+    /// cache before the store runs again.
+    peers: [std::sync::atomic::AtomicPtr<()>; MAX_PEERS],
 }
 
 // SAFETY: see the type's doc: the map is touched only under `lock`; the rest is atomic.
@@ -86,6 +105,8 @@ impl Default for ProtectedPages {
             hits: std::array::from_fn(|_| AtomicU64::new(0)),
             hit_count: AtomicUsize::new(0),
             overflow: std::sync::atomic::AtomicBool::new(false),
+            taken: AtomicUsize::new(0),
+            peers: std::array::from_fn(|_| std::sync::atomic::AtomicPtr::new(std::ptr::null_mut())),
         }
     }
 }
@@ -184,8 +205,73 @@ impl ProtectedPages {
         })
     }
 
+    /// Adds a live thread's handler state to [`Self::peers`] (nothing if they are full).
+    pub fn join(&self, peer: *const ()) {
+        for slot in &self.peers {
+            if slot
+                .compare_exchange(
+                    std::ptr::null_mut(),
+                    peer as *mut (),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Takes an ended thread's handler state out of [`Self::peers`].
+    pub fn leave(&self, peer: *const ()) {
+        for slot in &self.peers {
+            let _ = slot.compare_exchange(
+                peer as *mut (),
+                std::ptr::null_mut(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// In a child after `fork`: `me` is the only thread; no write is being published.
+    pub fn after_fork_child(&self, me: *const ()) {
+        for slot in &self.peers {
+            slot.store(std::ptr::null_mut(), Ordering::Relaxed);
+        }
+        self.join(me);
+        self.taken.store(0, Ordering::Release);
+    }
+
+    /// The live threads' handler states (opaque: see the field), for the handler that caught
+    /// a write to send out of the code cache.
+    pub fn peers(&self) -> impl Iterator<Item = *const ()> + '_ {
+        self.peers
+            .iter()
+            .map(|p| p.load(Ordering::Acquire) as *const ())
+            .filter(|p| !p.is_null())
+    }
+
+    /// After the writes [`Self::take_hits`] returned were published to every thread.
+    pub fn published(&self) {
+        self.taken.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Waits until no dispatcher holds writes it took and has not published; true if one
+    /// did (read the published invalidations again before running translated code).
+    pub fn wait_published(&self) -> bool {
+        if self.taken.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        while self.taken.load(Ordering::Acquire) != 0 {
+            std::thread::yield_now();
+        }
+        true
+    }
+
     /// Takes the writes the handler caught: the page ranges whose translations must go.
-    /// From the dispatcher, between runs of translated code.
+    /// From the dispatcher, between runs of translated code; where it returns some, the
+    /// dispatcher calls [`Self::published`] once it has published them.
     pub fn take_hits(&self) -> Vec<(u64, u64)> {
         // The dispatcher asks at every entry: a load, no store, when nothing was caught.
         if self.hit_count.load(Ordering::Acquire) == 0 && !self.overflow.load(Ordering::Acquire) {
@@ -203,7 +289,11 @@ impl ProtectedPages {
                     (p, p + PAGE)
                 })
                 .collect();
-            (out, self.overflow.swap(false, Ordering::Acquire))
+            let overflow = self.overflow.swap(false, Ordering::Acquire);
+            if !out.is_empty() || overflow {
+                self.taken.fetch_add(1, Ordering::AcqRel);
+            }
+            (out, overflow)
         });
         if overflow {
             out.extend(self.unprotect_all());

@@ -345,6 +345,8 @@ impl ProcessShared {
     /// resources of ended ones (their code caches are memfds the parent still shares). Then
     /// every lock is released.
     pub fn after_fork_child(&self, mut hold: ForkHold<'_>, me: Arc<ThreadCtl>) {
+        self.smc
+            .after_fork_child(me.handler as *const HandlerShared as *const ());
         *hold.threads = vec![me];
         // No Drop of theirs unmaps anything: the parent's mappings stay as they are.
         hold.pool.clear();

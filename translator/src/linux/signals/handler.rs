@@ -159,8 +159,16 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
         if unsafe { shared.smc.catch_write(addr) } {
             // A store to a page whose code was translated: it runs again now that the page
             // is writable; the thread leaves the cache at its next block boundary, where
-            // the dispatcher discards the page's translations.
+            // the dispatcher discards the page's translations. So does every other thread,
+            // before the store runs: none enters a translation of the page after it.
             shared.unlink_from_handler(area);
+            for peer in shared.smc.peers() {
+                // SAFETY: peers are `'static` handler states of this process's threads.
+                let peer = unsafe { &*(peer as *const HandlerShared) };
+                if !std::ptr::eq(peer, shared) {
+                    peer.kick();
+                }
+            }
             if switched {
                 write_fs(shared.fsgsbase, fs);
             }

@@ -215,6 +215,9 @@ impl Translator {
             if !alone {
                 threads.retain(|t| !Arc::ptr_eq(t, &self.ctl));
                 lock(&shared.ended_stats).add(&self.stats);
+                shared.smc.leave(
+                    self.ctl.handler as *const crate::linux::signals::HandlerShared as *const (),
+                );
             }
             alone
         };

@@ -452,6 +452,10 @@ impl Translator {
             unsafe { &*(&area.ring as *const hotpath_events::RingControl) };
         let ctl = Arc::new(ThreadCtl::new(tid, signals.handler(), ring));
         lock(&shared.threads).push(ctl.clone());
+        // Whom a write the handler catches sends out of the code cache (see `smc`).
+        shared
+            .smc
+            .join(signals.handler() as *const crate::linux::signals::HandlerShared as *const ());
         shared
             .threads_started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

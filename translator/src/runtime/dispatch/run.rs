@@ -49,6 +49,13 @@ impl Translator {
                 next = Next::Guest(self.guest_rip_settled(next));
                 self.process.invalidate.extend(written);
                 self.apply_invalidations();
+                self.process.signals.protected_pages().published();
+            } else if self.process.signals.protected_pages().wait_published() {
+                // Another thread's dispatcher took writes and has published them now: discard
+                // them here too before running anything (as for a caught write).
+                next = Next::Guest(self.guest_rip_settled(next));
+                self.next = next;
+                self.take_invalidations();
             }
             self.arm_safe_point();
             self.poll_commands();

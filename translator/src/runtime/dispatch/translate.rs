@@ -160,17 +160,32 @@ impl Translator {
                 return Ok(entry);
             }
         }
-        let block = self.decode(GuestAddr(pc), max);
         // Watch the code's pages for writes if the guest may write them (undecodable bytes
-        // too: code written there later must replace the trap). Not when nothing could be
-        // fetched at `pc` (a page that is not executable, such as the stack or the heap): its
-        // bytes are no code, and hotpath itself writes signal frames on the stack.
+        // too: code written there later must replace the trap), before their bytes are read:
+        // another thread's store after the read then faults and discards this translation
+        // (protected after the read, a store in between went unseen and the translation
+        // stayed stale). Not when nothing can be fetched at `pc` (a page that is not
+        // executable, such as the stack or the heap): its bytes are no code, and hotpath
+        // itself writes signal frames on the stack.
+        let watched = self.code_writable(pc);
+        if watched && self.process.maps.executable_len(pc, 1) > 0 {
+            self.protect_code(pc, pc + 1);
+        }
+        let mut block = self.decode(GuestAddr(pc), max);
         let fetched_nothing = matches!(
             block.terminator,
             hotpath_ir::Terminator::Trap { kind: TrapKind::FetchFault, at } if at.0 == pc
         );
         if !fetched_nothing {
-            self.protect_code(pc, block.end().0.max(pc + 1));
+            let end = block.end().0.max(pc + 1);
+            self.protect_code(pc, end);
+            let page = hotpath_loader::page_floor;
+            if watched && page(end - 1) != page(pc) {
+                // The block runs onto a page protected only now: read it again under the
+                // protection.
+                block = self.decode(GuestAddr(pc), max);
+                self.protect_code(pc, block.end().0.max(pc + 1));
+            }
         }
         // An indirect branch through a slot that cannot change without a system call is
         // translated as a direct one to the slot's value.
@@ -353,6 +368,8 @@ impl Translator {
             return self.place_persisted(pc, &module);
         };
         let len = record.guest.len() as u64;
+        // Protected before the bytes are compared, as a fresh translation's (`translate_limited`).
+        self.protect_code(pc, pc + len);
         if !self.code_is(pc, record.guest) {
             return Ok(None);
         }
@@ -395,7 +412,6 @@ impl Translator {
         if placed.emitted.code.len() as u64 > self.cache.room() {
             return Ok(None);
         }
-        self.protect_code(pc, pc + len);
         if let Some(slot) = slot {
             self.depend_on_slot(slot);
         }
