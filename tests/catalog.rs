@@ -269,6 +269,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("jit_rwx", "jit_rwx.c", &[], Exit(0),
         "code rewritten in place in an RWX page (no mprotect), data stored into the code page, \
          and read(2) writing code into it"),
+    sample("jit_pages", "jit_pages.c", &[], Exit(0),
+        "code in one RWX page calls and jumps into a function in another that is rewritten \
+         between calls (the caller's links into the written page undone)"),
     sample("threads", "threads.c", &[], Exit(0),
         "pthreads: clone, per-thread TLS (FS base), futexes, a barrier, a mutex, join"),
     sample("thread_counts", "thread_cases.c", &["counts"], Exit(0),

@@ -71,6 +71,7 @@ sample_tests! {
     constant_slots,
     jumptable_changes,
     jit_rwx,
+    jit_pages,
     threads,
     thread_counts,
     thread_pingpong,

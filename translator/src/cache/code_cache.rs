@@ -144,6 +144,12 @@ pub(crate) struct CacheIndex {
     /// Guest addresses whose entry is a superblock (this generation), with its trace (basic
     /// block ids).
     pub(crate) superblock_heads: FxHashMap<u64, std::sync::Arc<[hotpath_ir::BlockId]>>,
+    /// Guest starts of the basic blocks the superblocks of this generation hold (a copy of
+    /// each block's code is in the trace).
+    pub(crate) superblock_members: rustc_hash::FxHashSet<u64>,
+    /// Guest starts of the blocks discarded one by one since the last flush (their `spans`
+    /// entries stay: a span that starts at one of them and at no current block names nothing).
+    pub(crate) discarded: rustc_hash::FxHashSet<u64>,
     /// Single-instruction blocks for single-stepping (EFLAGS.TF): guest address → host entry
     /// (this generation).
     pub(crate) step_blocks: FxHashMap<u64, HostAddr>,
@@ -182,6 +188,8 @@ impl CacheIndex {
             generation: 0,
             generation_first_id: 0,
             superblock_heads: FxHashMap::default(),
+            superblock_members: Default::default(),
+            discarded: Default::default(),
             step_blocks: FxHashMap::default(),
             invalidations_seen,
             linked: Default::default(),

@@ -45,6 +45,8 @@ pub struct Stats {
     pub syscalls: u64,
     /// Code cache flushes.
     pub flushes: u64,
+    /// Blocks discarded one by one (their page written or remapped) instead of a flush.
+    pub blocks_discarded: u64,
     /// Times a code cache moved out of the guest's way (see `Translator::move_cache`).
     pub cache_moves: u64,
     /// Exits at the end of a ring lap (to wait for the monitor and start the next lap).
@@ -77,6 +79,7 @@ impl Stats {
         self.jump_table_entries_direct += o.jump_table_entries_direct;
         self.syscalls += o.syscalls;
         self.flushes += o.flushes;
+        self.blocks_discarded += o.blocks_discarded;
         self.cache_moves += o.cache_moves;
         self.ring_refills += o.ring_refills;
         self.superblocks += o.superblocks;

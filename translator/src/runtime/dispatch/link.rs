@@ -1,6 +1,7 @@
 //! Links noted as translations chain, and what the cache drops: invalidated ranges and flushes.
 
 use super::*;
+use crate::cache::links::exits_into;
 
 impl Translator {
     /// Discards translations overlapping ranges the guest unmapped, remapped, reprotected or
@@ -21,21 +22,67 @@ impl Translator {
     /// as they are: whoever changed a page's protection forgot it then (the thread whose
     /// system call changed it, `GuestThread::mapping_changed`; whoever took a caught write,
     /// `ProtectedPages::take_hits`), and a page protected since holds new translations.
+    ///
+    /// Where every translation there is a basic block of its own (no superblock holds a copy
+    /// of one, no translation took a constant from there), just those blocks go
+    /// ([`Self::discard_blocks`]): what a JIT writing code into pages it runs from needs, a
+    /// page at a time. Anything else flushes the whole cache.
     pub(super) fn discard(&mut self, ranges: &[(u64, u64)]) {
         for &(s, e) in ranges {
             self.process.maps.invalidate_range(s, e);
         }
-        let hit = ranges.iter().any(|&(s, e)| {
+        let mut blocks = Vec::new();
+        let mut whole = false;
+        for &(s, e) in ranges {
             // Blocks are at most a few hundred bytes: look a page back for ones that start before.
-            self.index
-                .spans
-                .view()
-                .range(|&(bs, _)| bs, s.saturating_sub(4096), e)
-                .any(|&(bs, be)| bs < e && be > s)
-        });
-        if hit {
-            self.flush();
+            let spans = self.index.spans.view();
+            for &(bs, be) in spans.range(|&(bs, _)| bs, s.saturating_sub(4096), e) {
+                if !(bs < e && be > s) {
+                    continue;
+                }
+                let index = &self.index;
+                if index.superblock_heads.contains_key(&bs)
+                    || index.superblock_members.contains(&bs)
+                {
+                    // A superblock holds a copy of it (maybe of a block itself discarded
+                    // already: a superblock decodes its blocks afresh).
+                    whole = true;
+                } else if index.blocks.contains_key(&bs) || index.step_blocks.contains_key(&bs) {
+                    blocks.push(bs);
+                } else if !index.discarded.contains(&bs) {
+                    // A constant a translation depends on.
+                    whole = true;
+                }
+            }
         }
+        if whole {
+            self.flush();
+        } else if !blocks.is_empty() {
+            blocks.sort_unstable();
+            blocks.dedup();
+            self.discard_blocks(&blocks);
+        }
+    }
+
+    /// Discards the basic blocks that start at the guest addresses `starts` (none of them a
+    /// superblock's head or part of one): the links into them go back to their exit stubs,
+    /// their lookup entries go, and every jump table goes back to its fill stubs (a table may
+    /// hold one of them). Their code stays in the cache, unreachable, until the next flush.
+    fn discard_blocks(&mut self, starts: &[u64]) {
+        let linked: Vec<u32> = exits_into(self.index.linked.view(), starts).collect();
+        for e in linked {
+            if let Some((site, stub)) = self.index.exits[e as usize].kind.link_site() {
+                self.cache.patch_rel32(site, stub);
+            }
+        }
+        for &start in starts {
+            self.area.forget_ibl(start);
+            self.index.blocks.remove(&start);
+            self.index.step_blocks.remove(&start);
+            self.index.discarded.insert(start);
+        }
+        self.area.unlink_jump_tables();
+        self.stats.blocks_discarded += starts.len() as u64;
     }
 
     /// Notes that direct exit `exit` was linked to its target, guest `target`
@@ -77,6 +124,8 @@ impl Translator {
         self.index.generation += 1;
         self.index.generation_first_id = lock(&self.process.shared.registry).next_id;
         self.index.superblock_heads.clear();
+        self.index.superblock_members.clear();
+        self.index.discarded.clear();
         self.index.step_blocks.clear();
         self.jump_tables.clear();
         self.area.jump_tables_open = 0;

@@ -188,6 +188,9 @@ impl Translator {
         // table by its entry.
         self.index.blocks.insert(head, trace.entry);
         self.index.superblock_heads.insert(head, trace_ids);
+        self.index
+            .superblock_members
+            .extend(blocks.iter().map(|b| b.start.0));
         self.cache.patch_jump(old_entry, trace.entry);
         self.area.retarget_ibl(head, trace.entry.0);
         self.stats.superblocks += 1;
