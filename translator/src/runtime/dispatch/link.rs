@@ -20,7 +20,7 @@ impl Translator {
 
     /// Discards this thread's translations of `ranges`. The write-protected pages there stay
     /// as they are: whoever changed a page's protection forgot it then (the thread whose
-    /// system call changed it, `GuestThread::mapping_changed`; whoever took a caught write,
+    /// system call changed it, `syscalls::mapping_changed`; whoever took a caught write,
     /// `ProtectedPages::take_hits`), and a page protected since holds new translations.
     ///
     /// Where every translation there is a basic block of its own (no superblock holds a copy
