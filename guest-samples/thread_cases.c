@@ -385,6 +385,14 @@ static int newcode(void)
 static unsigned char *jit_page;
 static volatile int jit_ready = -1, jit_want;
 
+/* Maps the RWX page the jit cases write code into: 0, or 1 if it cannot be mapped. */
+static int jit_map(void)
+{
+    jit_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return jit_page == MAP_FAILED;
+}
+
 /* Writes `lea rax, [rdi + 3k + 1]; ret` into slot k % JIT_SLOTS. */
 static void jit_emit(int k)
 {
@@ -408,9 +416,7 @@ static void *jit_writer(void *arg)
 
 static int jitwriter(void)
 {
-    jit_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
-                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (jit_page == MAP_FAILED)
+    if (jit_map())
         return 1;
     for (int k = JIT_SLOTS - 1; k >= 0; k--)
         jit_emit(k);
@@ -435,13 +441,19 @@ static int jitwriter(void)
 #define JIT_VERSIONS 3000
 static volatile int jit_version, jit_done;
 
+/* Writes `mov eax, v; ret` at the start of the page. */
+static void jit_emit_version(int v)
+{
+    unsigned char c[] = {0xb8, 0, 0, 0, 0, 0xc3};
+    memcpy(c + 1, &v, 4);
+    memcpy(jit_page, c, sizeof c);
+}
+
 static void *jit_rewriter(void *arg)
 {
     (void)arg;
     for (int v = 1; v <= JIT_VERSIONS; v++) {
-        unsigned char c[] = {0xb8, 0, 0, 0, 0, 0xc3}; /* mov eax, v; ret */
-        memcpy(c + 1, &v, 4);
-        memcpy(jit_page, c, sizeof c);
+        jit_emit_version(v);
         __atomic_store_n(&jit_version, v, __ATOMIC_RELEASE);
         for (volatile int i = 0; i < 200; i++)
             ;
@@ -452,12 +464,9 @@ static void *jit_rewriter(void *arg)
 
 static int jitversions(void)
 {
-    jit_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
-                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (jit_page == MAP_FAILED)
+    if (jit_map())
         return 1;
-    unsigned char first[] = {0xb8, 0, 0, 0, 0, 0xc3};
-    memcpy(jit_page, first, sizeof first);
+    jit_emit_version(0);
     pthread_t t;
     pthread_create(&t, NULL, jit_rewriter, NULL);
     long older = 0;
