@@ -119,6 +119,8 @@ pub struct Decisions {
     /// The hot threshold the tables were given (0: not read yet), which
     /// [`SUPERBLOCKS_PER_THRESHOLD_STEP`] raises `tables.hot_threshold` from.
     base_threshold: u64,
+    /// The usual successors of ids with many, as last found.
+    memo: HotMemo,
 }
 
 impl Decisions {
@@ -156,7 +158,7 @@ impl Decisions {
             }
         }
         for (head, tries) in heads {
-            match trace_from(tables, head) {
+            match trace_from(tables, &mut self.memo, head) {
                 Some(blocks) => {
                     self.requests += 1;
                     out.push(Command::FormSuperblock { blocks });
@@ -244,8 +246,8 @@ impl Decisions {
         // Along the exit when most runs that reach its block go where the exit's runs
         // mostly go; else the trace ends at that block (a branch or a return whose targets
         // are as frequent: no trace crosses it, as `trace_from` would decide).
-        let trace = if x.follow_exit(tables) {
-            extend_trace(tables, prefix, Some(exit))
+        let trace = if x.follow_exit(tables, &mut self.memo) {
+            extend_trace(tables, &mut self.memo, prefix, Some(exit))
         } else if prefix.len() >= 2 {
             Some(prefix.into_iter().map(BlockId).collect())
         } else {
@@ -294,7 +296,7 @@ impl Decisions {
             return;
         }
         let prefix: Vec<u32> = blocks.iter().map(|b| b.0).collect();
-        let Some(trace) = extend_trace(tables, prefix, Some(id)) else {
+        let Some(trace) = extend_trace(tables, &mut self.memo, prefix, Some(id)) else {
             return;
         };
         if self.replace(id, blocks, trace, out) {
@@ -305,6 +307,7 @@ impl Decisions {
 
 /// How superblock `id`'s runs ended so far: its entries, its side exits by position, and its
 /// most taken side exit as (count, position, the exit's event id).
+#[derive(Clone)]
 struct Exits {
     entries: u64,
     by_position: Vec<u64>,
@@ -313,12 +316,19 @@ struct Exits {
 
 impl Exits {
     fn of(tables: &Tables, id: u32, len: usize) -> Exits {
+        Exits::counted(tables, id, len).0
+    }
+
+    /// [`Exits::of`], with the number of successors it looked at.
+    fn counted(tables: &Tables, id: u32, len: usize) -> (Exits, usize) {
         let mut x = Exits {
             entries: 0,
             by_position: vec![0; len],
             worst: (0, 0, 0),
         };
-        for (to, c) in tables.successors_of(id) {
+        let successors = tables.successors_of(id);
+        let n = successors.len();
+        for (to, c) in successors {
             x.entries += c;
             if let Some(IdKind::SideExit { superblock, after }) = tables.kind(to) {
                 if superblock.0 == id {
@@ -329,7 +339,7 @@ impl Exits {
                 }
             }
         }
-        x
+        (x, n)
     }
 
     /// True if more runs left early than ran to the end.
@@ -339,10 +349,10 @@ impl Exits {
 
     /// True if a trace reaching the most taken exit's block should go where that exit's
     /// runs went: 70 % of the runs reaching the block went there ([`MIN_SUCCESSOR_SHARE`]).
-    fn follow_exit(&self, tables: &Tables) -> bool {
+    fn follow_exit(&self, tables: &Tables, memo: &mut HotMemo) -> bool {
         let (left, after, exit) = self.worst;
         let reached = self.entries - self.by_position[..after as usize].iter().sum::<u64>();
-        let along_exit = hottest_successor(tables, exit).map_or(0.0, |(_, share)| share);
+        let along_exit = memo.hottest(tables, exit).map_or(0.0, |(_, share)| share);
         left as f64 * along_exit >= MIN_SUCCESSOR_SHARE * reached as f64
     }
 }
@@ -366,41 +376,83 @@ fn trace_head(tables: &Tables, from: u32, to: u32) -> Option<u32> {
     (target.start <= source.start).then_some(to)
 }
 
-/// The successor of `id` that followed it most often, with its share of `id`'s successors.
-/// Successors that start at the same guest address count as one: a block and the superblock
-/// that replaced it as the entry of its address (the superblock is returned).
-fn hottest_successor(tables: &Tables, id: u32) -> Option<(u32, f64)> {
-    let mut by_addr: Vec<(u64, u32, u64)> = Vec::new();
-    let mut total = 0;
-    for (to, c) in tables.successors_of(id) {
-        total += c;
-        let first = match tables.trace(to) {
-            Some(t) => t[0].0,
-            None => to,
-        };
-        let Some(b) = tables.summary(first) else {
-            continue;
-        };
-        match by_addr.iter_mut().find(|e| e.0 == b.start.0) {
-            Some(e) => {
-                e.2 += c;
-                if tables.trace(to).is_some() {
-                    e.1 = to;
-                }
+/// Ids with at least this many successors have their usual one remembered ([`HotMemo`]):
+/// finding it costs a look at each.
+const HOT_MEMO_MIN_SUCCESSORS: usize = 64;
+
+/// Events for which a remembered usual successor stands before it is looked for again.
+const HOT_MEMO_EVENTS: u64 = 1 << 16;
+
+/// The usual successors ([`HotMemo::hottest`]) of the ids with [`HOT_MEMO_MIN_SUCCESSORS`] or
+/// more, with the event count when each was found. A call through a table of 22,000
+/// functions has as many successors, and each of their 22,000 returns heads a trace that
+/// reaches that call again: looking through them every time made a generated program of
+/// 110,000 blocks (6 ms natively) run 24 s with a superblock at every hot loop head.
+#[derive(Clone, Default)]
+struct HotMemo {
+    by_id: rustc_hash::FxHashMap<u32, (u64, Option<(u32, f64)>)>,
+    /// The same for [`Exits::of`] superblocks with many successors (a trace through the
+    /// superblock at such a call's loop head looks at how its runs ended).
+    exits: rustc_hash::FxHashMap<u32, (u64, Exits)>,
+}
+
+impl HotMemo {
+    /// [`Exits::of`] superblock `id` (`len` blocks), as found at most [`HOT_MEMO_EVENTS`]
+    /// events ago for one with many successors.
+    fn exits(&mut self, tables: &Tables, id: u32, len: usize) -> Exits {
+        if let Some((at, x)) = self.exits.get(&id) {
+            if tables.events.saturating_sub(*at) < HOT_MEMO_EVENTS && x.by_position.len() == len {
+                return x.clone();
             }
-            None => by_addr.push((b.start.0, to, c)),
         }
+        let (x, successors) = Exits::counted(tables, id, len);
+        if successors >= HOT_MEMO_MIN_SUCCESSORS {
+            self.exits.insert(id, (tables.events, x.clone()));
+        }
+        x
     }
-    by_addr
-        .into_iter()
-        .max_by_key(|&(addr, _, c)| (c, std::cmp::Reverse(addr)))
-        .map(|(_, to, c)| (to, c as f64 / total.max(1) as f64))
+
+    /// The successor of `id` that followed it most often, with its share of `id`'s
+    /// successors, as found at most [`HOT_MEMO_EVENTS`] events ago for an id with many.
+    /// Successors that start at the same guest address count as one: a block and the
+    /// superblock that replaced it as the entry of its address (the superblock is returned).
+    fn hottest(&mut self, tables: &Tables, id: u32) -> Option<(u32, f64)> {
+        if let Some(&(at, found)) = self.by_id.get(&id) {
+            if tables.events.saturating_sub(at) < HOT_MEMO_EVENTS {
+                return found;
+            }
+        }
+        let successors = tables.successors_of(id);
+        let many = successors.len() >= HOT_MEMO_MIN_SUCCESSORS;
+        let mut by_addr: rustc_hash::FxHashMap<u64, (u32, u64)> = rustc_hash::FxHashMap::default();
+        by_addr.reserve(successors.len());
+        let mut total = 0;
+        for (to, c) in successors {
+            total += c;
+            let Some((start, superblock)) = tables.start_of(to) else {
+                continue;
+            };
+            let e = by_addr.entry(start).or_insert((to, 0));
+            e.1 += c;
+            if superblock {
+                e.0 = to;
+            }
+        }
+        let found = by_addr
+            .into_iter()
+            .max_by_key(|&(addr, (_, c))| (c, std::cmp::Reverse(addr)))
+            .map(|(_, (to, c))| (to, c as f64 / total.max(1) as f64));
+        if many {
+            self.by_id.insert(id, (tables.events, found));
+        }
+        found
+    }
 }
 
 /// The trace from `head` along the most frequent static successors, unrolled when it closes
 /// a loop; `None` when it would be a single block that is not a loop (nothing to gain).
-fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
-    extend_trace(tables, vec![head], None)
+fn trace_from(tables: &Tables, memo: &mut HotMemo, head: u32) -> Option<Vec<BlockId>> {
+    extend_trace(tables, memo, vec![head], None)
 }
 
 /// [`trace_from`] the trace's first blocks `trace` (basic block ids, not empty), going on
@@ -410,6 +462,7 @@ fn trace_from(tables: &Tables, head: u32) -> Option<Vec<BlockId>> {
 /// end).
 fn extend_trace(
     tables: &Tables,
+    memo: &mut HotMemo,
     mut trace: Vec<u32>,
     mut via: Option<u32>,
 ) -> Option<Vec<BlockId>> {
@@ -428,7 +481,7 @@ fn extend_trace(
         // led there: a block the trace has already (an interpreter's dispatch, between two
         // handlers) may come again.
         let from = via.take();
-        let Some((next, share)) = hottest_successor(tables, from.unwrap_or(cur)) else {
+        let Some((next, share)) = memo.hottest(tables, from.unwrap_or(cur)) else {
             break;
         };
         if share < MIN_SUCCESSOR_SHARE {
@@ -470,7 +523,7 @@ fn extend_trace(
             let room = MAX_TRACE_BLOCKS - trace.len();
             // A superblock that mostly left early: its blocks up to its most taken exit, then
             // on as its re-forming would go (its path after that is one the runs left).
-            let x = Exits::of(tables, next, rest.len() + 1);
+            let x = memo.exits(tables, next, rest.len() + 1);
             if x.entries >= tables.hot_threshold && x.mostly_early() {
                 let (_, after, exit) = x.worst;
                 let upto = (after as usize + 1).min(room);
@@ -480,7 +533,7 @@ fn extend_trace(
                     .iter()
                     .map(|&b| tables.summary(b).expect("a known id").instructions)
                     .sum::<u32>();
-                if upto == after as usize + 1 && x.follow_exit(tables) {
+                if upto == after as usize + 1 && x.follow_exit(tables, memo) {
                     cur = *trace.last()?;
                     via = Some(exit);
                     continue;

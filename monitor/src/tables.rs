@@ -565,6 +565,17 @@ impl Tables {
         self.entry(id).map(|b| &b.summary)
     }
 
+    /// The guest address id `id`'s run starts at (its basic block's, or its trace's first
+    /// block's) and whether it is a superblock, if known: one catalog lookup.
+    pub fn start_of(&self, id: u32) -> Option<(u64, bool)> {
+        self.entry(id).map(|b| {
+            (
+                b.summary.start.0,
+                matches!(b.kind, IdKind::Superblock { .. }),
+            )
+        })
+    }
+
     /// What id `id` stands for (a basic block, a superblock, a superblock's side exit), if
     /// known.
     pub fn kind(&self, id: u32) -> Option<&IdKind> {

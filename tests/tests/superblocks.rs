@@ -488,3 +488,93 @@ fn a_switch_dispatch_becomes_a_jump_table_site() {
         );
     }
 }
+
+/// Functions in [`generated_program`], each of five distinct blocks (its entry and the four
+/// places its tests branch to).
+const GENERATED_FUNCTIONS: usize = 22_000;
+
+/// Writes and builds (freestanding, static) a program of [`GENERATED_FUNCTIONS`] functions
+/// that a driver calls one after another through a table, `rounds` times over: each function
+/// tests four bits of its argument (a hash of the round and its index), so that across rounds
+/// every one of its blocks runs. It writes the sum of what they return (8 raw bytes) and
+/// exits 0. Returns the executable.
+fn generated_program(rounds: u32) -> PathBuf {
+    use std::fmt::Write as _;
+    let mut s = String::from(".intel_syntax noprefix\n.text\n.globl _start\n_start:\n");
+    // r12: round, r13: function index, r14: the table, r15: the sum.
+    let _ = write!(
+        s,
+        "    xor r12d, r12d\n    xor r15d, r15d\n    lea r14, [rip + table]\n\
+         round:\n    xor r13d, r13d\n\
+         next:\n    mov rdi, r12\n    shl rdi, 20\n    xor rdi, r13\n    imul rdi, rdi, 0x5bd1e995\n    shr rdi, 13\n\
+         \x20   call [r14 + r13 * 8]\n    add r15, rax\n    inc r13\n    cmp r13, {GENERATED_FUNCTIONS}\n    jb next\n\
+         \x20   inc r12\n    cmp r12, {rounds}\n    jb round\n\
+         \x20   mov [rsp - 8], r15\n    lea rsi, [rsp - 8]\n    mov edx, 8\n    mov edi, 1\n    mov eax, 1\n    syscall\n\
+         \x20   xor edi, edi\n    mov eax, 60\n    syscall\n"
+    );
+    for f in 0..GENERATED_FUNCTIONS {
+        let _ = write!(
+            s,
+            "f{f}:\n    xor eax, eax\n    test edi, 1\n    jz 1f\n    add eax, {a}\n\
+             1:  test edi, 2\n    jz 2f\n    add eax, {b}\n\
+             2:  test edi, 4\n    jz 3f\n    xor eax, {c}\n\
+             3:  test edi, 8\n    jz 4f\n    sub eax, {d}\n\
+             4:  ret\n",
+            a = f + 1,
+            b = 3 * f + 1,
+            c = 5 * f + 1,
+            d = 7 * f + 1,
+        );
+    }
+    s.push_str(".section .rodata\n.balign 8\ntable:\n");
+    for f in 0..GENERATED_FUNCTIONS {
+        let _ = writeln!(s, "    .quad f{f}");
+    }
+    let dir = scratch();
+    let src = dir.join("generated_blocks.S");
+    let exe = dir.join("generated_blocks");
+    std::fs::write(&src, s).expect("write the generated program");
+    let out = std::process::Command::new("gcc")
+        .args(["-nostdlib", "-static", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run gcc");
+    assert!(
+        out.status.success(),
+        "gcc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// A program with more than 100,000 distinct blocks (#60: the monitor's tables, the
+/// superblocks formed and the code cache at a big program's scale): its tables with a
+/// superblock at every loop head as soon as it is hot, and again with a 64-entry ring, equal
+/// its tables without superblocks, and its output equals its native output.
+#[test]
+fn a_program_of_100000_blocks_keeps_its_tables_exact_with_superblocks() {
+    let exe = generated_program(16);
+    let native = std::process::Command::new(&exe)
+        .output()
+        .expect("run the generated program natively");
+    assert!(native.status.success(), "native run: {}", native.status);
+    for (name, sb_args) in [
+        ("generated_blocks", &["--superblock-threshold", "1"][..]),
+        (
+            "generated_blocks_ring64",
+            &["--superblock-threshold", "1", "--ring-entries", "64"][..],
+        ),
+    ] {
+        let (entries, _) = compare_exe(&exe, &[], name, sb_args, Termination::Exited(0));
+        assert!(entries > 0, "{name}: no superblock was entered");
+    }
+    let run = run_with_report(&exe, &[], &scratch(), "generated_blocks_default", &[]);
+    assert_eq!(run.outcome.stdout, native.stdout, "output under hotpath");
+    let distinct = as_u64(&run.report.json["totals"]["distinct_blocks"]);
+    assert!(
+        distinct > 100_000,
+        "the generated program ran only {distinct} distinct blocks"
+    );
+}
