@@ -225,11 +225,11 @@ pub(crate) struct End {
 /// The pair programs of one recorder.
 #[derive(Clone, Default)]
 pub(crate) struct Pairs {
-    /// Per previous run: the two runs that followed it most recently, with their programs
-    /// (`(NONE, _)`: empty).
+    /// Per block (the last one of the run before): the two runs that followed it most
+    /// recently, with their programs (`(NONE, _)`: empty).
     pub(crate) slots: Vec<[(u32, u32); 2]>,
-    /// Program by `(previous run, run)`, behind `slots`: a direct-mapped cache (a run
-    /// followed by more than two others: a superblock's side exits, a dispatch loop), then a
+    /// Program by `(block before, run)`, behind `slots`: a direct-mapped cache (a block
+    /// followed by more than two runs: a superblock's side exits, a dispatch loop), then a
     /// map.
     pub(crate) cache: Box<[(u32, u32, u32)]>,
     pub(crate) map: FxMap<(u32, u32), u32>,
@@ -243,7 +243,8 @@ pub(crate) struct Pairs {
     /// programs that have some.
     pub(crate) runs: Vec<u64>,
     pub(crate) dirty: Vec<u32>,
-    /// The previous run ([`NONE`]: none yet).
+    /// The previous run ([`NONE`]: none yet): a run that repeats it is a loop whose body it
+    /// is (`PathRecorder::run_sums_loop`).
     pub(crate) prev_run: u32,
     /// Runs to take the general way before [`PathRecorder::run_sums_loop`] is tried again.
     pub(crate) backoff: u32,
@@ -260,7 +261,7 @@ impl Pairs {
         }
     }
 
-    /// The program of pair `(prev, run)`, if one was compiled (perhaps stale).
+    /// The program of run `run` after block `prev`, if one was compiled (perhaps stale).
     #[inline]
     pub(crate) fn find(&self, prev: u32, run: u32) -> Option<u32> {
         let s = self.slots.get(prev as usize)?;
