@@ -13,10 +13,10 @@
 //! sum added to the activation's register, blocks and instructions added to its path, and at
 //! back edges inside it, paths ended (the first one's id is the register plus a constant, the
 //! others are constants) and a new register. That is compiled once into a chain of
-//! [`Program`]s, found through two slots per block before (as the tables' successor cache is
-//! per event before), a direct-mapped cache and a map behind them. (Keyed by the previous
-//! run instead, an interpreter whose traces each end at its dispatch had a program per pair
-//! of handlers: a 4,000-case `switch` made 3.5 million, 680 MB.) and each piece is checked
+//! [`Program`]s, found through two slots per previous run (the tables' successor cache, keyed
+//! the same way), a direct-mapped cache and a map by block behind them. (Stored by the
+//! previous run instead, an interpreter whose traces each end at its dispatch had a program
+//! per pair of handlers: a 4,000-case `switch` made 3.5 million, 680 MB.) and each piece is checked
 //! before it is applied against what it assumed:
 //! 1. its function's numbering, entries and nodes are as they were (a per-function epoch,
 //!    bumped by a renumbering and by a call reaching one of its nodes' addresses first, which
@@ -37,10 +37,9 @@
 //! of the run's blocks, after which the pair usually compiles.
 
 use super::frames::{Activation, Resync};
-use super::ids::{cache_slot, NONE};
+use super::ids::NONE;
 use super::programs::{
-    Applied, End, Program, CALL, FAST_BACKOFF, FOREIGN, INTRA, NEVER, NO_DENSE, PAIR_CACHE_SLOTS,
-    STALE, TAIL,
+    Applied, End, Program, CALL, FAST_BACKOFF, FOREIGN, INTRA, NEVER, NO_DENSE, STALE, TAIL,
 };
 use super::recorder::PathRecorder;
 use super::runs::{repeat_run_end, NextRun};
@@ -114,7 +113,7 @@ impl PathRecorder {
             } else {
                 (e, 1)
             };
-            let Some(p) = self.pairs.find(last, run) else {
+            let Some(p) = self.pairs.find(prev_run, last, run) else {
                 break;
             };
             let prog = &self.pairs.progs[p as usize];
@@ -233,15 +232,22 @@ impl PathRecorder {
     /// Accounts run `run` (an event id whose blocks are known).
     #[inline]
     fn run_pair(&mut self, run: u32, tables: &Tables) {
-        self.pairs.prev_run = run;
-        // Keyed by the block before the run, not the run before it: what the run does depends
-        // on that block alone (and on the state, which each piece checks), and a dispatch
-        // that ends every handler's trace would otherwise make a program per pair of handlers
-        // (a 4,000-case `switch` interpreter: 3.5 million programs, 680 MB).
+        let prev_run = std::mem::replace(&mut self.pairs.prev_run, run);
+        // A program is stored by the block before the run, not the run before it: what the
+        // run does depends on that block alone (and on the state, which each piece checks),
+        // and an interpreter whose traces each end at its dispatch would otherwise compile a
+        // program per pair of handlers (a 4,000-case `switch`: 3.5 million programs, 680 MB).
+        // The slots that find it first stay per run before, whose successors follow the
+        // program's own sequence of handlers (by block, an interpreter's slots missed more:
+        // 15 % slower).
         let prev = self.prev;
         let mut from = 0;
-        if prev != NONE {
-            let found = self.pairs.find(prev, run);
+        if prev_run != NONE && prev != NONE {
+            let found = self.pairs.find_in_slots(prev_run, run).or_else(|| {
+                let p = self.pairs.find_slow(prev_run, prev, run)?;
+                self.pairs.remember(prev_run, run, p);
+                Some(p)
+            });
             let applied = match found {
                 Some(p) => self.apply_chain(p),
                 None => Err((Applied::Stale, 0)),
@@ -252,6 +258,7 @@ impl PathRecorder {
                     let mut scratch = std::mem::take(&mut self.pairs.scratch);
                     self.compile(run, &mut scratch);
                     let p = self.store_pair(prev, run, &mut scratch.chain);
+                    self.pairs.remember(prev_run, run, p);
                     self.pairs.scratch = scratch;
                     match self.apply_chain(p) {
                         Ok(()) => return,
@@ -302,8 +309,8 @@ impl PathRecorder {
         done
     }
 
-    /// Keeps the chain of pieces `chain` as pair `(prev, run)`'s program (over the stale one,
-    /// whose runs are settled first, where it has as many pieces), in its slots. Returns its
+    /// Keeps the chain of pieces `chain` as the program of run `run` after block `prev` (over
+    /// the stale one, whose runs are settled first, where it has as many pieces). Returns its
     /// first piece.
     fn store_pair(&mut self, prev: u32, run: u32, chain: &mut [Program]) -> u32 {
         let old = self.pairs.map.get(&(prev, run)).copied();
@@ -336,16 +343,6 @@ impl PathRecorder {
                 NONE
             };
             self.pairs.progs[first as usize + k] = *prog;
-        }
-        self.pairs.cache[cache_slot(prev, run, PAIR_CACHE_SLOTS)] = (prev, run, first);
-        let slots = &mut self.pairs.slots;
-        if slots.len() <= prev as usize {
-            slots.resize(prev as usize + 1, [(NONE, NONE); 2]);
-        }
-        let s = &mut slots[prev as usize];
-        if s[0].0 != run {
-            s[1] = s[0];
-            s[0] = (run, first);
         }
         first
     }

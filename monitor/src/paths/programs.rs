@@ -225,12 +225,12 @@ pub(crate) struct End {
 /// The pair programs of one recorder.
 #[derive(Clone, Default)]
 pub(crate) struct Pairs {
-    /// Per block (the last one of the run before): the two runs that followed it most
-    /// recently, with their programs (`(NONE, _)`: empty).
+    /// Per run: the two runs that followed it most recently, with their programs (`(NONE,
+    /// _)`: empty).
     pub(crate) slots: Vec<[(u32, u32); 2]>,
-    /// Program by `(block before, run)`, behind `slots`: a direct-mapped cache (a block
-    /// followed by more than two runs: a superblock's side exits, a dispatch loop), then a
-    /// map.
+    /// Program by `(run before, run)`, behind `slots`: a direct-mapped cache (a run followed
+    /// by more than two others: a superblock's side exits, a dispatch loop); then the map,
+    /// by `(block before, run)`: the programs themselves, one per block and run.
     pub(crate) cache: Box<[(u32, u32, u32)]>,
     pub(crate) map: FxMap<(u32, u32), u32>,
     pub(crate) progs: Vec<Program>,
@@ -243,8 +243,7 @@ pub(crate) struct Pairs {
     /// programs that have some.
     pub(crate) runs: Vec<u64>,
     pub(crate) dirty: Vec<u32>,
-    /// The previous run ([`NONE`]: none yet): a run that repeats it is a loop whose body it
-    /// is (`PathRecorder::run_sums_loop`).
+    /// The previous run ([`NONE`]: none yet).
     pub(crate) prev_run: u32,
     /// Runs to take the general way before [`PathRecorder::run_sums_loop`] is tried again.
     pub(crate) backoff: u32,
@@ -261,26 +260,52 @@ impl Pairs {
         }
     }
 
-    /// The program of run `run` after block `prev`, if one was compiled (perhaps stale).
+    /// The program of run `run` after run `prev_run`, whose last block is `prev_block`, if
+    /// one was compiled (perhaps stale): through `prev_run`'s slots and the direct-mapped
+    /// cache (keyed by the run before, whose successors are more predictable than a
+    /// block's), else the map (keyed by the block, which is all a program depends on).
     #[inline]
-    pub(crate) fn find(&self, prev: u32, run: u32) -> Option<u32> {
-        let s = self.slots.get(prev as usize)?;
+    pub(crate) fn find(&self, prev_run: u32, prev_block: u32, run: u32) -> Option<u32> {
+        self.find_in_slots(prev_run, run)
+            .or_else(|| self.find_slow(prev_run, prev_block, run))
+    }
+
+    /// [`Pairs::find`] in `prev_run`'s two slots alone.
+    #[inline]
+    pub(crate) fn find_in_slots(&self, prev_run: u32, run: u32) -> Option<u32> {
+        let s = self.slots.get(prev_run as usize)?;
         if s[0].0 == run {
             return Some(s[0].1);
         }
         if s[1].0 == run {
             return Some(s[1].1);
         }
-        self.find_slow(prev, run)
+        None
     }
 
     #[cold]
-    pub(crate) fn find_slow(&self, prev: u32, run: u32) -> Option<u32> {
-        let (cp, cr, p) = self.cache[cache_slot(prev, run, PAIR_CACHE_SLOTS)];
-        if cp == prev && cr == run {
+    pub(crate) fn find_slow(&self, prev_run: u32, prev_block: u32, run: u32) -> Option<u32> {
+        let (cp, cr, p) = self.cache[cache_slot(prev_run, run, PAIR_CACHE_SLOTS)];
+        if cp == prev_run && cr == run {
             return Some(p);
         }
-        self.map.get(&(prev, run)).copied()
+        self.map.get(&(prev_block, run)).copied()
+    }
+
+    /// Makes program `p` the one [`Pairs::find`] finds first for run `run` after run
+    /// `prev_run`.
+    pub(crate) fn remember(&mut self, prev_run: u32, run: u32, p: u32) {
+        self.cache[cache_slot(prev_run, run, PAIR_CACHE_SLOTS)] = (prev_run, run, p);
+        if self.slots.len() <= prev_run as usize {
+            self.slots.resize(prev_run as usize + 1, [(NONE, NONE); 2]);
+        }
+        let s = &mut self.slots[prev_run as usize];
+        if s[0].0 != run {
+            s[1] = s[0];
+            s[0] = (run, p);
+        } else {
+            s[0].1 = p;
+        }
     }
 }
 
