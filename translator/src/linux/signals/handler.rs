@@ -161,7 +161,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
             // is writable; the thread leaves the cache at its next block boundary, where
             // the dispatcher discards the page's translations. So does every other thread,
             // before the store runs: none enters a translation of the page after it.
-            shared.unlink_from_handler(area);
+            shared.unlink_for_caught_write(area);
             for peer in shared.smc.peers() {
                 // SAFETY: peers are `'static` handler states of this process's threads.
                 let peer = unsafe { &*(peer as *const HandlerShared) };

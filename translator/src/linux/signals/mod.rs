@@ -349,6 +349,26 @@ impl HandlerShared {
         }
     }
 
+    /// The handler's unlinking of this thread's code for a store it caught into a page whose
+    /// code was translated, before the store runs again: the thread is in translated code, so
+    /// its own dispatcher does not hold `critical`, and whoever does (the monitor asking for a
+    /// superblock, `kick_at`; another thread's `kick`) lets it go soon. Waiting for it is what
+    /// keeps the thread from running on through its links into the page's old translations:
+    /// left to the holder (`unlink_wanted`), the links stayed until the holder's next step,
+    /// and the calls between the store and it ran the code the store replaced (1 run in 10 of
+    /// `jit_pages` with superblocks, a call or two each time).
+    pub(super) fn unlink_for_caught_write(&self, area: &mut ThreadArea) {
+        while self
+            .critical
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        unlink_all(self, area);
+        self.critical.store(false, Ordering::SeqCst);
+    }
+
     /// The handler's unlinking of this thread's code, unless its dispatcher holds `critical`
     /// (see `unlink_wanted`).
     pub(super) fn unlink_from_handler(&self, area: &mut ThreadArea) {
