@@ -233,6 +233,56 @@ impl EdgeCache<'_> {
 }
 
 impl Tables {
+    /// These tables' storage made into a copy of `fresh` (tables that have counted nothing,
+    /// such as the monitor's template for new threads): what was counted is forgotten, but
+    /// the per-id arrays keep their size, and only the entries these tables filled (the ids in
+    /// `sources`) are emptied. A new thread that takes the storage of one that ended then
+    /// grows nothing: python3 starting 200 threads one after another zeroed 1.8 MB of arrays
+    /// for each (a page fault per 4 KiB), 15 % of the monitor's time.
+    pub fn recycle(&mut self, fresh: &Tables) {
+        debug_assert!(fresh.sources.is_empty() && fresh.events == 0);
+        for &id in &self.sources {
+            if let Some(s) = self.successors.get_mut(id as usize) {
+                *s = EMPTY;
+            }
+            if let Some(w) = self.wide_of.get_mut(id as usize) {
+                *w = NONE;
+            }
+        }
+        let (mut successors, mut wide_of) = (
+            std::mem::take(&mut self.successors),
+            std::mem::take(&mut self.wide_of),
+        );
+        let fresh_len = fresh.successors.len();
+        if successors.len() < fresh_len {
+            successors.resize(fresh_len, EMPTY);
+            wide_of.resize(fresh_len, NONE);
+        }
+        successors[..fresh_len].copy_from_slice(&fresh.successors);
+        wide_of[..fresh_len].copy_from_slice(&fresh.wide_of);
+        let (mut hot, mut sources, mut tails) = (
+            std::mem::take(&mut self.hot),
+            std::mem::take(&mut self.sources),
+            std::mem::take(&mut self.tails),
+        );
+        hot.clone_from(&fresh.hot);
+        sources.clone_from(&fresh.sources);
+        tails.clone_from(&fresh.tails);
+        *self = Tables {
+            meta: fresh.meta.clone(),
+            hot_threshold: fresh.hot_threshold,
+            hot,
+            successors,
+            wide_of,
+            wide: fresh.wide.clone(),
+            sources,
+            syscalls: fresh.syscalls.clone(),
+            prev: fresh.prev,
+            tails,
+            events: fresh.events,
+        };
+    }
+
     /// Accounts a run of events in ring order.
     ///
     /// The common case — the event is one of the previous event's two cached successors — runs
@@ -936,6 +986,12 @@ mod tests {
         let mut t = Tables::default();
         learn(&mut t, ids);
         t.hot_threshold = threshold;
+        check_tables_against_brute_force(t, ids, stream);
+    }
+
+    /// [`check_against_brute_force`] on tables `t` (knowing `ids` ids, nothing counted).
+    fn check_tables_against_brute_force(mut t: Tables, ids: u32, stream: &[u32]) {
+        let threshold = t.hot_threshold;
         let mut hot = Vec::new();
         for chunk in stream.chunks(7) {
             t.record(chunk);
@@ -1021,6 +1077,33 @@ mod tests {
             }
         }
         check_against_brute_force(200, &stream, 1_000);
+    }
+
+    /// Tables that take the storage of tables that counted another stream (with wide tables,
+    /// system calls and hot pairs, over more ids) count as fresh ones do.
+    #[test]
+    fn recycled_tables_count_as_fresh_ones() {
+        let mut next = lcg(99);
+        let mut old = Tables::default();
+        learn(&mut old, 300);
+        old.hot_threshold = 10;
+        let first: Vec<u32> = (0..20_000)
+            .map(|i| match i % 3 {
+                0 => 7,
+                1 => (next() % 300) as u32,
+                _ => SYSCALL_EVENT | (next() % 5) as u32,
+            })
+            .collect();
+        old.record(&first);
+        assert!(!old.wide.is_empty() && !old.syscalls.is_empty());
+        let mut fresh = Tables::default();
+        learn(&mut fresh, 5);
+        fresh.hot_threshold = 100;
+        old.recycle(&fresh);
+        assert_eq!(old.known(), 5);
+        assert!(old.syscalls.is_empty() && old.hot.is_empty() && old.events == 0);
+        let stream: Vec<u32> = (0..10_000).map(|_| (next() % 5) as u32).collect();
+        check_tables_against_brute_force(old, 5, &stream);
     }
 
     #[test]

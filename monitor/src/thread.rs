@@ -95,8 +95,13 @@ pub type Namer = Arc<dyn Fn() -> Box<dyn Fn(u64) -> String> + Send + Sync>;
 impl Ended {
     /// Folds the finished thread `t` in (its tables need not know every id: these learn
     /// the new ones from `catalog`, once for all threads); its path profile, if it recorded
-    /// one, is named by `namer`.
-    fn fold(&mut self, t: ThreadState, catalog: &Arc<BlockCatalog>, namer: Option<&Namer>) {
+    /// one, is named by `namer`. Returns its tables, for their storage.
+    fn fold(
+        &mut self,
+        t: ThreadState,
+        catalog: &Arc<BlockCatalog>,
+        namer: Option<&Namer>,
+    ) -> Tables {
         self.tables.learn_from(catalog);
         let mut row = crate::profile::thread_report_with(
             t.tid,
@@ -115,6 +120,7 @@ impl Ended {
         self.threads.push((t.state.started, row));
         self.tables.merge(&t.state.tables);
         self.busy_ns += t.state.busy_ns;
+        t.state.tables
     }
 }
 
@@ -266,6 +272,7 @@ pub fn spawn(
                 template,
                 bell,
                 namer,
+                spare_tables: None,
             };
             monitor.add(first, state);
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -346,6 +353,8 @@ struct Monitor {
     bell: &'static Doorbell,
     /// Names the path profiles of threads that end while others run on.
     namer: Option<Namer>,
+    /// The tables of the last thread folded, whose storage the next new thread takes.
+    spare_tables: Option<Tables>,
 }
 
 impl Monitor {
@@ -367,13 +376,20 @@ impl Monitor {
     /// python3 program starting 200 threads one after another spent 41 % of the monitor's
     /// time in each new recorder's `learn_known` (46,000 ids, their maps grown entry by
     /// entry).
+    ///
+    /// The tables take the storage of the last thread that ended, if any ([`Tables::recycle`]).
     fn fresh_state(&mut self) -> MonitorState {
         let t = &mut self.template;
         if let Some(p) = t.paths.as_mut() {
             t.tables.learn_from(&self.catalog);
             p.learn_known(&t.tables);
         }
-        t.clone()
+        let mut state = t.clone();
+        if let Some(mut tables) = self.spare_tables.take() {
+            tables.recycle(&state.tables);
+            state.tables = tables;
+        }
+        state
     }
 
     /// The monitor's work: drain every ring in order into its thread's tables (and paths)
@@ -421,7 +437,8 @@ impl Monitor {
                         self.finish_state(&mut t.state);
                     }
                     if fold {
-                        self.ended.fold(t, &self.catalog, self.namer.as_ref());
+                        let tables = self.ended.fold(t, &self.catalog, self.namer.as_ref());
+                        self.spare_tables = Some(tables);
                     } else {
                         self.done.push(t);
                     }
