@@ -866,6 +866,68 @@ fn dlopen_twice_expected_stdout() -> String {
     out
 }
 
+/// A program whose library is found through `RUNPATH $ORIGIN/lib`, run through a symlink in
+/// another directory (`/usr/bin/java` is one: a link to the JDK's launcher, which finds
+/// `libjli.so` beside its own file): the dynamic linker takes `$ORIGIN` from
+/// `/proc/self/exe`, which names the file with the link resolved, as the kernel names it.
+/// Under hotpath it named the link, so the library was not found (exit 127).
+#[test]
+fn a_program_run_through_a_symlink_finds_its_origin_libraries() {
+    let dir = scratch().join("origin");
+    let (lib_dir, bin_dir) = (dir.join("lib"), dir.join("bin"));
+    for d in [&lib_dir, &bin_dir] {
+        fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    }
+    let samples = paths::samples_dir();
+    let gcc = |args: &[&str]| {
+        let out = Command::new("gcc")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("gcc: {e}"));
+        assert!(
+            out.status.success(),
+            "gcc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let lib = lib_dir.join("liborigin.so");
+    let prog = dir.join("origin_prog");
+    gcc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        lib.to_str().unwrap(),
+        samples.join("origin_lib.c").to_str().unwrap(),
+    ]);
+    gcc(&[
+        "-o",
+        prog.to_str().unwrap(),
+        samples.join("origin_prog.c").to_str().unwrap(),
+        "-L",
+        lib_dir.to_str().unwrap(),
+        "-lorigin",
+        "-Wl,-rpath,$ORIGIN/lib",
+    ]);
+    let link = bin_dir.join("origin_prog");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink("../origin_prog", &link).expect("a symlink");
+    let (native, verdict) = compare_with_native(&link, &[], scratch());
+    let want = format!(
+        "answer 42\nexe {}\n",
+        prog.canonicalize().expect("the program").display()
+    );
+    assert!(
+        native.termination == Termination::Exited(0) && native.stdout == want.as_bytes(),
+        "the NATIVE run of {} is not what its source says ({}): {}",
+        link.display(),
+        native.termination,
+        String::from_utf8_lossy(&native.stdout)
+    );
+    if let Err(report) = verdict {
+        panic!("origin_prog through a symlink:{report}");
+    }
+}
+
 /// `dlopen_twice` (dynamically linked) and the library it loads, built into the build dir.
 fn dlopen_twice() -> (PathBuf, String) {
     let lib = guest_build::build_shared_library("dlopen_lib.c").unwrap_or_else(|e| panic!("{e}"));

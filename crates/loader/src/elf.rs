@@ -108,8 +108,13 @@ pub struct Symbol {
 /// A loaded guest image.
 #[derive(Clone, Debug)]
 pub struct Image {
-    /// The guest program's path, absolute (what `/proc/self/exe` must show the guest).
+    /// The guest program's path, absolute, as given (for messages and reports).
     pub path: PathBuf,
+    /// The program file as the kernel names it (symlinks and `..` resolved, as
+    /// `readlink("/proc/self/exe")` shows it natively): what `/proc/self/exe` must show the
+    /// guest. The dynamic linker's `$ORIGIN` comes from it: a program started through a
+    /// symlink (`/usr/bin/java`) finds its libraries beside the file, not beside the link.
+    pub exe: PathBuf,
     /// Kind of executable.
     pub kind: ElfKind,
     /// Added to every ELF virtual address (0 for `ET_EXEC`).
@@ -225,7 +230,9 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     let symbols = Elf::parse(&bytes)
         .map(|elf| function_symbols(&elf, load_bias, &segments))
         .unwrap_or_default();
+    let exe_name = kernel_name(&file).unwrap_or_else(|| abs.clone());
     Ok(Image {
+        exe: exe_name,
         path: abs,
         kind,
         load_bias,
@@ -453,6 +460,14 @@ impl CheckedElf {
 /// Opens `path` (shown as `abs` in errors), checks it is an executable regular file and maps
 /// it read-only (a read would copy all of it, a few megabytes for a large program, where the
 /// loader looks at its headers: a tenth of `busybox true`'s start-up went there).
+/// The path the kernel gives open file `file` (`/proc/self/fd/N`): symlinks and `..` resolved,
+/// as `/proc/self/exe` shows a program natively. `None` without `/proc`.
+fn kernel_name(file: &File) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .ok()
+        .filter(|p| p.is_absolute())
+}
+
 fn open_checked(path: &Path, abs: &Path) -> Result<(File, Mmap), LoadError> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |e: std::io::Error| LoadError::Io {

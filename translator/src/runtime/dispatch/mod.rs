@@ -306,7 +306,7 @@ impl Translator {
             stack.base + stack.size,
         );
         let shared = Arc::new(ProcessShared::new(
-            image.path.clone(),
+            image.exe.clone(),
             memory,
             smc,
             signals.actions(),
