@@ -269,6 +269,9 @@ pub const SAMPLES: &[Sample] = &[
     sample("jit_rwx", "jit_rwx.c", &[], Exit(0),
         "code rewritten in place in an RWX page (no mprotect), data stored into the code page, \
          and read(2) writing code into it"),
+    sample("eflags_ac", "eflags_ac.c", &[], Exit(0),
+        "EFLAGS.AC set by popf around a call, a call through a pointer, a branch, a system \
+         call and cpuid (the JVM's CPU probe): translated code's own loads are aligned"),
     sample("jit_pages", "jit_pages.c", &[], Exit(0),
         "code in one RWX page calls and jumps into a function in another that is rewritten \
          between calls (the caller's links into the written page undone)"),

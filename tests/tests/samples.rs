@@ -72,6 +72,7 @@ sample_tests! {
     jumptable_changes,
     jit_rwx,
     jit_pages,
+    eflags_ac,
     threads,
     thread_counts,
     thread_pingpong,

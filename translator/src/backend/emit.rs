@@ -737,13 +737,35 @@ pub(crate) struct ReturnLiteral {
 }
 
 impl ReturnLiteral {
-    /// Emits the literal here. Returns its offset from the assembler's start and the guest
+    /// Emits the literal here, 8-byte aligned (`ops` starts at host address `base`; `int3`
+    /// pads it, never run). Returns its offset from the assembler's start and the guest
     /// address it holds.
-    pub(crate) fn place(self, ops: &mut VecAssembler<X64Relocation>) -> Option<(u64, GuestAddr)> {
+    ///
+    /// Aligned because the `push` that reads it runs with the guest's flags: a guest that
+    /// sets EFLAGS.AC (alignment checks; the JVM's CPU probe does) would take a SIGBUS that
+    /// its own `call` never raises natively.
+    pub(crate) fn place(
+        self,
+        ops: &mut VecAssembler<X64Relocation>,
+        base: u64,
+    ) -> Option<(u64, GuestAddr)> {
         let (label, value) = self.literal?;
+        align_literal(ops, base);
         let at = ops.offset().0 as u64;
         dynasm!(ops ; .arch x64 ; =>label ; .u64 value);
         Some((at, GuestAddr(value)))
+    }
+}
+
+/// Pads `ops` (which starts at host address `base`) with `int3`s up to the next multiple of 8
+/// bytes: where an 8-byte literal that translated code reads goes. Translated code runs with
+/// the guest's EFLAGS.AC, so every load of hotpath's own must be aligned (blocks and
+/// superblocks start 16-byte aligned wherever they are placed, so the padding is the same in
+/// a persisted record).
+pub(crate) fn align_literal(ops: &mut VecAssembler<X64Relocation>, base: u64) {
+    let at = base + ops.offset().0 as u64;
+    for _ in 0..(8 - at % 8) % 8 {
+        dynasm!(ops ; .arch x64 ; int3);
     }
 }
 
@@ -839,7 +861,7 @@ pub(crate) fn emit_terminator(
             let index = direct(exits, target, site, true);
             let at = exit_stub(&mut ops, l, index, exit_addr);
             stub_fields(relocs, chunk_base, index, at);
-            let at = literal.place(&mut ops);
+            let at = literal.place(&mut ops, chunk_base);
             pushed(relocs, chunk_base, at, true);
         }
         Terminator::Branch {
@@ -955,7 +977,7 @@ pub(crate) fn emit_terminator(
             let tail_base = code.addr();
             let mut tail: VecAssembler<X64Relocation> = VecAssembler::new(tail_base as usize);
             if let Terminator::IndirectCall { return_to } = block.terminator {
-                let lookup = indirect_call_lookup(&mut tail, &cx.gateway, return_to);
+                let lookup = indirect_call_lookup(&mut tail, tail_base, &cx.gateway, return_to);
                 for at in lookup.imms {
                     pushed(relocs, tail_base, Some(at), false);
                 }
@@ -993,6 +1015,7 @@ pub(crate) struct IndirectCallLookup {
 /// is pushed from placed after it.
 pub(crate) fn indirect_call_lookup(
     ops: &mut VecAssembler<X64Relocation>,
+    base: u64,
     gateway: &Gateway,
     return_to: GuestAddr,
 ) -> IndirectCallLookup {
@@ -1013,7 +1036,7 @@ pub(crate) fn indirect_call_lookup(
         imms.extend(l.imm);
         literal.get_or_insert(l);
     });
-    let literal = literal.and_then(|l| l.place(ops));
+    let literal = literal.and_then(|l| l.place(ops, base));
     IndirectCallLookup {
         misses,
         imms,

@@ -411,7 +411,7 @@ pub fn emit_superblock(
                         emit_ibl(&mut ops, &cx.gateway);
                     }
                     Some(ret) => {
-                        indirect_call_lookup(&mut ops, &cx.gateway, ret);
+                        indirect_call_lookup(&mut ops, start, &cx.gateway, ret);
                     }
                 }
                 at.0
@@ -432,6 +432,13 @@ pub fn emit_superblock(
             code_end: code.addr(),
             ..HostLayout::default()
         });
+    }
+    // The pool 8-byte aligned: the pushes that read it run with the guest's EFLAGS.AC (see
+    // `emit::align_literal`).
+    if !literals.is_empty() {
+        while (code.base + code.bytes.len() as u64) % 8 != 0 {
+            code.bytes.push(0xcc);
+        }
     }
     for (rel32_off, value) in literals {
         let at = code.bytes.len();

@@ -521,11 +521,14 @@ impl CodeCache {
         self.current = 0;
     }
 
-    /// Writes `jmp qword [rip+0]; dq target` (16 bytes with padding) at region `r`'s cursor.
+    /// Writes `jmp qword [rip+2]; int3; int3; dq target` (16 bytes) at region `r`'s cursor
+    /// (16-byte aligned), so that the literal is 8-byte aligned: the jump runs with the guest's
+    /// EFLAGS.AC, and a guest that sets it (the JVM's CPU probe) would otherwise take a SIGBUS
+    /// in the veneer to the gateway's exit.
     fn emit_veneer(&mut self, r: usize, target: HostAddr) -> HostAddr {
         let mut code = [0xccu8; VENEER_SIZE];
-        code[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
-        code[6..14].copy_from_slice(&target.0.to_le_bytes());
+        code[..6].copy_from_slice(&[0xff, 0x25, 2, 0, 0, 0]);
+        code[8..16].copy_from_slice(&target.0.to_le_bytes());
         let saved = std::mem::replace(&mut self.current, r);
         let at = self.insert(&code);
         self.current = saved;
@@ -863,10 +866,11 @@ mod tests {
 
     /// The host address a `jmp qword [rip+0]` veneer at `at` goes to.
     fn veneer_target(at: HostAddr) -> u64 {
-        // SAFETY: the executable view is readable; the veneer is 14 bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(at.0 as *const u8, 14) };
-        assert_eq!(bytes[..6], [0xff, 0x25, 0, 0, 0, 0], "not a veneer at {at}");
-        u64::from_le_bytes(bytes[6..14].try_into().unwrap())
+        // SAFETY: the executable view is readable; the veneer is 16 bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(at.0 as *const u8, 16) };
+        assert_eq!(bytes[..6], [0xff, 0x25, 2, 0, 0, 0], "not a veneer at {at}");
+        assert_eq!(at.0 % 8, 0, "a veneer's literal is 8-byte aligned");
+        u64::from_le_bytes(bytes[8..16].try_into().unwrap())
     }
 
     /// Where the `rel32` at `site` leads.
