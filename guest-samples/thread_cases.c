@@ -24,6 +24,9 @@
  *               ret`), publishing v after each; main keeps reading v, serialises (cpuid, as
  *               the SDM asks of code another processor wrote) and calls the function: it
  *               must return v or later, never an older version;
+ *   jitdata   - 8 RWX pages, each starting with a function that one worker keeps calling;
+ *               two other workers keep storing data into the upper halves of the same
+ *               pages (a JIT's code heap with headers beside the code): no store faults;
  *   exit      - main calls exit(3) while a worker spins in a loop forever;
  *   fork      - 10 times, a worker forks while two others take a mutex and malloc in a loop;
  *               the child (the forking thread alone) starts and joins threads of its own
@@ -482,6 +485,64 @@ static int jitversions(void)
     return older != 0;
 }
 
+/* jitdata: pages of code that one thread runs and two others store data into. */
+#define JITDATA_PAGES 8
+#define JITDATA_STORES 300000
+static unsigned char *jitdata_pages;
+static int jitdata_stop, jitdata_started;
+
+static void *jitdata_caller(void *arg)
+{
+    (void)arg;
+    long calls = 0;
+    __atomic_add_fetch(&jitdata_started, 1, __ATOMIC_ACQ_REL);
+    for (unsigned i = 0; !__atomic_load_n(&jitdata_stop, __ATOMIC_ACQUIRE); i++)
+        calls += ((int (*)(void))(jitdata_pages + (i % JITDATA_PAGES) * 4096))();
+    return (void *)calls;
+}
+
+static void *jitdata_writer(void *arg)
+{
+    long id = (long)arg;
+    __atomic_add_fetch(&jitdata_started, 1, __ATOMIC_ACQ_REL);
+    while (__atomic_load_n(&jitdata_started, __ATOMIC_ACQUIRE) < 3)
+        ;
+    for (long i = 0; i < JITDATA_STORES; i++)
+        ((volatile long *)(jitdata_pages + ((i * 7 + id) % JITDATA_PAGES) * 4096 + 2048 +
+                           id * 1024))[i & 63] = i;
+    return NULL;
+}
+
+static int jitdata(void)
+{
+    jitdata_pages = mmap(NULL, JITDATA_PAGES * 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (jitdata_pages == MAP_FAILED)
+        return 1;
+    for (int p = 0; p < JITDATA_PAGES; p++) {
+        static const unsigned char ret1[] = {0xb8, 1, 0, 0, 0, 0xc3}; /* mov eax, 1; ret */
+        memcpy(jitdata_pages + p * 4096, ret1, sizeof ret1);
+    }
+    pthread_t c, w0, w1;
+    pthread_create(&c, NULL, jitdata_caller, NULL);
+    pthread_create(&w0, NULL, jitdata_writer, (void *)0);
+    pthread_create(&w1, NULL, jitdata_writer, (void *)1);
+    pthread_join(w0, NULL);
+    pthread_join(w1, NULL);
+    __atomic_store_n(&jitdata_stop, 1, __ATOMIC_RELEASE);
+    void *calls;
+    pthread_join(c, &calls);
+    long sum = 0;
+    for (int p = 0; p < JITDATA_PAGES; p++)
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 64; j++)
+                sum += ((long *)(jitdata_pages + p * 4096 + 2048 + k * 1024))[j] != 0;
+    (void)calls;
+    printf("jitdata: %d stores by each of 2 threads, %ld slots written\n", JITDATA_STORES,
+           sum);
+    return 0;
+}
+
 static volatile long forever;
 
 static void *spin_forever(void *arg)
@@ -766,6 +827,8 @@ int main(int argc, char **argv)
         return jitwriter();
     if (!strcmp(c, "jitversions"))
         return jitversions();
+    if (!strcmp(c, "jitdata"))
+        return jitdata();
     if (!strcmp(c, "exit"))
         return exit_case();
     if (!strcmp(c, "fork"))

@@ -317,6 +317,10 @@ pub const SAMPLES: &[Sample] = &[
     sample("thread_jitversions", "thread_cases.c", &["jitversions"], Exit(0),
         "a worker rewrites a function in place, publishing each version; main, which reads \
          the version and calls the function, never runs an older one"),
+    sample("thread_jitdata", "thread_cases.c", &["jitdata"], Exit(0),
+        "two workers store data into RWX pages whose code a third keeps running: no store \
+         faults (a second writer's fault, handled after the first one's had given the page \
+         back, once reached the guest as SIGSEGV)"),
     sample("thread_exit", "thread_cases.c", &["exit"], Exit(3),
         "exit from main while a worker spins: every thread stops, the status is main's"),
     sample("thread_fork", "thread_cases.c", &["fork"], Exit(0),

@@ -90,6 +90,7 @@ sample_tests! {
     thread_newcode,
     thread_jitwriter,
     thread_jitversions,
+    thread_jitdata,
     thread_exit,
     thread_fork,
     thread_exec,

@@ -68,6 +68,69 @@ const MAX_HITS: usize = 16;
 /// the write is published, as the others' dispatchers read it.
 const MAX_PEERS: usize = 1024;
 
+/// Pages recently taken out of [`ProtectedPages`] with their guest protection (which lets
+/// the guest write) given back in the kernel first: a write fault on one of them happened
+/// while hotpath still had it write-protected, and its handler came after another thread's
+/// (two threads storing into one page of code: the first handler gives the page back, its
+/// dispatcher forgets it, and the second handler, which waited for the lock, found the page
+/// unknown and delivered SIGSEGV to the guest — a JVM's compiler threads writing their code
+/// heap died so). Such a store only needs to run again. An entry goes as soon as the page's
+/// protection changes again (hotpath protects it anew, or the guest's own system call
+/// changes it), so a fault on a page listed here is always stale. A fixed ring: the handler
+/// cannot allocate, and a stale fault's handler is at most one lock hold behind.
+struct Released {
+    pages: [u64; RELEASED],
+    next: usize,
+}
+
+/// Pages [`Released`] remembers.
+const RELEASED: usize = 64;
+
+/// Marks a free [`Released`] entry (not a page address: pages are 4 KiB aligned).
+const NO_PAGE: u64 = u64::MAX;
+
+impl Default for Released {
+    fn default() -> Released {
+        Released {
+            pages: [NO_PAGE; RELEASED],
+            next: 0,
+        }
+    }
+}
+
+impl Released {
+    fn note(&mut self, page: u64) {
+        self.pages[self.next % RELEASED] = page;
+        self.next = self.next.wrapping_add(1);
+    }
+
+    fn contains(&self, page: u64) -> bool {
+        self.pages.contains(&page)
+    }
+
+    /// Drops the entries in `[start, end)`.
+    fn drop_range(&mut self, start: u64, end: u64) {
+        for p in self.pages.iter_mut() {
+            if *p != NO_PAGE && *p >= start && *p < end {
+                *p = NO_PAGE;
+            }
+        }
+    }
+}
+
+/// What [`ProtectedPages::catch_write`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaughtWrite {
+    /// A store to a page hotpath write-protected: it has its protection back and is recorded;
+    /// the store can run again.
+    Caught,
+    /// A store that faulted while another thread was giving the page its protection back
+    /// ([`Released`]): it can run again, nothing else to do.
+    Stale,
+    /// Not hotpath's: the guest's own fault.
+    No,
+}
+
 /// The write-protected pages and the writes the handler caught.
 ///
 /// One per process. Who touches what: dispatchers insert and remove pages, and host signal
@@ -79,6 +142,8 @@ pub struct ProtectedPages {
     lock: std::sync::atomic::AtomicBool,
     /// Page address → the guest's protection (`PROT_*`) of it.
     pages: std::cell::UnsafeCell<BTreeMap<u64, i32>>,
+    /// Pages given their guest protection back lately (under `lock`; see [`Released`]).
+    released: std::cell::UnsafeCell<Released>,
     /// Pages whose protection the handler gave back, waiting for the dispatcher.
     hits: [AtomicU64; MAX_HITS],
     hit_count: AtomicUsize,
@@ -102,6 +167,7 @@ impl Default for ProtectedPages {
         ProtectedPages {
             lock: std::sync::atomic::AtomicBool::new(false),
             pages: std::cell::UnsafeCell::new(BTreeMap::new()),
+            released: std::cell::UnsafeCell::new(Released::default()),
             hits: std::array::from_fn(|_| AtomicU64::new(0)),
             hit_count: AtomicUsize::new(0),
             overflow: std::sync::atomic::AtomicBool::new(false),
@@ -119,13 +185,16 @@ impl ProtectedPages {
     /// # Safety
     /// Only from the host signal handler of a guest thread, for a fault in translated code
     /// (so that thread's dispatcher does not hold the lock).
-    pub unsafe fn catch_write(&self, addr: u64) -> bool {
+    pub unsafe fn catch_write(&self, addr: u64) -> CaughtWrite {
         let page = addr & !(PAGE - 1);
         // Under the lock: the handlers of two threads writing at once each record their page
         // (a hit lost would leave its page writable with its translations in place).
-        self.with_map(|m| {
+        self.with_all(|m, released| {
             let Some(&prot) = m.get(&page) else {
-                return false;
+                return match released.contains(page) {
+                    true => CaughtWrite::Stale,
+                    false => CaughtWrite::No,
+                };
             };
             raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
             let i = self.hit_count.load(Ordering::Relaxed);
@@ -135,7 +204,7 @@ impl ProtectedPages {
             } else {
                 self.overflow.store(true, Ordering::Release);
             }
-            true
+            CaughtWrite::Caught
         })
     }
 
@@ -150,6 +219,11 @@ impl ProtectedPages {
 
     /// Runs `f` on the page map under the lock.
     fn with_map<R>(&self, f: impl FnOnce(&mut BTreeMap<u64, i32>) -> R) -> R {
+        self.with_all(|pages, _| f(pages))
+    }
+
+    /// Runs `f` on the page map and the released pages under the lock.
+    fn with_all<R>(&self, f: impl FnOnce(&mut BTreeMap<u64, i32>, &mut Released) -> R) -> R {
         while self
             .lock
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -157,8 +231,10 @@ impl ProtectedPages {
         {
             std::hint::spin_loop();
         }
-        // SAFETY: holding the lock; `f` cannot reach the map otherwise.
-        let r = f(unsafe { &mut *self.pages.get() });
+        // SAFETY: holding the lock; `f` cannot reach the map or the ring otherwise.
+        let r = f(unsafe { &mut *self.pages.get() }, unsafe {
+            &mut *self.released.get()
+        });
         self.lock.store(false, Ordering::Release);
         r
     }
@@ -167,7 +243,7 @@ impl ProtectedPages {
     /// remembering their protection. A page the kernel refuses to protect stays as it is
     /// (its code is then not watched).
     pub fn protect(&self, start: u64, end: u64, mut prot_of: impl FnMut(u64) -> Option<i32>) {
-        self.with_map(|pages| {
+        self.with_all(|pages, released| {
             let mut page = start & !(PAGE - 1);
             while page < end {
                 if let std::collections::btree_map::Entry::Vacant(slot) = pages.entry(page) {
@@ -178,6 +254,8 @@ impl ProtectedPages {
                         );
                         if r == 0 {
                             slot.insert(prot);
+                            // A fault on it is no longer stale.
+                            released.drop_range(page, page + PAGE);
                         }
                     }
                 }
@@ -194,7 +272,7 @@ impl ProtectedPages {
     /// Forgets the pages of `[start, end)` (the guest changed their mapping or protection
     /// itself; the kernel's protection is now the guest's).
     pub fn forget(&self, start: u64, end: u64) {
-        self.with_map(|pages| {
+        self.with_all(|pages, released| {
             let inside: Vec<u64> = pages
                 .range(start & !(PAGE - 1)..end)
                 .map(|(&p, _)| p)
@@ -202,6 +280,8 @@ impl ProtectedPages {
             for p in inside {
                 pages.remove(&p);
             }
+            // The guest's protection there is its own now: a fault is its own.
+            released.drop_range(start & !(PAGE - 1), end);
         })
     }
 
@@ -279,13 +359,17 @@ impl ProtectedPages {
         }
         // The pages are read and forgotten under the lock the handlers record them under: a
         // page written again after this is protected again first (and caught again).
-        let (mut out, overflow) = self.with_map(|pages| {
+        let (mut out, overflow) = self.with_all(|pages, released| {
             let n = self.hit_count.swap(0, Ordering::Acquire);
             let out: Vec<(u64, u64)> = self.hits[..n]
                 .iter()
                 .map(|h| {
                     let p = h.load(Ordering::Relaxed);
-                    pages.remove(&p);
+                    // The handler gave it its protection back; a fault from before that may
+                    // still be waiting for the lock.
+                    if pages.remove(&p).is_some() {
+                        released.note(p);
+                    }
                     (p, p + PAGE)
                 })
                 .collect();
@@ -308,23 +392,23 @@ impl ProtectedPages {
     /// finds them as the guest left them, and their code is translated (and the pages
     /// protected) again afterwards. A range outside every protected page costs the lock only.
     pub fn unprotect_range(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let taken: Vec<(u64, i32)> = self.with_map(|pages| {
+        // Each page is given its protection back before it leaves the set, under the lock: a
+        // handler that finds it gone then knows its fault is stale ([`Released`]).
+        self.with_all(|pages, released| {
             let inside: Vec<(u64, i32)> = pages
                 .range(start & !(PAGE - 1)..end)
                 .map(|(&p, &prot)| (p, prot))
                 .collect();
-            for &(p, _) in &inside {
-                pages.remove(&p);
-            }
             inside
-        });
-        taken
-            .into_iter()
-            .map(|(page, prot)| {
-                raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
-                (page, page + PAGE)
-            })
-            .collect()
+                .into_iter()
+                .map(|(page, prot)| {
+                    raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
+                    pages.remove(&page);
+                    released.note(page);
+                    (page, page + PAGE)
+                })
+                .collect()
+        })
     }
 
     /// True if any page is protected.
@@ -335,14 +419,17 @@ impl ProtectedPages {
     /// Gives every protected page its guest protection back; returns their ranges (whose
     /// translations must go).
     pub fn unprotect_all(&self) -> Vec<(u64, u64)> {
-        let pages = self.with_map(std::mem::take);
-        pages
-            .into_iter()
-            .map(|(page, prot)| {
-                raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
-                (page, page + PAGE)
-            })
-            .collect()
+        // As `unprotect_range`: protection first, under the lock.
+        self.with_all(|pages, released| {
+            std::mem::take(pages)
+                .into_iter()
+                .map(|(page, prot)| {
+                    raw_syscall(10, &[page, PAGE, prot as u64, 0, 0, 0]);
+                    released.note(page);
+                    (page, page + PAGE)
+                })
+                .collect()
+        })
     }
 }
 

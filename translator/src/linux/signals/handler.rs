@@ -156,7 +156,16 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     if sig == libc::SIGSEGV && si_code == SEGV_ACCERR && in_cache {
         let addr = u64::from_le_bytes(info_bytes[16..24].try_into().unwrap());
         // SAFETY: on the guest thread, for a fault in translated code.
-        if unsafe { shared.smc.catch_write(addr) } {
+        let caught = unsafe { shared.smc.catch_write(addr) };
+        if caught == crate::cache::smc::CaughtWrite::Stale {
+            // Another thread gave the page its protection back after this store faulted:
+            // the store runs again, and nothing else is to do.
+            if switched {
+                write_fs(shared.fsgsbase, fs);
+            }
+            return;
+        }
+        if caught == crate::cache::smc::CaughtWrite::Caught {
             // A store to a page whose code was translated: it runs again now that the page
             // is writable; the thread leaves the cache at its next block boundary, where
             // the dispatcher discards the page's translations. So does every other thread,
