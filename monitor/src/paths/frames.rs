@@ -145,8 +145,9 @@ pub enum Resync {
     OrphanReturn,
     /// An indirect jump to a frame's return address (`pop reg; jmp *reg`): a return.
     JumpReturn,
-    /// An indirect jump into a function deeper in the stack (longjmp): the frames above it
-    /// are popped.
+    /// An indirect jump into a function deeper in the stack (longjmp), or a `ret` there to no
+    /// frame's return address (an exception raised by `ret`, as OCaml's): the frames above
+    /// it are popped.
     Unwind,
     /// An indirect jump into another function that is not on the stack: the top frame is
     /// replaced.
