@@ -113,7 +113,7 @@ impl PathRecorder {
             } else {
                 (e, 1)
             };
-            let Some(p) = self.pairs.find(prev_run, last, run) else {
+            let Some(p) = self.pairs.find(prev_run, last, run, func) else {
                 break;
             };
             let prog = &self.pairs.progs[p as usize];
@@ -241,23 +241,35 @@ impl PathRecorder {
         // program's own sequence of handlers (by block, an interpreter's slots missed more:
         // 15 % slower).
         let prev = self.prev;
+        let func = self.stack.last().map_or(NONE, |a| a.func);
         let mut from = 0;
         if prev_run != NONE && prev != NONE {
             let found = self.pairs.find_in_slots(prev_run, run).or_else(|| {
-                let p = self.pairs.find_slow(prev_run, prev, run)?;
+                let p = self.pairs.find_slow(prev_run, prev, run, func)?;
                 self.pairs.remember(prev_run, run, p);
                 Some(p)
             });
-            let applied = match found {
+            let mut applied = match found {
                 Some(p) => self.apply_chain(p),
                 None => Err((Applied::Stale, 0)),
             };
+            if matches!(applied, Err((Applied::Stale, 0))) {
+                // The one the slots found may be this run's program in another function's
+                // activation: this function's, if it has one.
+                let own = self.pairs.map.get(&(prev, run, func)).copied();
+                if let Some(q) = own.filter(|&q| Some(q) != found) {
+                    applied = self.apply_chain(q);
+                    if applied.is_ok() {
+                        self.pairs.remember(prev_run, run, q);
+                    }
+                }
+            }
             match applied {
                 Ok(()) => return,
                 Err((Applied::Stale, 0)) => {
                     let mut scratch = std::mem::take(&mut self.pairs.scratch);
                     self.compile(run, &mut scratch);
-                    let p = self.store_pair(prev, run, &mut scratch.chain);
+                    let p = self.store_pair(prev, run, func, &mut scratch.chain);
                     self.pairs.remember(prev_run, run, p);
                     self.pairs.scratch = scratch;
                     match self.apply_chain(p) {
@@ -309,11 +321,11 @@ impl PathRecorder {
         done
     }
 
-    /// Keeps the chain of pieces `chain` as the program of run `run` after block `prev` (over
-    /// the stale one, whose runs are settled first, where it has as many pieces). Returns its
-    /// first piece.
-    fn store_pair(&mut self, prev: u32, run: u32, chain: &mut [Program]) -> u32 {
-        let old = self.pairs.map.get(&(prev, run)).copied();
+    /// Keeps the chain of pieces `chain` as the program of run `run` after block `prev` in an
+    /// activation of function `func` (over the stale one, whose runs are settled first, where
+    /// it has as many pieces). Returns its first piece.
+    fn store_pair(&mut self, prev: u32, run: u32, func: u32, chain: &mut [Program]) -> u32 {
+        let old = self.pairs.map.get(&(prev, run, func)).copied();
         let old_len = old.map(|p| self.chain_len(p));
         let first = match old {
             Some(p) if old_len == Some(chain.len()) => {
@@ -331,7 +343,7 @@ impl PathRecorder {
                         self.settle_pair(o + k);
                     }
                 }
-                self.pairs.map.insert((prev, run), p);
+                self.pairs.map.insert((prev, run, func), p);
                 p
             }
         };

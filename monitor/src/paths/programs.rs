@@ -230,9 +230,13 @@ pub(crate) struct Pairs {
     pub(crate) slots: Vec<[(u32, u32); 2]>,
     /// Program by `(run before, run)`, behind `slots`: a direct-mapped cache (a run followed
     /// by more than two others: a superblock's side exits, a dispatch loop); then the map,
-    /// by `(block before, run)`: the programs themselves, one per block and run.
+    /// by `(block before, run, top frame's function)`: the programs themselves, one per block,
+    /// run and function the run continues. A program checks the function it continues, and
+    /// code that runs in the activations of several functions (an interpreter's code jumped
+    /// to from each of its callers) made one program per block and run thrash: guile running
+    /// fib recompiled one on 37 % of its events.
     pub(crate) cache: Box<[(u32, u32, u32)]>,
-    pub(crate) map: FxMap<(u32, u32), u32>,
+    pub(crate) map: FxMap<(u32, u32, u32), u32>,
     pub(crate) progs: Vec<Program>,
     pub(crate) ends: Vec<End>,
     pub(crate) folds: Vec<Fold>,
@@ -260,14 +264,15 @@ impl Pairs {
         }
     }
 
-    /// The program of run `run` after run `prev_run`, whose last block is `prev_block`, if
-    /// one was compiled (perhaps stale): through `prev_run`'s slots and the direct-mapped
-    /// cache (keyed by the run before, whose successors are more predictable than a
-    /// block's), else the map (keyed by the block, which is all a program depends on).
+    /// The program of run `run` after run `prev_run`, whose last block is `prev_block`, in an
+    /// activation of function `func`, if one was compiled (perhaps stale, or another
+    /// function's): through `prev_run`'s slots and the direct-mapped cache (keyed by the run
+    /// before, whose successors are more predictable than a block's), else the map (keyed by
+    /// the block and the function, which is all a program depends on).
     #[inline]
-    pub(crate) fn find(&self, prev_run: u32, prev_block: u32, run: u32) -> Option<u32> {
+    pub(crate) fn find(&self, prev_run: u32, prev_block: u32, run: u32, func: u32) -> Option<u32> {
         self.find_in_slots(prev_run, run)
-            .or_else(|| self.find_slow(prev_run, prev_block, run))
+            .or_else(|| self.find_slow(prev_run, prev_block, run, func))
     }
 
     /// [`Pairs::find`] in `prev_run`'s two slots alone.
@@ -284,12 +289,18 @@ impl Pairs {
     }
 
     #[cold]
-    pub(crate) fn find_slow(&self, prev_run: u32, prev_block: u32, run: u32) -> Option<u32> {
+    pub(crate) fn find_slow(
+        &self,
+        prev_run: u32,
+        prev_block: u32,
+        run: u32,
+        func: u32,
+    ) -> Option<u32> {
         let (cp, cr, p) = self.cache[cache_slot(prev_run, run, PAIR_CACHE_SLOTS)];
         if cp == prev_run && cr == run {
             return Some(p);
         }
-        self.map.get(&(prev_block, run)).copied()
+        self.map.get(&(prev_block, run, func)).copied()
     }
 
     /// Makes program `p` the one [`Pairs::find`] finds first for run `run` after run
