@@ -49,6 +49,12 @@ fn write_fs(fsgsbase: bool, v: u64) {
 }
 
 // libc's gregs indices.
+/// Stale write faults in a row at one guest address after which the handler takes the fault
+/// for the guest's own (see `HandlerShared::stale_at`). A stale fault's store succeeds when
+/// it runs again; thousands in a row at one address would mean a page's protection is not
+/// what the watched set says, and the guest would otherwise spin there for good.
+const MAX_STALE_RETRIES: u64 = 10_000;
+
 const REG_R8: usize = 0;
 const REG_RDI: usize = 8;
 const REG_RSI: usize = 9;
@@ -156,7 +162,20 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
     if sig == libc::SIGSEGV && si_code == SEGV_ACCERR && in_cache {
         let addr = u64::from_le_bytes(info_bytes[16..24].try_into().unwrap());
         // SAFETY: on the guest thread, for a fault in translated code.
-        let caught = unsafe { shared.smc.catch_write(addr) };
+        let mut caught = unsafe { shared.smc.catch_write(addr) };
+        if caught == crate::cache::smc::CaughtWrite::Stale {
+            let again = shared.stale_at.swap(addr, Ordering::Relaxed) == addr;
+            let n = match again {
+                true => shared.stale_count.fetch_add(1, Ordering::Relaxed) + 1,
+                false => {
+                    shared.stale_count.store(1, Ordering::Relaxed);
+                    1
+                }
+            };
+            if n > MAX_STALE_RETRIES {
+                caught = crate::cache::smc::CaughtWrite::No;
+            }
+        }
         if caught == crate::cache::smc::CaughtWrite::Stale {
             // Another thread gave the page its protection back after this store faulted:
             // the store runs again, and nothing else is to do.
@@ -166,6 +185,7 @@ pub(super) extern "C" fn host_handler(sig: i32, info: *mut libc::siginfo_t, ctx:
             return;
         }
         if caught == crate::cache::smc::CaughtWrite::Caught {
+            shared.stale_count.store(0, Ordering::Relaxed);
             // A store to a page whose code was translated: it runs again now that the page
             // is writable; the thread leaves the cache at its next block boundary, where
             // the dispatcher discards the page's translations. So does every other thread,

@@ -263,6 +263,12 @@ pub struct HandlerShared {
     smc: std::sync::Arc<crate::cache::smc::ProtectedPages>,
     /// Set by another thread that needs this one out of the code cache (see `kick`).
     kicked: std::sync::atomic::AtomicBool,
+    /// The guest address of the last write fault the handler found stale
+    /// ([`crate::cache::smc::CaughtWrite::Stale`]) and how many times in a row: a store that
+    /// keeps faulting there is the guest's own fault after all (a bound against a hang if a
+    /// page's protection were not what the set says).
+    pub(crate) stale_at: AtomicU64,
+    pub(crate) stale_count: AtomicU64,
     /// Set by the handler when the guest did something hotpath refuses (it single-stepped
     /// with EFLAGS.TF): the dispatcher stops with this message instead of delivering.
     refused: UnsafeCell<Option<(&'static str, u64)>>,
@@ -593,6 +599,8 @@ impl SignalState {
             regions: AtomicPtr::new(regions as *const RegionTable as *mut RegionTable),
             smc,
             kicked: std::sync::atomic::AtomicBool::new(false),
+            stale_at: AtomicU64::new(0),
+            stale_count: AtomicU64::new(0),
             refused: UnsafeCell::new(None),
         }));
         FSGSBASE.store(fsgsbase, Ordering::Relaxed);
