@@ -40,6 +40,12 @@
 //! translated code; one that finds none while another dispatcher has taken some and not yet
 //! published them waits for them ([`ProtectedPages::wait_published`]). Only a translation
 //! already running (the rest of a block, or of a superblock run) goes on with the old code.
+//!
+//! Two threads may store into one page at once: the second store's fault can reach its
+//! handler after the first handler gave the page its protection back and a dispatcher forgot
+//! the page. Pages are given their protection back before they leave the set, and remembered
+//! for a while after (`Released`), so that such a fault is known as stale and its store runs
+//! again instead of reaching the guest as SIGSEGV.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
