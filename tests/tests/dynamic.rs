@@ -879,34 +879,24 @@ fn a_program_run_through_a_symlink_finds_its_origin_libraries() {
         fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
     }
     let samples = paths::samples_dir();
-    let gcc = |args: &[&str]| {
-        let out = Command::new("gcc")
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("gcc: {e}"));
-        assert!(
-            out.status.success(),
-            "gcc {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let lib = lib_dir.join("liborigin.so");
     let prog = dir.join("origin_prog");
+    let path = |p: &Path| p.display().to_string();
     gcc(&[
-        "-shared",
-        "-fPIC",
-        "-o",
-        lib.to_str().unwrap(),
-        samples.join("origin_lib.c").to_str().unwrap(),
+        "-shared".into(),
+        "-fPIC".into(),
+        "-o".into(),
+        path(&lib),
+        path(&samples.join("origin_lib.c")),
     ]);
     gcc(&[
-        "-o",
-        prog.to_str().unwrap(),
-        samples.join("origin_prog.c").to_str().unwrap(),
-        "-L",
-        lib_dir.to_str().unwrap(),
-        "-lorigin",
-        "-Wl,-rpath,$ORIGIN/lib",
+        "-o".into(),
+        path(&prog),
+        path(&samples.join("origin_prog.c")),
+        "-L".into(),
+        path(&lib_dir),
+        "-lorigin".into(),
+        "-Wl,-rpath,$ORIGIN/lib".into(),
     ]);
     let link = bin_dir.join("origin_prog");
     let _ = fs::remove_file(&link);
