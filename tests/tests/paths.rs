@@ -70,8 +70,9 @@ fn addr(v: &Value) -> u64 {
     u64::from_str_radix(v.as_str().expect("an address").trim_start_matches("0x"), 16).expect("hex")
 }
 
-/// Σ count × occurrences over `bl` paths equals every block's count.
-fn check_consistency(what: &str, json: &Value) {
+/// Σ count × occurrences over the `bl` paths of `json`'s path profile equals every block's
+/// count in its block table.
+fn paths_cover_blocks(what: &str, json: &Value) {
     let paths = json["path_profile"]["paths"]
         .as_array()
         .unwrap_or_else(|| panic!("{what}: no paths in the report"));
@@ -81,10 +82,6 @@ fn check_consistency(what: &str, json: &Value) {
         for b in p["blocks"].as_array().expect("blocks") {
             *from_paths.entry(addr(b)).or_insert(0) += c;
         }
-        assert!(
-            p["id"].is_u64(),
-            "{what}: a path without a Ball-Larus id: {p}"
-        );
     }
     let blocks: HashMap<u64, u64> = json["blocks"]
         .as_array()
@@ -105,6 +102,21 @@ fn check_consistency(what: &str, json: &Value) {
             "{what}: path block {a:#x} is not in the block table"
         );
     }
+}
+
+/// Σ count × occurrences over `bl` paths equals every block's count; every path has its
+/// Ball-Larus id.
+fn check_consistency(what: &str, json: &Value) {
+    let paths = json["path_profile"]["paths"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no paths in the report"));
+    for p in paths.iter().filter(|p| p["kind"] == "bl") {
+        assert!(
+            p["id"].is_u64(),
+            "{what}: a path without a Ball-Larus id: {p}"
+        );
+    }
+    paths_cover_blocks(what, json);
     // With the call tree (`--call-tree`, `--flamegraph`), the flame graph's stacks share out
     // every executed block, each to the stack it ran in; without it there are none.
     let stacks = json["path_profile"]["stacks"]
@@ -942,4 +954,71 @@ fn each_thread_has_its_own_paths() {
         found[1], found[0],
         "the default recorder's: the per-block reference's"
     );
+}
+
+/// paths_thread_exit.c: a thread ends with `pthread_exit` inside `leave`, called from
+/// `walker`'s loop, so its activations end with their paths half-walked. Per thread, the
+/// blocks of its Ball-Larus paths add up to the blocks it executed (the paths the thread left
+/// open are counted as ended there), the process's paths add up to its block table, and each
+/// thread's path profile is the per-block reference's: with superblocks as usual and formed
+/// at once.
+#[test]
+fn a_thread_ending_mid_path_keeps_its_paths() {
+    let exe = guest_build::build("paths_thread_exit.c", Linkage::Static)
+        .unwrap_or_else(|e| panic!("building paths_thread_exit.c: {e}"));
+    let configs: [&[&str]; 2] = [&[], &["--superblock-threshold", "1"]];
+    for (c, config) in configs.iter().enumerate() {
+        let mut per_block = config.to_vec();
+        per_block.extend(["--paths-recorder", "per-block"]);
+        let reference = run_report(&exe, &format!("thread-exit-pb{c}"), &[], &per_block);
+        let sums = run_report(&exe, &format!("thread-exit-sums{c}"), &[], config);
+        for (what, json) in [("per-block", &reference), ("sums", &sums)] {
+            let what = format!("{what} {config:?}");
+            // The process's paths sum the threads' (a path the threads number differently has
+            // no id there: report-schema.md).
+            paths_cover_blocks(&what, json);
+            let threads = json["threads"].as_array().expect("threads");
+            assert_eq!(threads.len(), 2, "{what}: threads");
+            for t in threads {
+                let on_paths: u64 = t["path_profile"]["paths"]
+                    .as_array()
+                    .expect("paths")
+                    .iter()
+                    .filter(|p| p["kind"] == "bl")
+                    .map(|p| {
+                        p["count"].as_u64().unwrap() * p["blocks"].as_array().unwrap().len() as u64
+                    })
+                    .sum();
+                assert_eq!(
+                    on_paths,
+                    t["blocks_executed"].as_u64().unwrap(),
+                    "{what}: thread {}: its paths' blocks against the blocks it executed",
+                    t["tid"]
+                );
+            }
+            let ended = &threads[1]["path_profile"];
+            assert!(
+                ["walker", "run"]
+                    .iter()
+                    .all(|f| function_named(ended, f).is_some())
+                    && ended["functions"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|f| f["name"].as_str().unwrap().starts_with("leave")),
+                "{what}: the ended thread's profile lacks walker, leave or run"
+            );
+        }
+        for (got, want) in sums["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(reference["threads"].as_array().unwrap())
+        {
+            assert!(
+                got["path_profile"] == want["path_profile"],
+                "{config:?}: a thread's path profile differs from the per-block reference"
+            );
+        }
+    }
 }
