@@ -716,6 +716,9 @@ fn every_recorder_matches_the_per_block_reference() {
         // Jumps into code a call reaches only later (then tail calls), the block in two
         // functions.
         "paths_late_entry.S",
+        // A function entered by jumps through a pointer (foreign jumps) before its first call
+        // and after it (tail calls): the sums recorder kept applying the foreign jump.
+        "paths_foreign_then_called.c",
     ]);
     // Every path end replayed one by one (k-paths, PAP everywhere, the call tree); PAP
     // everywhere without k-paths (the fast loops feed PAP runs themselves); PAP runs only for

@@ -107,7 +107,9 @@ impl PathRecorder {
                 }
             }
             // Pair programs of every function the address was seen in took it for a step of
-            // their paths (a jump to it is now a tail call).
+            // their paths, and those that jump into this one took the jump for a foreign one
+            // (a jump to it is now a tail call).
+            self.bump_epoch(f);
             if let Some(&g) = self.funcs_at.get(&addr) {
                 let more = self.more_funcs_at.get(&addr).cloned().unwrap_or_default();
                 for g in std::iter::once(g).chain(more) {
