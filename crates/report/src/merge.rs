@@ -452,15 +452,12 @@ impl PathSum {
 
     fn finish(self) -> PathProfile {
         let mut paths = self.paths;
-        // Ball-Larus paths by blocks executed, then PAP runs likewise (as the monitor lists
-        // them).
-        let weight = |e: &PathEntry| e.count.saturating_mul(e.len);
+        // Ball-Larus paths in the report's order, then PAP runs by blocks executed (as the
+        // monitor lists them).
         paths.sort_by(|a, b| {
             (a.kind == PathKind::Pap)
                 .cmp(&(b.kind == PathKind::Pap))
-                .then(weight(b).cmp(&weight(a)))
-                .then(a.function_addr.cmp(&b.function_addr))
-                .then(a.id.cmp(&b.id))
+                .then_with(|| a.report_order(b))
         });
         let mut seen: HashMap<Addr, u64> = HashMap::new();
         for p in paths.iter().filter(|p| p.kind == PathKind::Bl) {

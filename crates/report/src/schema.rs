@@ -457,7 +457,7 @@ impl PathKind {
 }
 
 /// Where a path starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PathStart {
     /// The function's entry.
@@ -467,7 +467,7 @@ pub enum PathStart {
 }
 
 /// Where a path ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PathEnd {
     /// The function's return.
@@ -523,6 +523,21 @@ pub struct PathEntry {
 }
 
 impl PathEntry {
+    /// The order Ball-Larus paths are listed in: most blocks executed (`count × len`) first,
+    /// then by function (address), id (null first), blocks, start and end: an order that
+    /// depends on the profile alone, not on the order a recorder met the paths in (where a
+    /// function has too many paths to number, every id is null and ties are common).
+    pub fn report_order(&self, other: &PathEntry) -> std::cmp::Ordering {
+        let weight = |e: &PathEntry| e.count.saturating_mul(e.len);
+        weight(other)
+            .cmp(&weight(self))
+            .then(self.function_addr.cmp(&other.function_addr))
+            .then(self.id.cmp(&other.id))
+            .then_with(|| {
+                (&self.blocks, self.start, self.end).cmp(&(&other.blocks, other.start, other.end))
+            })
+    }
+
     /// The `names` of `blocks` on a path of `function` entered at `entry`: `function` for the
     /// entry, `function+0xOFF` after it, the bare address below it.
     pub fn block_names(function: &str, entry: Addr, blocks: &[Addr]) -> Vec<String> {

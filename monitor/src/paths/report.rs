@@ -484,13 +484,7 @@ impl PathRecorder {
                 pap: None,
             });
         }
-        let weight = |e: &PathEntry| e.count.saturating_mul(e.len);
-        out.paths.sort_by(|a, b| {
-            weight(b)
-                .cmp(&weight(a))
-                .then(a.function_addr.cmp(&b.function_addr))
-                .then(a.id.cmp(&b.id))
-        });
+        out.paths.sort_by(PathEntry::report_order);
         // PAP runs in `heaviest`'s order: most executed blocks first.
         pap_entries.sort_by_key(|&(rank, _)| rank);
         out.paths.extend(pap_entries.into_iter().map(|(_, e)| e));
