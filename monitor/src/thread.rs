@@ -384,11 +384,16 @@ impl Monitor {
             t.tables.learn_from(&self.catalog);
             p.learn_known(&t.tables);
         }
+        let Some(mut tables) = self.spare_tables.take() else {
+            return t.clone();
+        };
+        // The template cloned without its tables: a copy of them would fill fresh arrays,
+        // which the recycled storage is there to spare.
+        tables.recycle(&t.tables);
+        let template_tables = std::mem::take(&mut t.tables);
         let mut state = t.clone();
-        if let Some(mut tables) = self.spare_tables.take() {
-            tables.recycle(&state.tables);
-            state.tables = tables;
-        }
+        t.tables = template_tables;
+        state.tables = tables;
         state
     }
 

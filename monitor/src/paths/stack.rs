@@ -272,6 +272,26 @@ impl PathRecorder {
         self.push_activation(func, return_to, parent, id, tables);
     }
 
+    /// If a function below the top activation owns guest address `addr` (block `id`'s), the
+    /// frames above the deepest-nested such one are gone (a longjmp, an exception raised by
+    /// `ret`): pops them, counting one unwind, and steps `id` in it. False (nothing done)
+    /// otherwise.
+    fn unwind_to(&mut self, addr: u64, id: u32, tables: &Tables) -> bool {
+        let top = self.stack.len().saturating_sub(1);
+        let Some(i) = (0..top)
+            .rev()
+            .find(|&i| self.owns(self.stack[i].func, addr))
+        else {
+            return false;
+        };
+        self.resync(Resync::Unwind);
+        while self.stack.len() > i + 1 {
+            self.pop_activation();
+        }
+        self.step_intra(id, tables);
+        true
+    }
+
     /// A `ret` to block `id`: pop the frame that returns there.
     #[cold]
     pub(crate) fn step_return(&mut self, id: u32, tables: &Tables) {
@@ -294,16 +314,7 @@ impl PathRecorder {
                 // as for a longjmp ([`Self::step_indirect`]); left on the stack, each later
                 // resynchronisation looked through them (an OCaml program that had raised
                 // 4,000 exceptions ran 36 times slower with paths).
-                let top = self.stack.len().saturating_sub(1);
-                if let Some(i) = (0..top)
-                    .rev()
-                    .find(|&i| self.owns(self.stack[i].func, target))
-                {
-                    self.resync(Resync::Unwind);
-                    while self.stack.len() > i + 1 {
-                        self.pop_activation();
-                    }
-                    self.step_intra(id, tables);
+                if self.unwind_to(target, id, tables) {
                     return;
                 }
                 // A return to no frame on the stack (the guest switched stacks, or returned
@@ -340,15 +351,7 @@ impl PathRecorder {
             self.step_intra(id, tables);
             return;
         }
-        if let Some(i) = (0..self.stack.len() - 1)
-            .rev()
-            .find(|&i| owner(self, self.stack[i].func))
-        {
-            self.resync(Resync::Unwind);
-            while self.stack.len() > i + 1 {
-                self.pop_activation();
-            }
-            self.step_intra(id, tables);
+        if self.unwind_to(addr, id, tables) {
             return;
         }
         self.resync(Resync::ForeignJump);
