@@ -19,6 +19,8 @@ use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 const GUEST: u64 = 0x1000_0000;
 /// Host address every block is emitted for (only assembled, never run).
 const HOST: u64 = 0x2000_0000;
+/// Host address of the cold area where the blocks' cold parts are emitted.
+const COLD: u64 = HOST + 0x10_0000;
 /// Ring capacity the stubs are emitted for (hotpath's default).
 const RING_ENTRIES: u64 = hotpath_events::DEFAULT_RING_ENTRIES;
 
@@ -88,6 +90,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
             enqueue,
             gateway: GATEWAY,
             jump_table: None,
+            cold: Some(HostAddr(COLD)),
         };
         let e = emit_block(&block, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
@@ -99,6 +102,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         )
         .unwrap();
         out.push_str(&disassemble(&e.code, HOST));
+        push_cold(&mut out, &e.cold);
     }
     // A `switch`'s dispatch: also as a jump-table site, with one index's stub.
     if let Some(p) = jump_table::pattern(&block) {
@@ -106,6 +110,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
             enqueue: Some(RING_ENTRIES),
             gateway: GATEWAY,
             jump_table: Some(3),
+            cold: Some(HostAddr(COLD)),
         };
         let (e, site) = jump_table::emit_block(&block, &p, BlockId(7), HostAddr(HOST), 0, &cx, 3)
             .expect("emits");
@@ -118,6 +123,7 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         )
         .unwrap();
         out.push_str(&disassemble(&e.code, HOST));
+        push_cold(&mut out, &e.cold);
         let jmp_at = GuestAddr(block.term_inst.as_ref().expect("a jmp").inst.ip());
         let stub_at = HOST + 0x1000;
         let (code, exit, _) = jump_table::emit_index_stub(
@@ -140,6 +146,14 @@ fn render(name: &str, bytes: &[u8], guest: u64) -> String {
         out.push_str(&disassemble(&code, stub_at));
     }
     out
+}
+
+/// Appends the disassembly of a block's cold part (at [`COLD`]), if it has one.
+fn push_cold(out: &mut String, cold: &[u8]) {
+    if !cold.is_empty() {
+        writeln!(out, "cold part:").unwrap();
+        out.push_str(&disassemble(cold, COLD));
+    }
 }
 
 /// A superblock over the blocks starting at the guest offsets `trace` (of the same code, at
@@ -165,6 +179,7 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
             enqueue: Some(RING_ENTRIES),
             gateway: GATEWAY,
             jump_table: None,
+            cold: None,
         };
         let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
@@ -396,6 +411,7 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
                     enqueue,
                     gateway: GATEWAY,
                     jump_table: None,
+                    cold: Some(HostAddr(COLD + skew)),
                 };
                 let block = decode_block(GuestAddr(*guest));
                 let e = emit_block(&block, BlockId(7), HostAddr(base), 0, &cx).expect("emits");

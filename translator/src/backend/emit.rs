@@ -3,7 +3,8 @@
 //! Layout of a translated block (host addresses grow downward):
 //!
 //! ```text
-//! ring_slow:  lea rcx,[entry]; mov gs:[resume],rcx; mov ecx,RING_FULL; jmp exit   (stub on only)
+//! hot part (the code cache's hot area):
+//! ring_slow:  jmp cold_slow                                                     (stub on only)
 //! entry:      enqueue stub: lap check (cursor 0: jrcxz ring_slow), entries_end[cursor++] = block id
 //!             (stub on only; the guest's RCX waits in a GS scratch slot, or in a register the
 //!             block overwrites before reading it, or nowhere when that register is RCX)
@@ -11,8 +12,13 @@
 //!                   operands keep pointing at the same guest addresses)
 //!             terminator: jcc/jmp rel32 to exit stubs (patched later to chain), or the operand
 //!                   load + jump to the indirect branch lookup
-//!             exit stubs: mov gs:[scratch_rcx],rcx; mov ecx,EXIT_INDEX; jmp exit
+//! cold part (the code cache's cold area; code that runs only on the way to the dispatcher):
+//! cold_slow:  lea rcx,[entry]; mov gs:[resume],rcx; mov ecx,RING_FULL; jmp exit (stub on only)
+//! exit stubs: mov gs:[scratch_rcx],rcx; mov ecx,EXIT_INDEX; jmp exit
 //! ```
+//!
+//! Code assembled without a cold area (superblocks, jump-table stubs, tests) keeps its slow
+//! path and exit stubs in line, around the hot code, as one part.
 //!
 //! Nothing emitted here writes the guest's flags, registers or stack below RSP, except what the
 //! guest instruction itself would do, and registers the guest overwrites before it reads them
@@ -27,7 +33,9 @@ use hotpath_ir::{Block, BlockId, Cond, GuestAddr, HostAddr, Inst, Terminator};
 
 use crate::backend::gateway::{emit_ibl, emit_ibl_call, emit_ibl_in, Gateway, GS};
 use crate::backend::relocs::{RelocKind, Relocs, Routine};
-pub(crate) use crate::backend::stubs::{align_patchable, enqueue_stub, gpr, RcxSave, Slow};
+pub(crate) use crate::backend::stubs::{
+    align_patchable, enqueue_stub, enqueue_stub_cold, gpr, ColdCode, RcxSave, Slow,
+};
 use crate::cache::code_cache::{Exit, ExitKind, HostLayout};
 pub(crate) use crate::frontend::decode::return_pop;
 use crate::host::thread_area::off;
@@ -37,6 +45,11 @@ use crate::TranslateError;
 pub struct EmittedBlock {
     /// The machine code, to be inserted at the address it was assembled for.
     pub code: Vec<u8>,
+    /// Its cold part (exit stubs, the ring's slow path), to be inserted into the cold area
+    /// at `cold_at`, the address it was assembled for; empty when emitted without one.
+    pub cold: Vec<u8>,
+    /// Host address of the cold part.
+    pub cold_at: HostAddr,
     /// Host address of the block's entry (after the ring slow path).
     pub entry: HostAddr,
     /// Exits, in the order of their indices `first_exit..`.
@@ -59,15 +72,32 @@ pub struct EmitContext {
     /// The jump-table site (`jump_table`) a block (a superblock's last) ending in a `switch`'s
     /// dispatch is translated as; `None`: through the lookup.
     pub jump_table: Option<u32>,
+    /// Host address in the code cache's cold area where a basic block's cold part goes (see
+    /// the module doc); `None`: in line.
+    pub cold: Option<HostAddr>,
 }
 
-/// A growing run of machine code assembled for consecutive host addresses.
+/// A growing run of machine code assembled for consecutive host addresses, and the cold part
+/// that goes with it (when it has one: see the module doc).
 pub(crate) struct Code_ {
     pub base: u64,
     pub bytes: Vec<u8>,
+    pub cold: Option<ColdCode>,
 }
 
 impl Code_ {
+    /// Code from host address `base`, with its cold part from `cold` if given.
+    pub fn new(base: u64, cold: Option<HostAddr>) -> Code_ {
+        Code_ {
+            base,
+            bytes: Vec::with_capacity(256),
+            cold: cold.map(|c| ColdCode {
+                base: c.0,
+                bytes: Vec::new(),
+            }),
+        }
+    }
+
     pub fn addr(&self) -> u64 {
         self.base + self.bytes.len() as u64
     }
@@ -127,10 +157,7 @@ pub(crate) fn emit_block_with(
     tail: Option<Tail<'_>>,
 ) -> Result<EmittedBlock, TranslateError> {
     let exit_addr = cx.gateway.exit.0 as usize;
-    let mut code = Code_ {
-        base: at.0,
-        bytes: Vec::with_capacity(256),
-    };
+    let mut code = Code_::new(at.0, cx.cold);
 
     // Monitor on: the ring slow path and the enqueue stub, which exits at the block entry when
     // the ring's lap is full. A pending signal unlinks the blocks instead (see `signals`).
@@ -146,10 +173,42 @@ pub(crate) fn emit_block_with(
     let entry;
     if let Some(ring_entries) = cx.enqueue {
         let save = RcxSave::for_body(&block.body);
-        let stub = enqueue_stub(&mut ops, id.0, ring_entries, Slow::Resume, save, exit_addr);
+        let stub = match &mut code.cold {
+            Some(cold) => {
+                let stub = enqueue_stub_cold(
+                    &mut ops,
+                    code.base,
+                    cold,
+                    id.0,
+                    ring_entries,
+                    save,
+                    exit_addr,
+                );
+                cold.bytes.extend(assembled(stub.cold, "ring slow path")?);
+                relocs.add(
+                    stub.slow_at,
+                    RelocKind::Local {
+                        target: stub.cold_at,
+                    },
+                );
+                relocs.add(
+                    stub.lea_at,
+                    RelocKind::Local {
+                        target: code.base + stub.hot.entry,
+                    },
+                );
+                relocs.add(stub.cold_exit_at, RelocKind::Gateway(Routine::Exit));
+                stub.hot
+            }
+            None => {
+                let stub =
+                    enqueue_stub(&mut ops, id.0, ring_entries, Slow::Resume, save, exit_addr);
+                relocs.add(code.base + stub.exit_at, RelocKind::Gateway(Routine::Exit));
+                stub
+            }
+        };
         entry = HostAddr(code.base + stub.entry);
         relocs.add(code.base + stub.event_at, RelocKind::BlockId);
-        relocs.add(code.base + stub.exit_at, RelocKind::Gateway(Routine::Exit));
     } else {
         entry = HostAddr(code.base);
     }
@@ -174,8 +233,14 @@ pub(crate) fn emit_block_with(
     };
     layout.code_end = code.addr();
     resolve_exit_stubs(&mut exits, &code);
+    let (cold, cold_at) = match code.cold {
+        Some(c) => (c.bytes, HostAddr(c.base)),
+        None => (Vec::new(), HostAddr(0)),
+    };
     Ok(EmittedBlock {
         code: code.bytes,
+        cold,
+        cold_at,
         entry,
         exits,
         layout,
@@ -832,6 +897,22 @@ pub(crate) fn emit_terminator(
         }
     };
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(chunk_base as usize);
+    let mut exit_cx = ExitStubs {
+        base: chunk_base,
+        cold: code.cold.as_mut(),
+        next_index: first_exit,
+        first_exit,
+        exit_addr,
+    };
+    // An in-line stub goes after the terminator's code, at its label; its fields are recorded
+    // as `exit_branch` records a cold one's.
+    let mut inline_stubs = Vec::new();
+    let mut place_stub =
+        |ops: &mut VecAssembler<X64Relocation>, stub: Option<DynamicLabel>, index: u32| {
+            if let Some(l) = stub {
+                inline_stubs.push((index, exit_stub(ops, l, index, exit_addr)));
+            }
+        };
     let direct = |exits: &mut Vec<Exit>, target: GuestAddr, site: HostAddr, call: bool| {
         exits.push(Exit {
             block: id,
@@ -847,20 +928,16 @@ pub(crate) fn emit_terminator(
     };
     match block.terminator {
         Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
-            let l = ops.new_dynamic_label();
-            let site = patchable_jmp(&mut ops, chunk_base, l);
+            let (site, stub) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
             let index = direct(exits, target, site, false);
-            let at = exit_stub(&mut ops, l, index, exit_addr);
-            stub_fields(relocs, chunk_base, index, at);
+            place_stub(&mut ops, stub, index);
         }
         Terminator::Call { target, return_to } => {
             let literal = push_return_address(&mut ops, return_to);
             pushed(relocs, chunk_base, literal.imm, false);
-            let l = ops.new_dynamic_label();
-            let site = patchable_jmp(&mut ops, chunk_base, l);
+            let (site, stub) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
             let index = direct(exits, target, site, true);
-            let at = exit_stub(&mut ops, l, index, exit_addr);
-            stub_fields(relocs, chunk_base, index, at);
+            place_stub(&mut ops, stub, index);
             let at = literal.place(&mut ops, chunk_base);
             pushed(relocs, chunk_base, at, true);
         }
@@ -869,15 +946,13 @@ pub(crate) fn emit_terminator(
             taken,
             not_taken,
         } => {
-            let lt = ops.new_dynamic_label();
-            let ln = ops.new_dynamic_label();
-            let (it, in_) = match cond.cc() {
+            let ((it, lt), (in_, ln)) = match cond.cc() {
                 Some(cc) => {
-                    let site = patchable_jcc(&mut ops, chunk_base, cc, lt);
+                    let (site, lt) = exit_branch(&mut ops, &mut exit_cx, Some(cc), relocs)?;
                     let it = direct(exits, taken, site, false);
-                    let site = patchable_jmp(&mut ops, chunk_base, ln);
+                    let (site, ln) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
                     let in_ = direct(exits, not_taken, site, false);
-                    (it, in_)
+                    ((it, lt), (in_, ln))
                 }
                 None => {
                     // loop/jrcxz only have rel8 forms: branch over a rel32 jmp to a second one.
@@ -889,18 +964,16 @@ pub(crate) fn emit_terminator(
                     debug_assert!(matches!(cond, Cond::Loop | Cond::RcxZero));
                     let short_taken = ops.new_dynamic_label();
                     rcx_branch(&mut ops, inst, short_taken)?;
-                    let site = patchable_jmp(&mut ops, chunk_base, ln);
+                    let (site, ln) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
                     let in_ = direct(exits, not_taken, site, false);
                     dynasm!(ops ; .arch x64 ; =>short_taken);
-                    let site = patchable_jmp(&mut ops, chunk_base, lt);
+                    let (site, lt) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
                     let it = direct(exits, taken, site, false);
-                    (it, in_)
+                    ((it, lt), (in_, ln))
                 }
             };
-            let at = exit_stub(&mut ops, lt, it, exit_addr);
-            stub_fields(relocs, chunk_base, it, at);
-            let at = exit_stub(&mut ops, ln, in_, exit_addr);
-            stub_fields(relocs, chunk_base, in_, at);
+            place_stub(&mut ops, lt, it);
+            place_stub(&mut ops, ln, in_);
         }
         Terminator::Syscall { next } => {
             let at = block
@@ -994,8 +1067,70 @@ pub(crate) fn emit_terminator(
             return Ok(exit_list);
         }
     }
+    for (index, at) in inline_stubs {
+        stub_fields(relocs, chunk_base, index, at);
+    }
     code.append(assembled(ops, "terminator")?);
     Ok(exit_list)
+}
+
+/// Where a terminator's direct exits get their exit stubs: in `cold` when the translation has
+/// a cold part, else in line after the terminator's code. Indices are handed out in order
+/// from `next_index`.
+struct ExitStubs<'a> {
+    /// Host address the terminator's assembler starts at.
+    base: u64,
+    cold: Option<&'a mut ColdCode>,
+    next_index: u32,
+    first_exit: u32,
+    exit_addr: usize,
+}
+
+/// Emits the chainable `jmp rel32` (`cc` given: `jcc rel32`) of the next direct exit, whose
+/// `rel32` leads to its exit stub until the exit is linked. With a cold part, the stub is
+/// appended to it now (its fields recorded) and the branch's `rel32` is a local relocation;
+/// else the stub is for the caller to emit (with [`exit_stub`]) at the returned label, where
+/// execution never falls through. Returns the branch's patch site and that label.
+///
+/// # Errors
+/// [`TranslateError::Assemble`] if dynasm rejects the stub (a bug in hotpath).
+fn exit_branch(
+    ops: &mut VecAssembler<X64Relocation>,
+    stubs: &mut ExitStubs<'_>,
+    cc: Option<u8>,
+    relocs: &mut Relocs,
+) -> Result<(HostAddr, Option<DynamicLabel>), TranslateError> {
+    let index = stubs.next_index;
+    stubs.next_index += 1;
+    let Some(cold) = stubs.cold.as_deref_mut() else {
+        let l = ops.new_dynamic_label();
+        let site = match cc {
+            Some(cc) => patchable_jcc(ops, stubs.base, cc, l),
+            None => patchable_jmp(ops, stubs.base, l),
+        };
+        return Ok((site, Some(l)));
+    };
+    let stub_at = cold.addr();
+    let mut c: VecAssembler<X64Relocation> = VecAssembler::new(stub_at as usize);
+    let l = c.new_dynamic_label();
+    let (index_at, exit_at) = exit_stub(&mut c, l, index, stubs.exit_addr);
+    relocs.add(
+        stub_at + index_at,
+        RelocKind::Exit(index - stubs.first_exit),
+    );
+    relocs.add(stub_at + exit_at, RelocKind::Gateway(Routine::Exit));
+    cold.bytes.extend(assembled(c, "exit stub")?);
+    let opcode_len = if cc.is_some() { 2 } else { 1 };
+    align_patchable(ops, stubs.base, opcode_len);
+    let end = stubs.base + ops.offset().0 as u64 + opcode_len + 4;
+    let rel = stub_at.wrapping_sub(end) as i64 as i32;
+    match cc {
+        Some(cc) => dynasm!(ops ; .arch x64 ; .u8 0x0f ; .u8 0x80 | cc ; .i32 rel),
+        None => dynasm!(ops ; .arch x64 ; .u8 0xe9 ; .i32 rel),
+    }
+    let site = patch_site(ops, stubs.base);
+    relocs.add(site.0, RelocKind::Local { target: stub_at });
+    Ok((site, None))
 }
 
 /// Where the parts of an [`indirect_call_lookup`] that depend on its placement are, as offsets
@@ -1188,10 +1323,7 @@ mod tests {
             0x48, 0x8b, 0x4c, 0x24, 0x08,
         ];
         let block = block_of(&bytes);
-        let mut code = Code_ {
-            base: NEAR,
-            bytes: Vec::new(),
-        };
+        let mut code = Code_::new(NEAR, None);
         let mut layout = HostLayout::default();
         append_body(&block, &mut code, &mut layout, &mut Relocs::default()).unwrap();
         // Same length, same bytes but the two displacements.
@@ -1216,10 +1348,7 @@ mod tests {
     fn far_body_operands_are_rewritten_not_copied() {
         // mov rax, [rip + 0x100] from a library far from the cache.
         let block = block_of(&[0x48, 0x8b, 0x05, 0x00, 0x01, 0, 0]);
-        let mut code = Code_ {
-            base: FAR,
-            bytes: Vec::new(),
-        };
+        let mut code = Code_::new(FAR, None);
         let mut layout = HostLayout::default();
         append_body(&block, &mut code, &mut layout, &mut Relocs::default()).unwrap();
         let out = decode_all(&code.bytes, FAR);

@@ -42,6 +42,10 @@ pub enum RelocKind {
     /// 4 bytes: a displacement into the thread area, `offset` bytes from the start of the
     /// translation's jump-table site's table (`thread_area::off::jump_table(site)`).
     JumpTableArea { offset: i32 },
+    /// 4 bytes: `rel32`, from the field's end, to host address `target` of the same
+    /// translation in its other part (hot code to a cold exit stub or slow path, or back):
+    /// the two parts are placed apart, so the distance between them is the placement's.
+    Local { target: u64 },
 }
 
 /// One relocated field.

@@ -101,16 +101,7 @@ pub(crate) fn enqueue_stub_at(
     dynasm!(ops ; .arch x64 ; =>slow_label);
     match slow {
         Slow::Resume => {
-            // The exit routine expects the guest's RCX in its scratch slot.
-            match save {
-                RcxSave::Scratch => {}
-                RcxSave::Dead => {
-                    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx)
-                }
-                RcxSave::Register(r) => {
-                    dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], Rq(gpr(r)))
-                }
-            }
+            rcx_to_scratch(ops, save);
             dynasm!(ops
                 ; .arch x64
                 ; lea rcx, [=>entry_label]
@@ -130,6 +121,119 @@ pub(crate) fn enqueue_stub_at(
         }
     }
     let exit_at = ops.offset().0 as u64 - 4;
+    let (entry, event_at) = enqueue_entry(ops, entry_label, slow_label, event, ring_entries, save);
+    EnqueueStub {
+        entry,
+        event_at,
+        exit_at,
+    }
+}
+
+/// The cold part of a translation (`emit::Code_`): code assembled for consecutive host
+/// addresses from `base`, for the code cache's cold area.
+pub(crate) struct ColdCode {
+    pub base: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl ColdCode {
+    /// Host address of the next cold byte.
+    pub fn addr(&self) -> u64 {
+        self.base + self.bytes.len() as u64
+    }
+}
+
+/// An enqueue stub whose ring slow path is cold code ([`enqueue_stub_cold`]): where its parts
+/// are.
+pub(crate) struct ColdEnqueueStub {
+    /// The hot part's entry and event, as offsets from the hot assembler's start (`exit_at`
+    /// unused: the hot part does not reach the gateway).
+    pub hot: EnqueueStub,
+    /// The slow path, assembled for host address `cold_at`.
+    pub cold: VecAssembler<X64Relocation>,
+    /// Host address of the slow path.
+    pub cold_at: u64,
+    /// Host address of the hot `jmp`'s `rel32` to the slow path.
+    pub slow_at: u64,
+    /// Host address of the slow path's `lea` displacement to the stub's entry.
+    pub lea_at: u64,
+    /// Host address of the slow path's `rel32` to the gateway's exit.
+    pub cold_exit_at: u64,
+}
+
+/// [`enqueue_stub`] with `Slow::Resume` and its slow path out of line, at `cold`'s next byte:
+/// the hot part starts with a `jmp` to it (where the lap check's `jrcxz`, which reaches 127
+/// bytes, can land), then the entry. The hot assembler `ops` starts at host address `base`.
+/// The caller appends the returned slow path to `cold`.
+#[allow(clippy::useless_conversion)]
+pub(crate) fn enqueue_stub_cold(
+    ops: &mut VecAssembler<X64Relocation>,
+    base: u64,
+    cold: &ColdCode,
+    event: u32,
+    ring_entries: u64,
+    save: RcxSave,
+    exit_addr: usize,
+) -> ColdEnqueueStub {
+    let cold_at = cold.addr();
+    let slow_label = ops.new_dynamic_label();
+    let entry_label = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; =>slow_label ; jmp extern cold_at as usize);
+    let slow_at = base + ops.offset().0 as u64 - 4;
+    let entry_host = base + ops.offset().0 as u64;
+    let (entry, event_at) = enqueue_entry(ops, entry_label, slow_label, event, ring_entries, save);
+    let mut c: VecAssembler<X64Relocation> = VecAssembler::new(cold_at as usize);
+    rcx_to_scratch(&mut c, save);
+    // lea rcx, [rip + disp32] to the entry, in the hot part.
+    let lea_end = cold_at + c.offset().0 as u64 + 7;
+    let disp = entry_host.wrapping_sub(lea_end) as i64 as i32;
+    dynasm!(c ; .arch x64 ; .u8 0x48 ; .u8 0x8d ; .u8 0x0d ; .i32 disp);
+    let lea_at = lea_end - 4;
+    dynasm!(c
+        ; .arch x64
+        ; .u8 GS ; mov QWORD [off::RESUME], rcx
+        ; mov ecx, EXIT_RING_FULL as i32
+        ; jmp extern exit_addr
+    );
+    let cold_exit_at = cold_at + c.offset().0 as u64 - 4;
+    ColdEnqueueStub {
+        hot: EnqueueStub {
+            entry,
+            event_at,
+            exit_at: 0,
+        },
+        cold: c,
+        cold_at,
+        slow_at,
+        lea_at,
+        cold_exit_at,
+    }
+}
+
+/// The start of an enqueue stub's slow path: the guest's RCX into its scratch slot, where
+/// the exit routine expects it, unless it is there already.
+#[allow(clippy::useless_conversion)]
+fn rcx_to_scratch(ops: &mut VecAssembler<X64Relocation>, save: RcxSave) {
+    match save {
+        RcxSave::Scratch => {}
+        RcxSave::Dead => dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], rcx),
+        RcxSave::Register(r) => {
+            dynasm!(ops ; .arch x64 ; .u8 GS ; mov QWORD [off::SCRATCH_RCX], Rq(gpr(r)))
+        }
+    }
+}
+
+/// The entry part of an enqueue stub (at `entry_label`; `jrcxz` to `slow_label` when the lap
+/// is full). Returns the offsets of its entry and of its 4-byte event.
+#[allow(clippy::useless_conversion)]
+fn enqueue_entry(
+    ops: &mut VecAssembler<X64Relocation>,
+    entry_label: DynamicLabel,
+    slow_label: DynamicLabel,
+    event: u32,
+    ring_entries: u64,
+    save: RcxSave,
+) -> (u64, u64) {
     let entry = ops.offset().0 as u64;
     let entries_end = off::entries_end(ring_entries);
     dynasm!(ops ; .arch x64 ; =>entry_label);
@@ -155,11 +259,7 @@ pub(crate) fn enqueue_stub_at(
         RcxSave::Dead => {}
         RcxSave::Register(r) => dynasm!(ops ; .arch x64 ; mov rcx, Rq(gpr(r))),
     }
-    EnqueueStub {
-        entry,
-        event_at,
-        exit_at,
-    }
+    (entry, event_at)
 }
 
 /// Pads with one NOP of 0–3 bytes so that the rel32 of a branch whose opcode (`opcode_len`

@@ -127,10 +127,8 @@ pub fn emit_superblock(
         "a superblock has 1..={MAX_TRACE_BLOCKS} blocks"
     );
     let exit_addr = cx.gateway.exit.0 as usize;
-    let mut code = Code_ {
-        base: at.0,
-        bytes: Vec::with_capacity(64 * blocks.len() + 64),
-    };
+    // A trace's code is all hot: its side exits' stubs stay in line.
+    let mut code = Code_::new(at.0, None);
     let mut exits: Vec<Exit> = Vec::new();
     let mut layouts = Vec::with_capacity(blocks.len() + 4);
     // (offset of a rel32 in `code.bytes` to point at side exit i's stub, i, where it goes)

@@ -24,7 +24,7 @@ use crate::host::reserve;
 /// The start of every store file, then the format's version.
 const MAGIC: &[u8; 4] = b"HPTC";
 /// Bumped when [`BlockRecord`] or the file layout changes.
-const FORMAT: u32 = 5;
+const FORMAT: u32 = 6;
 /// Header size in bytes.
 const HEADER: usize = 32;
 /// Index entry size in bytes.
@@ -384,6 +384,7 @@ pub(crate) mod tests {
             term_at: 3,
             term: TermRecord::Jump(3),
             code: vec![0x90; 40 + offset as usize % 7],
+            cold: 10,
             entry: 8,
             relocs: vec![RelocRecord::BlockId(2), RelocRecord::Exit { at: 20, k: 0 }],
             exits: vec![ExitRecord::Direct {

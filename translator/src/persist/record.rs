@@ -30,8 +30,12 @@ pub struct BlockRecord {
     pub term_at: i64,
     /// How the block ends.
     pub term: TermRecord,
-    /// The host code as emitted (unlinked), from the ring slow path.
+    /// The host code as emitted (unlinked): the hot part from its start, then the cold part
+    /// (its last `cold` bytes), which is placed in the code cache's cold area. Host offsets
+    /// count through both, as if the parts were one run of code.
     pub code: Vec<u8>,
+    /// Bytes of `code` that are the cold part (0: none).
+    pub cold: u32,
     /// The block's entry, from the code's start.
     pub entry: u32,
     /// The fields to patch.
@@ -135,6 +139,11 @@ pub enum RelocRecord {
         at: u32,
         offset: i32,
     },
+    /// A `rel32` to host offset `target` of the same code, in the other part.
+    Local {
+        at: u32,
+        target: u32,
+    },
 }
 
 /// One exit, guest addresses as deltas, host addresses as offsets.
@@ -214,7 +223,16 @@ impl BlockRecord {
         let base = emitted.layout.code_start;
         let g = |a: u64| a.wrapping_sub(start) as i64;
         let gd = |a: GuestAddr| g(a.0);
-        let h = |a: u64| u32::try_from(a.checked_sub(base)?).ok();
+        let hot_len = emitted.code.len() as u64;
+        let cold = (emitted.cold_at.0, emitted.cold.len() as u64);
+        // Host address → offset through the hot part, then the cold one.
+        let h = |a: u64| {
+            let o = match a.checked_sub(base) {
+                Some(o) if o < hot_len => o,
+                _ => hot_len + a.checked_sub(cold.0).filter(|&o| o < cold.1)?,
+            };
+            u32::try_from(o).ok()
+        };
         let term = match block.terminator {
             Terminator::Jump { target } => TermRecord::Jump(gd(target)),
             Terminator::Branch {
@@ -266,6 +284,10 @@ impl BlockRecord {
                     site?;
                     RelocRecord::JumpTableArea { at, offset }
                 }
+                RelocKind::Local { target } => RelocRecord::Local {
+                    at,
+                    target: h(target)?,
+                },
             });
         }
         let mut exits = Vec::with_capacity(emitted.exits.len());
@@ -323,7 +345,8 @@ impl BlockRecord {
             instructions: summary.instructions,
             term_at: gd(summary.terminator_addr),
             term,
-            code: emitted.code.clone(),
+            code: [&emitted.code[..], &emitted.cold[..]].concat(),
+            cold: emitted.cold.len() as u32,
             entry: h(l.entry)?,
             relocs,
             exits,
@@ -355,6 +378,7 @@ impl BlockRecord {
             FIXED
                 + self.guest.len()
                 + self.code.len()
+                + 4
                 + RELOC * self.relocs.len()
                 + EXIT * self.exits.len()
                 + BODY * self.body.len()
@@ -398,6 +422,7 @@ impl BlockRecord {
             self.exits.len(),
             self.body.len(),
             self.far_borrows.len(),
+            self.cold as usize,
         ] {
             u32_(&mut w, n as u32);
         }
@@ -427,6 +452,7 @@ impl BlockRecord {
                 RelocRecord::GuestLow32 { at, delta } => (6, 0, at, delta),
                 RelocRecord::GuestSigned32 { at, delta } => (7, 0, at, delta),
                 RelocRecord::JumpTableArea { at, offset } => (8, 0, at, offset as i64),
+                RelocRecord::Local { at, target } => (9, 0, at, target as i64),
             };
             w.extend_from_slice(&[kind, end]);
             u32_(&mut w, at);
@@ -463,7 +489,7 @@ impl BlockRecord {
 }
 
 /// Bytes of a record's fixed part (see [`RecordView`]).
-const FIXED: usize = 8 + 4 + 8 + 18 + 4 + 4 + 8 + 4 + 9 + 4 + 1 + 6 * 4;
+const FIXED: usize = 8 + 4 + 8 + 18 + 4 + 4 + 8 + 4 + 9 + 4 + 1 + 7 * 4;
 /// Bytes of a record's jump-table site, when it has one.
 const SITE: usize = 4 + 4 + 8 + 8 + 4 + 4 + 1 + DISPATCH_MAX;
 /// Bytes of one relocation, exit, body entry and far borrow.
@@ -515,7 +541,8 @@ impl<'a> Reader<'a> {
 ///             Syscall), condition u8, two deltas i64,
 /// entry u32, term_start u32, term_guest i64, rcx_borrowed_from u32 (u32::MAX: none),
 /// slot: present u8, delta i64, dead u32, site present u8,
-/// counts u32 × 6: guest bytes, code bytes, relocations, exits, body entries, far borrows
+/// counts u32 × 7: guest bytes, code bytes, relocations, exits, body entries, far borrows,
+///              cold code bytes (the last of the code bytes)
 /// site (when present): base u8, index u8, target u8, add_at u8, disp i32, load i64,
 ///              add i64, fill u32, general u32, dispatch length u8, dispatch [u8; 16]
 /// guest bytes, code bytes,
@@ -545,8 +572,10 @@ pub struct RecordView<'a> {
     site: Option<SiteRecord>,
     /// The guest bytes the block covers.
     pub guest: &'a [u8],
-    /// The host code as emitted.
+    /// The host code as emitted ([`BlockRecord::code`]).
     pub code: &'a [u8],
+    /// [`BlockRecord::cold`].
+    pub cold: u32,
     relocs: &'a [u8],
     exits: &'a [u8],
     body: &'a [u8],
@@ -590,7 +619,7 @@ impl<'a> RecordView<'a> {
         };
         let dead = r.u32()?;
         let has_site = r.u8()? != 0;
-        let mut n = [0usize; 6];
+        let mut n = [0usize; 7];
         for n in &mut n {
             *n = r.u32()? as usize;
         }
@@ -629,6 +658,7 @@ impl<'a> RecordView<'a> {
             site,
             guest: r.take(n[0])?,
             code: r.take(n[1])?,
+            cold: u32::try_from(n[6]).ok().filter(|&c| c as usize <= n[1])?,
             relocs: r.take(n[2].checked_mul(RELOC)?)?,
             exits: r.take(n[3].checked_mul(EXIT)?)?,
             body: r.take(n[4].checked_mul(BODY)?)?,
@@ -666,6 +696,10 @@ impl<'a> RecordView<'a> {
                 8 => RelocRecord::JumpTableArea {
                     at,
                     offset: i32::try_from(value).ok()?,
+                },
+                9 => RelocRecord::Local {
+                    at,
+                    target: u32::try_from(value).ok()?,
                 },
                 _ => return None,
             })
@@ -718,6 +752,7 @@ impl<'a> RecordView<'a> {
             term_at: self.term_at,
             term: self.term,
             code: self.code.to_vec(),
+            cold: self.cold,
             entry: self.entry,
             relocs: self.relocs().collect::<Option<_>>()?,
             exits: self.exits().collect::<Option<_>>()?,
@@ -737,7 +772,8 @@ impl<'a> RecordView<'a> {
         self.site.is_some()
     }
 
-    /// The block placed at host address `at` for guest address `start`, with id `id` and exits
+    /// The block placed at host address `at` (its cold part at `cold_at`) for guest address
+    /// `start`, with id `id` and exits
     /// from index `first_exit`, its gateway `gateway`, `folded` the value its constant
     /// slot holds now (see [`Self::slot`]) and `site` the jump-table site number its dispatch
     /// gets (see [`Self::has_site`]); `None` when a field cannot hold its new value (a
@@ -749,6 +785,7 @@ impl<'a> RecordView<'a> {
         &self,
         start: GuestAddr,
         at: HostAddr,
+        cold_at: HostAddr,
         id: BlockId,
         first_exit: u32,
         gateway: &Gateway,
@@ -760,7 +797,12 @@ impl<'a> RecordView<'a> {
         }
         let base = at.0;
         let guest = |d: i64| start.0.wrapping_add(d as u64);
-        let host = |o: u32| base + o as u64;
+        let hot_len = (self.code.len() - self.cold as usize) as u32;
+        // Offset → host address, through the hot part, then the cold one.
+        let host = |o: u32| match o.checked_sub(hot_len) {
+            None => base + o as u64,
+            Some(c) => cold_at.0 + c as u64,
+        };
         let mut code = self.code.to_vec();
         let mut put = |at: u32, bytes: &[u8]| -> Option<()> {
             let at = at as usize;
@@ -793,8 +835,10 @@ impl<'a> RecordView<'a> {
                     let v = off::jump_table(site?).checked_add(offset)?;
                     put(at, &v.to_le_bytes())?
                 }
+                RelocRecord::Local { at, target } => put(at, &rel32(at, 4, host(target))?)?,
             }
         }
+        let cold = code.split_off(hot_len as usize);
         let exits = self
             .exits()
             .map(|e| {
@@ -857,7 +901,7 @@ impl<'a> RecordView<'a> {
             code_start: base,
             entry: host(self.entry),
             guest_start: start.0,
-            code_end: base + code.len() as u64,
+            code_end: base + hot_len as u64,
             body: self.body().map(|(h, g)| (host(h), guest(g))).collect(),
             term_start: host(self.term_start),
             term_guest: guest(self.term_guest),
@@ -890,6 +934,8 @@ impl<'a> RecordView<'a> {
         Some(Placed {
             emitted: EmittedBlock {
                 code,
+                cold,
+                cold_at,
                 entry: HostAddr(host(self.entry)),
                 exits,
                 layout,
@@ -953,13 +999,18 @@ mod tests {
     /// `g1` and host address `h1`, recorded, and placed for `g2` and `h2` with another id and
     /// first exit, is what translating it there directly gives: the same bytes, exits and
     /// layout. `h - g` is the same in both places, so each operand has the same reach.
-    fn placed_equals_translated(enqueue: Option<u64>, far: bool) {
+    ///
+    /// With `cold`, each block's cold part goes 16 MiB and a few odd bytes above its code
+    /// (the code cache's cold area), else it stays in line.
+    fn placed_equals_translated(enqueue: Option<u64>, far: bool, cold: bool) {
         let (text, vaddr) = own_text();
         let text = &text[..text.len().min(400_000)];
-        let cx = |h: u64| EmitContext {
+        let cold_of = |h: u64| HostAddr(if cold { h + 0x100_2345 } else { 0 });
+        let cx = |g: u64, h: u64| EmitContext {
             enqueue,
-            gateway: gateway(h & !0xfff_ffff),
+            gateway: gateway(g & !0xfff_ffff),
             jump_table: None,
+            cold: cold.then(|| cold_of(h)),
         };
         // Near: code 1 GiB after its guest; far: 64 TiB away (every RIP-relative operand is
         // rewritten). The second place is ASLR-like: both moved by the same 0x5a5a_5000.
@@ -986,27 +1037,36 @@ mod tests {
                 (h1 + shift + at as u64 * 16, b2)
             };
             let len = (b1.len_bytes as usize).max(1);
-            let e1 =
-                emit_block(&b1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
+            let e1 = emit_block(
+                &b1,
+                BlockId(7),
+                HostAddr(h1 + at as u64 * 16),
+                3,
+                &cx(h1, h1 + at as u64 * 16),
+            )
+            .unwrap();
             if let Some(r) = BlockRecord::capture(&e1, &b1, at as u64, None, None) {
                 // Placed through its bytes, as a store file gives it.
                 let bytes = r.encode();
                 let r = RecordView::parse(&bytes).expect("a record reads back");
                 let (h2, b2) = second();
-                let e2 =
-                    emit_block(&b2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
+                let e2 = emit_block(&b2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift, h2))
+                    .unwrap();
                 let p = r
                     .place(
                         b2.start,
                         HostAddr(h2),
+                        cold_of(h2),
                         BlockId(4242),
                         1000,
-                        &cx(h1 + shift).gateway,
+                        &cx(h1 + shift, h2).gateway,
                         None,
                         None,
                     )
                     .expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "block at +{at:#x}");
+                assert_eq!(p.emitted.cold, e2.cold, "block at +{at:#x}");
+                assert_eq!(p.emitted.cold_at, e2.cold_at);
                 assert_eq!(p.emitted.entry, e2.entry);
                 assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
                 assert_eq!(
@@ -1026,21 +1086,28 @@ mod tests {
             if let Some(slot) = crate::frontend::decode::constant_slot(&b1) {
                 let (t1, t2) = (GuestAddr(0x7f00_1234_5000), GuestAddr(0x7f77_0000_9000));
                 let d1 = crate::frontend::decode::with_direct_target(&b1, t1);
-                let e1 =
-                    emit_block(&d1, BlockId(7), HostAddr(h1 + at as u64 * 16), 3, &cx(h1)).unwrap();
+                let e1 = emit_block(
+                    &d1,
+                    BlockId(7),
+                    HostAddr(h1 + at as u64 * 16),
+                    3,
+                    &cx(h1, h1 + at as u64 * 16),
+                )
+                .unwrap();
                 let bytes = BlockRecord::capture(&e1, &b1, at as u64, Some((slot, t1)), None)
                     .expect("a folded block is persisted")
                     .encode();
                 let r = RecordView::parse(&bytes).expect("a record reads back");
                 let (h2, b2) = second();
                 let d2 = crate::frontend::decode::with_direct_target(&b2, t2);
-                let e2 =
-                    emit_block(&d2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift)).unwrap();
-                let gw = &cx(h1 + shift).gateway;
+                let e2 = emit_block(&d2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift, h2))
+                    .unwrap();
+                let gw = &cx(h1 + shift, h2).gateway;
                 let p = r
                     .place(
                         b2.start,
                         HostAddr(h2),
+                        cold_of(h2),
                         BlockId(4242),
                         1000,
                         gw,
@@ -1049,6 +1116,7 @@ mod tests {
                     )
                     .expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "folded block at +{at:#x}");
+                assert_eq!(p.emitted.cold, e2.cold, "folded block at +{at:#x}");
                 assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
                 assert_eq!(
                     p.summary,
@@ -1056,7 +1124,16 @@ mod tests {
                     "the monitor learns the indirect branch"
                 );
                 assert!(r
-                    .place(b2.start, HostAddr(h2), BlockId(1), 0, gw, None, None)
+                    .place(
+                        b2.start,
+                        HostAddr(h2),
+                        cold_of(h2),
+                        BlockId(1),
+                        0,
+                        gw,
+                        None,
+                        None
+                    )
                     .is_none());
                 folded += 1;
             }
@@ -1069,7 +1146,7 @@ mod tests {
                     BlockId(7),
                     HostAddr(h1 + at as u64 * 16),
                     3,
-                    &cx(h1),
+                    &cx(h1, h1 + at as u64 * 16),
                     3,
                 )
                 .unwrap();
@@ -1083,7 +1160,7 @@ mod tests {
                 assert!(r.has_site());
                 let (h2, b2) = second();
                 let p2 = crate::backend::jump_table::pattern(&b2).unwrap();
-                let cx2 = cx(h1 + shift);
+                let cx2 = cx(h1 + shift, h2);
                 let (e2, c2) = crate::backend::jump_table::emit_block(
                     &b2,
                     &p2,
@@ -1100,6 +1177,7 @@ mod tests {
                     .place(
                         b2.start,
                         HostAddr(h2),
+                        cold_of(h2),
                         BlockId(4242),
                         1000,
                         gw,
@@ -1108,6 +1186,7 @@ mod tests {
                     )
                     .expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "jump-table site at +{at:#x}");
+                assert_eq!(p.emitted.cold, e2.cold, "jump-table site at +{at:#x}");
                 assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
                 assert_eq!(
                     format!("{:?}", p.emitted.layout),
@@ -1119,8 +1198,17 @@ mod tests {
                 );
                 assert_eq!(r.dead, hotpath_ir::entry_dead(&b2.body));
                 assert!(
-                    r.place(b2.start, HostAddr(h2), BlockId(4242), 1000, gw, None, None)
-                        .is_none(),
+                    r.place(
+                        b2.start,
+                        HostAddr(h2),
+                        cold_of(h2),
+                        BlockId(4242),
+                        1000,
+                        gw,
+                        None,
+                        None
+                    )
+                    .is_none(),
                     "a site needs a table"
                 );
                 sites += 1;
@@ -1135,17 +1223,22 @@ mod tests {
 
     #[test]
     fn a_placed_block_is_its_translation_there_near() {
-        placed_equals_translated(Some(1024), false);
+        placed_equals_translated(Some(1024), false, true);
     }
 
     #[test]
     fn a_placed_block_is_its_translation_there_far() {
-        placed_equals_translated(Some(4096), true);
+        placed_equals_translated(Some(4096), true, true);
     }
 
     #[test]
     fn a_placed_block_is_its_translation_there_without_the_monitor() {
-        placed_equals_translated(None, false);
+        placed_equals_translated(None, false, true);
+    }
+
+    #[test]
+    fn a_placed_block_is_its_translation_there_in_one_part() {
+        placed_equals_translated(Some(1024), false, false);
     }
 
     #[test]
@@ -1160,6 +1253,7 @@ mod tests {
             enqueue: None,
             gateway: gateway(0x7000_0000),
             jump_table: None,
+            cold: None,
         };
         let e = emit_block(&b, BlockId(1), HostAddr(0x7000_1000), 0, &cx).unwrap();
         let bytes = BlockRecord::capture(&e, &b, 0, None, None)
@@ -1170,6 +1264,7 @@ mod tests {
             .place(
                 GuestAddr(0x40_0000),
                 HostAddr(0x7000_2000),
+                HostAddr(0),
                 BlockId(2),
                 0,
                 &cx.gateway,
@@ -1181,6 +1276,7 @@ mod tests {
             .place(
                 GuestAddr(0x1_4000_0000),
                 HostAddr(0x7000_2000),
+                HostAddr(0),
                 BlockId(2),
                 0,
                 &cx.gateway,
@@ -1217,6 +1313,7 @@ mod tests {
                 term_at: 2,
                 term,
                 code: (0..40).collect(),
+                cold: (i as u32 * 5) % 40,
                 entry: 8,
                 relocs: vec![
                     RelocRecord::BlockId(1),
@@ -1235,6 +1332,7 @@ mod tests {
                     RelocRecord::GuestLow32 { at: 9, delta: 10 },
                     RelocRecord::GuestSigned32 { at: 11, delta: -12 },
                     RelocRecord::JumpTableArea { at: 12, offset: 16 },
+                    RelocRecord::Local { at: 13, target: 39 },
                 ],
                 exits: vec![
                     ExitRecord::Direct {

@@ -88,6 +88,7 @@ impl Translator {
             enqueue: Some(self.cfg.ring_entries),
             gateway,
             jump_table: None,
+            cold: None,
         };
         // An indirect branch through a constant slot goes on as a direct one, as the block's
         // own translation does: inside the trace with nothing to check (its target is the

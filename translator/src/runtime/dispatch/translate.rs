@@ -199,6 +199,7 @@ impl Translator {
             enqueue: self.cfg.enqueue.then_some(self.cfg.ring_entries),
             gateway,
             jump_table: None,
+            cold: None,
         };
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
@@ -215,6 +216,10 @@ impl Translator {
             let first_exit = self.index.exits.len() as u32;
             let to_emit = direct.as_ref().unwrap_or(&block);
             let at = self.cache.next_addr();
+            let cx = EmitContext {
+                cold: Some(self.cache.next_cold_addr()),
+                ..cx
+            };
             let table = switch.and_then(|p| Some((p, self.free_jump_table_site()?)));
             let emitted = match table {
                 Some((p, number)) => {
@@ -231,6 +236,7 @@ impl Translator {
                 None => emit_block(to_emit, id, at, first_exit, &cx)?,
             };
             let fits = emitted.code.len() as u64 <= self.cache.room()
+                && emitted.cold.len() as u64 <= self.cache.cold_room()
                 && first_exit as u64 + emitted.exits.len() as u64 <= EXIT_SPECIAL_BASE as u64;
             if fits {
                 break emitted;
@@ -386,6 +392,7 @@ impl Translator {
         let shared = self.process.shared.clone();
         let mut registry = lock(&shared.registry);
         if record.code.len() as u64 + 15 > self.cache.room()
+            || record.cold as u64 > self.cache.cold_room()
             || self.index.exits.len() + record.exit_count() > EXIT_SPECIAL_BASE as usize
         {
             drop(registry);
@@ -404,12 +411,22 @@ impl Translator {
         } else {
             None
         };
-        let Some(placed) =
-            record.place(GuestAddr(pc), at, id, first_exit, &gateway, folded, number)
-        else {
+        let cold_at = self.cache.next_cold_addr();
+        let Some(placed) = record.place(
+            GuestAddr(pc),
+            at,
+            cold_at,
+            id,
+            first_exit,
+            &gateway,
+            folded,
+            number,
+        ) else {
             return Ok(None);
         };
-        if placed.emitted.code.len() as u64 > self.cache.room() {
+        if placed.emitted.code.len() as u64 > self.cache.room()
+            || placed.emitted.cold.len() as u64 > self.cache.cold_room()
+        {
             return Ok(None);
         }
         if let Some(slot) = slot {
@@ -466,6 +483,10 @@ impl Translator {
             );
         }
         self.cache.insert(&emitted.code);
+        if !emitted.cold.is_empty() {
+            debug_assert_eq!(self.cache.next_cold_addr(), emitted.cold_at);
+            self.cache.insert_cold(&emitted.cold);
+        }
         let first_exit = self.index.exits.len();
         self.index.exits.extend(emitted.exits);
         self.note_code(&emitted.layout, CodeKind::Block);
