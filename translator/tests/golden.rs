@@ -179,7 +179,7 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
             enqueue: Some(RING_ENTRIES),
             gateway: GATEWAY,
             jump_table: None,
-            cold: None,
+            cold: Some(HostAddr(COLD)),
         };
         let e = emit_superblock(&blocks, BlockId(7), HostAddr(HOST), 0, &cx).expect("emits");
         writeln!(
@@ -206,6 +206,7 @@ fn render_trace(name: &str, bytes: &[u8], guest: u64, trace: &[u64]) -> String {
             .unwrap();
         }
         out.push_str(&disassemble(&e.code, HOST));
+        push_cold(&mut out, &e.cold);
     }
     out
 }
@@ -353,7 +354,14 @@ fn calls_and_returns_above_2_gib_use_64_bit_constants() {
 
 /// Asserts that every chainable direct exit of `exits` (code emitted for host address `base`)
 /// has its rel32 4-byte aligned right after a `jmp` (`e9`) or `jcc` (`0f 8x`) opcode.
-fn assert_patch_sites_aligned(what: &str, code: &[u8], base: u64, exits: &[Exit]) {
+/// Checks the direct exits' patch sites of code emitted at `base` with its cold part `cold` at
+/// `cold_base`.
+fn assert_patch_sites_aligned(
+    what: &str,
+    (code, base): (&[u8], u64),
+    (cold, cold_base): (&[u8], u64),
+    exits: &[Exit],
+) {
     for x in exits {
         if let Some((site, _)) = x.kind.link_site() {
             assert_eq!(
@@ -361,6 +369,10 @@ fn assert_patch_sites_aligned(what: &str, code: &[u8], base: u64, exits: &[Exit]
                 0,
                 "{what} at {base:#x}: rel32 at {site} not aligned"
             );
+            let (code, base) = match site.0 >= cold_base && site.0 < cold_base + cold.len() as u64 {
+                true => (cold, cold_base),
+                false => (code, base),
+            };
             let off = (site.0 - base) as usize;
             let is_jmp = code[off - 1] == 0xe9;
             let is_jcc = code[off - 2] == 0x0f && code[off - 1] & 0xf0 == 0x80;
@@ -411,11 +423,16 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
                     enqueue,
                     gateway: GATEWAY,
                     jump_table: None,
-                    cold: Some(HostAddr(COLD + skew)),
+                    cold: Some(HostAddr(COLD + 3 - skew)),
                 };
                 let block = decode_block(GuestAddr(*guest));
                 let e = emit_block(&block, BlockId(7), HostAddr(base), 0, &cx).expect("emits");
-                assert_patch_sites_aligned(name, &e.code, base, &e.exits);
+                assert_patch_sites_aligned(
+                    name,
+                    (&e.code, base),
+                    (&e.cold, COLD + 3 - skew),
+                    &e.exits,
+                );
                 if trace.is_empty() || enqueue.is_none() {
                     continue;
                 }
@@ -425,7 +442,12 @@ fn direct_exit_displacements_are_4_byte_aligned_at_any_host_address() {
                     .collect();
                 let sb =
                     emit_superblock(&blocks, BlockId(7), HostAddr(base), 0, &cx).expect("emits");
-                assert_patch_sites_aligned(name, &sb.code, base, &sb.exits);
+                assert_patch_sites_aligned(
+                    name,
+                    (&sb.code, base),
+                    (&sb.cold, COLD + 3 - skew),
+                    &sb.exits,
+                );
             }
         }
     }

@@ -169,52 +169,15 @@ pub(crate) fn emit_block_with(
         complete: true,
         ..Relocs::default()
     };
-    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
-    let entry;
-    if let Some(ring_entries) = cx.enqueue {
-        let save = RcxSave::for_body(&block.body);
-        let stub = match &mut code.cold {
-            Some(cold) => {
-                let stub = enqueue_stub_cold(
-                    &mut ops,
-                    code.base,
-                    cold,
-                    id.0,
-                    ring_entries,
-                    save,
-                    exit_addr,
-                );
-                cold.bytes.extend(assembled(stub.cold, "ring slow path")?);
-                relocs.add(
-                    stub.slow_at,
-                    RelocKind::Local {
-                        target: stub.cold_at,
-                    },
-                );
-                relocs.add(
-                    stub.lea_at,
-                    RelocKind::Local {
-                        target: code.base + stub.hot.entry,
-                    },
-                );
-                relocs.add(stub.cold_exit_at, RelocKind::Gateway(Routine::Exit));
-                stub.hot
-            }
-            None => {
-                let stub =
-                    enqueue_stub(&mut ops, id.0, ring_entries, Slow::Resume, save, exit_addr);
-                relocs.add(code.base + stub.exit_at, RelocKind::Gateway(Routine::Exit));
-                stub
-            }
-        };
-        entry = HostAddr(code.base + stub.entry);
-        relocs.add(code.base + stub.event_at, RelocKind::BlockId);
-    } else {
-        entry = HostAddr(code.base);
-    }
+    let entry = match cx.enqueue {
+        Some(ring_entries) => {
+            let save = RcxSave::for_body(&block.body);
+            head_stub(&mut code, id.0, ring_entries, save, exit_addr, &mut relocs)?
+        }
+        None => HostAddr(code.base),
+    };
     layout.entry = entry.0;
     layout.guest_start = block.start.0;
-    code.append(assembled(ops, "block entry")?);
 
     append_body(block, &mut code, &mut layout, &mut relocs)?;
 
@@ -246,6 +209,49 @@ pub(crate) fn emit_block_with(
         layout,
         relocs,
     })
+}
+
+/// Appends the enqueue stub for `event` at the head of `code` (a block or superblock about to
+/// be emitted there), its slow path in `code`'s cold part when it has one, and records its
+/// fields in `relocs`. Returns its entry.
+///
+/// # Errors
+/// [`TranslateError::Assemble`] if dynasm rejects the stub (a bug in hotpath).
+pub(crate) fn head_stub(
+    code: &mut Code_,
+    event: u32,
+    ring_entries: u64,
+    save: RcxSave,
+    exit_addr: usize,
+    relocs: &mut Relocs,
+) -> Result<HostAddr, TranslateError> {
+    let base = code.addr();
+    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
+    let stub = match &mut code.cold {
+        Some(cold) => {
+            let stub =
+                enqueue_stub_cold(&mut ops, base, cold, event, ring_entries, save, exit_addr);
+            cold.bytes.extend(assembled(stub.cold, "ring slow path")?);
+            let to_slow = RelocKind::Local {
+                target: stub.cold_at,
+            };
+            relocs.add(stub.slow_at, to_slow);
+            let to_entry = RelocKind::Local {
+                target: base + stub.hot.entry,
+            };
+            relocs.add(stub.lea_at, to_entry);
+            relocs.add(stub.cold_exit_at, RelocKind::Gateway(Routine::Exit));
+            stub.hot
+        }
+        None => {
+            let stub = enqueue_stub(&mut ops, event, ring_entries, Slow::Resume, save, exit_addr);
+            relocs.add(base + stub.exit_at, RelocKind::Gateway(Routine::Exit));
+            stub
+        }
+    };
+    relocs.add(base + stub.event_at, RelocKind::BlockId);
+    code.append(assembled(ops, "enqueue stub")?);
+    Ok(HostAddr(base + stub.entry))
 }
 
 /// Appends `block`'s body, moved to its new address, and records where each instruction
@@ -292,8 +298,13 @@ pub(crate) fn append_body(
 pub(crate) fn resolve_exit_stubs(exits: &mut [Exit], code: &Code_) {
     for e in exits {
         if let ExitKind::Direct { site, stub, .. } = &mut e.kind {
-            let off = (site.0 - code.base) as usize;
-            let rel = i32::from_le_bytes(code.bytes[off..off + 4].try_into().expect("4 bytes"));
+            // The site is in the hot part, or (a superblock's side exit) in the cold one.
+            let (base, bytes) = match &code.cold {
+                Some(c) if site.0 >= c.base && site.0 < c.addr() => (c.base, &c.bytes),
+                _ => (code.base, &code.bytes),
+            };
+            let off = (site.0 - base) as usize;
+            let rel = i32::from_le_bytes(bytes[off..off + 4].try_into().expect("4 bytes"));
             *stub = HostAddr((site.0 as i64 + 4 + rel as i64) as u64);
         }
     }

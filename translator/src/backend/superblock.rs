@@ -18,6 +18,10 @@
 //!              indirect `jmp` or `call` the branch through the indirect branch lookup
 //! ```
 //!
+//! With a cold area (`EmitContext::cold`), the ring slow path and the last block's exit stubs
+//! go there, as a basic block's do (see `emit`). The side exits stay after the trace: they are
+//! warm (an unbiased branch or a polymorphic return in the trace takes one on many runs).
+//!
 //! The event stream stays exact (DESIGN.md, invariant 2): the superblock's event says its
 //! trace ran to the end unless a side-exit event follows it; a fault inside block i makes the
 //! dispatcher enqueue side exit i (see [`HostLayout::trace_exit`]). Superblocks are built only
@@ -33,9 +37,9 @@ use hotpath_events::MAX_TRACE_BLOCKS;
 use hotpath_ir::{Block, BlockId, GuestAddr, HostAddr, Terminator};
 
 use crate::backend::emit::{
-    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, indirect_call_lookup, jcc,
-    load_indirect_target, patchable_jmp, rcx_branch, resolve_exit_stubs, return_pop,
-    return_through_lookup, Code_, EmitContext, RcxSave, Slow,
+    append_body, assembled, emit_terminator, enqueue_stub, exit_stub, head_stub,
+    indirect_call_lookup, jcc, load_indirect_target, patchable_jmp, rcx_branch, resolve_exit_stubs,
+    return_pop, return_through_lookup, Code_, EmitContext, RcxSave, Slow,
 };
 use crate::backend::gateway::{emit_ibl, GS};
 use crate::backend::relocs::Relocs;
@@ -48,6 +52,11 @@ use crate::TranslateError;
 pub struct EmittedTrace {
     /// The machine code, to be inserted at the address it was assembled for.
     pub code: Vec<u8>,
+    /// Its cold part (the ring slow path, side exits, the last block's exit stubs), to be
+    /// inserted into the cold area at `cold_at`; empty when emitted without one.
+    pub cold: Vec<u8>,
+    /// Host address of the cold part.
+    pub cold_at: HostAddr,
     /// Host address of the superblock's entry (after the ring slow path).
     pub entry: HostAddr,
     /// Exits, in the order of their indices `first_exit..`.
@@ -127,8 +136,7 @@ pub fn emit_superblock(
         "a superblock has 1..={MAX_TRACE_BLOCKS} blocks"
     );
     let exit_addr = cx.gateway.exit.0 as usize;
-    // A trace's code is all hot: its side exits' stubs stay in line.
-    let mut code = Code_::new(at.0, None);
+    let mut code = Code_::new(at.0, cx.cold);
     let mut exits: Vec<Exit> = Vec::new();
     let mut layouts = Vec::with_capacity(blocks.len() + 4);
     // (offset of a rel32 in `code.bytes` to point at side exit i's stub, i, where it goes)
@@ -139,14 +147,19 @@ pub fn emit_superblock(
     let mut literal_sites: Vec<(usize, u64)> = Vec::new();
 
     let mut jump_table = None;
-    let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(code.addr() as usize);
     let ring_entries = cx
         .enqueue
         .expect("superblocks are built only when the monitor is on");
     let save = RcxSave::for_body(&blocks[0].body);
-    let stub = enqueue_stub(&mut ops, sb.0, ring_entries, Slow::Resume, save, exit_addr);
-    let entry = HostAddr(code.base + stub.entry);
-    code.append(assembled(ops, "superblock entry")?);
+    // Never persisted: its relocations are not kept.
+    let entry = head_stub(
+        &mut code,
+        sb.0,
+        ring_entries,
+        save,
+        exit_addr,
+        &mut Relocs::default(),
+    )?;
 
     for (i, block) in blocks.iter().enumerate() {
         let start = code.addr();
@@ -346,6 +359,9 @@ pub fn emit_superblock(
     // Side exits: enqueue "ended after block i", then a chainable direct exit to the target,
     // or the return through the lookup.
     for (rel32_off, i, cold) in side_sites {
+        // After the trace's code, not in the cold area: a trace's side exits are warm (an
+        // unbiased branch or a polymorphic return in the trace takes one on many runs), and
+        // measured in the cold area they made a compiler 8 % slower.
         let start = code.addr();
         let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(start as usize);
         let slow_index = first_exit + exits.len() as u32;
@@ -416,6 +432,7 @@ pub fn emit_superblock(
             }
         };
         code.append(assembled(ops, "side exit")?);
+        let end = code.addr();
         let stub_entry = start + stub.entry;
         let rel = stub_entry as i64 - (code.base as i64 + rel32_off as i64 + 4);
         let rel = i32::try_from(rel).expect("a superblock is smaller than 2 GiB");
@@ -425,9 +442,9 @@ pub fn emit_superblock(
             entry: stub_entry,
             guest_start: guest,
             // Nothing here is a guest instruction: a fault would be hotpath's own.
-            term_start: code.addr(),
+            term_start: end,
             term_guest: guest,
-            code_end: code.addr(),
+            code_end: end,
             ..HostLayout::default()
         });
     }
@@ -446,8 +463,14 @@ pub fn emit_superblock(
         code.bytes[rel32_off..rel32_off + 4].copy_from_slice(&rel.to_le_bytes());
     }
     resolve_exit_stubs(&mut exits, &code);
+    let (cold, cold_at) = match code.cold {
+        Some(c) => (c.bytes, HostAddr(c.base)),
+        None => (Vec::new(), HostAddr(0)),
+    };
     Ok(EmittedTrace {
         code: code.bytes,
+        cold,
+        cold_at,
         entry,
         exits,
         layouts,

@@ -88,7 +88,7 @@ impl Translator {
             enqueue: Some(self.cfg.ring_entries),
             gateway,
             jump_table: None,
-            cold: None,
+            cold: Some(self.cache.next_cold_addr()),
         };
         // An indirect branch through a constant slot goes on as a direct one, as the block's
         // own translation does: inside the trace with nothing to check (its target is the
@@ -124,6 +124,7 @@ impl Translator {
             }
         };
         if trace.code.len() as u64 > self.cache.room()
+            || trace.cold.len() as u64 > self.cache.cold_room()
             || first_exit as u64 + trace.exits.len() as u64 > EXIT_SPECIAL_BASE as u64
         {
             // The next translation flushes the cache; the monitor asks again if it stays hot.
@@ -140,6 +141,10 @@ impl Translator {
             );
         }
         self.cache.insert(&trace.code);
+        if !trace.cold.is_empty() {
+            debug_assert_eq!(self.cache.next_cold_addr(), trace.cold_at);
+            self.cache.insert_cold(&trace.cold);
+        }
         for &(_, slot, _) in &folded {
             self.depend_on_slot(slot);
         }
