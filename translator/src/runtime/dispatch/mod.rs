@@ -649,6 +649,17 @@ impl Translator {
     }
 }
 
+/// A translation's hot part `code` at host address `at` and its cold part `cold` at `cold_at`
+/// (none when empty), disassembled one instruction per line.
+fn disassemble_parts(code: &[u8], at: u64, cold: &[u8], cold_at: u64) -> String {
+    let mut out = disassemble(code, at);
+    if !cold.is_empty() {
+        out.push_str("  cold part:\n");
+        out.push_str(&disassemble(cold, cold_at));
+    }
+    out
+}
+
 /// Host code `code` at host address `at`, disassembled one instruction per line.
 fn disassemble(code: &[u8], at: u64) -> String {
     let mut decoder = iced_x86::Decoder::with_ip(64, code, at, iced_x86::DecoderOptions::NONE);

@@ -137,7 +137,7 @@ impl Translator {
                 sb.0,
                 blocks.len(),
                 trace.entry,
-                disassemble(&trace.code, at.0)
+                disassemble_parts(&trace.code, at.0, &trace.cold, trace.cold_at.0)
             );
         }
         self.cache.insert(&trace.code);

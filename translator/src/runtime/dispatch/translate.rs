@@ -479,7 +479,7 @@ impl Translator {
                 "hotpath: block {} at guest {pc:#x} → {}:\n{}",
                 id.0,
                 emitted.entry,
-                disassemble(&emitted.code, at.0)
+                disassemble_parts(&emitted.code, at.0, &emitted.cold, emitted.cold_at.0)
             );
         }
         self.cache.insert(&emitted.code);
