@@ -227,7 +227,7 @@ pub(crate) fn head_stub(
 ) -> Result<HostAddr, TranslateError> {
     let base = code.addr();
     let mut ops: VecAssembler<X64Relocation> = VecAssembler::new(base as usize);
-    let stub = match &mut code.cold {
+    let (entry, event_at) = match &mut code.cold {
         Some(cold) => {
             let stub =
                 enqueue_stub_cold(&mut ops, base, cold, event, ring_entries, save, exit_addr);
@@ -237,21 +237,21 @@ pub(crate) fn head_stub(
             };
             relocs.add(stub.slow_at, to_slow);
             let to_entry = RelocKind::Local {
-                target: base + stub.hot.entry,
+                target: base + stub.entry,
             };
             relocs.add(stub.lea_at, to_entry);
             relocs.add(stub.cold_exit_at, RelocKind::Gateway(Routine::Exit));
-            stub.hot
+            (stub.entry, stub.event_at)
         }
         None => {
             let stub = enqueue_stub(&mut ops, event, ring_entries, Slow::Resume, save, exit_addr);
             relocs.add(base + stub.exit_at, RelocKind::Gateway(Routine::Exit));
-            stub
+            (stub.entry, stub.event_at)
         }
     };
-    relocs.add(base + stub.event_at, RelocKind::BlockId);
+    relocs.add(base + event_at, RelocKind::BlockId);
     code.append(assembled(ops, "enqueue stub")?);
-    Ok(HostAddr(base + stub.entry))
+    Ok(HostAddr(base + entry))
 }
 
 /// Appends `block`'s body, moved to its new address, and records where each instruction
@@ -911,10 +911,11 @@ pub(crate) fn emit_terminator(
     let mut exit_cx = ExitStubs {
         base: chunk_base,
         cold: code.cold.as_mut(),
-        next_index: first_exit,
         first_exit,
         exit_addr,
     };
+    // The index the next direct exit gets (what `direct` below returns for it).
+    let next = |exits: &Vec<Exit>| first_exit + exits.len() as u32;
     // An in-line stub goes after the terminator's code, at its label; its fields are recorded
     // as `exit_branch` records a cold one's.
     let mut inline_stubs = Vec::new();
@@ -939,14 +940,14 @@ pub(crate) fn emit_terminator(
     };
     match block.terminator {
         Terminator::Jump { target } | Terminator::FallThrough { next: target } => {
-            let (site, stub) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
+            let (site, stub) = exit_branch(&mut ops, &mut exit_cx, next(exits), None, relocs)?;
             let index = direct(exits, target, site, false);
             place_stub(&mut ops, stub, index);
         }
         Terminator::Call { target, return_to } => {
             let literal = push_return_address(&mut ops, return_to);
             pushed(relocs, chunk_base, literal.imm, false);
-            let (site, stub) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
+            let (site, stub) = exit_branch(&mut ops, &mut exit_cx, next(exits), None, relocs)?;
             let index = direct(exits, target, site, true);
             place_stub(&mut ops, stub, index);
             let at = literal.place(&mut ops, chunk_base);
@@ -959,9 +960,11 @@ pub(crate) fn emit_terminator(
         } => {
             let ((it, lt), (in_, ln)) = match cond.cc() {
                 Some(cc) => {
-                    let (site, lt) = exit_branch(&mut ops, &mut exit_cx, Some(cc), relocs)?;
+                    let (site, lt) =
+                        exit_branch(&mut ops, &mut exit_cx, next(exits), Some(cc), relocs)?;
                     let it = direct(exits, taken, site, false);
-                    let (site, ln) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
+                    let (site, ln) =
+                        exit_branch(&mut ops, &mut exit_cx, next(exits), None, relocs)?;
                     let in_ = direct(exits, not_taken, site, false);
                     ((it, lt), (in_, ln))
                 }
@@ -975,10 +978,12 @@ pub(crate) fn emit_terminator(
                     debug_assert!(matches!(cond, Cond::Loop | Cond::RcxZero));
                     let short_taken = ops.new_dynamic_label();
                     rcx_branch(&mut ops, inst, short_taken)?;
-                    let (site, ln) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
+                    let (site, ln) =
+                        exit_branch(&mut ops, &mut exit_cx, next(exits), None, relocs)?;
                     let in_ = direct(exits, not_taken, site, false);
                     dynasm!(ops ; .arch x64 ; =>short_taken);
-                    let (site, lt) = exit_branch(&mut ops, &mut exit_cx, None, relocs)?;
+                    let (site, lt) =
+                        exit_branch(&mut ops, &mut exit_cx, next(exits), None, relocs)?;
                     let it = direct(exits, taken, site, false);
                     ((it, lt), (in_, ln))
                 }
@@ -1086,18 +1091,16 @@ pub(crate) fn emit_terminator(
 }
 
 /// Where a terminator's direct exits get their exit stubs: in `cold` when the translation has
-/// a cold part, else in line after the terminator's code. Indices are handed out in order
-/// from `next_index`.
+/// a cold part, else in line after the terminator's code.
 struct ExitStubs<'a> {
     /// Host address the terminator's assembler starts at.
     base: u64,
     cold: Option<&'a mut ColdCode>,
-    next_index: u32,
     first_exit: u32,
     exit_addr: usize,
 }
 
-/// Emits the chainable `jmp rel32` (`cc` given: `jcc rel32`) of the next direct exit, whose
+/// Emits the chainable `jmp rel32` (`cc` given: `jcc rel32`) of direct exit `index`, whose
 /// `rel32` leads to its exit stub until the exit is linked. With a cold part, the stub is
 /// appended to it now (its fields recorded) and the branch's `rel32` is a local relocation;
 /// else the stub is for the caller to emit (with [`exit_stub`]) at the returned label, where
@@ -1108,11 +1111,10 @@ struct ExitStubs<'a> {
 fn exit_branch(
     ops: &mut VecAssembler<X64Relocation>,
     stubs: &mut ExitStubs<'_>,
+    index: u32,
     cc: Option<u8>,
     relocs: &mut Relocs,
 ) -> Result<(HostAddr, Option<DynamicLabel>), TranslateError> {
-    let index = stubs.next_index;
-    stubs.next_index += 1;
     let Some(cold) = stubs.cold.as_deref_mut() else {
         let l = ops.new_dynamic_label();
         let site = match cc {

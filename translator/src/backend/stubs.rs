@@ -146,9 +146,10 @@ impl ColdCode {
 /// An enqueue stub whose ring slow path is cold code ([`enqueue_stub_cold`]): where its parts
 /// are.
 pub(crate) struct ColdEnqueueStub {
-    /// The hot part's entry and event, as offsets from the hot assembler's start (`exit_at`
-    /// unused: the hot part does not reach the gateway).
-    pub hot: EnqueueStub,
+    /// The hot part's entry, as an offset from the hot assembler's start.
+    pub entry: u64,
+    /// The 4-byte event, as an offset from the hot assembler's start.
+    pub event_at: u64,
     /// The slow path, assembled for host address `cold_at`.
     pub cold: VecAssembler<X64Relocation>,
     /// Host address of the slow path.
@@ -197,11 +198,8 @@ pub(crate) fn enqueue_stub_cold(
     );
     let cold_exit_at = cold_at + c.offset().0 as u64 - 4;
     ColdEnqueueStub {
-        hot: EnqueueStub {
-            entry,
-            event_at,
-            exit_at: 0,
-        },
+        entry,
+        event_at,
         cold: c,
         cold_at,
         slow_at,

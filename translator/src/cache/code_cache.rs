@@ -224,7 +224,7 @@ const REGION_SLACK: u64 = 64 << 10;
 
 /// Eighths of each region that its cold area takes (its last three): measured on a compiler's
 /// 230,000 blocks with the monitor on, a block's exit stubs and ring slow path were about 65 of
-/// its 140 bytes, and a superblock's code is all hot.
+/// its 140 bytes, and a superblock's code is mostly hot (its side exits stay with it).
 const COLD_EIGHTHS: u64 = 3;
 
 /// Guest bytes on each side of a block's address that its region must reach with a 32-bit
@@ -286,8 +286,8 @@ impl RegionTable {
 /// One region of a code cache: a shared anonymous mapping seen twice, and its two cursors.
 ///
 /// A region has two areas: the *hot* one from its start (translations: the code that runs),
-/// and the *cold* one in its last [`COLD_EIGHTHS`] eighths (the parts of basic blocks that run only when
-/// a block leaves through the dispatcher: exit stubs, the ring's slow path). Keeping those out
+/// and the *cold* one in its last [`COLD_EIGHTHS`] eighths (the parts of translations that run
+/// only on the way to the dispatcher: exit stubs, the ring's slow path). Keeping those out
 /// of line packs the code that runs into fewer cache lines and pages; DynamoRIO separates its
 /// exit stubs from its fragments the same way.
 struct Region {
@@ -322,6 +322,22 @@ pub struct GatewayJumps {
 }
 
 impl Region {
+    /// Copies `code` into the region at offset `at` through its writable view.
+    ///
+    /// # Panics
+    /// If `code` does not fit below the region's end (the callers check their area's room).
+    fn write(&mut self, at: u64, code: &[u8]) {
+        assert!(
+            at + code.len() as u64 <= self.size,
+            "write past a code region's end"
+        );
+        // SAFETY: the RW view covers [at, at + len), checked above; only the owning
+        // dispatcher writes, while no code of the cache runs on its thread.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), self.rw_base.add(at as usize), code.len())
+        };
+    }
+
     /// Free bytes of the hot area.
     fn room(&self) -> u64 {
         self.cold_base - self.cursor
@@ -599,15 +615,7 @@ impl CodeCache {
         );
         let at = self.next_cold_addr();
         let r = &mut self.regions[self.current];
-        // SAFETY: the RW view covers [cold_cursor, cold_cursor + len); no code runs while we
-        // write.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                code.as_ptr(),
-                r.rw_base.add(r.cold_cursor as usize),
-                code.len(),
-            )
-        };
+        r.write(r.cold_cursor, code);
         // Cold code needs no alignment of its own (it holds no patchable rel32 nor literal).
         r.cold_cursor += code.len() as u64;
         at
@@ -625,14 +633,7 @@ impl CodeCache {
         );
         let at = self.next_addr();
         let r = &mut self.regions[self.current];
-        // SAFETY: the RW view covers [cursor, cursor + len); no code runs while we write.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                code.as_ptr(),
-                r.rw_base.add(r.cursor as usize),
-                code.len(),
-            )
-        };
+        r.write(r.cursor, code);
         r.cursor += code.len() as u64;
         // Keep blocks 16-byte aligned (branch targets fetch better).
         r.cursor = (r.cursor + 15) & !15;

@@ -1000,18 +1000,13 @@ mod tests {
     /// first exit, is what translating it there directly gives: the same bytes, exits and
     /// layout. `h - g` is the same in both places, so each operand has the same reach.
     ///
-    /// With `cold`, each block's cold part goes 16 MiB and a few odd bytes above its code
-    /// (the code cache's cold area), else it stays in line.
+    /// With `cold`, each block's cold part goes elsewhere (the code cache's cold area): in the
+    /// first place 16 MiB and a few odd bytes above its code, in the second 48 MiB and other
+    /// odd bytes below it, so that every `rel32` between the two parts changes; else it stays
+    /// in line.
     fn placed_equals_translated(enqueue: Option<u64>, far: bool, cold: bool) {
         let (text, vaddr) = own_text();
         let text = &text[..text.len().min(400_000)];
-        let cold_of = |h: u64| HostAddr(if cold { h + 0x100_2345 } else { 0 });
-        let cx = |g: u64, h: u64| EmitContext {
-            enqueue,
-            gateway: gateway(g & !0xfff_ffff),
-            jump_table: None,
-            cold: cold.then(|| cold_of(h)),
-        };
         // Near: code 1 GiB after its guest; far: 64 TiB away (every RIP-relative operand is
         // rewritten). The second place is ASLR-like: both moved by the same 0x5a5a_5000.
         let (g1, h1) = (
@@ -1019,6 +1014,19 @@ mod tests {
             if far { 0x1000_0000 } else { 0x5555_4000_0000 },
         );
         let shift = 0x5a5a_5000;
+        let cold_of = |h: u64| {
+            HostAddr(match (cold, h < h1 + shift) {
+                (false, _) => 0,
+                (true, true) => h + 0x100_2345,
+                (true, false) => h - 0x300_1235,
+            })
+        };
+        let cx = |g: u64, h: u64| EmitContext {
+            enqueue,
+            gateway: gateway(g & !0xfff_ffff),
+            jump_table: None,
+            cold: cold.then(|| cold_of(h)),
+        };
         let (mut at, mut checked, mut pushes, mut folded, mut sites) = (0usize, 0, 0, 0, 0);
         while at + 16 < text.len() {
             let fetch = |base: u64| {
