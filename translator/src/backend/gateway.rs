@@ -380,7 +380,7 @@ pub fn emit_gateway(cache: &mut CodeCache, host: HostFeatures) -> Result<Gateway
 
 /// Emits the indirect branch lookup for a guest target in RCX (guest RCX already saved in
 /// `scratch_rcx`): it probes the target's set in the lookup table, its first entry and then,
-/// while `ibl2_open`, its second (`ThreadArea::ibl_second`); on a hit, restores RAX, RCX, RDX
+/// while `ibl2_open`, its second (`IblSet::second`, in the same cache line); on a hit, restores RAX, RCX, RDX
 /// and jumps to the target's block through this site's own indirect jump; on a miss, goes to
 /// the gateway's miss routine (which probes the victim table). Flags are never written: `movzx`, `lea`, `mov`
 /// and `jrcxz` leave them alone. Returns the offset (from the assembler's start) of its
@@ -440,14 +440,16 @@ pub fn emit_ibl_in(
     dynasm!(ops
         ; .arch x64
         ; movzx ecx, Rw(t)
-        ; lea rcx, [rcx + rcx]                            // set * 2, scaled by 8: 16-byte entries
+        ; lea ecx, [rcx + rcx]
+        ; lea ecx, [rcx + rcx]                            // set * 4, scaled by 8: 32-byte sets
         ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL]    // !(first entry's guest address)
         ; lea rcx, [rcx + Rq(t) + 1]                      // 0 iff the entry holds the target
         ; jrcxz >hit
         ; .u8 GS ; mov rcx, QWORD [off::IBL2_OPEN]        // second entries closed: a miss
         ; jrcxz >site
         ; movzx ecx, Rw(t)
-        ; lea rcx, [rcx + rcx]
+        ; lea ecx, [rcx + rcx]
+        ; lea ecx, [rcx + rcx]
         ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL + off::IBL_WAY]  // the second entry's
         ; lea rcx, [rcx + Rq(t) + 1]
         ; jrcxz >hit_second
@@ -471,11 +473,13 @@ pub fn emit_ibl_in(
         ; .arch x64
         ; hit_second:
         ; movzx ecx, Rw(t)
-        ; lea rcx, [rcx + rcx + off::IBL_WAY / 8]
+        ; lea ecx, [rcx + rcx]
+        ; lea ecx, [rcx + rcx + off::IBL_WAY / 8]
         ; jmp >host
         ; hit:
         ; movzx ecx, Rw(t)
-        ; lea rcx, [rcx + rcx]
+        ; lea ecx, [rcx + rcx]
+        ; lea ecx, [rcx + rcx]
         ; host:
         ; .u8 GS ; mov rcx, QWORD [rcx * 8 + off::IBL + 8]
         ; .u8 GS ; mov QWORD [off::JUMP_TO], rcx
@@ -526,7 +530,8 @@ fn lookup(
     dynasm!(ops
         ; .arch x64
         ; movzx eax, dx
-        ; lea rax, [rax + rax]                            // set * 2, scaled by 8: 16-byte entries
+        ; lea eax, [rax + rax]
+        ; lea eax, [rax + rax]                            // set * 4, scaled by 8: 32-byte sets
         ; .u8 GS ; mov rcx, QWORD [rax * 8 + off::IBL]    // !(first entry's guest address)
         ; lea rcx, [rcx + rdx + 1]                        // 0 iff the entry holds the target
         ; jrcxz >hit

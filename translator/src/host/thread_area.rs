@@ -16,9 +16,15 @@ use std::mem::{offset_of, size_of};
 use hotpath_events::RingControl;
 
 /// Number of sets in the indirect branch lookup table: indexed by the low 16 bits of the
-/// guest target, two entries each (`ThreadArea::ibl` and `ThreadArea::ibl_second`). The victim
-/// table behind it has as many entries, indexed by [`ThreadArea::ibl2_index`].
+/// guest target, two entries each ([`IblSet`]). The victim table behind it has as many
+/// entries, indexed by [`ThreadArea::ibl2_index`].
 pub const IBL_ENTRIES: usize = 1 << 16;
+
+/// Set indices [`ThreadArea::fill_ibl`] logs for [`ThreadArea::forget_all_ibl`] (2 bytes
+/// each: 8 KiB): a thread that filled more sets since the table was last emptied gets the
+/// whole table swept instead (2 MiB of stores). A short process fills a few hundred; a
+/// sweep of the whole table would allocate every page of it.
+pub const IBL_FILL_LOG: usize = 4096;
 
 /// Jump-table sites a thread's code cache can hold at once (`jump_table`): each has a table in
 /// the thread area, so a translation beyond this many goes through the lookup instead.
@@ -76,6 +82,19 @@ pub struct IblEntry {
     pub tag: u64,
     /// Host address of the target's translated block entry.
     pub host: u64,
+}
+
+/// One set of the lookup table: its two entries side by side, so that a probe of both, a fill
+/// and the pages a short process touches stay in one cache line and one page.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+pub struct IblSet {
+    /// The target filled last.
+    pub first: IblEntry,
+    /// The target the first entry held before (probed inline at every lookup site after a
+    /// first-entry miss while `ibl2_open`), so that two hot targets 64 KiB apart (a large
+    /// program's returns) both stay in the table.
+    pub second: IblEntry,
 }
 
 impl IblEntry {
@@ -165,15 +184,15 @@ pub struct ThreadArea {
     pub ring: RingControl,
     /// XSAVE image of the guest's extended state, valid outside the code cache.
     pub xsave: XsaveArea,
-    /// The indirect branch lookup table: the first entry of each set, the target filled
-    /// last.
-    pub ibl: [IblEntry; IBL_ENTRIES],
-    /// The second entry of each set: the target the first held before (probed inline at
-    /// every lookup site after a first-entry miss while `ibl2_open`), so that two hot targets
-    /// 64 KiB apart (a large program's returns) both stay in the table. A separate array, so
-    /// that a handler emptying the table kills the first entries' tags alone and closes the
-    /// second ones with `ibl2_open`, as the victim table. Pages untouched until used.
-    pub ibl_second: [IblEntry; IBL_ENTRIES],
+    /// The indirect branch lookup table, 32 bytes a set. A handler emptying the table kills
+    /// the first entries' tags alone and closes the second ones with `ibl2_open`, as the
+    /// victim table. Pages untouched until used.
+    pub ibl: [IblSet; IBL_ENTRIES],
+    /// The sets filled since the table was last emptied, for [`Self::forget_all_ibl`]: the
+    /// first `ibl_filled_len` entries (more than [`IBL_FILL_LOG`]: too many to log, every set
+    /// is swept). Written by the dispatcher only, each index before its set.
+    pub ibl_filled: [u16; IBL_FILL_LOG],
+    pub ibl_filled_len: u32,
     /// Its victim table: the entries a fill pushed out of `ibl`, probed by the gateway's exit
     /// routine before it leaves the cache on a lookup miss (see `gateway::emit_gateway`), so
     /// that targets whose low 16 bits collide (a large program's returns) do not leave the
@@ -224,8 +243,9 @@ pub mod off {
     pub const XSAVE: i32 = offset_of!(ThreadArea, xsave) as i32;
     pub const IBL: i32 = offset_of!(ThreadArea, ibl) as i32;
     /// Bytes from a lookup set's first entry to its second.
-    pub const IBL_WAY: i32 =
-        (offset_of!(ThreadArea, ibl_second) - offset_of!(ThreadArea, ibl)) as i32;
+    pub const IBL_WAY: i32 = offset_of!(IblSet, second) as i32;
+    // Emitted code scales a set's index by 4, then by 8 in the address: 32-byte sets.
+    const _: () = assert!(size_of::<IblSet>() == 32 && IBL_WAY == 16);
     pub const IBL2: i32 = offset_of!(ThreadArea, ibl2) as i32;
     pub const IBL2_OPEN: i32 = offset_of!(ThreadArea, ibl2_open) as i32;
     pub const ENTRIES: i32 = ENTRIES_OFFSET as i32;
@@ -318,8 +338,11 @@ impl ThreadArea {
     /// flush).
     pub fn clear_ibl(&mut self, ibl_miss: u64) {
         let empty = IblEntry { tag: 0, host: 0 };
-        self.ibl.fill(empty);
-        self.ibl_second.fill(empty);
+        self.ibl.fill(IblSet {
+            first: empty,
+            second: empty,
+        });
+        self.ibl_filled_len = 0;
         self.point_empty_set_at(ibl_miss);
         self.ibl2.fill(empty);
         self.kill_empty_ibl2_slot();
@@ -328,8 +351,8 @@ impl ThreadArea {
     /// A zero tag matches the target `u64::MAX` alone, whose set is the last one: both its
     /// entries lead to the miss path `ibl_miss`, so a zero-filled table is empty.
     fn point_empty_set_at(&mut self, ibl_miss: u64) {
-        self.ibl[IBL_ENTRIES - 1].host = ibl_miss;
-        self.ibl_second[IBL_ENTRIES - 1].host = ibl_miss;
+        self.ibl[IBL_ENTRIES - 1].first.host = ibl_miss;
+        self.ibl[IBL_ENTRIES - 1].second.host = ibl_miss;
     }
 
     /// A zero tag matches the target `u64::MAX` alone; in the lookup table that is the last
@@ -358,15 +381,29 @@ impl ThreadArea {
     /// displaces whatever its slot there held).
     pub fn fill_ibl(&mut self, target: u64, host: u64) {
         let i = ThreadArea::ibl_index(target);
-        for way in [&mut self.ibl[i], &mut self.ibl_second[i]] {
+        let set = &mut self.ibl[i];
+        for way in [&mut set.first, &mut set.second] {
             if way.holds(target) {
                 way.host = host;
                 return;
             }
         }
-        let old = self.ibl_second[i];
-        self.ibl_second[i] = self.ibl[i];
-        self.ibl[i] = IblEntry::new(target, host);
+        // Logged before the set is written: a handler that empties the table in between
+        // kills a tag that is not there yet, and the dispatcher, which it interrupted, looks
+        // for signals before it runs translated code again.
+        let n = self.ibl_filled_len as usize;
+        if n < IBL_FILL_LOG {
+            self.ibl_filled[n] = i as u16;
+        }
+        self.ibl_filled_len = self
+            .ibl_filled_len
+            .saturating_add(1)
+            .min(IBL_FILL_LOG as u32 + 1);
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        let set = &mut self.ibl[i];
+        let old = set.second;
+        set.second = set.first;
+        set.first = IblEntry::new(target, host);
         if let Some(t) = old.target_at(i) {
             self.ibl2[ThreadArea::ibl2_index(t)] = old;
         }
@@ -379,9 +416,10 @@ impl ThreadArea {
             ThreadArea::ibl_index(target),
             ThreadArea::ibl2_index(target),
         );
+        let set = &mut self.ibl[i];
         [
-            (&mut self.ibl[i], i),
-            (&mut self.ibl_second[i], i),
+            (&mut set.first, i),
+            (&mut set.second, i),
             (&mut self.ibl2[j], j),
         ]
     }
@@ -410,10 +448,22 @@ impl ThreadArea {
     /// [`Self::forget_ibl`]) and closes the second entries and the victim table until the
     /// dispatcher reopens them ([`Self::ibl2_open`]): their entries stay valid, but no lookup
     /// finds them meanwhile.
+    ///
+    /// Only the sets filled since the table was last emptied are written, where they were
+    /// few enough to be logged (a sweep of the whole table would allocate every page of it).
     pub fn forget_all_ibl(&mut self) {
-        for (i, slot) in self.ibl.iter_mut().enumerate() {
-            slot.tag = IblEntry::dead_tag(i);
+        let n = self.ibl_filled_len as usize;
+        if n <= IBL_FILL_LOG {
+            for k in 0..n {
+                let i = self.ibl_filled[k] as usize;
+                self.ibl[i].first.tag = IblEntry::dead_tag(i);
+            }
+        } else {
+            for (i, set) in self.ibl.iter_mut().enumerate() {
+                set.first.tag = IblEntry::dead_tag(i);
+            }
         }
+        self.ibl_filled_len = 0;
         self.ibl2_open = 0;
     }
 }
@@ -432,13 +482,19 @@ mod tests {
         let empty = ThreadArea::ibl2_index(u64::MAX);
         assert!(!area.ibl2[empty].holds(u64::MAX));
         assert_eq!(area.ibl2_open, 1);
-        let last = [area.ibl[IBL_ENTRIES - 1], area.ibl_second[IBL_ENTRIES - 1]];
+        let last = [
+            area.ibl[IBL_ENTRIES - 1].first,
+            area.ibl[IBL_ENTRIES - 1].second,
+        ];
         assert!(last.iter().all(|w| w.holds(u64::MAX) && w.host == 0x1000));
         let (a, b, c) = (0x40_1234u64, 0x7f_1234u64, 0x9e_1234u64);
         let i = ThreadArea::ibl_index(a);
         assert!(i == ThreadArea::ibl_index(b) && i == ThreadArea::ibl_index(c));
         assert_ne!(ThreadArea::ibl2_index(a), ThreadArea::ibl2_index(b));
-        let set = |area: &ThreadArea| [area.ibl[i], area.ibl_second[i]].map(|w| (!w.tag, w.host));
+        let set = |area: &ThreadArea| {
+            let s = area.ibl[i];
+            [s.first, s.second].map(|w| (!w.tag, w.host))
+        };
         area.fill_ibl(a, 0xa);
         area.fill_ibl(b, 0xb);
         assert_eq!(set(area), [(b, 0xb), (a, 0xa)]);
@@ -456,11 +512,43 @@ mod tests {
         area.forget_ibl(a);
         area.forget_ibl(b);
         assert!(!area.ibl2[j].holds(a));
-        assert!(area.ibl[i].holds(c) && !area.ibl_second[i].holds(b));
+        assert!(area.ibl[i].first.holds(c) && !area.ibl[i].second.holds(b));
         area.forget_all_ibl();
-        assert!(!area.ibl[i].holds(c));
+        assert!(!area.ibl[i].first.holds(c));
         assert_eq!(area.ibl2_open, 0);
         area.clear_ibl(0x1000);
         assert!(!area.ibl2[empty].holds(u64::MAX));
+    }
+
+    /// Emptying the table for a signal kills the first entry of every set filled since it was
+    /// last emptied, from the fill log, and of every set once the log overflowed; sets never
+    /// filled are not written (their pages stay unallocated).
+    #[test]
+    fn emptying_the_table_kills_the_logged_sets_or_sweeps_them_all() {
+        let area = ThreadArea::map(16, 0x1000).expect("a thread area");
+        let (a, b) = (0x40_0010u64, 0x40_2020u64);
+        area.fill_ibl(a, 0xa);
+        area.fill_ibl(b, 0xb);
+        area.fill_ibl(a, 0xaa);
+        assert_eq!(area.ibl_filled_len, 2);
+        area.forget_all_ibl();
+        let (i, j) = (ThreadArea::ibl_index(a), ThreadArea::ibl_index(b));
+        assert!(!area.ibl[i].first.holds(a) && !area.ibl[j].first.holds(b));
+        assert_eq!(
+            area.ibl[i + 1].first.tag,
+            0,
+            "a set never filled is not written"
+        );
+        assert_eq!(area.ibl_filled_len, 0);
+        area.ibl2_open = 1;
+        // More fills than the log holds: the next emptying sweeps every set.
+        area.fill_ibl(a, 0xa);
+        for k in 0..IBL_FILL_LOG as u64 {
+            area.fill_ibl(0x50_0000 + 2 * k, k);
+        }
+        assert_eq!(area.ibl_filled_len as usize, IBL_FILL_LOG + 1);
+        area.forget_all_ibl();
+        assert!(!area.ibl[i].first.holds(a));
+        assert_eq!(area.ibl[i + 1].first.tag, IblEntry::dead_tag(i + 1));
     }
 }
