@@ -395,10 +395,9 @@ impl ThreadArea {
         if n < IBL_FILL_LOG {
             self.ibl_filled[n] = i as u16;
         }
-        self.ibl_filled_len = self
-            .ibl_filled_len
-            .saturating_add(1)
-            .min(IBL_FILL_LOG as u32 + 1);
+        if n <= IBL_FILL_LOG {
+            self.ibl_filled_len += 1;
+        }
         std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
         let set = &mut self.ibl[i];
         let old = set.second;

@@ -1027,6 +1027,25 @@ mod tests {
             jump_table: None,
             cold: cold.then(|| cold_of(h)),
         };
+        // Record `r` placed as guest block `start` at host address `h` (its cold part where
+        // `cold_of` puts it), as id 4242 with its exits from 1000.
+        let place_at = |r: &RecordView<'_>,
+                        start: GuestAddr,
+                        h: u64,
+                        gw: &Gateway,
+                        folded: Option<GuestAddr>,
+                        site: Option<u32>| {
+            r.place(
+                start,
+                HostAddr(h),
+                cold_of(h),
+                BlockId(4242),
+                1000,
+                gw,
+                folded,
+                site,
+            )
+        };
         let (mut at, mut checked, mut pushes, mut folded, mut sites) = (0usize, 0, 0, 0, 0);
         while at + 16 < text.len() {
             let fetch = |base: u64| {
@@ -1060,17 +1079,7 @@ mod tests {
                 let (h2, b2) = second();
                 let e2 = emit_block(&b2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift, h2))
                     .unwrap();
-                let p = r
-                    .place(
-                        b2.start,
-                        HostAddr(h2),
-                        cold_of(h2),
-                        BlockId(4242),
-                        1000,
-                        &cx(h1 + shift, h2).gateway,
-                        None,
-                        None,
-                    )
+                let p = place_at(&r, b2.start, h2, &cx(h1 + shift, h2).gateway, None, None)
                     .expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "block at +{at:#x}");
                 assert_eq!(p.emitted.cold, e2.cold, "block at +{at:#x}");
@@ -1111,18 +1120,8 @@ mod tests {
                 let e2 = emit_block(&d2, BlockId(4242), HostAddr(h2), 1000, &cx(h1 + shift, h2))
                     .unwrap();
                 let gw = &cx(h1 + shift, h2).gateway;
-                let p = r
-                    .place(
-                        b2.start,
-                        HostAddr(h2),
-                        cold_of(h2),
-                        BlockId(4242),
-                        1000,
-                        gw,
-                        Some(t2),
-                        None,
-                    )
-                    .expect("the same reach places");
+                let p =
+                    place_at(&r, b2.start, h2, gw, Some(t2), None).expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "folded block at +{at:#x}");
                 assert_eq!(p.emitted.cold, e2.cold, "folded block at +{at:#x}");
                 assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
@@ -1131,18 +1130,7 @@ mod tests {
                     b2.summary(),
                     "the monitor learns the indirect branch"
                 );
-                assert!(r
-                    .place(
-                        b2.start,
-                        HostAddr(h2),
-                        cold_of(h2),
-                        BlockId(1),
-                        0,
-                        gw,
-                        None,
-                        None
-                    )
-                    .is_none());
+                assert!(place_at(&r, b2.start, h2, gw, None, None).is_none());
                 folded += 1;
             }
             // A `switch`'s dispatch translated as jump-table site 3, placed as site 9: the
@@ -1181,18 +1169,8 @@ mod tests {
                 .unwrap();
                 let s2 = Site::of(&p2, BlockId(4242), b2.start, jmp_at(&b2), &c2);
                 let gw = &cx2.gateway;
-                let p = r
-                    .place(
-                        b2.start,
-                        HostAddr(h2),
-                        cold_of(h2),
-                        BlockId(4242),
-                        1000,
-                        gw,
-                        None,
-                        Some(9),
-                    )
-                    .expect("the same reach places");
+                let p =
+                    place_at(&r, b2.start, h2, gw, None, Some(9)).expect("the same reach places");
                 assert_eq!(p.emitted.code, e2.code, "jump-table site at +{at:#x}");
                 assert_eq!(p.emitted.cold, e2.cold, "jump-table site at +{at:#x}");
                 assert_eq!(format!("{:?}", p.emitted.exits), format!("{:?}", e2.exits));
@@ -1206,17 +1184,7 @@ mod tests {
                 );
                 assert_eq!(r.dead, hotpath_ir::entry_dead(&b2.body));
                 assert!(
-                    r.place(
-                        b2.start,
-                        HostAddr(h2),
-                        cold_of(h2),
-                        BlockId(4242),
-                        1000,
-                        gw,
-                        None,
-                        None
-                    )
-                    .is_none(),
+                    place_at(&r, b2.start, h2, gw, None, None).is_none(),
                     "a site needs a table"
                 );
                 sites += 1;
