@@ -73,6 +73,8 @@ pub struct Interpreter {
     pub entry: u64,
     /// Mapped range `[start, end)`, page-aligned guest addresses.
     pub range: (u64, u64),
+    /// Its mapped segments (the holes between them in `range` are unmapped, as natively).
+    pub segments: Vec<Segment>,
 }
 
 /// Caller's requirements for the reservation.
@@ -434,6 +436,7 @@ fn load_interpreter(
         load_bias,
         entry,
         range: (base, hi.wrapping_add(load_bias)),
+        segments,
     })
 }
 

@@ -320,7 +320,16 @@ impl Memory {
 
     /// True if `[addr, addr+len)` overlaps memory that is mapped but not the guest's, i.e.
     /// hotpath's own (code cache, heap, stacks, the thread area, hotpath's binary).
+    ///
+    /// A range the guest's regions cover whole is the guest's (hotpath maps nothing inside
+    /// them), which answers the usual call (the guest unmapping or re-protecting its own
+    /// memory) without reading `/proc/self/maps`: that read, under the memory map's lock,
+    /// was most of what a thread's start and end cost a program whose threads unmap their
+    /// stacks (python3: 253 reads for 200 threads).
     pub fn overlaps_hotpath(&self, addr: u64, len: u64) -> bool {
+        if covered(&self.guest_regions, addr, addr.saturating_add(len)) {
+            return false;
+        }
         match crate::host::procfs::read_to_string("/proc/self/maps") {
             Ok(maps) => overlaps_foreign(&self.guest_regions, &maps, addr, len),
             Err(_) => true,
@@ -807,6 +816,27 @@ mod tests {
         assert!(overlaps_foreign(&regions, MAPS, 0x4000_0000, 0x1000));
         assert!(overlaps_foreign(&regions, MAPS, 0x5f_f000, 0x4000_0000));
         assert!(overlaps_foreign(&regions, MAPS, 0x7f00_0000_0000, 0x10));
+    }
+
+    /// The shortcut for ranges the guest's regions cover whole must not hide hotpath's own
+    /// memory from a range that is covered only in part (here the test's heap stands for
+    /// hotpath's: it is mapped, and no guest region holds it).
+    #[test]
+    fn own_memory_is_found_beside_a_covered_range() {
+        let heap = vec![0u8; 1 << 16];
+        let at = heap.as_ptr() as u64 & !0xfff;
+        let mut memory = Memory {
+            brk_start: 0,
+            brk: 0,
+            guest_regions: BTreeMap::new(),
+            modules: Default::default(),
+        };
+        memory.add_region(at - 0x10_0000, at);
+        assert!(!memory.overlaps_hotpath(at - 0x10_0000, 0x10_0000));
+        assert!(memory.overlaps_hotpath(at - 0x1000, 0x2000));
+        assert!(memory.overlaps_hotpath(at, 0x1000));
+        memory.add_region(at, at + 0x1000);
+        assert!(!memory.overlaps_hotpath(at - 0x1000, 0x2000));
     }
 
     #[test]

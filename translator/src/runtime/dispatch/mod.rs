@@ -297,9 +297,11 @@ impl Translator {
                 .modules
                 .add("[vdso]".into(), start, end, crate::vdso_file_id());
         }
-        memory.add_region(image.image_start, image.image_end);
-        if let Some(interp) = &image.interpreter {
-            memory.add_region(interp.range.0, interp.range.1);
+        // Segment by segment: the holes between them are unmapped, and hotpath may map its
+        // own memory there, which the guest must not unmap or re-protect.
+        let interp_segments = image.interpreter.iter().flat_map(|i| &i.segments);
+        for seg in image.segments.iter().chain(interp_segments) {
+            memory.add_region(seg.start, seg.end);
         }
         memory.add_region(
             stack.base - hotpath_loader::STACK_GUARD,
