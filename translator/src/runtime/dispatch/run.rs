@@ -50,9 +50,16 @@ impl Translator {
                 self.process.invalidate.extend(written);
                 self.apply_invalidations();
                 self.process.signals.protected_pages().published();
-            } else if self.process.signals.protected_pages().wait_published() {
-                // Another thread's dispatcher took writes and has published them now: discard
-                // them here too before running anything (as for a caught write).
+            } else if self.process.signals.protected_pages().wait_published()
+                || self.process.shared.invalidation_count() != self.index.invalidations_seen
+            {
+                // Another thread's dispatcher took writes and has published them now, or did
+                // so after this loop's `take_invalidations` above (before `take_hits` found
+                // none to take): discard them here too before running anything (as for a
+                // caught write). Left to the next loop, a thread sent here by the writer's
+                // handler ran the translation the write replaced once more (the
+                // `jitversions` sample's reader called an older version once, in a full
+                // test run).
                 next = Next::Guest(self.guest_rip_settled(next));
                 self.next = next;
                 self.take_invalidations();
