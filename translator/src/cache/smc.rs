@@ -456,12 +456,19 @@ pub struct MapsCache {
     stale: Vec<(u64, u64)>,
     /// Everything may have changed since the last read.
     stale_all: bool,
+    /// The last mapping a lookup found, `(index in ranges, start, end)`, while it is current
+    /// (no stale range overlaps it): placement asks about one module's pages many times in a
+    /// row, and the binary search and the stale ranges' scan were 2-3 % of a warm run that
+    /// places many blocks (`python3 -c pass`, a `cc1` compile). Forgotten when a range goes
+    /// stale and at a read.
+    last: std::cell::Cell<Option<(usize, u64, u64)>>,
 }
 
 impl MapsCache {
     /// Marks `[start, end)` out of date (after a guest mmap, munmap, mprotect, mremap or brk
     /// there).
     pub fn invalidate_range(&mut self, start: u64, end: u64) {
+        self.last.set(None);
         if self.stale.len() >= MAX_STALE_RANGES {
             self.stale_all = true;
         } else if start < end {
@@ -471,6 +478,11 @@ impl MapsCache {
 
     /// Whether the cache's answer for `[start, end)` is current.
     fn fresh(&self, start: u64, end: u64) -> bool {
+        if let Some((_, s, e)) = self.last.get() {
+            if s <= start && end <= e {
+                return true;
+            }
+        }
         !self.stale_all
             && !self.ranges.is_empty()
             && !self.stale.iter().any(|&(s, e)| s < end && start < e)
@@ -478,12 +490,23 @@ impl MapsCache {
 
     /// The cached mapping that contains `addr`: `(index, start, end, prot)`.
     fn find(&self, addr: u64) -> Option<(usize, u64, u64, i32)> {
+        if let Some((i, s, e)) = self.last.get() {
+            if s <= addr && addr < e {
+                return Some((i, s, e, self.ranges[i].2));
+            }
+        }
         let i = self
             .ranges
             .partition_point(|r| r.0 <= addr)
             .checked_sub(1)?;
         let (s, e, prot, _) = self.ranges[i];
-        (s <= addr && addr < e).then_some((i, s, e, prot))
+        if !(s <= addr && addr < e) {
+            return None;
+        }
+        if self.fresh(s, e) {
+            self.last.set(Some((i, s, e)));
+        }
+        Some((i, s, e, prot))
     }
 
     /// The kernel's protection of the page at `addr`, or `None` if it is not mapped.
@@ -598,6 +621,7 @@ impl MapsCache {
         self.stale_all = false;
         self.stale.clear();
         self.ranges.clear();
+        self.last.set(None);
         let Ok(maps) = crate::host::procfs::read_to_string("/proc/self/maps") else {
             return;
         };
