@@ -477,9 +477,9 @@ impl Monitor {
                 // this CPU (a guest thread the kernel put here, another process's guest or
                 // monitor) runs now instead of when this thread's time slice ends, up to a
                 // millisecond or two later; with nothing waiting the call returns at once.
-                // Two `cc1 -O2` compiles at once 3.49 -> 3.04 s, two busybox gzip 749 -> 677
+                // Two `cc1 -O2` compiles at once 3.49 -> 3.04 s, two busybox gzip 777 -> 705
                 // ms, python3 starting 200 threads 308 -> 280 ms (medians of 3-8); one gzip,
-                // bench_threads and a shell's fork-exec loop unchanged.
+                // bench_fib, bench_threads and a shell's fork-exec loop unchanged.
                 std::thread::yield_now();
                 let backoff = Backoff::new();
                 while started.elapsed() < MIN_POLL_INTERVAL {
