@@ -456,12 +456,12 @@ pub struct MapsCache {
     stale: Vec<(u64, u64)>,
     /// Everything may have changed since the last read.
     stale_all: bool,
-    /// The last mapping a lookup found, `(index in ranges, start, end)`, while it is current
+    /// The index in `ranges` of the last mapping a lookup found, while it is current
     /// (no stale range overlaps it): placement asks about one module's pages many times in a
     /// row, and the binary search and the stale ranges' scan were 2-3 % of a warm run that
     /// places many blocks (`python3 -c pass`, a `cc1` compile). Forgotten when a range goes
     /// stale and at a read.
-    last: std::cell::Cell<Option<(usize, u64, u64)>>,
+    last: std::cell::Cell<Option<usize>>,
 }
 
 impl MapsCache {
@@ -478,7 +478,8 @@ impl MapsCache {
 
     /// Whether the cache's answer for `[start, end)` is current.
     fn fresh(&self, start: u64, end: u64) -> bool {
-        if let Some((_, s, e)) = self.last.get() {
+        if let Some(i) = self.last.get() {
+            let (s, e, _, _) = self.ranges[i];
             if s <= start && end <= e {
                 return true;
             }
@@ -490,9 +491,10 @@ impl MapsCache {
 
     /// The cached mapping that contains `addr`: `(index, start, end, prot)`.
     fn find(&self, addr: u64) -> Option<(usize, u64, u64, i32)> {
-        if let Some((i, s, e)) = self.last.get() {
+        if let Some(i) = self.last.get() {
+            let (s, e, prot, _) = self.ranges[i];
             if s <= addr && addr < e {
-                return Some((i, s, e, self.ranges[i].2));
+                return Some((i, s, e, prot));
             }
         }
         let i = self
@@ -504,7 +506,7 @@ impl MapsCache {
             return None;
         }
         if self.fresh(s, e) {
-            self.last.set(Some((i, s, e)));
+            self.last.set(Some(i));
         }
         Some((i, s, e, prot))
     }
