@@ -2,7 +2,8 @@
  * (mmap hints, brk, the stack's growth) it gets under hotpath as natively.
  *
  *   hints      - mmap with a hint and with MAP_FIXED_NOREPLACE at 0x10000000..0x40000000
- *                (where a program linked at 0x400000 has nothing natively);
+ *                (where a program linked at 0x400000 has nothing natively but, now and
+ *                then, its randomly placed heap: such an address is moved past the heap);
  *   brk        - sbrk of 1.5 GiB (its last byte written), then back; mprotect of an unmapped
  *                page past brk fails with ENOMEM;
  *   brk-3g     - sbrk of 3 GiB, then back;
@@ -42,11 +43,23 @@
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
+/* The heap's possible span around the current break (bytes each side): this case has
+ * allocated far less than that when it looks. */
+#define HEAP_WINDOW (16UL << 20)
+
 static int hints(void)
 {
     static const unsigned long at[] = {0x10000000, 0x20000000, 0x30000000, 0x40000000};
+    /* Natively the kernel starts a program's heap at a random page up to 1 GiB past its end
+     * (arch_randomize_brk), so now and then the heap covers one of these addresses. One the
+     * heap may cover is replaced by the page 64 MiB above it: what is asked is whether an
+     * address where the program has nothing is given, not where the heap went. */
+    unsigned long brk_now = (unsigned long)sbrk(0);
     for (int i = 0; i < 4; i++) {
-        void *want = (void *)at[i];
+        unsigned long asked = at[i];
+        if (asked < brk_now + HEAP_WINDOW && asked + 4096 > brk_now - HEAP_WINDOW)
+            asked += 64UL << 20;
+        void *want = (void *)asked;
         void *p = mmap(want, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         printf("hint %#lx: %s\n", at[i], p == want ? "got it" : "elsewhere");
         if (p != MAP_FAILED)
