@@ -8,6 +8,8 @@
  *                page past brk fails with ENOMEM;
  *   brk-3g     - sbrk of 3 GiB, then back;
  *   brk-blocked - a mapping placed 64 MiB above brk stops brk there, as natively;
+ *   layout     - prints where main and the heap's first block are (the kernel randomises
+ *                a PIE's base and the heap's start on every run unless told not to);
  *   fixed      - MAP_FIXED over 0x60000000..0x80000000 (within 2 GiB of a program linked at
  *                0x400000, where hotpath would like its code cache), written, then unmapped;
  *   stack KIB  - recursion KIB KiB deep (1 KiB frames): past RLIMIT_STACK it dies of SIGSEGV;
@@ -93,6 +95,16 @@ static int brk_case(void)
     unsigned long past = ((unsigned long)sbrk(0) + (1 << 20)) & ~0xfffUL;
     int r = mprotect((void *)past, 4096, PROT_READ);
     printf("mprotect 1 MiB past brk: %s\n", r ? strerror(errno) : "ok");
+    return 0;
+}
+
+int main(int argc, char **argv);
+
+static int layout(void)
+{
+    void *first = malloc(16);
+    printf("main %p heap %p\n", (void *)main, first);
+    free(first);
     return 0;
 }
 
@@ -358,6 +370,8 @@ int main(int argc, char **argv)
         grow_and_back("3 GiB", 3L << 30);
         return 0;
     }
+    if (!strcmp(c, "layout"))
+        return layout();
     if (!strcmp(c, "brk-blocked"))
         return brk_blocked();
     if (!strcmp(c, "fixed"))
@@ -380,6 +394,6 @@ int main(int argc, char **argv)
         printf("came back (%ld)\n", depth(kib) & 1);
         return 0;
     }
-    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|fixed|hole|exec-only|malloc-max|exhaust-then-run N|idle-threads N|threads-until-fail|stack KIB\n");
+    fprintf(stderr, "usage: address_space hints|brk|brk-3g|brk-blocked|layout|fixed|hole|exec-only|malloc-max|exhaust-then-run N|idle-threads N|threads-until-fail|stack KIB\n");
     return 2;
 }

@@ -146,6 +146,84 @@ fn cases_match_native() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// Runs of the `layout` case per side in [`layout_is_randomised_as_natively`].
+const LAYOUT_RUNS: usize = 4;
+
+/// The distinct `main` and heap addresses `runs` runs of `cmd` print (the `layout` case).
+fn layouts(
+    mut cmd: impl FnMut() -> Command,
+    no_randomize: bool,
+) -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+) {
+    let (mut mains, mut heaps) = (
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    );
+    for _ in 0..LAYOUT_RUNS {
+        let mut c = cmd();
+        if no_randomize {
+            // SAFETY: personality is async-signal-safe; it runs in the child before exec.
+            unsafe {
+                c.pre_exec(|| {
+                    libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+                    Ok(())
+                });
+            }
+        }
+        let run = runner::run(&mut c, CASE_TIMEOUT).expect("layout run");
+        let text = String::from_utf8_lossy(&run.stdout).into_owned();
+        let mut words = text.split_whitespace();
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("main"), Some(main), Some("heap"), Some(heap)) => {
+                mains.insert(main.to_string());
+                heaps.insert(heap.to_string());
+            }
+            _ => panic!("unexpected layout output: {text:?}"),
+        }
+    }
+    (mains, heaps)
+}
+
+/// A PIE's base and the heap's start change from run to run under hotpath where they do
+/// natively (the kernel's randomisation, `randomize_va_space`), and stay put under
+/// `setarch -R` (`ADDR_NO_RANDOMIZE`) as natively.
+#[test]
+fn layout_is_randomised_as_natively() {
+    let hotpath = hotpath_bin::hotpath().expect("a hotpath binary");
+    let mut problems = Vec::new();
+    for linkage in Linkage::WITH_DYNAMIC {
+        let exe = guest_build::build(SOURCE, linkage).expect("sample builds");
+        let args = ["layout"];
+        let native = layouts(|| native_command(&exe, &args), false);
+        let translated = layouts(
+            || hotpath_command(&hotpath, MonitorMode::On, &exe, &args),
+            false,
+        );
+        for (what, n, t) in [
+            ("main", &native.0, &translated.0),
+            ("heap", &native.1, &translated.1),
+        ] {
+            if n.len() > 1 && t.len() == 1 {
+                problems.push(format!(
+                    "[{linkage}] {what} moves natively ({n:?}) but not under hotpath ({t:?})"
+                ));
+            }
+        }
+        let fixed = layouts(
+            || hotpath_command(&hotpath, MonitorMode::On, &exe, &args),
+            true,
+        );
+        if fixed.0.len() > 1 || fixed.1.len() > 1 {
+            problems.push(format!(
+                "[{linkage}] under ADDR_NO_RANDOMIZE the layout moves: {fixed:?}"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// The sample built with 2 MiB segment alignment (`-z max-page-size=0x200000 -z
 /// separate-code`), which leaves gaps between its PT_LOAD segments, for `linkage`.
 fn build_with_gaps(linkage: Linkage) -> std::path::PathBuf {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use goblin::elf::{header, program_header, sym, Elf};
 use memmap2::Mmap;
 
+use crate::aslr::Randomization;
 use crate::headers::{
     parse_phdrs, Ehdr, Phdr, EHDR_SIZE, EM_386, EM_X86_64, ET_DYN, ET_EXEC, PF_R, PF_W, PF_X,
     PT_GNU_STACK, PT_INTERP, PT_LOAD,
@@ -42,23 +43,62 @@ const ELF_ET_DYN_BASE: u64 = 0x5555_5555_4000;
 /// Room in bytes (64 GiB) a guest heap placed at [`ELF_ET_DYN_BASE`] gets before hotpath's own
 /// memory: its binary (when hotpath is a PIE with an interpreter, the kernel puts it at
 /// `ELF_ET_DYN_BASE` plus a random offset of up to 1 TiB) or its own brk heap (hotpath is
-/// static-pie, whose brk the kernel starts at `ELF_ET_DYN_BASE` plus up to 32 MiB).
+/// static-pie, whose brk the kernel starts at `ELF_ET_DYN_BASE` plus up to 1 GiB).
 const DYN_BASE_ROOM: u64 = 64 << 30;
 
-/// Where a PIE with an interpreter goes (and a static-pie's brk starts): at
-/// [`ELF_ET_DYN_BASE`] as natively, unless hotpath's own binary or brk heap lies less than
-/// [`DYN_BASE_ROOM`] above it, where the guest's brk heap would soon meet it (natively nothing
-/// is there): then that much lower.
-fn dyn_base() -> u64 {
-    // An address inside hotpath's text, which its binary's first segments precede by a few MiB.
-    let own = (dyn_base as *const () as u64).saturating_sub(64 << 20);
+/// Addresses of hotpath's own that a guest image and heap keep [`DYN_BASE_ROOM`] away from:
+/// one inside hotpath's text (its binary's first segments precede it by a few MiB) and its
+/// brk heap's current end.
+fn own_addresses() -> [u64; 2] {
+    let own = (own_addresses as *const () as u64).saturating_sub(64 << 20);
     // SAFETY: sbrk(0) only reads the process's current break.
     let own_brk = unsafe { libc::sbrk(0) } as u64;
-    let near = |a: u64| a.wrapping_sub(ELF_ET_DYN_BASE) < DYN_BASE_ROOM;
-    if near(own) || near(own_brk) {
-        ELF_ET_DYN_BASE - DYN_BASE_ROOM
-    } else {
+    [own, own_brk]
+}
+
+/// Whether an image of `span` bytes at `base` and the [`DYN_BASE_ROOM`] above it for its heap
+/// hold none of hotpath's own addresses.
+fn clear_of_hotpath(base: u64, span: u64) -> bool {
+    let end = base.saturating_add(span).saturating_add(DYN_BASE_ROOM);
+    !own_addresses().iter().any(|&a| a >= base && a < end)
+}
+
+/// Where a static-pie's brk starts before randomisation (and a PIE with an interpreter goes
+/// without it): at [`ELF_ET_DYN_BASE`] as natively, unless hotpath's own binary or brk heap
+/// lies less than [`DYN_BASE_ROOM`] above it, where the guest's brk heap would soon meet it
+/// (natively nothing is there): then that much lower.
+fn dyn_base() -> u64 {
+    if clear_of_hotpath(ELF_ET_DYN_BASE, 0) {
         ELF_ET_DYN_BASE
+    } else {
+        ELF_ET_DYN_BASE - DYN_BASE_ROOM
+    }
+}
+
+/// Where a PIE with an interpreter of `span` bytes goes: [`ELF_ET_DYN_BASE`] plus the
+/// kernel's random offset (`arch_mmap_rnd`), drawn again where hotpath's own binary or heap
+/// would be in the image's way or its heap's ([`clear_of_hotpath`]); [`dyn_base`] without
+/// randomisation or after eight draws that all were.
+fn pie_base(span: u64, rnd: &Randomization) -> u64 {
+    if rnd.mmap_rnd_bits > 0 {
+        for _ in 0..8 {
+            let base = ELF_ET_DYN_BASE + rnd.pie_offset();
+            if clear_of_hotpath(base, span) {
+                return base;
+            }
+        }
+    }
+    dyn_base()
+}
+
+/// Where the heap starts: `at` (where it would start unrandomised) moved by the kernel's
+/// random offset ([`Randomization::brk_start`]) where that page is free, else `at`.
+fn heap_start(at: u64, rnd: &Randomization) -> u64 {
+    let start = rnd.brk_start(at);
+    if start == at || page_is_free(start) {
+        start
+    } else {
+        at
     }
 }
 
@@ -137,8 +177,10 @@ pub struct Image {
     pub image_end: u64,
     /// The initial brk, where the kernel puts it: the image's end, or for a static-pie
     /// started without an interpreter `ELF_ET_DYN_BASE` (Linux 5.18 on), away from the
-    /// image that the kernel placed among the mmap'd libraries. Nothing is reserved there:
-    /// the heap grows as far as the kernel would let it, up to the next mapping.
+    /// image that the kernel placed among the mmap'd libraries; moved up by a random number
+    /// of pages within 1 GiB where the kernel randomises the heap (`randomize_va_space` 2,
+    /// not under `setarch -R`). Nothing is reserved there: the heap grows as far as the
+    /// kernel would let it, up to the next mapping.
     pub brk_start: u64,
     /// The caller's extra reservation `(start, len)`, PROT_NONE, within [`RIP_REACH`] of the
     /// image but out of the ranges the kernel gives the guest: below the image when it lies
@@ -195,9 +237,10 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
         reason,
     })?;
     let kind = exe.kind();
+    let rnd = Randomization::of_this_process();
     let placement = match (kind, &interp) {
         (ElfKind::Static, _) => Placement::Fixed,
-        (ElfKind::StaticPie, Some(_)) => Placement::Hint(dyn_base()),
+        (ElfKind::StaticPie, Some(_)) => Placement::Hint(pie_base(plan.span.1 - plan.span.0, &rnd)),
         // A static-pie goes where the kernel finds room, like ASLR would put it.
         (ElfKind::StaticPie, None) => Placement::Anywhere,
     };
@@ -224,8 +267,8 @@ pub fn load(path: &Path, opts: LoadOptions) -> Result<Image, LoadError> {
     };
     let image_end = hi.wrapping_add(load_bias);
     let brk_start = match (kind, &interpreter) {
-        (ElfKind::StaticPie, None) if page_is_free(dyn_base()) => dyn_base(),
-        _ => image_end,
+        (ElfKind::StaticPie, None) if page_is_free(dyn_base()) => heap_start(dyn_base(), &rnd),
+        _ => heap_start(image_end, &rnd),
     };
     let extra_len = page_ceil(opts.extra_reserve);
     let extra = (reserve_near(base, image_end, extra_len), extra_len);

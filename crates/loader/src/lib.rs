@@ -3,14 +3,16 @@
 //!
 //! ```text
 //! path ──check (exists, executable, ELF64, x86-64, ET_EXEC/ET_DYN)──▶ reserve span
-//!      ──map PT_LOADs (fixed for ET_EXEC, chosen base for ET_DYN), zero bss──▶ Image
+//!      ──map PT_LOADs (fixed for ET_EXEC, a randomised base for ET_DYN), zero bss──▶ Image
 //!      ──PT_INTERP: the same for the interpreter (ld.so), anywhere──▶ Image::interpreter
 //! Image + argv + envp ──▶ GuestStack (rsp → argc, argv, envp, auxv, strings)
 //! ```
 //!
 //! One reservation covers the image, the guest's brk region and an extra area the caller asks
-//! for (the translator puts its code cache there, within ±2 GiB of the guest's code).
+//! for (the translator puts its code cache there, within ±2 GiB of the guest's code). A PIE's
+//! base and the heap's start are randomised as the kernel randomises them (`aslr`).
 
+mod aslr;
 mod elf;
 mod error;
 mod headers;
