@@ -21,6 +21,8 @@
 #                  busybox_gzip, busybox_awk (a field-counting script), busybox_sh (a shell
 #                  loop that forks and execs `busybox expr` 300 times), startup
 #                  (`busybox true`, 100 separate runs: each mode's start-up and exit cost),
+#                  coreutils_sh (a bash loop running GNU ls, date and cat 30 times each:
+#                  short dynamically linked processes that close their stderr at exit),
 #                  and the dynamically linked python3 (a script), py_text (another python3
 #                  script: regular expressions, a Counter, classes), python3_pass
 #                  (`python3 -c pass`: startup), py_threads_seq (python3 starting and joining
@@ -45,7 +47,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs="${BENCH_RUNS:-5}"
 linkage=static
-workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp bench_threads bench_deep busybox_sort busybox_gzip busybox_awk busybox_sh startup python3 py_text python3_pass py_threads_seq py_threads_16 sqlite3 lua lua_oop zstd_t2 gcc_zstd make_j2 two_procs"
+workloads="bench_sieve bench_crc bench_fib bench_nbody bench_interp bench_threads bench_deep busybox_sort busybox_gzip busybox_awk busybox_sh startup coreutils_sh python3 py_text python3_pass py_threads_seq py_threads_16 sqlite3 lua lua_oop zstd_t2 gcc_zstd make_j2 two_procs"
 build=1
 mib=8
 qemu="${QEMU:-qemu-x86_64}"
@@ -345,6 +347,15 @@ find . -name '*.o' | sort | xargs sha256sum
 cd / && rm -rf "\$d"
 SH
             argv[$w]="/bin/sh $script" ;;
+        coreutils_sh)
+            # Short dynamically linked processes from a bash loop: GNU ls, date and cat, which
+            # close their stderr at exit (coreutils' close_stdout), 30 times each.
+            script="$out_dir/coreutils.sh"
+            cat >"$script" <<'SH'
+for i in $(seq 30); do ls / >/dev/null; date +%Y >/dev/null; cat /etc/hostname >/dev/null; done
+echo done
+SH
+            argv[$w]="/bin/bash $script" ;;
         two_procs)
             # Two processes at once on two cores (two monitors beside two guests): busybox
             # gzip of the input, twice, from one shell; stdout is both outputs' checksums.
@@ -436,7 +447,7 @@ declare -A times wrong waits shares
 # Workloads whose work is done by programs they exec: qemu-x86_64 translates only the first
 # program (without binfmt_misc the kernel runs the exec'd ones natively), so its column would
 # time native children.
-execs_children=" busybox_sh gcc_zstd make_j2 two_procs "
+execs_children=" busybox_sh coreutils_sh gcc_zstd make_j2 two_procs "
 echo "hotpath: $hotpath" >&2
 echo "runs: $runs per mode, interleaved; linkage: $linkage; qemu: $([ $have_qemu = 1 ] && command -v "$qemu" || echo "not installed")" >&2
 for w in $selected; do

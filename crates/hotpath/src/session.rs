@@ -90,6 +90,7 @@ impl Monitoring {
     /// system refuses (a process or memory limit) is said on one line, and the guest runs on
     /// without a profile, its rings read by nobody (natively the program needs no thread).
     fn start(&mut self, translator: &mut Translator, state: MonitorState) {
+        hotpath_translator::host::messages::grow_descriptor_table();
         let first = self.stream(translator);
         let (stx, srx) = crossbeam::channel::unbounded();
         match hotpath_monitor::spawn(

@@ -17,6 +17,47 @@ use std::sync::atomic::{AtomicI32, Ordering};
 /// (shells use up to 255 for their own) and below the usual 1024 soft limit.
 pub const KEPT_MIN: i32 = 900;
 
+/// Descriptors (1024, the usual soft `RLIMIT_NOFILE`) the table holds once
+/// [`grow_descriptor_table`] has grown it: room for [`KEPT_MIN`] and a shell's own descriptors.
+const TABLE_FDS: u64 = 1024;
+
+/// Descriptors a new process's table holds (`NR_OPEN_DEFAULT`, one bit per descriptor in a
+/// word): below this nothing grows the table.
+const INITIAL_TABLE_FDS: u64 = 64;
+
+/// Grows this process's descriptor table to hold [`TABLE_FDS`] descriptors (fewer under a
+/// lower soft `RLIMIT_NOFILE`), for a caller that has one thread and is about to start another
+/// (the monitor thread, which shares the table). The kernel grows a table that several threads
+/// share only after an RCU grace period (`expand_fdtable` calls `synchronize_rcu`: 6.8 ms
+/// seen on a VM), where a one-thread program natively grows it at once: the copy of stderr at
+/// [`KEPT_MIN`] when a GNU program closes its stderr at exit, a shell's descriptors at 255, a
+/// program's 65th open file. Grown first, none of them waits. Nothing is left open; with
+/// descriptors 0 to 2 all closed nothing is done.
+pub fn grow_descriptor_table() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let fds = lim.rlim_cur.min(TABLE_FDS);
+    if fds <= INITIAL_TABLE_FDS {
+        return;
+    }
+    for open in 0..3 {
+        // SAFETY: fcntl on a descriptor number (a closed one gives EBADF); the copy, our own,
+        // is closed at once.
+        let copy = unsafe { libc::fcntl(open, libc::F_DUPFD_CLOEXEC, (fds - 1) as i32) };
+        if copy >= 0 {
+            // SAFETY: the descriptor just made, which nothing else knows.
+            unsafe { libc::close(copy) };
+            return;
+        }
+    }
+}
+
 /// Where messages go: 2 until the guest takes descriptor 2 away, then the copy, or -1.
 static FD: AtomicI32 = AtomicI32::new(2);
 
@@ -134,5 +175,64 @@ mod tests {
         assert_eq!(fd(), None);
         // SAFETY: closing the copy this test made.
         unsafe { libc::close(kept) };
+    }
+
+    /// The size of this process's descriptor table (`FDSize` in `/proc/self/status`).
+    fn table_size() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").expect("status");
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("FDSize:"))
+            .expect("FDSize");
+        line["FDSize:".len()..].trim().parse().expect("a number")
+    }
+
+    /// Descriptors open in this process (the directory's own included).
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").expect("fd dir").count()
+    }
+
+    /// In a fresh process (this test run again alone, whose table has not been grown to
+    /// 1024 slots: 256 here): the table holds 1024 descriptors afterwards (fewer under a
+    /// lower soft `RLIMIT_NOFILE`), and no descriptor is left open.
+    #[test]
+    fn the_descriptor_table_is_grown_and_nothing_is_left_open() {
+        const NAME: &str =
+            "host::messages::tests::the_descriptor_table_is_grown_and_nothing_is_left_open";
+        if std::env::var_os("HOTPATH_TEST_FD_TABLE").is_some() {
+            let (size, open) = (table_size(), open_descriptors());
+            grow_descriptor_table();
+            println!(
+                "fd-table {size} {} {open} {}",
+                table_size(),
+                open_descriptors()
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env("HOTPATH_TEST_FD_TABLE", "1")
+            .output()
+            .expect("the test binary runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once("fd-table ").map(|(_, rest)| rest))
+            .unwrap_or_else(|| panic!("no fd-table line in {text}"));
+        let n: Vec<u64> = line
+            .split(' ')
+            .map(|w| w.parse().expect("a number"))
+            .collect();
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct we own.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        let want = lim.rlim_cur.min(TABLE_FDS);
+        if want > INITIAL_TABLE_FDS {
+            assert!(n[1] >= want, "the table was not grown to {want}: {line}");
+        }
+        assert_eq!(n[2], n[3], "a descriptor was left open: {line}");
     }
 }
