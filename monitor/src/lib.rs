@@ -31,4 +31,6 @@ pub use profile::{
     add_code, report_of, thread_report, thread_row_of, Rows, RunInfo, Symbolizer, THREAD_HOTTEST,
 };
 pub use tables::{Counts, SyscallCount, SyscallRow, Tables};
-pub use thread::{spawn, MonitorHandle, MonitorResult, MonitorState, Namer, Stream, ThreadState};
+pub use thread::{
+    run_to_end, spawn, MonitorHandle, MonitorResult, MonitorState, Namer, Stream, ThreadState,
+};

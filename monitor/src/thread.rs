@@ -264,47 +264,9 @@ pub fn spawn(
         MONITOR_STACK,
         target.as_ref(),
         move || {
-            let mut monitor = Monitor {
-                live: Vec::new(),
-                done: Vec::new(),
-                ended: Ended::default(),
-                catalog,
-                template,
-                bell,
-                namer,
-                spare_tables: None,
-            };
-            monitor.add(first, state);
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                monitor.drain_loop(&streams, &stop_seen);
-            }));
-            match run {
-                Ok(()) => {
-                    let mut threads: Vec<ThreadState> = monitor
-                        .done
-                        .into_iter()
-                        .chain(monitor.live.into_iter().map(Live::finish_ring))
-                        .collect();
-                    threads.sort_by_key(|t| t.state.started);
-                    Ok(MonitorResult {
-                        threads,
-                        ended: monitor.ended,
-                        catalog: monitor.catalog,
-                    })
-                }
-                Err(panic) => {
-                    // A bug in the monitor must not hang the guest on a full ring: keep
-                    // freeing room, discarding events, until the guest ends.
-                    let mut rings: Vec<RingConsumer> =
-                        monitor.live.into_iter().map(|l| l.ring).collect();
-                    discard_until_closed(&mut rings, &streams, &stop_seen);
-                    Err(panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into()))
-                }
-            }
+            run_monitor(
+                first, state, &streams, &stop_seen, catalog, template, bell, namer,
+            )
         },
     );
     // SAFETY: restoring the mask saved above.
@@ -315,6 +277,92 @@ pub fn spawn(
         bell,
         pinned_to,
     })
+}
+
+/// The monitor's work on the thread that runs it: learns `first` from `state`, drains every
+/// ring (and those `streams` brings) until `stop` is set and all are closed and drained, and
+/// returns what it kept (its panic's message if it panicked, after freeing room in the rings
+/// until they close, so that no guest waits on a full ring for good).
+#[allow(clippy::too_many_arguments)]
+fn run_monitor(
+    first: Stream,
+    state: MonitorState,
+    streams: &Receiver<Stream>,
+    stop: &AtomicBool,
+    catalog: Arc<BlockCatalog>,
+    template: MonitorState,
+    bell: &'static Doorbell,
+    namer: Option<Namer>,
+) -> Result<MonitorResult, String> {
+    let mut monitor = Monitor {
+        live: Vec::new(),
+        done: Vec::new(),
+        ended: Ended::default(),
+        catalog,
+        template,
+        bell,
+        namer,
+        spare_tables: None,
+    };
+    monitor.add(first, state);
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        monitor.drain_loop(streams, stop);
+    }));
+    match run {
+        Ok(()) => {
+            let mut threads: Vec<ThreadState> = monitor
+                .done
+                .into_iter()
+                .chain(monitor.live.into_iter().map(Live::finish_ring))
+                .collect();
+            threads.sort_by_key(|t| t.state.started);
+            Ok(MonitorResult {
+                threads,
+                ended: monitor.ended,
+                catalog: monitor.catalog,
+            })
+        }
+        Err(panic) => {
+            // A bug in the monitor must not hang the guest on a full ring: keep freeing room,
+            // discarding events, until the guest ends.
+            let mut rings: Vec<RingConsumer> = monitor.live.into_iter().map(|l| l.ring).collect();
+            discard_until_closed(&mut rings, streams, stop);
+            Err(panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into()))
+        }
+    }
+}
+
+/// The monitor's work for a guest that ended before any monitor thread started, done on the
+/// calling thread: `first`'s ring (closed by the caller, its events all written) is read from
+/// `state` on to its end, and what the monitor kept is returned, as
+/// [`MonitorHandle::finish`] returns it from a thread [`spawn`] started. No thread is
+/// created, so a short process never has a second one.
+///
+/// # Errors
+/// The panic message of a bug in the monitor.
+pub fn run_to_end(
+    first: Stream,
+    catalog: Arc<BlockCatalog>,
+    state: MonitorState,
+    template: MonitorState,
+    namer: Option<Namer>,
+) -> Result<MonitorResult, String> {
+    let (_, streams) = crossbeam::channel::unbounded();
+    let stop = AtomicBool::new(true);
+    run_monitor(
+        first,
+        state,
+        &streams,
+        &stop,
+        catalog,
+        template,
+        Doorbell::leak(),
+        namer,
+    )
 }
 
 /// The CPU set holding `cpu` alone.

@@ -359,40 +359,61 @@ fn as_nobody_with_one_process(args: &[&Path]) -> Option<Command> {
     Some(cmd)
 }
 
-/// A process limit that leaves no room for hotpath's monitor thread: the program still runs
-/// as natively (output and exit status), and one line says it runs without a profile.
+/// A process limit that leaves no room for hotpath's monitor thread: a program that ends
+/// within its ring's first lap needs none (the ending thread reads its events, and the report
+/// is written); one that runs on past it still runs as natively (output and exit status), and
+/// one line says it runs without a profile.
 #[test]
 fn a_limit_that_refuses_the_monitor_thread() {
-    let exe = guest_build::build("hello.c", Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
     let hotpath =
         hotpath_bin::hotpath().unwrap_or_else(|e| panic!("no hotpath binary to test: {e}"));
     let dir = OpenDir::new();
-    let (guest, hp) = (dir.add(&exe, "hello"), dir.add(&hotpath, "hotpath"));
-    let Some(mut native) = as_nobody_with_one_process(&[&guest]) else {
-        eprintln!("skipped: needs root, runuser, prlimit and the user nobody");
-        return;
-    };
-    let native = runner::run(&mut native, TIMEOUT).unwrap_or_else(|e| panic!("native: {e}"));
-    assert_eq!(native.termination, Termination::Exited(0));
-    let report = dir.0.join("report.json");
-    let run = as_nobody_with_one_process(&[
-        &hp,
-        Path::new("run"),
-        Path::new("--quiet"),
-        Path::new("--report"),
-        &report,
-        Path::new("--"),
-        &guest,
-    ])
-    .map(|mut c| runner::run(&mut c, TIMEOUT).unwrap_or_else(|e| panic!("hotpath: {e}")))
-    .expect("arranged above");
-    assert_eq!(run.termination, native.termination, "exit status");
-    assert_eq!(run.stdout, native.stdout, "stdout");
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(
-        stderr.lines().collect::<Vec<_>>(),
-        ["hotpath: cannot start the monitor thread (Resource temporarily unavailable (os error 11)): the program runs without a profile"],
-        "stderr"
-    );
-    assert!(!report.exists(), "a report without a monitor");
+    let hp = dir.add(&hotpath, "hotpath");
+    // hello: a few thousand events; bench_sieve (a small limit, still millions of blocks):
+    // more than a lap, so the monitor thread is asked for.
+    for (sample, args, refused) in [
+        ("hello.c", &[][..], false),
+        ("bench_sieve.c", &["3000000"][..], true),
+    ] {
+        let exe = guest_build::build(sample, Linkage::Static).unwrap_or_else(|e| panic!("{e}"));
+        let guest = dir.add(&exe, sample.trim_end_matches(".c"));
+        let mut native_args = vec![guest.as_path()];
+        native_args.extend(args.iter().map(Path::new));
+        let Some(mut native) = as_nobody_with_one_process(&native_args) else {
+            eprintln!("skipped: needs root, runuser, prlimit and the user nobody");
+            return;
+        };
+        let native = runner::run(&mut native, TIMEOUT).unwrap_or_else(|e| panic!("native: {e}"));
+        assert_eq!(native.termination, Termination::Exited(0));
+        let report = dir.0.join(format!("{sample}.json"));
+        let mut hp_args = vec![
+            hp.as_path(),
+            Path::new("run"),
+            Path::new("--quiet"),
+            Path::new("--report"),
+            &report,
+            Path::new("--"),
+        ];
+        hp_args.extend(native_args);
+        let run = as_nobody_with_one_process(&hp_args)
+            .map(|mut c| runner::run(&mut c, TIMEOUT).unwrap_or_else(|e| panic!("hotpath: {e}")))
+            .expect("arranged above");
+        assert_eq!(run.termination, native.termination, "{sample}: exit status");
+        assert_eq!(run.stdout, native.stdout, "{sample}: stdout");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        let expected: &[&str] = match refused {
+            true => &["hotpath: cannot start the monitor thread (Resource temporarily unavailable (os error 11)): the program runs without a profile"],
+            false => &[],
+        };
+        assert_eq!(
+            stderr.lines().collect::<Vec<_>>(),
+            expected,
+            "{sample}: stderr"
+        );
+        assert_eq!(
+            report.exists(),
+            !refused,
+            "{sample}: a report only with a profile"
+        );
+    }
 }

@@ -41,7 +41,7 @@ pub mod runtime;
 pub use linux::exec::ExecWrapper;
 pub use linux::process::{Spawner, ThreadStart, GUEST_THREAD_HOST_STACK};
 pub use linux::syscalls::{signal_name, GuestExit};
-pub use runtime::dispatch::{Config, Forked, ModuleSource, Stats, Stop, Translator};
+pub use runtime::dispatch::{Config, Forked, LapFullHook, ModuleSource, Stats, Stop, Translator};
 
 /// Why translation stopped. `Display` is one line for the user.
 #[derive(Debug, thiserror::Error)]

@@ -256,6 +256,12 @@ impl RingProducer {
         unsafe { &*self.ctrl }
     }
 
+    /// Whether the producer's lap is full (`cursor == 0`): the next enqueue waits in
+    /// [`RingProducer::refill`].
+    pub fn lap_full(&self) -> bool {
+        self.ctrl().producer.cursor.load(Ordering::Relaxed) == 0
+    }
+
     /// If the producer's lap is full (`cursor == 0`), waits until the consumer has read all of
     /// it and starts the next one; otherwise does nothing. Afterwards at least one event
     /// (a whole lap, after a wrap) can be enqueued.

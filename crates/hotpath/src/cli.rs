@@ -212,7 +212,9 @@ pub struct RunArgs {
     pub no_superblocks: bool,
     /// Executions of a loop's back edge after which the monitor asks for a superblock at the
     /// loop head (the monitor-thread patent's 3000); N more after every 1024 superblocks
-    /// requested, so that a big program's superblocks stay what runs most.
+    /// requested, so that a big program's superblocks stay what runs most. At the default the
+    /// monitor thread starts once the program has made a million events, started a second
+    /// thread or ended; a lower N starts it with the program.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SUPERBLOCK_THRESHOLD,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub superblock_threshold: u64,

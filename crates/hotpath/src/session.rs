@@ -45,6 +45,9 @@ fn load_error_status(e: &LoadError) -> u8 {
 /// The monitor side of a run: the thread, where it is pinned, where the report goes.
 struct Monitoring {
     handle: Option<MonitorHandle>,
+    /// A monitor put off (see [`Monitoring::start`]): the first thread's stream and the
+    /// state to start from.
+    deferred: Option<(Stream, MonitorState)>,
     /// Where the rings of new guest threads go to the monitor.
     streams: Option<crossbeam::channel::Sender<Stream>>,
     /// Path recording for a new monitor (None: `--no-paths`).
@@ -89,9 +92,38 @@ impl Monitoring {
     /// Starts a monitor on the translator's ring, going on from `state`. A monitor thread the
     /// system refuses (a process or memory limit) is said on one line, and the guest runs on
     /// without a profile, its rings read by nobody (natively the program needs no thread).
+    ///
+    /// The thread itself is put off until the program needs it (the superblocks' threshold at
+    /// its default): until the first lap of its ring is full (a million events), its first
+    /// new thread, or its end, where a program that ended first has its events read on the
+    /// thread that ends it. A short process (a shell's `ls`, a compiler driver) then never
+    /// has a second thread, so nothing of the kernel's that a second thread makes slower
+    /// (TLB shootdowns to the monitor's CPU, the descriptor table's growth) costs it more
+    /// than natively. A lower `--superblock-threshold` asks for superblocks sooner than a lap
+    /// would show the monitor the blocks: the thread then starts at once.
     fn start(&mut self, translator: &mut Translator, state: MonitorState) {
-        hotpath_translator::host::messages::grow_descriptor_table();
         let first = self.stream(translator);
+        let eager = self
+            .superblock_threshold
+            .is_some_and(|t| t < hotpath_monitor::DEFAULT_SUPERBLOCK_THRESHOLD);
+        if eager {
+            self.spawn(translator, first, state);
+        } else {
+            self.deferred = Some((first, state));
+        }
+    }
+
+    /// Starts the monitor thread put off by [`Monitoring::start`], if there is one.
+    fn start_deferred(&mut self, translator: &Translator) {
+        if let Some((first, state)) = self.deferred.take() {
+            self.spawn(translator, first, state);
+        }
+    }
+
+    /// Starts a monitor thread on `first` (`translator`'s ring or one of its process's),
+    /// going on from `state`.
+    fn spawn(&mut self, translator: &Translator, first: Stream, state: MonitorState) {
+        hotpath_translator::host::messages::grow_descriptor_table();
         let (stx, srx) = crossbeam::channel::unbounded();
         match hotpath_monitor::spawn(
             first,
@@ -127,7 +159,14 @@ impl Monitoring {
     /// starts on this (the only) thread's ring, with empty tables, and the report goes to
     /// `FILE.<pid>`.
     fn restart_in_child(&mut self, translator: &mut Translator) {
-        if let Some(old) = self.handle.take() {
+        if let Some(old) = self.deferred.take() {
+            // The parent's stream (its channel is the parent's to drop).
+            std::mem::forget(old);
+            let suffix = format!(".{}", std::process::id());
+            self.rename_outputs(&suffix);
+            let fresh = self.fresh();
+            self.start(translator, fresh);
+        } else if let Some(old) = self.handle.take() {
             // Dropping them could wait on the parent's monitor thread.
             std::mem::forget(old);
             if let Some(old) = self.streams.take() {
@@ -159,7 +198,8 @@ impl Monitoring {
     }
 
     /// Hands a new guest thread's ring to the monitor (to nobody when there is none).
-    fn add_thread(&self, translator: &mut Translator) {
+    fn add_thread(&mut self, translator: &mut Translator) {
+        self.start_deferred(translator);
         if let Some(handle) = &self.handle {
             let s = self.stream(translator);
             if let Some(tx) = &self.streams {
@@ -175,6 +215,7 @@ impl Monitoring {
     /// memory, takes no lock the exit path takes, prints nothing), so `exit_group` may end
     /// it wherever it is. Stopping it and waiting for it cost a short run 0.2 ms.
     fn abandon(&mut self) {
+        self.deferred = None;
         self.streams = None;
         if let Some(handle) = self.handle.take() {
             std::mem::forget(handle);
@@ -189,6 +230,28 @@ impl Monitoring {
     /// Closes the ring (the other threads' are closed or stopped) and collects what the
     /// monitor kept.
     fn stop(&mut self, translator: &Translator) -> Option<MonitorResult> {
+        if let Some((first, state)) = self.deferred.take() {
+            // No thread was started: the events are all in the ring; read them here.
+            translator.ring_producer()?.close();
+            let namer = self
+                .paths
+                .is_some()
+                .then(|| namer(translator.module_source()));
+            let result = hotpath_monitor::run_to_end(
+                first,
+                translator.catalog(),
+                state,
+                self.fresh(),
+                namer,
+            );
+            return match result {
+                Ok(result) => Some(result),
+                Err(e) => {
+                    crate::say(format_args!("hotpath: internal error (bug in hotpath): the monitor failed ({e}); no profile"));
+                    None
+                }
+            };
+        }
         let handle = self.handle.take()?;
         self.streams = None;
         translator.ring_producer()?.close();
@@ -238,7 +301,8 @@ impl RunCtx {
                     translator.write_translation_cache();
                     self.write_perf_map(&translator);
                     let mut monitoring = self.monitoring();
-                    let unread = monitoring.handle.is_some() && monitoring.unread(true);
+                    let unread = (monitoring.handle.is_some() || monitoring.deferred.is_some())
+                        && monitoring.unread(true);
                     if unread {
                         // Nobody reads this image's profile: the monitor is left running, for
                         // the new image to end (or for the guest to go on with, if the exec
@@ -568,6 +632,7 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
     });
     let mut monitoring = Monitoring {
         handle: None,
+        deferred: None,
         streams: None,
         paths,
         superblock_threshold: (!args.no_superblocks).then_some(args.superblock_threshold),
@@ -590,6 +655,12 @@ pub fn run(mut args: RunArgs, cores: &[core_affinity::CoreId]) -> ExitCode {
         monitoring: std::sync::Mutex::new(monitoring),
     });
     translator.set_spawner(spawner(ctx.clone()));
+    if monitor_on {
+        let hook_ctx = ctx.clone();
+        translator.set_lap_full_hook(Arc::new(move |t: &mut Translator| {
+            hook_ctx.monitoring().start_deferred(t)
+        }));
+    }
     ctx.guest_thread(translator);
     // The first guest thread ended alone (`exit` while others run): the process ends when
     // the last one does, from its host thread.

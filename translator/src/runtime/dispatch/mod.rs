@@ -111,6 +111,11 @@ struct ExecRequest {
     r11: u64,
 }
 
+/// What the embedder does when a thread's ring lap is full, before the thread waits for the
+/// monitor to read it: starts a monitor that was put off (see
+/// [`Translator::set_lap_full_hook`]).
+pub type LapFullHook = std::sync::Arc<dyn Fn(&mut Translator) + Send + Sync>;
+
 /// One guest thread's translator.
 pub struct Translator {
     area: &'static mut ThreadArea,
@@ -121,6 +126,9 @@ pub struct Translator {
     index: CacheIndex,
     process: GuestThread,
     producer: Option<RingProducer>,
+    /// Called when this thread's ring lap is full, before waiting for the monitor to read it
+    /// (see [`Translator::set_lap_full_hook`]).
+    lap_full_hook: Option<LapFullHook>,
     stats: Stats,
     /// Where `run` goes on.
     next: Next,
@@ -485,6 +493,7 @@ impl Translator {
             index,
             process,
             producer,
+            lap_full_hook: None,
             stats: Stats::default(),
             next: Next::Guest(0),
             exec_request: None,
@@ -618,6 +627,14 @@ impl Translator {
             .shared
             .threads_started
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets what runs each time this thread's ring lap is full, before the thread waits for
+    /// a monitor to read the lap: the embedder starts its monitor there when it put it off
+    /// (no thread reads the ring until then, and without one the wait would not end). A
+    /// forked child keeps its parent's hook.
+    pub fn set_lap_full_hook(&mut self, hook: LapFullHook) {
+        self.lap_full_hook = Some(hook);
     }
 
     /// Gives the process the function that creates a host thread for each new guest thread

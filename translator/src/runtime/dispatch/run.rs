@@ -175,8 +175,14 @@ impl Translator {
     }
 
     /// Makes every block entry's check pass again: when the monitor is on and the ring's lap
-    /// is full, waits for the monitor to read it and starts the next one.
+    /// is full, runs the lap-full hook (which starts a monitor put off), waits for the monitor
+    /// to read the lap and starts the next one.
     pub(super) fn arm_safe_point(&mut self) {
+        if let Some(hook) = self.lap_full_hook.clone() {
+            if self.producer.as_ref().is_some_and(|p| p.lap_full()) {
+                hook(self);
+            }
+        }
         if let Some(p) = &self.producer {
             p.refill();
         }
