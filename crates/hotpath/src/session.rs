@@ -155,28 +155,22 @@ impl Monitoring {
         }
     }
 
-    /// In a forked child: the parent's monitor thread does not exist here, so a new one
-    /// starts on this (the only) thread's ring, with empty tables, and the report goes to
-    /// `FILE.<pid>`.
+    /// In a forked child: the parent's monitor thread (or the one it put off) does not exist
+    /// here, so a new one starts on this (the only) thread's ring, put off the same way, with
+    /// empty tables, and the report goes to `FILE.<pid>`.
     fn restart_in_child(&mut self, translator: &mut Translator) {
-        if let Some(old) = self.deferred.take() {
-            // The parent's stream (its channel is the parent's to drop).
-            std::mem::forget(old);
-            let suffix = format!(".{}", std::process::id());
-            self.rename_outputs(&suffix);
-            let fresh = self.fresh();
-            self.start(translator, fresh);
-        } else if let Some(old) = self.handle.take() {
-            // Dropping them could wait on the parent's monitor thread.
-            std::mem::forget(old);
-            if let Some(old) = self.streams.take() {
-                std::mem::forget(old);
-            }
-            let suffix = format!(".{}", std::process::id());
-            self.rename_outputs(&suffix);
-            let fresh = self.fresh();
-            self.start(translator, fresh);
+        let (deferred, handle) = (self.deferred.take(), self.handle.take());
+        if deferred.is_none() && handle.is_none() {
+            return;
         }
+        // The parent's: dropping them could wait on its monitor thread or drop its channels.
+        std::mem::forget(deferred);
+        std::mem::forget(handle);
+        std::mem::forget(self.streams.take());
+        let suffix = format!(".{}", std::process::id());
+        self.rename_outputs(&suffix);
+        let fresh = self.fresh();
+        self.start(translator, fresh);
     }
 
     /// Adds `suffix` to the name of every file this process image writes.
