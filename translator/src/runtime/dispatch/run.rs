@@ -178,8 +178,9 @@ impl Translator {
     /// is full, runs the lap-full hook (which starts a monitor put off), waits for the monitor
     /// to read the lap and starts the next one.
     pub(super) fn arm_safe_point(&mut self) {
-        if let Some(hook) = self.lap_full_hook.clone() {
-            if self.producer.as_ref().is_some_and(|p| p.lap_full()) {
+        // Once a lap (a million events): the `Arc` is cloned only then.
+        if self.producer.as_ref().is_some_and(|p| p.lap_full()) {
+            if let Some(hook) = self.lap_full_hook.clone() {
                 hook(self);
             }
         }
