@@ -366,7 +366,12 @@ impl ProtectedPages {
         // The pages are read and forgotten under the lock the handlers record them under: a
         // page written again after this is protected again first (and caught again).
         let (mut out, overflow) = self.with_all(|pages, released| {
-            let n = self.hit_count.swap(0, Ordering::Acquire);
+            // Counted as taken before the count goes back to 0: a dispatcher whose check above
+            // finds no write left must find this one taken and wait for it to be published
+            // (`wait_published`). Counted after, a reader in between saw neither and ran the
+            // replaced translation (`jitversions` called an older version 1-15 % of runs).
+            self.taken.fetch_add(1, Ordering::AcqRel);
+            let n = self.hit_count.swap(0, Ordering::AcqRel);
             let out: Vec<(u64, u64)> = self.hits[..n]
                 .iter()
                 .map(|h| {
@@ -379,9 +384,9 @@ impl ProtectedPages {
                     (p, p + PAGE)
                 })
                 .collect();
-            let overflow = self.overflow.swap(false, Ordering::Acquire);
-            if !out.is_empty() || overflow {
-                self.taken.fetch_add(1, Ordering::AcqRel);
+            let overflow = self.overflow.swap(false, Ordering::AcqRel);
+            if out.is_empty() && !overflow {
+                self.taken.fetch_sub(1, Ordering::AcqRel);
             }
             (out, overflow)
         });
