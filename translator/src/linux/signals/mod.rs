@@ -222,6 +222,13 @@ pub const SECCOMP_KILL_DATA: u16 = 0xdead;
 /// handler through the thread's GS base ([`ThreadArea::handler`]). Written by the handler on
 /// its guest thread while the dispatcher is interrupted, and by the dispatcher with every
 /// signal blocked: never concurrently. Another thread touches only the atomics (`kick`).
+/// [`HandlerShared::critical`]: nobody holds the thread's exits (it runs translated code).
+const FREE: u8 = 0;
+/// [`HandlerShared::critical`]: the thread's dispatcher holds them (it is outside the cache).
+const OWNER: u8 = 1;
+/// [`HandlerShared::critical`]: another thread, or the thread's handler, is unlinking them.
+const BORROWED: u8 = 2;
+
 pub struct HandlerShared {
     /// Bit `sig - 1` set: an asynchronous `sig` is pending.
     pending: AtomicU64,
@@ -234,11 +241,14 @@ pub struct HandlerShared {
     /// every signal blocked, when the cache moves ([`SignalState::move_cache`]).
     view: UnsafeCell<CacheView>,
     fsgsbase: bool,
-    /// Held (true) by the dispatcher while it is outside the code cache, where it changes the
-    /// exit table and the code cache: the handler must not unlink then (the dispatcher checks
-    /// for pending signals before it enters). Another thread that unlinks this thread's code
-    /// (`kick`) holds it meanwhile, so the dispatcher waits for it on its way out of the cache.
-    critical: std::sync::atomic::AtomicBool,
+    /// Who holds the thread's exits ([`FREE`], [`OWNER`], [`BORROWED`]). The dispatcher holds
+    /// them ([`OWNER`]) while it is outside the code cache, where it changes the exit table and
+    /// the code cache: the handler must not unlink then (the dispatcher checks for pending
+    /// signals and kicks before it enters). Another thread that unlinks this thread's code
+    /// (`kick`, `kick_at`), or the thread's own handler for a caught write, borrows them
+    /// meanwhile ([`BORROWED`], briefly), so the dispatcher waits for it on its way out of
+    /// the cache, and a kick waits for it too (see [`HandlerShared::kick`]).
+    critical: std::sync::atomic::AtomicU8,
     /// Set by the handler before it looks at `critical` to unlink the thread's code: a
     /// thread that held `critical` to unlink some of it (`kick_at`) looks at this after it
     /// lets go and unlinks it all, so that a signal or a store into translated code that
@@ -310,18 +320,33 @@ impl HandlerShared {
     /// boundary (it then reads the process's news: invalidations, the end of the process).
     /// If its dispatcher runs, it sees the flag before it enters the cache again; if it is in
     /// translated code, its links are undone here, as its own handler does for a signal.
+    ///
+    /// Where another thread has borrowed the exits (the monitor asking for a superblock,
+    /// `kick_at`), this waits for it and unlinks them then: left undone, the thread ran on
+    /// through its links and lookups after the kick (a write caught in another thread's
+    /// handler, whose store then ran, let this one call the code the store replaced).
     pub fn kick(&self) {
         self.kicked.store(true, Ordering::SeqCst);
-        if self
-            .critical
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            // SAFETY: holding `critical`, so the owner's dispatcher is not changing its exits
-            // or code cache; the area lives as long as the process. The owner's translated
-            // code may run meanwhile: the stores are the same the owner's handler would make.
-            unlink_all(self, unsafe { &mut *self.area });
-            self.critical.store(false, Ordering::SeqCst);
+        loop {
+            match self.critical.compare_exchange(
+                FREE,
+                BORROWED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => {
+                    // SAFETY: holding `critical`, so the owner's dispatcher is not changing
+                    // its exits or code cache; the area lives as long as the process. The
+                    // owner's translated code may run meanwhile: the stores are the same the
+                    // owner's handler would make.
+                    unlink_all(self, unsafe { &mut *self.area });
+                    self.critical.store(FREE, Ordering::SeqCst);
+                    return;
+                }
+                // The dispatcher reads `kicked` before it enters the cache again.
+                Err(OWNER) => return,
+                Err(_) => std::hint::spin_loop(),
+            }
         }
     }
 
@@ -333,24 +358,24 @@ impl HandlerShared {
     pub fn kick_at(&self, targets: &[u64]) {
         if self
             .critical
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .compare_exchange(FREE, BORROWED, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
             // SAFETY: as in `kick`.
             unlink_into(self, unsafe { &mut *self.area }, targets);
-            self.critical.store(false, Ordering::SeqCst);
+            self.critical.store(FREE, Ordering::SeqCst);
             // The owner's handler may have found `critical` held meanwhile and left its
             // unlinking undone (it sets the flag first): do it for it, unless the owner's
             // dispatcher runs now (it looks at what the handler recorded before it goes on).
             if self.unlink_wanted.swap(false, Ordering::SeqCst)
                 && self
                     .critical
-                    .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                    .compare_exchange(FREE, BORROWED, Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok()
             {
                 // SAFETY: as in `kick`.
                 unlink_all(self, unsafe { &mut *self.area });
-                self.critical.store(false, Ordering::SeqCst);
+                self.critical.store(FREE, Ordering::SeqCst);
             }
         }
     }
@@ -366,20 +391,20 @@ impl HandlerShared {
     pub(super) fn unlink_for_caught_write(&self, area: &mut ThreadArea) {
         while self
             .critical
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .compare_exchange(FREE, BORROWED, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
             std::hint::spin_loop();
         }
         unlink_all(self, area);
-        self.critical.store(false, Ordering::SeqCst);
+        self.critical.store(FREE, Ordering::SeqCst);
     }
 
     /// The handler's unlinking of this thread's code, unless its dispatcher holds `critical`
     /// (see `unlink_wanted`).
     pub(super) fn unlink_from_handler(&self, area: &mut ThreadArea) {
         self.unlink_wanted.store(true, Ordering::SeqCst);
-        if !self.critical.load(Ordering::SeqCst) {
+        if self.critical.load(Ordering::SeqCst) == FREE {
             unlink_all(self, area);
         }
     }
@@ -587,7 +612,7 @@ impl SignalState {
                 blocks,
             }),
             fsgsbase,
-            critical: std::sync::atomic::AtomicBool::new(true),
+            critical: std::sync::atomic::AtomicU8::new(OWNER),
             unlink_wanted: std::sync::atomic::AtomicBool::new(false),
             exits: AtomicPtr::new(std::ptr::null_mut()),
             exits_len: AtomicU64::new(0),
@@ -636,7 +661,7 @@ impl SignalState {
         self.suspend_mask = None;
         let pending = self.shared.pending.swap(0, Ordering::AcqRel);
         self.shared.kicked.store(false, Ordering::SeqCst);
-        self.shared.critical.store(true, Ordering::SeqCst);
+        self.shared.critical.store(OWNER, Ordering::SeqCst);
         // SAFETY: the thread runs no translated code yet; nothing else reads these.
         unsafe {
             *self.shared.sync.get() = None;
@@ -801,7 +826,7 @@ impl SignalState {
             while self
                 .shared
                 .critical
-                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .compare_exchange(FREE, OWNER, Ordering::SeqCst, Ordering::SeqCst)
                 .is_err()
             {
                 std::hint::spin_loop();
@@ -823,7 +848,7 @@ impl SignalState {
                 .store(linked.starts.len() as u64, Ordering::Relaxed);
             s.linked_sorted
                 .store(linked.sorted as u64, Ordering::Relaxed);
-            s.critical.store(false, Ordering::SeqCst);
+            s.critical.store(FREE, Ordering::SeqCst);
         }
     }
 
