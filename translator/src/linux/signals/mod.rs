@@ -328,12 +328,10 @@ impl HandlerShared {
     pub fn kick(&self) {
         self.kicked.store(true, Ordering::SeqCst);
         loop {
-            match self.critical.compare_exchange(
-                FREE,
-                BORROWED,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
+            match self
+                .critical
+                .compare_exchange(FREE, BORROWED, Ordering::SeqCst, Ordering::SeqCst)
+            {
                 Ok(_) => {
                     // SAFETY: holding `critical`, so the owner's dispatcher is not changing
                     // its exits or code cache; the area lives as long as the process. The
