@@ -229,6 +229,20 @@ const OWNER: u8 = 1;
 /// [`HandlerShared::critical`]: another thread, or the thread's handler, is unlinking them.
 const BORROWED: u8 = 2;
 
+/// Takes a thread's `critical` ([`HandlerShared::critical`]) from [`FREE`] to [`BORROWED`] for
+/// a kick, waiting while another thread has it borrowed (its holds are short and wait on
+/// nothing); false, at once, when the thread's own dispatcher holds it (the dispatcher reads
+/// `kicked` before it enters the cache again, so the kick needs no unlinking).
+fn borrow_for_kick(critical: &std::sync::atomic::AtomicU8) -> bool {
+    loop {
+        match critical.compare_exchange(FREE, BORROWED, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return true,
+            Err(OWNER) => return false,
+            Err(_) => std::hint::spin_loop(),
+        }
+    }
+}
+
 pub struct HandlerShared {
     /// Bit `sig - 1` set: an asynchronous `sig` is pending.
     pending: AtomicU64,
@@ -327,24 +341,12 @@ impl HandlerShared {
     /// handler, whose store then ran, let this one call the code the store replaced).
     pub fn kick(&self) {
         self.kicked.store(true, Ordering::SeqCst);
-        loop {
-            match self
-                .critical
-                .compare_exchange(FREE, BORROWED, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) => {
-                    // SAFETY: holding `critical`, so the owner's dispatcher is not changing
-                    // its exits or code cache; the area lives as long as the process. The
-                    // owner's translated code may run meanwhile: the stores are the same the
-                    // owner's handler would make.
-                    unlink_all(self, unsafe { &mut *self.area });
-                    self.critical.store(FREE, Ordering::SeqCst);
-                    return;
-                }
-                // The dispatcher reads `kicked` before it enters the cache again.
-                Err(OWNER) => return,
-                Err(_) => std::hint::spin_loop(),
-            }
+        if borrow_for_kick(&self.critical) {
+            // SAFETY: holding `critical`, so the owner's dispatcher is not changing its exits
+            // or code cache; the area lives as long as the process. The owner's translated
+            // code may run meanwhile: the stores are the same the owner's handler would make.
+            unlink_all(self, unsafe { &mut *self.area });
+            self.critical.store(FREE, Ordering::SeqCst);
         }
     }
 
@@ -1257,4 +1259,41 @@ fn install_host_altstack() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU8};
+    use std::sync::Arc;
+
+    /// A kick borrows free exits, leaves the owner's alone, and waits out another thread's
+    /// borrowing instead of giving up (a kick that gave up left the thread running through
+    /// its links after a caught write's store).
+    #[test]
+    fn a_kick_waits_for_a_borrower_but_not_for_the_owner() {
+        let critical = AtomicU8::new(FREE);
+        assert!(borrow_for_kick(&critical));
+        assert_eq!(critical.load(Ordering::SeqCst), BORROWED);
+
+        critical.store(OWNER, Ordering::SeqCst);
+        assert!(!borrow_for_kick(&critical));
+        assert_eq!(critical.load(Ordering::SeqCst), OWNER);
+
+        // Another thread (the monitor's `kick_at`) holds them, then lets go.
+        let critical = Arc::new(AtomicU8::new(BORROWED));
+        let released = Arc::new(AtomicBool::new(false));
+        let holder = {
+            let (critical, released) = (critical.clone(), released.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                released.store(true, Ordering::SeqCst);
+                critical.store(FREE, Ordering::SeqCst);
+            })
+        };
+        assert!(borrow_for_kick(&critical), "the kick gave up on a borrower");
+        assert!(released.load(Ordering::SeqCst));
+        assert_eq!(critical.load(Ordering::SeqCst), BORROWED);
+        holder.join().unwrap();
+    }
 }
