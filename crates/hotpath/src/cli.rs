@@ -175,8 +175,9 @@ pub struct RunArgs {
     pub profile: Option<PathBuf>,
     /// Record path profiles: functions, the shadow stack's activations and resynchronisations,
     /// Ball-Larus paths per function (with `--call-tree`, `--pap-runs`, `--k`: more). Off by
-    /// default: 1.0-4x the tables-only run's time on the bench samples (bench/paths.sh;
-    /// README "Path profiles").
+    /// default: 1.0-3x the tables-only run's time on loops, interpreters and real programs,
+    /// up to about 18x on deep recursion, where nearly every event is a call or a return
+    /// (bench/paths.sh; README "Path profiles").
     #[arg(long, overrides_with = "no_paths")]
     pub paths: bool,
     /// Record tables only: no functions, shadow stack or path profiles (the default).
