@@ -218,10 +218,6 @@ const SYS_SECCOMP: i32 = 1;
 /// disposition, after hotpath has written its report.
 pub const SECCOMP_KILL_DATA: u16 = 0xdead;
 
-/// What the host handler shares with the dispatcher: one per guest thread, found by the
-/// handler through the thread's GS base ([`ThreadArea::handler`]). Written by the handler on
-/// its guest thread while the dispatcher is interrupted, and by the dispatcher with every
-/// signal blocked: never concurrently. Another thread touches only the atomics (`kick`).
 /// [`HandlerShared::critical`]: nobody holds the thread's exits (it runs translated code).
 const FREE: u8 = 0;
 /// [`HandlerShared::critical`]: the thread's dispatcher holds them (it is outside the cache).
@@ -243,6 +239,10 @@ fn borrow_for_kick(critical: &std::sync::atomic::AtomicU8) -> bool {
     }
 }
 
+/// What the host handler shares with the dispatcher: one per guest thread, found by the
+/// handler through the thread's GS base ([`ThreadArea::handler`]). Written by the handler on
+/// its guest thread while the dispatcher is interrupted, and by the dispatcher with every
+/// signal blocked: never concurrently. Another thread touches only the atomics (`kick`).
 pub struct HandlerShared {
     /// Bit `sig - 1` set: an asynchronous `sig` is pending.
     pending: AtomicU64,
